@@ -1,0 +1,34 @@
+# Rhumbatron — every command creates .venv and installs what it needs on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: venv demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## The main job on the embedded default (nats-server + moto S3 on loopback, local SQLite).
+demo: $(STAMP)
+	$(BIN)/python -m rhumbatron.demo
+
+## Lint (ruff + mypy over the package), then the whole test suite.
+test: lint
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check shared functions tests bench
+	$(BIN)/mypy
+
+## Benchmarks: prints a table and writes bench/results.json.
+bench: $(STAMP)
+	$(BIN)/python -m bench.run
+
+clean:
+	rm -rf .rhumbatron .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""SQLite actors with a transactional outbox, their alarms, and the outbox publisher."""

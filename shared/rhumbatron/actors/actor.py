@@ -1,0 +1,230 @@
+"""The actor runtime: one SQLite file per actor, state and outbox in one transaction.
+
+An actor runs a *decision* (a function of the current state that returns a
+:class:`~rhumbatron.domain.transition.Transition`) inside ``BEGIN IMMEDIATE`` … ``COMMIT``: it
+applies the patch, appends the facts to the outbox and sets its alarm, all or nothing. A
+decision that raises leaves neither state nor outbox row behind.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from rhumbatron.actors.alarms import ALARM_SCHEMA, AlarmSink, NoAlarmSink, set_alarm
+from rhumbatron.actors.outbox import OUTBOX_SCHEMA, append_facts
+from rhumbatron.actors.storage import open_database, write_transaction
+from rhumbatron.domain.transition import Delete, Insert, Mutation, Transition, Update, Upsert
+from rhumbatron.errors import ActorError
+from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
+from rhumbatron.runtime.clock import Clock, SystemClock
+from rhumbatron.runtime.faults import crash_point
+from rhumbatron.runtime.settings import Settings
+
+__all__ = ["Actor", "ActorKind", "ActorRef", "TransactResult"]
+
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
+T = TypeVar("T")
+
+
+class ActorKind(StrEnum):
+    """The two actor classes that own an outbox (spec: ProjectRootDO and ResourceShardDO)."""
+
+    PROJECT_ROOT = "project_root"
+    RESOURCE_SHARD = "resource_shard"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ActorRef:
+    """Names one actor: its class, its project and (for shards) its shard number."""
+
+    kind: ActorKind
+    project_id: str
+    shard: int | None = None
+
+    def __post_init__(self) -> None:
+        if not PROJECT_ID_PATTERN.match(self.project_id):
+            raise ActorError(
+                f"project id {self.project_id!r} is not valid: use 1-64 letters, digits, "
+                "'_' or '-', starting with a letter or digit"
+            )
+        if (self.kind is ActorKind.RESOURCE_SHARD) != (self.shard is not None):
+            raise ActorError(f"{self.kind} actor of {self.project_id!r} with shard {self.shard}")
+
+    @property
+    def key(self) -> str:
+        """``project_root:<project>`` or ``resource_shard:<project>:<NN>``."""
+        if self.shard is None:
+            return f"{self.kind}:{self.project_id}"
+        return f"{self.kind}:{self.project_id}:{self.shard:02d}"
+
+    @classmethod
+    def parse(cls, key: str) -> ActorRef:
+        """The inverse of :attr:`key`; raises :class:`ActorError` naming a bad key."""
+        parts = key.split(":")
+        try:
+            kind = ActorKind(parts[0])
+            if kind is ActorKind.PROJECT_ROOT and len(parts) == 2:
+                return cls(kind, parts[1])
+            if kind is ActorKind.RESOURCE_SHARD and len(parts) == 3:
+                return cls(kind, parts[1], int(parts[2]))
+        except ValueError:
+            pass
+        raise ActorError(
+            f"actor key {key!r} is not 'project_root:<project>' or "
+            "'resource_shard:<project>:<shard>'"
+        )
+
+    def path(self, state_dir: Path) -> Path:
+        """``<state>/projects/<project>/root.sqlite`` or ``…/shard-<NN>.sqlite``."""
+        name = "root.sqlite" if self.shard is None else f"shard-{self.shard:02d}.sqlite"
+        return state_dir / "projects" / self.project_id / name
+
+
+@dataclass(frozen=True, slots=True)
+class TransactResult:
+    """What one actor transaction wrote."""
+
+    transition: Transition
+    events_added: int
+
+
+class Actor:
+    """Base of the two actor classes. Subclasses declare their tables and their decisions."""
+
+    KIND: ClassVar[ActorKind]
+    #: ``CREATE TABLE IF NOT EXISTS`` statements of the actor's own state.
+    STATE_SCHEMA: ClassVar[str] = ""
+    #: Tables a patch may touch (the outbox and alarm tables are never patchable).
+    STATE_TABLES: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(
+        self,
+        ref: ActorRef,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        alarms: AlarmSink | None = None,
+    ) -> None:
+        if ref.kind is not self.KIND:
+            raise ActorError(f"{type(self).__name__} cannot open a {ref.kind} actor ({ref.key})")
+        self.ref = ref
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.alarms = alarms or NoAlarmSink()
+        self.path = ref.path(settings.state_dir)
+        self._connection: sqlite3.Connection | None = None
+
+    # -- connection ------------------------------------------------------------------------
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The actor file's connection, opened (and its schema created) on first use."""
+        if self._connection is None:
+            connection = open_database(self.path, self.settings)
+            # executescript commits any open transaction first, so the script brings its own.
+            connection.executescript(
+                "BEGIN IMMEDIATE;" + OUTBOX_SCHEMA + ALARM_SCHEMA + self.STATE_SCHEMA + "COMMIT;"
+            )
+            self._connection = connection
+        return self._connection
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def __enter__(self) -> Actor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- transactions ----------------------------------------------------------------------
+    def transact(self, decide: Callable[[sqlite3.Connection], Transition]) -> TransactResult:
+        """Run ``decide`` on the current state and write its patch and facts atomically."""
+        now = self.clock.now()
+        alarm_moved = False
+        with write_transaction(self.connection, self.path) as connection:
+            transition = decide(connection)
+            for mutation in transition.patch:
+                self._apply(connection, mutation)
+            added = append_facts(
+                connection,
+                transition.facts,
+                owner=self.KIND.value,
+                project_id=self.ref.project_id,
+                now_s=now.timestamp(),
+                max_event_bytes=self.settings.max_event_bytes,
+            )
+            if added:
+                alarm_moved = set_alarm(connection, now.timestamp())
+            crash_point(self.settings.crash_at, "in_txn")
+        if alarm_moved:
+            # After COMMIT: announcing an alarm for rows that may roll back would be a lie.
+            # If we die before this line the every-minute scan still finds the alarm.
+            self.alarms.alarm_set(self.ref.key, now)
+        return TransactResult(transition, added)
+
+    def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
+        """Run a read-only query on the actor's state."""
+        return query(self.connection)
+
+    def _apply(self, connection: sqlite3.Connection, mutation: Mutation) -> None:
+        if mutation.table not in self.STATE_TABLES:
+            raise ActorError(
+                f"{type(self).__name__} has no table {mutation.table!r} to patch; "
+                f"its tables are {sorted(self.STATE_TABLES)}"
+            )
+        match mutation:
+            case Insert(table=table, row=row, ignore_existing=ignore):
+                columns = _columns(row)
+                verb = "INSERT OR IGNORE" if ignore else "INSERT"
+                connection.execute(
+                    f"{verb} INTO {table} ({', '.join(columns)}) "
+                    f"VALUES ({', '.join('?' * len(columns))})",
+                    [row[c] for c in columns],
+                )
+            case Upsert(table=table, row=row, key=key):
+                columns = _columns(row)
+                updates = [c for c in columns if c not in key]
+                assignments = ", ".join(f"{c} = excluded.{c}" for c in updates) or None
+                conflict = f"ON CONFLICT ({', '.join(_columns(dict.fromkeys(key)))}) " + (
+                    f"DO UPDATE SET {assignments}" if assignments else "DO NOTHING"
+                )
+                connection.execute(
+                    f"INSERT INTO {table} ({', '.join(columns)}) "
+                    f"VALUES ({', '.join('?' * len(columns))}) {conflict}",
+                    [row[c] for c in columns],
+                )
+            case Update(table=table, key=key, values=values):
+                key_columns, value_columns = _columns(key), _columns(values)
+                cursor = connection.execute(
+                    f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in value_columns)} "
+                    f"WHERE {' AND '.join(f'{c} = ?' for c in key_columns)}",
+                    [values[c] for c in value_columns] + [key[c] for c in key_columns],
+                )
+                if cursor.rowcount != 1:
+                    raise ActorError(
+                        f"update of {table} {dict(key)} matched {cursor.rowcount} rows"
+                    )
+            case Delete(table=table, where=where):
+                columns = _columns(where)
+                if not columns:
+                    raise ActorError(f"refusing to delete every row of {table}")
+                connection.execute(
+                    f"DELETE FROM {table} WHERE {' AND '.join(f'{c} = ?' for c in columns)}",
+                    [where[c] for c in columns],
+                )
+
+
+def _columns(row: Mapping[str, Any]) -> list[str]:
+    columns = list(row)
+    for column in columns:
+        if not _IDENTIFIER.match(column):
+            raise ActorError(f"column name {column!r} is not a plain identifier")
+    return columns

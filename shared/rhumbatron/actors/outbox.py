@@ -1,0 +1,290 @@
+"""The outbox table of an actor file, and every state change of its rows.
+
+::
+
+    [*] ──► pending ──► published ──► [*]
+              │  ▲
+              │  └── retry_wait   (backoff 1 s, 2 s, 4 s … max 5 min, ±20 % jitter)
+              ▼          │
+            failed ◄─────┘        (10th failed attempt; or no producer binding; or a row
+              │                    that cannot be sent at all: oversize, undecodable)
+              ▼
+             [*]   (an operator requeue puts failed rows back to pending, attempts reset)
+
+``event_id`` is UNIQUE and rows are inserted with ``INSERT OR IGNORE``: a retried workflow
+step that writes the same Event ID is a no-op. The envelope of a row can never be updated
+(a trigger refuses it): an Event is an immutable fact.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from rhumbatron.errors import DomainError, OutboxError
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import stream_index
+
+__all__ = [
+    "OUTBOX_SCHEMA",
+    "OutboxRow",
+    "RowState",
+    "append_facts",
+    "backoff_s",
+    "counts_by_state",
+    "due_rows",
+    "next_due_at",
+    "prune_published",
+    "requeue_failed",
+]
+
+
+class RowState(StrEnum):
+    PENDING = "pending"
+    RETRY_WAIT = "retry_wait"
+    PUBLISHED = "published"
+    FAILED = "failed"
+
+
+OUTBOX_SCHEMA = """
+CREATE TABLE IF NOT EXISTS outbox (
+    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id        TEXT    NOT NULL UNIQUE,
+    project_id      TEXT    NOT NULL,
+    event_type      TEXT    NOT NULL,
+    stream_index    INTEGER NOT NULL,
+    envelope        BLOB    NOT NULL,
+    state           TEXT    NOT NULL DEFAULT 'pending'
+                    CHECK (state IN ('pending', 'retry_wait', 'published', 'failed')),
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL,
+    last_error      TEXT,
+    created_at      REAL    NOT NULL,
+    published_at    REAL,
+    stream_seq      INTEGER
+);
+CREATE INDEX IF NOT EXISTS outbox_open ON outbox (project_id, seq)
+    WHERE state IN ('pending', 'retry_wait');
+CREATE INDEX IF NOT EXISTS outbox_published ON outbox (published_at)
+    WHERE state = 'published';
+CREATE TRIGGER IF NOT EXISTS outbox_events_are_immutable
+    BEFORE UPDATE OF event_id, project_id, event_type, stream_index, envelope ON outbox
+BEGIN
+    SELECT RAISE(ABORT, 'outbox events are immutable facts');
+END;
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """One outbox row as the publisher sees it."""
+
+    seq: int
+    event_id: str
+    project_id: str
+    event_type: str
+    stream_index: int
+    envelope: bytes
+    state: RowState
+    attempts: int
+    next_attempt_at: float | None
+    last_error: str | None
+
+    @classmethod
+    def from_sql(cls, row: sqlite3.Row) -> OutboxRow:
+        return cls(
+            seq=row["seq"],
+            event_id=row["event_id"],
+            project_id=row["project_id"],
+            event_type=row["event_type"],
+            stream_index=row["stream_index"],
+            envelope=bytes(row["envelope"]),
+            state=RowState(row["state"]),
+            attempts=row["attempts"],
+            next_attempt_at=row["next_attempt_at"],
+            last_error=row["last_error"],
+        )
+
+
+def append_facts(
+    connection: sqlite3.Connection,
+    facts: Iterable[Event],
+    *,
+    owner: str,
+    project_id: str,
+    now_s: float,
+    max_event_bytes: int,
+) -> int:
+    """Insert ``facts`` as pending rows inside the caller's transaction; return rows added.
+
+    A fact whose Event ID is already in the outbox is ignored (a retried step). A fact of a
+    type this actor class does not own, of another project, or larger than
+    ``max_event_bytes`` raises, which rolls the whole transaction back.
+    """
+    added = 0
+    for fact in facts:
+        if fact.spec.owner != owner:
+            raise DomainError(
+                f"{fact.event_type} is written by the {fact.spec.owner} actor, not by a "
+                f"{owner}; route the transition to the actor that owns it"
+            )
+        if fact.project_id != project_id:
+            raise DomainError(
+                f"event {fact.event_id} is for project {fact.project_id!r}, but this actor "
+                f"holds project {project_id!r}"
+            )
+        envelope = fact.to_json()
+        if len(envelope) > max_event_bytes:
+            raise OutboxError(
+                f"event {fact.event_id} ({fact.event_type}) is {len(envelope)} bytes, over "
+                f"RHUMBATRON_MAX_EVENT_BYTES={max_event_bytes}; put large content in S3 and "
+                "reference it from the payload"
+            )
+        cursor = connection.execute(
+            "INSERT OR IGNORE INTO outbox "
+            "(event_id, project_id, event_type, stream_index, envelope, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                fact.event_id,
+                fact.project_id,
+                fact.event_type,
+                stream_index(fact.project_id),
+                envelope,
+                now_s,
+            ),
+        )
+        added += cursor.rowcount
+    return added
+
+
+def due_rows(
+    connection: sqlite3.Connection, *, now_s: float, limit: int
+) -> dict[str, list[OutboxRow]]:
+    """Per project, the rows to send now, in outbox order, at most ``limit`` each.
+
+    A row waiting out its backoff blocks the rows after it of the same project, so a
+    project's Events reach the stream in outbox order even across retries.
+    """
+    projects = [
+        r[0]
+        for r in connection.execute(
+            "SELECT DISTINCT project_id FROM outbox WHERE state IN ('pending', 'retry_wait')"
+        )
+    ]
+    result: dict[str, list[OutboxRow]] = {}
+    for project in projects:
+        rows: list[OutboxRow] = []
+        for sql_row in connection.execute(
+            "SELECT * FROM outbox WHERE project_id = ? AND state IN ('pending', 'retry_wait') "
+            "ORDER BY seq LIMIT ?",
+            (project, limit),
+        ):
+            row = OutboxRow.from_sql(sql_row)
+            if row.state is RowState.RETRY_WAIT and (row.next_attempt_at or 0) > now_s:
+                break
+            rows.append(row)
+        if rows:
+            result[project] = rows
+    return result
+
+
+def next_due_at(connection: sqlite3.Connection, *, now_s: float) -> float | None:
+    """When this outbox next has work: now if a row is pending, else the earliest retry."""
+    row = connection.execute(
+        "SELECT MIN(CASE WHEN state = 'pending' THEN ? ELSE next_attempt_at END) "
+        "FROM outbox WHERE state IN ('pending', 'retry_wait')",
+        (now_s,),
+    ).fetchone()
+    return None if row[0] is None else float(row[0])
+
+
+def backoff_s(
+    attempts: int, *, initial_s: float, max_s: float, jitter: float, rng: random.Random
+) -> float:
+    """Delay after the ``attempts``-th failed attempt: ``initial · 2^(n-1)``, capped, ±jitter."""
+    base = min(initial_s * 2 ** max(attempts - 1, 0), max_s)
+    return float(base * (1 + rng.uniform(-jitter, jitter)))
+
+
+def mark_published(
+    connection: sqlite3.Connection, sent: Sequence[tuple[int, int | None]], *, now_s: float
+) -> None:
+    """Mark rows ``(seq, stream_seq)`` published."""
+    connection.executemany(
+        "UPDATE outbox SET state = 'published', published_at = ?, stream_seq = ?, "
+        "next_attempt_at = NULL WHERE seq = ?",
+        [(now_s, stream_seq, seq) for seq, stream_seq in sent],
+    )
+
+
+def mark_failed(connection: sqlite3.Connection, seq: int, error: str) -> None:
+    """Make a row terminal ``failed`` at once, keeping ``error`` for the operator."""
+    connection.execute(
+        "UPDATE outbox SET state = 'failed', last_error = ?, next_attempt_at = NULL WHERE seq = ?",
+        (error, seq),
+    )
+
+
+def mark_attempt_failed(
+    connection: sqlite3.Connection,
+    row: OutboxRow,
+    error: str,
+    *,
+    now_s: float,
+    max_attempts: int,
+    delay_s: float,
+) -> RowState:
+    """Count one failed attempt: ``retry_wait`` with a backoff, or ``failed`` at the last one."""
+    attempts = row.attempts + 1
+    if attempts >= max_attempts:
+        connection.execute(
+            "UPDATE outbox SET state = 'failed', attempts = ?, last_error = ?, "
+            "next_attempt_at = NULL WHERE seq = ?",
+            (attempts, f"attempt {attempts} of {max_attempts}: {error}", row.seq),
+        )
+        return RowState.FAILED
+    connection.execute(
+        "UPDATE outbox SET state = 'retry_wait', attempts = ?, last_error = ?, "
+        "next_attempt_at = ? WHERE seq = ?",
+        (attempts, f"attempt {attempts} of {max_attempts}: {error}", now_s + delay_s, row.seq),
+    )
+    return RowState.RETRY_WAIT
+
+
+def requeue_failed(connection: sqlite3.Connection, event_ids: Sequence[str] | None = None) -> int:
+    """Operator action: put ``failed`` rows (all, or those listed) back to ``pending``."""
+    if event_ids is None:
+        cursor = connection.execute(
+            "UPDATE outbox SET state = 'pending', attempts = 0, next_attempt_at = NULL "
+            "WHERE state = 'failed'"
+        )
+        return cursor.rowcount
+    total = 0
+    for event_id in event_ids:
+        total += connection.execute(
+            "UPDATE outbox SET state = 'pending', attempts = 0, next_attempt_at = NULL "
+            "WHERE state = 'failed' AND event_id = ?",
+            (event_id,),
+        ).rowcount
+    return total
+
+
+def prune_published(connection: sqlite3.Connection, *, older_than_s: float, limit: int) -> int:
+    """Delete at most ``limit`` rows published before ``older_than_s`` (a bounded pass)."""
+    cursor = connection.execute(
+        "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE state = 'published' "
+        "AND published_at < ? ORDER BY published_at LIMIT ?)",
+        (older_than_s, limit),
+    )
+    return cursor.rowcount
+
+
+def counts_by_state(connection: sqlite3.Connection) -> dict[str, int]:
+    """Rows per state, every state present (0 when none)."""
+    counts = {state.value: 0 for state in RowState}
+    for state, count in connection.execute("SELECT state, COUNT(*) FROM outbox GROUP BY state"):
+        counts[state] = count
+    return counts

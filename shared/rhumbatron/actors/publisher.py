@@ -1,0 +1,285 @@
+"""``OutboxPublisher.publish_due``: move an actor's due outbox rows onto the event streams.
+
+Per call and per project, at most 100 due rows are sent, in outbox order, to
+``EVENTS_NN`` / ``events.NN`` (NN = ``fnv1a32(projectId) mod 8``) with the Event ID as
+``Nats-Msg-Id``. How order survives retries and pipelining:
+
+* only a *prefix* of a project's rows is ever sent: a row waiting out its backoff blocks the
+  rows behind it (see :func:`~rhumbatron.actors.outbox.due_rows`);
+* a prefix of two or more rows goes as one JetStream atomic batch — stored contiguously,
+  all or nothing — so no later row can land while an earlier one is missing;
+* if the batch is refused (or its ack is lost), the same rows are sent one at a time, each
+  waiting for its PubAck; the duplicate window drops rows already stored, and the first row
+  that fails stops the project for this call.
+
+Attempts: only a send that reached a server and was refused (or timed out while connected)
+counts. With no server reachable nothing is counted and rows stay ``pending``, so a long
+outage never turns events into ``failed`` rows.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import random
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from rhumbatron.actors.actor import Actor
+from rhumbatron.actors.alarms import AlarmGuard, FireDecision, replace_alarm
+from rhumbatron.actors.outbox import (
+    OutboxRow,
+    RowState,
+    backoff_s,
+    due_rows,
+    mark_attempt_failed,
+    mark_failed,
+    mark_published,
+    next_due_at,
+    prune_published,
+    requeue_failed,
+)
+from rhumbatron.actors.storage import write_transaction
+from rhumbatron.errors import EnvelopeError, NatsUnavailableError
+from rhumbatron.messaging.nudge import NoNudge, RouterNudge
+from rhumbatron.messaging.sender import EventSender, OutgoingMessage, SendRefusedError
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
+from rhumbatron.runtime.clock import Clock, SystemClock
+from rhumbatron.runtime.faults import crash_point
+from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings
+
+__all__ = ["OutboxPublisher", "PublishReport", "prune_published_rows", "requeue_failed_rows"]
+
+
+@dataclass
+class PublishReport:
+    """What one ``publish_due`` (or alarm fire) did to one actor's outbox."""
+
+    actor_key: str
+    alarm: FireDecision | None = None
+    published: int = 0
+    duplicates: int = 0
+    retry_wait: int = 0
+    failed: int = 0
+    busy: bool = False
+    unavailable: bool = False
+    nudged: list[int] = field(default_factory=list)
+    next_alarm_at: float | None = None
+
+
+class _Stop(Exception):
+    """Internal: stop sending for this call (NATS became unreachable)."""
+
+
+class OutboxPublisher:
+    """Publishes actors' outbox rows. One instance per process; actors are passed per call."""
+
+    def __init__(
+        self,
+        sender: EventSender,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        nudge: RouterNudge | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._sender = sender
+        self._settings = settings
+        self._clock = clock or SystemClock()
+        self._nudge = nudge or NoNudge()
+        self._rng = rng or random.Random()
+        self._guard = AlarmGuard(settings.alarm_max_fires_per_day)
+        bindings = settings.producer_bindings
+        self._bindings = frozenset(range(EVENT_STREAM_COUNT) if bindings is None else bindings)
+
+    async def fire_alarm(self, actor: Actor) -> PublishReport:
+        """The actor's alarm fired: ask AlarmGuard, then publish if it admits the fire."""
+        with write_transaction(actor.connection, actor.path) as db:
+            decision = self._guard.admit(db, self._clock.now())
+        if decision is not FireDecision.FIRE:
+            return PublishReport(actor.ref.key, alarm=decision)
+        report = await self.publish_due(actor)
+        report.alarm = decision
+        return report
+
+    async def publish_due(self, actor: Actor) -> PublishReport:
+        """Send the due rows of every project in ``actor``'s outbox (at most 100 each)."""
+        report = PublishReport(actor.ref.key)
+        with _publish_lock(actor) as acquired:
+            if not acquired:
+                report.busy = True  # another publisher is on this actor right now (F8)
+                return report
+            if not self._sender.connected:
+                report.unavailable = True
+                return report
+            now_s = self._clock.now().timestamp()
+            limit = self._settings.publish_max_rows_per_project
+            try:
+                for rows in due_rows(actor.connection, now_s=now_s, limit=limit).values():
+                    await self._publish_project(actor, rows, report)
+            except _Stop:
+                report.unavailable = True
+            with write_transaction(actor.connection, actor.path) as db:
+                report.next_alarm_at = next_due_at(db, now_s=self._clock.now().timestamp())
+                replace_alarm(db, report.next_alarm_at)
+        for index in report.nudged:
+            await self._nudge.nudge(index)
+        return report
+
+    async def _publish_project(
+        self, actor: Actor, rows: list[OutboxRow], report: PublishReport
+    ) -> None:
+        sendable = self._drop_unsendable(actor, rows, report)
+        if not sendable:
+            return
+        stream_index = sendable[0].stream_index
+        stream = event_stream_name(stream_index)
+        messages = [
+            OutgoingMessage(event_stream_subject(stream_index), row.event_id, row.envelope)
+            for row in sendable
+        ]
+        stored: list[tuple[int, int | None]] = []
+        if self._settings.atomic_batch_publish and len(messages) >= 2:
+            try:
+                results = await self._sender.send_batch(stream, messages)
+                stored = [(row.seq, r.sequence) for row, r in zip(sendable, results, strict=True)]
+            except NatsUnavailableError:
+                raise _Stop from None
+            except SendRefusedError:
+                stored = []  # refused whole or ack lost: fall back to one by one below
+        if not stored:
+            stored = await self._send_one_by_one(actor, stream, sendable, messages, report)
+        crash_point(self._settings.crash_at, "after_puback")
+        if stored:
+            with write_transaction(actor.connection, actor.path) as db:
+                mark_published(db, stored, now_s=self._clock.now().timestamp())
+            report.published += len(stored)
+            if stream_index not in report.nudged:
+                report.nudged.append(stream_index)
+
+    async def _send_one_by_one(
+        self,
+        actor: Actor,
+        stream: str,
+        rows: Sequence[OutboxRow],
+        messages: Sequence[OutgoingMessage],
+        report: PublishReport,
+    ) -> list[tuple[int, int | None]]:
+        stored: list[tuple[int, int | None]] = []
+        for row, message in zip(rows, messages, strict=True):
+            try:
+                result = await self._sender.send(stream, message)
+            except NatsUnavailableError:
+                self._mark_published_so_far(actor, stored)
+                raise _Stop from None
+            except SendRefusedError as exc:
+                self._count_failed_attempt(actor, row, str(exc), report)
+                break  # the rows behind it wait: order before progress
+            stored.append((row.seq, result.sequence))
+            report.duplicates += int(result.duplicate)
+        return stored
+
+    def _mark_published_so_far(self, actor: Actor, stored: list[tuple[int, int | None]]) -> None:
+        if stored:
+            with write_transaction(actor.connection, actor.path) as db:
+                mark_published(db, stored, now_s=self._clock.now().timestamp())
+
+    def _count_failed_attempt(
+        self, actor: Actor, row: OutboxRow, error: str, report: PublishReport
+    ) -> None:
+        settings = self._settings
+        delay = backoff_s(
+            row.attempts + 1,
+            initial_s=settings.outbox_backoff_initial_s,
+            max_s=settings.outbox_backoff_max_s,
+            jitter=settings.outbox_backoff_jitter,
+            rng=self._rng,
+        )
+        with write_transaction(actor.connection, actor.path) as db:
+            state = mark_attempt_failed(
+                db,
+                row,
+                error,
+                now_s=self._clock.now().timestamp(),
+                max_attempts=settings.outbox_max_attempts,
+                delay_s=delay,
+            )
+        if state is RowState.FAILED:
+            report.failed += 1
+        else:
+            report.retry_wait += 1
+
+    def _drop_unsendable(
+        self, actor: Actor, rows: list[OutboxRow], report: PublishReport
+    ) -> list[OutboxRow]:
+        """Fail at once, with ``last_error``, the rows no retry could ever send."""
+        sendable: list[OutboxRow] = []
+        doomed: list[tuple[int, str]] = []
+        for row in rows:
+            reason = self._why_unsendable(row)
+            if reason is None:
+                sendable.append(row)
+            else:
+                doomed.append((row.seq, reason))
+        if doomed:
+            with write_transaction(actor.connection, actor.path) as db:
+                for seq, reason in doomed:
+                    mark_failed(db, seq, reason)
+            report.failed += len(doomed)
+        return sendable
+
+    def _why_unsendable(self, row: OutboxRow) -> str | None:
+        if row.stream_index not in self._bindings:
+            return (
+                f"no producer binding for stream {event_stream_name(row.stream_index)}; "
+                f"this publisher binds {sorted(self._bindings)} (RHUMBATRON_PRODUCER_BINDINGS)"
+            )
+        if len(row.envelope) > self._sender.max_payload:
+            return (
+                f"event is {len(row.envelope)} bytes, over the server's max_payload of "
+                f"{self._sender.max_payload}; it can never be published as it is"
+            )
+        try:
+            Event.parse(row.envelope)
+        except EnvelopeError as exc:
+            return f"stored envelope is not a valid Event: {exc}"
+        return None
+
+
+@contextmanager
+def _publish_lock(actor: Actor) -> Iterator[bool]:
+    """An exclusive, non-blocking lock on ``<actor file>.publish.lock`` (one publisher a time)."""
+    lock_path = actor.path.with_suffix(".publish.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def requeue_failed_rows(actor: Actor, event_ids: Sequence[str] | None = None) -> int:
+    """Operator action: put ``failed`` rows back to ``pending``, attempts reset; set the alarm."""
+    with write_transaction(actor.connection, actor.path) as db:
+        count = requeue_failed(db, event_ids)
+        if count:
+            replace_alarm(db, actor.clock.now().timestamp())
+    if count:
+        actor.alarms.alarm_set(actor.ref.key, actor.clock.now())
+    return count
+
+
+def prune_published_rows(actor: Actor, settings: Settings) -> int:
+    """Delete published rows older than the stream's max age, in one bounded pass."""
+    cutoff = actor.clock.now() - timedelta(days=settings.outbox_published_retention_days)
+    with write_transaction(actor.connection, actor.path) as db:
+        return prune_published(
+            db, older_than_s=cutoff.timestamp(), limit=settings.outbox_prune_batch_rows
+        )

@@ -1,0 +1,171 @@
+"""The ResourceShard actor: one of N per project; writes every Event but the three of the root.
+
+Shard mapping: a resource key (``change:<id>``, ``file:src/app.py``) lives in shard
+``fnv1a32(key) mod resource_shard_count`` of its project; Change Events go to the shard of
+``change:<id>``. The shard count must never change once a project has actors.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from datetime import UTC, datetime, timedelta
+
+from rhumbatron.actors.actor import Actor, ActorKind, ActorRef, TransactResult
+from rhumbatron.domain.changes import ChangeFact, ChangeState, append_change_events
+from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.domain.resources import (
+    Claim,
+    Intent,
+    acquire_claim,
+    declare_intent,
+    expire_claims,
+    release_claim,
+)
+from rhumbatron.protocol.ids import resource_shard_index
+
+__all__ = ["ResourceShard", "change_resource_key"]
+
+
+def change_resource_key(change_id: str) -> str:
+    """The resource key whose shard owns a Change's Events."""
+    return f"change:{change_id}"
+
+
+class ResourceShard(Actor):
+    """One resource shard of a project: claims, intents, Change status, and its outbox."""
+
+    KIND = ActorKind.RESOURCE_SHARD
+    STATE_SCHEMA = """
+    CREATE TABLE IF NOT EXISTS claims (
+        resource   TEXT PRIMARY KEY,
+        claim_id   TEXT NOT NULL,
+        agent_id   TEXT NOT NULL,
+        mode       TEXT NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS intents (
+        intent_id  TEXT PRIMARY KEY,
+        agent_id   TEXT NOT NULL,
+        paths      TEXT NOT NULL,
+        summary    TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS changes (
+        change_id  TEXT PRIMARY KEY,
+        status     TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    );
+    """
+    STATE_TABLES = frozenset({"claims", "intents", "changes"})
+
+    @staticmethod
+    def ref_for(project_id: str, resource_key: str, shard_count: int) -> ActorRef:
+        """The shard of ``project_id`` that owns ``resource_key``."""
+        return ActorRef(
+            ActorKind.RESOURCE_SHARD, project_id, resource_shard_index(resource_key, shard_count)
+        )
+
+    # -- claims ----------------------------------------------------------------------------
+    def acquire_claim(
+        self, caller: Caller, *, resource: str, agent_id: str, ttl: timedelta
+    ) -> TransactResult:
+        return self.transact(
+            lambda db: acquire_claim(
+                _claim(db, resource),
+                self._ctx(caller),
+                resource=resource,
+                agent_id=agent_id,
+                ttl=ttl,
+            )
+        )
+
+    def release_claim(self, caller: Caller, *, resource: str, agent_id: str) -> TransactResult:
+        return self.transact(
+            lambda db: release_claim(
+                _claim(db, resource), self._ctx(caller), resource=resource, agent_id=agent_id
+            )
+        )
+
+    def expire_claims(self, caller: Caller) -> TransactResult:
+        return self.transact(lambda db: expire_claims(_claims(db), self._ctx(caller)))
+
+    # -- intents ---------------------------------------------------------------------------
+    def declare_intent(
+        self,
+        caller: Caller,
+        *,
+        intent_id: str,
+        agent_id: str,
+        paths: tuple[str, ...],
+        summary: str = "",
+        change_id: str | None = None,
+    ) -> TransactResult:
+        return self.transact(
+            lambda db: declare_intent(
+                _intent(db, intent_id),
+                self._ctx(caller),
+                intent_id=intent_id,
+                agent_id=agent_id,
+                paths=paths,
+                summary=summary,
+                change_id=change_id,
+            )
+        )
+
+    # -- changes ---------------------------------------------------------------------------
+    def append_change_events(
+        self, caller: Caller, *, change_id: str, status: str, facts: tuple[ChangeFact, ...]
+    ) -> TransactResult:
+        """appendChangeEvents: move the Change and append its facts (stable IDs)."""
+        return self.transact(
+            lambda db: append_change_events(
+                _change(db, change_id),
+                self._ctx(caller),
+                change_id=change_id,
+                status=status,
+                facts=facts,
+            )
+        )
+
+    def change_state(self, change_id: str) -> ChangeState | None:
+        return _change(self.connection, change_id)
+
+    def claims(self) -> list[Claim]:
+        return _claims(self.connection)
+
+    def _ctx(self, caller: Caller) -> FactContext:
+        return FactContext(caller, self.ref.project_id, self.clock.now())
+
+
+def _claim_from(row: sqlite3.Row) -> Claim:
+    return Claim(
+        resource=row["resource"],
+        claim_id=row["claim_id"],
+        agent_id=row["agent_id"],
+        mode=row["mode"],
+        expires_at=datetime.fromtimestamp(row["expires_at"], UTC),
+    )
+
+
+def _claim(db: sqlite3.Connection, resource: str) -> Claim | None:
+    row = db.execute("SELECT * FROM claims WHERE resource = ?", (resource,)).fetchone()
+    return None if row is None else _claim_from(row)
+
+
+def _claims(db: sqlite3.Connection) -> list[Claim]:
+    return [_claim_from(r) for r in db.execute("SELECT * FROM claims ORDER BY resource")]
+
+
+def _intent(db: sqlite3.Connection, intent_id: str) -> Intent | None:
+    row = db.execute("SELECT * FROM intents WHERE intent_id = ?", (intent_id,)).fetchone()
+    if row is None:
+        return None
+    return Intent(
+        row["intent_id"], row["agent_id"], tuple(json.loads(row["paths"])), row["summary"]
+    )
+
+
+def _change(db: sqlite3.Connection, change_id: str) -> ChangeState | None:
+    row = db.execute("SELECT * FROM changes WHERE change_id = ?", (change_id,)).fetchone()
+    return None if row is None else ChangeState(row["change_id"], row["status"])

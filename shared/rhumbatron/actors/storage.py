@@ -1,0 +1,129 @@
+"""Opening actor SQLite files safely, on a local disk or on EFS.
+
+SQLite's WAL needs shared memory, which a network filesystem (EFS, NFS) cannot give: WAL on
+such a path corrupts files. :func:`check_journal_mode` refuses that combination at start-up.
+Every write transaction starts with ``BEGIN IMMEDIATE`` so one writer holds a file at a time
+and a second one waits up to the busy timeout, then gets :class:`ActorBusyError`.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rhumbatron.errors import ActorBusyError, ActorError, UnsafeStorageError
+from rhumbatron.runtime.settings import Settings
+
+__all__ = [
+    "NETWORK_FILESYSTEMS",
+    "check_journal_mode",
+    "is_network_filesystem",
+    "open_database",
+    "write_transaction",
+]
+
+NETWORK_FILESYSTEMS = frozenset(
+    {"nfs", "nfs4", "efs", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "lustre", "glusterfs"}
+)
+
+
+def _mount_type(path: Path, mounts_file: Path) -> str | None:
+    target = str(path.resolve())
+    best: tuple[int, str] | None = None
+    try:
+        lines = mounts_file.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mount_point = parts[1].replace("\\040", " ")
+        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+        if inside and (best is None or len(mount_point) > best[0]):
+            best = (len(mount_point), parts[2])
+    return best[1] if best else None
+
+
+def is_network_filesystem(path: Path, mounts_file: Path = Path("/proc/mounts")) -> bool:
+    """Whether ``path`` lives on a network filesystem, read from the mount table."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return (_mount_type(probe, mounts_file) or "") in NETWORK_FILESYSTEMS
+
+
+def check_journal_mode(settings: Settings) -> None:
+    """Refuse WAL on a network filesystem (RELIABILITY F21), naming the settings to change."""
+    network = settings.network_filesystem
+    if network is None:
+        network = is_network_filesystem(settings.state_dir)
+    if network and settings.journal_mode == "WAL":
+        raise UnsafeStorageError(
+            f"RHUMBATRON_JOURNAL_MODE=WAL but RHUMBATRON_STATE_DIR={settings.state_dir} is on a "
+            "network filesystem, where SQLite's WAL corrupts data; set "
+            "RHUMBATRON_JOURNAL_MODE=DELETE"
+        )
+
+
+def open_database(path: Path, settings: Settings) -> sqlite3.Connection:
+    """Open (creating if needed) one actor file with the configured journal and sync modes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so the write lock is
+        # taken at the start of the transaction, not half-way through it.
+        connection = sqlite3.connect(
+            path,
+            isolation_level=None,
+            timeout=settings.sqlite_busy_timeout_ms / 1000,
+            check_same_thread=False,
+        )
+        connection.execute(f"PRAGMA journal_mode={settings.journal_mode}")
+        connection.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
+        connection.execute(f"PRAGMA busy_timeout={settings.sqlite_busy_timeout_ms}")
+        connection.execute("PRAGMA foreign_keys=ON")
+    except sqlite3.Error as exc:
+        raise ActorError(f"cannot open actor file {path}: {exc}") from exc
+    connection.row_factory = sqlite3.Row
+    return connection
+
+
+@contextmanager
+def write_transaction(connection: sqlite3.Connection, path: Path) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``; roll back on any exception.
+
+    A second writer waits up to the busy timeout and then raises :class:`ActorBusyError`. A
+    process killed inside the block leaves the file as it was before ``BEGIN`` (SQLite's
+    journal makes the transaction atomic).
+    """
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise ActorBusyError(
+                f"actor file {path} is held by another writer past the busy timeout; "
+                "retry later, or raise RHUMBATRON_SQLITE_BUSY_TIMEOUT_MS"
+            ) from exc
+        raise ActorError(f"cannot start a transaction on {path}: {exc}") from exc
+    try:
+        yield connection
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    try:
+        connection.execute("COMMIT")
+    except sqlite3.Error as exc:
+        connection.execute("ROLLBACK")
+        raise ActorError(f"commit failed on {path}: {exc}") from exc
+
+
+def fsync_directory(path: Path) -> None:
+    """Make a new file's directory entry durable (a crash must not lose a new actor file)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

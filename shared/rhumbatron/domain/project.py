@@ -1,0 +1,110 @@
+"""The project root aggregate: creation, and promotion that advances the canonical generation.
+
+Its facts (project.created, artifact.promoted, canonical.advanced) are the only ones the
+ProjectRoot actor writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rhumbatron.domain.facts import FactContext
+from rhumbatron.domain.transition import Insert, Transition, Update
+from rhumbatron.errors import DomainError
+
+__all__ = ["ProjectState", "create_project", "promote_candidate"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectState:
+    project_id: str
+    tenant_id: str
+    name: str
+    status: str
+    canonical_generation: int
+    canonical_candidate_id: str | None
+
+
+def create_project(current: ProjectState | None, ctx: FactContext, *, name: str) -> Transition:
+    """Create the project once; creating it again with the same name changes nothing."""
+    if current is not None:
+        if current.name != name:
+            raise DomainError(
+                f"project {ctx.project_id!r} already exists named {current.name!r}, not {name!r}"
+            )
+        return Transition()
+    row = {
+        "project_id": ctx.project_id,
+        "tenant_id": ctx.caller.tenant_id,
+        "name": name,
+        "status": "active",
+        "canonical_generation": 0,
+        "canonical_candidate_id": None,
+        "created_at": ctx.now.isoformat(),
+    }
+    fact = ctx.fact("project.created", {"name": name}, canonical_generation=0)
+    return Transition(patch=(Insert("project", row),), facts=(fact,))
+
+
+def promote_candidate(
+    current: ProjectState | None,
+    ctx: FactContext,
+    *,
+    candidate_id: str,
+    artifact_id: str,
+    expected_generation: int,
+    change_ids: tuple[str, ...] = (),
+) -> Transition:
+    """decidePromotion: advance canonical from ``expected_generation`` to the next one.
+
+    The key is candidate + expected generation: repeating a promotion that already happened
+    returns an empty transition (``already_promoted``); promoting from a generation that is no
+    longer canonical is refused.
+    """
+    if current is None:
+        raise DomainError(f"project {ctx.project_id!r} does not exist; create it first")
+    if (
+        current.canonical_candidate_id == candidate_id
+        and current.canonical_generation == expected_generation + 1
+    ):
+        return Transition()  # already_promoted
+    if current.canonical_generation != expected_generation:
+        raise DomainError(
+            f"candidate {candidate_id!r} expects canonical generation {expected_generation}, "
+            f"but project {ctx.project_id!r} is at {current.canonical_generation}; recompose it"
+        )
+    generation = expected_generation + 1
+    patch = (
+        Update(
+            "project",
+            key={"project_id": ctx.project_id},
+            values={"canonical_generation": generation, "canonical_candidate_id": candidate_id},
+        ),
+        Insert(
+            "artifacts",
+            {
+                "artifact_id": artifact_id,
+                "candidate_id": candidate_id,
+                "generation": generation,
+                "promoted_at": ctx.now.isoformat(),
+            },
+        ),
+    )
+    facts = (
+        ctx.fact(
+            "artifact.promoted",
+            {"artifactId": artifact_id, "candidateId": candidate_id, "generation": generation},
+            canonical_generation=generation,
+        ),
+        ctx.fact(
+            "canonical.advanced",
+            {
+                "generation": generation,
+                "previousGeneration": expected_generation,
+                "candidateId": candidate_id,
+                "changeIds": list(change_ids),
+            },
+            canonical_generation=generation,
+        ),
+    )
+    return Transition(patch=patch, facts=facts)

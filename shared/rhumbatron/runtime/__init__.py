@@ -1,0 +1,1 @@
+"""Settings, the clock, and the composition root."""

@@ -1,0 +1,126 @@
+"""Every tunable of Rhumbatron, with the specification's value as its default.
+
+Settings come from ``RHUMBATRON_*`` environment variables (the Lambda functions' environment
+in ``template.yaml``) or from keyword arguments (tests). Each name carries its unit. A value
+that cannot work raises :class:`~rhumbatron.errors.ConfigurationError` naming the setting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rhumbatron.errors import ConfigurationError
+
+__all__ = ["EVENT_STREAM_COUNT", "Settings", "load_settings"]
+
+#: The event log is exactly eight streams (spec: "eight NATS JetStream streams"). Not a setting:
+#: changing it would move projects between streams and break their order.
+EVENT_STREAM_COUNT = 8
+
+
+class Settings(BaseSettings):
+    """Rhumbatron's configuration. Defaults are the specification's numbers."""
+
+    model_config = SettingsConfigDict(env_prefix="RHUMBATRON_", frozen=True, extra="forbid")
+
+    # -- where state lives -------------------------------------------------------------------
+    state_dir: Path = Field(
+        default=Path(".rhumbatron/state"),
+        description="Actor SQLite files. /mnt/state on EFS in the cloud.",
+    )
+    journal_mode: Literal["WAL", "DELETE"] = Field(
+        default="WAL", description="SQLite journal mode. WAL cannot work on EFS/NFS: use DELETE."
+    )
+    network_filesystem: bool | None = Field(
+        default=None,
+        description="Whether state_dir is on a network filesystem; None detects it from mounts.",
+    )
+    sqlite_busy_timeout_ms: int = Field(default=5_000, ge=0)
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
+
+    # -- NATS / JetStream ---------------------------------------------------------------------
+    nats_url: str = "nats://127.0.0.1:4222"
+    nats_connect_timeout_s: float = Field(default=2.0, gt=0)
+    event_stream_max_age_days: float = Field(default=7, gt=0)
+    command_stream_max_age_days: float = Field(default=14, gt=0)
+    duplicate_window_s: float = Field(default=2 * 3600, gt=0)
+    stream_replicas: int = Field(default=1, ge=1, le=5)
+    require_durable_jetstream: bool = Field(
+        default=False,
+        description="Refuse to start unless streams have >= 3 replicas and sync_interval: always.",
+    )
+    nats_sync_interval: str = Field(
+        default="2m", description="sync_interval of the embedded nats-server ('always' = fsync)."
+    )
+    command_queues: tuple[str, ...] = (
+        "agent-wakeups",
+        "integration",
+        "verification",
+        "release",
+        "indexing",
+        "dead-letter",
+    )
+
+    # -- outbox publisher ---------------------------------------------------------------------
+    publish_max_rows_per_project: int = Field(default=100, ge=1, le=1000)
+    publish_ack_timeout_s: float = Field(default=5.0, gt=0)
+    atomic_batch_publish: bool = Field(
+        default=True, description="Send a project's due rows as one JetStream atomic batch."
+    )
+    outbox_backoff_initial_s: float = Field(default=1.0, gt=0)
+    outbox_backoff_max_s: float = Field(default=300.0, gt=0)
+    outbox_backoff_jitter: float = Field(default=0.2, ge=0, lt=1)
+    outbox_max_attempts: int = Field(default=10, ge=1)
+    outbox_published_retention_days: float = Field(default=7, gt=0)
+    outbox_prune_batch_rows: int = Field(default=1_000, ge=1)
+    max_event_bytes: int = Field(default=1024 * 1024, ge=1024)
+    producer_bindings: tuple[int, ...] | None = Field(
+        default=None,
+        description="Stream indexes this publisher may send to; None binds all eight.",
+    )
+
+    # -- actors -------------------------------------------------------------------------------
+    alarm_max_fires_per_day: int = Field(default=2_000, ge=1)
+    resource_shard_count: int = Field(default=16, ge=1, le=256)
+
+    # -- archive (S3) -------------------------------------------------------------------------
+    evidence_bucket: str = "rhumbatron-evidence"
+    s3_endpoint_url: str | None = None
+
+    # -- fault injection (tests only) ---------------------------------------------------------
+    crash_at: str | None = Field(
+        default=None, description="Kill the process at this named point (fault tests only)."
+    )
+
+    @field_validator("producer_bindings")
+    @classmethod
+    def _bindings_in_range(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None:
+            bad = [i for i in value if not 0 <= i < EVENT_STREAM_COUNT]
+            if bad:
+                raise ValueError(f"stream indexes {bad} are outside 0..{EVENT_STREAM_COUNT - 1}")
+        return value
+
+    @property
+    def duplicate_window_ns(self) -> int:
+        return int(self.duplicate_window_s * 1e9)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build :class:`Settings` from the environment plus ``overrides``.
+
+    Raises :class:`ConfigurationError` naming each bad setting and its value.
+    """
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"RHUMBATRON_{'_'.join(str(p) for p in err['loc']).upper()}={err.get('input')!r}: "
+            f"{err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigurationError(f"invalid settings: {problems}") from exc

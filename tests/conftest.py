@@ -1,0 +1,56 @@
+"""Shared fixtures: a real nats-server per test on a free loopback port, temp state dirs,
+a manual clock, and the composition root wired to them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.messaging.nudge import RecordingNudge
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.runtime.settings import Settings, load_settings
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServerProcess]:
+    """A real nats-server with JetStream, its store in this test's temp dir."""
+    server = NatsServerProcess(store_dir=tmp_path / "nats")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def settings(tmp_path: Path, nats_server: NatsServerProcess) -> Settings:
+    return load_settings(state_dir=tmp_path / "state", nats_url=nats_server.url)
+
+
+@pytest.fixture
+def offline_settings(tmp_path: Path) -> Settings:
+    """Settings for tests that never touch NATS (actors, outbox state machine)."""
+    return load_settings(state_dir=tmp_path / "state", nats_url="nats://127.0.0.1:1")
+
+
+@pytest.fixture
+def nudge() -> RecordingNudge:
+    return RecordingNudge()
+
+
+@pytest_asyncio.fixture
+async def app(settings: Settings, clock: ManualClock, nudge: RecordingNudge) -> AsyncIterator[Rhumbatron]:
+    """The composition root on a real nats-server, streams created, on a manual clock."""
+    runtime = bootstrap(settings, clock=clock, alarms=RecordingAlarmSink(), nudge=nudge)
+    await runtime.ensure_streams()
+    yield runtime
+    await runtime.close()
