@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from rhumbatron.actors.actor import Actor
-from rhumbatron.actors.alarms import AlarmGuard, FireDecision, replace_alarm
+from rhumbatron.actors.alarms import AlarmGuard, FireDecision, alarm_due_at, replace_alarm
 from rhumbatron.actors.outbox import (
     OutboxRow,
     RowState,
@@ -113,6 +113,7 @@ class OutboxPublisher:
                 return report
             if not self._sender.connected:
                 report.unavailable = True
+                report.next_alarm_at = alarm_due_at(actor.connection)
                 return report
             now_s = self._clock.now().timestamp()
             limit = self._settings.publish_max_rows_per_project
@@ -141,6 +142,7 @@ class OutboxPublisher:
             for row in sendable
         ]
         stored: list[tuple[int, int | None]] = []
+        lost_connection = False
         if self._settings.atomic_batch_publish and len(messages) >= 2:
             try:
                 results = await self._sender.send_batch(stream, messages)
@@ -150,7 +152,9 @@ class OutboxPublisher:
             except SendRefusedError:
                 stored = []  # refused whole or ack lost: fall back to one by one below
         if not stored:
-            stored = await self._send_one_by_one(actor, stream, sendable, messages, report)
+            stored, lost_connection = await self._send_one_by_one(
+                actor, stream, sendable, messages, report
+            )
         crash_point(self._settings.crash_at, "after_puback")
         if stored:
             with write_transaction(actor.connection, actor.path) as db:
@@ -158,6 +162,8 @@ class OutboxPublisher:
             report.published += len(stored)
             if stream_index not in report.nudged:
                 report.nudged.append(stream_index)
+        if lost_connection:
+            raise _Stop
 
     async def _send_one_by_one(
         self,
@@ -166,25 +172,23 @@ class OutboxPublisher:
         rows: Sequence[OutboxRow],
         messages: Sequence[OutgoingMessage],
         report: PublishReport,
-    ) -> list[tuple[int, int | None]]:
+    ) -> tuple[list[tuple[int, int | None]], bool]:
+        """Send rows in order, each awaiting its PubAck; stop at the first that fails.
+
+        Returns what was stored and whether the connection was lost (no attempt counted).
+        """
         stored: list[tuple[int, int | None]] = []
         for row, message in zip(rows, messages, strict=True):
             try:
                 result = await self._sender.send(stream, message)
             except NatsUnavailableError:
-                self._mark_published_so_far(actor, stored)
-                raise _Stop from None
+                return stored, True
             except SendRefusedError as exc:
                 self._count_failed_attempt(actor, row, str(exc), report)
                 break  # the rows behind it wait: order before progress
             stored.append((row.seq, result.sequence))
             report.duplicates += int(result.duplicate)
-        return stored
-
-    def _mark_published_so_far(self, actor: Actor, stored: list[tuple[int, int | None]]) -> None:
-        if stored:
-            with write_transaction(actor.connection, actor.path) as db:
-                mark_published(db, stored, now_s=self._clock.now().timestamp())
+        return stored, False
 
     def _count_failed_attempt(
         self, actor: Actor, row: OutboxRow, error: str, report: PublishReport

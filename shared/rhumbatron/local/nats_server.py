@@ -49,6 +49,10 @@ def find_nats_server_binary() -> str:
     )
 
 
+def _config_value(sync_interval: str) -> str:
+    return sync_interval if sync_interval == "always" else json.dumps(sync_interval)
+
+
 @dataclass
 class NatsServerProcess:
     """One nats-server with JetStream, its store in ``store_dir``, listening on loopback.
@@ -89,7 +93,8 @@ class NatsServerProcess:
             f"http: 127.0.0.1:{self.http_port}",
             "jetstream {",
             f"  store_dir: {json.dumps(str(self.store_dir))}",
-            f"  sync_interval: {self.sync_interval}",
+            # A duration must be quoted: bare `2m` parses as the number 2,000,000.
+            f"  sync_interval: {_config_value(self.sync_interval)}",
             "}",
         ]
         if self.max_payload is not None:

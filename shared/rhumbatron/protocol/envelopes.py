@@ -24,6 +24,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.alias_generators import to_camel
 
 from rhumbatron.errors import EnvelopeError, UnknownTypeError
 from rhumbatron.protocol.command_types import COMMAND_TYPES, CommandTypeSpec
@@ -64,7 +65,11 @@ def _describe(kind: str, exc: ValidationError) -> str:
         message = err["msg"].removeprefix("Value error, ")
         if message.startswith(_UNREADABLE_PAYLOAD):
             continue  # a consequence of a bad type, already reported on its own field
-        where = ".".join(str(part) for part in err["loc"]) or "(envelope)"
+        # Name fields as the wire does (eventId), even when Python passed event_id.
+        where = (
+            ".".join(to_camel(part) if isinstance(part, str) else str(part) for part in err["loc"])
+            or "(envelope)"
+        )
         if err["type"] == "missing":
             problems.append(f"{where} is missing")
         else:

@@ -90,9 +90,20 @@ class Rhumbatron:
         return self._nc
 
     async def ensure_streams(self) -> StreamReport:
+        """Create or reconcile the streams; refuse non-durable JetStream when it is demanded."""
+        from rhumbatron.messaging.durability import check_durability, check_stream_replicas
         from rhumbatron.messaging.streams import ensure_streams
 
-        return await ensure_streams((await self.nats()).jetstream(), self.settings)
+        check_durability(self.settings)
+        js = (await self.nats()).jetstream()
+        report = await ensure_streams(js, self.settings)
+        if self.settings.require_durable_jetstream:
+            names = [*report.created, *report.updated, *report.unchanged]
+            infos = [await js.stream_info(name) for name in names]
+            check_stream_replicas(
+                self.settings, {i.config.name or "?": i.config.num_replicas or 1 for i in infos}
+            )
+        return report
 
     async def publisher(self) -> OutboxPublisher:
         if self._publisher is None:

@@ -11,7 +11,7 @@ import os
 __all__ = ["CRASH_POINTS", "crash_point"]
 
 #: Every point a fault test may name.
-CRASH_POINTS = frozenset({"in_txn", "after_puback", "before_mark"})
+CRASH_POINTS = frozenset({"in_txn", "after_puback"})
 
 
 def crash_point(configured: str | None, name: str) -> None:

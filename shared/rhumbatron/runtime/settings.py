@@ -8,9 +8,9 @@ that cannot work raises :class:`~rhumbatron.errors.ConfigurationError` naming th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Self
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rhumbatron.errors import ConfigurationError
@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     require_durable_jetstream: bool = Field(
         default=False,
         description="Refuse to start unless streams have >= 3 replicas and sync_interval: always.",
+    )
+    nats_monitor_url: str | None = Field(
+        default=None,
+        description="nats-server monitoring URL (http://host:8222); durability checks read /varz.",
     )
     nats_sync_interval: str = Field(
         default="2m", description="sync_interval of the embedded nats-server ('always' = fsync)."
@@ -105,9 +109,25 @@ class Settings(BaseSettings):
                 raise ValueError(f"stream indexes {bad} are outside 0..{EVENT_STREAM_COUNT - 1}")
         return value
 
-    @property
-    def duplicate_window_ns(self) -> int:
-        return int(self.duplicate_window_s * 1e9)
+    @model_validator(mode="after")
+    def _retention_windows_fit(self) -> Self:
+        """The retention windows must nest (DESIGN §6): a dedupe window longer than the
+        stream keeps messages would promise dedupe of messages that are gone."""
+        stream_s = self.event_stream_max_age_days * 86_400
+        commands_s = self.command_stream_max_age_days * 86_400
+        if self.duplicate_window_s > min(stream_s, commands_s):
+            raise ValueError(
+                f"duplicate_window_s={self.duplicate_window_s} is longer than a stream keeps "
+                f"messages (event_stream_max_age_days={self.event_stream_max_age_days}, "
+                f"command_stream_max_age_days={self.command_stream_max_age_days})"
+            )
+        if self.outbox_published_retention_days < self.event_stream_max_age_days:
+            raise ValueError(
+                f"outbox_published_retention_days={self.outbox_published_retention_days} is "
+                f"shorter than event_stream_max_age_days={self.event_stream_max_age_days}: "
+                "keep published rows at least as long as the stream keeps their events"
+            )
+        return self
 
 
 def load_settings(**overrides: object) -> Settings:
@@ -118,9 +138,13 @@ def load_settings(**overrides: object) -> Settings:
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
-        problems = "; ".join(
-            f"RHUMBATRON_{'_'.join(str(p) for p in err['loc']).upper()}={err.get('input')!r}: "
-            f"{err['msg']}"
-            for err in exc.errors()
-        )
+        problems = "; ".join(_describe(err) for err in exc.errors(include_url=False))
         raise ConfigurationError(f"invalid settings: {problems}") from exc
+
+
+def _describe(err: Any) -> str:
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if not err["loc"]:
+        return message  # a rule across settings: the message names each one
+    name = "RHUMBATRON_" + "_".join(str(part) for part in err["loc"]).upper()
+    return f"{name}={err.get('input')!r}: {message}"

@@ -1,0 +1,209 @@
+"""Fault-test helpers, and a worker script the tests run as a separate process.
+
+Run as ``python tests/faults/worker.py <command> ...`` with ``RHUMBATRON_*`` in the
+environment (state dir, NATS URL, ``RHUMBATRON_CRASH_AT``). A crash point kills the worker
+with ``os._exit(137)``: no cleanup, like a power cut of that one process.
+
+Commands:
+
+* ``publish <actor_key> [rounds]``: run ``publish_due`` on the actor up to ``rounds`` times
+  (stopping once nothing is pending), print one JSON line per report.
+* ``claim <project_id> <resource>``: acquire a claim on ``resource`` (one actor transaction).
+
+Imported by the tests (``from .worker import ...``) for the helpers below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from rhumbatron.actors.actor import Actor, ActorRef
+from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.domain.changes import ChangeFact
+from rhumbatron.domain.facts import Caller
+from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron.runtime.settings import Settings, load_settings
+
+WORKER = Path(__file__).resolve()
+CALLER = Caller("tenant-faults", "system:fault-test", "corr-faults")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def write_change_events(
+    shard: ResourceShard, change_id: str, count: int, *, start: int = 0, chunk: int = 50
+) -> list[str]:
+    """Append ``count`` agent.woke facts to ``change_id``; return their IDs in outbox order."""
+    ids: list[str] = []
+    for first in range(start, start + count, chunk):
+        last = min(first + chunk, start + count)
+        facts = tuple(
+            ChangeFact("agent.woke", {"agentId": f"agent-{i}"}, key=f"wake-{i}")
+            for i in range(first, last)
+        )
+        result = shard.append_change_events(
+            CALLER, change_id=change_id, status="running", facts=facts
+        )
+        assert result.events_added == len(facts)
+        ids.extend(e.event_id for e in result.transition.facts)
+    return ids
+
+
+def outbox_rows(actor: Actor) -> list[sqlite3.Row]:
+    """Every outbox row of ``actor``, in outbox (seq) order."""
+    return list(actor.connection.execute("SELECT * FROM outbox ORDER BY seq"))
+
+
+def projects_on_distinct_streams(count: int, prefix: str = "proj") -> list[str]:
+    """``count`` project IDs whose event streams all differ."""
+    chosen: dict[int, str] = {}
+    n = 0
+    while len(chosen) < count:
+        candidate = f"{prefix}-{n}"
+        chosen.setdefault(stream_index(candidate), candidate)
+        n += 1
+    return list(chosen.values())
+
+
+@dataclass(frozen=True)
+class StreamEntry:
+    """One stored message of an event stream."""
+
+    seq: int
+    message_id: str
+    project_id: str
+
+
+async def read_stream(js: Any, index: int) -> list[StreamEntry]:
+    """Every message stored on ``EVENTS_0<index>``, in stream order."""
+    name = event_stream_name(index)
+    info = await js.stream_info(name)
+    entries: list[StreamEntry] = []
+    if info.state.messages == 0:
+        return entries
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        msg = await js.get_msg(name, seq)
+        body = json.loads(msg.data)
+        entries.append(StreamEntry(seq, msg.headers["Nats-Msg-Id"], body["projectId"]))
+    return entries
+
+
+async def read_project_stream(js: Any, project_id: str) -> list[str]:
+    """The Event IDs of ``project_id`` on its stream, in stream order."""
+    entries = await read_stream(js, stream_index(project_id))
+    return [e.message_id for e in entries if e.project_id == project_id]
+
+
+async def wait_until(predicate: Any, *, timeout_s: float, what: str) -> None:
+    """Poll ``predicate`` until true; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.02)  # polling a condition with a deadline, not a fixed wait
+
+
+def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """This process's environment with no RHUMBATRON_* but the state dir, NATS URL and
+    ``extra`` (``crash_at="after_puback"`` -> ``RHUMBATRON_CRASH_AT=after_puback``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHUMBATRON_")}
+    env["RHUMBATRON_STATE_DIR"] = str(settings.state_dir)
+    env["RHUMBATRON_NATS_URL"] = settings.nats_url
+    env["RHUMBATRON_JOURNAL_MODE"] = settings.journal_mode
+    env["RHUMBATRON_ATOMIC_BATCH_PUBLISH"] = str(settings.atomic_batch_publish).lower()
+    for name, value in extra.items():
+        env[f"RHUMBATRON_{name.upper()}"] = value
+    return env
+
+
+def start_worker(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """Start this file as a worker process."""
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run_worker(
+    args: list[str], env: dict[str, str], timeout_s: float = 30.0
+) -> subprocess.CompletedProcess[str]:
+    """Run this file as a worker process to its end (or its crash point)."""
+    return subprocess.run(
+        [sys.executable, str(WORKER), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def state_counts(rows: Iterable[sqlite3.Row]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["state"]] = counts.get(row["state"], 0) + 1
+    return counts
+
+
+# --------------------------------------------------------------------------- worker commands
+
+
+async def _publish(actor_key: str, rounds: int) -> None:
+    app = bootstrap(load_settings())
+    try:
+        actor = app.actor(ActorRef.parse(actor_key))
+        publisher = await app.publisher()
+        for _ in range(rounds):
+            report = await publisher.publish_due(actor)
+            print(json.dumps({k: v for k, v in asdict(report).items() if k != "alarm"}))
+            sys.stdout.flush()
+            pending = actor.connection.execute(
+                "SELECT COUNT(*) FROM outbox WHERE state IN ('pending', 'retry_wait')"
+            ).fetchone()[0]
+            if pending == 0:
+                break
+            if report.busy:
+                await asyncio.sleep(0.005)  # the other publisher holds the actor: poll again
+    finally:
+        await app.close()
+
+
+def _claim(project_id: str, resource: str) -> None:
+    app = bootstrap(load_settings())
+    shard = app.resource_shard(project_id, resource)
+    result = shard.acquire_claim(
+        CALLER, resource=resource, agent_id="agent-1", ttl=timedelta(minutes=5)
+    )
+    print(json.dumps({"events_added": result.events_added}))
+
+
+def main(argv: list[str]) -> int:
+    command, *args = argv
+    if command == "publish":
+        asyncio.run(_publish(args[0], int(args[1]) if len(args) > 1 else 1))
+    elif command == "claim":
+        _claim(args[0], args[1])
+    else:
+        print(f"unknown command {command!r}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

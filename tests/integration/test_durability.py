@@ -1,0 +1,117 @@
+"""F1: start-up refuses a JetStream deployment that cannot give the durability demanded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rhumbatron.errors import ConfigurationError, UnsafeStorageError
+from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.messaging.connection import connect_nats
+from rhumbatron.messaging.durability import check_durability, check_stream_replicas
+from rhumbatron.messaging.streams import ensure_streams
+from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron.runtime.settings import load_settings
+
+pytestmark = pytest.mark.integration
+
+
+def _monitor(server: NatsServerProcess) -> str:
+    return f"http://127.0.0.1:{server.http_port}"
+
+
+def test_durable_demand_with_single_replica_streams_is_refused(tmp_path: Path) -> None:
+    # GIVEN durability demanded, but streams configured with one replica
+    settings = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=1)
+    # WHEN the check runs THEN it names the replicas setting
+    with pytest.raises(UnsafeStorageError, match="RHUMBATRON_STREAM_REPLICAS=1"):
+        check_durability(settings, varz={"jetstream": {"config": {"sync_always": True}}})
+
+
+def test_server_with_periodic_fsync_is_refused_when_durability_is_demanded(
+    nats_server: NatsServerProcess, tmp_path: Path
+) -> None:
+    # GIVEN a real nats-server at its default sync_interval (2 minutes)
+    settings = load_settings(
+        state_dir=tmp_path,
+        nats_url=nats_server.url,
+        nats_monitor_url=_monitor(nats_server),
+        require_durable_jetstream=True,
+        stream_replicas=3,
+    )
+    # WHEN start-up checks it THEN it is refused, naming sync_interval
+    with pytest.raises(UnsafeStorageError, match="sync_interval 120s.*sync_interval: always"):
+        check_durability(settings)
+
+
+def test_server_with_sync_always_passes_the_durability_check(tmp_path: Path) -> None:
+    # GIVEN a real nats-server with sync_interval: always
+    server = NatsServerProcess(store_dir=tmp_path / "nats", sync_interval="always")
+    server.start()
+    try:
+        settings = load_settings(
+            state_dir=tmp_path,
+            nats_monitor_url=_monitor(server),
+            require_durable_jetstream=True,
+            stream_replicas=3,
+        )
+        # WHEN / THEN: no error
+        check_durability(settings)
+    finally:
+        server.stop()
+
+
+def test_demanding_durability_without_a_monitor_url_is_refused(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3)
+    with pytest.raises(UnsafeStorageError, match="RHUMBATRON_NATS_MONITOR_URL"):
+        check_durability(settings)
+
+
+async def test_existing_single_replica_stream_is_refused_under_durability(
+    nats_server: NatsServerProcess, tmp_path: Path
+) -> None:
+    # GIVEN streams that exist with one replica (as a single-node deployment made them)
+    plain = load_settings(state_dir=tmp_path, nats_url=nats_server.url)
+    nc = await connect_nats(plain)
+    try:
+        await ensure_streams(nc.jetstream(), plain)
+        info = await nc.jetstream().stream_info("EVENTS_03")
+        demanding = load_settings(
+            state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3
+        )
+        # WHEN the replica check sees them THEN it names the stream
+        with pytest.raises(UnsafeStorageError, match="stream EVENTS_03 has 1 replica"):
+            check_stream_replicas(demanding, {"EVENTS_03": info.config.num_replicas or 1})
+    finally:
+        await nc.close()
+
+
+async def test_bootstrap_refuses_non_durable_server_before_touching_streams(
+    nats_server: NatsServerProcess, tmp_path: Path
+) -> None:
+    settings = load_settings(
+        state_dir=tmp_path,
+        nats_url=nats_server.url,
+        nats_monitor_url=_monitor(nats_server),
+        require_durable_jetstream=True,
+        stream_replicas=3,
+    )
+    app = bootstrap(settings)
+    try:
+        with pytest.raises(UnsafeStorageError):
+            await app.ensure_streams()
+        nc = await connect_nats(settings)
+        account = await nc.jetstream().account_info()
+        assert account.streams == 0  # nothing was created
+        await nc.close()
+    finally:
+        await app.close()
+
+
+def test_retention_windows_that_do_not_nest_are_refused(tmp_path: Path) -> None:
+    # A dedupe window longer than the stream keeps messages is a promise that cannot hold.
+    with pytest.raises(ConfigurationError, match="duplicate_window_s=864000.0"):
+        load_settings(state_dir=tmp_path, duplicate_window_s=10 * 86_400)
+    with pytest.raises(ConfigurationError, match="outbox_published_retention_days=1"):
+        load_settings(state_dir=tmp_path, outbox_published_retention_days=1)
