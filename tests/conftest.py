@@ -48,7 +48,9 @@ def nudge() -> RecordingNudge:
 
 
 @pytest_asyncio.fixture
-async def app(settings: Settings, clock: ManualClock, nudge: RecordingNudge) -> AsyncIterator[Rhumbatron]:
+async def app(
+    settings: Settings, clock: ManualClock, nudge: RecordingNudge
+) -> AsyncIterator[Rhumbatron]:
     """The composition root on a real nats-server, streams created, on a manual clock."""
     runtime = bootstrap(settings, clock=clock, alarms=RecordingAlarmSink(), nudge=nudge)
     await runtime.ensure_streams()

@@ -41,7 +41,7 @@ def test_server_with_periodic_fsync_is_refused_when_durability_is_demanded(
         stream_replicas=3,
     )
     # WHEN start-up checks it THEN it is refused, naming sync_interval
-    with pytest.raises(UnsafeStorageError, match="sync_interval 120s.*sync_interval: always"):
+    with pytest.raises(UnsafeStorageError, match=r"sync_interval 120s.*sync_interval: always"):
         check_durability(settings)
 
 
@@ -81,7 +81,7 @@ async def test_existing_single_replica_stream_is_refused_under_durability(
             state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3
         )
         # WHEN the replica check sees them THEN it names the stream
-        with pytest.raises(UnsafeStorageError, match="stream EVENTS_03 has 1 replica"):
+        with pytest.raises(UnsafeStorageError, match=r"stream EVENTS_03 has 1 replica"):
             check_stream_replicas(demanding, {"EVENTS_03": info.config.num_replicas or 1})
     finally:
         await nc.close()
@@ -111,7 +111,7 @@ async def test_bootstrap_refuses_non_durable_server_before_touching_streams(
 
 def test_retention_windows_that_do_not_nest_are_refused(tmp_path: Path) -> None:
     # A dedupe window longer than the stream keeps messages is a promise that cannot hold.
-    with pytest.raises(ConfigurationError, match="duplicate_window_s=864000.0"):
+    with pytest.raises(ConfigurationError, match=r"duplicate_window_s=864000\.0"):
         load_settings(state_dir=tmp_path, duplicate_window_s=10 * 86_400)
     with pytest.raises(ConfigurationError, match="outbox_published_retention_days=1"):
         load_settings(state_dir=tmp_path, outbox_published_retention_days=1)

@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     Field,
     SerializeAsAny,
+    StrictInt,
     ValidationError,
     ValidationInfo,
     field_serializer,
@@ -49,7 +50,11 @@ def format_timestamp(moment: datetime) -> str:
 def _utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError(f"{value.isoformat()} has no timezone; timestamps must be UTC")
-    value = value.astimezone(UTC)
+    try:
+        value = value.astimezone(UTC)
+    except OverflowError:
+        # Pydantic files only ValueError under the field; an OverflowError would escape.
+        raise ValueError(f"{value.isoformat()} has no UTC equivalent in range") from None
     # The wire keeps milliseconds; truncate so an envelope equals its own round trip.
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
 
@@ -145,14 +150,14 @@ class Event(_Envelope):
 
     event_id: str = Field(pattern=EVENT_ID_PATTERN.pattern)
     event_type: str
-    event_version: int = Field(ge=1)
+    event_version: StrictInt = Field(ge=1)
     tenant_id: str = Field(min_length=1, max_length=64)
     project_id: str = Field(pattern=PROJECT_ID_PATTERN.pattern)
     change_id: str | None = Field(default=None, min_length=1, max_length=128)
     task_id: str | None = Field(default=None, min_length=1, max_length=128)
     actor: str = Field(pattern=_ACTOR_PATTERN)
     resource: str | None = Field(default=None, min_length=1, max_length=1024)
-    canonical_generation: int | None = Field(default=None, ge=0)
+    canonical_generation: StrictInt | None = Field(default=None, ge=0)
     caused_by: str | None = Field(default=None, min_length=1, max_length=256)
     correlation_id: str = Field(min_length=1, max_length=256)
     timestamp: datetime
@@ -222,7 +227,7 @@ class Command(_Envelope):
     project_id: str = Field(pattern=PROJECT_ID_PATTERN.pattern)
     change_id: str | None = Field(default=None, min_length=1, max_length=128)
     task_id: str | None = Field(default=None, min_length=1, max_length=128)
-    attempt: int = Field(default=1, ge=1)
+    attempt: StrictInt = Field(default=1, ge=1)
     created_at: datetime
     deadline: datetime | None = None
     payload: SerializeAsAny[Payload]

@@ -1,0 +1,1 @@
+"""Integration tests: a real nats-server per test (fixtures in tests/conftest.py)."""

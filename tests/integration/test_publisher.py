@@ -1,0 +1,428 @@
+"""``OutboxPublisher.publish_due`` against a real nats-server (spec "Transactional outbox to the
+event log", "Outbox row states", idempotency rows "Event publish" and "Event stream publish")."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+import nats
+import pytest
+import pytest_asyncio
+from nats.js.client import JetStreamContext
+
+from rhumbatron.actors.actor import Actor
+from rhumbatron.actors.outbox import RowState, append_facts, counts_by_state
+from rhumbatron.actors.publisher import OutboxPublisher
+from rhumbatron.actors.resource_shard import change_resource_key
+from rhumbatron.actors.storage import write_transaction
+from rhumbatron.domain.changes import ChangeFact
+from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.messaging.nudge import RecordingNudge
+from rhumbatron.messaging.sender import (
+    BatchRejectedError,
+    JetStreamSender,
+    OutgoingMessage,
+    SendRefusedError,
+    StoredMessage,
+)
+from rhumbatron.protocol import Event, stream_index
+from rhumbatron.runtime.bootstrap import Rhumbatron
+from rhumbatron.runtime.clock import ManualClock
+
+pytestmark = pytest.mark.integration
+
+CALLER = Caller("acme", "system:test", correlation_id="corr-publisher")
+WEB = "acme-web"  # fnv1a32 0xc8d18fd0 -> stream 0 (computed with bash)
+BILLING = "acme-billing"  # fnv1a32 0x142a9fd9 -> stream 1
+
+
+@dataclass(frozen=True)
+class Stored:
+    seq: int
+    subject: str
+    msg_id: str | None
+    data: bytes
+
+
+@pytest_asyncio.fixture
+async def reader(nats_server: NatsServerProcess) -> AsyncIterator[JetStreamContext]:
+    """A second client that reads the streams back, as the event router would."""
+    nc = await nats.connect(nats_server.url, name="test-reader")
+    yield nc.jetstream()
+    await nc.close()
+
+
+async def stored(js: JetStreamContext, stream: str) -> list[Stored]:
+    info = await js.stream_info(stream)
+    if info.state.messages == 0:
+        return []
+    messages = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        raw = await js.get_msg(stream, seq)
+        msg_id = (raw.headers or {}).get("Nats-Msg-Id")
+        messages.append(Stored(seq, raw.subject or "", msg_id, raw.data or b""))
+    return messages
+
+
+def outbox(connection: sqlite3.Connection) -> list[sqlite3.Row]:
+    return list(connection.execute("SELECT * FROM outbox ORDER BY seq"))
+
+
+def task_facts(count: int, prefix: str = "tsk") -> tuple[ChangeFact, ...]:
+    return tuple(ChangeFact("task.ready", {}, task_id=f"{prefix}-{i:03d}") for i in range(count))
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    """Wait for a condition another task makes true (a reconnect), bounded."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(0.01)
+
+
+# --------------------------------------------------------------------------- where events go
+
+
+async def test_events_arrive_on_their_projects_stream_with_the_event_id_as_msg_id(
+    app: Rhumbatron, reader: JetStreamContext
+) -> None:
+    # GIVEN acme-billing (stream 1) created and promoted: three outbox rows
+    root = app.project_root(BILLING)
+    root.create_project(CALLER, name="Billing")
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    assert stream_index(BILLING) == 1
+    # WHEN the publisher runs
+    report = await (await app.publisher()).publish_due(root)
+    # THEN EVENTS_01 holds the three envelopes on events.01, Nats-Msg-Id = eventId, in order
+    rows = outbox(root.connection)
+    assert report.published == 3
+    assert await stored(reader, "EVENTS_01") == [
+        Stored(i + 1, "events.01", row["event_id"], bytes(row["envelope"]))
+        for i, row in enumerate(rows)
+    ]
+    assert [Event.parse(bytes(r["envelope"])).event_id for r in rows] == [
+        r["event_id"] for r in rows
+    ]
+    # AND the rows are published with the stream sequence they got; no other stream moved
+    assert [(r["state"], r["stream_seq"]) for r in rows] == [
+        (RowState.PUBLISHED, 1),
+        (RowState.PUBLISHED, 2),
+        (RowState.PUBLISHED, 3),
+    ]
+    for other in (0, 2, 3, 4, 5, 6, 7):
+        assert (await reader.stream_info(f"EVENTS_0{other}")).state.messages == 0
+
+
+async def test_an_alarm_drives_the_outbox_to_the_stream(
+    app: Rhumbatron, reader: JetStreamContext
+) -> None:
+    # GIVEN writes on two actors of one project (their alarms announced)
+    app.project_root(WEB).create_project(CALLER, name="Web")
+    shard = app.resource_shard(WEB, change_resource_key("chg-1"))
+    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(2))
+    # WHEN the local invoker fires the announced alarms
+    reports = await app.drain_alarms()
+    # THEN every row was published through an admitted fire
+    assert sum(r.published for r in reports) == 3
+    assert len(await stored(reader, "EVENTS_00")) == 3
+    for ref in app.actor_refs():
+        assert counts_by_state(app.actor(ref).connection)[RowState.PUBLISHED] > 0
+
+
+# --------------------------------------------------------------------------- 100 rows per project
+
+
+async def test_publish_due_sends_at_most_100_rows_per_project_per_call_in_outbox_order(
+    app: Rhumbatron, reader: JetStreamContext, nudge: RecordingNudge
+) -> None:
+    # GIVEN 250 rows in one outbox
+    shard = app.resource_shard(WEB, change_resource_key("chg-1"))
+    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(250))
+    publisher = await app.publisher()
+    # WHEN publish_due runs four times
+    sent = [(await publisher.publish_due(shard)).published for _ in range(4)]
+    # THEN it sends 100, 100, 50, then nothing
+    assert sent == [100, 100, 50, 0]
+    # AND the stream holds them in outbox order
+    ids_in_outbox = [r["event_id"] for r in outbox(shard.connection)]
+    assert [m.msg_id for m in await stored(reader, "EVENTS_00")] == ids_in_outbox
+    # AND the router was nudged once per run that sent rows, not by the empty run
+    assert nudge.nudged == [0, 0, 0]
+
+
+async def test_two_projects_in_one_outbox_are_capped_separately(
+    app: Rhumbatron, reader: JetStreamContext, nudge: RecordingNudge, clock: ManualClock
+) -> None:
+    # GIVEN one outbox holding 150 rows of acme-web and 150 of acme-billing
+    #   (appended with the outbox's own append_facts, as a multi-project owner would)
+    shard = app.resource_shard(WEB, change_resource_key("chg-1"))
+    for project in (WEB, BILLING):
+        ctx = FactContext(CALLER, project, clock.now())
+        facts = [
+            ctx.fact("task.ready", {}, change_id=f"{project}-chg", task_id=f"tsk-{i:03d}")
+            for i in range(150)
+        ]
+        with write_transaction(shard.connection, shard.path) as db:
+            append_facts(
+                db,
+                facts,
+                owner="resource_shard",
+                project_id=project,
+                now_s=clock.now().timestamp(),
+                max_event_bytes=app.settings.max_event_bytes,
+            )
+    publisher = await app.publisher()
+    # WHEN publish_due runs
+    first = await publisher.publish_due(shard)
+    # THEN each project got its own 100 rows, on its own stream, and each stream one nudge
+    assert first.published == 200
+    assert len(await stored(reader, "EVENTS_00")) == 100
+    assert len(await stored(reader, "EVENTS_01")) == 100
+    assert sorted(nudge.nudged) == [0, 1]
+    # AND the next run sends the remaining 50 + 50
+    assert (await publisher.publish_due(shard)).published == 100
+    assert sorted(nudge.nudged) == [0, 0, 1, 1]
+
+
+# --------------------------------------------------------------------------- order across a retry
+
+
+class RefuseRowOnce:
+    """Wraps the real sender; the server refuses one row once (an injected failure of row k).
+
+    A batch holding that row is refused whole, as JetStream's atomic batch is all or nothing.
+    """
+
+    def __init__(self, inner: JetStreamSender, refused_id: str) -> None:
+        self._inner = inner
+        self._refused_id = refused_id
+        self.refusals_left = 1
+
+    @property
+    def connected(self) -> bool:
+        return self._inner.connected
+
+    @property
+    def max_payload(self) -> int:
+        return self._inner.max_payload
+
+    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
+        if message.message_id == self._refused_id and self.refusals_left:
+            self.refusals_left -= 1
+            raise SendRefusedError(f"{message.message_id}: injected refusal")
+        return await self._inner.send(stream, message)
+
+    async def send_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> list[StoredMessage]:
+        if self.refusals_left and any(m.message_id == self._refused_id for m in messages):
+            raise BatchRejectedError("injected refusal of the batch", None)
+        return await self._inner.send_batch(stream, messages)
+
+
+async def test_a_refused_row_k_holds_back_row_k_plus_1_and_order_survives_the_retry(
+    app: Rhumbatron, reader: JetStreamContext, clock: ManualClock, nudge: RecordingNudge
+) -> None:
+    # GIVEN five rows, and a server that refuses row 3 once while row 4 would succeed
+    shard = app.resource_shard(WEB, change_resource_key("chg-1"))
+    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(5))
+    ids = [r["event_id"] for r in outbox(shard.connection)]
+    sender = RefuseRowOnce(JetStreamSender(await app.nats(), ack_timeout_s=5), ids[2])
+    publisher = OutboxPublisher(
+        sender, app.settings, clock=clock, nudge=nudge, rng=random.Random(7)
+    )
+    # WHEN publish_due runs
+    first = await publisher.publish_due(shard)
+    # THEN rows 1-2 are stored, row 3 waits to retry, and rows 4-5 were not sent
+    assert (first.published, first.retry_wait) == (2, 1)
+    assert [m.msg_id for m in await stored(reader, "EVENTS_00")] == ids[:2]
+    assert [r["state"] for r in outbox(shard.connection)] == [
+        RowState.PUBLISHED,
+        RowState.PUBLISHED,
+        RowState.RETRY_WAIT,
+        RowState.PENDING,
+        RowState.PENDING,
+    ]
+    assert "injected refusal" in outbox(shard.connection)[2]["last_error"]
+    # AND before the backoff (1 s ± 20 %) ends nothing more goes out
+    assert (await publisher.publish_due(shard)).published == 0
+    # WHEN the backoff has passed
+    clock.advance(seconds=1.2)
+    second = await publisher.publish_due(shard)
+    # THEN rows 3-5 follow, and the stream holds all five in outbox order
+    assert second.published == 3
+    assert [m.msg_id for m in await stored(reader, "EVENTS_00")] == ids
+    assert counts_by_state(shard.connection)[RowState.PUBLISHED] == 5
+
+
+async def test_a_send_the_server_refuses_counts_an_attempt_and_retries(
+    app: Rhumbatron, reader: JetStreamContext, clock: ManualClock, nudge: RecordingNudge
+) -> None:
+    # GIVEN EVENTS_00 is missing, so the server answers every publish with "no responders"
+    root = app.project_root(WEB)
+    root.create_project(CALLER, name="Web")
+    await reader.delete_stream("EVENTS_00")
+    publisher = await app.publisher()
+    # WHEN the publisher runs
+    report = await publisher.publish_due(root)
+    # THEN the row is in retry_wait with one attempt and last_error, and nobody was nudged
+    [row] = outbox(root.connection)
+    assert report.retry_wait == 1
+    assert (row["state"], row["attempts"]) == (RowState.RETRY_WAIT, 1)
+    assert row["last_error"]
+    assert nudge.nudged == []
+    # WHEN the stream is back and the backoff has passed
+    await app.ensure_streams()
+    clock.advance(seconds=2)
+    report = await publisher.publish_due(root)
+    # THEN the row is published
+    assert report.published == 1
+    assert [m.msg_id for m in await stored(reader, "EVENTS_00")] == [row["event_id"]]
+    assert nudge.nudged == [0]
+
+
+# --------------------------------------------------------------------------- duplicates
+
+
+def forget_publication(actor: Actor, event_ids: Sequence[str] | None = None) -> None:
+    """What a publisher killed after the PubAck and before marking leaves behind."""
+    with write_transaction(actor.connection, actor.path) as db:
+        where = (
+            "" if event_ids is None else f" WHERE event_id IN ({','.join('?' * len(event_ids))})"
+        )
+        db.execute(
+            "UPDATE outbox SET state = 'pending', published_at = NULL, stream_seq = NULL" + where,
+            tuple(event_ids or ()),
+        )
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+async def test_a_re_publish_of_stored_events_is_dropped_by_the_duplicate_window(
+    app: Rhumbatron, reader: JetStreamContext, rows: int
+) -> None:
+    # GIVEN rows already stored on the stream but still pending in the outbox
+    shard = app.resource_shard(WEB, change_resource_key("chg-1"))
+    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(rows))
+    publisher = await app.publisher()
+    assert (await publisher.publish_due(shard)).published == rows
+    forget_publication(shard)
+    # WHEN they are published again
+    report = await publisher.publish_due(shard)
+    # THEN JetStream acks each as a duplicate, the rows become published, the stream has 1 copy
+    assert (report.published, report.duplicates) == (rows, rows)
+    assert len(await stored(reader, "EVENTS_00")) == rows
+    assert counts_by_state(shard.connection)[RowState.PUBLISHED] == rows
+
+
+async def test_a_batch_holding_an_already_stored_row_is_resent_without_a_second_copy(
+    app: Rhumbatron, reader: JetStreamContext
+) -> None:
+    # GIVEN row 1 stored (its mark lost) and rows 2-3 never sent
+    root = app.project_root(WEB)
+    root.create_project(CALLER, name="Web")
+    publisher = await app.publisher()
+    await publisher.publish_due(root)
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    ids = [r["event_id"] for r in outbox(root.connection)]
+    forget_publication(root, ids[:1])
+    # WHEN the three go out together (the atomic batch is refused for the stored ID)
+    report = await publisher.publish_due(root)
+    # THEN row 1 is acked as a duplicate, rows 2-3 are stored after it, once each, in order
+    assert (report.published, report.duplicates) == (3, 1)
+    assert [m.msg_id for m in await stored(reader, "EVENTS_00")] == ids
+
+
+# --------------------------------------------------------------------------- nudge
+
+
+async def test_the_router_is_nudged_once_per_stream_only_after_a_run_that_sent_rows(
+    app: Rhumbatron, nudge: RecordingNudge
+) -> None:
+    root = app.project_root(BILLING)
+    publisher = await app.publisher()
+    # GIVEN nothing to send: no nudge
+    await publisher.publish_due(root)
+    assert nudge.nudged == []
+    # WHEN three rows are sent in one run: one nudge, for stream 1
+    root.create_project(CALLER, name="Billing")
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    report = await publisher.publish_due(root)
+    assert report.nudged == [1]
+    assert nudge.nudged == [1]
+    # AND a run with nothing left sends no nudge
+    await publisher.publish_due(root)
+    assert nudge.nudged == [1]
+
+
+# --------------------------------------------------------------------------- NATS down
+
+
+async def test_with_nats_unreachable_publish_due_reports_unavailable_and_counts_no_attempt(
+    app: Rhumbatron, nats_server: NatsServerProcess, nudge: RecordingNudge, clock: ManualClock
+) -> None:
+    # GIVEN a connected publisher whose server then goes away
+    publisher = await app.publisher()
+    nc = await app.nats()
+    root = app.project_root(WEB)
+    root.create_project(CALLER, name="Web")
+    nats_server.stop()
+    await eventually(lambda: not nc.is_connected)
+    try:
+        # WHEN the publisher runs again and again over a long outage
+        reports = []
+        for _ in range(12):
+            reports.append(await publisher.publish_due(root))
+            clock.advance(minutes=5)
+        # THEN each run reports unavailable; the row stays pending with no attempt counted
+        assert all(r.unavailable and r.published == 0 for r in reports)
+        [row] = outbox(root.connection)
+        assert (row["state"], row["attempts"]) == (RowState.PENDING, 0)
+        assert nudge.nudged == []
+    finally:
+        nats_server.start()
+        await eventually(lambda: nc.is_connected)
+
+
+async def test_a_state_change_commits_while_nats_is_down_and_is_published_after(
+    app: Rhumbatron, nats_server: NatsServerProcess, reader: JetStreamContext
+) -> None:
+    publisher = await app.publisher()
+    nc = await app.nats()
+    nats_server.stop()
+    await eventually(lambda: not nc.is_connected)
+    try:
+        # GIVEN NATS is down
+        # WHEN a state change happens
+        root = app.project_root(WEB)
+        result = root.create_project(CALLER, name="Web")
+        # THEN it commits with its outbox row; publishing it waits
+        assert root.state() is not None
+        assert result.events_added == 1
+        assert (await publisher.publish_due(root)).unavailable
+    finally:
+        nats_server.start()
+        await eventually(lambda: nc.is_connected)
+    # WHEN NATS is back
+    report = await publisher.publish_due(root)
+    # THEN the kept row is published (the outbox kept it for later, S0-056)
+    assert report.published == 1
+    [row] = outbox(root.connection)
+    assert [m.msg_id for m in await stored(reader, "EVENTS_00")] == [row["event_id"]]
+
+
+async def test_shard_writes_are_published_under_their_own_actor_key(app: Rhumbatron) -> None:
+    # GIVEN a Change's facts in the shard that owns change:chg-1 (shard 9 of 16)
+    shard = app.resource_shard(WEB, change_resource_key("chg-1"))
+    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(1))
+    # WHEN that shard publishes
+    report = await (await app.publisher()).publish_due(shard)
+    # THEN the report is the shard's and its row went out
+    assert report.actor_key == "resource_shard:acme-web:09"
+    assert report.published == 1

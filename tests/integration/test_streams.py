@@ -1,0 +1,158 @@
+"""``ensure_streams`` against a real nats-server (spec "Transactional outbox": 8 streams
+EVENTS_00..07 on events.00..07, 7 days, limits, file, 2-hour duplicate window; "Queues": one
+work-queue stream COMMANDS on cmd.<queue>, 14 days, 2-hour window)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+import pytest
+import pytest_asyncio
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.client import JetStreamContext
+
+from rhumbatron.errors import StreamConfigError
+from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.messaging.streams import COMMAND_STREAM, ensure_streams
+from rhumbatron.protocol import QUEUES
+from rhumbatron.runtime.settings import Settings, load_settings
+
+pytestmark = pytest.mark.integration
+
+EVENT_STREAMS = [f"EVENTS_0{i}" for i in range(8)]
+ALL_STREAMS = [*EVENT_STREAMS, COMMAND_STREAM]
+DAY_S = 86_400
+
+
+@pytest_asyncio.fixture
+async def js(nats_server: NatsServerProcess) -> AsyncIterator[JetStreamContext]:
+    nc = await nats.connect(nats_server.url)
+    yield nc.jetstream()
+    await nc.close()
+
+
+async def configs(js: JetStreamContext) -> dict[str, Any]:
+    return {name: (await js.stream_info(name)).config for name in ALL_STREAMS}
+
+
+async def test_ensure_streams_creates_the_eight_event_streams_as_the_spec_says(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    # GIVEN an empty JetStream
+    # WHEN core starts and ensures its streams
+    report = await ensure_streams(js, settings)
+    # THEN EVENTS_00..07 exist, each on its one subject, as the spec configures them
+    assert report.created == ALL_STREAMS
+    found = await configs(js)
+    for index, name in enumerate(EVENT_STREAMS):
+        config = found[name]
+        assert config.subjects == [f"events.0{index}"]
+        assert config.retention == RetentionPolicy.LIMITS
+        assert config.storage == StorageType.FILE
+        assert config.max_age == 7 * DAY_S
+        assert config.duplicate_window == 2 * 3600
+        assert config.allow_atomic is True
+        assert config.num_replicas == 1
+
+
+async def test_ensure_streams_creates_the_commands_work_queue(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    await ensure_streams(js, settings)
+    config = (await js.stream_info(COMMAND_STREAM)).config
+    # one subject cmd.<queue> per queue, work-queue retention, 14 days, 2-hour window
+    assert sorted(config.subjects) == sorted(f"cmd.{queue}" for queue in QUEUES)
+    assert config.retention == RetentionPolicy.WORK_QUEUE
+    assert config.storage == StorageType.FILE
+    assert config.max_age == 14 * DAY_S
+    assert config.duplicate_window == 2 * 3600
+
+
+async def test_ensure_streams_again_changes_nothing(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    # GIVEN the streams exist
+    await ensure_streams(js, settings)
+    before = await configs(js)
+    # WHEN start-up runs again
+    report = await ensure_streams(js, settings)
+    # THEN every stream is reported unchanged and its configuration is the same
+    assert report.created == []
+    assert report.updated == {}
+    assert report.unchanged == ALL_STREAMS
+    assert await configs(js) == before
+
+
+async def test_a_stream_with_another_duplicate_window_is_updated(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    # GIVEN streams made earlier with a 10-minute duplicate window
+    await ensure_streams(js, load_settings(state_dir=settings.state_dir, duplicate_window_s=600))
+    assert (await js.stream_info("EVENTS_05")).config.duplicate_window == 600
+    # WHEN start-up ensures them with the default 2-hour window
+    report = await ensure_streams(js, settings)
+    # THEN each stream is updated in place, naming the difference
+    assert report.updated == {name: ["duplicate_window"] for name in ALL_STREAMS}
+    assert {c.duplicate_window for c in (await configs(js)).values()} == {2 * 3600}
+
+
+async def test_a_stream_missing_a_subject_gets_it_back(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    # GIVEN COMMANDS made by hand without the dead-letter queue's subject
+    subjects = [f"cmd.{q}" for q in QUEUES if q != "dead-letter"]
+    await js.add_stream(
+        StreamConfig(
+            name=COMMAND_STREAM,
+            subjects=subjects,
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            max_age=14 * DAY_S,
+            duplicate_window=7200,
+        )
+    )
+    report = await ensure_streams(js, settings)
+    assert report.updated == {COMMAND_STREAM: ["subjects"]}
+    assert "cmd.dead-letter" in (await js.stream_info(COMMAND_STREAM)).config.subjects
+
+
+async def test_a_stream_in_memory_storage_stops_start_up_naming_storage(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    # GIVEN EVENTS_03 created by someone else with memory storage
+    await js.add_stream(
+        StreamConfig(
+            name="EVENTS_03",
+            subjects=["events.03"],
+            storage=StorageType.MEMORY,
+            max_age=7 * DAY_S,
+            duplicate_window=7200,
+        )
+    )
+    # WHEN start-up ensures the streams
+    # THEN it fails, naming the stream and the setting JetStream cannot change
+    with pytest.raises(StreamConfigError) as caught:
+        await ensure_streams(js, settings)
+    message = str(caught.value)
+    assert "EVENTS_03" in message
+    assert "storage" in message
+    assert "memory" in message
+    # AND the stream was left as it was
+    assert (await js.stream_info("EVENTS_03")).config.storage == StorageType.MEMORY
+
+
+async def test_a_commands_stream_with_limits_retention_stops_start_up_naming_retention(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    await js.add_stream(
+        StreamConfig(
+            name=COMMAND_STREAM,
+            subjects=[f"cmd.{q}" for q in QUEUES],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+        )
+    )
+    with pytest.raises(StreamConfigError, match="retention"):
+        await ensure_streams(js, settings)

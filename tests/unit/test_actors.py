@@ -1,0 +1,458 @@
+"""The two actor classes (spec "Transactional outbox to the event log"; doc 002 §1): a
+transition returns (patch, facts) and the actor writes both in one SQLite transaction."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from rhumbatron.actors.actor import ActorKind, ActorRef
+from rhumbatron.actors.alarms import RecordingAlarmSink, alarm_due_at
+from rhumbatron.actors.project_root import ProjectRoot
+from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.domain.changes import ChangeFact
+from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.domain.project import create_project
+from rhumbatron.domain.transition import Insert, Transition, Update
+from rhumbatron.errors import ActorError, DomainError, EnvelopeError, OutboxError
+from rhumbatron.protocol import Event, stable_event_id
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.runtime.settings import Settings, load_settings
+
+CALLER = Caller("acme", "system:test", correlation_id="corr-actors")
+AGENT = Caller("acme", "agent:builder-1", correlation_id="corr-actors")
+PROJECT = "acme-web"
+EVENT_ID = re.compile(r"^evt_[0-9a-f]{32}$")
+
+
+@pytest.fixture
+def offline_app(tmp_path: Path, clock: ManualClock) -> Rhumbatron:
+    """The composition root without NATS: actors only."""
+    settings = load_settings(state_dir=tmp_path / "state", nats_url="nats://127.0.0.1:1")
+    return bootstrap(settings, clock=clock, alarms=RecordingAlarmSink())
+
+
+def outbox(connection: sqlite3.Connection) -> list[sqlite3.Row]:
+    return list(connection.execute("SELECT * FROM outbox ORDER BY seq"))
+
+
+def count(connection: sqlite3.Connection, table: str) -> int:
+    return int(connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+
+
+def project_row(root: ProjectRoot, name: str = "Acme") -> dict[str, object]:
+    return {
+        "project_id": root.ref.project_id,
+        "tenant_id": "acme",
+        "name": name,
+        "status": "active",
+        "canonical_generation": 0,
+        "canonical_candidate_id": None,
+        "created_at": "2026-01-01T00:00:00+00:00",
+    }
+
+
+def foreign_fact(root: ProjectRoot, event_type: str, **fields: object) -> Event:
+    ctx = FactContext(CALLER, root.ref.project_id, root.clock.now())
+    return ctx.fact(event_type, dict(fields.pop("payload", {})), **fields)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- one transaction
+
+
+def test_a_transition_returns_its_patch_and_its_facts(clock: ManualClock) -> None:
+    # GIVEN no project yet
+    ctx = FactContext(CALLER, PROJECT, clock.now())
+    # WHEN the create transition decides
+    transition = create_project(None, ctx, name="Acme")
+    # THEN it returns the row to write and the fact it produced, nothing written yet (S2-015)
+    assert [type(m) for m in transition.patch] == [Insert]
+    assert [f.event_type for f in transition.facts] == ["project.created"]
+
+
+def test_a_transition_writes_state_and_outbox_in_one_transaction(
+    offline_app: Rhumbatron, clock: ManualClock
+) -> None:
+    root = offline_app.project_root(PROJECT)
+    result = root.create_project(CALLER, name="Acme")
+    # THEN the project row, the outbox row and the alarm are all there
+    state = root.state()
+    assert state is not None and state.name == "Acme"
+    assert [r["event_id"] for r in outbox(root.connection)] == [result.transition.facts[0].event_id]
+    assert alarm_due_at(root.connection) == clock.now().timestamp()
+    assert root.path == offline_app.settings.state_dir / "projects" / PROJECT / "root.sqlite"
+
+
+def test_a_decision_that_raises_leaves_neither_state_nor_outbox_row(
+    offline_app: Rhumbatron,
+) -> None:
+    # GIVEN a decision that writes state and then fails
+    root = offline_app.project_root(PROJECT)
+
+    def decide(db: sqlite3.Connection) -> Transition:
+        db.execute(
+            "INSERT INTO project VALUES (?, 'acme', 'Acme', 'active', 0, NULL, 'now')", (PROJECT,)
+        )
+        raise DomainError("the decision changed its mind")
+
+    # WHEN the actor runs it
+    with pytest.raises(DomainError, match="changed its mind"):
+        root.transact(decide)
+    # THEN nothing was written: a rolled-back change publishes nothing (S2-021)
+    assert count(root.connection, "project") == 0
+    assert outbox(root.connection) == []
+    assert alarm_due_at(root.connection) is None
+    assert offline_app.alarms.announced == []  # type: ignore[attr-defined]
+
+
+def test_a_patch_that_fails_to_apply_rolls_back_the_facts(offline_app: Rhumbatron) -> None:
+    # GIVEN a transition whose fact is valid but whose Update matches no row
+    root = offline_app.project_root(PROJECT)
+    fact = foreign_fact(root, "project.created", payload={"name": "Acme"})
+    bad = Update("project", key={"project_id": "nobody"}, values={"name": "x"})
+    # WHEN the actor applies it
+    with pytest.raises(ActorError, match="matched 0 rows"):
+        root.transact(lambda db: Transition(patch=(bad,), facts=(fact,)))
+    # THEN the fact did not reach the outbox
+    assert outbox(root.connection) == []
+
+
+def test_a_malformed_event_never_reaches_the_outbox(offline_app: Rhumbatron) -> None:
+    root = offline_app.project_root(PROJECT)
+    # WHEN a transition builds an Event with a bad payload
+    with pytest.raises(EnvelopeError, match="name"):
+        root.transact(
+            lambda db: Transition(facts=(foreign_fact(root, "project.created", payload={}),))
+        )
+    # THEN construction failed inside the transaction: no row
+    assert outbox(root.connection) == []
+
+
+def test_an_event_over_the_size_limit_rolls_the_transaction_back(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a 1 KiB event limit and a change.created whose title alone is 1,000 UTF-8 bytes
+    settings: Settings = load_settings(state_dir=tmp_path / "s", max_event_bytes=1024)
+    ref = ResourceShard.ref_for(PROJECT, change_resource_key("chg-1"), 16)
+    shard = ResourceShard(ref, settings, clock=clock)
+    big = ChangeFact(
+        "change.created", {"title": "é" * 500, "clientRequestId": "r", "requestedBy": "u"}
+    )
+    # WHEN it is appended
+    # THEN the outbox refuses it by size, and the Change's status row is rolled back too
+    with pytest.raises(OutboxError, match="RHUMBATRON_MAX_EVENT_BYTES=1024"):
+        shard.append_change_events(CALLER, change_id="chg-1", status="created", facts=(big,))
+    assert shard.change_state("chg-1") is None
+    assert outbox(shard.connection) == []
+    shard.close()
+
+
+def test_a_patch_cannot_touch_the_outbox_table(offline_app: Rhumbatron) -> None:
+    root = offline_app.project_root(PROJECT)
+    root.create_project(CALLER, name="Acme")
+    sneaky = Update("outbox", key={"seq": 1}, values={"state": "published"})
+    with pytest.raises(ActorError, match="no table 'outbox'"):
+        root.transact(lambda db: Transition(patch=(sneaky,)))
+    assert outbox(root.connection)[0]["state"] == "pending"
+
+
+# --------------------------------------------------------------------------- who writes what
+
+
+def test_project_root_refuses_a_shard_fact_and_rolls_back(offline_app: Rhumbatron) -> None:
+    # GIVEN a ProjectRoot transition carrying a project row and a claim.acquired fact
+    root = offline_app.project_root(PROJECT)
+    claim = foreign_fact(
+        root,
+        "claim.acquired",
+        resource="src/app.py",
+        payload={"claimId": "c", "agentId": "a", "expiresAt": root.clock.now()},
+    )
+    # WHEN it is written
+    with pytest.raises(DomainError, match=r"claim\.acquired is written by the resource_shard"):
+        root.transact(
+            lambda db: Transition(patch=(Insert("project", project_row(root)),), facts=(claim,))
+        )
+    # THEN neither the row nor the fact was written (S0-022)
+    assert count(root.connection, "project") == 0
+    assert outbox(root.connection) == []
+
+
+@pytest.mark.parametrize(
+    ("event_type", "payload"),
+    [
+        ("project.created", {"name": "Acme"}),
+        ("canonical.advanced", {"generation": 1, "previousGeneration": 0, "candidateId": "c"}),
+        ("artifact.promoted", {"artifactId": "a", "candidateId": "c", "generation": 1}),
+    ],
+)
+def test_a_resource_shard_refuses_the_project_roots_facts(
+    offline_app: Rhumbatron, event_type: str, payload: dict[str, object]
+) -> None:
+    shard = offline_app.resource_shard(PROJECT, "src/app.py")
+    ctx = FactContext(CALLER, PROJECT, shard.clock.now())
+    fact = ctx.fact(event_type, payload)
+    with pytest.raises(DomainError, match="project_root"):
+        shard.transact(lambda db: Transition(facts=(fact,)))
+    assert outbox(shard.connection) == []
+
+
+def test_a_fact_of_another_project_is_refused(offline_app: Rhumbatron) -> None:
+    # GIVEN acme-web's root and a project.created fact for acme-billing
+    root = offline_app.project_root(PROJECT)
+    other = FactContext(CALLER, "acme-billing", root.clock.now()).fact(
+        "project.created", {"name": "Billing"}
+    )
+    # THEN the actor refuses it and writes nothing
+    with pytest.raises(DomainError, match="acme-billing"):
+        root.transact(
+            lambda db: Transition(patch=(Insert("project", project_row(root)),), facts=(other,))
+        )
+    assert count(root.connection, "project") == 0
+    assert outbox(root.connection) == []
+
+
+def test_an_actor_class_cannot_open_the_other_kind(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path)
+    with pytest.raises(ActorError, match="cannot open"):
+        ProjectRoot(ActorRef(ActorKind.RESOURCE_SHARD, PROJECT, 3), settings)
+
+
+def test_an_invalid_project_id_is_refused_before_any_file_is_made(tmp_path: Path) -> None:
+    with pytest.raises(ActorError, match="not valid"):
+        ActorRef(ActorKind.PROJECT_ROOT, "../escape")
+    assert not (tmp_path / "projects").exists()
+
+
+def test_actor_refs_round_trip_through_their_keys() -> None:
+    root = ActorRef(ActorKind.PROJECT_ROOT, PROJECT)
+    shard = ActorRef(ActorKind.RESOURCE_SHARD, PROJECT, 9)
+    assert (root.key, shard.key) == ("project_root:acme-web", "resource_shard:acme-web:09")
+    assert ActorRef.parse(root.key) == root
+    assert ActorRef.parse(shard.key) == shard
+    with pytest.raises(ActorError, match="not 'project_root"):
+        ActorRef.parse("mailbox:acme-web")
+
+
+# --------------------------------------------------------------------------- change events
+
+
+def test_change_events_land_in_the_shard_that_owns_change_id(offline_app: Rhumbatron) -> None:
+    # GIVEN 16 shards; fnv1a32("change:chg-1") = 0x23a34c99 -> shard 9 (computed with bash)
+    assert ResourceShard.ref_for(PROJECT, "change:chg-1", 16).shard == 9
+    assert ResourceShard.ref_for(PROJECT, change_resource_key("chg-2"), 16).shard == 0
+    # WHEN chg-1's facts are appended through the composition root
+    shard = offline_app.resource_shard(PROJECT, change_resource_key("chg-1"))
+    facts = (
+        ChangeFact("change.created", {"title": "t", "clientRequestId": "r", "requestedBy": "u"}),
+        ChangeFact("task.completed", {"agentId": "builder-1"}, task_id="tsk-1"),
+    )
+    result = shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=facts)
+    # THEN they sit in shard-09's file, with the Change's status row, and stable IDs
+    assert shard.path.name == "shard-09.sqlite"
+    assert result.events_added == 2
+    assert [r["event_id"] for r in outbox(shard.connection)] == [
+        "evt_2d2562607bcb3e01099f680c0b4c6b2a",  # sha256sum chg-1␟change.created␟␟
+        "evt_b842dd8af0a9b557c516a6417d20c1ba",  # sha256sum chg-1␟task.completed␟tsk-1␟
+    ]
+    state = shard.change_state("chg-1")
+    assert state is not None and state.status == "running"
+
+
+def test_a_retried_change_append_is_a_no_op(offline_app: Rhumbatron, clock: ManualClock) -> None:
+    shard = offline_app.resource_shard(PROJECT, change_resource_key("chg-1"))
+    facts = (
+        ChangeFact("task.ready", {}, task_id="tsk-1"),
+        ChangeFact("task.ready", {}, task_id="tsk-2"),
+    )
+    first = shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=facts)
+    clock.advance(minutes=5)
+    retried = shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=facts)
+    # THEN the retry computes the same IDs and the outbox ignores them
+    assert [f.event_id for f in retried.transition.facts] == [
+        f.event_id for f in first.transition.facts
+    ]
+    assert (first.events_added, retried.events_added) == (2, 0)
+    assert len(outbox(shard.connection)) == 2
+
+
+def test_the_optional_key_tells_apart_repeats_of_one_task_event(offline_app: Rhumbatron) -> None:
+    shard = offline_app.resource_shard(PROJECT, change_resource_key("chg-1"))
+    fail = {"reason": "tests failed"}
+    for key in ("attempt-1", "attempt-2"):
+        fact = ChangeFact("task.failed", fail, task_id="tsk-1", key=key)
+        shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=(fact,))
+    assert [r["event_id"] for r in outbox(shard.connection)] == [
+        stable_event_id("chg-1", "task.failed", "tsk-1", "attempt-1"),
+        stable_event_id("chg-1", "task.failed", "tsk-1", "attempt-2"),
+    ]
+
+
+def test_a_non_change_event_cannot_be_appended_as_a_change_event(offline_app: Rhumbatron) -> None:
+    shard = offline_app.resource_shard(PROJECT, change_resource_key("chg-1"))
+    fact = ChangeFact("claim.released", {"claimId": "c", "agentId": "a"})
+    with pytest.raises(DomainError, match="not a Change Event"):
+        shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=(fact,))
+    assert outbox(shard.connection) == []
+    assert shard.change_state("chg-1") is None
+
+
+def test_a_terminal_change_cannot_move_again(offline_app: Rhumbatron) -> None:
+    shard = offline_app.resource_shard(PROJECT, change_resource_key("chg-1"))
+    done = ChangeFact("change.completed", {})
+    shard.append_change_events(CALLER, change_id="chg-1", status="completed", facts=(done,))
+    with pytest.raises(DomainError, match="terminal"):
+        shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=())
+    assert len(outbox(shard.connection)) == 1
+
+
+# --------------------------------------------------------------------------- actor-minted IDs
+
+
+def test_claim_events_get_fresh_actor_minted_ids_each_transaction(
+    offline_app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN one resource, acquired, released and acquired again by the same agent
+    resource = "src/app.py"
+    shard = offline_app.resource_shard(PROJECT, resource)
+    ttl = timedelta(minutes=30)
+    first = shard.acquire_claim(AGENT, resource=resource, agent_id="builder-1", ttl=ttl)
+    shard.release_claim(AGENT, resource=resource, agent_id="builder-1")
+    again = shard.acquire_claim(AGENT, resource=resource, agent_id="builder-1", ttl=ttl)
+    # THEN each transaction minted its own evt_ + 32 hex ID (S0-019), all different
+    ids = [r["event_id"] for r in outbox(shard.connection)]
+    assert [r["event_type"] for r in outbox(shard.connection)] == [
+        "claim.acquired",
+        "claim.released",
+        "claim.acquired",
+    ]
+    assert all(EVENT_ID.match(i) for i in ids)
+    assert len(set(ids)) == 3
+    assert first.transition.facts[0].event_id != again.transition.facts[0].event_id
+    # AND the stored ID is the one a later publish re-sends (S0-020)
+    assert Event.parse(bytes(outbox(shard.connection)[0]["envelope"])).event_id == ids[0]
+
+
+def test_intent_events_get_actor_minted_ids_and_carry_their_resource(
+    offline_app: Rhumbatron,
+) -> None:
+    shard = offline_app.resource_shard(PROJECT, "src/a.py")
+    declared = shard.declare_intent(
+        AGENT, intent_id="int-1", agent_id="builder-1", paths=("src/a.py",), change_id="chg-1"
+    )
+    changed = shard.declare_intent(
+        AGENT, intent_id="int-1", agent_id="builder-1", paths=("src/a.py", "src/b.py")
+    )
+    same = shard.declare_intent(
+        AGENT, intent_id="int-1", agent_id="builder-1", paths=("src/a.py", "src/b.py")
+    )
+    d, c = declared.transition.facts[0], changed.transition.facts[0]
+    assert (d.event_type, c.event_type) == ("intent.declared", "intent.changed")
+    assert (d.resource, c.resource) == ("src/a.py", "src/")
+    assert d.event_id != c.event_id
+    assert d.event_id != stable_event_id("chg-1", "intent.declared")
+    assert same.events_added == 0
+
+
+def test_a_claim_held_by_another_agent_is_refused_without_a_fact(offline_app: Rhumbatron) -> None:
+    resource = "src/app.py"
+    shard = offline_app.resource_shard(PROJECT, resource)
+    ttl = timedelta(minutes=30)
+    shard.acquire_claim(AGENT, resource=resource, agent_id="builder-1", ttl=ttl)
+    with pytest.raises(DomainError, match="claimed by agent 'builder-1'"):
+        shard.acquire_claim(AGENT, resource=resource, agent_id="builder-2", ttl=ttl)
+    assert len(outbox(shard.connection)) == 1
+
+
+def test_expired_claims_are_removed_with_claim_expired(
+    offline_app: Rhumbatron, clock: ManualClock
+) -> None:
+    resource = "src/app.py"
+    shard = offline_app.resource_shard(PROJECT, resource)
+    shard.acquire_claim(AGENT, resource=resource, agent_id="builder-1", ttl=timedelta(minutes=1))
+    assert shard.expire_claims(CALLER).events_added == 0
+    clock.advance(minutes=1)
+    result = shard.expire_claims(CALLER)
+    assert [f.event_type for f in result.transition.facts] == ["claim.expired"]
+    assert result.transition.facts[0].resource == resource
+    assert shard.claims() == []
+
+
+# --------------------------------------------------------------------------- promotion
+
+
+def test_promoting_advances_the_canonical_generation_with_two_facts(
+    offline_app: Rhumbatron,
+) -> None:
+    root = offline_app.project_root(PROJECT)
+    root.create_project(CALLER, name="Acme")
+    result = root.promote(
+        CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0, change_ids=("c",)
+    )
+    assert [f.event_type for f in result.transition.facts] == [
+        "artifact.promoted",
+        "canonical.advanced",
+    ]
+    assert all(f.canonical_generation == 1 for f in result.transition.facts)
+    state = root.state()
+    assert state is not None
+    assert (state.canonical_generation, state.canonical_candidate_id) == (1, "cand-1")
+
+
+def test_promoting_the_same_candidate_twice_is_already_promoted(offline_app: Rhumbatron) -> None:
+    # GIVEN a candidate promoted from generation 0
+    root = offline_app.project_root(PROJECT)
+    root.create_project(CALLER, name="Acme")
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    # WHEN the same promotion is asked again (candidate + expected generation)
+    again = root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    # THEN it is already_promoted: no patch, no new facts, generation unchanged
+    assert again.transition == Transition()
+    assert again.events_added == 0
+    assert len(outbox(root.connection)) == 3
+    state = root.state()
+    assert state is not None and state.canonical_generation == 1
+
+
+def test_promoting_from_a_stale_generation_is_refused(offline_app: Rhumbatron) -> None:
+    root = offline_app.project_root(PROJECT)
+    root.create_project(CALLER, name="Acme")
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    with pytest.raises(DomainError, match=r"expects canonical generation 0.*is at 1"):
+        root.promote(CALLER, candidate_id="cand-2", artifact_id="art-2", expected_generation=0)
+    state = root.state()
+    assert state is not None and state.canonical_candidate_id == "cand-1"
+    assert len(outbox(root.connection)) == 3
+
+
+def test_promoting_before_the_project_exists_is_refused(offline_app: Rhumbatron) -> None:
+    root = offline_app.project_root(PROJECT)
+    with pytest.raises(DomainError, match="does not exist"):
+        root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    assert outbox(root.connection) == []
+
+
+def test_creating_a_project_again_with_the_same_name_changes_nothing(
+    offline_app: Rhumbatron,
+) -> None:
+    root = offline_app.project_root(PROJECT)
+    root.create_project(CALLER, name="Acme")
+    assert root.create_project(CALLER, name="Acme").events_added == 0
+    with pytest.raises(DomainError, match="already exists"):
+        root.create_project(CALLER, name="Other")
+    assert len(outbox(root.connection)) == 1
+
+
+def test_actor_refs_lists_every_actor_file(offline_app: Rhumbatron) -> None:
+    offline_app.project_root(PROJECT).create_project(CALLER, name="Acme")
+    shard = offline_app.resource_shard(PROJECT, change_resource_key("chg-1"))
+    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=())
+    assert list(offline_app.actor_refs()) == [
+        ActorRef(ActorKind.PROJECT_ROOT, PROJECT),
+        ActorRef(ActorKind.RESOURCE_SHARD, PROJECT, 9),
+    ]

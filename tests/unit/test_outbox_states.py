@@ -1,0 +1,541 @@
+"""Outbox rows and their states (spec "Outbox row states", "Idempotency: Event publish"):
+
+    [*] -> pending -> published -> [*]
+    pending -> retry_wait (send failed) -> pending after 1 s, 2 s, 4 s ... max 5 min
+    retry_wait -> failed (10th failed attempt); pending -> failed (no producer binding)
+
+The publisher runs here through an in-memory EventSender (an injected port); the same state
+machine against a real nats-server is in tests/integration/test_publisher.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from rhumbatron.actors.alarms import RecordingAlarmSink, alarm_due_at
+from rhumbatron.actors.outbox import (
+    RowState,
+    backoff_s,
+    counts_by_state,
+    prune_published,
+    requeue_failed,
+)
+from rhumbatron.actors.project_root import ProjectRoot
+from rhumbatron.actors.publisher import OutboxPublisher, prune_published_rows, requeue_failed_rows
+from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.storage import write_transaction
+from rhumbatron.domain.changes import ChangeFact
+from rhumbatron.domain.facts import Caller
+from rhumbatron.messaging.sender import OutgoingMessage, SendRefusedError, StoredMessage
+from rhumbatron.protocol import Event, stable_event_id
+from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.runtime.settings import Settings, load_settings
+
+CALLER = Caller("acme", "system:test", correlation_id="corr-outbox")
+PROJECT = "acme-web"  # stream index 0 (fnv1a32 0xc8d18fd0 mod 8)
+DAY_S = 86_400.0
+
+
+@dataclass
+class RecordingSender:
+    """An EventSender that stores every message in memory."""
+
+    connected: bool = True
+    max_payload: int = 1024 * 1024
+    sent: list[OutgoingMessage] = field(default_factory=list)
+
+    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
+        self.sent.append(message)
+        return StoredMessage(stream, len(self.sent))
+
+    async def send_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> list[StoredMessage]:
+        return [await self.send(stream, m) for m in messages]
+
+
+@dataclass
+class RefusingSender(RecordingSender):
+    """A server that answers and refuses every publish: each send is one failed attempt."""
+
+    refusals: int = 0
+
+    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
+        self.refusals += 1
+        raise SendRefusedError(f"{message.message_id}: refused by the test server")
+
+    async def send_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> list[StoredMessage]:
+        self.refusals += 1
+        raise SendRefusedError("batch refused by the test server")
+
+
+def offline(tmp_path: Path, **overrides: object) -> Settings:
+    return load_settings(state_dir=tmp_path / "state", nats_url="nats://127.0.0.1:1", **overrides)
+
+
+def new_root(settings: Settings, clock: ManualClock) -> ProjectRoot:
+    return ProjectRoot(
+        ProjectRoot.ref_for(PROJECT), settings, clock=clock, alarms=RecordingAlarmSink()
+    )
+
+
+def change_shard(settings: Settings, clock: ManualClock, change_id: str) -> ResourceShard:
+    ref = ResourceShard.ref_for(PROJECT, change_resource_key(change_id), 16)
+    return ResourceShard(ref, settings, clock=clock, alarms=RecordingAlarmSink())
+
+
+def rows(connection: sqlite3.Connection) -> list[sqlite3.Row]:
+    return list(connection.execute("SELECT * FROM outbox ORDER BY seq"))
+
+
+def task_facts(count: int) -> tuple[ChangeFact, ...]:
+    return tuple(ChangeFact("task.ready", {}, task_id=f"tsk-{i:03d}") for i in range(count))
+
+
+# --------------------------------------------------------------------------- [*] -> pending
+
+
+def test_a_fact_is_inserted_pending_in_the_same_transaction_as_its_state_change(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a ProjectRoot
+    root = new_root(offline(tmp_path), clock)
+    # WHEN the project is created
+    result = root.create_project(CALLER, name="Acme")
+    # THEN the state row and one pending outbox row exist, the row holding the fact as sent
+    assert root.state() is not None
+    [row] = rows(root.connection)
+    assert result.events_added == 1
+    assert row["state"] == RowState.PENDING
+    assert row["attempts"] == 0
+    assert row["event_type"] == "project.created"
+    assert row["project_id"] == PROJECT
+    assert row["stream_index"] == 0
+    assert row["last_error"] is None
+    assert row["created_at"] == clock.now().timestamp()
+    assert Event.parse(bytes(row["envelope"])) == result.transition.facts[0]
+    assert row["event_id"] == result.transition.facts[0].event_id
+    root.close()
+
+
+def test_appending_the_same_change_fact_twice_leaves_one_row(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a change shard that recorded task.completed for tsk-1
+    shard = change_shard(offline(tmp_path), clock, "chg-1")
+    fact = ChangeFact("task.completed", {"agentId": "builder-1"}, task_id="tsk-1")
+    first = shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=(fact,))
+    # WHEN a retried workflow step appends the same fact again
+    clock.advance(seconds=30)
+    second = shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=(fact,))
+    # THEN the outbox ignores the repeat: one row, with the stable ID; nothing added the 2nd time
+    assert (first.events_added, second.events_added) == (1, 0)
+    assert [r["event_id"] for r in rows(shard.connection)] == [
+        "evt_b842dd8af0a9b557c516a6417d20c1ba"  # sha256sum of chg-1␟task.completed␟tsk-1␟
+    ]
+    shard.close()
+
+
+def test_outbox_event_id_is_unique_in_the_schema(tmp_path: Path, clock: ManualClock) -> None:
+    # GIVEN an outbox row
+    root = new_root(offline(tmp_path), clock)
+    root.create_project(CALLER, name="Acme")
+    [row] = rows(root.connection)
+    # WHEN a plain INSERT repeats its event_id
+    # THEN SQLite refuses it: event_id is UNIQUE (S0-025, S0-214)
+    with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+        root.connection.execute(
+            "INSERT INTO outbox (event_id, project_id, event_type, stream_index, envelope, "
+            "created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (row["event_id"], PROJECT, "project.created", 0, b"{}", 0.0),
+        )
+    root.close()
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("envelope", b'{"eventId": "forged"}'),
+        ("event_id", "evt_" + "0" * 32),
+        ("event_type", "task.completed"),
+        ("project_id", "someone-else"),
+        ("stream_index", 3),
+    ],
+)
+def test_a_written_fact_cannot_be_updated(
+    tmp_path: Path, clock: ManualClock, column: str, value: object
+) -> None:
+    # GIVEN an outbox row
+    root = new_root(offline(tmp_path), clock)
+    root.create_project(CALLER, name="Acme")
+    before = bytes(rows(root.connection)[0]["envelope"])
+    # WHEN anything tries to rewrite the fact
+    # THEN the trigger refuses: an Event is an immutable fact (S0-001)
+    with pytest.raises(sqlite3.IntegrityError, match="immutable"):
+        root.connection.execute(f"UPDATE outbox SET {column} = ?", (value,))
+    assert bytes(rows(root.connection)[0]["envelope"]) == before
+    # AND the row's delivery state may still move
+    root.connection.execute("UPDATE outbox SET state = 'published'")
+    assert rows(root.connection)[0]["state"] == RowState.PUBLISHED
+    root.close()
+
+
+# --------------------------------------------------------------------------- backoff
+
+
+def test_backoff_doubles_from_one_second_and_caps_at_five_minutes() -> None:
+    delays = [
+        backoff_s(n, initial_s=1, max_s=300, jitter=0, rng=random.Random(0)) for n in range(1, 13)
+    ]
+    assert delays == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]
+
+
+def test_backoff_with_jitter_stays_within_twenty_percent() -> None:
+    rng = random.Random(2026)
+    for attempts in range(1, 12):
+        base = min(2 ** (attempts - 1), 300)
+        delays = [
+            backoff_s(attempts, initial_s=1, max_s=300, jitter=0.2, rng=rng) for _ in range(200)
+        ]
+        assert all(0.8 * base <= d <= 1.2 * base for d in delays), attempts
+        assert len(set(delays)) > 1  # it does spread the retries
+
+
+async def test_failed_sends_back_off_doubling_and_the_10th_failed_attempt_fails_the_row(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a pending row and a server that refuses every send (backoff without jitter)
+    settings = offline(tmp_path, outbox_backoff_jitter=0)
+    root = new_root(settings, clock)
+    root.create_project(CALLER, name="Acme")
+    sender = RefusingSender()
+    publisher = OutboxPublisher(sender, settings, clock=clock, rng=random.Random(0))
+    delays = []
+    # WHEN the publisher tries, each time once the backoff has passed
+    for attempt in range(1, 10):
+        report = await publisher.publish_due(root)
+        [row] = rows(root.connection)
+        # THEN each failure is retry_wait with the attempt counted and last_error kept
+        assert report.retry_wait == 1
+        assert (row["state"], row["attempts"]) == (RowState.RETRY_WAIT, attempt)
+        assert f"attempt {attempt} of 10" in row["last_error"]
+        delay = row["next_attempt_at"] - clock.now().timestamp()
+        delays.append(delay)
+        # AND nothing is sent before the backoff ends
+        clock.advance(seconds=delay - 0.001)
+        assert (await publisher.publish_due(root)).retry_wait == 0
+        assert sender.refusals == attempt
+        clock.advance(seconds=0.001)
+    assert delays == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    # AND the 10th failed attempt makes the row failed, last_error kept for the operator
+    report = await publisher.publish_due(root)
+    [row] = rows(root.connection)
+    assert report.failed == 1
+    assert (row["state"], row["attempts"]) == (RowState.FAILED, 10)
+    assert "attempt 10 of 10" in row["last_error"]
+    assert "refused by the test server" in row["last_error"]
+    assert row["next_attempt_at"] is None
+    root.close()
+
+
+async def test_a_failed_row_is_terminal_and_never_sent_again(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a row that failed (the cap lowered to one attempt)
+    settings = offline(tmp_path, outbox_max_attempts=1)
+    root = new_root(settings, clock)
+    root.create_project(CALLER, name="Acme")
+    sender = RefusingSender()
+    publisher = OutboxPublisher(sender, settings, clock=clock)
+    assert (await publisher.publish_due(root)).failed == 1
+    # WHEN the publisher runs again, much later
+    clock.advance(days=1)
+    report = await publisher.publish_due(root)
+    # THEN nothing is attempted and the alarm is gone (no due work)
+    assert (report.published, report.failed, report.retry_wait) == (0, 0, 0)
+    assert sender.refusals == 1
+    assert alarm_due_at(root.connection) is None
+    root.close()
+
+
+async def test_a_row_waiting_to_retry_blocks_the_later_rows_of_its_project(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN three rows, and a server that refuses
+    settings = offline(tmp_path, outbox_backoff_jitter=0)
+    shard = change_shard(settings, clock, "chg-1")
+    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(3))
+    publisher = OutboxPublisher(RefusingSender(), settings, clock=clock)
+    # WHEN the send fails
+    await publisher.publish_due(shard)
+    # THEN the first row waits to retry and the rows behind it are still pending, unattempted
+    states = [(r["state"], r["attempts"]) for r in rows(shard.connection)]
+    assert states == [(RowState.RETRY_WAIT, 1), (RowState.PENDING, 0), (RowState.PENDING, 0)]
+    # AND once the backoff has passed a working publisher sends all three, in outbox order
+    clock.advance(seconds=1)
+    sender = RecordingSender()
+    report = await OutboxPublisher(sender, settings, clock=clock).publish_due(shard)
+    assert report.published == 3
+    assert [m.message_id for m in sender.sent] == [r["event_id"] for r in rows(shard.connection)]
+    shard.close()
+
+
+# --------------------------------------------------------------------------- pending -> published
+
+
+async def test_a_sent_row_becomes_published_and_is_not_sent_again(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    settings = offline(tmp_path)
+    root = new_root(settings, clock)
+    root.create_project(CALLER, name="Acme")
+    sender = RecordingSender()
+    publisher = OutboxPublisher(sender, settings, clock=clock)
+    report = await publisher.publish_due(root)
+    [row] = rows(root.connection)
+    assert report.published == 1
+    assert row["state"] == RowState.PUBLISHED
+    assert row["published_at"] == clock.now().timestamp()
+    assert row["stream_seq"] == 1
+    # the message carries the row's event ID and its envelope, on events.00
+    assert sender.sent == [OutgoingMessage("events.00", row["event_id"], bytes(row["envelope"]))]
+    # published is terminal: the next run sends nothing
+    assert (await publisher.publish_due(root)).published == 0
+    assert len(sender.sent) == 1
+    root.close()
+
+
+async def test_with_nats_unreachable_no_attempt_is_counted_and_rows_stay_pending(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a publisher whose connection is down
+    settings = offline(tmp_path)
+    root = new_root(settings, clock)
+    # WHEN a state change commits and the publisher runs, many times over a long outage
+    root.create_project(CALLER, name="Acme")
+    publisher = OutboxPublisher(RecordingSender(connected=False), settings, clock=clock)
+    for _ in range(20):
+        report = await publisher.publish_due(root)
+        assert report.unavailable
+        clock.advance(minutes=5)
+    # THEN the state change stands and the row is still pending with no attempt burnt
+    assert root.state() is not None
+    [row] = rows(root.connection)
+    assert (row["state"], row["attempts"]) == (RowState.PENDING, 0)
+    root.close()
+
+
+# --------------------------------------------------------------------------- pending -> failed
+
+
+async def test_a_row_without_a_producer_binding_fails_at_once_with_last_error(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a publisher bound only to streams 1 and 2, and a row for stream 0
+    settings = offline(tmp_path, producer_bindings=(1, 2))
+    root = new_root(settings, clock)
+    root.create_project(CALLER, name="Acme")
+    sender = RecordingSender()
+    # WHEN it publishes
+    report = await OutboxPublisher(sender, settings, clock=clock).publish_due(root)
+    # THEN the row is failed without an attempt, with the reason, and nothing is sent
+    [row] = rows(root.connection)
+    assert report.failed == 1
+    assert (row["state"], row["attempts"]) == (RowState.FAILED, 0)
+    assert "no producer binding for stream EVENTS_00" in row["last_error"]
+    assert sender.sent == []
+    root.close()
+
+
+async def test_an_oversize_row_fails_fast_and_the_other_rows_keep_flowing(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a big change.created row followed by two small rows
+    settings = offline(tmp_path)
+    shard = change_shard(settings, clock, "chg-1")
+    big = ChangeFact(
+        "change.created",
+        {"title": "x" * 500, "clientRequestId": "req-1", "requestedBy": "user:u"},
+    )
+    shard.append_change_events(
+        CALLER, change_id="chg-1", status="planned", facts=(big, *task_facts(2))
+    )
+    first, *rest = rows(shard.connection)
+    # AND a server whose max_payload is smaller than the big row
+    sender = RecordingSender(max_payload=len(first["envelope"]) - 1)
+    # WHEN the publisher runs
+    report = await OutboxPublisher(sender, settings, clock=clock).publish_due(shard)
+    # THEN the big row fails at once with last_error naming max_payload; the others are sent
+    assert (report.failed, report.published) == (1, 2)
+    states = {r["event_id"]: (r["state"], r["last_error"]) for r in rows(shard.connection)}
+    state, error = states[first["event_id"]]
+    assert state == RowState.FAILED
+    assert "max_payload" in error
+    assert [m.message_id for m in sender.sent] == [r["event_id"] for r in rest]
+    shard.close()
+
+
+async def test_an_undecodable_stored_envelope_fails_fast_with_last_error(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a row whose stored envelope is not an Event (a corrupted file, say)
+    settings = offline(tmp_path)
+    root = new_root(settings, clock)
+    root.create_project(CALLER, name="Acme")
+    root.connection.execute(
+        "INSERT INTO outbox (event_id, project_id, event_type, stream_index, envelope, "
+        "created_at) VALUES ('evt_ffffffffffffffffffffffffffffffff', ?, 'project.created', 0, "
+        "?, 0)",
+        (PROJECT, b"not json"),
+    )
+    sender = RecordingSender()
+    report = await OutboxPublisher(sender, settings, clock=clock).publish_due(root)
+    assert (report.published, report.failed) == (1, 1)
+    bad = rows(root.connection)[1]
+    assert bad["state"] == RowState.FAILED
+    assert "not a valid Event" in bad["last_error"]
+    root.close()
+
+
+# --------------------------------------------------------------------------- operator requeue
+
+
+async def test_requeue_puts_failed_rows_back_to_pending_with_attempts_reset(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN two failed rows
+    settings = offline(tmp_path, outbox_max_attempts=1)
+    root = new_root(settings, clock)
+    root.create_project(CALLER, name="Acme")
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    publisher = OutboxPublisher(RefusingSender(), settings, clock=clock)
+    await publisher.publish_due(root)  # row 1 fails
+    await publisher.publish_due(root)  # row 2 fails
+    await publisher.publish_due(root)  # row 3 fails
+    assert counts_by_state(root.connection)[RowState.FAILED] == 3
+    ids = [r["event_id"] for r in rows(root.connection)]
+    # WHEN the operator requeues one of them by ID, then all the rest
+    with write_transaction(root.connection, root.path) as db:
+        assert requeue_failed(db, [ids[1]]) == 1
+    assert [(r["state"], r["attempts"]) for r in rows(root.connection)] == [
+        (RowState.FAILED, 1),
+        (RowState.PENDING, 0),
+        (RowState.FAILED, 1),
+    ]
+    with write_transaction(root.connection, root.path) as db:
+        assert requeue_failed(db) == 2
+    # THEN every row is pending again and a working publisher sends them, in outbox order
+    assert counts_by_state(root.connection)[RowState.PENDING] == 3
+    sender = RecordingSender()
+    assert (await OutboxPublisher(sender, settings, clock=clock).publish_due(root)).published == 3
+    assert [m.message_id for m in sender.sent] == ids
+    root.close()
+
+
+async def test_requeue_failed_rows_sets_and_announces_the_alarm(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    settings = offline(tmp_path, producer_bindings=(1,))
+    sink = RecordingAlarmSink()
+    root = ProjectRoot(ProjectRoot.ref_for(PROJECT), settings, clock=clock, alarms=sink)
+    root.create_project(CALLER, name="Acme")
+    await OutboxPublisher(RecordingSender(), settings, clock=clock).publish_due(root)
+    assert alarm_due_at(root.connection) is None
+    sink.announced.clear()
+    clock.advance(seconds=10)
+    assert requeue_failed_rows(root) == 1
+    assert alarm_due_at(root.connection) == clock.now().timestamp()
+    assert sink.announced == [(root.ref.key, clock.now())]
+    assert requeue_failed_rows(root) == 0  # nothing failed any more
+    root.close()
+
+
+# --------------------------------------------------------------------------- pruning
+
+
+async def test_prune_deletes_only_published_rows_older_than_seven_days_in_bounded_passes(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN 3 rows published at t0, then 7 days later 1 more published and 1 still pending
+    settings = offline(tmp_path, outbox_prune_batch_rows=2)
+    shard = change_shard(settings, clock, "chg-1")
+    publisher = OutboxPublisher(RecordingSender(), settings, clock=clock)
+    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(3))
+    await publisher.publish_due(shard)
+    clock.advance(days=7)
+    fact = ChangeFact("task.completed", {"agentId": "a"}, task_id="tsk-000")
+    shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=(fact,))
+    await publisher.publish_due(shard)
+    blocked = ChangeFact("task.completed", {"agentId": "a"}, task_id="tsk-001")
+    shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=(blocked,))
+    # WHEN pruning runs exactly 7 days after the first publish
+    # THEN nothing is old enough yet
+    assert prune_published_rows(shard, settings) == 0
+    # WHEN a second later it runs pass after pass
+    clock.advance(seconds=1)
+    passes = [prune_published_rows(shard, settings) for _ in range(3)]
+    # THEN at most 2 rows go per pass, only the 3 old published ones
+    assert passes == [2, 1, 0]
+    left = [(r["event_id"], r["state"]) for r in rows(shard.connection)]
+    assert left == [
+        (stable_event_id("chg-1", "task.completed", "tsk-000"), RowState.PUBLISHED),
+        (stable_event_id("chg-1", "task.completed", "tsk-001"), RowState.PENDING),
+    ]
+    shard.close()
+
+
+def test_prune_published_never_deletes_pending_or_failed_rows(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    root = new_root(offline(tmp_path), clock)
+    root.create_project(CALLER, name="Acme")
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    root.connection.execute("UPDATE outbox SET state = 'failed' WHERE seq = 1")
+    with write_transaction(root.connection, root.path) as db:
+        assert (
+            prune_published(db, older_than_s=clock.now().timestamp() + 365 * DAY_S, limit=10) == 0
+        )
+    assert len(rows(root.connection)) == 3
+    root.close()
+
+
+# --------------------------------------------------------------------------- counts
+
+
+def test_counts_by_state_reports_every_state(tmp_path: Path, clock: ManualClock) -> None:
+    root = new_root(offline(tmp_path), clock)
+    assert counts_by_state(root.connection) == {
+        "pending": 0,
+        "retry_wait": 0,
+        "published": 0,
+        "failed": 0,
+    }
+    root.create_project(CALLER, name="Acme")
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    root.connection.execute("UPDATE outbox SET state = 'published' WHERE seq = 1")
+    root.connection.execute("UPDATE outbox SET state = 'failed' WHERE seq = 2")
+    assert counts_by_state(root.connection) == {
+        "pending": 1,
+        "retry_wait": 0,
+        "published": 1,
+        "failed": 1,
+    }
+    root.close()
+
+
+def test_the_outbox_accepts_only_the_four_states(tmp_path: Path, clock: ManualClock) -> None:
+    root = new_root(offline(tmp_path), clock)
+    root.create_project(CALLER, name="Acme")
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+        root.connection.execute("UPDATE outbox SET state = 'sent'")
+    assert json.loads(bytes(rows(root.connection)[0]["envelope"]))["eventType"] == "project.created"
+    root.close()

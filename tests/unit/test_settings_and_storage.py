@@ -1,0 +1,198 @@
+"""Settings carry the specification's numbers; storage refuses unsafe journal modes and opens
+actor files the way the settings say (issue item 5; RELIABILITY F21)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from rhumbatron.actors.storage import (
+    check_journal_mode,
+    is_network_filesystem,
+    open_database,
+    write_transaction,
+)
+from rhumbatron.errors import ActorBusyError, ConfigurationError, UnsafeStorageError
+from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings, load_settings
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No RHUMBATRON_* variable from the caller's shell leaks into the defaults."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("RHUMBATRON_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_defaults_are_the_specifications_numbers() -> None:
+    # GIVEN no configuration at all
+    settings = load_settings()
+    # THEN every default is the spec's number
+    assert EVENT_STREAM_COUNT == 8  # eight event streams
+    assert settings.publish_max_rows_per_project == 100  # max 100 rows per project
+    assert settings.event_stream_max_age_days == 7  # retention 7 days
+    assert settings.command_stream_max_age_days == 14  # a command stays at most 14 days
+    assert settings.duplicate_window_s == 2 * 3600  # 2-hour duplicate window
+    assert settings.outbox_backoff_initial_s == 1  # backoff 1 s, 2 s, 4 s ...
+    assert settings.outbox_backoff_max_s == 5 * 60  # ... max 5 min
+    assert settings.outbox_backoff_jitter == 0.2  # DECISIONS: ±20 %
+    assert settings.outbox_max_attempts == 10  # 10th failed attempt -> failed
+    assert settings.alarm_max_fires_per_day == 2_000  # AlarmGuard cap
+    assert settings.outbox_published_retention_days == 7  # DECISIONS: kept 7 days
+    assert settings.journal_mode == "WAL"  # WAL locally
+    assert settings.state_dir == Path(".rhumbatron/state")
+    assert settings.producer_bindings is None  # all eight streams bound
+    assert settings.command_queues == (
+        "agent-wakeups",
+        "integration",
+        "verification",
+        "release",
+        "indexing",
+        "dead-letter",
+    )
+
+
+def test_settings_are_frozen() -> None:
+    settings = load_settings(state_dir=Path("/tmp/x"))
+    with pytest.raises(Exception, match="frozen"):
+        settings.journal_mode = "DELETE"  # type: ignore[misc]
+
+
+def test_bad_keyword_value_raises_configuration_error_naming_the_variable_and_value() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings(publish_max_rows_per_project=0)
+    assert "RHUMBATRON_PUBLISH_MAX_ROWS_PER_PROJECT=0" in str(caught.value)
+
+
+def test_bad_environment_value_raises_configuration_error_naming_the_variable_and_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a journal mode SQLite supports but we do not
+    monkeypatch.setenv("RHUMBATRON_JOURNAL_MODE", "TRUNCATE")
+    # WHEN settings load
+    # THEN the error names the variable and the value
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    assert "RHUMBATRON_JOURNAL_MODE='TRUNCATE'" in str(caught.value)
+
+
+def test_environment_variables_configure_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RHUMBATRON_JOURNAL_MODE", "DELETE")
+    monkeypatch.setenv("RHUMBATRON_ALARM_MAX_FIRES_PER_DAY", "7")
+    settings = load_settings()
+    assert settings.journal_mode == "DELETE"
+    assert settings.alarm_max_fires_per_day == 7
+
+
+def test_producer_binding_outside_the_eight_streams_is_rejected() -> None:
+    with pytest.raises(ConfigurationError, match="RHUMBATRON_PRODUCER_BINDINGS"):
+        load_settings(producer_bindings=(0, 8))
+
+
+def test_duplicate_window_longer_than_stream_retention_is_rejected() -> None:
+    with pytest.raises(ConfigurationError, match="duplicate_window_s"):
+        load_settings(duplicate_window_s=8 * 86_400)
+
+
+def test_wal_on_a_network_filesystem_is_refused_naming_the_settings(tmp_path: Path) -> None:
+    # GIVEN WAL on a path configured as a network filesystem
+    settings = load_settings(state_dir=tmp_path, journal_mode="WAL", network_filesystem=True)
+    # WHEN start-up checks the journal mode
+    # THEN it refuses, naming the setting and what to set instead
+    with pytest.raises(UnsafeStorageError) as caught:
+        check_journal_mode(settings)
+    assert "RHUMBATRON_JOURNAL_MODE=WAL" in str(caught.value)
+    assert "RHUMBATRON_JOURNAL_MODE=DELETE" in str(caught.value)
+    assert isinstance(caught.value, ConfigurationError)
+
+
+def test_delete_journal_on_a_network_filesystem_is_allowed(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path, journal_mode="DELETE", network_filesystem=True)
+    check_journal_mode(settings)  # no error
+
+
+def test_wal_on_a_local_filesystem_is_allowed(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path, journal_mode="WAL", network_filesystem=False)
+    check_journal_mode(settings)
+
+
+def test_bootstrap_refuses_wal_on_a_network_filesystem(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path, journal_mode="WAL", network_filesystem=True)
+    with pytest.raises(UnsafeStorageError):
+        bootstrap(settings)
+
+
+def test_network_filesystem_is_detected_from_the_mount_table(tmp_path: Path) -> None:
+    # GIVEN a mount table where <tmp>/efs is NFS (as EFS mounts are) and / is ext4
+    efs = (tmp_path / "efs").resolve()
+    efs.mkdir()
+    (tmp_path / "efs-local").mkdir()
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/sda1 / ext4 rw 0 0\n"
+        f"fs-1234.efs.eu-west-1.amazonaws.com:/ {efs} nfs4 rw,vers=4.1 0 0\n"
+    )
+    # THEN a path under the mount (even one not created yet) is on a network filesystem
+    assert is_network_filesystem(efs / "projects" / "p1", mounts)
+    # AND a sibling whose name merely starts the same is not
+    assert not is_network_filesystem(tmp_path / "efs-local", mounts)
+
+
+@pytest.mark.parametrize(("mode", "reported"), [("WAL", "wal"), ("DELETE", "delete")])
+def test_open_database_sets_the_configured_journal_mode(
+    tmp_path: Path, mode: str, reported: str
+) -> None:
+    # GIVEN settings with a journal mode
+    settings = load_settings(state_dir=tmp_path, journal_mode=mode)
+    # WHEN an actor file is opened
+    connection = open_database(tmp_path / "a" / "actor.sqlite", settings)
+    # THEN SQLite runs in that mode, with full sync and the busy timeout
+    try:
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == reported
+        assert connection.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert connection.execute("PRAGMA busy_timeout").fetchone()[0] == 5_000
+    finally:
+        connection.close()
+    # AND the journal mode survives reopening with plain sqlite3 (WAL is persistent)
+    if mode == "WAL":
+        plain = sqlite3.connect(tmp_path / "a" / "actor.sqlite")
+        assert plain.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        plain.close()
+
+
+def test_a_second_writer_gets_actor_busy_error_after_the_busy_timeout(tmp_path: Path) -> None:
+    # GIVEN one connection holding the write lock of an actor file
+    settings: Settings = load_settings(state_dir=tmp_path, sqlite_busy_timeout_ms=0)
+    path = tmp_path / "actor.sqlite"
+    first = open_database(path, settings)
+    second = open_database(path, settings)
+    try:
+        # WHEN a second writer starts a transaction
+        # THEN it is refused with ActorBusyError (one writer per file at a time)
+        with (
+            write_transaction(first, path),
+            pytest.raises(ActorBusyError, match="RHUMBATRON_SQLITE_BUSY_TIMEOUT_MS"),
+            write_transaction(second, path),
+        ):
+            pass
+    finally:
+        first.close()
+        second.close()
+
+
+def test_write_transaction_rolls_back_when_the_block_raises(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path)
+    path = tmp_path / "actor.sqlite"
+    connection = open_database(path, settings)
+    connection.execute("CREATE TABLE t (x INTEGER)")
+    with pytest.raises(RuntimeError), write_transaction(connection, path) as db:
+        db.execute("INSERT INTO t VALUES (1)")
+        raise RuntimeError("boom")
+    assert connection.execute("SELECT COUNT(*) FROM t").fetchone()[0] == 0
+    connection.close()
