@@ -25,6 +25,7 @@ test: lint
 lint: $(STAMP)
 	$(BIN)/ruff check shared functions tests bench
 	$(BIN)/mypy
+	$(BIN)/cfn-lint template.yaml
 
 ## Benchmarks: prints a table and writes bench/results.json.
 bench: $(STAMP)

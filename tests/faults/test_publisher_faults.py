@@ -199,7 +199,7 @@ async def test_nats_down_past_the_backoff_budget_loses_nothing_and_keeps_order(
         }
 
         # WHEN the every-minute scan publishes and nats-server is SIGKILLed in the middle of it
-        first_scan = await app.fire_due_alarms()
+        first_scan = (await app.fire_due_alarms()).reports
         assert not durable_nats.running
         assert any(r.unavailable for r in first_scan)
 
@@ -212,7 +212,7 @@ async def test_nats_down_past_the_backoff_budget_loses_nothing_and_keeps_order(
                 for s in shards:
                     write_change_events(s, f"c-{s.ref.project_id}", 20, start=250)
                     total[s.ref.key] += 20
-            for report in await app.fire_due_alarms():
+            for report in (await app.fire_due_alarms()).reports:
                 assert (report.published, report.retry_wait, report.failed) == (0, 0, 0)
             for s in shards:
                 report = await publisher.publish_due(s)

@@ -305,7 +305,7 @@ async def test_every_minute_scan_publishes_capped_actors_without_counting_a_fire
         assert (refused.alarm, refused.published) == (FireDecision.CAPPED, 0)
         # WHEN the every-minute scan runs
         clock.advance(minutes=1)
-        reports = await app.fire_due_alarms()
+        reports = (await app.fire_due_alarms()).reports
         # THEN it publishes the capped actor's rows, and no fire beyond the cap is counted
         assert [(r.actor_key, r.alarm, r.published) for r in reports] == [
             (root.ref.key, FireDecision.CAPPED, 2)
@@ -331,9 +331,31 @@ async def test_every_minute_scan_skips_actors_whose_alarm_is_not_due(
         await app.ensure_streams()
         root = app.project_root(PROJECT)
         root.create_project(CALLER, name="Acme")
-        assert (await app.fire_due_alarms())[0].published == 1
+        assert (await app.fire_due_alarms()).reports[0].published == 1
         # WHEN nothing new was written, the next scan fires nothing
         clock.advance(minutes=1)
-        assert await app.fire_due_alarms() == []
+        assert (await app.fire_due_alarms()).reports == []
     finally:
         await app.close()
+
+
+@pytest.mark.integration
+async def test_the_scan_stops_when_asked_and_reports_the_actors_it_did_not_reach(app) -> None:  # type: ignore[no-untyped-def]
+    # GIVEN three actors with due alarms
+    for project in ("p-one", "p-two", "p-three"):
+        app.project_root(project).create_project(Caller("t", "system:test", "c"), name=project)
+    await app.close()  # a fresh container: no actor file open yet
+    asked = []
+
+    def stop_after_two() -> bool:
+        asked.append(1)
+        return len(asked) > 2
+
+    # WHEN the scan is told to stop before the third actor
+    scan = await app.fire_due_alarms(should_stop=stop_after_two)
+
+    # THEN two actors published, one is reported as left for the next scan,
+    # and no actor file stays open after the scan
+    assert [r.published for r in scan.reports] == [1, 1]
+    assert scan.actors_left == 1
+    assert app.open_actor_count == 0

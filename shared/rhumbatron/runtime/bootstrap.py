@@ -6,7 +6,8 @@ use and is reused (one per warm Lambda container). Actor files open on first use
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,15 @@ if TYPE_CHECKING:
     from rhumbatron.messaging.sender import EventSender
     from rhumbatron.messaging.streams import StreamReport
 
-__all__ = ["Rhumbatron", "bootstrap"]
+__all__ = ["Rhumbatron", "ScanReport", "bootstrap"]
+
+
+@dataclass
+class ScanReport:
+    """What one every-minute scan did: a report per fired actor, and actors not reached."""
+
+    reports: list[PublishReport] = field(default_factory=list)
+    actors_left: int = 0
 
 
 @dataclass
@@ -64,6 +73,11 @@ class Rhumbatron:
         actor = self.actor(ref)
         assert isinstance(actor, ResourceShard)
         return actor
+
+    @property
+    def open_actor_count(self) -> int:
+        """Actor files this process holds open right now."""
+        return len(self._actors)
 
     def actor_refs(self) -> Iterator[ActorRef]:
         """Every actor file under the state directory."""
@@ -125,22 +139,42 @@ class Rhumbatron:
         actor = self.actor(ActorRef.parse(actor_key))
         return await (await self.publisher()).fire_alarm(actor)
 
-    async def fire_due_alarms(self) -> list[PublishReport]:
-        """The every-minute scan: fire every due alarm; publish capped ones without a fire."""
-        reports = []
-        now_s = self.clock.now().timestamp()
+    async def fire_due_alarms(
+        self, *, should_stop: Callable[[], bool] | None = None, rotate: bool = False
+    ) -> ScanReport:
+        """The every-minute scan: fire every due alarm; publish capped ones without a fire.
+
+        ``should_stop`` is asked before each actor (a Lambda stops before its time runs out;
+        the next scan continues). ``rotate`` starts at a random actor so a scan that runs out
+        of time does not starve the actors at the end of the list. Actor files opened only
+        for the scan are closed again: a warm container must not collect open files.
+        """
+        refs = list(self.actor_refs())
+        if rotate and refs:
+            start = random.randrange(len(refs))
+            refs = refs[start:] + refs[:start]
+        scan = ScanReport()
         publisher = await self.publisher()
-        for ref in self.actor_refs():
+        now_s = self.clock.now().timestamp()
+        for examined, ref in enumerate(refs):
+            if should_stop is not None and should_stop():
+                scan.actors_left = len(refs) - examined
+                break
+            opened_here = ref not in self._actors
             actor = self.actor(ref)
-            due = alarm_due_at(actor.connection)
-            if due is None or due > now_s:
-                continue
-            report = await publisher.fire_alarm(actor)
-            if report.alarm is FireDecision.CAPPED:
-                report = await publisher.publish_due(actor)
-                report.alarm = FireDecision.CAPPED
-            reports.append(report)
-        return reports
+            try:
+                due = alarm_due_at(actor.connection)
+                if due is None or due > now_s:
+                    continue
+                report = await publisher.fire_alarm(actor)
+                if report.alarm is FireDecision.CAPPED:
+                    report = await publisher.publish_due(actor)
+                    report.alarm = FireDecision.CAPPED
+                scan.reports.append(report)
+            finally:
+                if opened_here:
+                    self._actors.pop(ref).close()
+        return scan
 
     async def drain_alarms(self, max_rounds: int = 1_000) -> list[PublishReport]:
         """The local invoker: fire announced alarms until no announced actor has due work."""
