@@ -601,9 +601,9 @@ async def test_oversize_and_unserialisable_rows_fail_fast_while_the_others_flow(
         for row in (too_big, not_json, not_event):
             assert (row["state"], row["attempts"]) == ("failed", 0)
         assert "max_payload of 4096" in too_big["last_error"]
-        assert "not a valid Event" in not_json["last_error"]
-        assert "not JSON" in not_json["last_error"]
-        assert "not a valid Event" in not_event["last_error"]
+        assert "not a JSON object" in not_json["last_error"]
+        assert "damaged" in not_json["last_error"]
+        assert "lacks this row's" in not_event["last_error"]
         assert "eventId" in not_event["last_error"]
 
         # ... and the rows before and after them are published, in order

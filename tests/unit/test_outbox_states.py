@@ -402,7 +402,7 @@ async def test_an_undecodable_stored_envelope_fails_fast_with_last_error(
     assert (report.published, report.failed) == (1, 1)
     bad = rows(root.connection)[1]
     assert bad["state"] == RowState.FAILED
-    assert "not a valid Event" in bad["last_error"]
+    assert "stored envelope is not a JSON object" in bad["last_error"]
     root.close()
 
 

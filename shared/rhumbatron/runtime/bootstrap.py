@@ -6,7 +6,9 @@ use and is reused (one per warm Lambda container). Actor files open on first use
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -144,10 +146,12 @@ class Rhumbatron:
     ) -> ScanReport:
         """The every-minute scan: fire every due alarm; publish capped ones without a fire.
 
-        ``should_stop`` is asked before each actor (a Lambda stops before its time runs out;
-        the next scan continues). ``rotate`` starts at a random actor so a scan that runs out
-        of time does not starve the actors at the end of the list. Actor files opened only
-        for the scan are closed again: a warm container must not collect open files.
+        Up to ``publish_concurrency`` actors at once (order is per actor, and the publish
+        lock keeps two publishers off one actor). ``should_stop`` is asked before each actor
+        (a Lambda stops before its time runs out; the next scan continues). ``rotate``
+        starts at a random actor so a scan that runs out of time does not starve the actors
+        at the end of the list. Actor files opened only for the scan are closed again: a
+        warm container must not collect open files.
         """
         refs = list(self.actor_refs())
         if rotate and refs:
@@ -156,16 +160,15 @@ class Rhumbatron:
         scan = ScanReport()
         publisher = await self.publisher()
         now_s = self.clock.now().timestamp()
-        for examined, ref in enumerate(refs):
-            if should_stop is not None and should_stop():
-                scan.actors_left = len(refs) - examined
-                break
+        queue = deque(refs)
+
+        async def scan_one(ref: ActorRef) -> None:
             opened_here = ref not in self._actors
             actor = self.actor(ref)
             try:
                 due = alarm_due_at(actor.connection)
                 if due is None or due > now_s:
-                    continue
+                    return
                 report = await publisher.fire_alarm(actor)
                 if report.alarm is FireDecision.CAPPED:
                     report = await publisher.publish_due(actor)
@@ -174,25 +177,57 @@ class Rhumbatron:
             finally:
                 if opened_here:
                     self._actors.pop(ref).close()
+
+        async def worker() -> None:
+            while queue:
+                if should_stop is not None and should_stop():
+                    scan.actors_left = len(queue)
+                    return
+                await scan_one(queue.popleft())
+
+        await asyncio.gather(*(worker() for _ in range(self.settings.publish_concurrency)))
         return scan
 
-    async def drain_alarms(self, max_rounds: int = 1_000) -> list[PublishReport]:
-        """The local invoker: fire announced alarms until no announced actor has due work."""
+    async def drain_alarms(self) -> list[PublishReport]:
+        """The local invoker: fire announced alarms until no announced actor has due work.
+
+        Up to ``publish_concurrency`` actors at once. An actor whose run left rows due (the
+        per-project cap) or that was announced again while it ran goes round once more.
+        """
         if not isinstance(self.alarms, RecordingAlarmSink):
             return []
+        sink = self.alarms
+        queue: deque[str] = deque(sink.drain())
+        running: set[str] = set()
+        again: set[str] = set()
         reports: list[PublishReport] = []
-        for _ in range(max_rounds):
-            keys = self.alarms.drain()
-            if not keys:
-                break
-            for key in keys:
-                report = await self.fire_alarm(key)
+
+        def take_announcements() -> None:
+            for key in sink.drain():
+                if key in running:
+                    again.add(key)
+                elif key not in queue:
+                    queue.append(key)
+
+        async def worker() -> None:
+            while queue:
+                key = queue.popleft()
+                running.add(key)
+                try:
+                    report = await self.fire_alarm(key)
+                finally:
+                    running.discard(key)
                 reports.append(report)
-                if (
-                    report.next_alarm_at is not None
-                    and report.next_alarm_at <= self.clock.now().timestamp()
-                ):
-                    self.alarms.alarm_set(key, self.clock.now())  # cap left rows due: go again
+                now_s = self.clock.now().timestamp()
+                due_now = report.next_alarm_at is not None and report.next_alarm_at <= now_s
+                if (due_now or key in again) and not report.unavailable:
+                    again.discard(key)
+                    queue.append(key)
+                take_announcements()
+
+        while queue:
+            await asyncio.gather(*(worker() for _ in range(self.settings.publish_concurrency)))
+            take_announcements()
         return reports
 
     async def close(self) -> None:

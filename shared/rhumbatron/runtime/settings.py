@@ -72,6 +72,12 @@ class Settings(BaseSettings):
     # -- outbox publisher ---------------------------------------------------------------------
     publish_max_rows_per_project: int = Field(default=100, ge=1, le=1000)
     publish_ack_timeout_s: float = Field(default=5.0, gt=0)
+    publish_concurrency: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Actors published at once by one process (order is per actor, so safe).",
+    )
     atomic_batch_publish: bool = Field(
         default=True, description="Send a project's due rows as one JetStream atomic batch."
     )

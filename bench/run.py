@@ -1,0 +1,408 @@
+"""``python -m bench.run``: every Rhumbatron benchmark in one run, tables, ``results.json``.
+
+(a) raw nats-py JetStream publish of the workload's envelopes, sequential and pipelined;
+(b) ``OutboxPublisher.publish_due`` draining the same events from pre-filled actor outboxes;
+(c) actor transactions against plain sqlite3 in WAL and DELETE journal modes;
+(d) (a) and (b) again with nats-server at ``sync_interval: always``.
+
+Each nats-server runs in a fresh temp dir on free loopback ports. Every measurement is warmed
+up, then repeated with the kinds interleaved (their order rotates each repeat); a figure is
+the median of its repeats, a ratio the median of its per-repeat ratios. When the
+default-sync publish target is missed, one extra ``publish_due`` run is profiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.jetstream import (
+    BenchError,
+    RunResult,
+    ServerCpu,
+    measure,
+    publish_due_run,
+    raw_pipelined,
+    raw_sequential,
+    reset_streams,
+    run_settings,
+    stored_events,
+)
+from bench.machine import machine_info
+from bench.profiling import format_rows, top_rows
+from bench.report import Figure, Ratio, format_figures, format_ratios
+from bench.transactions import ActorWriter, PlainWriter, sample_envelope
+from bench.workload import Workload, build_workload
+from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.messaging.connection import connect_nats
+
+RESULTS_PATH = Path(__file__).with_name("results.json")
+
+#: Target floors on the issue's 2-core machine.
+TARGET_DUE_VS_PIPELINED_DEFAULT = 0.7
+TARGET_DUE_VS_PIPELINED_ALWAYS = 1.5
+TARGET_ACTOR_VS_PLAIN = 0.5
+
+#: The two server configurations: label → nats-server ``sync_interval``.
+SYNC_INTERVALS = {"sync_default": "2m", "sync_always": "always"}
+
+_DESCRIPTIONS = {
+    "raw_sequential": "(a) raw nats-py js.publish with Nats-Msg-Id, each PubAck awaited",
+    "raw_pipelined": "(a) raw nats-py js.publish_async with Nats-Msg-Id, acks awaited per window",
+    "publish_due": (
+        "(b) the system's drain: Rhumbatron.drain_alarms -> fire_alarm -> publish_due, "
+        "package defaults (100 rows per project, 4 actors at once)"
+    ),
+    "publish_due_serial": "(b') the same drain with publish_concurrency=1 (one actor at a time)",
+    "publish_due_rows1000": "(b'') the same drain with publish_max_rows_per_project=1000",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """The run's knobs (command-line flags)."""
+
+    repeats: int
+    projects: int
+    actors_per_project: int
+    events_per_actor: int
+    window: int
+    transactions: int
+    ack_timeout_s: float
+    profile: bool
+
+
+@dataclass
+class Suite:
+    """What one part of the run produced."""
+
+    figures: list[Figure] = field(default_factory=list)
+    diagnostics: list[Figure] = field(default_factory=list)
+    profile: list[dict[str, Any]] = field(default_factory=list)
+    profile_text: str = ""
+
+
+def _log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _rotated(items: Sequence[str], by: int) -> list[str]:
+    """``items`` rotated: each repeat runs the kinds in a different order (no position bias)."""
+    shift = by % len(items)
+    return [*items[shift:], *items[:shift]]
+
+
+async def _publish_suite(
+    label: str, root: Path, workload: Workload, warmup: Workload, options: Options
+) -> Suite:
+    """(a) and (b) against one fresh nats-server with the label's ``sync_interval``."""
+    sync_interval = SYNC_INTERVALS[label]
+    server = NatsServerProcess(store_dir=root / f"nats-{label}", sync_interval=sync_interval)
+    server.start()
+    suite = Suite()
+    try:
+        settings = run_settings(root / f"unused-{label}", server.url)
+        nc = await connect_nats(settings, name=f"bench-{label}")
+        js = nc.jetstream(timeout=options.ack_timeout_s)
+        cpu = ServerCpu(server)
+        timeout = options.ack_timeout_s
+
+        def raw(kind: str, wl: Workload) -> Callable[[], Awaitable[float | None]]:
+            async def run() -> None:
+                if kind == "raw_sequential":
+                    await raw_sequential(js, wl.messages, ack_timeout_s=timeout)
+                else:
+                    await raw_pipelined(
+                        js, wl.messages, window=options.window, ack_timeout_s=timeout
+                    )
+
+            return run
+
+        async def one(kind: str, wl: Workload, tag: str) -> RunResult:
+            await reset_streams(nc, settings)
+            if kind.startswith("raw_"):
+                result = await measure(wl.events, cpu, raw(kind, wl))
+            else:
+                result = await publish_due_run(
+                    nc,
+                    server.url,
+                    wl,
+                    root / f"state-{label}-{tag}",
+                    cpu,
+                    concurrency=1 if kind == "publish_due_serial" else None,
+                    rows_per_project=1000 if kind == "publish_due_rows1000" else 100,
+                )
+            stored = await stored_events(nc)
+            if stored != wl.events:
+                raise BenchError(f"{kind}: the streams hold {stored} of {wl.events} events")
+            return result
+
+        _log(f"sync_interval={sync_interval}: warm-up on {warmup.events} other events")
+        for kind in _DESCRIPTIONS:
+            await one(kind, warmup, f"warm-{kind}")
+
+        results: dict[str, list[RunResult]] = {kind: [] for kind in _DESCRIPTIONS}
+        for rep in range(options.repeats):
+            for kind in _rotated(list(_DESCRIPTIONS), rep):
+                result = await one(kind, workload, f"{kind}-{rep}")
+                results[kind].append(result)
+                _log(
+                    f"sync_interval={sync_interval} {kind} #{rep + 1}: "
+                    f"{result.events_per_s:,.0f} events/s"
+                )
+
+        due = statistics.median(
+            n.events_per_s / d.events_per_s
+            for n, d in zip(results["publish_due"], results["raw_pipelined"], strict=True)
+        )
+        if label == "sync_default" and (options.profile or due < TARGET_DUE_VS_PIPELINED_DEFAULT):
+            _log("profiling one more publish_due run (cProfile)")
+            profile = cProfile.Profile()
+            await reset_streams(nc, settings)
+            profiled = await publish_due_run(
+                nc, server.url, workload, root / f"state-{label}-profile", cpu, profile=profile
+            )
+            suite.profile = top_rows(profile, profiled.wall_s)
+            suite.profile_text = format_rows(suite.profile, profiled.wall_s)
+        await nc.drain()
+    finally:
+        server.stop()
+
+    for kind, runs in results.items():
+        where = f"nats-server sync_interval={sync_interval}"
+        suite.figures.append(
+            Figure(
+                f"{label}.{kind}",
+                "events/s",
+                f"{_DESCRIPTIONS[kind]}; {where}",
+                tuple(r.events_per_s for r in runs),
+            )
+        )
+        suite.diagnostics += [
+            Figure(
+                f"{label}.{kind}.client_cpu",
+                "us/event",
+                f"CPU time of the benchmark process per event ({kind}; {where})",
+                tuple(r.client_cpu_s / r.events * 1e6 for r in runs),
+            ),
+            Figure(
+                f"{label}.{kind}.server_cpu",
+                "us/event",
+                f"CPU time of nats-server per event ({kind}; {where})",
+                tuple(r.server_cpu_s / r.events * 1e6 for r in runs),
+            ),
+        ]
+        if kind in ("publish_due", "publish_due_rows1000"):  # one send at a time: a share
+            suite.diagnostics.append(
+                Figure(
+                    f"{label}.{kind}.in_sender",
+                    "% wall",
+                    "share of publish_due wall time spent inside JetStreamSender "
+                    f"(encoding, network, server, ack); {where}",
+                    tuple(100 * (r.sender_s or 0.0) / r.wall_s for r in runs),
+                )
+            )
+    return suite
+
+
+def _transaction_suite(root: Path, options: Options) -> Suite:
+    """(c) actor transactions and plain sqlite3 transactions, per journal mode."""
+    envelope = sample_envelope(root / "sqlite-sample")
+    suite = Suite()
+    what = {
+        "actor": "(c) ResourceShard.append_change_events: 1 state row + 1 outbox row",
+        "plain": "(c) plain sqlite3: the same upsert + outbox INSERT in one transaction",
+    }
+    for mode in ("WAL", "DELETE"):
+        actor = ActorWriter(root / f"sqlite-actor-{mode}", mode)
+        plain = PlainWriter(root / f"sqlite-plain-{mode}" / "plain.sqlite", mode, envelope)
+        writers: dict[str, ActorWriter | PlainWriter] = {"actor": actor, "plain": plain}
+        samples: dict[str, list[float]] = {"actor": [], "plain": []}
+        cpu: dict[str, list[float]] = {"actor": [], "plain": []}
+        try:
+            for writer in writers.values():
+                writer.run("warm", max(options.transactions // 10, 50))
+            for rep in range(options.repeats):
+                for name in _rotated(list(writers), rep):
+                    cpu0 = time.process_time()
+                    elapsed = writers[name].run(f"r{rep}", options.transactions)
+                    cpu[name].append((time.process_time() - cpu0) / options.transactions * 1e6)
+                    rate = options.transactions / elapsed
+                    samples[name].append(rate)
+                    _log(f"journal_mode={mode} {name} #{rep + 1}: {rate:,.0f} transactions/s")
+        finally:
+            actor.close()
+            plain.close()
+        for name in writers:
+            suite.figures.append(
+                Figure(
+                    f"{mode.lower()}.{name}_txn",
+                    "txn/s",
+                    f"{what[name]}; journal_mode={mode}, synchronous=FULL",
+                    tuple(samples[name]),
+                )
+            )
+            suite.diagnostics.append(
+                Figure(
+                    f"{mode.lower()}.{name}_txn.client_cpu",
+                    "us/txn",
+                    f"CPU time per transaction ({name}; journal_mode={mode})",
+                    tuple(cpu[name]),
+                )
+            )
+    return suite
+
+
+def _ratios(figures: Sequence[Figure]) -> list[Ratio]:
+    by_name = {f.name: f for f in figures}
+    ratios: list[Ratio] = []
+    for label, target in (
+        ("sync_default", TARGET_DUE_VS_PIPELINED_DEFAULT),
+        ("sync_always", TARGET_DUE_VS_PIPELINED_ALWAYS),
+    ):
+        due = by_name[f"{label}.publish_due"]
+        ratios += [
+            Ratio(
+                f"{label}.publish_due/raw_pipelined",
+                due,
+                by_name[f"{label}.raw_pipelined"],
+                target,
+            ),
+            Ratio(f"{label}.publish_due/raw_sequential", due, by_name[f"{label}.raw_sequential"]),
+            *(
+                Ratio(
+                    f"{label}.{variant}/raw_pipelined",
+                    by_name[f"{label}.{variant}"],
+                    by_name[f"{label}.raw_pipelined"],
+                )
+                for variant in ("publish_due_serial", "publish_due_rows1000")
+            ),
+        ]
+    for mode in ("wal", "delete"):
+        ratios.append(
+            Ratio(
+                f"{mode}.actor_txn/plain_txn",
+                by_name[f"{mode}.actor_txn"],
+                by_name[f"{mode}.plain_txn"],
+                TARGET_ACTOR_VS_PLAIN,
+            )
+        )
+    return ratios
+
+
+async def _main(options: Options, command: str) -> int:
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    suites: list[Suite] = []
+    with tempfile.TemporaryDirectory(prefix="rhumbatron-bench-") as tmp:
+        root = Path(tmp)
+        machine = machine_info(root)
+        _log(
+            f"filling {options.projects} projects x {options.actors_per_project} actors x "
+            f"{options.events_per_actor} events through actor transactions"
+        )
+        workload = build_workload(
+            root / "template",
+            projects=options.projects,
+            actors_per_project=options.actors_per_project,
+            events_per_actor=options.events_per_actor,
+        )
+        warmup = build_workload(
+            root / "warmup-template",
+            projects=4,
+            actors_per_project=1,
+            events_per_actor=max(options.events_per_actor // 4, 50),
+            prefix="warm",
+        )
+        for label in SYNC_INTERVALS:
+            suites.append(await _publish_suite(label, root, workload, warmup, options))
+        suites.append(_transaction_suite(root, options))
+    figures = [f for s in suites for f in s.figures]
+    diagnostics = [f for s in suites for f in s.diagnostics]
+    profile = next((s for s in suites if s.profile), None)
+    ratios = _ratios(figures)
+    elapsed = time.perf_counter() - started
+    machine["loadavg_before"] = [round(x, 2) for x in load_before]
+    machine["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+
+    print(format_figures("figure", figures))
+    print()
+    print(format_ratios(ratios))
+    print()
+    print(format_figures("diagnostic", diagnostics))
+    if profile is not None:
+        print()
+        print(profile.profile_text)
+    print(
+        f"\nworkload: {workload.describe()}\n"
+        f"machine: nproc={machine['nproc']}, {machine['cpu_model']}, python {machine['python']}, "
+        f"nats-py {machine['nats_py']}, {machine['nats_server']}, sqlite {machine['sqlite']}, "
+        f"load average before/after {machine['loadavg_before']} / {machine['loadavg_after']}\n"
+        f"command: {command}  (from the repository root; `make bench`)  took {elapsed:.0f} s"
+    )
+    results = {
+        "command": command,
+        "make_target": "make bench",
+        "elapsed_s": round(elapsed, 1),
+        "machine": machine,
+        "workload": workload.describe(),
+        "options": {
+            "repeats": options.repeats,
+            "pipeline_window": options.window,
+            "transactions_per_repeat": options.transactions,
+            "ack_timeout_s": options.ack_timeout_s,
+            "nats_sync_intervals": SYNC_INTERVALS,
+        },
+        "figures": [f.as_json() for f in figures],
+        "ratios": [r.as_json() for r in ratios],
+        "diagnostics": [f.as_json() for f in diagnostics],
+        "publish_due_profile": profile.profile if profile is not None else [],
+    }
+    RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n")
+    _log(f"wrote {RESULTS_PATH}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse flags, run every benchmark, print the tables, write ``bench/results.json``."""
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per figure")
+    parser.add_argument("--projects", type=int, default=8)
+    parser.add_argument("--actors-per-project", type=int, default=2)
+    parser.add_argument("--events-per-actor", type=int, default=750)
+    parser.add_argument("--window", type=int, default=100, help="publish_async ack window")
+    parser.add_argument("--transactions", type=int, default=2000, help="per repeat and mode")
+    parser.add_argument("--ack-timeout-s", type=float, default=10.0)
+    parser.add_argument(
+        "--profile", action="store_true", help="profile a publish_due run even on PASS"
+    )
+    args = parser.parse_args(argv)
+    options = Options(
+        repeats=args.repeats,
+        projects=args.projects,
+        actors_per_project=args.actors_per_project,
+        events_per_actor=args.events_per_actor,
+        window=args.window,
+        transactions=args.transactions,
+        ack_timeout_s=args.ack_timeout_s,
+        profile=args.profile,
+    )
+    given = list(argv) if argv is not None else sys.argv[1:]
+    command = shlex.join([".venv/bin/python", "-m", "bench.run", *given])
+    return asyncio.run(_main(options, command))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""docs/conformance.md stays true: one row per rule ID, and every test it names exists."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFORMANCE = ROOT / "docs" / "conformance.md"
+SPEC_RULES = ROOT.parent / "shared" / "SPEC-RULES.md"
+_ROW = re.compile(r"^\| (S[02]-\d{3}) \|")
+_TEST_REF = re.compile(r"`([\w/]+\.py)::(\w+)`")
+
+
+def _rows(path: Path) -> list[str]:
+    return [m.group(1) for line in path.read_text().splitlines() if (m := _ROW.match(line))]
+
+
+def _test_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.name.startswith("test_")
+    }
+
+
+def test_every_rule_id_of_the_specification_has_exactly_one_row() -> None:
+    if not SPEC_RULES.exists():
+        pytest.skip(f"{SPEC_RULES} is not beside the repository")
+    assert sorted(_rows(CONFORMANCE)) == sorted(_rows(SPEC_RULES))
+
+
+def test_every_test_named_as_proof_exists() -> None:
+    missing = []
+    text = CONFORMANCE.read_text()
+    for file, name in _TEST_REF.findall(text):
+        path = ROOT / "tests" / file
+        if not path.exists() or name not in _test_names(path):
+            missing.append(f"{file}::{name}")
+    assert missing == []
+    assert _TEST_REF.search(text), "the page names no tests at all"
+
+
+def test_a_proved_row_names_at_least_one_test() -> None:
+    unproved = [
+        line.split("|")[1].strip()
+        for line in CONFORMANCE.read_text().splitlines()
+        if _ROW.match(line) and "| proved |" in line and not _TEST_REF.search(line)
+    ]
+    assert unproved == []
