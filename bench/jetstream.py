@@ -30,6 +30,7 @@ from rhumbatron.messaging.sender import (
     StoredMessage,
 )
 from rhumbatron.messaging.streams import ensure_streams
+from rhumbatron.messaging.testing import SenderWrapper
 from rhumbatron.protocol.ids import event_stream_name
 from rhumbatron.runtime.bootstrap import bootstrap
 from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings, load_settings
@@ -104,28 +105,18 @@ class ServerCpu:
         return (int(fields[11]) + int(fields[12])) * self._tick_s
 
 
-class TimedSender:
+class TimedSender(SenderWrapper):
     """An :class:`EventSender` that adds up the wall time spent inside the real sender."""
 
     def __init__(self, inner: EventSender) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.seconds = 0.0
-
-    @property
-    def connected(self) -> bool:
-        """Whether the wrapped sender's connection is up."""
-        return self._inner.connected
-
-    @property
-    def max_payload(self) -> int:
-        """The wrapped sender's server max_payload."""
-        return self._inner.max_payload
 
     async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
         """Send one message through the wrapped sender, timing it."""
         started = time.perf_counter()
         try:
-            return await self._inner.send(stream, message)
+            return await self.inner.send(stream, message)
         finally:
             self.seconds += time.perf_counter() - started
 
@@ -135,7 +126,7 @@ class TimedSender:
         """Send an atomic batch through the wrapped sender, timing it."""
         started = time.perf_counter()
         try:
-            return await self._inner.send_batch(stream, messages)
+            return await self.inner.send_batch(stream, messages)
         finally:
             self.seconds += time.perf_counter() - started
 

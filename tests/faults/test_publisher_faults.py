@@ -29,6 +29,7 @@ from rhumbatron.messaging.sender import (
     StoredMessage,
 )
 from rhumbatron.messaging.streams import ensure_streams
+from rhumbatron.messaging.testing import RefusingSender, SenderWrapper
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.runtime.bootstrap import bootstrap
 from rhumbatron.runtime.clock import ManualClock
@@ -55,30 +56,7 @@ ATOMIC = pytest.mark.parametrize("atomic", [True, False], ids=["atomic-batches",
 # --------------------------------------------------------------------------- injected senders
 
 
-class _Delegating:
-    """An :class:`EventSender` that passes everything to a real :class:`JetStreamSender`."""
-
-    def __init__(self, inner: JetStreamSender) -> None:
-        self._inner = inner
-
-    @property
-    def connected(self) -> bool:
-        return self._inner.connected
-
-    @property
-    def max_payload(self) -> int:
-        return self._inner.max_payload
-
-    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
-        return await self._inner.send(stream, message)
-
-    async def send_batch(
-        self, stream: str, messages: Sequence[OutgoingMessage]
-    ) -> list[StoredMessage]:
-        return await self._inner.send_batch(stream, messages)
-
-
-class KillingSender(_Delegating):
+class KillingSender(SenderWrapper):
     """SIGKILLs the nats-server just before the ``kill_before_call``-th send (or batch)."""
 
     def __init__(
@@ -105,7 +83,7 @@ class KillingSender(_Delegating):
         return await super().send_batch(stream, messages)
 
 
-class RefuseOnceSender(_Delegating):
+class RefuseOnceSender(SenderWrapper):
     """The server refuses one Event once on its own and once inside any batch (F7)."""
 
     def __init__(self, inner: JetStreamSender, event_id: str) -> None:
@@ -133,26 +111,6 @@ class RefuseOnceSender(_Delegating):
         stored = await super().send_batch(stream, messages)
         self.delivered.extend(m.message_id for m in messages)
         return stored
-
-
-class RefusingSender:
-    """A server that is reachable and refuses every send: each call is a counted attempt."""
-
-    connected = True
-    max_payload = 1024 * 1024
-
-    def __init__(self) -> None:
-        self.attempted: list[str] = []
-
-    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
-        self.attempted.append(message.message_id)
-        raise SendRefusedError("test: insufficient resources")
-
-    async def send_batch(
-        self, stream: str, messages: Sequence[OutgoingMessage]
-    ) -> list[StoredMessage]:
-        self.attempted.append("batch")
-        raise SendRefusedError("test: insufficient resources (batch)")
 
 
 def _settings(tmp_path: Path, server: NatsServerProcess, **overrides: object) -> Settings:
@@ -414,7 +372,7 @@ async def test_refused_row_backs_off_exponentially_then_fails_and_requeue_publis
         await app.ensure_streams()
         shard = app.resource_shard("proj-backoff", "change:c1")
         ids = write_change_events(shard, "c1", 2)
-        sender = RefusingSender()
+        sender = RefusingSender(reason="test: insufficient resources")
         publisher = OutboxPublisher(sender, settings, clock=clock, rng=random.Random(1234))
         expected_rng = random.Random(1234)
         delays: list[float] = []

@@ -30,6 +30,7 @@ from rhumbatron.messaging.sender import (
     SendRefusedError,
     StoredMessage,
 )
+from rhumbatron.messaging.testing import SenderWrapper
 from rhumbatron.protocol import Event, stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron
 from rhumbatron.runtime.clock import ManualClock
@@ -194,37 +195,29 @@ async def test_two_projects_in_one_outbox_are_capped_separately(
 # --------------------------------------------------------------------------- order across a retry
 
 
-class RefuseRowOnce:
+class RefuseRowOnce(SenderWrapper):
     """Wraps the real sender; the server refuses one row once (an injected failure of row k).
 
     A batch holding that row is refused whole, as JetStream's atomic batch is all or nothing.
     """
 
     def __init__(self, inner: JetStreamSender, refused_id: str) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._refused_id = refused_id
         self.refusals_left = 1
-
-    @property
-    def connected(self) -> bool:
-        return self._inner.connected
-
-    @property
-    def max_payload(self) -> int:
-        return self._inner.max_payload
 
     async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
         if message.message_id == self._refused_id and self.refusals_left:
             self.refusals_left -= 1
             raise SendRefusedError(f"{message.message_id}: injected refusal")
-        return await self._inner.send(stream, message)
+        return await self.inner.send(stream, message)
 
     async def send_batch(
         self, stream: str, messages: Sequence[OutgoingMessage]
     ) -> list[StoredMessage]:
         if self.refusals_left and any(m.message_id == self._refused_id for m in messages):
             raise BatchRejectedError("injected refusal of the batch", None)
-        return await self._inner.send_batch(stream, messages)
+        return await self.inner.send_batch(stream, messages)
 
 
 async def test_a_refused_row_k_holds_back_row_k_plus_1_and_order_survives_the_retry(

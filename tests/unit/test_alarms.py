@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -27,44 +25,13 @@ from rhumbatron.actors.storage import write_transaction
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.transition import Transition
 from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.messaging.sender import OutgoingMessage, SendRefusedError, StoredMessage
+from rhumbatron.messaging.testing import MemorySender, RefusingSender
 from rhumbatron.runtime.bootstrap import bootstrap
 from rhumbatron.runtime.clock import ManualClock, utc_day
 from rhumbatron.runtime.settings import Settings, load_settings
 
 CALLER = Caller("acme", "system:test", correlation_id="corr-alarms")
 PROJECT = "acme-web"
-
-
-@dataclass
-class RecordingSender:
-    """An EventSender that stores every message in memory (an injected port, not a mock)."""
-
-    connected: bool = True
-    max_payload: int = 1024 * 1024
-    sent: list[OutgoingMessage] = field(default_factory=list)
-
-    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
-        self.sent.append(message)
-        return StoredMessage(stream, len(self.sent))
-
-    async def send_batch(
-        self, stream: str, messages: Sequence[OutgoingMessage]
-    ) -> list[StoredMessage]:
-        return [await self.send(stream, m) for m in messages]
-
-
-@dataclass
-class RefusingSender(RecordingSender):
-    """A server that answers and refuses every publish: each send is a failed attempt."""
-
-    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
-        raise SendRefusedError(f"{message.message_id}: refused by the test server")
-
-    async def send_batch(
-        self, stream: str, messages: Sequence[OutgoingMessage]
-    ) -> list[StoredMessage]:
-        raise SendRefusedError("batch refused by the test server")
 
 
 def offline(tmp_path: Path, **overrides: object) -> Settings:
@@ -248,7 +215,7 @@ async def test_only_backoff_work_moves_the_alarm_to_the_retry_time(
 async def test_a_capped_fire_publishes_nothing(tmp_path: Path, clock: ManualClock) -> None:
     # GIVEN a cap of one fire a day, already used
     settings = offline(tmp_path, alarm_max_fires_per_day=1)
-    sender = RecordingSender()
+    sender = MemorySender()
     publisher = OutboxPublisher(sender, settings, clock=clock)
     root = project_root(settings, clock, RecordingAlarmSink())
     root.create_project(CALLER, name="Acme")
@@ -264,11 +231,30 @@ async def test_a_capped_fire_publishes_nothing(tmp_path: Path, clock: ManualCloc
     root.close()
 
 
+async def test_each_admitted_fire_is_counted_once_with_the_rows_it_published(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN an actor whose writes keep setting its alarm
+    settings = offline(tmp_path)
+    publisher = OutboxPublisher(MemorySender(), settings, clock=clock)
+    root = project_root(settings, clock, RecordingAlarmSink())
+    root.create_project(CALLER, name="Acme")
+    # WHEN its alarm fires, a write comes, and it fires again; then a fire finds nothing
+    await publisher.fire_alarm(root)
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    await publisher.fire_alarm(root)
+    await publisher.fire_alarm(root)
+    # THEN the two fires that published are counted, the empty one is not
+    assert AlarmGuard.fires_on(root.connection, utc_day(clock.now())) == (2, 0)
+    assert counts_by_state(root.connection)[RowState.PUBLISHED] == 3
+    root.close()
+
+
 async def test_a_fire_with_no_due_work_deletes_the_alarm_and_sends_nothing(
     tmp_path: Path, clock: ManualClock
 ) -> None:
     settings = offline(tmp_path)
-    sender = RecordingSender()
+    sender = MemorySender()
     publisher = OutboxPublisher(sender, settings, clock=clock)
     root = project_root(settings, clock, RecordingAlarmSink())
     root.create_project(CALLER, name="Acme")

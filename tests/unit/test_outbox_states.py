@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -33,7 +31,8 @@ from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.actors.storage import write_transaction
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
-from rhumbatron.messaging.sender import OutgoingMessage, SendRefusedError, StoredMessage
+from rhumbatron.messaging.sender import OutgoingMessage
+from rhumbatron.messaging.testing import MemorySender, RefusingSender
 from rhumbatron.protocol import Event, stable_event_id
 from rhumbatron.runtime.clock import ManualClock
 from rhumbatron.runtime.settings import Settings, load_settings
@@ -41,41 +40,6 @@ from rhumbatron.runtime.settings import Settings, load_settings
 CALLER = Caller("acme", "system:test", correlation_id="corr-outbox")
 PROJECT = "acme-web"  # stream index 0 (fnv1a32 0xc8d18fd0 mod 8)
 DAY_S = 86_400.0
-
-
-@dataclass
-class RecordingSender:
-    """An EventSender that stores every message in memory."""
-
-    connected: bool = True
-    max_payload: int = 1024 * 1024
-    sent: list[OutgoingMessage] = field(default_factory=list)
-
-    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
-        self.sent.append(message)
-        return StoredMessage(stream, len(self.sent))
-
-    async def send_batch(
-        self, stream: str, messages: Sequence[OutgoingMessage]
-    ) -> list[StoredMessage]:
-        return [await self.send(stream, m) for m in messages]
-
-
-@dataclass
-class RefusingSender(RecordingSender):
-    """A server that answers and refuses every publish: each send is one failed attempt."""
-
-    refusals: int = 0
-
-    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
-        self.refusals += 1
-        raise SendRefusedError(f"{message.message_id}: refused by the test server")
-
-    async def send_batch(
-        self, stream: str, messages: Sequence[OutgoingMessage]
-    ) -> list[StoredMessage]:
-        self.refusals += 1
-        raise SendRefusedError("batch refused by the test server")
 
 
 def offline(tmp_path: Path, **overrides: object) -> Settings:
@@ -282,7 +246,7 @@ async def test_a_row_waiting_to_retry_blocks_the_later_rows_of_its_project(
     assert states == [(RowState.RETRY_WAIT, 1), (RowState.PENDING, 0), (RowState.PENDING, 0)]
     # AND once the backoff has passed a working publisher sends all three, in outbox order
     clock.advance(seconds=1)
-    sender = RecordingSender()
+    sender = MemorySender()
     report = await OutboxPublisher(sender, settings, clock=clock).publish_due(shard)
     assert report.published == 3
     assert [m.message_id for m in sender.sent] == [r["event_id"] for r in rows(shard.connection)]
@@ -298,7 +262,7 @@ async def test_a_sent_row_becomes_published_and_is_not_sent_again(
     settings = offline(tmp_path)
     root = new_root(settings, clock)
     root.create_project(CALLER, name="Acme")
-    sender = RecordingSender()
+    sender = MemorySender()
     publisher = OutboxPublisher(sender, settings, clock=clock)
     report = await publisher.publish_due(root)
     [row] = rows(root.connection)
@@ -322,7 +286,7 @@ async def test_with_nats_unreachable_no_attempt_is_counted_and_rows_stay_pending
     root = new_root(settings, clock)
     # WHEN a state change commits and the publisher runs, many times over a long outage
     root.create_project(CALLER, name="Acme")
-    publisher = OutboxPublisher(RecordingSender(connected=False), settings, clock=clock)
+    publisher = OutboxPublisher(MemorySender(connected=False), settings, clock=clock)
     for _ in range(20):
         report = await publisher.publish_due(root)
         assert report.unavailable
@@ -344,7 +308,7 @@ async def test_a_row_without_a_producer_binding_fails_at_once_with_last_error(
     settings = offline(tmp_path, producer_bindings=(1, 2))
     root = new_root(settings, clock)
     root.create_project(CALLER, name="Acme")
-    sender = RecordingSender()
+    sender = MemorySender()
     # WHEN it publishes
     report = await OutboxPublisher(sender, settings, clock=clock).publish_due(root)
     # THEN the row is failed without an attempt, with the reason, and nothing is sent
@@ -371,7 +335,7 @@ async def test_an_oversize_row_fails_fast_and_the_other_rows_keep_flowing(
     )
     first, *rest = rows(shard.connection)
     # AND a server whose max_payload is smaller than the big row
-    sender = RecordingSender(max_payload=len(first["envelope"]) - 1)
+    sender = MemorySender(max_payload=len(first["envelope"]) - 1)
     # WHEN the publisher runs
     report = await OutboxPublisher(sender, settings, clock=clock).publish_due(shard)
     # THEN the big row fails at once with last_error naming max_payload; the others are sent
@@ -397,7 +361,7 @@ async def test_an_undecodable_stored_envelope_fails_fast_with_last_error(
         "?, 0)",
         (PROJECT, b"not json"),
     )
-    sender = RecordingSender()
+    sender = MemorySender()
     report = await OutboxPublisher(sender, settings, clock=clock).publish_due(root)
     assert (report.published, report.failed) == (1, 1)
     bad = rows(root.connection)[1]
@@ -435,7 +399,7 @@ async def test_requeue_puts_failed_rows_back_to_pending_with_attempts_reset(
         assert requeue_failed(db) == 2
     # THEN every row is pending again and a working publisher sends them, in outbox order
     assert counts_by_state(root.connection)[RowState.PENDING] == 3
-    sender = RecordingSender()
+    sender = MemorySender()
     assert (await OutboxPublisher(sender, settings, clock=clock).publish_due(root)).published == 3
     assert [m.message_id for m in sender.sent] == ids
     root.close()
@@ -448,7 +412,7 @@ async def test_requeue_failed_rows_sets_and_announces_the_alarm(
     sink = RecordingAlarmSink()
     root = ProjectRoot(ProjectRoot.ref_for(PROJECT), settings, clock=clock, alarms=sink)
     root.create_project(CALLER, name="Acme")
-    await OutboxPublisher(RecordingSender(), settings, clock=clock).publish_due(root)
+    await OutboxPublisher(MemorySender(), settings, clock=clock).publish_due(root)
     assert alarm_due_at(root.connection) is None
     sink.announced.clear()
     clock.advance(seconds=10)
@@ -468,7 +432,7 @@ async def test_prune_deletes_only_published_rows_older_than_seven_days_in_bounde
     # GIVEN 3 rows published at t0, then 7 days later 1 more published and 1 still pending
     settings = offline(tmp_path, outbox_prune_batch_rows=2)
     shard = change_shard(settings, clock, "chg-1")
-    publisher = OutboxPublisher(RecordingSender(), settings, clock=clock)
+    publisher = OutboxPublisher(MemorySender(), settings, clock=clock)
     shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(3))
     await publisher.publish_due(shard)
     clock.advance(days=7)

@@ -126,29 +126,54 @@ class AlarmGuard:
 
     max_fires_per_day: int = 2_000
 
-    def admit(self, connection: sqlite3.Connection, now: datetime) -> FireDecision:
-        """Decide a fire inside the caller's write transaction, counting it if admitted."""
+    def decide(self, connection: sqlite3.Connection, now: datetime) -> FireDecision:
+        """The decision for a fire at ``now``, from reads only; writes nothing."""
         now_s = now.timestamp()
         due = alarm_due_at(connection)
         if due is None or due > now_s:
             return FireDecision.NOT_DUE
         work_at = next_due_at(connection, now_s=now_s)
         if work_at is None:
-            delete_alarm(connection)
             return FireDecision.NO_WORK
         if work_at > now_s:
-            replace_alarm(connection, work_at)  # only backoffs remain: wake when one ends
             return FireDecision.NOT_DUE
-        day = utc_day(now)
-        connection.execute("INSERT OR IGNORE INTO alarm_fires (day) VALUES (?)", (day,))
-        fires = connection.execute(
-            "SELECT fires FROM alarm_fires WHERE day = ?", (day,)
-        ).fetchone()[0]
-        if fires >= self.max_fires_per_day:
-            connection.execute("UPDATE alarm_fires SET refused = refused + 1 WHERE day = ?", (day,))
-            return FireDecision.CAPPED
-        connection.execute("UPDATE alarm_fires SET fires = fires + 1 WHERE day = ?", (day,))
-        return FireDecision.FIRE
+        fires, _ = self.fires_on(connection, utc_day(now))
+        return FireDecision.CAPPED if fires >= self.max_fires_per_day else FireDecision.FIRE
+
+    def admit(self, connection: sqlite3.Connection, now: datetime) -> FireDecision:
+        """Decide a fire inside the caller's write transaction, and write what it implies.
+
+        No work: the alarm is deleted. Only backoffs: the alarm moves to the first retry.
+        Capped: the refusal is counted. A fire: the fire is counted. Deciding and writing in
+        one transaction matters: a writer adding rows between a read and a delete would
+        otherwise lose its alarm.
+        """
+        decision = self.decide(connection, now)
+        now_s = now.timestamp()
+        if decision is FireDecision.NO_WORK:
+            delete_alarm(connection)
+        elif decision is FireDecision.NOT_DUE:
+            work_at = next_due_at(connection, now_s=now_s)
+            due = alarm_due_at(connection)
+            if work_at is not None and due is not None and due <= now_s < work_at:
+                replace_alarm(connection, work_at)  # only backoffs remain: wake when one ends
+        elif decision is FireDecision.CAPPED:
+            self._count(connection, utc_day(now), "refused")
+        else:
+            self.count_fire(connection, now)
+        return decision
+
+    def count_fire(self, connection: sqlite3.Connection, now: datetime) -> None:
+        """Count one admitted fire on the UTC day of ``now`` (inside a write transaction)."""
+        self._count(connection, utc_day(now), "fires")
+
+    @staticmethod
+    def _count(connection: sqlite3.Connection, day: str, column: str) -> None:
+        connection.execute(
+            f"INSERT INTO alarm_fires (day, {column}) VALUES (?, 1) "
+            f"ON CONFLICT (day) DO UPDATE SET {column} = {column} + 1",
+            (day,),
+        )
 
     @staticmethod
     def fires_on(connection: sqlite3.Connection, day: str) -> tuple[int, int]:

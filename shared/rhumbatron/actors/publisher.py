@@ -24,7 +24,7 @@ import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from rhumbatron.actors.actor import Actor
 from rhumbatron.actors.alarms import AlarmGuard, FireDecision, alarm_due_at, replace_alarm
@@ -102,46 +102,74 @@ class OutboxPublisher:
         self._bindings = frozenset(range(EVENT_STREAM_COUNT) if bindings is None else bindings)
 
     async def fire_alarm(self, actor: Actor) -> PublishReport:
-        """The actor's alarm fired: ask AlarmGuard, then publish if it admits the fire."""
-        with write_transaction(actor.connection, actor.path) as db:
-            decision = self._guard.admit(db, self._clock.now())
-        if decision is not FireDecision.FIRE:
-            return PublishReport(actor.ref.key, alarm=decision)
-        report = await self.publish_due(actor)
-        report.alarm = decision
+        """The actor's alarm fired: ask AlarmGuard, then publish if it admits the fire.
+
+        Under the publish lock the guard decides from reads alone; an admitted fire is
+        counted in the same commit that marks the rows published (one fsync per fire, not
+        two). Every other outcome writes what it implies in a transaction of its own.
+        """
+        with _publish_lock(actor) as acquired:
+            if not acquired:
+                return PublishReport(actor.ref.key, busy=True)
+            now = self._clock.now()
+            if self._guard.decide(actor.connection, now) is FireDecision.FIRE:
+                report = await self._publish_locked(actor, fire_at=now)
+            else:
+                with write_transaction(actor.connection, actor.path) as db:
+                    decision = self._guard.admit(db, now)
+                if decision is not FireDecision.FIRE:
+                    return PublishReport(actor.ref.key, alarm=decision)
+                report = await self._publish_locked(actor)  # admit() counted this fire
+        report.alarm = FireDecision.FIRE
+        await self._nudge_streams(report)
         return report
 
     async def publish_due(self, actor: Actor) -> PublishReport:
         """Send the due rows of every project in ``actor``'s outbox (at most 100 each)."""
-        report = PublishReport(actor.ref.key)
         with _publish_lock(actor) as acquired:
             if not acquired:
-                report.busy = True  # another publisher is on this actor right now (F8)
-                return report
-            if not self._sender.connected:
-                report.unavailable = True
-                report.next_alarm_at = alarm_due_at(actor.connection)
-                return report
-            now_s = self._clock.now().timestamp()
-            limit = self._settings.publish_max_rows_per_project
-            stored: list[tuple[int, int | None]] = []
-            try:
-                for rows in due_rows(actor.connection, now_s=now_s, limit=limit).values():
-                    stored += await self._publish_project(actor, rows, report)
-            except _Stop as stop:
-                report.unavailable = True
-                if isinstance(stop, _StoppedAfter):
-                    stored += stop.stored
-            crash_point(self._settings.crash_at, "after_puback")
-            # One commit (one fsync) marks what was stored and sets the next alarm. A crash
-            # before it re-sends those rows; the duplicate window drops them (F5).
-            with write_transaction(actor.connection, actor.path) as db:
-                now_s = self._clock.now().timestamp()
-                mark_published(db, stored, now_s=now_s)
-                report.next_alarm_at = next_due_at(db, now_s=now_s)
-                replace_alarm(db, report.next_alarm_at)
+                # another publisher is on this actor right now (F8)
+                return PublishReport(actor.ref.key, busy=True)
+            report = await self._publish_locked(actor)
+        await self._nudge_streams(report)
+        return report
+
+    async def _nudge_streams(self, report: PublishReport) -> None:
         for index in report.nudged:
             await self._nudge.nudge(index)
+
+    async def _publish_locked(
+        self, actor: Actor, *, fire_at: datetime | None = None
+    ) -> PublishReport:
+        """``publish_due`` while holding the actor's publish lock; ``fire_at`` counts a fire."""
+        report = PublishReport(actor.ref.key)
+        if not self._sender.connected:
+            report.unavailable = True
+            report.next_alarm_at = alarm_due_at(actor.connection)
+            if fire_at is not None:
+                with write_transaction(actor.connection, actor.path) as db:
+                    self._guard.count_fire(db, fire_at)
+            return report
+        now_s = self._clock.now().timestamp()
+        limit = self._settings.publish_max_rows_per_project
+        stored: list[tuple[int, int | None]] = []
+        try:
+            for rows in due_rows(actor.connection, now_s=now_s, limit=limit).values():
+                stored += await self._publish_project(actor, rows, report)
+        except _Stop as stop:
+            report.unavailable = True
+            if isinstance(stop, _StoppedAfter):
+                stored += stop.stored
+        crash_point(self._settings.crash_at, "after_puback")
+        # One commit (one fsync) marks what was stored, counts the fire and sets the next
+        # alarm. A crash before it re-sends those rows; the duplicate window drops them (F5).
+        with write_transaction(actor.connection, actor.path) as db:
+            now_s = self._clock.now().timestamp()
+            mark_published(db, stored, now_s=now_s)
+            if fire_at is not None:
+                self._guard.count_fire(db, fire_at)
+            report.next_alarm_at = next_due_at(db, now_s=now_s)
+            replace_alarm(db, report.next_alarm_at)
         return report
 
     async def _publish_project(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rhumbatron.errors import StreamConfigError
+from rhumbatron.protocol.command_types import QUEUES
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
 from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings
 
@@ -69,7 +70,7 @@ def wanted_streams(settings: Settings) -> list[StreamConfig]:
     ]
     commands = StreamConfig(
         name=COMMAND_STREAM,
-        subjects=[command_subject(queue) for queue in settings.command_queues],
+        subjects=[command_subject(queue) for queue in QUEUES],
         retention=RetentionPolicy.WORK_QUEUE,
         storage=StorageType.FILE,
         max_age=settings.command_stream_max_age_days * _DAY_S,

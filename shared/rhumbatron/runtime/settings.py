@@ -60,14 +60,6 @@ class Settings(BaseSettings):
     nats_sync_interval: str = Field(
         default="2m", description="sync_interval of the embedded nats-server ('always' = fsync)."
     )
-    command_queues: tuple[str, ...] = (
-        "agent-wakeups",
-        "integration",
-        "verification",
-        "release",
-        "indexing",
-        "dead-letter",
-    )
 
     # -- outbox publisher ---------------------------------------------------------------------
     publish_max_rows_per_project: int = Field(default=100, ge=1, le=1000)
