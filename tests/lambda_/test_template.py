@@ -34,10 +34,8 @@ EVENTS = ROOT / "events"
 LAYERS = ROOT / "layers"
 NATS_CONFIGS = ROOT / "infra" / "nats"
 
-#: Environment the template sets that the package does not read yet (and why).
-NOT_YET_SETTINGS = {
-    "RHUMBATRON_NATS_CREDENTIALS_SECRET_ARN",  # NATS credentials arrive with issue 6
-}
+#: Environment the template sets that the package does not read yet (and why): none.
+NOT_YET_SETTINGS: set[str] = set()
 
 
 @dataclass(frozen=True)
