@@ -578,6 +578,45 @@ async def test_oversize_and_unserialisable_rows_fail_fast_while_the_others_flow(
         server.stop()
 
 
+@ATOMIC
+async def test_an_event_just_under_max_payload_fails_fast_and_the_connection_survives(
+    tmp_path: Path, atomic: bool
+) -> None:
+    # GIVEN a 4 KiB max_payload, and an Event whose body fits but body plus headers do not
+    # (the server answers such a message by closing the connection)
+    server = NatsServerProcess(store_dir=tmp_path / "nats-small", max_payload=4096)
+    server.start()
+    settings = _settings(tmp_path, server, atomic_batch_publish=atomic)
+    app = bootstrap(settings, clock=ManualClock())
+    try:
+        await app.ensure_streams()
+        project = "proj-edge"
+        shard = app.resource_shard(project, "change:c1")
+        good = write_change_events(shard, "c1", 2)
+        edge = shard.append_change_events(
+            CALLER, change_id="c1", status="running", facts=(_big_fact(3600),)
+        ).transition.facts[0]
+        assert 4096 - 256 < len(edge.to_json()) < 4096
+        good += write_change_events(shard, "c1", 2, start=2)
+
+        # WHEN the publisher runs twice
+        first = await (await app.publisher()).publish_due(shard)
+        second = await (await app.publisher()).publish_due(shard)
+
+        # THEN the edge row fails at once, the others are published, nothing is left
+        # unavailable, and the connection is the one we started with
+        assert (first.failed, first.published, first.unavailable) == (1, 4, False)
+        assert (second.published, second.unavailable) == (0, False)
+        row = {r["event_id"]: r for r in outbox_rows(shard)}[edge.event_id]
+        assert row["state"] == "failed"
+        assert "with its headers" in row["last_error"]
+        assert (await app.nats()).is_connected
+        assert await read_project_stream((await app.nats()).jetstream(), project) == good
+    finally:
+        await app.close()
+        server.stop()
+
+
 def _big_fact(size: int) -> ChangeFact:
     return ChangeFact(
         "change.status_changed",

@@ -156,3 +156,19 @@ async def test_a_commands_stream_with_limits_retention_stops_start_up_naming_ret
     )
     with pytest.raises(StreamConfigError, match="retention"):
         await ensure_streams(js, settings)
+
+
+async def test_a_foreign_stream_holding_our_subjects_stops_start_up_naming_both(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    # GIVEN another application's stream that already takes every events.* subject
+    await js.add_stream(StreamConfig(name="SOMEONE_ELSE", subjects=["events.>"]))
+    # WHEN start-up ensures the streams
+    # THEN JetStream's refusal comes back as a StreamConfigError naming our stream,
+    # its subject, and what to do
+    with pytest.raises(StreamConfigError) as caught:
+        await ensure_streams(js, settings)
+    message = str(caught.value)
+    assert "EVENTS_00" in message
+    assert "events.00" in message
+    assert "another stream already holds these subjects" in message

@@ -18,7 +18,7 @@ from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import create_project
 from rhumbatron.domain.transition import Insert, Transition, Update
-from rhumbatron.errors import ActorError, DomainError, EnvelopeError, OutboxError
+from rhumbatron.errors import ActorBusyError, ActorError, DomainError, EnvelopeError, OutboxError
 from rhumbatron.protocol import Event, stable_event_id
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
@@ -456,3 +456,42 @@ def test_actor_refs_lists_every_actor_file(offline_app: Rhumbatron) -> None:
         ActorRef(ActorKind.PROJECT_ROOT, PROJECT),
         ActorRef(ActorKind.RESOURCE_SHARD, PROJECT, 9),
     ]
+
+
+def test_reusing_an_artifact_id_is_a_domain_error_and_changes_nothing(
+    offline_app: Rhumbatron,
+) -> None:
+    # GIVEN a project whose generation 1 was promoted with artifact art-1
+    root = offline_app.project_root(PROJECT)
+    root.create_project(CALLER, name="Acme")
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    before = outbox(root.connection)
+    # WHEN another candidate is promoted with the same artifact ID
+    # THEN a DomainError names the table, and neither state nor outbox moved
+    with pytest.raises(DomainError, match="artifacts"):
+        root.promote(CALLER, candidate_id="cand-2", artifact_id="art-1", expected_generation=1)
+    assert outbox(root.connection) == before
+    assert root.state() is not None and root.state().canonical_generation == 1  # type: ignore[union-attr]
+
+
+def test_opening_an_actor_file_another_writer_holds_is_an_actor_busy_error(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN an actor file without our schema yet, write-locked by another connection
+    settings = load_settings(state_dir=tmp_path / "state", sqlite_busy_timeout_ms=100)
+    ref = ProjectRoot.ref_for(PROJECT)
+    ref.path(settings.state_dir).parent.mkdir(parents=True)
+    holder = sqlite3.connect(ref.path(settings.state_dir), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        # WHEN the actor opens it
+        # THEN the error says busy, names the file and the setting
+        with pytest.raises(ActorBusyError, match="RHUMBATRON_SQLITE_BUSY_TIMEOUT_MS"):
+            _ = ProjectRoot(ref, settings, clock=clock).connection
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    # AND once released, it opens normally
+    root = ProjectRoot(ref, settings, clock=clock)
+    root.create_project(CALLER, name="Acme")
+    root.close()

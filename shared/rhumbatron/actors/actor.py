@@ -14,13 +14,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from rhumbatron.actors.alarms import ALARM_SCHEMA, AlarmSink, NoAlarmSink, set_alarm
 from rhumbatron.actors.outbox import OUTBOX_SCHEMA, append_facts
-from rhumbatron.actors.storage import open_database, write_transaction
+from rhumbatron.actors.storage import (
+    fsync_directory,
+    open_database,
+    sqlite_error,
+    write_transaction,
+)
 from rhumbatron.domain.transition import Delete, Insert, Mutation, Transition, Update, Upsert
-from rhumbatron.errors import ActorError
+from rhumbatron.errors import ActorError, DomainError
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
 from rhumbatron.runtime.clock import Clock, SystemClock
 from rhumbatron.runtime.faults import crash_point
@@ -29,7 +34,8 @@ from rhumbatron.runtime.settings import Settings
 __all__ = ["Actor", "ActorKind", "ActorRef", "TransactResult"]
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
-T = TypeVar("T")
+#: ``PRAGMA user_version`` of an actor file whose schema is in place.
+SCHEMA_VERSION = 1
 
 
 class ActorKind(StrEnum):
@@ -54,7 +60,12 @@ class ActorRef:
                 "'_' or '-', starting with a letter or digit"
             )
         if (self.kind is ActorKind.RESOURCE_SHARD) != (self.shard is not None):
-            raise ActorError(f"{self.kind} actor of {self.project_id!r} with shard {self.shard}")
+            raise ActorError(
+                f"a {self.kind} actor of {self.project_id!r} cannot have shard {self.shard}: "
+                "resource shards have a shard number, project roots do not"
+            )
+        if self.shard is not None and self.shard < 0:
+            raise ActorError(f"actor {self.key} names shard {self.shard}; shards count from 0")
 
     @property
     def key(self) -> str:
@@ -125,11 +136,29 @@ class Actor:
     def connection(self) -> sqlite3.Connection:
         """The actor file's connection, opened (and its schema created) on first use."""
         if self._connection is None:
+            is_new = not self.path.exists()
             connection = open_database(self.path, self.settings)
-            # executescript commits any open transaction first, so the script brings its own.
-            connection.executescript(
-                "BEGIN IMMEDIATE;" + OUTBOX_SCHEMA + ALARM_SCHEMA + self.STATE_SCHEMA + "COMMIT;"
-            )
+            try:
+                # Only a file without our schema takes a write lock: reading an alarm (the
+                # every-minute scan) must not queue behind writers of every actor.
+                if connection.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                    # executescript commits an open transaction first: the script brings its own.
+                    connection.executescript(
+                        "BEGIN IMMEDIATE;"
+                        + OUTBOX_SCHEMA
+                        + ALARM_SCHEMA
+                        + self.STATE_SCHEMA
+                        + f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+                    )
+            except sqlite3.Error as exc:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                connection.close()
+                raise sqlite_error(exc, self.path, "cannot open the actor file") from exc
+            if is_new:
+                # A crash must not lose a new actor file's (or project folder's) entry.
+                fsync_directory(self.path.parent)
+                fsync_directory(self.path.parent.parent)
             self._connection = connection
         return self._connection
 
@@ -152,7 +181,13 @@ class Actor:
         with write_transaction(self.connection, self.path) as connection:
             transition = decide(connection)
             for mutation in transition.patch:
-                self._apply(connection, mutation)
+                try:
+                    self._apply(connection, mutation)
+                except sqlite3.IntegrityError as exc:
+                    raise DomainError(
+                        f"{type(self).__name__} {self.ref.key}: the change to {mutation.table} "
+                        f"breaks a constraint ({exc}); the key is taken or the row is missing"
+                    ) from exc
             added = append_facts(
                 connection,
                 transition.facts,
@@ -169,10 +204,6 @@ class Actor:
             # If we die before this line the every-minute scan still finds the alarm.
             self.alarms.alarm_set(self.ref.key, now)
         return TransactResult(transition, added)
-
-    def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
-        """Run a read-only query on the actor's state."""
-        return query(self.connection)
 
     def _apply(self, connection: sqlite3.Connection, mutation: Mutation) -> None:
         if mutation.table not in self.STATE_TABLES:

@@ -7,9 +7,12 @@
               │  └── retry_wait   (backoff 1 s, 2 s, 4 s … max 5 min, ±20 % jitter)
               ▼          │
             failed ◄─────┘        (10th failed attempt; or no producer binding; or a row
-              │                    that cannot be sent at all: oversize, undecodable)
+              │                    that cannot be sent at all: oversize, damaged)
               ▼
              [*]   (an operator requeue puts failed rows back to pending, attempts reset)
+
+A ``retry_wait`` row is not rewritten to ``pending`` when its backoff ends: it is simply due
+again once ``next_attempt_at`` has passed, and is sent like a pending row.
 
 ``event_id`` is UNIQUE and rows are inserted with ``INSERT OR IGNORE``: a retried workflow
 step that writes the same Event ID is a no-op. The envelope of a row can never be updated
@@ -192,13 +195,22 @@ def due_rows(
 
 
 def next_due_at(connection: sqlite3.Connection, *, now_s: float) -> float | None:
-    """When this outbox next has work: now if a row is pending, else the earliest retry."""
-    row = connection.execute(
-        "SELECT MIN(CASE WHEN state = 'pending' THEN ? ELSE next_attempt_at END) "
-        "FROM outbox WHERE state IN ('pending', 'retry_wait')",
-        (now_s,),
-    ).fetchone()
-    return None if row[0] is None else float(row[0])
+    """When this outbox next has work it can send, or None when it has none.
+
+    Per project only the first open row decides: a pending row is due now, a row waiting out
+    its backoff is due at its retry time — and it blocks the rows behind it, so pending rows
+    behind a waiting row are not due yet (counting them would fire alarms in a hot loop).
+    """
+    # SQLite's bare columns with MIN() come from the row that has the minimum seq.
+    heads = connection.execute(
+        "SELECT project_id, MIN(seq), state, next_attempt_at FROM outbox "
+        "WHERE state IN ('pending', 'retry_wait') GROUP BY project_id"
+    ).fetchall()
+    due = [
+        now_s if state == RowState.PENDING else float(retry_at or now_s)
+        for _, _, state, retry_at in heads
+    ]
+    return min(due, default=None)
 
 
 def backoff_s(

@@ -66,18 +66,38 @@ class PublishReport:
     unavailable: bool = False
     nudged: list[int] = field(default_factory=list)
     next_alarm_at: float | None = None
+    #: Rows the latest ``publish_due`` of this report sent (0 = no progress).
+    last_published: int = 0
+    #: Why this actor could not be published at all (a damaged or locked file), if so.
+    error: str | None = None
+
+    def absorb(self, later: PublishReport) -> None:
+        """Add a later ``publish_due`` of the same actor (within one alarm fire)."""
+        self.published += later.published
+        self.duplicates += later.duplicates
+        self.retry_wait += later.retry_wait
+        self.failed += later.failed
+        self.busy = later.busy
+        self.unavailable = later.unavailable
+        self.nudged += [index for index in later.nudged if index not in self.nudged]
+        self.next_alarm_at = later.next_alarm_at
+        self.last_published = later.last_published
+
+
+#: Room for the header block a message carries (``NATS/1.0``, ``Nats-Msg-Id`` and the three
+#: atomic-batch headers come to about 170 bytes).
+HEADER_ALLOWANCE_BYTES = 256
 
 
 class _Stop(Exception):
-    """Internal: stop sending for this call (NATS became unreachable)."""
+    """Internal: NATS became unreachable; stop sending for this call.
 
+    ``stored`` holds ``(seq, stream_seq)`` of the rows stored before the connection was lost.
+    """
 
-class _StoppedAfter(_Stop):
-    """Internal: the connection was lost after some rows of a project were stored."""
-
-    def __init__(self, stored: list[tuple[int, int | None]]) -> None:
+    def __init__(self, stored: list[tuple[int, int | None]] | None = None) -> None:
         super().__init__()
-        self.stored = stored
+        self.stored = stored or []
 
 
 class OutboxPublisher:
@@ -158,8 +178,7 @@ class OutboxPublisher:
                 stored += await self._publish_project(actor, rows, report)
         except _Stop as stop:
             report.unavailable = True
-            if isinstance(stop, _StoppedAfter):
-                stored += stop.stored
+            stored += stop.stored
         crash_point(self._settings.crash_at, "after_puback")
         # One commit (one fsync) marks what was stored, counts the fire and sets the next
         # alarm. A crash before it re-sends those rows; the duplicate window drops them (F5).
@@ -170,6 +189,7 @@ class OutboxPublisher:
                 self._guard.count_fire(db, fire_at)
             report.next_alarm_at = next_due_at(db, now_s=now_s)
             replace_alarm(db, report.next_alarm_at)
+        report.last_published = report.published
         return report
 
     async def _publish_project(
@@ -207,7 +227,7 @@ class OutboxPublisher:
             if stream_index not in report.nudged:
                 report.nudged.append(stream_index)
         if lost_connection:
-            raise _StoppedAfter(stored)
+            raise _Stop(stored)
         return stored
 
     async def _send_one_by_one(
@@ -285,9 +305,12 @@ class OutboxPublisher:
                 f"no producer binding for stream {event_stream_name(row.stream_index)}; "
                 f"this publisher binds {sorted(self._bindings)} (RHUMBATRON_PRODUCER_BINDINGS)"
             )
-        if len(row.envelope) > self._sender.max_payload:
+        if len(row.envelope) + HEADER_ALLOWANCE_BYTES > self._sender.max_payload:
+            # The server counts headers too, and it answers an oversize message by closing
+            # the connection, so the check must leave room for them.
             return (
-                f"event is {len(row.envelope)} bytes, over the server's max_payload of "
+                f"event is {len(row.envelope)} bytes, which with its headers (up to "
+                f"{HEADER_ALLOWANCE_BYTES}) is over the server's max_payload of "
                 f"{self._sender.max_payload}; it can never be published as it is"
             )
         # Every stored envelope was a validated Event, serialised by us, and a trigger keeps

@@ -20,8 +20,10 @@ from rhumbatron.runtime.settings import Settings
 __all__ = [
     "NETWORK_FILESYSTEMS",
     "check_journal_mode",
+    "fsync_directory",
     "is_network_filesystem",
     "open_database",
+    "sqlite_error",
     "write_transaction",
 ]
 
@@ -81,12 +83,16 @@ def open_database(path: Path, settings: Settings) -> sqlite3.Connection:
             timeout=settings.sqlite_busy_timeout_ms / 1000,
             check_same_thread=False,
         )
+    except sqlite3.Error as exc:
+        raise sqlite_error(exc, path, "cannot open the actor file") from exc
+    try:
         connection.execute(f"PRAGMA journal_mode={settings.journal_mode}")
         connection.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
         connection.execute(f"PRAGMA busy_timeout={settings.sqlite_busy_timeout_ms}")
         connection.execute("PRAGMA foreign_keys=ON")
     except sqlite3.Error as exc:
-        raise ActorError(f"cannot open actor file {path}: {exc}") from exc
+        connection.close()  # a half-opened connection must not keep the file
+        raise sqlite_error(exc, path, "cannot open the actor file") from exc
     connection.row_factory = sqlite3.Row
     return connection
 
@@ -102,22 +108,34 @@ def write_transaction(connection: sqlite3.Connection, path: Path) -> Iterator[sq
     try:
         connection.execute("BEGIN IMMEDIATE")
     except sqlite3.OperationalError as exc:
-        if "locked" in str(exc) or "busy" in str(exc):
-            raise ActorBusyError(
-                f"actor file {path} is held by another writer past the busy timeout; "
-                "retry later, or raise RHUMBATRON_SQLITE_BUSY_TIMEOUT_MS"
-            ) from exc
-        raise ActorError(f"cannot start a transaction on {path}: {exc}") from exc
+        raise sqlite_error(exc, path, "cannot start a transaction") from exc
     try:
         yield connection
     except BaseException:
-        connection.execute("ROLLBACK")
+        # SQLite may already have rolled back by itself (disk full, I/O error): a second
+        # ROLLBACK would then raise and hide the real error.
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
         raise
     try:
         connection.execute("COMMIT")
     except sqlite3.Error as exc:
-        connection.execute("ROLLBACK")
-        raise ActorError(f"commit failed on {path}: {exc}") from exc
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise sqlite_error(exc, path, "commit failed") from exc
+
+
+def sqlite_error(exc: sqlite3.Error, path: Path, doing: str) -> ActorError:
+    """The Rhumbatron error for a SQLite failure on an actor file: busy, full, or other."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return ActorBusyError(
+            f"actor file {path} is held by another writer past the busy timeout ({doing}); "
+            "retry later, or raise RHUMBATRON_SQLITE_BUSY_TIMEOUT_MS"
+        )
+    if "full" in text:
+        return ActorError(f"{doing} on {path}: the disk is full ({text}); free space and retry")
+    return ActorError(f"{doing} on {path}: {text}")
 
 
 def fsync_directory(path: Path) -> None:

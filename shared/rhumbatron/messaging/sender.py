@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
 __all__ = [
-    "BATCH_DUPLICATE_MESSAGE_ID",
     "BatchRejectedError",
     "EventSender",
     "JetStreamSender",
@@ -31,9 +30,6 @@ __all__ = [
     "SendRefusedError",
     "StoredMessage",
 ]
-
-#: JetStream's error code for an atomic batch that repeats an already stored message ID.
-BATCH_DUPLICATE_MESSAGE_ID = 10201
 
 
 @dataclass(frozen=True, slots=True)

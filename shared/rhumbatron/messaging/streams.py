@@ -10,6 +10,7 @@ settings is updated where JetStream allows it; otherwise start-up fails naming t
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -112,7 +113,7 @@ async def ensure_streams(js: JetStreamContext, settings: Settings) -> StreamRepo
         try:
             info = await js.stream_info(wanted.name)
         except NotFoundError:
-            await js.add_stream(wanted)
+            await _refused_as_config_error(js.add_stream(wanted), wanted, "create")
             report.created.append(wanted.name)
             continue
         differences = {
@@ -133,6 +134,23 @@ async def ensure_streams(js: JetStreamContext, settings: Settings) -> StreamRepo
                 f"back up and delete the stream, or point RHUMBATRON_NATS_URL elsewhere"
             )
         merged = info.config.evolve(**{name: getattr(wanted, name) for name in differences})
-        await js.update_stream(merged)
+        await _refused_as_config_error(js.update_stream(merged), wanted, "update")
         report.updated[wanted.name] = sorted(differences)
     return report
+
+
+async def _refused_as_config_error(
+    call: Coroutine[Any, Any, object], wanted: StreamConfig, doing: str
+) -> None:
+    """Run a stream API call; JetStream's refusal becomes a :class:`StreamConfigError`."""
+    from nats.js.errors import APIError
+
+    try:
+        await call
+    except APIError as exc:
+        raise StreamConfigError(
+            f"JetStream refused to {doing} stream {wanted.name} on subjects "
+            f"{', '.join(wanted.subjects or [])}: {exc.description} (code {exc.err_code}); "
+            "if another stream already holds these subjects, remove it or point "
+            "RHUMBATRON_NATS_URL at a server of Rhumbatron's own"
+        ) from exc

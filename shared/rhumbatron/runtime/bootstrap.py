@@ -7,7 +7,9 @@ use and is reused (one per warm Lambda container). Actor files open on first use
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+import sqlite3
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,7 +21,7 @@ from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.publisher import OutboxPublisher, PublishReport
 from rhumbatron.actors.resource_shard import ResourceShard
 from rhumbatron.actors.storage import check_journal_mode
-from rhumbatron.errors import ActorError
+from rhumbatron.errors import ActorError, RhumbatronError
 from rhumbatron.messaging.nudge import NoNudge, RouterNudge
 from rhumbatron.runtime.clock import Clock, SystemClock
 from rhumbatron.runtime.settings import Settings, load_settings
@@ -31,6 +33,13 @@ if TYPE_CHECKING:
     from rhumbatron.messaging.streams import StreamReport
 
 __all__ = ["Rhumbatron", "ScanReport", "bootstrap"]
+
+_log = logging.getLogger(__name__)
+
+
+def _failed_report(actor_key: str, exc: BaseException) -> PublishReport:
+    _log.error("publishing actor %s failed: %s", actor_key, exc)
+    return PublishReport(actor_key, error=f"{type(exc).__name__}: {exc}")
 
 
 @dataclass
@@ -52,17 +61,27 @@ class Rhumbatron:
     _sender: EventSender | None = None
     _nc: NATS | None = None
     _publisher: OutboxPublisher | None = None
+    _publisher_nc: NATS | None = None
     _actors: dict[ActorRef, Actor] = field(default_factory=dict)
+    _connecting: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     # -- actors ----------------------------------------------------------------------------
     def actor(self, ref: ActorRef) -> Actor:
         """The (cached) actor for ``ref``."""
+        self._check_shard(ref)
         actor = self._actors.get(ref)
         if actor is None:
             cls = ProjectRoot if ref.kind is ActorKind.PROJECT_ROOT else ResourceShard
             actor = cls(ref, self.settings, clock=self.clock, alarms=self.alarms)
             self._actors[ref] = actor
         return actor
+
+    def _check_shard(self, ref: ActorRef) -> None:
+        if ref.shard is not None and ref.shard >= self.settings.resource_shard_count:
+            raise ActorError(
+                f"actor {ref.key} names shard {ref.shard}, but projects have "
+                f"{self.settings.resource_shard_count} shards (RHUMBATRON_RESOURCE_SHARD_COUNT)"
+            )
 
     def project_root(self, project_id: str) -> ProjectRoot:
         actor = self.actor(ProjectRoot.ref_for(project_id))
@@ -98,12 +117,16 @@ class Rhumbatron:
 
     # -- NATS --------------------------------------------------------------------------------
     async def nats(self) -> NATS:
-        """The process's one NATS connection, opened on first use."""
-        if self._nc is None or self._nc.is_closed:
-            from rhumbatron.messaging.connection import connect_nats
+        """The process's one NATS connection, opened on first use (and again once closed).
 
-            self._nc = await connect_nats(self.settings, name="rhumbatron")
-        return self._nc
+        A lock keeps concurrent first users (the publisher's workers) to one connection.
+        """
+        async with self._connecting:
+            if self._nc is None or self._nc.is_closed:
+                from rhumbatron.messaging.connection import connect_nats
+
+                self._nc = await connect_nats(self.settings, name="rhumbatron")
+            return self._nc
 
     async def ensure_streams(self) -> StreamReport:
         """Create or reconcile the streams; refuse non-durable JetStream when it is demanded."""
@@ -122,35 +145,84 @@ class Rhumbatron:
         return report
 
     async def publisher(self) -> OutboxPublisher:
-        if self._publisher is None:
-            sender = self._sender
-            if sender is None:
-                from rhumbatron.messaging.sender import JetStreamSender
+        """The process's publisher, over the current connection.
 
-                sender = JetStreamSender(
-                    await self.nats(), ack_timeout_s=self.settings.publish_ack_timeout_s
-                )
-            self._publisher = OutboxPublisher(
-                sender, self.settings, clock=self.clock, nudge=self.nudge
-            )
+        nats-py closes a client for good on some server errors; a publisher left on such a
+        connection would report ``unavailable`` for ever, so it is rebuilt when the
+        connection was replaced.
+        """
+        if self._sender is not None:
+            if self._publisher is None:
+                self._publisher = self._new_publisher(self._sender)
+            return self._publisher
+        nc = await self.nats()
+        if self._publisher is None or self._publisher_nc is not nc:
+            from rhumbatron.messaging.sender import JetStreamSender
+
+            sender = JetStreamSender(nc, ack_timeout_s=self.settings.publish_ack_timeout_s)
+            self._publisher, self._publisher_nc = self._new_publisher(sender), nc
         return self._publisher
 
+    def _new_publisher(self, sender: EventSender) -> OutboxPublisher:
+        return OutboxPublisher(sender, self.settings, clock=self.clock, nudge=self.nudge)
+
     # -- alarms ------------------------------------------------------------------------------
-    async def fire_alarm(self, actor_key: str) -> PublishReport:
-        """An actor's alarm fired (async invoke in the cloud, the local invoker here)."""
-        actor = self.actor(ActorRef.parse(actor_key))
-        return await (await self.publisher()).fire_alarm(actor)
+    async def fire_alarm(
+        self, actor_key: str, *, should_stop: Callable[[], bool] | None = None
+    ) -> PublishReport:
+        """An actor's alarm fired (the local invoker here; an async invoke in the cloud).
+
+        Refuses an actor that has no file: an alarm for a mistyped key must not create one.
+        """
+        ref = ActorRef.parse(actor_key)
+        self._check_shard(ref)
+        if ref not in self._actors and not ref.path(self.settings.state_dir).exists():
+            raise ActorError(
+                f"no actor file for {actor_key} at {ref.path(self.settings.state_dir)}; "
+                "an alarm can only fire for an actor that has written something"
+            )
+        return await self._drain_actor(self.actor(ref), await self.publisher(), should_stop)
+
+    async def _drain_actor(
+        self,
+        actor: Actor,
+        publisher: OutboxPublisher,
+        should_stop: Callable[[], bool] | None = None,
+        *,
+        publish_when_capped: bool = False,
+    ) -> PublishReport:
+        """One alarm fire: AlarmGuard decides, then publish while rows are due now.
+
+        The per-call cap (100 rows per project) bounds one ``publish_due``, not one fire: an
+        actor that writes more than 100 events between fires must not fall behind. A fire
+        refused at the daily cap publishes nothing, except from the every-minute scan
+        (``publish_when_capped``), which publishes without counting a fire (DECISIONS).
+        """
+        report = await publisher.fire_alarm(actor)
+        if report.alarm is FireDecision.CAPPED and publish_when_capped:
+            report.absorb(await publisher.publish_due(actor))
+        elif report.alarm is not FireDecision.FIRE:
+            return report
+        while (
+            report.last_published
+            and report.next_alarm_at is not None
+            and report.next_alarm_at <= self.clock.now().timestamp()
+            and not (should_stop is not None and should_stop())
+        ):
+            report.absorb(await publisher.publish_due(actor))
+        return report
 
     async def fire_due_alarms(
         self, *, should_stop: Callable[[], bool] | None = None, rotate: bool = False
     ) -> ScanReport:
-        """The every-minute scan: fire every due alarm; publish capped ones without a fire.
+        """The every-minute scan: fire every due alarm, up to ``publish_concurrency`` at once.
 
-        Up to ``publish_concurrency`` actors at once (order is per actor, and the publish
-        lock keeps two publishers off one actor). ``should_stop`` is asked before each actor
-        (a Lambda stops before its time runs out; the next scan continues). ``rotate``
-        starts at a random actor so a scan that runs out of time does not starve the actors
-        at the end of the list. Actor files opened only for the scan are closed again: a
+        Order is per actor, and the publish lock keeps two publishers off one actor.
+        ``should_stop`` is asked before each actor and between publishes (a Lambda stops
+        before its time runs out; the next scan continues). ``rotate`` starts at a random
+        actor so a scan that runs out of time does not starve the actors at the end of the
+        list. One actor's failure (a damaged or locked file) is recorded in its report and
+        does not stop the others. Actor files opened only for the scan are closed again: a
         warm container must not collect open files.
         """
         refs = list(self.actor_refs())
@@ -164,18 +236,19 @@ class Rhumbatron:
 
         async def scan_one(ref: ActorRef) -> None:
             opened_here = ref not in self._actors
-            actor = self.actor(ref)
             try:
+                actor = self.actor(ref)
                 due = alarm_due_at(actor.connection)
                 if due is None or due > now_s:
                     return
-                report = await publisher.fire_alarm(actor)
-                if report.alarm is FireDecision.CAPPED:
-                    report = await publisher.publish_due(actor)
-                    report.alarm = FireDecision.CAPPED
+                report = await self._drain_actor(
+                    actor, publisher, should_stop, publish_when_capped=True
+                )
                 scan.reports.append(report)
+            except (RhumbatronError, sqlite3.Error) as exc:
+                scan.reports.append(_failed_report(ref.key, exc))
             finally:
-                if opened_here:
+                if opened_here and ref in self._actors:
                     self._actors.pop(ref).close()
 
         async def worker() -> None:
@@ -189,45 +262,28 @@ class Rhumbatron:
         return scan
 
     async def drain_alarms(self) -> list[PublishReport]:
-        """The local invoker: fire announced alarms until no announced actor has due work.
-
-        Up to ``publish_concurrency`` actors at once. An actor whose run left rows due (the
-        per-project cap) or that was announced again while it ran goes round once more.
-        """
+        """The local invoker: fire every announced alarm, up to ``publish_concurrency`` at
+        once, until no announcement is left. One actor's failure is recorded in its report."""
         if not isinstance(self.alarms, RecordingAlarmSink):
             return []
         sink = self.alarms
-        queue: deque[str] = deque(sink.drain())
-        running: set[str] = set()
-        again: set[str] = set()
+        publisher = await self.publisher()
         reports: list[PublishReport] = []
-
-        def take_announcements() -> None:
-            for key in sink.drain():
-                if key in running:
-                    again.add(key)
-                elif key not in queue:
-                    queue.append(key)
+        queue: deque[str] = deque()
 
         async def worker() -> None:
             while queue:
                 key = queue.popleft()
-                running.add(key)
                 try:
-                    report = await self.fire_alarm(key)
-                finally:
-                    running.discard(key)
-                reports.append(report)
-                now_s = self.clock.now().timestamp()
-                due_now = report.next_alarm_at is not None and report.next_alarm_at <= now_s
-                if (due_now or key in again) and not report.unavailable:
-                    again.discard(key)
-                    queue.append(key)
-                take_announcements()
+                    reports.append(
+                        await self._drain_actor(self.actor(ActorRef.parse(key)), publisher)
+                    )
+                except (RhumbatronError, sqlite3.Error) as exc:
+                    reports.append(_failed_report(key, exc))
 
-        while queue:
+        while keys := sink.drain():
+            queue.extend(keys)
             await asyncio.gather(*(worker() for _ in range(self.settings.publish_concurrency)))
-            take_announcements()
         return reports
 
     async def close(self) -> None:

@@ -57,9 +57,6 @@ class Settings(BaseSettings):
         default=None,
         description="nats-server monitoring URL (http://host:8222); durability checks read /varz.",
     )
-    nats_sync_interval: str = Field(
-        default="2m", description="sync_interval of the embedded nats-server ('always' = fsync)."
-    )
 
     # -- outbox publisher ---------------------------------------------------------------------
     publish_max_rows_per_project: int = Field(default=100, ge=1, le=1000)
@@ -97,6 +94,15 @@ class Settings(BaseSettings):
     crash_at: str | None = Field(
         default=None, description="Kill the process at this named point (fault tests only)."
     )
+
+    @field_validator("crash_at")
+    @classmethod
+    def _known_crash_point(cls, value: str | None) -> str | None:
+        from rhumbatron.runtime.faults import CRASH_POINTS
+
+        if value is not None and value not in CRASH_POINTS:
+            raise ValueError(f"unknown crash point; known: {', '.join(sorted(CRASH_POINTS))}")
+        return value
 
     @field_validator("producer_bindings")
     @classmethod

@@ -1,0 +1,156 @@
+"""What one alarm fire does to an actor, through the composition root (the local invoker and
+the every-minute scan), with an in-memory sender where the server's answers are the point."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from rhumbatron.actors.alarms import AlarmGuard, RecordingAlarmSink
+from rhumbatron.actors.outbox import RowState, counts_by_state
+from rhumbatron.actors.project_root import ProjectRoot
+from rhumbatron.actors.resource_shard import change_resource_key
+from rhumbatron.domain.changes import ChangeFact
+from rhumbatron.domain.facts import Caller
+from rhumbatron.errors import ActorError
+from rhumbatron.messaging.sender import OutgoingMessage, SendRefusedError, StoredMessage
+from rhumbatron.messaging.testing import MemorySender, SenderWrapper
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.clock import ManualClock, utc_day
+from rhumbatron.runtime.settings import load_settings
+
+CALLER = Caller("acme", "system:test", "corr-fires")
+
+
+class RefuseFirstRowOnce(SenderWrapper):
+    """The server refuses the first row once (and any batch while that refusal is pending)."""
+
+    def __init__(self, inner: MemorySender) -> None:
+        super().__init__(inner)
+        self.refusals_left = 1
+
+    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
+        if self.refusals_left:
+            self.refusals_left -= 1
+            raise SendRefusedError(f"{message.message_id}: refused once by the test server")
+        return await self.inner.send(stream, message)
+
+    async def send_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> list[StoredMessage]:
+        if self.refusals_left:
+            raise SendRefusedError("batch refused by the test server")
+        return await self.inner.send_batch(stream, messages)
+
+
+def runtime(tmp_path: Path, clock: ManualClock, sender: object) -> Rhumbatron:
+    settings = load_settings(state_dir=tmp_path / "state", nats_url="nats://127.0.0.1:1")
+    return bootstrap(settings, clock=clock, alarms=RecordingAlarmSink(), sender=sender)  # type: ignore[arg-type]
+
+
+def write_tasks(app: Rhumbatron, project: str, change: str, count: int) -> None:
+    shard = app.resource_shard(project, change_resource_key(change))
+    for start in range(0, count, 50):
+        facts = tuple(
+            ChangeFact("task.ready", {}, task_id=f"t-{i:04d}")
+            for i in range(start, min(start + 50, count))
+        )
+        shard.append_change_events(CALLER, change_id=change, status="planned", facts=facts)
+
+
+async def test_a_row_waiting_out_its_backoff_does_not_make_its_alarm_fire_in_a_loop(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN an actor whose first row is refused once, with rows pending behind it
+    memory = MemorySender()
+    app = runtime(tmp_path, clock, RefuseFirstRowOnce(memory))
+    write_tasks(app, "loop-p", "chg-1", 3)
+    shard = app.resource_shard("loop-p", change_resource_key("chg-1"))
+
+    # WHEN the local invoker drains the announced alarms
+    await app.drain_alarms()
+
+    # THEN the refused row waits, the rows behind it wait too, the alarm waits for the
+    # retry time, and one fire was counted, not the whole day's budget
+    counts = counts_by_state(shard.connection)
+    assert (counts[RowState.RETRY_WAIT], counts[RowState.PENDING]) == (1, 2)
+    assert AlarmGuard.fires_on(shard.connection, utc_day(clock.now())) == (1, 0)
+    assert memory.sent == []
+
+    # AND once the backoff is over, the scan publishes all three in order
+    clock.advance(seconds=5)
+    scan = await app.fire_due_alarms()
+    assert [r.published for r in scan.reports] == [3]
+    assert [m.message_id for m in memory.sent] == [
+        r["event_id"] for r in shard.connection.execute("SELECT event_id FROM outbox ORDER BY seq")
+    ]
+    await app.close()
+
+
+@pytest.mark.parametrize("path", ["local invoker", "every-minute scan"])
+async def test_one_alarm_fire_publishes_past_the_per_call_cap(
+    tmp_path: Path, clock: ManualClock, path: str
+) -> None:
+    # GIVEN an actor with 350 due rows (the per-call cap is 100 per project)
+    memory = MemorySender()
+    app = runtime(tmp_path, clock, memory)
+    write_tasks(app, "cap-p", "chg-1", 350)
+    shard = app.resource_shard("cap-p", change_resource_key("chg-1"))
+
+    # WHEN its alarm fires once
+    if path == "local invoker":
+        reports = await app.drain_alarms()
+    else:
+        reports = (await app.fire_due_alarms()).reports
+
+    # THEN all 350 go out in that one fire (four calls), counted as one fire
+    assert [r.published for r in reports] == [350]
+    assert len(memory.sent) == 350
+    assert AlarmGuard.fires_on(shard.connection, utc_day(clock.now())) == (1, 0)
+    await app.close()
+
+
+async def test_an_alarm_for_an_actor_that_has_no_file_is_refused_and_creates_nothing(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    app = runtime(tmp_path, clock, MemorySender())
+    with pytest.raises(ActorError, match="no actor file for project_root:typo-project"):
+        await app.fire_alarm("project_root:typo-project")
+    with pytest.raises(ActorError, match="shard 99, but projects have 16 shards"):
+        await app.fire_alarm("resource_shard:p1:99")
+    with pytest.raises(ActorError, match="resource_shard:p1:-3"):
+        await app.fire_alarm("resource_shard:p1:-3")
+    assert list(app.actor_refs()) == []
+    assert not (tmp_path / "state" / "projects").exists()
+    await app.close()
+
+
+async def test_a_damaged_actor_file_is_reported_and_the_scan_publishes_the_others(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN three projects with due rows, one of whose root files is garbage
+    memory = MemorySender()
+    app = runtime(tmp_path, clock, memory)
+    for project in ("ok-a", "bad-b", "ok-c"):
+        app.project_root(project).create_project(CALLER, name=project)
+    await app.close()
+    damaged = ProjectRoot.ref_for("bad-b").path(app.settings.state_dir)
+    damaged.write_bytes(b"this is not a database" * 100)
+    for suffix in ("-wal", "-shm"):
+        damaged.with_name(damaged.name + suffix).unlink(missing_ok=True)
+
+    # WHEN the every-minute scan runs
+    scan = await app.fire_due_alarms()
+
+    # THEN the damaged actor gets a report naming its error, and the others are published
+    by_actor = {r.actor_key: r for r in scan.reports}
+    assert by_actor["project_root:bad-b"].error is not None
+    assert "not a database" in by_actor["project_root:bad-b"].error
+    assert (by_actor["project_root:ok-a"].published, by_actor["project_root:ok-c"].published) == (
+        1,
+        1,
+    )
+    assert app.open_actor_count == 0
+    await app.close()
