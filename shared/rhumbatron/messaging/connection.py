@@ -35,7 +35,9 @@ async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
     try:
         await asyncio.wait_for(
             nc.connect(
-                settings.nats_url,
+                # Several seeds, comma-separated, for a cluster; the client also learns the
+                # other members from the server it reaches.
+                servers=[url.strip() for url in settings.nats_url.split(",") if url.strip()],
                 name=name,
                 # nats-py annotates these as int, but uses them as asyncio timeouts (floats).
                 connect_timeout=settings.nats_connect_timeout_s,  # type: ignore[arg-type]

@@ -43,7 +43,10 @@ class Settings(BaseSettings):
     sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
 
     # -- NATS / JetStream ---------------------------------------------------------------------
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222",
+        description="One NATS URL, or several comma-separated seeds of a cluster.",
+    )
     nats_connect_timeout_s: float = Field(default=2.0, gt=0)
     event_stream_max_age_days: float = Field(default=7, gt=0)
     command_stream_max_age_days: float = Field(default=14, gt=0)

@@ -1,0 +1,198 @@
+"""F2: a 3-node JetStream cluster on loopback (R3 streams, ``sync_interval: always``).
+
+SIGKILL the stream leader during 1,000 publishes; separately kill 2 of 3 nodes and restart
+them. No acknowledged event is lost, the stream still exists, and each actor's events stay in
+outbox order. Every node is the same ``nats-server`` binary, on its own loopback ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.local.nats_server import NatsServerProcess, free_port
+from rhumbatron.messaging.connection import connect_nats
+from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.settings import Settings, load_settings
+
+from .worker import outbox_rows, read_project_stream, write_change_events
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
+
+PROJECT = "f2-cluster"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[list[NatsServerProcess]]:
+    """Three routed nodes, JetStream fsyncing every write."""
+    routes = [free_port() for _ in range(3)]
+    nodes = [
+        NatsServerProcess(
+            store_dir=tmp_path / f"node{i}" / "jetstream",
+            sync_interval="always",
+            server_name=f"node{i}",
+            cluster_name="rhumbatron-f2",
+            cluster_port=routes[i],
+            cluster_routes=tuple(port for j, port in enumerate(routes) if j != i),
+        )
+        for i in range(3)
+    ]
+    for node in nodes:
+        node.start()
+    yield nodes
+    for node in nodes:
+        node.stop()
+
+
+def _settings(tmp_path: Path, nodes: list[NatsServerProcess]) -> Settings:
+    return load_settings(
+        state_dir=tmp_path / "state",
+        nats_url=",".join(node.url for node in nodes),
+        stream_replicas=3,
+        # A leader election stalls writes for seconds: an ack wait must not give up early.
+        publish_ack_timeout_s=3,
+        # Small batches: publishing 1,000 events takes long enough to kill a node mid-way.
+        publish_max_rows_per_project=20,
+    )
+
+
+async def _streams_ready(app: Rhumbatron, *, timeout_s: float = 30) -> None:
+    """Create the R3 streams once the cluster has elected its meta leader."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await app.ensure_streams()
+            return
+        except Exception as exc:  # no meta leader elected yet: JetStream answers with errors
+            if time.monotonic() > deadline:
+                raise AssertionError(f"cluster never accepted the streams: {exc}") from exc
+            await asyncio.sleep(0.2)  # polling the cluster coming up, with a deadline
+
+
+def _shards(app: Rhumbatron, count: int) -> list[ResourceShard]:
+    shards = {}
+    change = 0
+    while len(shards) < count:  # changes spread over distinct shard files
+        shard = app.resource_shard(PROJECT, change_resource_key(f"chg-{change}"))
+        shards.setdefault(shard.ref, (shard, f"chg-{change}"))
+        change += 1
+    return [shard for shard, _ in shards.values()]
+
+
+def _node_named(nodes: list[NatsServerProcess], name: str) -> NatsServerProcess:
+    return next(node for node in nodes if node.name == name)
+
+
+async def _publish_until_done(app: Rhumbatron, total: int, *, timeout_s: float) -> None:
+    """The every-minute scan, again and again, until every row is published.
+
+    A leader election takes seconds of real time, so these tests run on the system clock:
+    the publisher's real backoffs (1 s, 2 s, 4 s …) have to ride it out, as in production.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        await app.fire_due_alarms()
+        published = sum(
+            1
+            for ref in app.actor_refs()
+            for row in outbox_rows(app.actor(ref))
+            if row["state"] == "published"
+        )
+        if published == total:
+            return
+        failed = [
+            row["last_error"]
+            for ref in app.actor_refs()
+            for row in outbox_rows(app.actor(ref))
+            if row["state"] == "failed"
+        ]
+        assert not failed, f"rows gave up during the election: {failed[:1]}"
+        await asyncio.sleep(0.1)  # the next scan; backoffs are measured on the real clock
+    raise AssertionError(f"not everything was published within {timeout_s}s")
+
+
+async def test_killing_the_stream_leader_during_publishing_loses_no_acknowledged_event(
+    tmp_path: Path, cluster: list[NatsServerProcess]
+) -> None:
+    # GIVEN R3 streams on the cluster and 1,000 events in four actors of one project
+    app = bootstrap(_settings(tmp_path, cluster))
+    try:
+        await _streams_ready(app)
+        shards = _shards(app, 4)
+        outbox_order = {
+            shard.ref: write_change_events(shard, f"change-{n}", 250)
+            for n, shard in enumerate(shards)
+        }
+        stream = event_stream_name(stream_index(PROJECT))
+        watcher = await connect_nats(app.settings, name="f2-watcher")
+        js = watcher.jetstream()
+
+        # WHEN publishing runs and, once some events are stored, the stream leader is killed
+        publishing = asyncio.create_task(_publish_until_done(app, 1_000, timeout_s=90))
+        deadline = time.monotonic() + 30
+        while (await js.stream_info(stream)).state.messages < 100:
+            assert time.monotonic() < deadline, "publishing never started"
+            await asyncio.sleep(0.01)  # polling the stream's progress
+        info = await js.stream_info(stream)
+        victim = _node_named(cluster, info.cluster.leader or "")  # type: ignore[union-attr]
+        victim.kill()
+        assert info.state.messages < 1_000, "publishing finished before the kill"
+        await publishing
+        victim.start()
+
+        # THEN every event is on the stream exactly once, each actor's in outbox order,
+        # and every row the publisher marked published (acknowledged) is among them
+        on_stream = await read_project_stream(js, PROJECT)
+        assert len(on_stream) == 1_000
+        assert len(set(on_stream)) == 1_000
+        position = {event_id: i for i, event_id in enumerate(on_stream)}
+        for ref, ids in outbox_order.items():
+            assert [position[i] for i in ids] == sorted(position[i] for i in ids), ref.key
+        await watcher.close()
+    finally:
+        await app.close()
+
+
+async def test_two_of_three_nodes_killed_and_restarted_keep_the_stream_and_its_events(
+    tmp_path: Path, cluster: list[NatsServerProcess]
+) -> None:
+    # GIVEN 300 acknowledged events on an R3 stream
+    app = bootstrap(_settings(tmp_path, cluster))
+    try:
+        await _streams_ready(app)
+        (shard,) = _shards(app, 1)
+        written = write_change_events(shard, "change-0", 300)
+        await _publish_until_done(app, 300, timeout_s=30)
+    finally:
+        await app.close()
+
+    # WHEN two of the three nodes are SIGKILLed and started again
+    for node in cluster[:2]:
+        node.kill()
+    for node in cluster[:2]:
+        node.start()
+
+    # THEN the stream still exists and holds every acknowledged event, in order
+    app = bootstrap(_settings(tmp_path, cluster))
+    try:
+        nc = await app.nats()
+        js = nc.jetstream()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                on_stream = await read_project_stream(js, PROJECT)
+                if len(on_stream) == 300:
+                    break
+            except Exception:  # the restarted nodes are still electing a leader
+                pass
+            assert time.monotonic() < deadline, "the stream did not come back"
+            await asyncio.sleep(0.2)  # polling the cluster's recovery, with a deadline
+        assert on_stream == written
+    finally:
+        await app.close()
