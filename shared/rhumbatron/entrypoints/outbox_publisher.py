@@ -183,13 +183,11 @@ async def _handle(
     app: Rhumbatron, invocation: FireAlarm | ScheduledJob, deadline: float | None
 ) -> dict[str, Any]:
     await _prepare(app)
+    should_stop = None if deadline is None else lambda: time.monotonic() >= deadline
     if isinstance(invocation, FireAlarm):
-        report = await app.fire_alarm(invocation.actor)
+        report = await app.fire_alarm(invocation.actor, should_stop=should_stop)
         return _summary("fire_alarm", [report], stopped_early=False, actors_left=0)
-    scan = await app.fire_due_alarms(
-        should_stop=None if deadline is None else lambda: time.monotonic() >= deadline,
-        rotate=True,
-    )
+    scan = await app.fire_due_alarms(should_stop=should_stop, rotate=True)
     reports, left = scan.reports, scan.actors_left
     if left:
         _log.warning(
@@ -248,6 +246,7 @@ def _summary(
             "unavailable": report.unavailable,
             "nudged": list(report.nudged),
             "next_alarm_at": report.next_alarm_at,
+            "error": report.error,
         }
         for report in reports
     ]
