@@ -17,23 +17,25 @@ def _outbox(args: argparse.Namespace) -> int:
     from rhumbatron.runtime.bootstrap import bootstrap
 
     app = bootstrap()
-    rows = {}
+    status: dict[str, dict[str, object]] = {}
     for ref in app.actor_refs():
         actor = app.actor(ref)
         if args.action == "requeue":
             count = requeue_failed_rows(actor, args.event_id or None)
             if count:
                 print(f"{ref.key}: requeued {count} failed rows")
-        else:
-            rows[ref.key] = counts_by_state(actor.connection)
-            failed = actor.connection.execute(
-                "SELECT event_id, event_type, attempts, last_error FROM outbox "
-                "WHERE state = 'failed' ORDER BY seq LIMIT 20"
-            ).fetchall()
-            if failed:
-                rows[ref.key]["failedRows"] = [dict(r) for r in failed]  # type: ignore[assignment]
+            continue
+        failed = actor.connection.execute(
+            "SELECT event_id, event_type, attempts, last_error FROM outbox "
+            "WHERE state = 'failed' ORDER BY seq LIMIT 20"
+        ).fetchall()
+        status[ref.key] = {
+            "rows": counts_by_state(actor.connection),
+            "failedRows": [dict(row) for row in failed],
+        }
+        actor.close()
     if args.action == "status":
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(status, indent=2))
     return 0
 
 
