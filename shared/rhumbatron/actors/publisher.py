@@ -43,7 +43,12 @@ from rhumbatron.actors.outbox import (
 from rhumbatron.actors.storage import write_transaction
 from rhumbatron.errors import NatsUnavailableError
 from rhumbatron.messaging.nudge import NoNudge, RouterNudge
-from rhumbatron.messaging.sender import EventSender, OutgoingMessage, SendRefusedError
+from rhumbatron.messaging.sender import (
+    HEADER_ALLOWANCE_BYTES,
+    EventSender,
+    OutgoingMessage,
+    SendRefusedError,
+)
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
 from rhumbatron.runtime.clock import Clock, SystemClock
 from rhumbatron.runtime.faults import crash_point
@@ -82,11 +87,6 @@ class PublishReport:
         self.nudged += [index for index in later.nudged if index not in self.nudged]
         self.next_alarm_at = later.next_alarm_at
         self.last_published = later.last_published
-
-
-#: Room for the header block a message carries (``NATS/1.0``, ``Nats-Msg-Id`` and the three
-#: atomic-batch headers come to about 170 bytes).
-HEADER_ALLOWANCE_BYTES = 256
 
 
 class _Stop(Exception):

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
 __all__ = [
+    "HEADER_ALLOWANCE_BYTES",
     "BatchRejectedError",
     "EventSender",
     "JetStreamSender",
@@ -30,6 +31,12 @@ __all__ = [
     "SendRefusedError",
     "StoredMessage",
 ]
+
+
+#: Room for the header block this sender writes on a message (``NATS/1.0``, ``Nats-Msg-Id``
+#: and the three atomic-batch headers come to about 170 bytes). The server counts headers
+#: against ``max_payload``, so a body must leave this much room.
+HEADER_ALLOWANCE_BYTES = 256
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,6 @@ can jump a backoff of five minutes without sleeping.
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -57,8 +56,3 @@ class ManualClock:
 def utc_day(moment: datetime) -> str:
     """The UTC calendar day of ``moment`` as ``YYYY-MM-DD``: the unit of every daily cap."""
     return moment.astimezone(UTC).strftime("%Y-%m-%d")
-
-
-def monotonic_s() -> float:
-    """Monotonic seconds, for measuring how long something took (never for deadlines)."""
-    return time.monotonic()
