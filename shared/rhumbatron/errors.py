@@ -14,6 +14,10 @@
      ├── MessagingError              JetStream answered with something we cannot use
      │    ├── NatsUnavailableError   no NATS server reachable (no attempt is counted)
      │    └── StreamConfigError      a stream exists with settings we cannot update to
+     ├── ArchiveError               an archive batch, key or object line is wrong, or S3 is down
+     ├── DeadLetterError             an operator action on a dead letter cannot be done
+     │    ├── DeadLetterNotFoundError  no such dead letter (404)
+     │    └── DeadLetterClosedError    the letter is already closed (409)
      └── LocalStackError            the embedded nats-server or S3 server failed to start
 
 Every message says what was wrong, with the offending value, and what to do about it.
@@ -24,7 +28,11 @@ from __future__ import annotations
 __all__ = [
     "ActorBusyError",
     "ActorError",
+    "ArchiveError",
     "ConfigurationError",
+    "DeadLetterClosedError",
+    "DeadLetterError",
+    "DeadLetterNotFoundError",
     "DomainError",
     "EnvelopeError",
     "LocalStackError",
@@ -84,6 +92,22 @@ class NatsUnavailableError(MessagingError):
 
 class StreamConfigError(MessagingError):
     """A stream exists with settings that JetStream cannot update to the wanted ones."""
+
+
+class ArchiveError(RhumbatronError):
+    """The S3 event archive refused a batch, a key or an object line; the message names it."""
+
+
+class DeadLetterError(RhumbatronError):
+    """An operator action on a dead letter cannot be done; the message says why."""
+
+
+class DeadLetterNotFoundError(DeadLetterError, LookupError):
+    """No dead letter with that ID (for this tenant)."""
+
+
+class DeadLetterClosedError(DeadLetterError):
+    """The dead letter is already closed; it cannot be retried or dismissed again."""
 
 
 class LocalStackError(RhumbatronError):

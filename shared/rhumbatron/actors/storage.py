@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from rhumbatron.errors import ActorBusyError, ActorError, UnsafeStorageError
@@ -19,6 +19,7 @@ from rhumbatron.runtime.settings import Settings
 
 __all__ = [
     "NETWORK_FILESYSTEMS",
+    "SqliteStore",
     "check_journal_mode",
     "fsync_directory",
     "is_network_filesystem",
@@ -145,3 +146,49 @@ def fsync_directory(path: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+class SqliteStore:
+    """One SQLite file that is not an actor (router state, the product database).
+
+    Opened on first use with the configured journal mode; ``schema`` (``CREATE … IF NOT
+    EXISTS`` statements) is applied once, under a write lock, and marked by ``user_version``.
+    """
+
+    SCHEMA_VERSION = 1
+
+    def __init__(self, path: Path, settings: Settings, schema: str) -> None:
+        self.path = path
+        self.settings = settings
+        self._schema = schema
+        self._connection: sqlite3.Connection | None = None
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        if self._connection is None:
+            is_new = not self.path.exists()
+            connection = open_database(self.path, self.settings)
+            try:
+                if connection.execute("PRAGMA user_version").fetchone()[0] != self.SCHEMA_VERSION:
+                    connection.executescript(
+                        f"BEGIN IMMEDIATE; {self._schema} "
+                        f"PRAGMA user_version = {self.SCHEMA_VERSION}; COMMIT;"
+                    )
+            except sqlite3.Error as exc:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                connection.close()
+                raise sqlite_error(exc, self.path, "cannot open the store") from exc
+            if is_new:
+                fsync_directory(self.path.parent)
+            self._connection = connection
+        return self._connection
+
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` on this file (see :func:`write_transaction`)."""
+        return write_transaction(self.connection, self.path)
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None

@@ -27,10 +27,16 @@ from rhumbatron.runtime.clock import Clock, SystemClock
 from rhumbatron.runtime.settings import Settings, load_settings
 
 if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
     from nats.aio.client import Client as NATS
 
+    from rhumbatron.archive import ArchiveWriter
     from rhumbatron.messaging.sender import EventSender
     from rhumbatron.messaging.streams import StreamReport
+    from rhumbatron.metrics import MetricsSink
+    from rhumbatron.product.database import ProductDatabase
+    from rhumbatron.router.event_router import EventRouter
+    from rhumbatron.router.handlers import CausalRouting
 
 __all__ = ["Rhumbatron", "ScanReport", "bootstrap"]
 
@@ -64,6 +70,11 @@ class Rhumbatron:
     _publisher_nc: NATS | None = None
     _actors: dict[ActorRef, Actor] = field(default_factory=dict)
     _connecting: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _s3: S3Client | None = None
+    _product: ProductDatabase | None = None
+    _router: EventRouter | None = None
+    _metrics_sink: MetricsSink | None = None
+    _causal_routing: CausalRouting | None = None
 
     # -- actors ----------------------------------------------------------------------------
     def actor(self, ref: ActorRef) -> Actor:
@@ -165,6 +176,93 @@ class Rhumbatron:
 
     def _new_publisher(self, sender: EventSender) -> OutboxPublisher:
         return OutboxPublisher(sender, self.settings, clock=self.clock, nudge=self.nudge)
+
+    # -- router, archive, metrics -----------------------------------------------------------
+    def s3(self) -> S3Client:
+        """The S3 client of the archive (moto's endpoint locally)."""
+        if self._s3 is None:
+            import boto3
+            from botocore.config import Config
+
+            session = boto3.Session(region_name=self.settings.s3_region)
+            if self.settings.s3_endpoint_url and session.get_credentials() is None:
+                # A local endpoint (moto) takes any credentials; the cloud never gets here.
+                session = boto3.Session(
+                    aws_access_key_id="local",
+                    aws_secret_access_key="local",
+                    region_name=self.settings.s3_region,
+                )
+            self._s3 = session.client(
+                "s3",
+                endpoint_url=self.settings.s3_endpoint_url,
+                config=Config(
+                    retries={"max_attempts": 2, "mode": "standard"},
+                    connect_timeout=self.settings.s3_timeout_s,
+                    read_timeout=self.settings.s3_timeout_s,
+                ),
+            )
+        return self._s3
+
+    def archive_writer(self) -> ArchiveWriter:
+        from rhumbatron.archive import ArchiveWriter
+
+        return ArchiveWriter(self.s3(), self.settings.evidence_bucket)
+
+    def product(self) -> ProductDatabase:
+        """The product database (dead letters, platform metrics)."""
+        if self._product is None:
+            from rhumbatron.product.database import ProductDatabase
+
+            self._product = ProductDatabase(self.settings)
+        return self._product
+
+    @property
+    def metrics_sink(self) -> MetricsSink:
+        if self._metrics_sink is None:
+            from rhumbatron.metrics import EmfSink, NoEmf
+
+            self._metrics_sink = EmfSink() if self.settings.metrics_emf else NoEmf()
+        return self._metrics_sink
+
+    def router(self) -> EventRouter:
+        """The process's event router."""
+        if self._router is None:
+            from rhumbatron.router.event_router import EventRouter
+            from rhumbatron.router.handlers import NoCausalRules
+
+            self._router = EventRouter(
+                settings=self.settings,
+                clock=self.clock,
+                connect=self.nats,
+                product=self.product(),
+                archive_writer=self.archive_writer,
+                s3=self.s3,
+                metrics_sink=self.metrics_sink,
+                causal_routing=self._causal_routing or NoCausalRules(),
+                outbox_backlog=self.outbox_backlog,
+            )
+            from rhumbatron.router.nudge import InProcessNudge
+
+            if isinstance(self.nudge, InProcessNudge) and self.nudge.router is None:
+                self.nudge.bind(self._router)
+        return self._router
+
+    def outbox_backlog(self) -> dict[str, int]:
+        """Outbox rows by state over every actor file (the dashboards' backlog)."""
+        from rhumbatron.actors.outbox import RowState, counts_by_state
+
+        totals = {state.value: 0 for state in RowState}
+        for ref in self.actor_refs():
+            opened_here = ref not in self._actors
+            try:
+                for state, count in counts_by_state(self.actor(ref).connection).items():
+                    totals[state] = totals.get(state, 0) + count
+            except (RhumbatronError, sqlite3.Error) as exc:
+                _log.error("cannot read the outbox of %s: %s", ref.key, exc)
+            finally:
+                if opened_here and ref in self._actors:
+                    self._actors.pop(ref).close()
+        return totals
 
     # -- alarms ------------------------------------------------------------------------------
     async def fire_alarm(
@@ -287,6 +385,12 @@ class Rhumbatron:
         return reports
 
     async def close(self) -> None:
+        if self._router is not None:
+            await self._router.close()
+            self._router = None
+        if self._product is not None:
+            self._product.close()
+            self._product = None
         for actor in self._actors.values():
             actor.close()
         self._actors.clear()
@@ -303,6 +407,8 @@ def bootstrap(
     alarms: AlarmSink | None = None,
     nudge: RouterNudge | None = None,
     sender: EventSender | None = None,
+    metrics_sink: MetricsSink | None = None,
+    causal_routing: CausalRouting | None = None,
 ) -> Rhumbatron:
     """Build the runtime. Refuses unsafe storage settings before anything opens a file."""
     settings = settings or load_settings()
@@ -313,4 +419,6 @@ def bootstrap(
         alarms=alarms if alarms is not None else RecordingAlarmSink(),
         nudge=nudge or NoNudge(),
         _sender=sender,
+        _metrics_sink=metrics_sink,
+        _causal_routing=causal_routing,
     )

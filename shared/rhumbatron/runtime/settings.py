@@ -89,9 +89,63 @@ class Settings(BaseSettings):
     alarm_max_fires_per_day: int = Field(default=2_000, ge=1)
     resource_shard_count: int = Field(default=16, ge=1, le=256)
 
+    # -- event router -------------------------------------------------------------------------
+    router_fetch_max_records: int = Field(
+        default=100, ge=1, le=1000, description="Records one consume fetches (spec: at most 100)."
+    )
+    router_fetch_timeout_s: float = Field(
+        default=2.0, gt=0, description="Bound on one no-wait pull; an empty stream answers at once."
+    )
+    router_consumes_per_run: int = Field(
+        default=2, ge=1, description="Consumes per subscription in one nudge or sweep run."
+    )
+    router_apply_calls_per_run: int = Field(
+        default=15, ge=1, description="ProjectView.apply_delta calls per run, per stream."
+    )
+    router_nak_delay_s: float = Field(default=30.0, ge=0, description="Redelivery after a nack.")
+    router_ack_wait_s: float = Field(
+        default=300.0, gt=0, description="An unacknowledged batch comes back after this."
+    )
+    router_max_ack_pending: int = Field(default=1_000, ge=1)
+    router_max_failures: int = Field(
+        default=5, ge=1, description="The failure that makes a poison event a dead letter."
+    )
+    router_nudge_enabled: bool = Field(
+        default=True, description="Nudge the router after a publish; the sweep applies all anyway."
+    )
+    archive_batch_size: int = Field(default=100, ge=1, le=1000)
+    archive_batches_per_tick: int = Field(default=1, ge=1)
+    analytics_batch_size: int = Field(default=100, ge=1, le=1000)
+    analytics_batches_per_tick: int = Field(default=1, ge=1)
+    processed_events_retention_days: float = Field(default=14, gt=0)
+    processed_events_prune_cap: int = Field(
+        default=5_000, ge=1, description="processed_events rows the daily prune deletes at most."
+    )
+    maintenance_time_utc: str = Field(
+        default="04:17", pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$", description="Daily tick."
+    )
+    release_sweep_every_min: int = Field(
+        default=5, ge=1, le=60, description="Release-sweep ticks: minutes 4, 9, 14 … of an hour."
+    )
+    view_latest_events: int = Field(
+        default=20, ge=1, description="Latest events a project view shows."
+    )
+    metrics_emf: bool = Field(
+        default=False, description="Also print metrics as CloudWatch EMF lines (on in Lambda)."
+    )
+
     # -- archive (S3) -------------------------------------------------------------------------
     evidence_bucket: str = "rhumbatron-evidence"
     s3_endpoint_url: str | None = None
+    s3_region: str = "us-east-1"
+    s3_timeout_s: float = Field(default=5.0, gt=0, description="S3 connect and read timeout.")
+    archive_max_age_days: float = Field(default=365, gt=0)
+    archive_expiry_pass: bool = Field(
+        default=True,
+        description="Delete expired archive objects in the daily tick (a store without lifecycle "
+        "rules); off in the cloud, where the bucket's lifecycle rule expires them.",
+    )
+    archive_expiry_max_objects: int = Field(default=1_000, ge=1)
 
     # -- fault injection (tests only) ---------------------------------------------------------
     crash_at: str | None = Field(
@@ -134,7 +188,24 @@ class Settings(BaseSettings):
                 f"shorter than event_stream_max_age_days={self.event_stream_max_age_days}: "
                 "keep published rows at least as long as the stream keeps their events"
             )
+        if self.processed_events_retention_days < self.event_stream_max_age_days:
+            raise ValueError(
+                f"processed_events_retention_days={self.processed_events_retention_days} is "
+                f"shorter than event_stream_max_age_days={self.event_stream_max_age_days}: a "
+                "redelivery of an event still on its stream would apply it a second time"
+            )
+        if self.router_ack_wait_s <= self.router_fetch_timeout_s:
+            raise ValueError(
+                f"router_ack_wait_s={self.router_ack_wait_s} must exceed "
+                f"router_fetch_timeout_s={self.router_fetch_timeout_s}"
+            )
         return self
+
+    @property
+    def maintenance_minute_of_day(self) -> int:
+        """The daily maintenance tick as a UTC minute of the day (04:17 → 257)."""
+        hours, minutes = self.maintenance_time_utc.split(":")
+        return int(hours) * 60 + int(minutes)
 
 
 def load_settings(**overrides: object) -> Settings:

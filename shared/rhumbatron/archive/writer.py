@@ -1,0 +1,102 @@
+"""Write one audit-archiver batch as one gzip NDJSON object in the evidence bucket."""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rhumbatron.archive.keys import archive_key
+from rhumbatron.errors import ArchiveError, ConfigurationError
+from rhumbatron.protocol.envelopes import Event
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+__all__ = [
+    "NDJSON_CONTENT_TYPE",
+    "ArchiveUnavailableError",
+    "ArchiveWriter",
+    "ArchivedObject",
+    "encode_batch",
+]
+
+NDJSON_CONTENT_TYPE = "application/x-ndjson"
+
+
+class ArchiveUnavailableError(ArchiveError):
+    """S3 could not be reached or refused the request; the message names bucket and key.
+
+    Nothing is lost as long as the caller leaves the batch's messages unacknowledged: the
+    redelivered batch is written again under the same key.
+    """
+
+
+@dataclass(frozen=True)
+class ArchivedObject:
+    """One archive object as written: its key, how many Events it holds, its gzip size."""
+
+    key: str
+    event_count: int
+    #: Size of the stored (gzip) body, in bytes.
+    bytes: int
+
+
+def encode_batch(events: Sequence[Event]) -> bytes:
+    """The object body: each Event's wire JSON on its own line, in batch order, gzipped.
+
+    ``mtime=0`` (and no file name, which :func:`gzip.compress` never writes) keeps the gzip
+    header free of the time of writing, so a redelivered batch produces identical bytes.
+    """
+    ndjson = b"".join(event.to_json() + b"\n" for event in events)
+    return gzip.compress(ndjson, mtime=0)
+
+
+class ArchiveWriter:
+    """Writes audit-archiver batches to ``bucket`` through a boto3 S3 client.
+
+    The client is synchronous; the event router may call it from async code, where a write
+    blocks the loop for one PUT, which the sweep tick can afford.
+    """
+
+    def __init__(self, s3_client: S3Client, bucket: str) -> None:
+        if not bucket:
+            raise ConfigurationError(
+                "the archive bucket name is empty; set RHUMBATRON_EVIDENCE_BUCKET"
+            )
+        self._s3 = s3_client
+        self._bucket = bucket
+
+    @property
+    def bucket(self) -> str:
+        """The evidence bucket this writer puts objects in."""
+        return self._bucket
+
+    def write_batch(self, stream_index: int, events: Sequence[Event]) -> ArchivedObject:
+        """Put ``events`` (one batch of stream ``stream_index``, in stream order) as one object.
+
+        The key is derived from the batch (see :func:`~rhumbatron.archive.keys.archive_key`),
+        so writing the same batch again overwrites the same object with the same bytes.
+        Raises :class:`ArchiveError` for an empty batch or a bad stream index, and
+        :class:`ArchiveUnavailableError` when S3 cannot be reached or refuses the PUT.
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = archive_key(stream_index, events)
+        body = encode_batch(events)
+        try:
+            self._s3.put_object(
+                Bucket=self._bucket,
+                Key=key,
+                Body=body,
+                ContentType=NDJSON_CONTENT_TYPE,
+                ContentEncoding="gzip",
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise ArchiveUnavailableError(
+                f"could not write archive object s3://{self._bucket}/{key} "
+                f"(a batch of {len(events)} from stream {stream_index:02d}): {exc}; "
+                "the batch will be retried (leave its messages unacknowledged)"
+            ) from exc
+        return ArchivedObject(key=key, event_count=len(events), bytes=len(body))

@@ -1,0 +1,145 @@
+"""Durable JetStream pull consumers: explicit create-or-update, and a pull that never lingers.
+
+Two nats.py behaviours make its helpers a poor fit for a bounded Lambda run:
+
+* ``pull_subscribe`` does not update an existing consumer whose config changed, so a new
+  ack wait in the settings would silently not apply. :func:`ensure_consumer` compares the
+  fields we own and updates the consumer when one differs.
+* ``fetch`` on an empty consumer waits for its whole timeout and then raises a timeout. A
+  sweep visits four subscriptions; an idle stream must cost a round trip, not seconds.
+  :class:`Puller` asks with ``no_wait``: the server sends what it has and then a
+  "404 No Messages" status, so an empty pull is an empty list, at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from rhumbatron.errors import MessagingError
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+    from nats.aio.msg import Msg
+    from nats.aio.subscription import Subscription
+    from nats.js.api import ConsumerConfig
+    from nats.js.client import JetStreamContext
+
+__all__ = ["ConsumerChange", "Puller", "ensure_consumer"]
+
+#: Fields of a consumer we set and keep in line with the settings.
+_MANAGED = ("ack_wait", "max_ack_pending", "max_deliver", "filter_subject", "ack_policy")
+#: Statuses that end a no-wait pull without an error.
+_END_OF_PULL = frozenset({"404", "408"})
+
+
+class ConsumerChange(StrEnum):
+    CREATED = "created"
+    UPDATED = "updated"
+    UNCHANGED = "unchanged"
+
+
+def _normalised(config: ConsumerConfig, name: str) -> Any:
+    value = getattr(config, name)
+    if name == "ack_wait":
+        return round(float(value or 30.0), 3)
+    if name == "max_deliver":
+        return -1 if value in (None, 0) else value
+    if name == "filter_subject":
+        return value or None
+    return getattr(value, "value", value)
+
+
+async def ensure_consumer(
+    js: JetStreamContext, stream: str, config: ConsumerConfig
+) -> ConsumerChange:
+    """Create the durable consumer ``config.durable_name`` on ``stream``, or update it.
+
+    JetStream refuses some changes (the ack policy, the deliver policy); the refusal is
+    raised as :class:`MessagingError` naming the consumer and what to do.
+    """
+    from nats.js.errors import APIError, NotFoundError
+
+    name = config.durable_name
+    assert name is not None
+    try:
+        info = await js.consumer_info(stream, name)
+    except NotFoundError:
+        change = ConsumerChange.CREATED
+    else:
+        differs = [f for f in _MANAGED if _normalised(info.config, f) != _normalised(config, f)]
+        if not differs:
+            return ConsumerChange.UNCHANGED
+        change = ConsumerChange.UPDATED
+    try:
+        # CONSUMER.CREATE with an existing durable name updates it (nats-server >= 2.9).
+        await js.add_consumer(stream, config.evolve(name=name))
+    except APIError as exc:
+        raise MessagingError(
+            f"JetStream refused to {change.value.removesuffix('d')} consumer {name} on "
+            f"{stream}: {exc.description} (code {exc.err_code}); if its ack or deliver "
+            "policy changed, delete the consumer (it is recreated at its next read)"
+        ) from exc
+    return change
+
+
+@dataclass
+class Puller:
+    """Pulls batches from one durable consumer with ``no_wait``.
+
+    One private inbox subscription per consumer, reused across pulls (a warm Lambda keeps
+    it). ``timeout_s`` only bounds a pull whose end-of-batch status got lost.
+    """
+
+    nc: NATS
+    stream: str
+    durable: str
+    timeout_s: float
+    _inbox: str | None = None
+    _sub: Subscription | None = None
+
+    async def pull(self, batch: int) -> list[Msg]:
+        """Up to ``batch`` messages available now; ``[]`` when there are none."""
+        if self._sub is None or self._inbox is None:
+            self._inbox = self.nc.new_inbox()
+            self._sub = await self.nc.subscribe(self._inbox)
+        request = json.dumps({"batch": batch, "no_wait": True}).encode()
+        await self.nc.publish(
+            f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}", request, self._inbox
+        )
+        messages: list[Msg] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        while len(messages) < batch:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                msg = await self._sub.next_msg(timeout=remaining)
+            except TimeoutError:
+                break  # the end-of-batch status never came; what we hold is the batch
+            status = msg.headers.get("Status") if msg.headers else None
+            if status is None:
+                messages.append(msg)
+            elif status in _END_OF_PULL:
+                break
+            elif status == "100":
+                continue  # an idle heartbeat
+            else:
+                description = msg.headers.get("Description", "") if msg.headers else ""
+                raise MessagingError(
+                    f"pull from consumer {self.durable} on {self.stream} failed: {status} "
+                    f"{description}"
+                )
+        return messages
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            # A closed connection has already dropped the subscription.
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None

@@ -1,0 +1,200 @@
+"""Dead letters: what an operator must see because delivery gave up.
+
+Two kinds share the table. A ``command`` letter (the command plane's dead-letter queue) is
+unique on ``command_id``. A ``poison_event`` letter is an Event a router subscription failed
+to apply 5 times; it is unique on ``(consumer, event_id)`` and can only be dismissed
+(spec: poison-batch.ts). The functions here run inside the caller's transaction unless they
+say otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from dataclasses import dataclass
+from enum import StrEnum
+
+from rhumbatron.errors import DeadLetterClosedError, DeadLetterNotFoundError
+
+__all__ = [
+    "DEAD_LETTERS_SCHEMA",
+    "DeadLetter",
+    "DeadLetterKind",
+    "DeadLetterStatus",
+    "dismiss_dead_letter",
+    "get_dead_letter",
+    "list_dead_letters",
+    "poison_dead_letter_id",
+    "record_poison_event",
+]
+
+
+class DeadLetterKind(StrEnum):
+    COMMAND = "command"
+    POISON_EVENT = "poison_event"
+
+
+class DeadLetterStatus(StrEnum):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+DEAD_LETTERS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS dead_letters (
+    dead_letter_id TEXT PRIMARY KEY,
+    kind           TEXT NOT NULL CHECK (kind IN ('command', 'poison_event')),
+    tenant_id      TEXT,
+    project_id     TEXT,
+    change_id      TEXT,
+    task_id        TEXT,
+    command_id     TEXT UNIQUE,
+    command_type   TEXT,
+    queue          TEXT,
+    attempt        INTEGER,
+    consumer       TEXT,
+    event_id       TEXT,
+    stream         TEXT,
+    stream_seq     INTEGER,
+    reason         TEXT NOT NULL,
+    body           TEXT NOT NULL,
+    status         TEXT NOT NULL DEFAULT 'open' CHECK (status IN ('open', 'closed')),
+    resolution     TEXT,
+    created_at_s   REAL NOT NULL,
+    closed_at_s    REAL,
+    UNIQUE (consumer, event_id)
+);
+CREATE INDEX IF NOT EXISTS dead_letters_open ON dead_letters (status, created_at_s);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One dead_letters row."""
+
+    dead_letter_id: str
+    kind: DeadLetterKind
+    status: DeadLetterStatus
+    reason: str
+    body: str
+    created_at_s: float
+    tenant_id: str | None = None
+    project_id: str | None = None
+    change_id: str | None = None
+    task_id: str | None = None
+    command_id: str | None = None
+    command_type: str | None = None
+    queue: str | None = None
+    attempt: int | None = None
+    consumer: str | None = None
+    event_id: str | None = None
+    stream: str | None = None
+    stream_seq: int | None = None
+    resolution: str | None = None
+    closed_at_s: float | None = None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> DeadLetter:
+        values = dict(row)
+        values["kind"] = DeadLetterKind(values["kind"])
+        values["status"] = DeadLetterStatus(values["status"])
+        return cls(**values)
+
+
+def poison_dead_letter_id(consumer: str, event_key: str) -> str:
+    """``dl_`` + 24 hex characters derived from ``(consumer, event key)``: stable, so a
+    redelivery after a crash finds the letter it already wrote."""
+    digest = hashlib.sha256(f"{consumer}\x1f{event_key}".encode()).hexdigest()
+    return f"dl_{digest[:24]}"
+
+
+def record_poison_event(
+    connection: sqlite3.Connection,
+    *,
+    consumer: str,
+    event_key: str,
+    stream: str,
+    stream_seq: int,
+    reason: str,
+    body: str,
+    now_s: float,
+    tenant_id: str | None = None,
+    project_id: str | None = None,
+    change_id: str | None = None,
+    task_id: str | None = None,
+) -> bool:
+    """Write the poison-event letter once; return whether this call wrote it."""
+    return (
+        connection.execute(
+            "INSERT OR IGNORE INTO dead_letters (dead_letter_id, kind, tenant_id, project_id, "
+            "change_id, task_id, consumer, event_id, stream, stream_seq, reason, body, "
+            "created_at_s) VALUES (?, 'poison_event', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                poison_dead_letter_id(consumer, event_key),
+                tenant_id,
+                project_id,
+                change_id,
+                task_id,
+                consumer,
+                event_key,
+                stream,
+                stream_seq,
+                reason,
+                body,
+                now_s,
+            ),
+        ).rowcount
+        == 1
+    )
+
+
+def get_dead_letter(connection: sqlite3.Connection, dead_letter_id: str) -> DeadLetter:
+    row = connection.execute(
+        "SELECT * FROM dead_letters WHERE dead_letter_id = ?", (dead_letter_id,)
+    ).fetchone()
+    if row is None:
+        raise DeadLetterNotFoundError(f"no dead letter {dead_letter_id!r}")
+    return DeadLetter.from_row(row)
+
+
+def list_dead_letters(
+    connection: sqlite3.Connection,
+    *,
+    status: DeadLetterStatus | None = DeadLetterStatus.OPEN,
+    kind: DeadLetterKind | None = None,
+    limit: int = 100,
+) -> list[DeadLetter]:
+    """Dead letters, oldest first."""
+    clauses, params = [], []
+    if status is not None:
+        clauses.append("status = ?")
+        params.append(status.value)
+    if kind is not None:
+        clauses.append("kind = ?")
+        params.append(kind.value)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    rows = connection.execute(
+        f"SELECT * FROM dead_letters {where} ORDER BY created_at_s, dead_letter_id LIMIT ?",
+        [*params, limit],
+    ).fetchall()
+    return [DeadLetter.from_row(row) for row in rows]
+
+
+def dismiss_dead_letter(
+    connection: sqlite3.Connection, dead_letter_id: str, *, now_s: float
+) -> DeadLetter:
+    """Close an open letter with the resolution ``dismissed``.
+
+    Raises :class:`DeadLetterNotFoundError` for an unknown ID and
+    :class:`DeadLetterClosedError` for a letter already closed.
+    """
+    letter = get_dead_letter(connection, dead_letter_id)
+    if letter.status is DeadLetterStatus.CLOSED:
+        raise DeadLetterClosedError(
+            f"dead letter {dead_letter_id} is already closed ({letter.resolution})"
+        )
+    connection.execute(
+        "UPDATE dead_letters SET status = 'closed', resolution = 'dismissed', closed_at_s = ? "
+        "WHERE dead_letter_id = ? AND status = 'open'",
+        (now_s, dead_letter_id),
+    )
+    return get_dead_letter(connection, dead_letter_id)

@@ -1,0 +1,422 @@
+"""The event router: nudge and sweep runs over the event streams.
+
+A **nudge** for stream N runs ``project-view-projector`` then ``causal-router``, at most 2
+consumes each. A **sweep tick** (the start of every minute) visits stream
+``minute-of-day mod 8`` and runs the same two, then the ``audit-archiver`` batch(es), then —
+on a tick that is neither the daily maintenance tick nor a release-sweep tick — the
+``analytics-projector`` batch(es). The sweep is the correctness path: with nudges off every
+event is still applied, 8 minutes later at most.
+
+For every fetched record the router settles one outcome (see ``records``): ack, nack (after
+the delay, or at once for a deferral), or — on the 5th failure of the same event for the same
+subscription — a ``poison_event`` dead letter, the event marked processed, and an ack, so one
+bad record never dams its stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from rhumbatron.messaging.event_log import ConsumerLag, EventLogClient, Subscription
+from rhumbatron.protocol.ids import event_stream_name
+from rhumbatron.router.handlers import (
+    AnalyticsProjector,
+    AuditArchiver,
+    CausalRouter,
+    CausalRouting,
+    NoCausalRules,
+    ProjectViewProjector,
+    RecordHandler,
+    RunContext,
+)
+from rhumbatron.router.records import Outcome, Record, RecordOutcome, decode_records
+from rhumbatron.router.stream_state import StreamState
+from rhumbatron.runtime.clock import Clock
+from rhumbatron.runtime.faults import crash_point
+from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from nats.aio.client import Client as NATS
+
+    from rhumbatron.archive import ArchiveWriter
+    from rhumbatron.metrics import MetricsSink
+    from rhumbatron.product.database import ProductDatabase
+
+__all__ = ["EventRouter", "RunReport", "SubscriptionReport", "SweepReport", "tick_kind"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class SubscriptionReport:
+    """What one subscription did in one run."""
+
+    consumes: int = 0
+    fetched: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    deferred: int = 0
+    retried: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+
+    def count(self, outcome: Outcome) -> None:
+        match outcome:
+            case Outcome.APPLIED:
+                self.applied += 1
+            case Outcome.DUPLICATE:
+                self.duplicates += 1
+            case Outcome.DEFERRED:
+                self.deferred += 1
+            case Outcome.RETRY:
+                self.retried += 1
+            case Outcome.FAILED:
+                self.failed += 1
+
+
+@dataclass
+class RunReport:
+    """One nudge or sweep run on one stream."""
+
+    stream_index: int
+    kind: str
+    subscriptions: dict[str, SubscriptionReport] = field(default_factory=dict)
+
+    def total(self, name: str) -> int:
+        return sum(getattr(report, name) for report in self.subscriptions.values())
+
+
+@dataclass
+class SweepReport:
+    """One sweep tick: the run on its stream, and the housekeeping it did."""
+
+    run: RunReport
+    minute_of_day: int
+    maintenance: bool
+    release_sweep: bool
+    analytics: bool
+    lags: list[ConsumerLag] = field(default_factory=list)
+    outbox_backlog: dict[str, int] = field(default_factory=dict)
+    pruned_claims: int = 0
+    pruned_feed_rows: int = 0
+    archive_objects_expired: int = 0
+    archive_objects: list[tuple[str, int]] = field(default_factory=list)
+
+
+def tick_kind(settings: Settings, now: datetime) -> tuple[int, bool, bool]:
+    """``(stream index, maintenance tick?, release-sweep tick?)`` for the minute of ``now``
+    (UTC): the stream is the minute of the day mod 8; the release sweep ticks at minutes
+    4, 9, 14 … of every hour (``release_sweep_every_min`` = 5)."""
+    minute_of_day = now.hour * 60 + now.minute
+    every = settings.release_sweep_every_min
+    return (
+        minute_of_day % EVENT_STREAM_COUNT,
+        minute_of_day == settings.maintenance_minute_of_day,
+        now.minute % every == every - 1,
+    )
+
+
+@dataclass
+class EventRouter:
+    """Runs the four subscriptions of the event streams. Build one per process."""
+
+    settings: Settings
+    clock: Clock
+    connect: Callable[[], Awaitable[NATS]]
+    product: ProductDatabase
+    archive_writer: Callable[[], ArchiveWriter]
+    s3: Callable[[], S3Client]
+    metrics_sink: MetricsSink
+    causal_routing: CausalRouting = field(default_factory=NoCausalRules)
+    outbox_backlog: Callable[[], dict[str, int]] | None = None
+    _log_client: EventLogClient | None = None
+    _log_nc: NATS | None = None
+    _states: dict[int, StreamState] = field(default_factory=dict)
+    _handlers: dict[tuple[int, Subscription], RecordHandler] = field(default_factory=dict)
+    _projector: ProjectViewProjector | None = None
+    _locks: dict[tuple[int, Subscription], asyncio.Lock] = field(default_factory=dict)
+
+    # -- wiring ------------------------------------------------------------------------------
+    async def event_log(self) -> EventLogClient:
+        """The event-log client, rebuilt when the NATS connection was replaced."""
+        nc = await self.connect()
+        if self._log_client is None or self._log_nc is not nc:
+            self._log_client, self._log_nc = EventLogClient(nc, self.settings), nc
+        return self._log_client
+
+    def stream_state(self, stream_index: int) -> StreamState:
+        state = self._states.get(stream_index)
+        if state is None:
+            state = self._states[stream_index] = StreamState(self.settings, stream_index)
+        return state
+
+    @property
+    def projector(self) -> ProjectViewProjector:
+        if self._projector is None:
+            self._projector = ProjectViewProjector(self.settings)
+        return self._projector
+
+    def handler(self, stream_index: int, subscription: Subscription) -> RecordHandler:
+        key = (stream_index, subscription)
+        handler = self._handlers.get(key)
+        if handler is None:
+            lease_s = self.settings.router_ack_wait_s
+            state = self.stream_state(stream_index)
+            match subscription:
+                case Subscription.PROJECT_VIEW_PROJECTOR:
+                    handler = self.projector
+                case Subscription.CAUSAL_ROUTER:
+                    handler = CausalRouter(state, self.causal_routing, lease_s)
+                case Subscription.AUDIT_ARCHIVER:
+                    handler = AuditArchiver(state, self.archive_writer(), lease_s)
+                case Subscription.ANALYTICS_PROJECTOR:
+                    handler = AnalyticsProjector(self.product, self.metrics_sink)
+            self._handlers[key] = handler
+        return handler
+
+    # -- runs --------------------------------------------------------------------------------
+    async def nudge(
+        self, stream_index: int, *, should_stop: Callable[[], bool] | None = None
+    ) -> RunReport:
+        """A nudge for ``stream_index``: the projector, then the causal router."""
+        _check_stream(stream_index)
+        run = self._run_context(stream_index)
+        report = RunReport(stream_index, "nudge")
+        consumes = self.settings.router_consumes_per_run
+        batch = self.settings.router_fetch_max_records
+        for subscription in (Subscription.PROJECT_VIEW_PROJECTOR, Subscription.CAUSAL_ROUTER):
+            report.subscriptions[subscription.value] = await self.consume(
+                run, subscription, consumes=consumes, batch=batch, should_stop=should_stop
+            )
+        return report
+
+    async def sweep(
+        self, *, now: datetime | None = None, should_stop: Callable[[], bool] | None = None
+    ) -> SweepReport:
+        """One sweep tick for the minute of ``now`` (the clock's time by default)."""
+        now = now or self.clock.now()
+        stream_index, maintenance, release_sweep = tick_kind(self.settings, now)
+        run = self._run_context(stream_index)
+        report = RunReport(stream_index, "sweep")
+        settings = self.settings
+        plan: list[tuple[Subscription, int, int]] = [
+            (
+                Subscription.PROJECT_VIEW_PROJECTOR,
+                settings.router_consumes_per_run,
+                settings.router_fetch_max_records,
+            ),
+            (
+                Subscription.CAUSAL_ROUTER,
+                settings.router_consumes_per_run,
+                settings.router_fetch_max_records,
+            ),
+            (
+                Subscription.AUDIT_ARCHIVER,
+                settings.archive_batches_per_tick,
+                settings.archive_batch_size,
+            ),
+        ]
+        analytics = not (maintenance or release_sweep)
+        if analytics:
+            plan.append(
+                (
+                    Subscription.ANALYTICS_PROJECTOR,
+                    settings.analytics_batches_per_tick,
+                    settings.analytics_batch_size,
+                )
+            )
+        archiver = self.handler(stream_index, Subscription.AUDIT_ARCHIVER)
+        assert isinstance(archiver, AuditArchiver)
+        archived_before = len(archiver.objects_written)
+        for subscription, consumes, batch in plan:
+            report.subscriptions[subscription.value] = await self.consume(
+                run, subscription, consumes=consumes, batch=batch, should_stop=should_stop
+            )
+        sweep = SweepReport(
+            run=report,
+            minute_of_day=now.hour * 60 + now.minute,
+            maintenance=maintenance,
+            release_sweep=release_sweep,
+            analytics=analytics,
+            archive_objects=archiver.objects_written[archived_before:],
+        )
+        del archiver.objects_written[:archived_before]
+        if maintenance:
+            from rhumbatron.router.maintenance import run_daily_maintenance
+
+            await run_daily_maintenance(self, sweep, now)
+        from rhumbatron.router.lag import record_lag
+
+        await record_lag(self, sweep)
+        return sweep
+
+    def _run_context(self, stream_index: int) -> RunContext:
+        return RunContext(
+            stream_index=stream_index,
+            now_s=self.clock.now().timestamp(),
+            apply_calls_left=self.settings.router_apply_calls_per_run,
+        )
+
+    async def consume(
+        self,
+        run: RunContext,
+        subscription: Subscription,
+        *,
+        consumes: int,
+        batch: int,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> SubscriptionReport:
+        """Up to ``consumes`` fetches of at most ``batch`` records, each settled record by
+        record. Stops early when a fetch comes back short (nothing more is waiting) or
+        when ``should_stop`` says the function's time is nearly up."""
+        key = (run.stream_index, subscription)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        report = SubscriptionReport()
+        async with lock:  # one consume per subscription and stream at a time in a process
+            log = await self.event_log()
+            for _ in range(consumes):
+                if should_stop is not None and should_stop():
+                    break
+                messages = await log.fetch(run.stream_index, subscription, batch)
+                report.consumes += 1
+                if not messages:
+                    break
+                report.fetched += len(messages)
+                await self._settle_batch(run, subscription, decode_records(messages), report)
+                if len(messages) < batch:
+                    break
+            if log.nc.is_connected:
+                await log.nc.flush()
+        return report
+
+    async def _settle_batch(
+        self,
+        run: RunContext,
+        subscription: Subscription,
+        records: list[Record],
+        report: SubscriptionReport,
+    ) -> None:
+        handler = self.handler(run.stream_index, subscription)
+        decoded = [r for r in records if r.event is not None]
+        outcomes: dict[str, RecordOutcome] = {}
+        if decoded:
+            outcomes = await handler.handle(decoded, run)
+        nak_delay = self.settings.router_nak_delay_s
+        for record in records:
+            outcome = outcomes.get(record.key)
+            if record.error is not None:
+                outcome = RecordOutcome.failed(record.error)
+            assert outcome is not None, f"{subscription} gave no outcome for {record.key}"
+            report.count(outcome.outcome)
+            crash_point(self.settings.crash_at, "before_ack")
+            match outcome.outcome:
+                case Outcome.APPLIED | Outcome.DUPLICATE:
+                    await record.msg.ack()
+                case Outcome.DEFERRED:
+                    await record.msg.nak()
+                case Outcome.RETRY:
+                    _log.warning("%s will retry %s: %s", subscription, record.key, outcome.reason)
+                    await record.msg.nak(delay=nak_delay)
+                case Outcome.FAILED:
+                    if await self._count_failure(run, subscription, handler, record, outcome):
+                        report.dead_lettered += 1
+                        await record.msg.ack()
+                    else:
+                        await record.msg.nak(delay=nak_delay)
+
+    async def _count_failure(
+        self,
+        run: RunContext,
+        subscription: Subscription,
+        handler: RecordHandler,
+        record: Record,
+        outcome: RecordOutcome,
+    ) -> bool:
+        """Count the failure; on the 5th write the dead letter and mark the record processed.
+        Returns whether the record became a dead letter (and is to be acked)."""
+        from rhumbatron.product.dead_letters import record_poison_event
+
+        failures = self.stream_state(run.stream_index).count_failure(
+            subscription.value, record.key, outcome.reason, now_s=run.now_s
+        )
+        _log.warning(
+            "%s failed %s (%d/%d): %s",
+            subscription,
+            record.key,
+            failures,
+            self.settings.router_max_failures,
+            outcome.reason,
+        )
+        if failures < self.settings.router_max_failures:
+            return False
+        event = record.event
+        with self.product.transaction() as db:
+            record_poison_event(
+                db,
+                consumer=subscription.value,
+                event_key=record.key,
+                stream=event_stream_name(run.stream_index),
+                stream_seq=record.stream_seq,
+                reason=outcome.reason,
+                body=record.body,
+                now_s=run.now_s,
+                tenant_id=event.tenant_id if event else None,
+                project_id=event.project_id if event else None,
+                change_id=event.change_id if event else None,
+                task_id=event.task_id if event else None,
+            )
+        if event is not None:
+            handler.mark_processed([record], run)
+        return True
+
+    # -- lag ---------------------------------------------------------------------------------
+    async def consumer_lags(self) -> list[ConsumerLag]:
+        """The lag of every subscription on every stream (32 consumers)."""
+        log = await self.event_log()
+        return [
+            await log.lag(index, subscription)
+            for index in range(EVENT_STREAM_COUNT)
+            for subscription in Subscription
+        ]
+
+    async def drain(self, *, max_rounds: int = 1_000) -> dict[str, Any]:
+        """Run every subscription of every stream until nothing is waiting (the local demo
+        and tests; the deployed router only nudges and sweeps)."""
+        totals: dict[str, int] = {}
+        for _ in range(max_rounds):
+            moved = 0
+            for index in range(EVENT_STREAM_COUNT):
+                run = self._run_context(index)
+                for subscription in Subscription:
+                    sub = await self.consume(
+                        run,
+                        subscription,
+                        consumes=1,
+                        batch=self.settings.router_fetch_max_records,
+                    )
+                    moved += sub.applied + sub.duplicates + sub.dead_lettered
+                    for name in ("applied", "duplicates", "deferred", "failed", "dead_lettered"):
+                        totals[name] = totals.get(name, 0) + getattr(sub, name)
+            if moved == 0:
+                break
+        return totals
+
+    async def close(self) -> None:
+        if self._log_client is not None:
+            await self._log_client.close()
+            self._log_client = None
+        for state in self._states.values():
+            state.close()
+        if self._projector is not None:
+            self._projector.close()
+
+
+def _check_stream(stream_index: int) -> None:
+    if not 0 <= stream_index < EVENT_STREAM_COUNT:
+        raise ValueError(f"stream index {stream_index} is outside 0..{EVENT_STREAM_COUNT - 1}")

@@ -1,0 +1,275 @@
+"""The four subscriptions' record handlers.
+
+A handler gets the decoded records of one fetch (the router has already turned records that
+do not decode into failures) and returns an outcome per record key. It owns its claims: where
+they live and when they commit is what makes its effect happen once (see ``claims``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from rhumbatron.errors import ActorError, ArchiveError
+from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.router.claims import claim_events, complete_claims, release_claims
+from rhumbatron.router.project_view import ProjectView
+from rhumbatron.router.records import APPLIED, DEFERRED, DUPLICATE, Record, RecordOutcome
+from rhumbatron.runtime.faults import crash_point
+
+if TYPE_CHECKING:
+    from rhumbatron.archive import ArchiveWriter
+    from rhumbatron.metrics import MetricsSink
+    from rhumbatron.product.database import ProductDatabase
+    from rhumbatron.router.stream_state import StreamState
+    from rhumbatron.runtime.settings import Settings
+
+__all__ = [
+    "AnalyticsProjector",
+    "AuditArchiver",
+    "CausalRouter",
+    "CausalRouting",
+    "NoCausalRules",
+    "ProjectViewProjector",
+    "RecordHandler",
+    "RunContext",
+]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunContext:
+    """One nudge or sweep run on one stream: its clock reading and its apply budget."""
+
+    stream_index: int
+    now_s: float
+    apply_calls_left: int
+
+
+class RecordHandler(Protocol):
+    subscription: Subscription
+
+    async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
+        """An outcome for every record key (records all decoded)."""
+        ...
+
+    def mark_processed(self, records: Sequence[Record], run: RunContext) -> None:
+        """Mark dead-lettered records processed, so a redelivery skips them."""
+        ...
+
+
+def _events(records: Sequence[Record]) -> list[Event]:
+    return [r.event for r in records if r.event is not None]
+
+
+# -- project-view-projector -----------------------------------------------------------------
+
+
+@dataclass
+class ProjectViewProjector:
+    """Applies each project's fresh events to its view, at most N apply calls per run.
+
+    One ``apply_delta`` call per project per fetch; a project beyond the run's budget is
+    deferred whole — never claimed, so it simply comes back with the next delivery.
+    """
+
+    settings: Settings
+    subscription: Subscription = Subscription.PROJECT_VIEW_PROJECTOR
+    _views: dict[str, ProjectView] = field(default_factory=dict)
+
+    def view(self, project_id: str) -> ProjectView:
+        view = self._views.get(project_id)
+        if view is None:
+            view = self._views[project_id] = ProjectView(self.settings, project_id)
+        return view
+
+    async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
+        by_project: dict[str, list[Record]] = {}
+        for record in records:
+            assert record.event is not None
+            by_project.setdefault(record.event.project_id, []).append(record)
+        outcomes: dict[str, RecordOutcome] = {}
+        for project_id, group in by_project.items():
+            if run.apply_calls_left <= 0:
+                outcomes.update({r.key: DEFERRED for r in group})
+                continue
+            run.apply_calls_left -= 1
+            try:
+                outcomes.update(self.view(project_id).apply_delta(group, now_s=run.now_s))
+                # The projector's claims commit with its effect: "after claim" is "after apply".
+                crash_point(self.settings.crash_at, "after_apply")
+            except ActorError as exc:
+                # The view file is busy or the disk is full: nothing of the group committed.
+                outcomes.update({r.key: RecordOutcome.retry(str(exc)) for r in group})
+        return outcomes
+
+    def mark_processed(self, records: Sequence[Record], run: RunContext) -> None:
+        for record in records:
+            if record.event is not None:
+                self.view(record.event.project_id).mark_processed(
+                    [record.event.event_id], now_s=run.now_s
+                )
+
+    def close(self) -> None:
+        for view in self._views.values():
+            view.close()
+        self._views.clear()
+
+
+# -- causal-router --------------------------------------------------------------------------
+
+
+class CausalRouting(Protocol):
+    """The causal rules (issue #5 brings them): which commands each fresh Event causes.
+
+    ``route`` must be idempotent per Event: the commands it sends carry stable IDs, so a
+    redelivery after a crash sends nothing twice (the JetStream duplicate window drops it).
+    """
+
+    async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
+        """An outcome per event ID."""
+        ...
+
+
+class NoCausalRules:
+    """No causal rules are installed: every Event is applied with no command."""
+
+    async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
+        return {event.event_id: APPLIED for event in events}
+
+
+@dataclass
+class CausalRouter:
+    """Claims fresh events as leases, routes them, then completes or releases the leases."""
+
+    state: StreamState
+    routing: CausalRouting
+    lease_s: float
+    subscription: Subscription = Subscription.CAUSAL_ROUTER
+
+    async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
+        name = self.subscription.value
+        events = _events(records)
+        with self.state.transaction() as db:
+            fresh = set(
+                claim_events(
+                    db, name, [e.event_id for e in events], now_s=run.now_s, lease_s=self.lease_s
+                )
+            )
+        crash_point(self.state.settings.crash_at, "after_claim")
+        outcomes = {r.key: DUPLICATE for r in records if r.key not in fresh}
+        try:
+            routed = await self.routing.route([e for e in events if e.event_id in fresh])
+        except Exception as exc:
+            _log.exception("causal routing failed")
+            routed = {
+                event_id: RecordOutcome.failed(f"routing failed: {exc}") for event_id in fresh
+            }
+        applied = [k for k in fresh if routed.get(k, APPLIED) in (APPLIED, DUPLICATE)]
+        crash_point(self.state.settings.crash_at, "after_apply")
+        with self.state.transaction() as db:
+            complete_claims(db, name, applied, now_s=run.now_s)
+            release_claims(db, name, [k for k in fresh if k not in applied])
+        for key in fresh:
+            outcomes[key] = routed.get(key, APPLIED)
+        return outcomes
+
+    def mark_processed(self, records: Sequence[Record], run: RunContext) -> None:
+        with self.state.transaction() as db:
+            complete_claims(db, self.subscription.value, [r.key for r in records], now_s=run.now_s)
+
+
+# -- audit-archiver -------------------------------------------------------------------------
+
+
+@dataclass
+class AuditArchiver:
+    """Writes a fetch's fresh events as one gzip NDJSON object; S3 down → retry, never lost.
+
+    The claims are leases: the object is written after the claim commits and the claims
+    complete after the put. A crash between the two leaves leases that expire with the ack
+    wait; the redelivered batch has the same event IDs, so the same key, and the put
+    overwrites the same object.
+    """
+
+    state: StreamState
+    writer: ArchiveWriter
+    lease_s: float
+    objects_written: list[tuple[str, int]] = field(default_factory=list)
+    subscription: Subscription = Subscription.AUDIT_ARCHIVER
+
+    async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
+        name = self.subscription.value
+        events = _events(records)
+        with self.state.transaction() as db:
+            fresh = set(
+                claim_events(
+                    db, name, [e.event_id for e in events], now_s=run.now_s, lease_s=self.lease_s
+                )
+            )
+        outcomes = {r.key: DUPLICATE for r in records if r.key not in fresh}
+        batch = [e for e in events if e.event_id in fresh]
+        if not batch:
+            return outcomes
+        crash_point(self.state.settings.crash_at, "after_claim")
+        try:
+            archived = self.writer.write_batch(run.stream_index, batch)
+        except ArchiveError as exc:
+            with self.state.transaction() as db:
+                release_claims(db, name, fresh)
+            outcomes.update({k: RecordOutcome.retry(str(exc)) for k in fresh})
+            return outcomes
+        crash_point(self.state.settings.crash_at, "after_apply")
+        with self.state.transaction() as db:
+            complete_claims(db, name, fresh, now_s=run.now_s)
+        self.objects_written.append((archived.key, archived.event_count))
+        outcomes.update({k: APPLIED for k in fresh})
+        return outcomes
+
+    def mark_processed(self, records: Sequence[Record], run: RunContext) -> None:
+        with self.state.transaction() as db:
+            complete_claims(db, self.subscription.value, [r.key for r in records], now_s=run.now_s)
+
+
+# -- analytics-projector --------------------------------------------------------------------
+
+
+@dataclass
+class AnalyticsProjector:
+    """One EVENT_METRICS data point per fresh lifecycle Event; claim and point commit together
+    in the product database."""
+
+    product: ProductDatabase
+    sink: MetricsSink
+    subscription: Subscription = Subscription.ANALYTICS_PROJECTOR
+
+    async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
+        from rhumbatron.metrics import MetricBinding, analytics_point, record_event_points
+
+        name = self.subscription.value
+        events = _events(records)
+        try:
+            with self.product.transaction() as db:
+                fresh = set(claim_events(db, name, [e.event_id for e in events], now_s=run.now_s))
+                points = record_event_points(
+                    db,
+                    [
+                        point
+                        for event in events
+                        if event.event_id in fresh and (point := analytics_point(event)) is not None
+                    ],
+                    now_s=run.now_s,
+                )
+        except ActorError as exc:
+            return {r.key: RecordOutcome.retry(str(exc)) for r in records}
+        if points:
+            self.sink.emit(MetricBinding.EVENT_METRICS, points)
+        return {r.key: APPLIED if r.key in fresh else DUPLICATE for r in records}
+
+    def mark_processed(self, records: Sequence[Record], run: RunContext) -> None:
+        with self.product.transaction() as db:
+            complete_claims(db, self.subscription.value, [r.key for r in records], now_s=run.now_s)

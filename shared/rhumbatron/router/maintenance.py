@@ -1,0 +1,75 @@
+"""Housekeeping the router owns: the daily prune of claims, and the archive expiry pass.
+
+At the daily maintenance tick (04:17 UTC) at most ``processed_events_prune_cap`` (5,000)
+``processed_events`` rows older than 14 days are deleted, across every file that holds claims:
+the 8 router stream files, the product database and the project views. The project views'
+feed rows age out with the same cap. Where the archive store has no lifecycle rule (moto
+locally) the same tick deletes archive objects older than 365 days, in a bounded pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.router.claims import prune_claims
+from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
+
+if TYPE_CHECKING:
+    from rhumbatron.router.event_router import EventRouter, SweepReport
+
+__all__ = ["prune_processed_events", "run_daily_maintenance"]
+
+_log = logging.getLogger(__name__)
+_DAY_S = 86_400.0
+
+
+def prune_processed_events(router: EventRouter, *, now_s: float) -> tuple[int, int]:
+    """Delete old claims and feed rows, each within the prune cap. Returns both counts."""
+    settings = router.settings
+    cutoff = now_s - settings.processed_events_retention_days * _DAY_S
+    claims_left = feed_left = settings.processed_events_prune_cap
+    stores: list[SqliteStore] = [router.stream_state(i) for i in range(EVENT_STREAM_COUNT)]
+    stores.append(router.product)
+    projects = settings.state_dir / "projects"
+    view_ids = sorted(p.parent.name for p in projects.glob("*/view.sqlite"))
+    for store in stores:
+        if claims_left <= 0:
+            break
+        with store.transaction() as db:
+            claims_left -= prune_claims(db, older_than_s=cutoff, limit=claims_left)
+    for project_id in view_ids:
+        if claims_left <= 0 and feed_left <= 0:
+            break
+        view = router.projector.view(project_id)
+        if claims_left > 0:
+            with view.transaction() as db:
+                claims_left -= prune_claims(db, older_than_s=cutoff, limit=claims_left)
+        if feed_left > 0:
+            feed_left -= view.prune_feed(older_than_s=cutoff, limit=feed_left)
+    cap = settings.processed_events_prune_cap
+    return cap - claims_left, cap - feed_left
+
+
+async def run_daily_maintenance(router: EventRouter, sweep: SweepReport, now: datetime) -> None:
+    """The router's part of the 04:17 UTC tick."""
+    sweep.pruned_claims, sweep.pruned_feed_rows = prune_processed_events(
+        router, now_s=now.timestamp()
+    )
+    if router.settings.archive_expiry_pass:
+        from rhumbatron.archive import expire_archive
+
+        try:
+            report = expire_archive(
+                router.s3(),
+                router.settings.evidence_bucket,
+                now=now,
+                max_age_days=router.settings.archive_max_age_days,
+                max_objects=router.settings.archive_expiry_max_objects,
+            )
+        except Exception as exc:
+            _log.error("archive expiry pass failed: %s", exc)
+        else:
+            sweep.archive_objects_expired = report.deleted
