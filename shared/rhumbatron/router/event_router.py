@@ -107,6 +107,7 @@ class SweepReport:
     pruned_feed_rows: int = 0
     archive_objects_expired: int = 0
     archive_objects: list[tuple[str, int]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 def tick_kind(settings: Settings, now: datetime) -> tuple[int, bool, bool]:
@@ -141,6 +142,7 @@ class EventRouter:
     _handlers: dict[tuple[int, Subscription], RecordHandler] = field(default_factory=dict)
     _projector: ProjectViewProjector | None = None
     _locks: dict[tuple[int, Subscription], asyncio.Lock] = field(default_factory=dict)
+    _capacity_checked: bool = False
 
     # -- wiring ------------------------------------------------------------------------------
     async def event_log(self) -> EventLogClient:
@@ -201,6 +203,7 @@ class EventRouter:
     ) -> SweepReport:
         """One sweep tick for the minute of ``now`` (the clock's time by default)."""
         now = now or self.clock.now()
+        warnings = await self._check_capacity()
         stream_index, maintenance, release_sweep = tick_kind(self.settings, now)
         run = self._run_context(stream_index)
         report = RunReport(stream_index, "sweep")
@@ -245,6 +248,7 @@ class EventRouter:
             release_sweep=release_sweep,
             analytics=analytics,
             archive_objects=archiver.objects_written[archived_before:],
+            warnings=warnings,
         )
         del archiver.objects_written[:archived_before]
         if maintenance:
@@ -255,6 +259,23 @@ class EventRouter:
 
         await record_lag(self, sweep)
         return sweep
+
+    async def _check_capacity(self) -> list[str]:
+        """At the first sweep of a process: warn when a ceiling is below the observed rate."""
+        if self._capacity_checked:
+            return []
+        self._capacity_checked = True
+        from rhumbatron.router.capacity import capacity_warnings, observed_events_per_day
+
+        try:
+            rate = await observed_events_per_day(await self.connect())
+        except Exception as exc:
+            _log.warning("cannot estimate the event rate: %s", exc)
+            return []
+        warnings = capacity_warnings(self.settings, rate)
+        for warning in warnings:
+            _log.warning(warning)
+        return warnings
 
     def _run_context(self, stream_index: int) -> RunContext:
         return RunContext(

@@ -1,0 +1,114 @@
+"""The sweep's ceilings: how many events a day the router's bounded jobs can keep up with.
+
+At the spec's values the sweep is a hard ceiling: one ``audit-archiver`` batch of at most 100
+records a minute archives at most 144,000 events a day, and a 5,000-row daily prune cannot
+keep ``processed_events`` bounded above about a thousand events a day (each event leaves one
+claim row per subscription). :func:`ceilings` computes them from the settings;
+:func:`capacity_warnings` compares them with the rate the streams actually carry, and the
+router logs the warnings at its first sweep in a process (``docs/operations.md``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+__all__ = ["Ceilings", "capacity_warnings", "ceilings", "observed_events_per_day"]
+
+_MINUTES_PER_DAY = 1_440
+
+
+@dataclass(frozen=True, slots=True)
+class Ceilings:
+    """Events per day (all 8 streams together) each bounded job can handle at most."""
+
+    archive_events_per_day: int
+    analytics_events_per_day: int
+    sweep_apply_events_per_day: int
+    prune_events_per_day: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def ceilings(settings: Settings) -> Ceilings:
+    """The ceilings the settings allow.
+
+    Every tick visits one stream, so the day's 1,440 ticks are the budget of all 8 streams
+    together. Analytics skips the daily tick and the release-sweep ticks (1 in
+    ``release_sweep_every_min``). The projector and the causal router also run on every
+    nudge; their sweep ceiling is what holds with nudges off. The prune deletes at most its
+    cap of claim rows a day, and every event leaves one row per subscription.
+    """
+    ticks = _MINUTES_PER_DAY
+    analytics_ticks = ticks - ticks // settings.release_sweep_every_min - 1
+    return Ceilings(
+        archive_events_per_day=ticks
+        * settings.archive_batch_size
+        * settings.archive_batches_per_tick,
+        analytics_events_per_day=analytics_ticks
+        * settings.analytics_batch_size
+        * settings.analytics_batches_per_tick,
+        sweep_apply_events_per_day=ticks
+        * settings.router_consumes_per_run
+        * settings.router_fetch_max_records,
+        prune_events_per_day=settings.processed_events_prune_cap // len(Subscription),
+    )
+
+
+def capacity_warnings(settings: Settings, observed_per_day: float) -> list[str]:
+    """One warning per ceiling below the observed rate, naming the setting to raise."""
+    limits = ceilings(settings)
+    advice = {
+        "archive_events_per_day": "RHUMBATRON_ARCHIVE_BATCH_SIZE or "
+        "RHUMBATRON_ARCHIVE_BATCHES_PER_TICK",
+        "analytics_events_per_day": "RHUMBATRON_ANALYTICS_BATCH_SIZE or "
+        "RHUMBATRON_ANALYTICS_BATCHES_PER_TICK",
+        "sweep_apply_events_per_day": "RHUMBATRON_ROUTER_CONSUMES_PER_RUN (or keep nudges on)",
+        "prune_events_per_day": "RHUMBATRON_PROCESSED_EVENTS_PRUNE_CAP",
+    }
+    return [
+        f"the streams carry about {observed_per_day:,.0f} events a day but {name} is "
+        f"{limit:,}: raise {advice[name]} (see docs/operations.md)"
+        for name, limit in limits.as_dict().items()
+        if limit < observed_per_day
+    ]
+
+
+async def observed_events_per_day(nc: NATS) -> float:
+    """The event rate the streams carry, from each stream's first and last message times.
+
+    A stream holds up to 7 days; its messages over the span they cover is its rate. A
+    stream spanning under a minute tells too little and is left out. (nats.py's
+    ``StreamState`` drops the timestamps, so this reads the stream-info API's JSON.)
+    """
+    from rhumbatron.protocol.ids import event_stream_name
+
+    total = 0.0
+    for index in range(EVENT_STREAM_COUNT):
+        reply = await nc.request(f"$JS.API.STREAM.INFO.{event_stream_name(index)}", b"", timeout=2)
+        state = json.loads(reply.data).get("state", {})
+        first, last, messages = state.get("first_ts"), state.get("last_ts"), state.get("messages")
+        if not messages or not first or not last:
+            continue
+        span_s = (_parse(last) - _parse(first)).total_seconds()
+        if span_s >= 60:
+            total += messages * 86_400 / span_s
+    return total
+
+
+def _parse(text: str) -> datetime:
+    text = text.replace("Z", "+00:00")
+    head, _, rest = text.partition(".")
+    if rest:  # JetStream gives nanoseconds; datetime takes at most microseconds
+        digits = "".join(c for c in rest if c.isdigit())
+        text = f"{head}.{digits[:6]}{rest[len(digits) :]}"
+    return datetime.fromisoformat(text)

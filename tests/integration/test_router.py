@@ -1,0 +1,559 @@
+"""The event router against a real nats-server, real SQLite files and moto's S3 server
+(spec "Event router: the event log consumer", the router rows of "Sweep housekeeping" and
+"Idempotency and dedupe")."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import pytest
+import pytest_asyncio
+from nats.js.api import AckPolicy
+from nats.js.errors import NotFoundError
+
+from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.archive import ArchiveReader
+from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.local.s3_server import S3ServerProcess
+from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.messaging.pull import ConsumerChange
+from rhumbatron.metrics import MetricBinding, metric_counts
+from rhumbatron.protocol import Event, stream_index
+from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
+from rhumbatron.router.event_router import RunReport, tick_kind
+from rhumbatron.router.nudge import InProcessNudge
+from rhumbatron.router.records import decode_records
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.runtime.settings import Settings, load_settings
+
+pytestmark = pytest.mark.integration
+
+CALLER = Caller("acme", "system:test", correlation_id="corr-router")
+PROJECTOR = Subscription.PROJECT_VIEW_PROJECTOR
+CAUSAL = Subscription.CAUSAL_ROUTER
+START = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)  # minute of day 600 -> stream 0
+
+
+def projects_on_stream(stream: int, count: int) -> list[str]:
+    """``count`` project IDs whose events go to stream ``stream``."""
+    names = (f"proj-{i}" for i in itertools.count())
+    return list(itertools.islice((n for n in names if stream_index(n) == stream), count))
+
+
+def sweep_minute(stream: int, day_offset: int = 0) -> datetime:
+    """A sweep minute that visits ``stream`` and is neither maintenance nor release sweep."""
+    for minute in range(600, 700):
+        when = START.replace(hour=minute // 60, minute=minute % 60) + timedelta(days=day_offset)
+        index, maintenance, release = tick_kind(load_settings(), when)
+        if index == stream and not maintenance and not release:
+            return when
+    raise AssertionError("unreachable")
+
+
+def lifecycle(project_id: str, now: datetime, change: str = "chg-1") -> list[Event]:
+    """A small project history: created, a change with two tasks, one completed."""
+    ctx = FactContext(CALLER, project_id, now)
+    change_id = f"{project_id}-{change}"
+    return [
+        ctx.fact("project.created", {"name": f"Project {project_id}"}),
+        ctx.fact(
+            "change.created",
+            {"title": "Add login", "clientRequestId": f"req-{change}", "requestedBy": "user:1"},
+            change_id=change_id,
+        ),
+        ctx.fact("change.planned", {"taskIds": ["t1", "t2"]}, change_id=change_id),
+        ctx.fact("task.ready", {}, change_id=change_id, task_id="t1"),
+        ctx.fact("task.assigned", {"agentId": "agent-7"}, change_id=change_id, task_id="t1"),
+        ctx.fact("task.completed", {"agentId": "agent-7"}, change_id=change_id, task_id="t1"),
+    ]
+
+
+def wakes(project_id: str, now: datetime, count: int) -> list[Event]:
+    ctx = FactContext(CALLER, project_id, now)
+    return [
+        ctx.fact("agent.woke", {"agentId": f"agent-{i}"}, change_id=f"{project_id}-c", key=str(i))
+        for i in range(count)
+    ]
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[S3ServerProcess]:
+    server = S3ServerProcess()
+    server.start()
+    yield server
+    server.stop()
+
+
+AppFactory = Callable[..., Awaitable[Rhumbatron]]
+T = TypeVar("T")
+
+
+@pytest_asyncio.fixture
+async def make_app(
+    settings: Settings, s3_server: S3ServerProcess, clock: ManualClock
+) -> AsyncIterator[AppFactory]:
+    """Builds runtimes on the test's nats-server and state dir, with its own bucket."""
+    apps: list[Rhumbatron] = []
+    bucket = f"evidence-{id(apps):x}"
+    clock.set(START)
+
+    async def build(nudge: InProcessNudge | None = None, **overrides: Any) -> Rhumbatron:
+        values = settings.model_dump() | {
+            "s3_endpoint_url": s3_server.endpoint_url,
+            "evidence_bucket": bucket,
+            **overrides,
+        }
+        app = bootstrap(
+            load_settings(**values), clock=clock, alarms=RecordingAlarmSink(), nudge=nudge
+        )
+        await app.ensure_streams()
+        if not apps:
+            app.s3().create_bucket(Bucket=bucket)
+        apps.append(app)
+        return app
+
+    yield build
+    for app in apps:
+        await app.close()
+
+
+async def publish(app: Rhumbatron, events: list[Event]) -> None:
+    """Put events on their streams as the outbox publisher does (Nats-Msg-Id = event ID)."""
+    js = (await app.nats()).jetstream()
+    for event in events:
+        subject = event_stream_subject(stream_index(event.project_id))
+        await js.publish(subject, event.to_json(), headers={"Nats-Msg-Id": event.event_id})
+
+
+async def publish_raw(app: Rhumbatron, stream: int, body: bytes, msg_id: str) -> None:
+    js = (await app.nats()).jetstream()
+    await js.publish(event_stream_subject(stream), body, headers={"Nats-Msg-Id": msg_id})
+
+
+async def until(
+    run: Callable[[], Awaitable[T]], done: Callable[[T], bool], attempts: int = 200
+) -> T:
+    """Run ``run`` until ``done`` holds, a bounded number of times.
+
+    JetStream processes acks and naks on a queue of its own: a redelivery can trail a nak
+    by a moment. This bounds that wait instead of sleeping a guessed time.
+    """
+    for _ in range(attempts):
+        result = await run()
+        if done(result):
+            return result
+    raise AssertionError(f"condition not reached after {attempts} runs")
+
+
+def view_count(app: Rhumbatron, project_id: str, table: str = "project_events") -> int:
+    view = app.router().projector.view(project_id)
+    return int(view.connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+
+
+async def test_each_stream_gets_four_durable_explicit_ack_pull_consumers_at_first_read(
+    make_app: AppFactory,
+) -> None:
+    # GIVEN streams and no reader yet
+    app = await make_app()
+    js = (await app.nats()).jetstream()
+    with pytest.raises(NotFoundError):
+        await js.consumer_info(event_stream_name(0), PROJECTOR.value)
+
+    # WHEN the sweep visits stream 0
+    await app.router().sweep(now=sweep_minute(0))
+
+    # THEN stream 0 has exactly the four durable pull consumers, explicit ack, 5-minute ack
+    # wait; stream 1 has none yet (each is created at its first read)
+    names = sorted([c.name async for c in _consumers(js, event_stream_name(0))])
+    assert names == sorted(s.value for s in Subscription)
+    for subscription in Subscription:
+        info = await js.consumer_info(event_stream_name(0), subscription.value)
+        assert info.config.durable_name == subscription.value
+        assert info.config.ack_policy == AckPolicy.EXPLICIT
+        assert info.config.ack_wait == 300
+        assert info.config.deliver_subject is None  # a pull consumer
+    assert [c async for c in _consumers(js, event_stream_name(1))] == []
+
+
+async def _consumers(js: Any, stream: str) -> AsyncIterator[Any]:
+    for info in await js.consumers_info(stream):
+        yield info
+
+
+async def test_a_changed_ack_wait_updates_the_existing_consumer(make_app: AppFactory) -> None:
+    # GIVEN consumers created with the spec's 5-minute ack wait
+    first = await make_app()
+    await first.router().nudge(0)
+    # WHEN a runtime with another ack wait reads the stream
+    second = await make_app(router_ack_wait_s=120)
+    await second.router().nudge(0)
+    # THEN the consumer was updated in place (pull_subscribe alone would not)
+    js = (await second.nats()).jetstream()
+    info = await js.consumer_info(event_stream_name(0), PROJECTOR.value)
+    assert info.config.ack_wait == 120
+    log = await second.router().event_log()
+    assert log.consumer_changes[(0, PROJECTOR)] is ConsumerChange.UPDATED
+
+
+async def test_a_nudge_runs_the_projector_then_the_causal_router_into_the_project_view(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a project's history on its stream
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, lifecycle(project, clock.now()))
+
+    # WHEN the stream is nudged
+    report = await app.router().nudge(0)
+
+    # THEN the projector ran first, then the causal router, and nothing else
+    assert list(report.subscriptions) == [PROJECTOR.value, CAUSAL.value]
+    assert report.subscriptions[PROJECTOR.value].applied == 6
+    assert report.subscriptions[CAUSAL.value].applied == 6
+    # AND the view shows what a dashboard needs
+    view = app.router().projector.view(project).snapshot()
+    assert view["name"] == f"Project {project}"
+    assert view["changesByState"] == {"open": 1}
+    assert view["tasksByState"] == {"completed": 1, "planned": 1}
+    assert view["activeAgents"] == []
+    assert [e["eventType"] for e in view["latestEvents"]][0] == "task.completed"
+    lags = {(lag.stream, lag.consumer): lag for lag in await app.router().consumer_lags()}
+    assert lags[(event_stream_name(0), PROJECTOR.value)].num_pending == 0
+    assert lags[(event_stream_name(0), PROJECTOR.value)].num_ack_pending == 0
+
+
+async def test_one_consume_fetches_at_most_100_records_and_a_nudge_does_two(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN 250 events on one stream
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, wakes(project, clock.now(), 250))
+
+    # WHEN one nudge runs
+    report = await app.router().nudge(0)
+
+    # THEN each subscription consumed twice, 100 records each, and 50 wait for the next run
+    for name in (PROJECTOR.value, CAUSAL.value):
+        assert report.subscriptions[name].consumes == 2
+        assert report.subscriptions[name].fetched == 200
+    lag = (await app.router().event_log()).lag
+    assert (await lag(0, PROJECTOR)).num_pending == 50
+
+
+async def test_an_empty_fetch_is_a_normal_outcome(make_app: AppFactory) -> None:
+    app = await make_app()
+    report = await app.router().nudge(5)
+    sub = report.subscriptions[PROJECTOR.value]
+    assert (sub.consumes, sub.fetched, sub.failed) == (1, 0, 0)
+
+
+async def test_the_same_batch_delivered_again_applies_nothing_and_is_acked(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    """The spec's sequence diagram: the second delivery finds the claim and applies nothing."""
+    # GIVEN an event E that the projector claimed and applied, but whose ack never happened
+    app = await make_app()
+    router = app.router()
+    (project,) = projects_on_stream(0, 1)
+    event = lifecycle(project, clock.now())[0]
+    await publish(app, [event])
+    log = await router.event_log()
+    messages = await log.fetch(0, PROJECTOR, 100)
+    run = router._run_context(0)
+    first = await router.projector.handle(decode_records(messages), run)
+    assert first[event.event_id].outcome.value == "applied"
+    await messages[0].nak()  # JetStream delivers the same message again (at least once)
+
+    # WHEN the same batch comes back (the server handles a nak on its own queue, so the
+    # redelivery can trail the nak by a moment)
+    report = await until(
+        lambda: router.nudge(0), lambda r: r.subscriptions[PROJECTOR.value].fetched > 0
+    )
+
+    # THEN the claim row makes it a duplicate: nothing applied, and it is acked
+    assert report.subscriptions[PROJECTOR.value].duplicates == 1
+    assert report.subscriptions[PROJECTOR.value].applied == 0
+    assert view_count(app, project) == 1
+    assert (await log.lag(0, PROJECTOR)).num_ack_pending == 0
+
+
+async def test_an_event_published_again_after_the_dedupe_window_is_applied_once(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN an event applied once, then re-sent under a new message ID (the window passed)
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    event = lifecycle(project, clock.now())[0]
+    await publish(app, [event])
+    await app.router().nudge(0)
+    await publish_raw(app, 0, event.to_json(), msg_id=f"{event.event_id}-again")
+    # WHEN it is consumed
+    report = await app.router().nudge(0)
+    # THEN every subscription saw a duplicate, and the view counts the event once
+    assert report.subscriptions[PROJECTOR.value].duplicates == 1
+    assert report.subscriptions[CAUSAL.value].duplicates == 1
+    assert view_count(app, project) == 1
+
+
+async def test_the_apply_cap_defers_events_without_counting_a_failure(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN five projects with events on one stream and a cap of 2 apply calls per run
+    app = await make_app(router_apply_calls_per_run=2)
+    projects = projects_on_stream(0, 5)
+    for project in projects:
+        await publish(app, lifecycle(project, clock.now())[:2])
+
+    # WHEN one nudge runs
+    report = await app.router().nudge(0)
+
+    # THEN two projects were applied and the rest deferred — not failed, not counted
+    projector = report.subscriptions[PROJECTOR.value]
+    assert projector.applied == 4
+    assert projector.deferred >= 6
+    assert projector.failed == 0
+    state = app.router().stream_state(0).connection
+    assert state.execute("SELECT COUNT(*) FROM k2_batch_failures").fetchone()[0] == 0
+
+    # AND the deferred events come back with the next deliveries and are all applied
+    await until(
+        lambda: app.router().nudge(0),
+        lambda _: [view_count(app, p) for p in projects] == [2] * 5,
+    )
+
+
+async def test_a_failing_record_is_counted_and_redelivered_only_after_the_nack_delay(
+    make_app: AppFactory,
+) -> None:
+    # GIVEN a record that does not decode, between two good events
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    good = lifecycle(project, START)
+    await publish(app, good[:1])
+    await publish_raw(app, 0, b"{not json", msg_id="poison-1")
+    await publish(app, good[1:2])
+
+    # WHEN the stream is nudged
+    report = await app.router().nudge(0)
+
+    # THEN the good events were applied around it, its failure counted once per subscription
+    assert report.subscriptions[PROJECTOR.value].applied == 2
+    assert report.subscriptions[PROJECTOR.value].failed == 1
+    state = app.router().stream_state(0)
+    assert state.failures(PROJECTOR.value, "poison-1") == 1
+    assert state.failures(CAUSAL.value, "poison-1") == 1
+    # AND the nack holds it for 30 s: an immediate second run does not see it again
+    again = await app.router().nudge(0)
+    assert again.subscriptions[PROJECTOR.value].fetched == 0
+    assert (await (await app.router().event_log()).lag(0, PROJECTOR)).num_ack_pending == 1
+
+
+async def test_the_fifth_failure_makes_a_poison_dead_letter_and_acks_it(
+    make_app: AppFactory,
+) -> None:
+    # GIVEN a record with an unknown type, redelivered at once after each nack
+    app = await make_app(router_nak_delay_s=0)
+    body = b'{"eventId": "evt_00000000000000000000000000000001", "eventType": "task.exploded"}'
+    await publish_raw(app, 0, body, msg_id="evt_00000000000000000000000000000001")
+
+    # WHEN nudges run until it has failed five times
+    reports: list[RunReport] = []
+
+    async def nudge() -> RunReport:
+        reports.append(await app.router().nudge(0))
+        return reports[-1]
+
+    await until(nudge, lambda r: r.subscriptions[CAUSAL.value].dead_lettered > 0)
+
+    # THEN the 5th failure wrote one dead letter per subscription, and the record is acked
+    dead = sum(r.subscriptions[PROJECTOR.value].dead_lettered for r in reports)
+    assert dead == 1
+    rows = app.product().connection.execute(
+        "SELECT consumer, kind, status, stream, event_id FROM dead_letters ORDER BY consumer"
+    ).fetchall()
+    assert [tuple(r) for r in rows] == [
+        (CAUSAL.value, "poison_event", "open", "EVENTS_00", "evt_00000000000000000000000000000001"),
+        (
+            PROJECTOR.value,
+            "poison_event",
+            "open",
+            "EVENTS_00",
+            "evt_00000000000000000000000000000001",
+        ),
+    ]
+    lag = await (await app.router().event_log()).lag(0, PROJECTOR)
+    assert (lag.num_pending, lag.num_ack_pending) == (0, 0)
+
+
+def test_the_sweep_visits_the_minute_of_day_mod_8_and_skips_analytics_on_housekeeping_ticks() -> (
+    None
+):
+    settings = load_settings()
+    day = datetime(2026, 3, 2, tzinfo=UTC)
+    assert tick_kind(settings, day.replace(hour=0, minute=0)) == (0, False, False)
+    assert tick_kind(settings, day.replace(hour=0, minute=9)) == (1, False, True)
+    assert tick_kind(settings, day.replace(hour=4, minute=17)) == (257 % 8, True, False)
+    assert tick_kind(settings, day.replace(hour=13, minute=14)) == ((13 * 60 + 14) % 8, False, True)
+    assert tick_kind(settings, day.replace(hour=13, minute=15)) == ((13 * 60 + 15) % 8, False, False)
+    visited = {tick_kind(settings, day + timedelta(minutes=m))[0] for m in range(8)}
+    assert visited == set(range(8))
+
+
+async def test_a_housekeeping_tick_runs_no_analytics_batch(make_app: AppFactory) -> None:
+    app = await make_app()
+    maintenance = await app.router().sweep(now=datetime(2026, 3, 2, 4, 17, tzinfo=UTC))
+    release = await app.router().sweep(now=datetime(2026, 3, 2, 4, 19, tzinfo=UTC))
+    ordinary = await app.router().sweep(now=datetime(2026, 3, 2, 4, 20, tzinfo=UTC))
+    assert Subscription.ANALYTICS_PROJECTOR.value not in maintenance.run.subscriptions
+    assert Subscription.ANALYTICS_PROJECTOR.value not in release.run.subscriptions
+    assert list(ordinary.run.subscriptions) == [
+        PROJECTOR.value,
+        CAUSAL.value,
+        Subscription.AUDIT_ARCHIVER.value,
+        Subscription.ANALYTICS_PROJECTOR.value,
+    ]
+
+
+async def test_with_nudges_off_eight_sweeps_apply_archive_and_count_every_event(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN projects on three streams, and no nudge at all
+    app = await make_app()
+    projects = [projects_on_stream(s, 1)[0] for s in (0, 3, 6)]
+    events = [e for p in projects for e in lifecycle(p, clock.now())]
+    await publish(app, events)
+
+    # WHEN eight sweep ticks run (every stream once)
+    base = sweep_minute(0)
+    sweeps = [await app.router().sweep(now=base + timedelta(minutes=m)) for m in range(8)]
+
+    # THEN every event is in its project's view
+    assert [view_count(app, p) for p in projects] == [6, 6, 6]
+    # AND each visited stream's batch became one archive object holding its events
+    objects = [o for s in sweeps for o in s.archive_objects]
+    assert sorted(count for _, count in objects) == [6, 6, 6]
+    reader = ArchiveReader(app.s3(), app.settings.evidence_bucket)
+    assert sorted(e.event_id for e in reader.iter_events()) == sorted(e.event_id for e in events)
+    # AND one EVENT_METRICS data point per mapped lifecycle event
+    counts = metric_counts(app.product().connection, MetricBinding.EVENT_METRICS)
+    assert counts["change_created"] == 3
+    assert counts["task_completed"] == 3
+    # AND the last tick saw every consumer of the visited streams at lag 0
+    for sweep in sweeps:
+        mine = [lag for lag in sweep.lags if lag.stream == event_stream_name(sweep.run.stream_index)]
+        assert all(lag.num_pending == 0 and lag.num_ack_pending == 0 for lag in mine)
+
+
+async def test_the_publisher_nudges_the_router_so_views_update_without_a_sweep(
+    make_app: AppFactory,
+) -> None:
+    # GIVEN a runtime whose publisher nudges the router in process
+    nudge = InProcessNudge()
+    app = await make_app(nudge=nudge)
+    app.router()  # binds the nudge
+    (project,) = projects_on_stream(2, 1)
+
+    # WHEN an actor writes and its alarm publishes
+    app.project_root(project).create_project(CALLER, name="Nudged")
+    await app.drain_alarms()
+    await nudge.settle()
+
+    # THEN the view has the fact, no sweep needed
+    assert nudge.runs >= 1
+    assert app.router().projector.view(project).snapshot()["name"] == "Nudged"
+
+
+async def test_s3_down_during_archiving_loses_nothing(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN events on stream 4 and an archive whose S3 is down
+    own_s3 = S3ServerProcess()
+    own_s3.start()
+    try:
+        app = await make_app(
+            s3_endpoint_url=own_s3.endpoint_url, router_nak_delay_s=0, s3_timeout_s=1
+        )
+        app.s3().create_bucket(Bucket=app.settings.evidence_bucket)
+        (project,) = projects_on_stream(4, 1)
+        events = lifecycle(project, clock.now())
+        await publish(app, events)
+        own_s3.stop()
+
+        # WHEN the sweep tries to archive
+        down = await app.router().sweep(now=sweep_minute(4))
+
+        # THEN the batch is retried, not failed and not counted
+        archiver = down.run.subscriptions[Subscription.AUDIT_ARCHIVER.value]
+        assert (archiver.retried, archiver.failed, archiver.applied) == (6, 0, 0)
+        assert app.router().stream_state(4).connection.execute(
+            "SELECT COUNT(*) FROM k2_batch_failures"
+        ).fetchone()[0] == 0
+
+        # WHEN S3 is back and the stream's next sweep comes
+        own_s3.start()
+        up = await app.router().sweep(now=sweep_minute(4) + timedelta(minutes=8))
+
+        # THEN every event is archived
+        assert up.run.subscriptions[Subscription.AUDIT_ARCHIVER.value].applied == 6
+        reader = ArchiveReader(app.s3(), app.settings.evidence_bucket)
+        assert sorted(e.event_id for e in reader.iter_events()) == sorted(
+            e.event_id for e in events
+        )
+    finally:
+        own_s3.stop()
+
+
+async def test_the_daily_tick_prunes_claims_older_than_14_days_up_to_the_cap(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN 6 events applied by the projector and the causal router 15 days ago
+    app = await make_app(processed_events_prune_cap=4)
+    (project,) = projects_on_stream(1, 1)
+    await publish(app, lifecycle(project, clock.now()))
+    await app.router().nudge(1)
+    clock.advance(days=15)
+
+    # WHEN the 04:17 UTC tick runs
+    tick = clock.now().replace(hour=4, minute=17) + timedelta(days=1)
+    clock.set(tick)
+    sweep = await app.router().sweep(now=tick)
+
+    # THEN at most the cap of old claim rows went
+    assert sweep.maintenance
+    assert sweep.pruned_claims == 4
+    old = "SELECT COUNT(*) FROM processed_events WHERE processed_at_s < ?"
+    cutoff = (tick - timedelta(days=14)).timestamp()
+    left = app.router().stream_state(1).connection.execute(old, (cutoff,)).fetchone()[0]
+    left += (
+        app.router().projector.view(project).connection.execute(old, (cutoff,)).fetchone()[0]
+    )
+    assert left == 12 - 4
+
+
+async def test_every_sweep_records_consumer_lag_and_outbox_backlog_as_metrics(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN an actor with an unpublished outbox row and a stream with unread events
+    app = await make_app()
+    (project,) = projects_on_stream(3, 1)
+    app.project_root(project).create_project(CALLER, name="Backlog")
+    await publish(app, wakes(projects_on_stream(0, 1)[0], clock.now(), 3))
+
+    # WHEN a sweep tick runs on another stream
+    sweep = await app.router().sweep(now=sweep_minute(5))
+
+    # THEN it recorded all 32 consumers' lag and the outbox backlog
+    assert len(sweep.lags) == 32
+    unread = {(lag.stream, lag.consumer): lag.num_pending for lag in sweep.lags}
+    assert unread[(event_stream_name(0), PROJECTOR.value)] == 3
+    assert sweep.outbox_backlog["pending"] == 1
+    counts = metric_counts(app.product().connection, MetricBinding.METRICS)
+    assert counts["consumer_num_pending"] == 32
+    assert counts["consumer_num_ack_pending"] == 32
+    assert counts["outbox_pending"] == 1

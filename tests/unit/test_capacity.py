@@ -1,0 +1,37 @@
+"""The sweep's ceilings (issue #3 scale notes): computed from the settings, and warned about
+when the streams carry more than a bounded job can keep up with."""
+
+from __future__ import annotations
+
+from rhumbatron.router.capacity import capacity_warnings, ceilings
+from rhumbatron.runtime.settings import load_settings
+
+
+def test_at_the_spec_values_the_archive_keeps_up_with_144000_events_a_day() -> None:
+    limits = ceilings(load_settings())
+    assert limits.archive_events_per_day == 144_000
+    # analytics skips the 288 release-sweep ticks and the daily tick
+    assert limits.analytics_events_per_day == (1_440 - 288 - 1) * 100
+    assert limits.sweep_apply_events_per_day == 1_440 * 2 * 100
+    # 5,000 claim rows a day, four per event (one per subscription)
+    assert limits.prune_events_per_day == 1_250
+
+
+def test_raising_the_batch_settings_raises_the_ceilings() -> None:
+    limits = ceilings(
+        load_settings(
+            archive_batch_size=500,
+            archive_batches_per_tick=4,
+            processed_events_prune_cap=400_000,
+        )
+    )
+    assert limits.archive_events_per_day == 1_440 * 500 * 4
+    assert limits.prune_events_per_day == 100_000
+
+
+def test_a_rate_above_a_ceiling_warns_naming_the_setting_to_raise() -> None:
+    warnings = capacity_warnings(load_settings(), observed_per_day=200_000)
+    assert any("archive_events_per_day is 144,000" in w for w in warnings)
+    assert any("RHUMBATRON_ARCHIVE_BATCHES_PER_TICK" in w for w in warnings)
+    assert any("RHUMBATRON_PROCESSED_EVENTS_PRUNE_CAP" in w for w in warnings)
+    assert capacity_warnings(load_settings(), observed_per_day=1_000) == []
