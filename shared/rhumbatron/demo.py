@@ -1,9 +1,11 @@
-"""``make demo``: the write path end to end on the embedded default.
+"""``make demo``: the write path and the event router end to end on the embedded default.
 
 Starts nats-server and moto's S3 on loopback, creates the streams, runs the sample scenario
-through the actors, publishes the outboxes, then reads every stream back with a second client
-and prints, per stream, what arrived. Writes ``.rhumbatron/demo-summary.json``. Exits non-zero
-if anything published is missing from its stream or arrived out of order.
+through the actors, publishes the outboxes (each publish nudges the router in process), then
+runs one sweep tick per stream so the archive and analytics batches run too. Prints what
+arrived on each stream, each project view, the archive objects written, the metrics recorded
+and every consumer's lag. Writes ``.rhumbatron/demo-summary.json``. Exits non-zero if anything
+published is missing from its stream or arrived out of order, or a consumer is left behind.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import json
 import shutil
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -19,8 +22,10 @@ from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.local.stack import LocalStack
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
-from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, load_settings
+from rhumbatron.router.event_router import SweepReport, tick_kind
+from rhumbatron.router.nudge import InProcessNudge
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings, load_settings
 from rhumbatron.scenario import iter_scenario, load_scenario
 
 __all__ = ["main", "run_demo"]
@@ -81,7 +86,9 @@ async def run_demo(root: Path, scenario_path: Path, out: TextIO = sys.stdout) ->
         settings = load_settings(
             state_dir=root / "state", nats_url=stack.nats.url, s3_endpoint_url=stack.s3.endpoint_url
         )
-        app = bootstrap(settings)
+        nudge = InProcessNudge()
+        app = bootstrap(settings, nudge=nudge)
+        app.router()  # the publisher's nudges now reach the router in this process
         try:
             streams_report = await app.ensure_streams()
             stack.s3.client().create_bucket(Bucket=settings.evidence_bucket)
@@ -107,11 +114,20 @@ async def run_demo(root: Path, scenario_path: Path, out: TextIO = sys.stdout) ->
                     "SELECT project_id, event_id FROM outbox WHERE state = 'published' ORDER BY seq"
                 ):
                     publish_order.setdefault(ref.key, []).append(row["event_id"])
+            await nudge.settle()
+            print(f"router: {nudge.runs} nudge runs applied the events to the views", file=out)
+            router_summary = await _run_router(app, [p["id"] for p in scenario["projects"]], out)
         finally:
             await app.close()
         streams = await read_streams(stack.nats.url)
 
     problems = _check(streams, publish_order, written)
+    problems += [
+        f"consumer {c['consumer']} on {c['stream']} is behind: {c['numPending']} pending, "
+        f"{c['numAckPending']} unacknowledged"
+        for c in router_summary["consumers"]
+        if c["numPending"] or c["numAckPending"]
+    ]
     _print_streams(streams, out)
     totals = {state.value: sum(c[state.value] for c in outbox.values()) for state in RowState}
     print(f"outbox rows by state: {totals}", file=out)
@@ -124,6 +140,7 @@ async def run_demo(root: Path, scenario_path: Path, out: TextIO = sys.stdout) ->
         "eventsPublished": published,
         "outbox": {"total": totals, "byActor": outbox},
         "streams": streams,
+        **router_summary,
         "problems": problems,
     }
     (root / "demo-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -131,6 +148,60 @@ async def run_demo(root: Path, scenario_path: Path, out: TextIO = sys.stdout) ->
     for problem in problems:
         print(f"PROBLEM: {problem}", file=out)
     return summary
+
+
+def _ordinary_tick(stream: int, day: datetime, settings: Settings) -> datetime:
+    """The first minute of ``day`` whose sweep visits ``stream`` and runs every batch."""
+    for minute in range(24 * 60):
+        when = day + timedelta(minutes=minute)
+        if tick_kind(settings, when) == (stream, False, False):
+            return when
+    raise AssertionError(f"no ordinary tick visits stream {stream}")
+
+
+async def _run_router(app: Rhumbatron, project_ids: list[str], out: TextIO) -> dict[str, Any]:
+    """One sweep tick per stream, then the views, archive, metrics and lag, printed."""
+    from rhumbatron.metrics import MetricBinding, metric_counts
+
+    router = app.router()
+    today = app.clock.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    sweeps: list[SweepReport] = []
+    for index in range(EVENT_STREAM_COUNT):
+        sweeps.append(await router.sweep(now=_ordinary_tick(index, today, app.settings)))
+    archive = [{"key": key, "events": count} for s in sweeps for key, count in s.archive_objects]
+    views = {pid: router.projector.view(pid).snapshot(latest=5) for pid in project_ids}
+    product = app.product().connection
+    metrics = {
+        "eventMetrics": metric_counts(product, MetricBinding.EVENT_METRICS),
+        "metrics": metric_counts(product, MetricBinding.METRICS),
+    }
+    consumers = [
+        {
+            "stream": lag.stream,
+            "consumer": lag.consumer,
+            "numPending": lag.num_pending,
+            "numAckPending": lag.num_ack_pending,
+        }
+        for lag in await router.consumer_lags()
+    ]
+    for pid, view in views.items():
+        print(
+            f"view {pid}: {view['eventsApplied']} events, generation "
+            f"{view['canonicalGeneration']}, changes {view['changesByState']}, "
+            f"tasks {view['tasksByState']}, latest {view['latestEvents'][0]['eventType']}",
+            file=out,
+        )
+    print(f"archive: {len(archive)} objects", file=out)
+    for item in archive:
+        print(
+            f"  s3://{app.settings.evidence_bucket}/{item['key']}  {item['events']} events",
+            file=out,
+        )
+    print(f"event metrics: {metrics['eventMetrics']}", file=out)
+    print(f"metrics: {sum(metrics['metrics'].values())} lag and backlog points", file=out)
+    behind = [c for c in consumers if c["numPending"] or c["numAckPending"]]
+    print(f"consumers: {len(consumers)}, at lag 0: {len(consumers) - len(behind)}", file=out)
+    return {"consumers": consumers, "views": views, "archive": archive, "metricCounts": metrics}
 
 
 def _check(

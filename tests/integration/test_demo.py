@@ -122,3 +122,39 @@ def test_the_demo_prints_what_arrived_per_stream(demo: tuple[dict[str, Any], Pat
     assert "EVENTS_00: 12 events" in printed
     assert "EVENTS_01: 12 events" in printed
     assert "EVENTS_07: empty" in printed
+
+
+def test_the_demo_router_applies_every_event_to_the_project_views(
+    demo: tuple[dict[str, Any], Path, str],
+) -> None:
+    summary, _, printed = demo
+    for project in ("acme-web", "acme-billing"):
+        view = summary["views"][project]
+        assert view["eventsApplied"] == 12
+        assert view["canonicalGeneration"] == 1
+        assert view["tasksByState"] == {"completed": 2}
+        assert view["latestEvents"][0]["eventType"] == "canonical.advanced"
+        assert f"view {project}: 12 events" in printed
+
+
+def test_the_demo_archives_each_streams_events_in_one_object(
+    demo: tuple[dict[str, Any], Path, str],
+) -> None:
+    summary, _, _ = demo
+    archive = summary["archive"]
+    assert [item["events"] for item in archive] == [12, 12]
+    assert [item["key"].split("/")[4] for item in archive] == ["stream-00", "stream-01"]
+    assert all(item["key"].endswith(".ndjson.gz") for item in archive)
+
+
+def test_the_demo_records_metrics_and_leaves_every_consumer_at_lag_0(
+    demo: tuple[dict[str, Any], Path, str],
+) -> None:
+    summary, _, printed = demo
+    assert summary["metricCounts"]["eventMetrics"]["task_completed"] == 4
+    assert summary["metricCounts"]["eventMetrics"]["change_created"] == 2
+    assert summary["metricCounts"]["metrics"]["consumer_num_pending"] == 8 * 32
+    consumers = summary["consumers"]
+    assert len(consumers) == 32
+    assert all(c["numPending"] == 0 and c["numAckPending"] == 0 for c in consumers)
+    assert "consumers: 32, at lag 0: 32" in printed
