@@ -17,7 +17,6 @@ from nats.js.errors import NotFoundError
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.archive import ArchiveReader
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.pull import ConsumerChange
@@ -221,7 +220,7 @@ async def test_a_nudge_runs_the_projector_then_the_causal_router_into_the_projec
     assert view["changesByState"] == {"open": 1}
     assert view["tasksByState"] == {"completed": 1, "planned": 1}
     assert view["activeAgents"] == []
-    assert [e["eventType"] for e in view["latestEvents"]][0] == "task.completed"
+    assert view["latestEvents"][0]["eventType"] == "task.completed"
     lags = {(lag.stream, lag.consumer): lag for lag in await app.router().consumer_lags()}
     assert lags[(event_stream_name(0), PROJECTOR.value)].num_pending == 0
     assert lags[(event_stream_name(0), PROJECTOR.value)].num_ack_pending == 0
@@ -374,9 +373,13 @@ async def test_the_fifth_failure_makes_a_poison_dead_letter_and_acks_it(
     # THEN the 5th failure wrote one dead letter per subscription, and the record is acked
     dead = sum(r.subscriptions[PROJECTOR.value].dead_lettered for r in reports)
     assert dead == 1
-    rows = app.product().connection.execute(
-        "SELECT consumer, kind, status, stream, event_id FROM dead_letters ORDER BY consumer"
-    ).fetchall()
+    rows = (
+        app.product()
+        .connection.execute(
+            "SELECT consumer, kind, status, stream, event_id FROM dead_letters ORDER BY consumer"
+        )
+        .fetchall()
+    )
     assert [tuple(r) for r in rows] == [
         (CAUSAL.value, "poison_event", "open", "EVENTS_00", "evt_00000000000000000000000000000001"),
         (
@@ -400,7 +403,11 @@ def test_the_sweep_visits_the_minute_of_day_mod_8_and_skips_analytics_on_houseke
     assert tick_kind(settings, day.replace(hour=0, minute=9)) == (1, False, True)
     assert tick_kind(settings, day.replace(hour=4, minute=17)) == (257 % 8, True, False)
     assert tick_kind(settings, day.replace(hour=13, minute=14)) == ((13 * 60 + 14) % 8, False, True)
-    assert tick_kind(settings, day.replace(hour=13, minute=15)) == ((13 * 60 + 15) % 8, False, False)
+    assert tick_kind(settings, day.replace(hour=13, minute=15)) == (
+        (13 * 60 + 15) % 8,
+        False,
+        False,
+    )
     visited = {tick_kind(settings, day + timedelta(minutes=m))[0] for m in range(8)}
     assert visited == set(range(8))
 
@@ -446,7 +453,9 @@ async def test_with_nudges_off_eight_sweeps_apply_archive_and_count_every_event(
     assert counts["task_completed"] == 3
     # AND the last tick saw every consumer of the visited streams at lag 0
     for sweep in sweeps:
-        mine = [lag for lag in sweep.lags if lag.stream == event_stream_name(sweep.run.stream_index)]
+        mine = [
+            lag for lag in sweep.lags if lag.stream == event_stream_name(sweep.run.stream_index)
+        ]
         assert all(lag.num_pending == 0 and lag.num_ack_pending == 0 for lag in mine)
 
 
@@ -491,9 +500,13 @@ async def test_s3_down_during_archiving_loses_nothing(
         # THEN the batch is retried, not failed and not counted
         archiver = down.run.subscriptions[Subscription.AUDIT_ARCHIVER.value]
         assert (archiver.retried, archiver.failed, archiver.applied) == (6, 0, 0)
-        assert app.router().stream_state(4).connection.execute(
-            "SELECT COUNT(*) FROM k2_batch_failures"
-        ).fetchone()[0] == 0
+        assert (
+            app.router()
+            .stream_state(4)
+            .connection.execute("SELECT COUNT(*) FROM k2_batch_failures")
+            .fetchone()[0]
+            == 0
+        )
 
         # WHEN S3 is back and the stream's next sweep comes
         own_s3.start()
@@ -530,9 +543,7 @@ async def test_the_daily_tick_prunes_claims_older_than_14_days_up_to_the_cap(
     old = "SELECT COUNT(*) FROM processed_events WHERE processed_at_s < ?"
     cutoff = (tick - timedelta(days=14)).timestamp()
     left = app.router().stream_state(1).connection.execute(old, (cutoff,)).fetchone()[0]
-    left += (
-        app.router().projector.view(project).connection.execute(old, (cutoff,)).fetchone()[0]
-    )
+    left += app.router().projector.view(project).connection.execute(old, (cutoff,)).fetchone()[0]
     assert left == 12 - 4
 
 
