@@ -116,13 +116,14 @@ def test_analytics_point_counts_one_per_mapped_event() -> None:
     event = task_completed()
     # WHEN its analytics point is built
     point = analytics_point(event)
-    # THEN it is a count of 1 for task_completed, keyed by the Event and dimensioned by
-    # project and type
+    # THEN it is a count of 1 for task_completed, keyed by the Event, dimensioned by type
+    # only (a project dimension would make one CloudWatch metric per project), with the
+    # project in its own column
     assert point == DataPoint(
         name="task_completed",
         value=1.0,
         unit="Count",
-        dimensions={"project_id": "acme-web", "event_type": "task.completed"},
+        dimensions={"event_type": "task.completed"},
         event_id=event.event_id,
         project_id="acme-web",
     )
@@ -186,7 +187,7 @@ def test_both_bindings_land_in_platform_metrics_with_their_binding(tmp_path: Pat
             "task_completed",
             1.0,
             "Count",
-            '{"event_type":"task.completed","project_id":"acme-web"}',
+            '{"event_type":"task.completed"}',
             event_point.event_id,
             "acme-web",
             NOW_S,

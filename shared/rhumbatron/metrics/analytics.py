@@ -71,8 +71,10 @@ ANALYTICS_METRICS: Mapping[str, str] = MappingProxyType(
 def analytics_point(event: Event) -> DataPoint | None:
     """The ``EVENT_METRICS`` data point for ``event``, or None if its type has no metric.
 
-    A count of 1, dimensioned by project and event type, keyed by the Event's ID so a
-    redelivered Event leaves one row (see :func:`~rhumbatron.metrics.write_points`).
+    A count of 1, dimensioned by event type and keyed by the Event's ID so a redelivered
+    Event leaves one row (see :func:`~rhumbatron.metrics.write_points`). The project is
+    the row's ``project_id`` column, not a dimension: as an EMF dimension it would make
+    one CloudWatch metric per project and type, a cost that grows with every project.
     """
     name = ANALYTICS_METRICS.get(event.event_type)
     if name is None:
@@ -81,7 +83,7 @@ def analytics_point(event: Event) -> DataPoint | None:
         name=name,
         value=1.0,
         unit="Count",
-        dimensions={"project_id": event.project_id, "event_type": event.event_type},
+        dimensions={"event_type": event.event_type},
         event_id=event.event_id,
         project_id=event.project_id,
     )
