@@ -540,6 +540,7 @@ async def test_the_daily_tick_prunes_claims_older_than_14_days_up_to_the_cap(
     # THEN at most the cap of old claim rows went
     assert sweep.maintenance
     assert sweep.pruned_claims == 4
+    assert sweep.pruned_metric_rows == 0  # the lag points are 15 days old; 30 are kept
     old = "SELECT COUNT(*) FROM processed_events WHERE processed_at_s < ?"
     cutoff = (tick - timedelta(days=14)).timestamp()
     left = app.router().stream_state(1).connection.execute(old, (cutoff,)).fetchone()[0]
@@ -568,3 +569,28 @@ async def test_every_sweep_records_consumer_lag_and_outbox_backlog_as_metrics(
     assert counts["consumer_num_pending"] == 32
     assert counts["consumer_num_ack_pending"] == 32
     assert counts["outbox_pending"] == 1
+
+
+async def test_the_daily_tick_drops_lag_points_older_than_30_days_and_keeps_event_metrics(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a sweep's lag points and an analytics point, 31 days old
+    app = await make_app()
+    (project,) = projects_on_stream(6, 1)
+    await publish(app, lifecycle(project, clock.now())[:2])
+    first = sweep_minute(6)
+    clock.set(first)
+    await app.router().sweep(now=first)
+    product = app.product().connection
+    before = metric_counts(product, MetricBinding.EVENT_METRICS)
+    assert before["change_created"] == 1
+
+    # WHEN the daily tick comes 31 days later
+    tick = (first + timedelta(days=31)).replace(hour=4, minute=17)
+    clock.set(tick)
+    sweep = await app.router().sweep(now=tick)
+
+    # THEN the old lag points went; the analytics points stayed
+    assert sweep.pruned_metric_rows == 67  # 32 × 2 consumer points + 3 outbox points
+    assert metric_counts(product, MetricBinding.EVENT_METRICS) == before
+    assert metric_counts(product, MetricBinding.METRICS)["consumer_num_pending"] == 32

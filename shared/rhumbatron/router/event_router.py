@@ -105,6 +105,7 @@ class SweepReport:
     outbox_backlog: dict[str, int] = field(default_factory=dict)
     pruned_claims: int = 0
     pruned_feed_rows: int = 0
+    pruned_metric_rows: int = 0
     archive_objects_expired: int = 0
     archive_objects: list[tuple[str, int]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)

@@ -20,7 +20,7 @@ from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
 if TYPE_CHECKING:
     from rhumbatron.router.event_router import EventRouter, SweepReport
 
-__all__ = ["prune_processed_events", "run_daily_maintenance"]
+__all__ = ["prune_lag_metrics", "prune_processed_events", "run_daily_maintenance"]
 
 _log = logging.getLogger(__name__)
 _DAY_S = 86_400.0
@@ -53,11 +53,29 @@ def prune_processed_events(router: EventRouter, *, now_s: float) -> tuple[int, i
     return cap - claims_left, cap - feed_left
 
 
+def prune_lag_metrics(router: EventRouter, *, now_s: float) -> int:
+    """Delete METRICS rows older than ``lag_metrics_retention_days``, at most the cap.
+
+    Every tick writes 67 lag and backlog points (96,480 a day); the dashboards read
+    CloudWatch in the cloud, so the table keeps a window, not a history. EVENT_METRICS rows
+    (one per lifecycle Event) are the analytics themselves and are kept.
+    """
+    settings = router.settings
+    cutoff = now_s - settings.lag_metrics_retention_days * _DAY_S
+    with router.product.transaction() as db:
+        return db.execute(
+            "DELETE FROM platform_metrics WHERE id IN (SELECT id FROM platform_metrics "
+            "WHERE binding = 'METRICS' AND recorded_at_s < ? LIMIT ?)",
+            (cutoff, settings.metrics_prune_cap),
+        ).rowcount
+
+
 async def run_daily_maintenance(router: EventRouter, sweep: SweepReport, now: datetime) -> None:
     """The router's part of the 04:17 UTC tick."""
     sweep.pruned_claims, sweep.pruned_feed_rows = prune_processed_events(
         router, now_s=now.timestamp()
     )
+    sweep.pruned_metric_rows = prune_lag_metrics(router, now_s=now.timestamp())
     if router.settings.archive_expiry_pass:
         from rhumbatron.archive import expire_archive
 

@@ -130,6 +130,10 @@ class Settings(BaseSettings):
     view_latest_events: int = Field(
         default=20, ge=1, description="Latest events a project view shows."
     )
+    lag_metrics_retention_days: float = Field(
+        default=30, gt=0, description="METRICS rows (lag, backlog) kept in platform_metrics."
+    )
+    metrics_prune_cap: int = Field(default=200_000, ge=1)
     metrics_emf: bool = Field(
         default=False, description="Also print metrics as CloudWatch EMF lines (on in Lambda)."
     )
