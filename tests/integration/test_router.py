@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import itertools
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -594,3 +595,31 @@ async def test_the_daily_tick_drops_lag_points_older_than_30_days_and_keeps_even
     assert sweep.pruned_metric_rows == 67  # 32 × 2 consumer points + 3 outbox points
     assert metric_counts(product, MetricBinding.EVENT_METRICS) == before
     assert metric_counts(product, MetricBinding.METRICS)["consumer_num_pending"] == 32
+
+
+async def test_a_view_file_held_by_another_writer_is_retried_not_counted(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a project's view file locked by another writer past the busy timeout
+    app = await make_app(sqlite_busy_timeout_ms=50, router_nak_delay_s=0)
+    (project,) = projects_on_stream(7, 1)
+    await publish(app, lifecycle(project, clock.now())[:3])
+    view = app.router().projector.view(project)
+    view.connection  # noqa: B018 - create the file and its schema first
+    holder = sqlite3.connect(view.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+
+    # WHEN the stream is nudged
+    report = await app.router().nudge(7)
+
+    # THEN the events are retried, no failure is counted
+    projector = report.subscriptions[PROJECTOR.value]
+    assert (projector.applied, projector.failed) == (0, 0)
+    assert projector.retried >= 3
+    state = app.router().stream_state(7).connection
+    assert state.execute("SELECT COUNT(*) FROM k2_batch_failures").fetchone()[0] == 0
+
+    # AND once the file is free they are applied
+    holder.execute("ROLLBACK")
+    holder.close()
+    await until(lambda: app.router().nudge(7), lambda _: view_count(app, project) == 3)

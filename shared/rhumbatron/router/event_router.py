@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from rhumbatron.errors import RhumbatronError
 from rhumbatron.messaging.event_log import ConsumerLag, EventLogClient, Subscription
 from rhumbatron.protocol.ids import event_stream_name
 from rhumbatron.router.handlers import (
@@ -328,7 +330,13 @@ class EventRouter:
         decoded = [r for r in records if r.event is not None]
         outcomes: dict[str, RecordOutcome] = {}
         if decoded:
-            outcomes = await handler.handle(decoded, run)
+            try:
+                outcomes = await handler.handle(decoded, run)
+            except (RhumbatronError, sqlite3.Error) as exc:
+                # A busy or full file under the handler: nothing of the batch is the events'
+                # fault, so nothing is counted; the claims rolled back with the transaction.
+                retry = RecordOutcome.retry(f"{type(exc).__name__}: {exc}")
+                outcomes = {r.key: retry for r in decoded}
         nak_delay = self.settings.router_nak_delay_s
         for record in records:
             outcome = outcomes.get(record.key)
@@ -346,7 +354,14 @@ class EventRouter:
                     _log.warning("%s will retry %s: %s", subscription, record.key, outcome.reason)
                     await record.msg.nak(delay=nak_delay)
                 case Outcome.FAILED:
-                    if await self._count_failure(run, subscription, handler, record, outcome):
+                    try:
+                        dead = await self._count_failure(
+                            run, subscription, handler, record, outcome
+                        )
+                    except (RhumbatronError, sqlite3.Error) as exc:
+                        _log.error("cannot count the failure of %s: %s", record.key, exc)
+                        dead = False  # counted next time; never acked uncounted
+                    if dead:
                         report.dead_lettered += 1
                         await record.msg.ack()
                     else:
