@@ -23,8 +23,10 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
-from rhumbatron.entrypoints.outbox_publisher import ScheduledJob, parse_invocation
+from rhumbatron.archive import ARCHIVE_PREFIX
+from rhumbatron.entrypoints import outbox_publisher, router_nudge, sweep
 from rhumbatron.local.nats_server import find_nats_server_binary
 from rhumbatron.runtime.settings import Settings, load_settings
 
@@ -34,8 +36,25 @@ EVENTS = ROOT / "events"
 LAYERS = ROOT / "layers"
 NATS_CONFIGS = ROOT / "infra" / "nats"
 
-#: Environment the template sets that the package does not read yet (and why): none.
+#: Environment the template sets that the package does not read yet (and why):
+#: RHUMBATRON_ROUTER_NUDGE_FUNCTION names the function the publisher's cloud nudge adapter
+#: invokes; the adapter (and its setting) arrive separately. Drop it here once it is a setting.
 NOT_YET_SETTINGS: set[str] = set()
+
+#: Each function, its folder under functions/, and the entrypoint module ``app.py`` calls.
+FUNCTIONS = {
+    "OutboxPublisherFunction": ("outbox_publisher", outbox_publisher),
+    "RouterNudgeFunction": ("router_nudge", router_nudge),
+    "SweepFunction": ("sweep", sweep),
+}
+
+#: Each sample event, and what the function it is for parses it as.
+SAMPLE_EVENTS: dict[str, type[BaseModel]] = {
+    "outbox_publisher_schedule.json": outbox_publisher.ScheduledJob,
+    "outbox_publisher_alarm.json": outbox_publisher.FireAlarm,
+    "router_nudge.json": router_nudge.NudgeRouter,
+    "sweep_schedule.json": sweep.ScheduledSweep,
+}
 
 
 @dataclass(frozen=True)
@@ -86,6 +105,11 @@ def _function_property(template: dict[str, Any], function: dict[str, Any], name:
     return template["Globals"]["Function"].get(name)
 
 
+def _policies(function: dict[str, Any]) -> list[dict[str, Any]]:
+    policies: list[dict[str, Any]] = function["Properties"].get("Policies", [])
+    return policies
+
+
 def _environment(template: dict[str, Any], function: dict[str, Any]) -> dict[str, Any]:
     merged = dict(template["Globals"]["Function"]["Environment"]["Variables"])
     merged.update(function["Properties"].get("Environment", {}).get("Variables", {}))
@@ -114,9 +138,21 @@ needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 # -- functions -------------------------------------------------------------------------------
 
 
-def test_only_the_outbox_publisher_exists_yet(template: dict[str, Any]) -> None:
-    assert set(_functions(template)) == {"OutboxPublisherFunction"}
-    assert "Only one function exists so far" in TEMPLATE.read_text()
+def test_the_functions_so_far_are_the_publisher_and_the_routers_two_roles(
+    template: dict[str, Any],
+) -> None:
+    assert set(_functions(template)) == set(FUNCTIONS)
+    assert "Three functions so far" in TEMPLATE.read_text()
+
+
+def test_every_function_handler_calls_its_entrypoint(template: dict[str, Any]) -> None:
+    for name, (folder, entrypoint) in FUNCTIONS.items():
+        function = _functions(template)[name]
+        assert function["Properties"]["CodeUri"] == f"functions/{folder}/", name
+        assert function["Properties"]["Handler"] == "app.lambda_handler", name
+        source = (ROOT / "functions" / folder / "app.py").read_text()
+        assert f"from {entrypoint.__name__} import handle" in source, name
+        assert "return handle(event, context)" in source, name
 
 
 def test_every_function_code_uri_holds_app_py_with_its_handler(template: dict[str, Any]) -> None:
@@ -152,8 +188,17 @@ def test_every_function_build_target_exists(template: dict[str, Any]) -> None:
         assert result.returncode == 0, f"{name}: {result.stderr}"
 
 
-def test_schedule_sends_the_sample_schedule_event(template: dict[str, Any]) -> None:
-    function = _functions(template)["OutboxPublisherFunction"]
+@pytest.mark.parametrize(
+    ("name", "sample"),
+    [
+        ("OutboxPublisherFunction", "outbox_publisher_schedule.json"),
+        ("SweepFunction", "sweep_schedule.json"),
+    ],
+)
+def test_schedule_runs_every_minute_once_and_sends_the_sample_event(
+    template: dict[str, Any], name: str, sample: str
+) -> None:
+    function = _functions(template)[name]
     schedules = [
         event["Properties"]
         for event in function["Properties"]["Events"].values()
@@ -161,9 +206,103 @@ def test_schedule_sends_the_sample_schedule_event(template: dict[str, Any]) -> N
     ]
     assert len(schedules) == 1
     assert schedules[0]["ScheduleExpression"] == "rate(1 minute)"
-    sample = json.loads((EVENTS / "outbox_publisher_schedule.json").read_text())
-    assert json.loads(schedules[0]["Input"]) == sample
-    assert isinstance(parse_invocation(sample), ScheduledJob)
+    # The next tick comes in a minute: a retried tick would only overlap it.
+    assert schedules[0]["RetryPolicy"]["MaximumRetryAttempts"] == 0
+    event = json.loads((EVENTS / sample).read_text())
+    assert json.loads(schedules[0]["Input"]) == event
+    entrypoint = FUNCTIONS[name][1]
+    assert isinstance(entrypoint.parse_invocation(event), SAMPLE_EVENTS[sample])
+
+
+def test_router_functions_end_within_the_sweeps_minute(template: dict[str, Any]) -> None:
+    for name in ("RouterNudgeFunction", "SweepFunction"):
+        assert _functions(template)[name]["Properties"]["Timeout"] == 60, name
+
+
+def test_router_nudge_is_an_async_invoke_target_that_is_not_retried(
+    template: dict[str, Any],
+) -> None:
+    properties = _functions(template)["RouterNudgeFunction"]["Properties"]
+    # No trigger of its own: the publisher invokes it.
+    assert "Events" not in properties
+    config = properties["EventInvokeConfig"]
+    assert config["MaximumRetryAttempts"] in (0, 1)  # the sweep is the correctness path
+    assert 60 <= config["MaximumEventAgeInSeconds"] <= 21_600
+    assert properties["ReservedConcurrentExecutions"] == Tag(
+        "Ref", "RouterNudgeReservedConcurrency"
+    )
+    assert template["Parameters"]["RouterNudgeReservedConcurrency"]["Type"] == "Number"
+    text = TEMPLATE.read_text()
+    assert "the sweep is the correctness path" in text.split("RouterNudgeFunction:", 1)[1]
+
+
+def test_publisher_may_invoke_the_router_nudge_and_is_told_its_name(
+    template: dict[str, Any],
+) -> None:
+    publisher = _functions(template)["OutboxPublisherFunction"]
+    env = _environment(template, publisher)
+    assert env["RHUMBATRON_ROUTER_NUDGE_FUNCTION"] == Tag("Ref", "RouterNudgeFunction")
+    invoke = [p["LambdaInvokePolicy"] for p in _policies(publisher) if "LambdaInvokePolicy" in p]
+    assert invoke == [{"FunctionName": Tag("Ref", "RouterNudgeFunction")}]
+
+
+def test_router_functions_emit_emf_and_the_sweep_leaves_expiry_to_the_bucket(
+    template: dict[str, Any], tmp_path: Path
+) -> None:
+    for name in ("RouterNudgeFunction", "SweepFunction"):
+        env = _environment(template, _functions(template)[name])
+        assert env["RHUMBATRON_METRICS_EMF"] == "true", name
+    sweep_env = _environment(template, _functions(template)["SweepFunction"])
+    assert sweep_env["RHUMBATRON_ARCHIVE_EXPIRY_PASS"] == "false"
+    settings = load_settings(
+        state_dir=tmp_path,
+        metrics_emf=sweep_env["RHUMBATRON_METRICS_EMF"],
+        archive_expiry_pass=sweep_env["RHUMBATRON_ARCHIVE_EXPIRY_PASS"],
+    )
+    assert settings.metrics_emf is True
+    assert settings.archive_expiry_pass is False
+    # ... which is only safe because the bucket expires the archive at the same age
+    (bucket,) = _resources(template, "AWS::S3::Bucket").values()
+    rules = bucket["Properties"]["LifecycleConfiguration"]["Rules"]
+    expiring = [r for r in rules if r.get("Prefix") == ARCHIVE_PREFIX and r["Status"] == "Enabled"]
+    assert [r["ExpirationInDays"] for r in expiring] == [settings.archive_max_age_days]
+
+
+def test_only_the_sweep_touches_s3_and_only_to_upload_archive_objects(
+    template: dict[str, Any],
+) -> None:
+    for name, function in _functions(template).items():
+        policies = _policies(function)
+        # No broad S3 policy templates: they would let a function delete archive objects
+        # or change the lifecycle rule that keeps them 365 days.
+        assert not [p for p in policies if any(key.startswith("S3") for key in p)], name
+        statements = [st for p in policies for st in p.get("Statement", [])]
+        if name != "SweepFunction":
+            assert statements == [], name
+            continue
+        assert statements == [
+            {
+                "Sid": "ArchiveUploads",
+                "Effect": "Allow",
+                "Action": "s3:PutObject",
+                "Resource": Tag("Sub", f"${{EvidenceBucket.Arn}}/{ARCHIVE_PREFIX}*"),
+            }
+        ]
+
+
+def test_every_function_mounts_the_state_with_write_access_and_keeps_its_logs(
+    template: dict[str, Any],
+) -> None:
+    log_groups = {
+        r["Properties"]["LogGroupName"]
+        for r in _resources(template, "AWS::Logs::LogGroup").values()
+    }
+    for name, function in _functions(template).items():
+        policies = _policies(function)
+        efs = [p["EFSWriteAccessPolicy"] for p in policies if "EFSWriteAccessPolicy" in p]
+        assert len(efs) == 1, name
+        assert efs[0]["AccessPoint"] == Tag("Ref", "StateAccessPoint"), name
+        assert Tag("Sub", f"/aws/lambda/${{{name}}}") in log_groups, name
 
 
 # -- layers ----------------------------------------------------------------------------------
@@ -215,15 +354,16 @@ def _requirement_names(path: Path) -> set[str]:
 
 
 @needs_make
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
 def test_code_layer_holds_what_the_handler_imports_and_not_the_local_stack(
-    tmp_path: Path,
+    tmp_path: Path, name: str
 ) -> None:
     # GIVEN the code layer and the function built as `sam build` builds them
-    layer, function = tmp_path / "CodeLayer", tmp_path / "OutboxPublisherFunction"
+    layer, function = tmp_path / "CodeLayer", tmp_path / name
     makefile = str(LAYERS / "Makefile")
     for target, artifacts, cwd in (
         ("build-CodeLayer", layer, ROOT / "shared"),
-        ("build-OutboxPublisherFunction", function, ROOT / "functions" / "outbox_publisher"),
+        (f"build-{name}", function, ROOT / "functions" / FUNCTIONS[name][0]),
     ):
         artifacts.mkdir()
         subprocess.run(
@@ -263,14 +403,19 @@ except ModuleNotFoundError:
 
 def test_every_sample_event_is_json_the_handler_accepts() -> None:
     samples = sorted(EVENTS.glob("*.json"))
-    assert {p.name for p in samples} >= {
-        "outbox_publisher_schedule.json",
-        "outbox_publisher_alarm.json",
+    assert {p.name for p in samples} >= set(SAMPLE_EVENTS)
+    parsers = {
+        "outbox_publisher_": outbox_publisher.parse_invocation,
+        "router_nudge": router_nudge.parse_invocation,
+        "sweep_": sweep.parse_invocation,
     }
     for path in samples:
         event = json.loads(path.read_text())
-        if path.name.startswith("outbox_publisher_"):
-            parse_invocation(event)
+        for prefix, parse in parsers.items():
+            if path.name.startswith(prefix):
+                parsed = parse(event)
+                if path.name in SAMPLE_EVENTS:
+                    assert isinstance(parsed, SAMPLE_EVENTS[path.name]), path.name
 
 
 # -- storage and settings --------------------------------------------------------------------

@@ -13,27 +13,30 @@ Two invocations reach it, each validated at the edge by a small frozen model:
 Per process (one warm Lambda container) the runtime is built once by
 :func:`~rhumbatron.runtime.bootstrap.bootstrap` from the ``RHUMBATRON_*`` environment, the
 streams are ensured once, and one NATS connection and one event loop serve every
-invocation. NATS and the actors are imported on first use, not at import: cold starts pay
-for every import.
+invocation (:mod:`rhumbatron.entrypoints._lambda`, shared with the router's roles). NATS and
+the actors are imported on first use, not at import: cold starts pay for every import.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 
-from rhumbatron.errors import EnvelopeError
+from rhumbatron.entrypoints._lambda import (
+    InvocationContext,
+    deadline,
+    prepare,
+    reset_for_tests,
+    runtime,
+    stopper,
+    validate_event,
+)
 from rhumbatron.runtime import event_loop
 
 if TYPE_CHECKING:
-    from nats.aio.client import Client as NATS
-
     from rhumbatron.actors.publisher import PublishReport
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
@@ -53,12 +56,6 @@ _SHAPES = (
     'expected {"actor": "<actor key>"} (an alarm) or '
     '{"source": "schedule", "job": "fire_due_alarms"} (the every-minute schedule)'
 )
-
-
-class InvocationContext(Protocol):
-    """The part of the Lambda context object the publisher uses."""
-
-    def get_remaining_time_in_millis(self) -> int: ...
 
 
 class FireAlarm(BaseModel):
@@ -92,64 +89,10 @@ class ScheduledJob(BaseModel):
 
 def parse_invocation(event: object) -> FireAlarm | ScheduledJob:
     """Validate the Lambda event; raise :class:`EnvelopeError` naming the bad field and value."""
-    if not isinstance(event, Mapping):
-        raise EnvelopeError(
-            f"outbox publisher event must be a JSON object, got {type(event).__name__} "
-            f"{event!r:.200}; {_SHAPES}"
-        )
-    model: type[FireAlarm | ScheduledJob] = FireAlarm if "actor" in event else ScheduledJob
-    try:
-        return model.model_validate(event)
-    except ValidationError as exc:
-        problems = "; ".join(_describe(err, event) for err in exc.errors(include_url=False))
-        raise EnvelopeError(f"invalid outbox publisher event: {problems}; {_SHAPES}") from None
-
-
-def _describe(err: Any, event: Mapping[Any, Any]) -> str:
-    field = ".".join(str(part) for part in err["loc"])
-    message = str(err["msg"]).removeprefix("Value error, ")
-    if err["type"] == "missing":
-        return f"field {field!r} is missing"
-    return f"field {field!r}={event.get(field, err.get('input'))!r}: {message}"
-
-
-# -- the process's state ---------------------------------------------------------------------
-
-
-@dataclass
-class _Process:
-    """What a warm container keeps between invocations."""
-
-    app: Rhumbatron | None = None
-    streams_ready: bool = False
-
-
-_process = _Process()
-
-
-def runtime() -> Rhumbatron:
-    """The process's runtime, built on first use from the ``RHUMBATRON_*`` environment."""
-    if _process.app is None:
-        from rhumbatron.actors.alarms import NoAlarmSink
-        from rhumbatron.runtime.bootstrap import bootstrap
-
-        # No alarm sink in the cloud yet: the every-minute schedule fires due alarms.
-        _process.app = bootstrap(alarms=NoAlarmSink())
-    return _process.app
-
-
-def reset_for_tests() -> None:
-    """Forget the process's runtime, as a fresh container would (tests only).
-
-    Closes the actor files and the NATS connection on the process's loop; the next
-    :func:`handle` builds everything again from the environment.
-    """
-    app, _process.app, _process.streams_ready = _process.app, None, False
-    if app is not None:
-        try:
-            event_loop.run(app.close())
-        except Exception as exc:  # a test's server may already be gone: nothing left to drain
-            _log.debug("closing the outbox publisher runtime: %s", exc)
+    model: type[FireAlarm | ScheduledJob] = ScheduledJob
+    if isinstance(event, Mapping) and "actor" in event:
+        model = FireAlarm
+    return validate_event(model, event, role="outbox publisher", shapes=_SHAPES)
 
 
 # -- the handler -----------------------------------------------------------------------------
@@ -164,12 +107,9 @@ def handle(event: object, context: InvocationContext | None) -> dict[str, Any]:
     :class:`~rhumbatron.errors.ConfigurationError` for unsafe settings.
     """
     invocation = parse_invocation(event)
-    started = time.monotonic()
     app = runtime()
-    deadline: float | None = None
-    if context is not None:
-        deadline = started + context.get_remaining_time_in_millis() / 1000 - _stop_margin_s(app)
-    return event_loop.run(_handle(app, invocation, deadline))
+    until = deadline(context, _stop_margin_s(app))
+    return event_loop.run(_handle(app, invocation, stopper(until)))
 
 
 def _stop_margin_s(app: Rhumbatron) -> float:
@@ -180,10 +120,11 @@ def _stop_margin_s(app: Rhumbatron) -> float:
 
 
 async def _handle(
-    app: Rhumbatron, invocation: FireAlarm | ScheduledJob, deadline: float | None
+    app: Rhumbatron,
+    invocation: FireAlarm | ScheduledJob,
+    should_stop: Callable[[], bool] | None,
 ) -> dict[str, Any]:
-    await _prepare(app)
-    should_stop = None if deadline is None else lambda: time.monotonic() >= deadline
+    await prepare(app)
     if isinstance(invocation, FireAlarm):
         report = await app.fire_alarm(invocation.actor, should_stop=should_stop)
         return _summary("fire_alarm", [report], stopped_early=False, actors_left=0)
@@ -196,39 +137,6 @@ async def _handle(
             left,
         )
     return _summary("fire_due_alarms", reports, stopped_early=left > 0, actors_left=left)
-
-
-async def _prepare(app: Rhumbatron) -> None:
-    """Connect (once per process), ensure the streams (once), or revive a warm connection.
-
-    A first connect that nobody answers fails within a bound (``connect_nats``), so an
-    unreachable cluster ends the invocation with ``NatsUnavailableError`` instead of holding
-    it until the Lambda's timeout.
-    """
-    nc = await app.nats()
-    if not _process.streams_ready:
-        await app.ensure_streams()
-        _process.streams_ready = True
-    else:
-        await _revive(nc, app.settings.nats_connect_timeout_s)
-
-
-async def _revive(nc: NATS, timeout_s: float) -> None:
-    """A warm invocation after a long freeze: the server may have dropped the connection.
-
-    While Lambda froze the process nothing read the socket. A round trip makes the client
-    notice a dead connection now and reconnect, instead of the first publish finding it;
-    then wait (bounded) for the reconnect. If it does not come, the publisher reports
-    ``unavailable`` and counts no attempt.
-    """
-    try:
-        await nc.flush(timeout=max(1, round(timeout_s)))
-    except Exception as exc:  # a dead socket shows up as a timeout or a closed-connection error
-        _log.info("NATS round trip failed after a freeze (%s); waiting for the reconnect", exc)
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout_s
-    while not nc.is_connected and loop.time() < until:
-        await asyncio.sleep(0.05)
 
 
 def _summary(

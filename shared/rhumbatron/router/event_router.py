@@ -273,6 +273,7 @@ class EventRouter:
         try:
             rate = await observed_events_per_day(await self.connect())
         except Exception as exc:
+            # A missing estimate must not stop a sweep.
             _log.warning("cannot estimate the event rate: %s", exc)
             return []
         warnings = capacity_warnings(self.settings, rate)

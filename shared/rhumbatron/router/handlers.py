@@ -165,6 +165,7 @@ class CausalRouter:
         try:
             routed = await self.routing.route([e for e in events if e.event_id in fresh])
         except Exception as exc:
+            # A crashing rule fails its events (counted, dead-lettered on the 5th), not the run.
             _log.exception("causal routing failed")
             routed = {
                 event_id: RecordOutcome.failed(f"routing failed: {exc}") for event_id in fresh

@@ -88,6 +88,7 @@ async def run_daily_maintenance(router: EventRouter, sweep: SweepReport, now: da
                 max_objects=router.settings.archive_expiry_max_objects,
             )
         except Exception as exc:
+            # Expiry is retried tomorrow; the archived events are not at risk.
             _log.error("archive expiry pass failed: %s", exc)
         else:
             sweep.archive_objects_expired = report.deleted

@@ -1,23 +1,25 @@
-"""The in-process router nudge: the local invoker for the router-nudge role.
+"""Router nudges: how the publisher tells the router that a stream moved.
 
-The publisher calls :meth:`InProcessNudge.nudge` after a publish that sent rows. The nudge
-runs the router for that stream as a background task and returns at once, so the publisher
-never waits on the router. Nudges for a stream whose run is still going are coalesced into
-one more run after it. A failing nudge is logged and forgotten: the sweep is the
+:class:`InProcessNudge` is the local invoker: it runs the router for that stream as a
+background task and returns at once, so the publisher never waits on the router; nudges for
+a stream whose run is still going are coalesced into one more run after it.
+:class:`LambdaNudge` is the cloud's: an asynchronous invoke of the router-nudge function with
+``{"streamIndex": N}``. Either way a failing nudge is logged and forgotten: the sweep is the
 correctness path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rhumbatron.router.event_router import EventRouter
 
-__all__ = ["InProcessNudge"]
+__all__ = ["InProcessNudge", "LambdaNudge"]
 
 _log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class InProcessNudge:
                 await self.router.nudge(stream_index)
                 self.runs += 1
             except Exception:
+                # Whatever went wrong, the sweep applies what this nudge missed.
                 _log.exception("router nudge for stream %d failed", stream_index)
             if stream_index not in self._again:
                 return
@@ -64,3 +67,37 @@ class InProcessNudge:
     async def close(self) -> None:
         await self.settle()
         self._tasks.clear()
+
+
+@dataclass
+class LambdaNudge:
+    """Invokes the router-nudge function asynchronously (``InvocationType=Event``).
+
+    ``client`` is a boto3 Lambda client. The call is synchronous in boto3, so it runs on a
+    worker thread: the publisher's event loop keeps publishing other actors meanwhile.
+    Lambda may deliver an async invoke more than once (RELIABILITY F22); the router's claims
+    make a repeated nudge apply nothing twice.
+    """
+
+    client: Any
+    function_name: str
+    sent: int = 0
+    failed: int = 0
+
+    async def nudge(self, stream_index: int) -> None:
+        payload = json.dumps({"streamIndex": stream_index}).encode()
+        try:
+            await asyncio.to_thread(
+                self.client.invoke,
+                FunctionName=self.function_name,
+                InvocationType="Event",
+                Payload=payload,
+            )
+        except Exception as exc:
+            # Whatever went wrong, the sweep reads what a lost nudge missed.
+            self.failed += 1
+            _log.warning(
+                "nudging %s for stream %d failed: %s", self.function_name, stream_index, exc
+            )
+        else:
+            self.sent += 1

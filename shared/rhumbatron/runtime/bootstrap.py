@@ -413,6 +413,8 @@ def bootstrap(
     """Build the runtime. Refuses unsafe storage settings before anything opens a file."""
     settings = settings or load_settings()
     check_journal_mode(settings)
+    if nudge is None and settings.router_nudge_function:
+        nudge = _lambda_nudge(settings)
     return Rhumbatron(
         settings=settings,
         clock=clock or SystemClock(),
@@ -422,3 +424,22 @@ def bootstrap(
         _metrics_sink=metrics_sink,
         _causal_routing=causal_routing,
     )
+
+
+def _lambda_nudge(settings: Settings) -> RouterNudge:
+    import boto3
+    from botocore.config import Config
+
+    from rhumbatron.router.nudge import LambdaNudge
+
+    assert settings.router_nudge_function is not None
+    client = boto3.client(
+        "lambda",
+        endpoint_url=settings.lambda_endpoint_url,
+        config=Config(
+            retries={"max_attempts": 2, "mode": "standard"},
+            connect_timeout=settings.lambda_timeout_s,
+            read_timeout=settings.lambda_timeout_s,
+        ),
+    )
+    return LambdaNudge(client, settings.router_nudge_function)

@@ -110,8 +110,10 @@ class Settings(BaseSettings):
     router_max_failures: int = Field(
         default=5, ge=1, description="The failure that makes a poison event a dead letter."
     )
-    router_nudge_enabled: bool = Field(
-        default=True, description="Nudge the router after a publish; the sweep applies all anyway."
+    router_nudge_function: str | None = Field(
+        default=None,
+        description="The router-nudge Lambda the publisher invokes asynchronously after a "
+        "publish (the cloud); None nudges in process or not at all.",
     )
     archive_batch_size: int = Field(default=100, ge=1, le=1000)
     archive_batches_per_tick: int = Field(default=1, ge=1)
@@ -142,6 +144,10 @@ class Settings(BaseSettings):
     evidence_bucket: str = "rhumbatron-evidence"
     s3_endpoint_url: str | None = None
     s3_region: str = "us-east-1"
+    lambda_endpoint_url: str | None = Field(
+        default=None, description="Lambda API endpoint override (tests; None in the cloud)."
+    )
+    lambda_timeout_s: float = Field(default=2.0, gt=0, description="Lambda invoke timeout.")
     s3_timeout_s: float = Field(default=5.0, gt=0, description="S3 connect and read timeout.")
     archive_max_age_days: float = Field(default=365, gt=0)
     archive_expiry_pass: bool = Field(

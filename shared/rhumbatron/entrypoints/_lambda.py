@@ -1,0 +1,182 @@
+"""What every Lambda role shares: the process's runtime, the deadline, the edge validation.
+
+One warm Lambda container is one process, and whichever role it runs (outbox publisher,
+router nudge, sweep) it keeps, between invocations:
+
+* one :class:`~rhumbatron.runtime.bootstrap.Rhumbatron` runtime, built on first use by
+  :func:`~rhumbatron.runtime.bootstrap.bootstrap` from the ``RHUMBATRON_*`` environment;
+* one NATS connection (the runtime's), on one event loop
+  (:mod:`rhumbatron.runtime.event_loop`) — never ``asyncio.run`` per call, which would
+  orphan the connection with the loop it was opened on;
+* the knowledge that the streams were ensured, so only a cold start pays for it.
+
+Lambda handlers are synchronous: each role's ``handle`` validates its event here
+(:func:`validate_event`), takes a :func:`deadline` from the context's remaining time, and
+runs one coroutine on the process's loop after :func:`prepare`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from rhumbatron.errors import EnvelopeError
+from rhumbatron.runtime import event_loop
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from rhumbatron.runtime.bootstrap import Rhumbatron
+
+__all__ = [
+    "InvocationContext",
+    "deadline",
+    "prepare",
+    "reset_for_tests",
+    "runtime",
+    "stopper",
+    "validate_event",
+]
+
+_log = logging.getLogger(__name__)
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class InvocationContext(Protocol):
+    """The part of the Lambda context object the roles use."""
+
+    def get_remaining_time_in_millis(self) -> int: ...
+
+
+# -- edge validation -------------------------------------------------------------------------
+
+
+def validate_event(model: type[ModelT], event: object, *, role: str, shapes: str) -> ModelT:
+    """Validate a Lambda event against ``model``.
+
+    Raises :class:`EnvelopeError` naming every bad field with its value, the ``role`` whose
+    event it was, and the ``shapes`` the role accepts.
+    """
+    if not isinstance(event, Mapping):
+        raise EnvelopeError(
+            f"{role} event must be a JSON object, got {type(event).__name__} "
+            f"{event!r:.200}; {shapes}"
+        )
+    try:
+        return model.model_validate(event)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(err, event) for err in exc.errors(include_url=False))
+        raise EnvelopeError(f"invalid {role} event: {problems}; {shapes}") from None
+
+
+def _describe(err: Any, event: Mapping[Any, Any]) -> str:
+    # ``loc`` carries the alias (``streamIndex``), which is the key the event used.
+    field = ".".join(str(part) for part in err["loc"])
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "missing":
+        return f"field {field!r} is missing"
+    return f"field {field!r}={event.get(field, err.get('input'))!r}: {message}"
+
+
+# -- the process's state ---------------------------------------------------------------------
+
+
+@dataclass
+class _Process:
+    """What a warm container keeps between invocations."""
+
+    app: Rhumbatron | None = None
+    streams_ready: bool = False
+
+
+_process = _Process()
+
+
+def runtime() -> Rhumbatron:
+    """The process's runtime, built on first use from the ``RHUMBATRON_*`` environment."""
+    if _process.app is None:
+        from rhumbatron.actors.alarms import NoAlarmSink
+        from rhumbatron.runtime.bootstrap import bootstrap
+
+        # No alarm sink in the cloud yet: the publisher's every-minute schedule fires due
+        # alarms.
+        _process.app = bootstrap(alarms=NoAlarmSink())
+    return _process.app
+
+
+def reset_for_tests() -> None:
+    """Forget the process's runtime, as a fresh container would (tests only).
+
+    Closes the actor files, the router's files and the NATS connection on the process's
+    loop; the next invocation builds everything again from the environment.
+    """
+    app, _process.app, _process.streams_ready = _process.app, None, False
+    if app is not None:
+        try:
+            event_loop.run(app.close())
+        except Exception as exc:  # a test's server may already be gone: nothing left to drain
+            _log.debug("closing the Lambda runtime: %s", exc)
+
+
+# -- the deadline ----------------------------------------------------------------------------
+
+
+def deadline(context: InvocationContext | None, margin_s: float) -> float | None:
+    """The ``time.monotonic()`` after which a role starts no more work, or None (no context).
+
+    ``margin_s`` is the role's slowest ordinary unit of work: started just before the
+    deadline, it still ends before Lambda kills the invocation mid-write.
+    """
+    if context is None:
+        return None
+    return time.monotonic() + context.get_remaining_time_in_millis() / 1000 - margin_s
+
+
+def stopper(until: float | None) -> Callable[[], bool] | None:
+    """A ``should_stop`` that turns true once ``until`` (a :func:`deadline`) has passed."""
+    if until is None:
+        return None
+    return lambda: time.monotonic() >= until
+
+
+# -- connecting ------------------------------------------------------------------------------
+
+
+async def prepare(app: Rhumbatron) -> None:
+    """Connect (once per process), ensure the streams (once), or revive a warm connection.
+
+    A first connect that nobody answers fails within a bound (``connect_nats``), so an
+    unreachable cluster ends the invocation with ``NatsUnavailableError`` instead of holding
+    it until the Lambda's timeout.
+    """
+    nc = await app.nats()
+    if not _process.streams_ready:
+        await app.ensure_streams()
+        _process.streams_ready = True
+    else:
+        await _revive(nc, app.settings.nats_connect_timeout_s)
+
+
+async def _revive(nc: NATS, timeout_s: float) -> None:
+    """A warm invocation after a long freeze: the server may have dropped the connection.
+
+    While Lambda froze the process nothing read the socket. A round trip makes the client
+    notice a dead connection now and reconnect, instead of the first publish or fetch
+    finding it; then wait (bounded) for the reconnect. If it does not come, the work that
+    follows reports the connection as unavailable.
+    """
+    try:
+        await nc.flush(timeout=max(1, round(timeout_s)))
+    except Exception as exc:  # a dead socket shows up as a timeout or a closed-connection error
+        _log.info("NATS round trip failed after a freeze (%s); waiting for the reconnect", exc)
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout_s
+    while not nc.is_connected and loop.time() < until:
+        await asyncio.sleep(0.05)

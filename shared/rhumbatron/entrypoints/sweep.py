@@ -1,0 +1,139 @@
+"""The sweep role: everything ``functions/sweep/app.py`` runs.
+
+One invocation reaches it: ``{"source": "schedule", "job": "sweep"}`` (:class:`ScheduledSweep`),
+from EventBridge Scheduler at the start of every minute. It runs one
+:meth:`~rhumbatron.router.event_router.EventRouter.sweep` tick for the minute of the clock's
+now: stream ``minute-of-day mod 8`` through all its subscriptions (the archive batch, and the
+analytics batch on an ordinary tick), the daily maintenance at 04:17 UTC, and every
+consumer's lag and the outbox backlog into the metrics — which also go out as CloudWatch EMF
+lines when ``RHUMBATRON_METRICS_EMF`` is on (the template turns it on).
+
+The sweep is the router's correctness path: with every nudge lost, each event is still
+applied within 8 minutes. A tick must end within its minute, so the run stops fetching
+before the Lambda's remaining time runs out; the stream's next tick continues.
+
+The process's runtime, NATS connection and event loop are built once per warm container
+and shared with the other roles (:mod:`rhumbatron.entrypoints._lambda`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from rhumbatron.entrypoints._lambda import (
+    InvocationContext,
+    deadline,
+    prepare,
+    reset_for_tests,
+    runtime,
+    stopper,
+    validate_event,
+)
+from rhumbatron.entrypoints.router_nudge import run_summary
+from rhumbatron.runtime import event_loop
+
+if TYPE_CHECKING:
+    from rhumbatron.router.event_router import SweepReport
+    from rhumbatron.runtime.bootstrap import Rhumbatron
+
+__all__ = [
+    "InvocationContext",
+    "ScheduledSweep",
+    "handle",
+    "parse_invocation",
+    "reset_for_tests",
+    "runtime",
+    "sweep_summary",
+]
+
+_log = logging.getLogger(__name__)
+
+_SHAPES = 'expected {"source": "schedule", "job": "sweep"} (the every-minute schedule)'
+
+
+class ScheduledSweep(BaseModel):
+    """The every-minute schedule: ``{"source": "schedule", "job": "sweep"}``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: Literal["schedule"]
+    job: Literal["sweep"]
+
+
+def parse_invocation(event: object) -> ScheduledSweep:
+    """Validate the Lambda event; raise :class:`EnvelopeError` naming the bad field and value."""
+    return validate_event(ScheduledSweep, event, role="sweep", shapes=_SHAPES)
+
+
+def handle(event: object, context: InvocationContext | None) -> dict[str, Any]:
+    """Run one sweep tick; return a JSON-able summary of what it did.
+
+    Raises :class:`~rhumbatron.errors.EnvelopeError` for a bad event,
+    :class:`~rhumbatron.errors.NatsUnavailableError` when no NATS server answers on a cold
+    start (the next tick tries again), and :class:`~rhumbatron.errors.ConfigurationError` for
+    unsafe settings.
+    """
+    parse_invocation(event)
+    app = runtime()
+    until = deadline(context, _stop_margin_s(app))
+    return event_loop.run(_handle(app, stopper(until)))
+
+
+def _stop_margin_s(app: Rhumbatron) -> float:
+    # One consume at its slowest ordinary pace — a pull that waits out the fetch timeout,
+    # settling the batch, an archive upload that times out once and is retried — plus a
+    # reconnect. After the last consume the tick still reads 32 consumers' lag and the
+    # outbox backlog; the fetch-timeout term covers those round trips.
+    settings = app.settings
+    return (
+        2 * settings.router_fetch_timeout_s
+        + 2 * settings.s3_timeout_s
+        + settings.nats_connect_timeout_s
+    )
+
+
+async def _handle(app: Rhumbatron, should_stop: Callable[[], bool] | None) -> dict[str, Any]:
+    await prepare(app)
+    report = await app.router().sweep(should_stop=should_stop)
+    # The router asks before each consume and does not say whether it stopped: time being up
+    # now is what the summary can honestly report.
+    out_of_time = should_stop is not None and should_stop()
+    if out_of_time:
+        _log.warning(
+            "sweep of stream %d ran out of time; records left wait for its next tick",
+            report.run.stream_index,
+        )
+    return {"job": "sweep", **sweep_summary(report), "out_of_time": out_of_time}
+
+
+def sweep_summary(report: SweepReport) -> dict[str, Any]:
+    """A sweep tick as JSON-able data: the run, the tick's kind and its housekeeping."""
+    return {
+        **run_summary(report.run),
+        "minute_of_day": report.minute_of_day,
+        "maintenance": report.maintenance,
+        "release_sweep": report.release_sweep,
+        "analytics": report.analytics,
+        "archive_objects": [{"key": key, "events": count} for key, count in report.archive_objects],
+        "lags": [
+            {
+                "stream": lag.stream,
+                "consumer": lag.consumer,
+                "num_pending": lag.num_pending,
+                "num_ack_pending": lag.num_ack_pending,
+                "exists": lag.exists,
+            }
+            for lag in report.lags
+        ],
+        "outbox_backlog": dict(report.outbox_backlog),
+        "pruned_claims": report.pruned_claims,
+        "pruned_feed_rows": report.pruned_feed_rows,
+        "pruned_metric_rows": report.pruned_metric_rows,
+        "archive_objects_expired": report.archive_objects_expired,
+        # capacity warnings the router raised at its first sweep in this process
+        "warnings": list(report.warnings),
+    }
