@@ -623,3 +623,26 @@ async def test_a_view_file_held_by_another_writer_is_retried_not_counted(
     holder.execute("ROLLBACK")
     holder.close()
     await until(lambda: app.router().nudge(7), lambda _: view_count(app, project) == 3)
+
+
+async def test_a_consumer_deleted_under_a_warm_router_is_created_again_without_doubles(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a router that applied a project's events, whose consumer an operator then deletes
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    events = lifecycle(project, clock.now())
+    await publish(app, events[:3])
+    await app.router().nudge(0)
+    js = (await app.nats()).jetstream()
+    await js.delete_consumer(event_stream_name(0), PROJECTOR.value)
+    await publish(app, events[3:])
+
+    # WHEN the same warm router is nudged
+    report = await app.router().nudge(0)
+
+    # THEN the consumer exists again, re-read the stream, and the claims kept the view exact
+    projector = report.subscriptions[PROJECTOR.value]
+    assert (projector.applied, projector.duplicates) == (3, 3)
+    assert view_count(app, project) == 6
+    assert (await js.consumer_info(event_stream_name(0), PROJECTOR.value)).num_pending == 0

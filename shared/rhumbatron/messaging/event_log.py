@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from rhumbatron.messaging.pull import ConsumerChange, Puller, ensure_consumer
+from rhumbatron.messaging.pull import ConsumerChange, ConsumerGoneError, Puller, ensure_consumer
 from rhumbatron.protocol.ids import event_stream_name
 from rhumbatron.runtime.settings import Settings
 
@@ -92,8 +92,17 @@ class EventLogClient:
         Never more than ``router_fetch_max_records`` (the spec's 100). An empty list is a
         normal outcome.
         """
+        batch = min(max_records, self.settings.router_fetch_max_records)
         puller = await self._puller(stream_index, subscription)
-        return await puller.pull(min(max_records, self.settings.router_fetch_max_records))
+        try:
+            return await puller.pull(batch)
+        except ConsumerGoneError:
+            # Deleted under a warm process: create it again (from the stream's start, as at
+            # a first read; the claims make the re-read apply nothing twice) and pull once more.
+            await puller.close()
+            del self._pullers[(stream_index, subscription)]
+            puller = await self._puller(stream_index, subscription)
+            return await puller.pull(batch)
 
     async def lag(self, stream_index: int, subscription: Subscription) -> ConsumerLag:
         """The consumer's lag; a consumer not created yet lags by the whole stream."""

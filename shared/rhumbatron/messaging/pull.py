@@ -29,12 +29,16 @@ if TYPE_CHECKING:
     from nats.js.api import ConsumerConfig
     from nats.js.client import JetStreamContext
 
-__all__ = ["ConsumerChange", "Puller", "ensure_consumer"]
+__all__ = ["ConsumerChange", "ConsumerGoneError", "Puller", "ensure_consumer"]
 
 #: Fields of a consumer we set and keep in line with the settings.
 _MANAGED = ("ack_wait", "max_ack_pending", "max_deliver", "filter_subject", "ack_policy")
 #: Statuses that end a no-wait pull without an error.
 _END_OF_PULL = frozenset({"404", "408"})
+
+
+class ConsumerGoneError(MessagingError):
+    """Nobody answers the pull: the consumer was deleted (by an operator, or with its stream)."""
 
 
 class ConsumerChange(StrEnum):
@@ -129,6 +133,10 @@ class Puller:
                 break
             elif status == "100":
                 continue  # an idle heartbeat
+            elif status == "503":
+                raise ConsumerGoneError(
+                    f"consumer {self.durable} on {self.stream} does not exist (503 no responders)"
+                )
             else:
                 description = msg.headers.get("Description", "") if msg.headers else ""
                 raise MessagingError(
