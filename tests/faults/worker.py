@@ -9,6 +9,14 @@ Commands:
 * ``publish <actor_key> [rounds]``: run ``publish_due`` on the actor up to ``rounds`` times
   (stopping once nothing is pending), print one JSON line per report.
 * ``claim <project_id> <resource>``: acquire a claim on ``resource`` (one actor transaction).
+* ``route <mode> [args] [--routed-log=PATH] [--gate]``: bootstrap a router from the
+  environment and run it once, printing one JSON line (the run's report). Modes: ``consume
+  <stream> <subscription>`` (one subscription's consume, as a nudge or sweep runs it),
+  ``nudge <stream>``, ``sweep <ISO-8601 UTC minute>``, ``drain``. With ``--routed-log`` the
+  causal rules append every Event ID they route to that file (see :class:`RoutedLog`). With
+  ``--gate`` the worker connects, prints ``{"ready": true}`` and waits for a line on stdin
+  before it runs: a test starts several and releases them at once (see
+  :func:`release_gated`).
 
 Imported by the tests (``from .worker import ...``) for the helpers below.
 """
@@ -22,9 +30,9 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +40,11 @@ from rhumbatron.actors.actor import Actor, ActorRef
 from rhumbatron.actors.resource_shard import ResourceShard
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
+from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.router.handlers import RunContext
+from rhumbatron.router.records import APPLIED, RecordOutcome
 from rhumbatron.runtime.bootstrap import bootstrap
 from rhumbatron.runtime.settings import Settings, load_settings
 
@@ -129,15 +141,33 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_worker(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    """Start this file as a worker process."""
+def start_worker(
+    args: list[str], env: dict[str, str], *, stdin: bool = False
+) -> subprocess.Popen[str]:
+    """Start this file as a worker process (``stdin``: with a pipe to its standard input)."""
     return subprocess.Popen(
         [sys.executable, str(WORKER), *args],
         env=env,
+        stdin=subprocess.PIPE if stdin else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def release_gated(workers: list[subprocess.Popen[str]]) -> None:
+    """Wait until every ``--gate`` worker is connected and ready, then let all of them go.
+
+    Blocking reads of the ready line: the barrier is the workers' own signal, not a sleep.
+    """
+    for worker in workers:
+        assert worker.stdout is not None
+        line = worker.stdout.readline()
+        assert json.loads(line or "{}").get("ready"), f"worker not ready: {line!r}"
+    for worker in workers:
+        assert worker.stdin is not None
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
 
 
 def run_worker(
@@ -159,6 +189,33 @@ def state_counts(rows: Iterable[sqlite3.Row]) -> dict[str, int]:
     for row in rows:
         counts[row["state"]] = counts.get(row["state"], 0) + 1
     return counts
+
+
+class RoutedLog:
+    """Causal rules whose one effect is a line per routed Event ID, appended to ``path``.
+
+    Each ``route`` call is one ``O_APPEND`` write, in the kernel before ``route`` returns, so a
+    worker killed right after routing (``after_apply``) still leaves its effect on disk: the
+    file is what a crash test counts effects in, across the crashed and the recovering router.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
+        if events:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, "".join(f"{e.event_id}\n" for e in events).encode())
+            finally:
+                os.close(fd)
+        return {event.event_id: APPLIED for event in events}
+
+    def routed(self) -> list[str]:
+        """Every routed Event ID, once per time it was routed, in routing order."""
+        if not self.path.exists():
+            return []
+        return self.path.read_text().split()
 
 
 # --------------------------------------------------------------------------- worker commands
@@ -193,12 +250,56 @@ def _claim(project_id: str, resource: str) -> None:
     print(json.dumps({"events_added": result.events_added}))
 
 
+async def _route(mode: str, args: list[str], routed_log: Path | None, gate: bool) -> None:
+    app = bootstrap(load_settings(), causal_routing=RoutedLog(routed_log) if routed_log else None)
+    try:
+        router = app.router()
+        if gate:
+            await router.event_log()  # connected before the start line
+            print(json.dumps({"ready": True}))
+            sys.stdout.flush()
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        report: Any
+        if mode == "consume":
+            index, subscription = int(args[0]), Subscription(args[1])
+            run = RunContext(
+                stream_index=index,
+                now_s=app.clock.now().timestamp(),
+                apply_calls_left=app.settings.router_apply_calls_per_run,
+            )
+            report = asdict(
+                await router.consume(
+                    run,
+                    subscription,
+                    consumes=app.settings.router_consumes_per_run,
+                    batch=app.settings.router_fetch_max_records,
+                )
+            )
+        elif mode == "nudge":
+            report = asdict(await router.nudge(int(args[0])))
+        elif mode == "sweep":
+            report = asdict((await router.sweep(now=datetime.fromisoformat(args[0]))).run)
+        elif mode == "drain":
+            report = await router.drain()
+        else:
+            raise SystemExit(f"unknown route mode {mode!r}")
+        print(json.dumps({"mode": mode, "report": report}))
+        sys.stdout.flush()
+    finally:
+        await app.close()
+
+
 def main(argv: list[str]) -> int:
     command, *args = argv
     if command == "publish":
         asyncio.run(_publish(args[0], int(args[1]) if len(args) > 1 else 1))
     elif command == "claim":
         _claim(args[0], args[1])
+    elif command == "route":
+        logs = [a.split("=", 1)[1] for a in args if a.startswith("--routed-log=")]
+        positional = [a for a in args if not a.startswith("--")]
+        gate = "--gate" in args
+        asyncio.run(_route(positional[0], positional[1:], Path(logs[-1]) if logs else None, gate))
     else:
         print(f"unknown command {command!r}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ import pytest
 from rhumbatron.router.claims import (
     CLAIMS_SCHEMA,
     claim_events,
+    claim_leases,
     complete_claims,
     done_event_ids,
     prune_claims,
@@ -65,3 +66,14 @@ def test_prune_deletes_only_done_claims_older_than_the_cutoff_up_to_the_limit(
     assert prune_claims(db, older_than_s=1_000, limit=10) == 2  # the lease is not done: kept
     left = {row[0] for row in db.execute("SELECT event_id FROM processed_events")}
     assert left == {"lease", "new"}
+
+
+def test_a_live_lease_is_reported_held_not_done(db: sqlite3.Connection) -> None:
+    # GIVEN E leased by a run that died, and F done
+    claim_events(db, "causal-router", ["E", "F"], now_s=0, lease_s=300)
+    complete_claims(db, "causal-router", ["F"], now_s=1)
+    # WHEN a redelivery reaches another run before E's lease expires
+    leases = claim_leases(db, "causal-router", ["E", "F", "G"], now_s=299.5, lease_s=300)
+    # THEN G is fresh, E is held (to retry: acking it would lose its effect), F is done
+    assert leases.fresh == ["G"]
+    assert leases.held == {"E"}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from rhumbatron.errors import MessagingError
+from rhumbatron.errors import MessagingError, NatsUnavailableError
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -108,13 +108,22 @@ class Puller:
 
     async def pull(self, batch: int) -> list[Msg]:
         """Up to ``batch`` messages available now; ``[]`` when there are none."""
-        if self._sub is None or self._inbox is None:
-            self._inbox = self.nc.new_inbox()
-            self._sub = await self.nc.subscribe(self._inbox)
+        from nats.errors import Error as NatsError
+
         request = json.dumps({"batch": batch, "no_wait": True}).encode()
-        await self.nc.publish(
-            f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}", request, self._inbox
-        )
+        try:
+            if self._sub is None or self._inbox is None:
+                self._inbox = self.nc.new_inbox()
+                self._sub = await self.nc.subscribe(self._inbox)
+            await self.nc.publish(
+                f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}", request, self._inbox
+            )
+        except NatsError as exc:
+            # Disconnected (no client-side buffer: see connect_nats) or closed for good.
+            raise NatsUnavailableError(
+                f"cannot pull from consumer {self.durable} on {self.stream}: "
+                f"{type(exc).__name__}: {exc}; the next run tries again"
+            ) from exc
         messages: list[Msg] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 __all__ = [
     "CLAIMS_SCHEMA",
+    "LeaseClaims",
     "claim_events",
+    "claim_leases",
     "complete_claims",
     "done_event_ids",
     "prune_claims",
@@ -77,6 +80,46 @@ def claim_events(
             if taken_over == 1:
                 fresh.append(event_id)
     return fresh
+
+
+@dataclass
+class LeaseClaims:
+    """What :func:`claim_leases` found: events now leased to this run, and events whose
+    lease another run still holds (it may be working on them, or dead with its lease
+    not yet expired)."""
+
+    fresh: list[str] = field(default_factory=list)
+    held: set[str] = field(default_factory=set)
+
+
+def claim_leases(
+    connection: sqlite3.Connection,
+    consumer: str,
+    event_ids: Sequence[str],
+    *,
+    now_s: float,
+    lease_s: float,
+) -> LeaseClaims:
+    """Lease ``event_ids`` for ``consumer``; tell fresh, held and done apart.
+
+    A held event is not a duplicate: its effect may never have happened. Acking it would
+    drop the message while the lease outlives the redelivery, losing the effect; the caller
+    must retry it after the lease (RELIABILITY F10).
+    """
+    result = LeaseClaims(
+        fresh=claim_events(connection, consumer, event_ids, now_s=now_s, lease_s=lease_s)
+    )
+    fresh = set(result.fresh)
+    for event_id in event_ids:
+        if event_id in fresh:
+            continue
+        row = connection.execute(
+            "SELECT status FROM processed_events WHERE consumer = ? AND event_id = ?",
+            (consumer, event_id),
+        ).fetchone()
+        if row is not None and row[0] == "claimed":
+            result.held.add(event_id)
+    return result
 
 
 def complete_claims(

@@ -309,6 +309,10 @@ class EventRouter:
                 if should_stop is not None and should_stop():
                     break
                 messages = await log.fetch(run.stream_index, subscription, batch)
+                # Leases are measured from each fetch, not from the start of the run: a
+                # lease read against a stale clock could look live after JetStream has
+                # already redelivered its message.
+                run.now_s = self.clock.now().timestamp()
                 report.consumes += 1
                 if not messages:
                     break

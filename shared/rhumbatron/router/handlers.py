@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Protocol
 from rhumbatron.errors import ActorError, ArchiveError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.envelopes import Event
-from rhumbatron.router.claims import claim_events, complete_claims, release_claims
+from rhumbatron.router.claims import (
+    claim_events,
+    claim_leases,
+    complete_claims,
+    release_claims,
+)
 from rhumbatron.router.project_view import ProjectView
 from rhumbatron.router.records import APPLIED, DEFERRED, DUPLICATE, Record, RecordOutcome
 from rhumbatron.runtime.faults import crash_point
@@ -64,6 +69,18 @@ class RecordHandler(Protocol):
 
 def _events(records: Sequence[Record]) -> list[Event]:
     return [r.event for r in records if r.event is not None]
+
+
+def _not_fresh(
+    records: Sequence[Record], fresh: set[str], held: set[str]
+) -> dict[str, RecordOutcome]:
+    """Outcomes of the records this run did not lease: done → duplicate (ack); held by
+    another run's live lease → retry after the nack delay (not a duplicate: its effect may
+    never have happened, and an ack would lose it)."""
+    held_by_other = RecordOutcome.retry("claimed by another run whose lease has not expired")
+    return {
+        r.key: held_by_other if r.key in held else DUPLICATE for r in records if r.key not in fresh
+    }
 
 
 # -- project-view-projector -----------------------------------------------------------------
@@ -155,13 +172,12 @@ class CausalRouter:
         name = self.subscription.value
         events = _events(records)
         with self.state.transaction() as db:
-            fresh = set(
-                claim_events(
-                    db, name, [e.event_id for e in events], now_s=run.now_s, lease_s=self.lease_s
-                )
+            leases = claim_leases(
+                db, name, [e.event_id for e in events], now_s=run.now_s, lease_s=self.lease_s
             )
+        fresh = set(leases.fresh)
         crash_point(self.state.settings.crash_at, "after_claim")
-        outcomes = {r.key: DUPLICATE for r in records if r.key not in fresh}
+        outcomes = _not_fresh(records, fresh, leases.held)
         try:
             routed = await self.routing.route([e for e in events if e.event_id in fresh])
         except Exception as exc:
@@ -207,12 +223,11 @@ class AuditArchiver:
         name = self.subscription.value
         events = _events(records)
         with self.state.transaction() as db:
-            fresh = set(
-                claim_events(
-                    db, name, [e.event_id for e in events], now_s=run.now_s, lease_s=self.lease_s
-                )
+            leases = claim_leases(
+                db, name, [e.event_id for e in events], now_s=run.now_s, lease_s=self.lease_s
             )
-        outcomes = {r.key: DUPLICATE for r in records if r.key not in fresh}
+        fresh = set(leases.fresh)
+        outcomes = _not_fresh(records, fresh, leases.held)
         batch = [e for e in events if e.event_id in fresh]
         if not batch:
             return outcomes
