@@ -21,10 +21,16 @@ __all__ = [
     "DeadLetter",
     "DeadLetterKind",
     "DeadLetterStatus",
+    "Resolution",
+    "claim_retry",
+    "close_command_dead_letter",
+    "close_dead_letters_of_change",
+    "command_dead_letter_id",
     "dismiss_dead_letter",
     "get_dead_letter",
     "list_dead_letters",
     "poison_dead_letter_id",
+    "record_command_dead_letter",
     "record_poison_event",
 ]
 
@@ -37,6 +43,15 @@ class DeadLetterKind(StrEnum):
 class DeadLetterStatus(StrEnum):
     OPEN = "open"
     CLOSED = "closed"
+
+
+class Resolution(StrEnum):
+    """Why a letter closed."""
+
+    DISMISSED = "dismissed"  # an operator dismissed it
+    SUCCEEDED = "succeeded"  # the same command succeeded later
+    SUPERSEDED = "superseded"  # a later change.settle of the same Change ran
+    ENDED = "ended"  # the 5-minute sweep closed it: its Change ended
 
 
 DEAD_LETTERS_SCHEMA = """
@@ -59,11 +74,15 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     body           TEXT NOT NULL,
     status         TEXT NOT NULL DEFAULT 'open' CHECK (status IN ('open', 'closed')),
     resolution     TEXT,
+    retried_attempt INTEGER,
+    retried_at_s   REAL,
     created_at_s   REAL NOT NULL,
+    updated_at_s   REAL,
     closed_at_s    REAL,
     UNIQUE (consumer, event_id)
 );
 CREATE INDEX IF NOT EXISTS dead_letters_open ON dead_letters (status, created_at_s);
+CREATE INDEX IF NOT EXISTS dead_letters_change ON dead_letters (change_id, status);
 """
 
 
@@ -90,6 +109,9 @@ class DeadLetter:
     stream: str | None = None
     stream_seq: int | None = None
     resolution: str | None = None
+    retried_attempt: int | None = None
+    retried_at_s: float | None = None
+    updated_at_s: float | None = None
     closed_at_s: float | None = None
 
     @classmethod
@@ -161,16 +183,33 @@ def list_dead_letters(
     *,
     status: DeadLetterStatus | None = DeadLetterStatus.OPEN,
     kind: DeadLetterKind | None = None,
+    tenant_id: str | None = None,
+    project_id: str | None = None,
+    queue: str | None = None,
+    after: str | None = None,
     limit: int = 100,
 ) -> list[DeadLetter]:
-    """Dead letters, oldest first."""
-    clauses, params = [], []
-    if status is not None:
-        clauses.append("status = ?")
-        params.append(status.value)
-    if kind is not None:
-        clauses.append("kind = ?")
-        params.append(kind.value)
+    """Dead letters, oldest first, filtered; ``after`` is the last ID of the previous page."""
+    clauses: list[str] = []
+    params: list[object] = []
+    for column, value in (
+        ("status", status.value if status else None),
+        ("kind", kind.value if kind else None),
+        ("tenant_id", tenant_id),
+        ("project_id", project_id),
+        ("queue", queue),
+    ):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if after is not None:
+        mark = connection.execute(
+            "SELECT created_at_s FROM dead_letters WHERE dead_letter_id = ?", (after,)
+        ).fetchone()
+        if mark is None:
+            raise DeadLetterNotFoundError(f"page cursor {after!r} names no dead letter")
+        clauses.append("(created_at_s, dead_letter_id) > (?, ?)")
+        params += [mark[0], after]
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     rows = connection.execute(
         f"SELECT * FROM dead_letters {where} ORDER BY created_at_s, dead_letter_id LIMIT ?",
@@ -198,3 +237,122 @@ def dismiss_dead_letter(
         (now_s, dead_letter_id),
     )
     return get_dead_letter(connection, dead_letter_id)
+
+
+# -- command letters (the dead-letter queue) ------------------------------------------------
+
+
+def command_dead_letter_id(command_id: str) -> str:
+    """``dl_`` + 24 hex characters derived from the command ID: one letter per command."""
+    return f"dl_{hashlib.sha256(command_id.encode()).hexdigest()[:24]}"
+
+
+def record_command_dead_letter(
+    connection: sqlite3.Connection,
+    *,
+    command_id: str,
+    command_type: str,
+    queue: str,
+    attempt: int,
+    reason: str,
+    body: str,
+    now_s: float,
+    tenant_id: str | None = None,
+    project_id: str | None = None,
+    change_id: str | None = None,
+    task_id: str | None = None,
+) -> bool:
+    """Write the command's letter, idempotent on ``command_id``; return whether it changed.
+
+    A redelivery of the same dead-lettered attempt changes nothing. A later attempt (an
+    operator's Retry that failed again) updates the letter and opens it again.
+    """
+    return (
+        connection.execute(
+            "INSERT INTO dead_letters (dead_letter_id, kind, tenant_id, project_id, change_id, "
+            "task_id, command_id, command_type, queue, attempt, reason, body, created_at_s, "
+            "updated_at_s) VALUES (?, 'command', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (command_id) DO UPDATE SET attempt = excluded.attempt, "
+            "queue = excluded.queue, reason = excluded.reason, body = excluded.body, "
+            "status = 'open', resolution = NULL, closed_at_s = NULL, "
+            "updated_at_s = excluded.updated_at_s "
+            "WHERE excluded.attempt > dead_letters.attempt",
+            (
+                command_dead_letter_id(command_id),
+                tenant_id,
+                project_id,
+                change_id,
+                task_id,
+                command_id,
+                command_type,
+                queue,
+                attempt,
+                reason,
+                body,
+                now_s,
+                now_s,
+            ),
+        ).rowcount
+        == 1
+    )
+
+
+def claim_retry(
+    connection: sqlite3.Connection, dead_letter_id: str, *, now_s: float
+) -> tuple[DeadLetter, bool]:
+    """Reserve the Retry of an open command letter as attempt ``attempt + 1``.
+
+    Returns the letter and whether this caller won the reservation: a double click or a
+    second operator finds the same attempt already reserved and sends nothing (F14). Raises
+    :class:`DeadLetterNotFoundError`, or :class:`DeadLetterClosedError` for a closed letter;
+    a poison-event letter cannot be retried (:class:`DeadLetterError`).
+    """
+    from rhumbatron.errors import DeadLetterError
+
+    letter = get_dead_letter(connection, dead_letter_id)
+    if letter.kind is DeadLetterKind.POISON_EVENT:
+        raise DeadLetterError(
+            f"dead letter {dead_letter_id} is a poison event of {letter.consumer}; it can only "
+            "be dismissed"
+        )
+    if letter.status is DeadLetterStatus.CLOSED:
+        raise DeadLetterClosedError(
+            f"dead letter {dead_letter_id} is already closed ({letter.resolution})"
+        )
+    attempt = (letter.attempt or 1) + 1
+    won = (
+        connection.execute(
+            "UPDATE dead_letters SET retried_attempt = ?, retried_at_s = ? "
+            "WHERE dead_letter_id = ? AND status = 'open' "
+            "AND (retried_attempt IS NULL OR retried_attempt < ?)",
+            (attempt, now_s, dead_letter_id, attempt),
+        ).rowcount
+        == 1
+    )
+    return get_dead_letter(connection, dead_letter_id), won
+
+
+def close_command_dead_letter(
+    connection: sqlite3.Connection, command_id: str, resolution: Resolution, *, now_s: float
+) -> bool:
+    """Close the open letter of ``command_id`` (the same command succeeded later)."""
+    return (
+        connection.execute(
+            "UPDATE dead_letters SET status = 'closed', resolution = ?, closed_at_s = ? "
+            "WHERE command_id = ? AND status = 'open'",
+            (resolution.value, now_s, command_id),
+        ).rowcount
+        == 1
+    )
+
+
+def close_dead_letters_of_change(
+    connection: sqlite3.Connection, change_id: str, resolution: Resolution, *, now_s: float
+) -> int:
+    """Close every open command letter of ``change_id`` (superseded, or the Change ended).
+    Poison-event letters close only by dismissal."""
+    return connection.execute(
+        "UPDATE dead_letters SET status = 'closed', resolution = ?, closed_at_s = ? "
+        "WHERE change_id = ? AND status = 'open' AND kind = 'command'",
+        (resolution.value, now_s, change_id),
+    ).rowcount

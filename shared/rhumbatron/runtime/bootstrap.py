@@ -31,10 +31,13 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
     from rhumbatron.archive import ArchiveWriter
+    from rhumbatron.messaging.commands import CommandBus
+    from rhumbatron.messaging.queue_consumer import QueueConsumerRuntime
     from rhumbatron.messaging.sender import EventSender
     from rhumbatron.messaging.streams import StreamReport
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
+    from rhumbatron.protocol.envelopes import Command
     from rhumbatron.router.event_router import EventRouter
     from rhumbatron.router.handlers import CausalRouting
 
@@ -75,6 +78,8 @@ class Rhumbatron:
     _router: EventRouter | None = None
     _metrics_sink: MetricsSink | None = None
     _causal_routing: CausalRouting | None = None
+    _bus: CommandBus | None = None
+    _queues: QueueConsumerRuntime | None = None
 
     # -- actors ----------------------------------------------------------------------------
     def actor(self, ref: ActorRef) -> Actor:
@@ -176,6 +181,45 @@ class Rhumbatron:
 
     def _new_publisher(self, sender: EventSender) -> OutboxPublisher:
         return OutboxPublisher(sender, self.settings, clock=self.clock, nudge=self.nudge)
+
+    # -- commands ------------------------------------------------------------------------------
+    async def command_bus(self) -> CommandBus:
+        """The command bus over the current connection (rebuilt if it was replaced)."""
+        from rhumbatron.messaging.commands import CommandBus
+
+        nc = await self.nats()
+        if self._bus is None or self._bus.nc is not nc:
+            self._bus = CommandBus(nc, ack_timeout_s=self.settings.command_send_timeout_s)
+        return self._bus
+
+    async def queue_runtime(self) -> QueueConsumerRuntime:
+        """The queue consumer runtime over the current connection."""
+        from rhumbatron.messaging.queue_consumer import QueueConsumerRuntime
+
+        bus = await self.command_bus()
+        if self._queues is None or self._queues.nc is not bus.nc:
+            self._queues = QueueConsumerRuntime(
+                bus.nc, self.settings, self.clock, bus, on_success=self._command_succeeded
+            )
+        return self._queues
+
+    async def _command_succeeded(self, command: Command) -> None:
+        """An open dead letter of the same command closes as ``succeeded``.
+
+        A read first: almost no command has a letter, and a read takes no write lock."""
+        from rhumbatron.product.dead_letters import Resolution, close_command_dead_letter
+
+        product = self.product()
+        row = product.connection.execute(
+            "SELECT 1 FROM dead_letters WHERE command_id = ? AND status = 'open'",
+            (command.command_id,),
+        ).fetchone()
+        if row is None:
+            return
+        with product.transaction() as db:
+            close_command_dead_letter(
+                db, command.command_id, Resolution.SUCCEEDED, now_s=self.clock.now().timestamp()
+            )
 
     # -- router, archive, metrics -----------------------------------------------------------
     def s3(self) -> S3Client:
@@ -385,6 +429,10 @@ class Rhumbatron:
         return reports
 
     async def close(self) -> None:
+        if self._queues is not None:
+            await self._queues.close()
+            self._queues = None
+        self._bus = None
         if self._router is not None:
             await self._router.close()
             self._router = None

@@ -11,7 +11,9 @@ import os
 __all__ = ["CRASH_POINTS", "crash_point"]
 
 #: Every point a fault test may name.
-CRASH_POINTS = frozenset({"in_txn", "after_puback", "after_claim", "after_apply", "before_ack"})
+CRASH_POINTS = frozenset(
+    {"in_txn", "after_puback", "after_claim", "after_apply", "before_ack", "after_dead_letter"}
+)
 
 
 def crash_point(configured: str | None, name: str) -> None:

@@ -140,6 +140,24 @@ class Settings(BaseSettings):
         default=False, description="Also print metrics as CloudWatch EMF lines (on in Lambda)."
     )
 
+    # -- command queues ------------------------------------------------------------------------
+    command_ack_wait_s: float = Field(
+        default=60.0, gt=0, description="A queue consumer's ack wait; in-progress marks extend it."
+    )
+    command_in_progress_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A running handler's message is marked in progress this often.",
+    )
+    command_max_hold_s: float = Field(
+        default=900.0, gt=0, description="How long a handler may hold a message (15 minutes)."
+    )
+    command_send_timeout_s: float = Field(default=5.0, gt=0)
+    queue_retry_delay_s: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per-queue retry delay overriding the QUEUE_CONSUMERS table (tests).",
+    )
+
     # -- archive (S3) -------------------------------------------------------------------------
     evidence_bucket: str = "rhumbatron-evidence"
     s3_endpoint_url: str | None = None
@@ -203,6 +221,12 @@ class Settings(BaseSettings):
                 f"processed_events_retention_days={self.processed_events_retention_days} is "
                 f"shorter than event_stream_max_age_days={self.event_stream_max_age_days}: a "
                 "redelivery of an event still on its stream would apply it a second time"
+            )
+        if self.command_in_progress_s >= self.command_ack_wait_s:
+            raise ValueError(
+                f"command_in_progress_s={self.command_in_progress_s} must be shorter than "
+                f"command_ack_wait_s={self.command_ack_wait_s}: a running handler's message "
+                "would be redelivered between two in-progress marks"
             )
         if self.router_ack_wait_s <= self.router_fetch_timeout_s:
             raise ValueError(

@@ -1,0 +1,189 @@
+"""Commands on the ``COMMANDS`` work-queue stream: the queue table and the command bus.
+
+Each queue is one subject, ``cmd.<queue>``, read by one durable consumer, ``q-<queue>``.
+:data:`QUEUE_CONSUMERS` is the spec's table: batch size, concurrency, retries, retry delay and
+dead-letter queue of every consumer. :class:`CommandBus` sends a Command with the message ID
+``<queue>:<commandId>`` (an operator's Retry, attempt *n* > 1, adds ``:<n>`` so the 2-hour
+duplicate window cannot swallow it) and reports when JetStream dropped it as a duplicate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from rhumbatron.errors import MessagingError, NatsUnavailableError
+from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
+from rhumbatron.protocol.command_types import QUEUES
+from rhumbatron.protocol.envelopes import Command
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+__all__ = [
+    "DEAD_LETTER_QUEUE",
+    "QUEUE_CONSUMERS",
+    "CommandBus",
+    "QueueConsumer",
+    "SendResult",
+    "command_message_id",
+    "consumer_name",
+    "retry_queue_for",
+]
+
+DEAD_LETTER_QUEUE = "dead-letter"
+#: Headers a dead-lettered command carries from its origin queue.
+ORIGIN_QUEUE_HEADER = "Rhumbatron-Origin-Queue"
+LAST_ERROR_HEADER = "Rhumbatron-Last-Error"
+DELIVERIES_HEADER = "Rhumbatron-Deliveries"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConsumer:
+    """One row of the spec's QUEUE_CONSUMERS table."""
+
+    queue: str
+    consumer_module: str
+    batch_size: int
+    concurrency: int
+    retries: int
+    retry_delay_s: float
+    dead_letter_queue: str | None
+    on_exhausted: str
+
+    @property
+    def max_deliveries(self) -> int:
+        """The first delivery plus the retries."""
+        return self.retries + 1
+
+
+#: The spec's table, row for row (services/core/src/consumers.ts).
+QUEUE_CONSUMERS: MappingProxyType[str, QueueConsumer] = MappingProxyType(
+    {
+        row.queue: row
+        for row in (
+            QueueConsumer(
+                "agent-wakeups", "agents", 10, 2, 3, 30.0, DEAD_LETTER_QUEUE, "dead-letter"
+            ),
+            QueueConsumer(
+                "integration", "integration", 10, 2, 3, 30.0, DEAD_LETTER_QUEUE, "dead-letter"
+            ),
+            QueueConsumer(
+                "verification", "integration", 5, 2, 3, 30.0, DEAD_LETTER_QUEUE, "dead-letter"
+            ),
+            QueueConsumer(
+                "release", "integration", 5, 2, 3, 30.0, DEAD_LETTER_QUEUE, "dead-letter"
+            ),
+            QueueConsumer(
+                "indexing",
+                "indexer",
+                1,
+                1,
+                3,
+                30.0,
+                None,
+                "the indexer records the failure in project_indexes",
+            ),
+            QueueConsumer(
+                "dead-letter",
+                "event router",
+                5,
+                1,
+                5,
+                60.0,
+                None,
+                "the consumer logs the message and terminates it",
+            ),
+        )
+    }
+)
+assert tuple(QUEUE_CONSUMERS) == QUEUES, "QUEUE_CONSUMERS must have one row per queue"
+
+
+def consumer_name(queue: str) -> str:
+    """``q-<queue>``: the durable consumer of a queue."""
+    return f"q-{queue}"
+
+
+def command_message_id(queue: str, command: Command) -> str:
+    """``<queue>:<commandId>``; an operator's Retry (attempt > 1) appends ``:<attempt>``."""
+    base = f"{queue}:{command.command_id}"
+    return base if command.attempt == 1 else f"{base}:{command.attempt}"
+
+
+def retry_queue_for(command: Command) -> str:
+    """Where an operator's Retry sends a command: agent.wake to agent-wakeups, every other
+    command to integration (the integration handler serves verification and release too)."""
+    return "agent-wakeups" if command.command_type == "agent.wake" else "integration"
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """What JetStream said about one send."""
+
+    queue: str
+    message_id: str
+    stream_seq: int
+    duplicate: bool
+
+
+@dataclass
+class CommandBus:
+    """Sends Commands onto their queues over one NATS connection."""
+
+    nc: NATS
+    ack_timeout_s: float = 5.0
+
+    async def send(
+        self, queue: str, command: Command, *, headers: dict[str, str] | None = None
+    ) -> SendResult:
+        """Publish ``command`` on ``cmd.<queue>``; JetStream drops a repeat of the same
+        message ID inside its duplicate window, and ``duplicate`` says so."""
+        message_id = command_message_id(queue, command)
+        return await self._publish(
+            queue, command.to_json(), message_id, headers, command.command_id
+        )
+
+    async def send_raw(
+        self, queue: str, body: bytes, *, message_id: str, headers: dict[str, str] | None = None
+    ) -> SendResult:
+        """Publish a body that is not a valid Command (the dead-letter path of a record that
+        never decoded), under an explicit message ID."""
+        return await self._publish(queue, body, message_id, headers, message_id)
+
+    async def _publish(
+        self,
+        queue: str,
+        body: bytes,
+        message_id: str,
+        headers: dict[str, str] | None,
+        what: str,
+    ) -> SendResult:
+        from nats.errors import Error as NatsError
+        from nats.js.errors import APIError
+
+        if queue not in QUEUE_CONSUMERS:
+            raise MessagingError(
+                f"unknown queue {queue!r}; queues are {', '.join(QUEUE_CONSUMERS)}"
+            )
+        js = self.nc.jetstream()
+        try:
+            ack = await js.publish(
+                command_subject(queue),
+                body,
+                timeout=self.ack_timeout_s,
+                stream=COMMAND_STREAM,
+                headers={"Nats-Msg-Id": message_id, **(headers or {})},
+            )
+        except APIError as exc:
+            raise MessagingError(
+                f"JetStream refused command {what} on {queue}: "
+                f"{exc.description} (code {exc.err_code})"
+            ) from exc
+        except (NatsError, TimeoutError) as exc:
+            raise NatsUnavailableError(
+                f"cannot send command {what} to {queue}: {type(exc).__name__}: {exc}; send it "
+                "again (its message ID makes a repeat harmless)"
+            ) from exc
+        return SendResult(queue, message_id, ack.seq, bool(ack.duplicate))

@@ -1,0 +1,362 @@
+"""The one queue consumer runtime: every queue's consumer is this code plus its table row.
+
+For a queue, :meth:`QueueConsumerRuntime.poll` pulls batches of ``batch_size`` from the durable
+consumer ``q-<queue>`` (filtered to ``cmd.<queue>`` only, as work-queue retention demands) and
+runs up to ``concurrency`` handlers at once. Every message gets its own outcome:
+
+* the handler returns ``None`` → ack (and an open dead letter of the same command closes as
+  ``succeeded``);
+* the handler returns :class:`Retry` or raises → ``nak(delay)`` — the delay the handler set, or
+  the table's retry delay for a raise — until the last delivery (1 + retries); then the
+  message goes to the queue's dead-letter queue and is terminated (``term``). A queue without
+  one (indexing, dead-letter) logs it and terminates it;
+* a command past its deadline → ack without running, counted as expired;
+* a body that is not a Command → the dead-letter queue at once (it can never succeed).
+
+While a handler runs, the runtime marks the message in progress every 30 s, for up to 15
+minutes (F11). ``should_stop`` (the Lambda's remaining time) is asked before each fetch and
+before each record starts: a record not started is nacked for prompt redelivery, and a record
+is only ever acked after its handler finished (F23).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from rhumbatron.errors import EnvelopeError, RhumbatronError
+from rhumbatron.messaging.commands import (
+    DEAD_LETTER_QUEUE,
+    DELIVERIES_HEADER,
+    LAST_ERROR_HEADER,
+    ORIGIN_QUEUE_HEADER,
+    QUEUE_CONSUMERS,
+    CommandBus,
+    QueueConsumer,
+    consumer_name,
+)
+from rhumbatron.messaging.pull import ConsumerGoneError, Puller, ensure_consumer
+from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
+from rhumbatron.protocol.envelopes import Command
+from rhumbatron.runtime.clock import Clock
+from rhumbatron.runtime.faults import crash_point
+from rhumbatron.runtime.settings import Settings
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+    from nats.aio.msg import Msg
+    from nats.js.api import ConsumerConfig
+
+__all__ = [
+    "CommandHandler",
+    "Delivery",
+    "PollReport",
+    "QueueConsumerRuntime",
+    "Retry",
+    "queue_consumer_config",
+    "queue_row",
+]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """A handler's request: deliver this command again after ``delay_s``."""
+
+    delay_s: float
+    reason: str = "the handler asked for a retry"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Where a command came from and how often it has been delivered."""
+
+    queue: str
+    stream_seq: int
+    delivered: int
+    max_deliveries: int
+    headers: dict[str, str]
+
+    @property
+    def is_last(self) -> bool:
+        """No retry is left after this delivery."""
+        return self.delivered >= self.max_deliveries
+
+
+class CommandHandler(Protocol):
+    async def __call__(self, command: Command, delivery: Delivery) -> Retry | None:
+        """Do the work; return None when done, :class:`Retry` to be delivered again, or
+        raise (a retry after the table's delay)."""
+        ...
+
+
+@dataclass
+class PollReport:
+    """What one poll of a queue did, record by record."""
+
+    queue: str
+    fetches: int = 0
+    fetched: int = 0
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    terminated: int = 0
+    expired: int = 0
+    left_for_redelivery: int = 0
+    out_of_time: bool = False
+
+
+def queue_row(queue: str, settings: Settings) -> QueueConsumer:
+    """The table row of ``queue``, with any retry delay the settings override (tests)."""
+    try:
+        row = QUEUE_CONSUMERS[queue]
+    except KeyError:
+        raise ValueError(
+            f"unknown queue {queue!r}; queues are {', '.join(QUEUE_CONSUMERS)}"
+        ) from None
+    delay = settings.queue_retry_delay_s.get(queue)
+    if delay is None:
+        return row
+    from dataclasses import replace
+
+    return replace(row, retry_delay_s=delay)
+
+
+def queue_consumer_config(queue: str, settings: Settings) -> ConsumerConfig:
+    """``q-<queue>``: explicit ack, filtered to its own subject, no server delivery limit
+    (the runtime moves a message to the dead-letter queue after its last retry)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    return ConsumerConfig(
+        durable_name=consumer_name(queue),
+        filter_subject=command_subject(queue),
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=settings.command_ack_wait_s,
+        max_deliver=-1,
+        max_ack_pending=settings.router_max_ack_pending,
+    )
+
+
+@dataclass
+class QueueConsumerRuntime:
+    """Runs queue handlers over one NATS connection."""
+
+    nc: NATS
+    settings: Settings
+    clock: Clock
+    bus: CommandBus
+    on_success: Callable[[Command], Awaitable[None]] | None = None
+    _pullers: dict[str, Puller] = field(default_factory=dict)
+
+    async def _puller(self, queue: str) -> Puller:
+        puller = self._pullers.get(queue)
+        if puller is None:
+            await ensure_consumer(
+                self.nc.jetstream(), COMMAND_STREAM, queue_consumer_config(queue, self.settings)
+            )
+            puller = Puller(
+                self.nc, COMMAND_STREAM, consumer_name(queue), self.settings.router_fetch_timeout_s
+            )
+            self._pullers[queue] = puller
+        return puller
+
+    async def _pull(self, queue: str, batch: int) -> list[Msg]:
+        try:
+            return await (await self._puller(queue)).pull(batch)
+        except ConsumerGoneError:
+            await self._pullers.pop(queue).close()
+            return await (await self._puller(queue)).pull(batch)
+
+    async def poll(
+        self,
+        queue: str,
+        handler: CommandHandler,
+        *,
+        should_stop: Callable[[], bool] | None = None,
+        max_fetches: int | None = None,
+    ) -> PollReport:
+        """Fetch and handle batches of ``queue`` until it is empty, ``max_fetches`` is
+        reached, or ``should_stop`` says the time is nearly up."""
+        row = queue_row(queue, self.settings)
+        report = PollReport(queue)
+        stop = should_stop or (lambda: False)
+        while max_fetches is None or report.fetches < max_fetches:
+            if stop():
+                report.out_of_time = True
+                break
+            messages = await self._pull(queue, row.batch_size)
+            report.fetches += 1
+            if not messages:
+                break
+            report.fetched += len(messages)
+            gate = asyncio.Semaphore(row.concurrency)
+            await asyncio.gather(
+                *(self._one(row, msg, handler, report, gate=gate, stop=stop) for msg in messages)
+            )
+            if self.nc.is_connected:
+                await self.nc.flush()
+            if len(messages) < row.batch_size:
+                break
+        return report
+
+    async def _one(
+        self,
+        row: QueueConsumer,
+        msg: Msg,
+        handler: CommandHandler,
+        report: PollReport,
+        *,
+        gate: asyncio.Semaphore,
+        stop: Callable[[], bool],
+    ) -> None:
+        async with gate:  # at most `concurrency` handlers of this queue at once
+            if stop():
+                # Not started: back to the queue now, never half-done (F23).
+                report.out_of_time = True
+                report.left_for_redelivery += 1
+                await msg.nak()
+                return
+            await self._handle(row, msg, handler, report)
+
+    async def _handle(
+        self, row: QueueConsumer, msg: Msg, handler: CommandHandler, report: PollReport
+    ) -> None:
+        metadata = msg.metadata
+        delivery = Delivery(
+            queue=row.queue,
+            stream_seq=metadata.sequence.stream,
+            delivered=metadata.num_delivered,
+            max_deliveries=row.max_deliveries,
+            headers=dict(msg.headers or {}),
+        )
+        try:
+            command = Command.parse(msg.data or b"")
+        except EnvelopeError as exc:
+            await self._give_up(
+                row, msg, None, f"not a valid Command: {exc}", delivery, report=report
+            )
+            return
+        if command.is_expired(self.clock.now()):
+            _log.info(
+                "command %s expired at %s; acked without running",
+                command.command_id,
+                command.deadline,
+            )
+            report.expired += 1
+            await msg.ack()
+            return
+        try:
+            result = await self._run_holding(msg, handler, command, delivery)
+        except Exception as exc:
+            report.failed += 1
+            reason = f"{type(exc).__name__}: {exc}"
+            _log.warning(
+                "%s failed %s (delivery %d of %d): %s",
+                row.queue,
+                command.command_id,
+                delivery.delivered,
+                row.max_deliveries,
+                reason,
+            )
+            if delivery.is_last:
+                await self._give_up(row, msg, command, reason, delivery, report=report)
+            else:
+                report.retried += 1
+                await msg.nak(delay=row.retry_delay_s)
+            return
+        if result is None:
+            crash_point(self.settings.crash_at, "before_ack")
+            await msg.ack()
+            report.done += 1
+            if self.on_success is not None:
+                try:
+                    await self.on_success(command)
+                except RhumbatronError as exc:
+                    _log.error("after %s succeeded: %s", command.command_id, exc)
+            return
+        if delivery.is_last:
+            await self._give_up(row, msg, command, result.reason, delivery, report=report)
+        else:
+            report.retried += 1
+            await msg.nak(delay=result.delay_s)
+
+    async def _run_holding(
+        self, msg: Msg, handler: CommandHandler, command: Command, delivery: Delivery
+    ) -> Retry | None:
+        """Run the handler, marking the message in progress every ``command_in_progress_s``
+        until it returns or the hold limit (15 minutes) is reached."""
+        every = self.settings.command_in_progress_s
+        hold_until = asyncio.get_running_loop().time() + self.settings.command_max_hold_s
+
+        async def keep_alive() -> None:
+            while asyncio.get_running_loop().time() + every <= hold_until:
+                await asyncio.sleep(every)
+                with contextlib.suppress(Exception):  # a lost mark is only a redelivery
+                    await msg.in_progress()
+
+        heartbeat = asyncio.create_task(keep_alive())
+        try:
+            return await handler(command, delivery)
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    async def _give_up(
+        self,
+        row: QueueConsumer,
+        msg: Msg,
+        command: Command | None,
+        reason: str,
+        delivery: Delivery,
+        *,
+        report: PollReport,
+    ) -> None:
+        """The last delivery failed: to the dead-letter queue, then terminate. A failing
+        dead-letter send leaves the message to be tried again (DECISIONS)."""
+        if row.dead_letter_queue is None:
+            _log.error(
+                "%s gives up on %s after %d deliveries: %s",
+                row.queue,
+                command.command_id if command else f"seq {delivery.stream_seq}",
+                delivery.delivered,
+                reason,
+            )
+            await msg.term()
+            report.terminated += 1
+            return
+        headers = {
+            ORIGIN_QUEUE_HEADER: row.queue,
+            LAST_ERROR_HEADER: " ".join(reason.split())[:1_000],
+            DELIVERIES_HEADER: str(delivery.delivered),
+        }
+        try:
+            if command is not None:
+                await self.bus.send(row.dead_letter_queue, command, headers=headers)
+            else:
+                await self.bus.send_raw(
+                    row.dead_letter_queue,
+                    msg.data or b"",
+                    message_id=f"{DEAD_LETTER_QUEUE}:{row.queue}:seq:{delivery.stream_seq}",
+                    headers=headers,
+                )
+        except RhumbatronError as exc:
+            _log.error("cannot dead-letter %s: %s; it will be tried again", reason, exc)
+            await msg.nak(delay=row.retry_delay_s)
+            report.retried += 1
+            return
+        crash_point(self.settings.crash_at, "after_dead_letter")
+        await msg.term()
+        report.dead_lettered += 1
+
+    async def close(self) -> None:
+        for puller in self._pullers.values():
+            await puller.close()
+        self._pullers.clear()
