@@ -57,6 +57,7 @@ __all__ = [
     "PollReport",
     "QueueConsumerRuntime",
     "Retry",
+    "UndecodableHandler",
     "queue_consumer_config",
     "queue_row",
 ]
@@ -92,6 +93,13 @@ class CommandHandler(Protocol):
     async def __call__(self, command: Command, delivery: Delivery) -> Retry | None:
         """Do the work; return None when done, :class:`Retry` to be delivered again, or
         raise (a retry after the table's delay)."""
+        ...
+
+
+class UndecodableHandler(Protocol):
+    async def __call__(self, body: bytes, delivery: Delivery, reason: str) -> None:
+        """Handle a body that is not a valid Command (the dead-letter consumer records it);
+        raising retries it like a failing command."""
         ...
 
 
@@ -181,9 +189,11 @@ class QueueConsumerRuntime:
         *,
         should_stop: Callable[[], bool] | None = None,
         max_fetches: int | None = None,
+        on_undecodable: UndecodableHandler | None = None,
     ) -> PollReport:
         """Fetch and handle batches of ``queue`` until it is empty, ``max_fetches`` is
-        reached, or ``should_stop`` says the time is nearly up."""
+        reached, or ``should_stop`` says the time is nearly up. A body that is not a Command
+        goes to ``on_undecodable`` when given, else to the dead-letter queue at once."""
         row = queue_row(queue, self.settings)
         report = PollReport(queue)
         stop = should_stop or (lambda: False)
@@ -198,7 +208,10 @@ class QueueConsumerRuntime:
             report.fetched += len(messages)
             gate = asyncio.Semaphore(row.concurrency)
             await asyncio.gather(
-                *(self._one(row, msg, handler, report, gate=gate, stop=stop) for msg in messages)
+                *(
+                    self._one(row, msg, handler, report, gate=gate, stop=stop, raw=on_undecodable)
+                    for msg in messages
+                )
             )
             if self.nc.is_connected:
                 await self.nc.flush()
@@ -215,6 +228,7 @@ class QueueConsumerRuntime:
         *,
         gate: asyncio.Semaphore,
         stop: Callable[[], bool],
+        raw: UndecodableHandler | None,
     ) -> None:
         async with gate:  # at most `concurrency` handlers of this queue at once
             if stop():
@@ -223,10 +237,15 @@ class QueueConsumerRuntime:
                 report.left_for_redelivery += 1
                 await msg.nak()
                 return
-            await self._handle(row, msg, handler, report)
+            await self._handle(row, msg, handler, report, raw)
 
     async def _handle(
-        self, row: QueueConsumer, msg: Msg, handler: CommandHandler, report: PollReport
+        self,
+        row: QueueConsumer,
+        msg: Msg,
+        handler: CommandHandler,
+        report: PollReport,
+        raw: UndecodableHandler | None,
     ) -> None:
         metadata = msg.metadata
         delivery = Delivery(
@@ -239,9 +258,16 @@ class QueueConsumerRuntime:
         try:
             command = Command.parse(msg.data or b"")
         except EnvelopeError as exc:
-            await self._give_up(
-                row, msg, None, f"not a valid Command: {exc}", delivery, report=report
-            )
+            reason = f"not a valid Command: {exc}"
+            if raw is None:
+                await self._give_up(row, msg, None, reason, delivery, report=report)
+                return
+            body = msg.data or b""
+
+            async def record_raw() -> None:
+                await raw(body, delivery, reason)
+
+            await self._settle(row, msg, None, delivery, report=report, work=record_raw)
             return
         if command.is_expired(self.clock.now()):
             _log.info(
@@ -252,15 +278,34 @@ class QueueConsumerRuntime:
             report.expired += 1
             await msg.ack()
             return
+
+        async def run_handler() -> Retry | None:
+            return await self._run_holding(msg, handler, command, delivery)
+
+        await self._settle(row, msg, command, delivery, report=report, work=run_handler)
+
+    async def _settle(
+        self,
+        row: QueueConsumer,
+        msg: Msg,
+        command: Command | None,
+        delivery: Delivery,
+        *,
+        report: PollReport,
+        work: Callable[[], Awaitable[Retry | None]],
+    ) -> None:
+        """Run the work and settle the message by its result (see the module docstring)."""
+        name = command.command_id if command else f"seq {delivery.stream_seq}"
         try:
-            result = await self._run_holding(msg, handler, command, delivery)
+            result = await work()
         except Exception as exc:
+            # A handler's error is this message's outcome, never the whole batch's.
             report.failed += 1
             reason = f"{type(exc).__name__}: {exc}"
             _log.warning(
                 "%s failed %s (delivery %d of %d): %s",
                 row.queue,
-                command.command_id,
+                name,
                 delivery.delivered,
                 row.max_deliveries,
                 reason,
@@ -275,7 +320,7 @@ class QueueConsumerRuntime:
             crash_point(self.settings.crash_at, "before_ack")
             await msg.ack()
             report.done += 1
-            if self.on_success is not None:
+            if self.on_success is not None and command is not None:
                 try:
                     await self.on_success(command)
                 except RhumbatronError as exc:
