@@ -3,7 +3,10 @@
 (a) raw nats-py JetStream publish of the workload's envelopes, sequential and pipelined;
 (b) ``OutboxPublisher.publish_due`` draining the same events from pre-filled actor outboxes;
 (c) actor transactions against plain sqlite3 in WAL and DELETE journal modes;
-(d) (a) and (b) again with nats-server at ``sync_interval: always``.
+(d) (a) and (b) again with nats-server at ``sync_interval: always``;
+(e) the event router's project-view-projector draining one stream, against a raw nats-py
+    fetch + ack consumer and a FastStream batch pull subscriber doing the same work;
+(f) commit-to-view latency with the in-process nudge on, at a steady offered load.
 
 Each nats-server runs in a fresh temp dir on free loopback ports. Every measurement is warmed
 up, then repeated with the kinds interleaved (their order rotates each repeat); a figure is
@@ -43,6 +46,7 @@ from bench.jetstream import (
 from bench.machine import machine_info
 from bench.profiling import format_rows, top_rows
 from bench.report import Figure, Ratio, format_figures, format_ratios
+from bench.router import RouterOptions, format_latency, router_ratios, router_suite
 from bench.transactions import ActorWriter, PlainWriter, sample_envelope
 from bench.workload import Workload, build_workload
 from rhumbatron.local.nats_server import NatsServerProcess
@@ -82,6 +86,7 @@ class Options:
     transactions: int
     ack_timeout_s: float
     profile: bool
+    router: RouterOptions
 
 
 @dataclass
@@ -329,10 +334,12 @@ async def _main(options: Options, command: str) -> int:
         for label in SYNC_INTERVALS:
             suites.append(await _publish_suite(label, root, workload, warmup, options))
         suites.append(_transaction_suite(root, options))
+        router = await router_suite(root, options.router, _log)
+        suites.append(Suite(figures=router.figures, diagnostics=router.diagnostics))
     figures = [f for s in suites for f in s.figures]
     diagnostics = [f for s in suites for f in s.diagnostics]
     profile = next((s for s in suites if s.profile), None)
-    ratios = _ratios(figures)
+    ratios = [*_ratios(figures), *router_ratios(figures)]
     elapsed = time.perf_counter() - started
     machine["loadavg_before"] = [round(x, 2) for x in load_before]
     machine["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
@@ -341,12 +348,16 @@ async def _main(options: Options, command: str) -> int:
     print()
     print(format_ratios(ratios))
     print()
+    if router.latency is not None:
+        print(format_latency(router.latency))
+        print()
     print(format_figures("diagnostic", diagnostics))
     if profile is not None:
         print()
         print(profile.profile_text)
     print(
         f"\nworkload: {workload.describe()}\n"
+        f"router workload: {router.workload.describe()}\n"
         f"machine: nproc={machine['nproc']}, {machine['cpu_model']}, python {machine['python']}, "
         f"nats-py {machine['nats_py']}, {machine['nats_server']}, sqlite {machine['sqlite']}, "
         f"load average before/after {machine['loadavg_before']} / {machine['loadavg_after']}\n"
@@ -364,7 +375,16 @@ async def _main(options: Options, command: str) -> int:
             "transactions_per_repeat": options.transactions,
             "ack_timeout_s": options.ack_timeout_s,
             "nats_sync_intervals": SYNC_INTERVALS,
+            "router_repeats": options.router.repeats,
+            "latency_rate_events_per_s": options.router.latency_rate,
+            "latency_s": options.router.latency_s,
+            "latency_projects": options.router.latency_projects,
+            "latency_knee_rates": list(options.router.knee_rates),
+            "latency_knee_s": options.router.knee_s,
         },
+        "router_workload": router.workload.describe(),
+        "router_latency": router.latency.as_json() if router.latency is not None else None,
+        "router_latency_knee": [k.as_json() for k in router.knee],
         "figures": [f.as_json() for f in figures],
         "ratios": [r.as_json() for r in ratios],
         "diagnostics": [f.as_json() for f in diagnostics],
@@ -388,6 +408,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="profile a publish_due run even on PASS"
     )
+    parser.add_argument("--router-projects", type=int, default=10, help="projects on EVENTS_00")
+    parser.add_argument("--router-events-per-project", type=int, default=1000)
+    parser.add_argument("--latency-rate", type=float, default=500.0, help="offered events/s")
+    parser.add_argument("--latency-s", type=float, default=10.0, help="seconds of paced load")
+    parser.add_argument("--latency-projects", type=int, default=8)
+    parser.add_argument(
+        "--latency-knee-rates",
+        type=float,
+        nargs="*",
+        default=[100.0, 250.0],
+        help="lower offered rates, each run for 4 s after the main one",
+    )
     args = parser.parse_args(argv)
     options = Options(
         repeats=args.repeats,
@@ -398,6 +430,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         transactions=args.transactions,
         ack_timeout_s=args.ack_timeout_s,
         profile=args.profile,
+        router=RouterOptions(
+            repeats=args.repeats,
+            projects=args.router_projects,
+            events_per_project=args.router_events_per_project,
+            latency_rate=args.latency_rate,
+            latency_s=args.latency_s,
+            latency_projects=args.latency_projects,
+            knee_rates=tuple(args.latency_knee_rates),
+        ),
     )
     given = list(argv) if argv is not None else sys.argv[1:]
     command = shlex.join([".venv/bin/python", "-m", "bench.run", *given])
