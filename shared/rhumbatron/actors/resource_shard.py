@@ -2,7 +2,8 @@
 
 Shard mapping: a resource key (``change:<id>``, ``file:src/app.py``) lives in shard
 ``fnv1a32(key) mod resource_shard_count`` of its project; Change Events go to the shard of
-``change:<id>``. The shard count must never change once a project has actors.
+``change:<id>``, and so do the Change's status row and its Tasks, so a Task move and its fact
+commit together. The shard count must never change once a project has actors.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ from rhumbatron.domain.resources import (
     expire_claims,
     release_claim,
 )
+from rhumbatron.domain.tasks import (
+    TaskState,
+    TaskStatus,
+    dead_letter_outcome,
+    record_task_status,
+)
+from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.ids import resource_shard_index
 
 __all__ = ["ResourceShard", "change_resource_key"]
@@ -33,7 +41,8 @@ def change_resource_key(change_id: str) -> str:
 
 
 class ResourceShard(Actor):
-    """One resource shard of a project: claims, intents, Change status, and its outbox."""
+    """One resource shard of a project: claims, intents, Change status and attention reason,
+    the Tasks of its Changes, and its outbox."""
 
     KIND = ActorKind.RESOURCE_SHARD
     STATE_SCHEMA = """
@@ -54,10 +63,22 @@ class ResourceShard(Actor):
     CREATE TABLE IF NOT EXISTS changes (
         change_id  TEXT PRIMARY KEY,
         status     TEXT NOT NULL,
+        reason     TEXT NOT NULL DEFAULT '',
         updated_at TEXT NOT NULL
     );
+    CREATE TABLE IF NOT EXISTS tasks (
+        task_id       TEXT PRIMARY KEY,
+        change_id     TEXT NOT NULL,
+        status        TEXT NOT NULL CHECK (status IN ('planned', 'ready', 'assigned',
+                          'running', 'completed', 'failed', 'blocked')),
+        agent_id      TEXT,
+        blocked_limit TEXT,
+        reason        TEXT NOT NULL DEFAULT '',
+        updated_at    TEXT NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS tasks_of_change ON tasks (change_id, status);
     """
-    STATE_TABLES = frozenset({"claims", "intents", "changes"})
+    STATE_TABLES = frozenset({"claims", "intents", "changes", "tasks"})
 
     @staticmethod
     def ref_for(project_id: str, resource_key: str, shard_count: int) -> ActorRef:
@@ -131,6 +152,69 @@ class ResourceShard(Actor):
     def change_state(self, change_id: str) -> ChangeState | None:
         return _change(self.connection, change_id)
 
+    def change_reason(self, change_id: str) -> str | None:
+        """The Change's attention reason ('' when none), or None for an unknown Change."""
+        row = self.connection.execute(
+            "SELECT reason FROM changes WHERE change_id = ?", (change_id,)
+        ).fetchone()
+        return None if row is None else str(row["reason"])
+
+    # -- tasks -----------------------------------------------------------------------------
+    def record_task_status(
+        self,
+        caller: Caller,
+        *,
+        change_id: str,
+        task_id: str,
+        status: TaskStatus | str,
+        agent_id: str | None = None,
+        blocked_limit: str | None = None,
+        reason: str = "",
+        key: str | None = None,
+    ) -> TransactResult:
+        """Create the Task or move it (task.ready / task.assigned where it applies); see
+        :func:`~rhumbatron.domain.tasks.record_task_status`."""
+        return self.transact(
+            lambda db: record_task_status(
+                _task(db, task_id),
+                self._ctx(caller),
+                change_id=change_id,
+                task_id=task_id,
+                status=status,
+                agent_id=agent_id,
+                blocked_limit=blocked_limit,
+                reason=reason,
+                key=key,
+            )
+        )
+
+    def block_task_for_dead_letter(
+        self, caller: Caller, *, command: Command, reason: str
+    ) -> TransactResult:
+        """Apply a dead-lettered command to its Task or its Change in one transaction: a
+        ready or assigned Task is blocked (``dead_letter``) with ``task.failed``; otherwise
+        the reason goes on the Change. See
+        :func:`~rhumbatron.domain.tasks.dead_letter_outcome`."""
+        change_id = command.change_id or ""
+        return self.transact(
+            lambda db: dead_letter_outcome(
+                _task(db, command.task_id) if command.task_id else None,
+                _change(db, change_id),
+                self._ctx(caller),
+                command=command,
+                reason=reason,
+            )
+        )
+
+    def task_state(self, task_id: str) -> TaskState | None:
+        return _task(self.connection, task_id)
+
+    def tasks_of_change(self, change_id: str) -> list[TaskState]:
+        rows = self.connection.execute(
+            "SELECT * FROM tasks WHERE change_id = ? ORDER BY task_id", (change_id,)
+        )
+        return [_task_from(row) for row in rows]
+
     def claims(self) -> list[Claim]:
         return _claims(self.connection)
 
@@ -169,3 +253,19 @@ def _intent(db: sqlite3.Connection, intent_id: str) -> Intent | None:
 def _change(db: sqlite3.Connection, change_id: str) -> ChangeState | None:
     row = db.execute("SELECT * FROM changes WHERE change_id = ?", (change_id,)).fetchone()
     return None if row is None else ChangeState(row["change_id"], row["status"])
+
+
+def _task_from(row: sqlite3.Row) -> TaskState:
+    return TaskState(
+        task_id=row["task_id"],
+        change_id=row["change_id"],
+        status=TaskStatus(row["status"]),
+        agent_id=row["agent_id"],
+        blocked_limit=row["blocked_limit"],
+        reason=row["reason"],
+    )
+
+
+def _task(db: sqlite3.Connection, task_id: str) -> TaskState | None:
+    row = db.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+    return None if row is None else _task_from(row)

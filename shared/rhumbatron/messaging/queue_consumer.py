@@ -269,7 +269,8 @@ class QueueConsumerRuntime:
 
             await self._settle(row, msg, None, delivery, report=report, work=record_raw)
             return
-        if command.is_expired(self.clock.now()):
+        # A dead-lettered command keeps its deadline, but its letter must still be written.
+        if row.queue != DEAD_LETTER_QUEUE and command.is_expired(self.clock.now()):
             _log.info(
                 "command %s expired at %s; acked without running",
                 command.command_id,
@@ -320,7 +321,13 @@ class QueueConsumerRuntime:
             crash_point(self.settings.crash_at, "before_ack")
             await msg.ack()
             report.done += 1
-            if self.on_success is not None and command is not None:
+            # On the dead-letter queue, "done" means the letter was written, not that the
+            # command succeeded: it must not close the letter it just wrote.
+            if (
+                self.on_success is not None
+                and command is not None
+                and row.queue != DEAD_LETTER_QUEUE
+            ):
                 try:
                     await self.on_success(command)
                 except RhumbatronError as exc:

@@ -1,0 +1,220 @@
+"""Tasks of a Change, kept in the shard that owns ``change:<id>``, and what a dead letter does
+to them (spec "Dead-letter path").
+
+A Task moves ``planned → ready → assigned → running → completed | failed``, and can be
+``blocked`` when it cannot proceed without help (``blocked_limit`` says which limit stopped it).
+This module holds the minimum the dead-letter path needs; the Task lifecycle extends it.
+
+The dead-letter rule (workers/event-router/src/dead-letter.ts): a dead-lettered command whose
+Task is **ready or assigned** blocks that Task with ``blocked_limit = dead_letter`` and records
+``task.failed``; a command **without a Task**, or whose Task **runs**, puts the reason on the
+Change instead. Only a blocked Task records ``task.failed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from rhumbatron.domain.changes import TERMINAL_STATUSES, ChangeState
+from rhumbatron.domain.facts import FactContext
+from rhumbatron.domain.transition import Transition, Update, Upsert
+from rhumbatron.errors import DomainError
+from rhumbatron.protocol.envelopes import Command, Event
+
+__all__ = [
+    "DEAD_LETTER_LIMIT",
+    "TERMINAL_TASK_STATUSES",
+    "TaskState",
+    "TaskStatus",
+    "dead_letter_fact_key",
+    "dead_letter_outcome",
+    "record_task_status",
+]
+
+
+class TaskStatus(StrEnum):
+    """Where a Task is in its lifecycle."""
+
+    PLANNED = "planned"
+    READY = "ready"
+    ASSIGNED = "assigned"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+
+
+#: A Task in one of these states never moves again.
+TERMINAL_TASK_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED})
+#: The ``blocked_limit`` of a Task blocked because one of its commands was dead-lettered.
+DEAD_LETTER_LIMIT = "dead_letter"
+#: Tasks a dead letter blocks; a Task in any other state is left alone.
+_BLOCKABLE = frozenset({TaskStatus.READY, TaskStatus.ASSIGNED})
+#: A Task in these states has an Agent on it.
+_WITH_AGENT = frozenset({TaskStatus.ASSIGNED, TaskStatus.RUNNING})
+
+
+@dataclass(frozen=True, slots=True)
+class TaskState:
+    """One ``tasks`` row."""
+
+    task_id: str
+    change_id: str
+    status: TaskStatus
+    agent_id: str | None = None
+    blocked_limit: str | None = None
+    reason: str = ""
+
+
+def _status(value: str) -> TaskStatus:
+    try:
+        return TaskStatus(value)
+    except ValueError:
+        raise DomainError(
+            f"task status {value!r} is not one of {', '.join(s.value for s in TaskStatus)}"
+        ) from None
+
+
+def _row(task: TaskState, ctx: FactContext) -> dict[str, Any]:
+    return {
+        "task_id": task.task_id,
+        "change_id": task.change_id,
+        "status": task.status.value,
+        "agent_id": task.agent_id,
+        "blocked_limit": task.blocked_limit,
+        "reason": task.reason,
+        "updated_at": ctx.now.isoformat(),
+    }
+
+
+def record_task_status(
+    current: TaskState | None,
+    ctx: FactContext,
+    *,
+    change_id: str,
+    task_id: str,
+    status: TaskStatus | str,
+    agent_id: str | None = None,
+    blocked_limit: str | None = None,
+    reason: str = "",
+    key: str | None = None,
+) -> Transition:
+    """Create the Task or move it to ``status``.
+
+    Moving to ``ready`` records ``task.ready``; moving to ``assigned`` records
+    ``task.assigned`` (it needs the Agent). Other moves only write the row: their facts
+    (completed, failed, blocked) belong to the lifecycle steps that decide them. The facts
+    get stable IDs over ``(change, type, task, key)``: a retried step writes them once, and a
+    Task that becomes ready a second time needs a new ``key``.
+
+    Recording the state the Task already has changes nothing. A completed or failed Task
+    cannot move, and a Task cannot change its Change; both raise :class:`DomainError`.
+    """
+    target = _status(status)
+    if current is not None:
+        if current.change_id != change_id:
+            raise DomainError(
+                f"task {task_id!r} belongs to change {current.change_id!r}, not {change_id!r}"
+            )
+        if current.status in TERMINAL_TASK_STATUSES and target is not current.status:
+            raise DomainError(
+                f"task {task_id!r} is {current.status}; a finished task cannot become {target}"
+            )
+    agent = agent_id if agent_id is not None else (current.agent_id if current else None)
+    if target in _WITH_AGENT and agent is None:
+        raise DomainError(f"task {task_id!r} cannot be {target} without an agent_id")
+    task = TaskState(
+        task_id=task_id,
+        change_id=change_id,
+        status=target,
+        agent_id=agent,
+        # A limit only describes a blocked Task; leaving ``blocked`` clears it.
+        blocked_limit=blocked_limit if target is TaskStatus.BLOCKED else None,
+        reason=reason,
+    )
+    if task == current:
+        return Transition()
+    facts: tuple[Event, ...] = ()
+    if current is None or current.status is not target:
+        if target is TaskStatus.READY:
+            facts = (ctx.fact("task.ready", {}, change_id=change_id, task_id=task_id, key=key),)
+        elif target is TaskStatus.ASSIGNED:
+            payload = {"agentId": agent}
+            facts = (
+                ctx.fact("task.assigned", payload, change_id=change_id, task_id=task_id, key=key),
+            )
+    return Transition(patch=(Upsert("tasks", _row(task, ctx), key=("task_id",)),), facts=facts)
+
+
+def dead_letter_fact_key(command: Command) -> str:
+    """``dead_letter:<commandId>:<attempt>``: the key of the ``task.failed`` a dead letter
+    records, so a redelivered letter writes it once and an operator's Retry that fails
+    again (a new attempt) can write its own."""
+    return f"{DEAD_LETTER_LIMIT}:{command.command_id}:{command.attempt}"
+
+
+def dead_letter_outcome(
+    task: TaskState | None,
+    change: ChangeState | None,
+    ctx: FactContext,
+    *,
+    command: Command,
+    reason: str,
+) -> Transition:
+    """What a dead-lettered ``command`` does to its Task or its Change.
+
+    ``task`` is the command's Task (None when it names none or the shard has no such Task)
+    and ``change`` its Change, both read from the shard that owns the Change.
+
+    * A **ready or assigned** Task becomes ``blocked`` with ``blocked_limit = dead_letter``
+      and records ``task.failed`` (stable ID, key :func:`dead_letter_fact_key`).
+    * A Task **already blocked by a dead letter** is left as it is: this is a redelivery of a
+      letter already applied (or a second letter of the same Task), and applying it again
+      must not move the reason elsewhere.
+    * **No Task**, or a Task in any other state (running, planned, finished, blocked by
+      another limit): the reason goes on the Change (``changes.reason``); no ``task.failed``.
+      An ended Change, or one this shard does not know, is left alone: nobody needs to act
+      on it, and the dead letter keeps the reason either way.
+    """
+    change_id = command.change_id
+    if change_id is None:
+        raise DomainError(
+            f"command {command.command_id} ({command.command_type}) names no change; "
+            "its dead letter has no Task or Change to mark"
+        )
+    if not reason.strip():
+        raise DomainError(f"the dead letter of {command.command_id} needs a reason")
+    if task is not None and task.change_id != change_id:
+        task = None  # a Task of another Change is not this command's Task
+    if task is not None and task.status in _BLOCKABLE:
+        blocked = TaskState(
+            task_id=task.task_id,
+            change_id=change_id,
+            status=TaskStatus.BLOCKED,
+            agent_id=task.agent_id,
+            blocked_limit=DEAD_LETTER_LIMIT,
+            reason=reason,
+        )
+        fact = ctx.fact(
+            "task.failed",
+            {"reason": reason, "agentId": task.agent_id, "blockedLimit": DEAD_LETTER_LIMIT},
+            change_id=change_id,
+            task_id=task.task_id,
+            key=dead_letter_fact_key(command),
+        )
+        return Transition(
+            patch=(Upsert("tasks", _row(blocked, ctx), key=("task_id",)),), facts=(fact,)
+        )
+    if (
+        task is not None
+        and task.status is TaskStatus.BLOCKED
+        and task.blocked_limit == DEAD_LETTER_LIMIT
+    ):
+        return Transition()
+    if change is None or change.status in TERMINAL_STATUSES:
+        return Transition()
+    # ``updated_at`` is left as it is: the reason is a note for an operator, not a move of
+    # the Change, and must not make a quiet Change look busy to the settle sweep.
+    return Transition(patch=(Update("changes", {"change_id": change_id}, {"reason": reason}),))

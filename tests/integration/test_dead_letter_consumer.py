@@ -1,0 +1,559 @@
+"""The dead-letter queue's consumer against a real nats-server and real SQLite files (spec
+"Dead-letter path", the router notes on dead-letter closure; RELIABILITY F13).
+
+Commands reach the dead-letter queue the real way: a handler that fails on every delivery of
+its origin queue, with the retry delay set to 0 so the runtime's nak redelivers at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.domain.facts import Caller
+from rhumbatron.domain.tasks import DEAD_LETTER_LIMIT, TaskStatus
+from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.messaging.commands import (
+    DEAD_LETTER_QUEUE,
+    DELIVERIES_HEADER,
+    LAST_ERROR_HEADER,
+    ORIGIN_QUEUE_HEADER,
+    consumer_name,
+)
+from rhumbatron.messaging.nudge import RecordingNudge
+from rhumbatron.messaging.queue_consumer import Delivery, QueueConsumerRuntime, Retry
+from rhumbatron.messaging.streams import COMMAND_STREAM
+from rhumbatron.product.database import ProductDatabase
+from rhumbatron.product.dead_letters import (
+    DeadLetter,
+    DeadLetterKind,
+    DeadLetterStatus,
+    command_dead_letter_id,
+    dismiss_dead_letter,
+    list_dead_letters,
+    record_command_dead_letter,
+    record_poison_event,
+)
+from rhumbatron.protocol import Command
+from rhumbatron.queues import (
+    DeadLetterConsumer,
+    close_letters_of_ended_changes,
+    run_dead_letter_consumer,
+    supersede_letters_of_change,
+)
+from rhumbatron.queues.dead_letter import undecodable_dead_letter_id
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.runtime.settings import Settings, load_settings
+
+pytestmark = pytest.mark.integration
+
+PROJECT = "acme-web"
+CHANGE = "chg-1"
+TASK = "tsk-1"
+CALLER = Caller("acme", "system:test", correlation_id="corr-dead-letters")
+
+
+@pytest.fixture
+def settings(tmp_path: Path, nats_server: NatsServerProcess) -> Settings:
+    """The shared settings, with every retry delay 0: a nak redelivers at once."""
+    return load_settings(
+        state_dir=tmp_path / "state",
+        nats_url=nats_server.url,
+        queue_retry_delay_s={"integration": 0.0, "agent-wakeups": 0.0, DEAD_LETTER_QUEUE: 0.0},
+    )
+
+
+@pytest_asyncio.fixture
+async def app(
+    settings: Settings, clock: ManualClock, nudge: RecordingNudge
+) -> AsyncIterator[Rhumbatron]:
+    runtime = bootstrap(settings, clock=clock, alarms=RecordingAlarmSink(), nudge=nudge)
+    await runtime.ensure_streams()
+    yield runtime
+    await runtime.close()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def wake(clock: ManualClock, *, task_id: str | None = TASK, attempt: int = 1) -> Command:
+    """The dispatcher's wake of a Task (``cmd_<task>_ready``) on agent-wakeups."""
+    return Command.create(
+        command_id=f"cmd_{task_id or 'none'}_ready",
+        command_type="agent.wake",
+        project_id=PROJECT,
+        change_id=CHANGE,
+        task_id=task_id,
+        attempt=attempt,
+        created_at=clock.now(),
+        payload={"agentId": "agent-7", "reason": "task_ready"},
+    )
+
+
+def settle(clock: ManualClock, *, change_id: str = CHANGE, attempt: int = 1) -> Command:
+    return Command.create(
+        command_id=f"cmd_settle_{change_id}",
+        command_type="change.settle",
+        project_id=PROJECT,
+        change_id=change_id,
+        attempt=attempt,
+        created_at=clock.now(),
+        payload={"reason": "quiet"},
+    )
+
+
+def given_project(app: Rhumbatron) -> None:
+    app.project_root(PROJECT).create_project(CALLER, name="Acme web")
+
+
+def given_change(app: Rhumbatron, change_id: str = CHANGE, status: str = "running") -> None:
+    shard(app, change_id).append_change_events(CALLER, change_id=change_id, status=status, facts=())
+
+
+def given_task(app: Rhumbatron, status: TaskStatus) -> None:
+    """A Task of CHANGE in ``status``, through the moves the lifecycle makes."""
+    path = [TaskStatus.READY, TaskStatus.ASSIGNED, TaskStatus.RUNNING]
+    for step in path[: path.index(status) + 1]:
+        shard(app).record_task_status(
+            CALLER, change_id=CHANGE, task_id=TASK, status=step, agent_id="agent-7"
+        )
+
+
+def shard(app: Rhumbatron, change_id: str = CHANGE) -> ResourceShard:
+    return app.resource_shard(PROJECT, change_resource_key(change_id))
+
+
+def task_failed_rows(app: Rhumbatron) -> list[Any]:
+    query = "SELECT * FROM outbox WHERE event_type = 'task.failed'"
+    return list(shard(app).connection.execute(query))
+
+
+def letters(app: Rhumbatron) -> list[DeadLetter]:
+    return list_dead_letters(app.product().connection, status=None)
+
+
+async def always_fails(command: Command, delivery: Delivery) -> Retry | None:
+    raise RuntimeError(f"boom on delivery {delivery.delivered}")
+
+
+async def drive_to_dead_letter(app: Rhumbatron, command: Command, queue: str) -> None:
+    """Send ``command`` to ``queue`` and fail every delivery until the runtime moves it to
+    the dead-letter queue (1 + 3 retries)."""
+    await (await app.command_bus()).send(queue, command)
+    runtime = await app.queue_runtime()
+    for delivery in range(1, 5):
+        report = await runtime.poll(queue, always_fails)
+        assert report.fetched == 1, f"delivery {delivery} did not arrive"
+        if delivery < 4:
+            assert report.retried == 1
+    assert report.dead_lettered == 1
+
+
+async def commands_state(app: Rhumbatron) -> tuple[int, int]:
+    """``(messages held, last sequence)`` of the COMMANDS stream."""
+    info = await (await app.nats()).jetstream().stream_info(COMMAND_STREAM)
+    assert info.state.messages is not None and info.state.last_seq is not None
+    return info.state.messages, info.state.last_seq
+
+
+async def held_by_subject(app: Rhumbatron) -> dict[str, int]:
+    """Messages the COMMANDS stream holds, by subject."""
+    js = (await app.nats()).jetstream()
+    info = await js.stream_info(COMMAND_STREAM, subjects_filter="cmd.>")
+    return dict(info.state.subjects or {})
+
+
+async def pending_of(app: Rhumbatron, queue: str) -> tuple[int, int]:
+    """``(pending, waiting for an ack)`` of the queue's durable consumer."""
+    info = await (await app.nats()).jetstream().consumer_info(COMMAND_STREAM, consumer_name(queue))
+    return info.num_pending or 0, info.num_ack_pending or 0
+
+
+def bare_runtime(app: Rhumbatron, nc: Any, bus: Any) -> QueueConsumerRuntime:
+    return QueueConsumerRuntime(nc, app.settings, app.clock, bus)
+
+
+# --------------------------------------------------------------------------- F13
+
+
+async def test_a_command_failing_every_delivery_becomes_exactly_one_open_dead_letter(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN a project with an open Change, and a change.settle that fails on every delivery
+    given_project(app)
+    given_change(app)
+    command = settle(clock)
+    # WHEN its 4th delivery fails
+    await drive_to_dead_letter(app, command, "integration")
+    # THEN the work-queue message is gone and the command waits on the dead-letter queue
+    assert await pending_of(app, "integration") == (0, 0)
+    assert await held_by_subject(app) == {"cmd.dead-letter": 1}
+    _, last_seq = await commands_state(app)
+    # WHEN the dead-letter consumer runs
+    report = await run_dead_letter_consumer(app)
+    # THEN it wrote exactly one letter, from the origin queue's headers (F13, S0-201)
+    assert report.done == 1
+    (letter,) = letters(app)
+    assert letter.dead_letter_id == command_dead_letter_id(command.command_id)
+    assert letter.kind is DeadLetterKind.COMMAND
+    assert letter.command_id == command.command_id
+    assert letter.command_type == "change.settle"
+    assert letter.queue == "integration"
+    assert letter.attempt == 1
+    assert (letter.tenant_id, letter.project_id, letter.change_id) == ("acme", PROJECT, CHANGE)
+    assert letter.task_id is None
+    assert "after 4 deliveries" in letter.reason
+    assert "RuntimeError: boom on delivery 4" in letter.reason
+    assert Command.parse(letter.body) == command
+    # AND the letter stays open: writing it is not the command succeeding
+    assert letter.status is DeadLetterStatus.OPEN
+    # AND COMMANDS holds nothing, and nothing new was sent: the consumer never re-sends
+    assert await commands_state(app) == (0, last_seq)
+    assert await pending_of(app, DEAD_LETTER_QUEUE) == (0, 0)
+
+
+# --------------------------------------------------------------------------- Task outcomes
+
+
+@pytest.mark.parametrize("status", [TaskStatus.READY, TaskStatus.ASSIGNED])
+async def test_a_redelivered_dead_letter_blocks_a_ready_or_assigned_task_once(
+    app: Rhumbatron, clock: ManualClock, status: TaskStatus
+) -> None:
+    # GIVEN a ready (or assigned) Task whose wake failed on every delivery
+    given_project(app)
+    given_change(app)
+    given_task(app, status)
+    command = wake(clock)
+    await drive_to_dead_letter(app, command, "agent-wakeups")
+    # WHEN the dead-letter message is delivered twice (the first ack is lost: nak instead)
+    bus = await app.command_bus()
+    consumer = DeadLetterConsumer(app)
+    seen: list[int] = []
+
+    async def lose_first_ack(command: Command, delivery: Delivery) -> Retry | None:
+        await consumer(command, delivery)
+        seen.append(delivery.delivered)
+        return Retry(0.0, "ack lost") if delivery.delivered == 1 else None
+
+    runtime = bare_runtime(app, bus.nc, bus)
+    try:
+        await runtime.poll(DEAD_LETTER_QUEUE, lose_first_ack)
+        await runtime.poll(DEAD_LETTER_QUEUE, lose_first_ack)
+    finally:
+        await runtime.close()
+    # THEN both deliveries ran, and wrote one letter
+    assert seen == [1, 2]
+    (letter,) = letters(app)
+    assert letter.task_id == TASK
+    assert letter.queue == "agent-wakeups"
+    # AND the Task is blocked by the dead_letter limit with the letter's reason (S0-202)
+    task = shard(app).task_state(TASK)
+    assert task is not None
+    assert task.status is TaskStatus.BLOCKED
+    assert task.blocked_limit == DEAD_LETTER_LIMIT
+    assert task.reason == letter.reason
+    # AND task.failed is in the shard's outbox exactly once (S0-203)
+    (row,) = task_failed_rows(app)
+    fact = row["envelope"]
+    assert b'"blockedLimit":"dead_letter"' in fact
+    assert b'"agentId":"agent-7"' in fact
+    # AND the Change carries no reason: the Task does (S0-208)
+    assert shard(app).change_reason(CHANGE) == ""
+
+
+async def test_a_running_task_is_left_running_and_the_change_gets_the_reason(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN a running Task whose wake failed on every delivery
+    given_project(app)
+    given_change(app)
+    given_task(app, TaskStatus.RUNNING)
+    await drive_to_dead_letter(app, wake(clock), "agent-wakeups")
+    # WHEN the dead-letter consumer runs
+    await run_dead_letter_consumer(app)
+    # THEN the reason is on the Change; the Task still runs; no task.failed (S0-207, S0-208)
+    (letter,) = letters(app)
+    assert shard(app).change_reason(CHANGE) == letter.reason
+    task = shard(app).task_state(TASK)
+    assert task is not None
+    assert (task.status, task.blocked_limit, task.reason) == (TaskStatus.RUNNING, None, "")
+    assert task_failed_rows(app) == []
+
+
+async def test_a_command_without_a_task_puts_the_reason_on_the_change(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    given_project(app)
+    given_change(app)
+    await drive_to_dead_letter(app, settle(clock), "integration")
+    await run_dead_letter_consumer(app)
+    # THEN the Change carries the letter's reason, its status unchanged (S0-206)
+    (letter,) = letters(app)
+    assert shard(app).change_reason(CHANGE) == letter.reason
+    state = shard(app).change_state(CHANGE)
+    assert state is not None and state.status == "running"
+    assert task_failed_rows(app) == []
+
+
+async def test_a_command_without_a_change_gets_only_the_letter(
+    app: Rhumbatron, clock: ManualClock, settings: Settings
+) -> None:
+    # GIVEN a project.provision (no Change, no project root yet) that fails every delivery
+    command = Command.create(
+        command_id="cmd_provision_acme-web",
+        command_type="project.provision",
+        project_id=PROJECT,
+        created_at=clock.now(),
+        payload={"name": "Acme web", "tenantId": "acme"},
+    )
+    await drive_to_dead_letter(app, command, "integration")
+    # WHEN the dead-letter consumer runs
+    await run_dead_letter_consumer(app)
+    # THEN there is its letter, without a tenant (no root to ask) …
+    (letter,) = letters(app)
+    assert (letter.command_id, letter.tenant_id, letter.change_id) == (
+        command.command_id,
+        None,
+        None,
+    )
+    # … and no actor file was created to find that out
+    assert not (settings.state_dir / "projects" / PROJECT).exists()
+
+
+async def test_an_undecodable_body_gets_one_letter_even_when_redelivered(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN a body that is not a Command on the integration queue
+    bus = await app.command_bus()
+    sent = await bus.send_raw("integration", b"\xffnot a command", message_id="integration:junk")
+    runtime = await app.queue_runtime()
+    report = await runtime.poll("integration", always_fails)
+    # (the runtime moves it to the dead-letter queue at once: it can never succeed)
+    assert report.dead_lettered == 1
+    # WHEN the dead-letter consumer records it, and the first delivery fails after writing
+    consumer = DeadLetterConsumer(app)
+    calls: list[int] = []
+
+    async def fail_first(body: bytes, delivery: Delivery, reason: str) -> None:
+        await consumer.on_undecodable(body, delivery, reason)
+        calls.append(delivery.delivered)
+        if delivery.delivered == 1:
+            raise RuntimeError("crashed after the letter")
+
+    dl_runtime = bare_runtime(app, bus.nc, bus)
+    try:
+        await dl_runtime.poll(DEAD_LETTER_QUEUE, always_fails, on_undecodable=fail_first)
+        await dl_runtime.poll(DEAD_LETTER_QUEUE, always_fails, on_undecodable=fail_first)
+    finally:
+        await dl_runtime.close()
+    # THEN one letter, keyed by the origin queue and its stream sequence
+    assert calls == [1, 2]
+    (letter,) = letters(app)
+    assert letter.dead_letter_id == undecodable_dead_letter_id("integration", sent.stream_seq)
+    assert (letter.kind, letter.command_id, letter.status) == (
+        DeadLetterKind.COMMAND,
+        None,
+        DeadLetterStatus.OPEN,
+    )
+    assert (letter.queue, letter.stream, letter.stream_seq) == (
+        "integration",
+        COMMAND_STREAM,
+        sent.stream_seq,
+    )
+    assert letter.body == "\\xffnot a command"
+    assert "not a valid Command" in letter.reason
+    assert await commands_state(app) == (0, sent.stream_seq + 1)
+
+
+async def test_a_retry_that_fails_again_updates_and_reopens_the_same_letter(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN the letter of attempt 1, dismissed by an operator
+    given_project(app)
+    given_change(app)
+    await drive_to_dead_letter(app, settle(clock), "integration")
+    await run_dead_letter_consumer(app)
+    (first,) = letters(app)
+    with app.product().transaction() as db:
+        dismiss_dead_letter(db, first.dead_letter_id, now_s=clock.now().timestamp())
+    # WHEN attempt 2 of the same command fails on every delivery too
+    clock.advance(60)
+    await drive_to_dead_letter(app, settle(clock, attempt=2), "integration")
+    _, last_seq = await commands_state(app)
+    await run_dead_letter_consumer(app)
+    # THEN it is the same letter, at attempt 2, open again
+    (second,) = letters(app)
+    assert second.dead_letter_id == first.dead_letter_id
+    assert second.attempt == 2
+    assert (second.status, second.resolution, second.closed_at_s) == (
+        DeadLetterStatus.OPEN,
+        None,
+        None,
+    )
+    assert second.updated_at_s == clock.now().timestamp()
+    assert Command.parse(second.body).attempt == 2
+    # AND nothing was sent again
+    assert await commands_state(app) == (0, last_seq)
+
+
+async def test_a_letter_that_cannot_be_written_is_retried_not_lost(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN a dead-lettered command, and another writer holding the product database
+    given_project(app)
+    given_change(app)
+    await drive_to_dead_letter(app, settle(clock), "integration")
+    blocker = load_settings(**(app.settings.model_dump() | {"sqlite_busy_timeout_ms": 1}))
+    holder = ProductDatabase(blocker)
+    holder.connection.execute("BEGIN IMMEDIATE")
+    busy_app = bootstrap(blocker, clock=clock, alarms=RecordingAlarmSink())
+    try:
+        # WHEN the consumer runs while the database is busy
+        report = await run_dead_letter_consumer(busy_app)
+        # THEN the message is nacked for a redelivery, not acked without a letter
+        assert (report.failed, report.retried, report.done) == (1, 1, 0)
+    finally:
+        holder.connection.execute("ROLLBACK")
+        holder.close()
+        await busy_app.close()
+    # AND once the database is free, the redelivery writes it
+    report = await run_dead_letter_consumer(app)
+    assert report.done == 1
+    assert len(letters(app)) == 1
+
+
+# --------------------------------------------------------------------------- closure
+
+
+def given_letter(app: Rhumbatron, clock: ManualClock, change_id: str, command_id: str) -> None:
+    with app.product().transaction() as db:
+        record_command_dead_letter(
+            db,
+            command_id=command_id,
+            command_type="change.settle",
+            queue="integration",
+            attempt=1,
+            reason="boom",
+            body="{}",
+            now_s=clock.now().timestamp(),
+            tenant_id="acme",
+            project_id=PROJECT,
+            change_id=change_id,
+        )
+
+
+def status_by_change(app: Rhumbatron) -> dict[str | None, set[tuple[str, str | None]]]:
+    out: dict[str | None, set[tuple[str, str | None]]] = {}
+    for letter in letters(app):
+        out.setdefault(letter.change_id, set()).add((letter.status.value, letter.resolution))
+    return out
+
+
+async def test_the_sweep_closes_the_command_letters_of_ended_changes(
+    app: Rhumbatron, clock: ManualClock, settings: Settings
+) -> None:
+    # GIVEN open letters of Changes in each ended status, of an open Change, of a Change no
+    # shard holds, and a poison-event letter of an ended Change
+    given_project(app)
+    ended = ["completed", "failed", "cancelled", "not_selected", "declined"]
+    for status in [*ended, "running"]:
+        given_change(app, f"chg-{status}", status)
+        given_letter(app, clock, f"chg-{status}", f"cmd_settle_{status}")
+    given_letter(app, clock, "chg-unknown", "cmd_settle_unknown")
+    unknown_shard = ResourceShard.ref_for(
+        PROJECT, change_resource_key("chg-unknown"), settings.resource_shard_count
+    ).path(settings.state_dir)
+    shard_existed = unknown_shard.exists()
+    with app.product().transaction() as db:
+        record_poison_event(
+            db,
+            consumer="causal-router",
+            event_key="evt_x",
+            stream="EVENTS_0",
+            stream_seq=1,
+            reason="boom",
+            body="{}",
+            now_s=clock.now().timestamp(),
+            project_id=PROJECT,
+            change_id="chg-completed",
+        )
+    # WHEN the sweep's closure runs
+    clock.advance(300)
+    closed = close_letters_of_ended_changes(app, now_s=clock.now().timestamp())
+    # THEN the command letters of the 5 ended Changes close as ended (S0-094, DECISIONS)
+    assert closed == 5
+    statuses = status_by_change(app)
+    for status in ended:
+        assert statuses[f"chg-{status}"] >= {("closed", "ended")}
+    # AND the open Change's, the unknown Change's and the poison letter stay open
+    assert statuses["chg-running"] == {("open", None)}
+    assert statuses["chg-unknown"] == {("open", None)}
+    assert statuses["chg-completed"] == {("closed", "ended"), ("open", None)}
+    assert unknown_shard.exists() is shard_existed
+    # AND a second pass has nothing left to close
+    assert close_letters_of_ended_changes(app, now_s=clock.now().timestamp()) == 0
+
+
+async def test_the_ended_change_closure_looks_up_at_most_limit_changes_per_pass(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    given_project(app)
+    for change_id in ("chg-a", "chg-b"):
+        given_change(app, change_id, "completed")
+        given_letter(app, clock, change_id, f"cmd_settle_{change_id}")
+    now_s = clock.now().timestamp()
+    assert close_letters_of_ended_changes(app, now_s=now_s, limit=1) == 1
+    assert close_letters_of_ended_changes(app, now_s=now_s, limit=1) == 1
+    assert close_letters_of_ended_changes(app, now_s=now_s, limit=1) == 0
+
+
+async def test_a_later_settle_supersedes_the_open_command_letters_of_its_change(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN two open letters of one Change and one of another
+    given_letter(app, clock, CHANGE, "cmd_wake_1")
+    given_letter(app, clock, CHANGE, "cmd_wake_2")
+    given_letter(app, clock, "chg-other", "cmd_wake_3")
+    # WHEN a later change.settle of CHANGE completes
+    clock.advance(10)
+    closed = supersede_letters_of_change(app, CHANGE, clock.now().timestamp())
+    # THEN both of its letters close as superseded; the other Change's stays open (S0-093)
+    assert closed == 2
+    statuses = status_by_change(app)
+    assert statuses[CHANGE] == {("closed", "superseded")}
+    assert statuses["chg-other"] == {("open", None)}
+    assert supersede_letters_of_change(app, CHANGE, clock.now().timestamp()) == 0
+
+
+async def test_headers_of_the_origin_queue_name_the_letter(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN a command put on the dead-letter queue with the origin's headers
+    given_project(app)
+    given_change(app)
+    bus = await app.command_bus()
+    await bus.send(
+        DEAD_LETTER_QUEUE,
+        settle(clock),
+        headers={
+            ORIGIN_QUEUE_HEADER: "verification",
+            DELIVERIES_HEADER: "4",
+            LAST_ERROR_HEADER: "TimeoutError: workflow start",
+        },
+    )
+    # WHEN the consumer runs
+    await run_dead_letter_consumer(app)
+    # THEN the letter names the origin queue and the origin's last error
+    (letter,) = letters(app)
+    assert letter.queue == "verification"
+    assert letter.reason == (
+        "change.settle cmd_settle_chg-1 failed on verification after 4 deliveries: "
+        "TimeoutError: workflow start"
+    )
