@@ -191,14 +191,27 @@ class EventRouter:
     ) -> RunReport:
         """A nudge for ``stream_index``: the projector, then the causal router."""
         _check_stream(stream_index)
-        run = self._run_context(stream_index)
         report = RunReport(stream_index, "nudge")
         consumes = self.settings.router_consumes_per_run
         batch = self.settings.router_fetch_max_records
-        for subscription in (Subscription.PROJECT_VIEW_PROJECTOR, Subscription.CAUSAL_ROUTER):
-            report.subscriptions[subscription.value] = await self.consume(
-                run, subscription, consumes=consumes, batch=batch, should_stop=should_stop
+        subscriptions = (Subscription.PROJECT_VIEW_PROJECTOR, Subscription.CAUSAL_ROUTER)
+        # The projector starts first; the two then run side by side. They share nothing
+        # (their own consumers, locks and files), and waiting for the causal router's
+        # commits would delay the next projector run of this stream.
+        results = await asyncio.gather(
+            *(
+                self.consume(
+                    self._run_context(stream_index),
+                    subscription,
+                    consumes=consumes,
+                    batch=batch,
+                    should_stop=should_stop,
+                )
+                for subscription in subscriptions
             )
+        )
+        for subscription, result in zip(subscriptions, results, strict=True):
+            report.subscriptions[subscription.value] = result
         return report
 
     async def sweep(

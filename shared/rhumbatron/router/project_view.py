@@ -109,26 +109,33 @@ class ProjectView(SqliteStore):
         self.project_id = project_id
 
     def apply_delta(self, records: Sequence[Record], *, now_s: float) -> dict[str, RecordOutcome]:
-        """Claim and apply ``records`` (decoded, all of this project) in one transaction."""
-        outcomes: dict[str, RecordOutcome] = {}
+        """Claim and apply ``records`` (decoded, all of this project) in one transaction.
+
+        The common path claims the batch with one read and two multi-row writes; if
+        anything in it raises, it is rolled back and the batch is applied again one event
+        per SAVEPOINT, so only the event at fault fails.
+        """
         with self.transaction() as db:
-            for index, record in enumerate(records):
-                event = record.event
-                assert event is not None and event.project_id == self.project_id
-                savepoint = f"event_{index}"
-                db.execute(f"SAVEPOINT {savepoint}")
-                try:
-                    if not claim_events(db, PROJECTOR, [event.event_id], now_s=now_s):
-                        outcomes[record.key] = DUPLICATE
-                    else:
-                        _apply(db, event, record.stream_seq, now_s)
-                        outcomes[record.key] = APPLIED
-                except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
-                    db.execute(f"ROLLBACK TO {savepoint}")
-                    outcomes[record.key] = RecordOutcome.failed(
-                        f"applying {event.event_type} to the view failed: {exc}"
-                    )
-                db.execute(f"RELEASE {savepoint}")
+            done = _claimed(db, [r.key for r in records])
+            fresh: list[Record] = []
+            outcomes: dict[str, RecordOutcome] = {}
+            for record in records:
+                if record.key in done or record.key in outcomes:
+                    outcomes[record.key] = DUPLICATE
+                else:
+                    outcomes[record.key] = APPLIED
+                    fresh.append(record)
+            if not fresh:
+                return outcomes
+            db.execute("SAVEPOINT batch")
+            try:
+                _apply_batch(db, fresh, now_s)
+            except (sqlite3.Error, ValueError, KeyError, TypeError):
+                db.execute("ROLLBACK TO batch")
+                db.execute("RELEASE batch")
+                outcomes.update(_apply_one_by_one(db, fresh, now_s))
+            else:
+                db.execute("RELEASE batch")
         return outcomes
 
     def mark_processed(self, event_ids: Sequence[str], *, now_s: float) -> None:
@@ -193,6 +200,88 @@ class ProjectView(SqliteStore):
 # -- projections ----------------------------------------------------------------------------
 
 
+def _claimed(db: sqlite3.Connection, event_ids: Sequence[str]) -> set[str]:
+    """The IDs among ``event_ids`` the projector has already claimed (one query)."""
+    marks = ", ".join("?" * len(event_ids))
+    rows = db.execute(
+        f"SELECT event_id FROM processed_events WHERE consumer = ? AND event_id IN ({marks})",
+        [PROJECTOR, *event_ids],
+    )
+    return {row[0] for row in rows}
+
+
+def _event(record: Record) -> Event:
+    assert record.event is not None
+    return record.event
+
+
+def _apply_batch(db: sqlite3.Connection, records: Sequence[Record], now_s: float) -> None:
+    """Claims, feed rows and the project row for the whole batch, then each projection."""
+    events = [_event(r) for r in records]
+    db.executemany(
+        "INSERT INTO processed_events (consumer, event_id, status, lease_until_s, "
+        "processed_at_s) VALUES (?, ?, 'done', NULL, ?)",
+        [(PROJECTOR, e.event_id, now_s) for e in events],
+    )
+    db.executemany(
+        "INSERT INTO project_events (event_id, stream_seq, event_type, change_id, task_id, "
+        "actor, occurred_at, applied_at_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (
+                e.event_id,
+                r.stream_seq,
+                e.event_type,
+                e.change_id,
+                e.task_id,
+                e.actor,
+                format_timestamp(e.timestamp),
+                now_s,
+            )
+            for e, r in zip(events, records, strict=True)
+        ],
+    )
+    _bump_project(db, events[0], len(events), max(format_timestamp(e.timestamp) for e in events))
+    for event, record in zip(events, records, strict=True):
+        _project_event(db, event, record.stream_seq)
+
+
+def _apply_one_by_one(
+    db: sqlite3.Connection, records: Sequence[Record], now_s: float
+) -> dict[str, RecordOutcome]:
+    """The fallback: each event under its own SAVEPOINT, so only a bad one fails."""
+    outcomes: dict[str, RecordOutcome] = {}
+    for record in records:
+        event = _event(record)
+        db.execute("SAVEPOINT event")
+        try:
+            claim_events(db, PROJECTOR, [event.event_id], now_s=now_s)
+            _apply(db, event, record.stream_seq, now_s)
+            outcomes[record.key] = APPLIED
+        except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
+            db.execute("ROLLBACK TO event")
+            outcomes[record.key] = RecordOutcome.failed(
+                f"applying {event.event_type} to the view failed: {exc}"
+            )
+        db.execute("RELEASE event")
+    return outcomes
+
+
+def _bump_project(db: sqlite3.Connection, event: Event, count: int, last_at: str) -> None:
+    db.execute(
+        "INSERT INTO view_project (project_id, tenant_id, events_applied, last_event_at) "
+        "VALUES (?, ?, ?, ?) ON CONFLICT (project_id) DO UPDATE SET "
+        "events_applied = events_applied + excluded.events_applied, "
+        "last_event_at = max(coalesce(last_event_at, ''), excluded.last_event_at)",
+        (event.project_id, event.tenant_id, count, last_at),
+    )
+
+
+def _project_event(db: sqlite3.Connection, event: Event, seq: int) -> None:
+    projection = _PROJECTIONS.get(event.event_type.split(".")[0])
+    if projection is not None:
+        projection(db, event, seq)
+
+
 def _apply(db: sqlite3.Connection, event: Event, seq: int, now_s: float) -> None:
     at = format_timestamp(event.timestamp)
     db.execute(
@@ -209,16 +298,8 @@ def _apply(db: sqlite3.Connection, event: Event, seq: int, now_s: float) -> None
             now_s,
         ),
     )
-    db.execute(
-        "INSERT INTO view_project (project_id, tenant_id, events_applied, last_event_at) "
-        "VALUES (?, ?, 1, ?) ON CONFLICT (project_id) DO UPDATE SET "
-        "events_applied = events_applied + 1, "
-        "last_event_at = max(coalesce(last_event_at, ''), excluded.last_event_at)",
-        (event.project_id, event.tenant_id, at),
-    )
-    projection = _PROJECTIONS.get(event.event_type.split(".")[0])
-    if projection is not None:
-        projection(db, event, seq)
+    _bump_project(db, event, 1, at)
+    _project_event(db, event, seq)
 
 
 def _payload(event: Event) -> dict[str, Any]:
