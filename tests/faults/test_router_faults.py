@@ -187,9 +187,13 @@ async def publish_raw(nc: Any, index: int, body: bytes, message_id: str | None) 
 
 
 def _read(path: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` in the file at ``path``; none when a crash left the file without its
+    schema (created, schema never committed: the next open creates it)."""
     if not path.exists():
         return []
     with closing(sqlite3.connect(path)) as db:
+        if db.execute("PRAGMA user_version").fetchone()[0] == 0:
+            return []
         return [tuple(row) for row in db.execute(sql, params)]
 
 
@@ -360,10 +364,11 @@ async def test_router_killed_mid_batch_loses_and_doubles_no_effect(
         first_batch = sorted(e.event_id for e in events[:10])
         left = claims(stack.settings, subscription, index, projects)
         if subscription is PROJECTOR:
-            # claims commit with the view rows: after_apply is after the first project's
-            # COMMIT (its 5 of the batch), before_ack after both projects' commits
-            expected_done = 5 if crash_at == "after_apply" else 10
-            assert len(left) == expected_done
+            # claims commit with the view rows, one COMMIT per project: after_apply is after
+            # the first project's COMMIT — the other project's runs on its own thread and
+            # may have committed too (5 or 10 of the batch) — before_ack after both
+            expected_done = {5, 10} if crash_at == "after_apply" else {10}
+            assert len(left) in expected_done
             assert {status for _, status in left} == {"done"}
         elif crash_at == "before_ack":
             assert sorted(e for e, _ in left) == first_batch

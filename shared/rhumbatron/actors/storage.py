@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 from rhumbatron.errors import ActorBusyError, ActorError, UnsafeStorageError
@@ -162,6 +163,7 @@ class SqliteStore:
         self.settings = settings
         self._schema = schema
         self._connection: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -184,9 +186,15 @@ class SqliteStore:
             self._connection = connection
         return self._connection
 
-    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT`` on this file (see :func:`write_transaction`)."""
-        return write_transaction(self.connection, self.path)
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` on this file (see :func:`write_transaction`).
+
+        One connection serves the process; the router may use it from a worker thread, so
+        a lock keeps two transactions of one process off it at the same time.
+        """
+        with self._lock, write_transaction(self.connection, self.path) as connection:
+            yield connection
 
     def close(self) -> None:
         if self._connection is not None:

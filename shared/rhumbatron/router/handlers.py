@@ -7,6 +7,7 @@ they live and when they commit is what makes its effect happen once (see ``claim
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -110,19 +111,33 @@ class ProjectViewProjector:
             assert record.event is not None
             by_project.setdefault(record.event.project_id, []).append(record)
         outcomes: dict[str, RecordOutcome] = {}
+        calls: list[tuple[ProjectView, list[Record]]] = []
         for project_id, group in by_project.items():
             if run.apply_calls_left <= 0:
                 outcomes.update({r.key: DEFERRED for r in group})
                 continue
             run.apply_calls_left -= 1
-            try:
-                outcomes.update(self.view(project_id).apply_delta(group, now_s=run.now_s))
-                # The projector's claims commit with its effect: "after claim" is "after apply".
-                crash_point(self.settings.crash_at, "after_apply")
-            except ActorError as exc:
-                # The view file is busy or the disk is full: nothing of the group committed.
-                outcomes.update({r.key: RecordOutcome.retry(str(exc)) for r in group})
+            calls.append((self.view(project_id), group))
+        # Each project is its own file: their commits (and fsyncs) run side by side on
+        # worker threads, and the event loop keeps publishing and acking meanwhile.
+        results = await asyncio.gather(
+            *(asyncio.to_thread(self._apply, view, group, run.now_s) for view, group in calls)
+        )
+        for result in results:
+            outcomes.update(result)
         return outcomes
+
+    def _apply(
+        self, view: ProjectView, group: list[Record], now_s: float
+    ) -> dict[str, RecordOutcome]:
+        try:
+            result = view.apply_delta(group, now_s=now_s)
+        except ActorError as exc:
+            # The view file is busy or the disk is full: nothing of the group committed.
+            return {r.key: RecordOutcome.retry(str(exc)) for r in group}
+        # The projector's claims commit with its effect: "after claim" is "after apply".
+        crash_point(self.settings.crash_at, "after_apply")
+        return result
 
     def mark_processed(self, records: Sequence[Record], run: RunContext) -> None:
         for record in records:
