@@ -17,6 +17,12 @@ Commands:
   ``--gate`` the worker connects, prints ``{"ready": true}`` and waits for a line on stdin
   before it runs: a test starts several and releases them at once (see
   :func:`release_gated`).
+* ``commands <queue> --dir=PATH [--block=ID,ID] [--fail] [--until-empty]``: bootstrap the
+  queue runtime from the environment and poll ``queue`` once (``--until-empty``: again until
+  its consumer has nothing pending or unacknowledged), printing one JSON line per poll. The
+  handler is :class:`CommandEffects` on ``PATH``; ``--block`` makes the handler of those
+  command IDs print ``{"blocked": id}`` and wait for ever (the test kills the worker), and
+  ``--fail`` makes every delivery fail.
 
 Imported by the tests (``from .worker import ...``) for the helpers below.
 """
@@ -40,8 +46,11 @@ from rhumbatron.actors.actor import Actor, ActorRef
 from rhumbatron.actors.resource_shard import ResourceShard
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
+from rhumbatron.messaging.commands import consumer_name
 from rhumbatron.messaging.event_log import Subscription
-from rhumbatron.protocol.envelopes import Event
+from rhumbatron.messaging.queue_consumer import Delivery
+from rhumbatron.messaging.streams import COMMAND_STREAM
+from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.records import APPLIED, RecordOutcome
@@ -218,6 +227,56 @@ class RoutedLog:
         return self.path.read_text().split()
 
 
+class CommandEffects:
+    """A command handler whose effect is a line per command ID in ``effects.log``, written at
+    most once per ID, as a real handler keys its effect on the command ID; every delivery it
+    sees, effect or not, is a line ``<command ID> <delivery>`` in ``deliveries.log``.
+
+    Each line is one ``O_APPEND`` write, in the kernel before the handler returns, so a
+    worker killed after its handler (``before_ack``) still leaves the effect on disk. Only
+    one process handles commands at a time in the tests (the crashed one is dead before the
+    recovering one starts), so the check-then-append needs no lock.
+    """
+
+    def __init__(
+        self, directory: Path, *, block: frozenset[str] = frozenset(), fail: bool = False
+    ) -> None:
+        self.effects_path = directory / "effects.log"
+        self.deliveries_path = directory / "deliveries.log"
+        self.block = block
+        self.fail = fail
+
+    async def __call__(self, command: Command, delivery: Delivery) -> None:
+        _append(self.deliveries_path, f"{command.command_id} {delivery.delivered}\n")
+        if command.command_id in self.block:
+            print(json.dumps({"blocked": command.command_id}))
+            sys.stdout.flush()
+            await asyncio.Event().wait()  # held until the test kills this process
+        if self.fail:
+            raise RuntimeError(f"{command.command_id} fails on every delivery")
+        if command.command_id not in self.effects():
+            _append(self.effects_path, f"{command.command_id}\n")
+
+    def effects(self) -> list[str]:
+        """Command IDs with an effect, in the order the effects were made."""
+        return self.effects_path.read_text().split() if self.effects_path.exists() else []
+
+    def deliveries(self) -> list[tuple[str, int]]:
+        """``(command ID, delivery number)`` of every delivery handled, in order."""
+        if not self.deliveries_path.exists():
+            return []
+        pairs = (line.split() for line in self.deliveries_path.read_text().splitlines())
+        return [(command_id, int(n)) for command_id, n in pairs]
+
+
+def _append(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 # --------------------------------------------------------------------------- worker commands
 
 
@@ -289,6 +348,27 @@ async def _route(mode: str, args: list[str], routed_log: Path | None, gate: bool
         await app.close()
 
 
+async def _commands(queue: str, handler: CommandEffects, until_empty: bool) -> None:
+    app = bootstrap(load_settings())
+    try:
+        runtime = await app.queue_runtime()
+        js = (await app.nats()).jetstream()
+        deadline = time.monotonic() + 30.0
+        while True:
+            report = await runtime.poll(queue, handler)
+            print(json.dumps(asdict(report)))
+            sys.stdout.flush()
+            if not until_empty or time.monotonic() > deadline:
+                break
+            if not report.fetched:
+                info = await js.consumer_info(COMMAND_STREAM, consumer_name(queue))
+                if not info.num_pending and not info.num_ack_pending:
+                    break
+                await asyncio.sleep(0.02)  # a nak is handled by the server asynchronously
+    finally:
+        await app.close()
+
+
 def main(argv: list[str]) -> int:
     command, *args = argv
     if command == "publish":
@@ -300,6 +380,18 @@ def main(argv: list[str]) -> int:
         positional = [a for a in args if not a.startswith("--")]
         gate = "--gate" in args
         asyncio.run(_route(positional[0], positional[1:], Path(logs[-1]) if logs else None, gate))
+    elif command == "commands":
+        options: dict[str, str] = {}
+        for arg in args:
+            if arg.startswith("--") and "=" in arg:
+                name, value = arg[2:].split("=", 1)
+                options[name] = value
+        handler = CommandEffects(
+            Path(options["dir"]),
+            block=frozenset(filter(None, options.get("block", "").split(","))),
+            fail="--fail" in args,
+        )
+        asyncio.run(_commands(args[0], handler, "--until-empty" in args))
     else:
         print(f"unknown command {command!r}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -197,27 +198,48 @@ class QueueConsumerRuntime:
         row = queue_row(queue, self.settings)
         report = PollReport(queue)
         stop = should_stop or (lambda: False)
-        while max_fetches is None or report.fetches < max_fetches:
-            if stop():
-                report.out_of_time = True
-                break
-            messages = await self._pull(queue, row.batch_size)
-            report.fetches += 1
-            if not messages:
-                break
-            report.fetched += len(messages)
-            gate = asyncio.Semaphore(row.concurrency)
-            await asyncio.gather(
-                *(
-                    self._one(row, msg, handler, report, gate=gate, stop=stop, raw=on_undecodable)
-                    for msg in messages
+        try:
+            while max_fetches is None or report.fetches < max_fetches:
+                if stop():
+                    report.out_of_time = True
+                    break
+                messages = await self._pull(queue, row.batch_size)
+                report.fetches += 1
+                if not messages:
+                    break
+                report.fetched += len(messages)
+                # `concurrency` workers share the batch: at most that many handlers at once,
+                # without a task per message.
+                waiting = deque(messages)
+                await asyncio.gather(
+                    *(
+                        self._work(row, waiting, handler, report, stop=stop, raw=on_undecodable)
+                        for _ in range(row.concurrency)
+                    )
                 )
-            )
+                if len(messages) < row.batch_size:
+                    break
+        finally:
+            # Acks leave in the client's next write anyway; one flush makes sure they are
+            # on the wire before a Lambda freezes.
             if self.nc.is_connected:
-                await self.nc.flush()
-            if len(messages) < row.batch_size:
-                break
+                with contextlib.suppress(Exception):
+                    await self.nc.flush()
         return report
+
+    async def _work(
+        self,
+        row: QueueConsumer,
+        waiting: deque[Msg],
+        handler: CommandHandler,
+        report: PollReport,
+        *,
+        stop: Callable[[], bool],
+        raw: UndecodableHandler | None,
+    ) -> None:
+        """One of the ``concurrency`` workers of a batch: handle messages until none wait."""
+        while waiting:
+            await self._one(row, waiting.popleft(), handler, report, stop=stop, raw=raw)
 
     async def _one(
         self,
@@ -226,18 +248,16 @@ class QueueConsumerRuntime:
         handler: CommandHandler,
         report: PollReport,
         *,
-        gate: asyncio.Semaphore,
         stop: Callable[[], bool],
         raw: UndecodableHandler | None,
     ) -> None:
-        async with gate:  # at most `concurrency` handlers of this queue at once
-            if stop():
-                # Not started: back to the queue now, never half-done (F23).
-                report.out_of_time = True
-                report.left_for_redelivery += 1
-                await msg.nak()
-                return
-            await self._handle(row, msg, handler, report, raw)
+        if stop():
+            # Not started: back to the queue now, never half-done (F23).
+            report.out_of_time = True
+            report.left_for_redelivery += 1
+            await msg.nak()
+            return
+        await self._handle(row, msg, handler, report, raw)
 
     async def _handle(
         self,
@@ -330,7 +350,8 @@ class QueueConsumerRuntime:
             ):
                 try:
                     await self.on_success(command)
-                except RhumbatronError as exc:
+                except Exception as exc:
+                    # The message is acked; a failing hook must not fail the rest of the batch.
                     _log.error("after %s succeeded: %s", command.command_id, exc)
             return
         if delivery.is_last:
@@ -344,22 +365,26 @@ class QueueConsumerRuntime:
     ) -> Retry | None:
         """Run the handler, marking the message in progress every ``command_in_progress_s``
         until it returns or the hold limit (15 minutes) is reached."""
+        loop = asyncio.get_running_loop()
         every = self.settings.command_in_progress_s
-        hold_until = asyncio.get_running_loop().time() + self.settings.command_max_hold_s
+        hold_until = loop.time() + self.settings.command_max_hold_s
+        timer: asyncio.TimerHandle | None = None
 
-        async def keep_alive() -> None:
-            while asyncio.get_running_loop().time() + every <= hold_until:
-                await asyncio.sleep(every)
-                with contextlib.suppress(Exception):  # a lost mark is only a redelivery
-                    await msg.in_progress()
+        def mark() -> None:
+            # A timer, not a task per message: most handlers finish long before a mark is
+            # due, and then this never runs. A lost mark is only a redelivery.
+            nonlocal timer
+            mark_sent = asyncio.ensure_future(msg.in_progress())
+            mark_sent.add_done_callback(lambda f: f.cancelled() or f.exception())
+            timer = loop.call_later(every, mark) if loop.time() + every <= hold_until else None
 
-        heartbeat = asyncio.create_task(keep_alive())
+        if loop.time() + every <= hold_until:
+            timer = loop.call_later(every, mark)
         try:
             return await handler(command, delivery)
         finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            if timer is not None:
+                timer.cancel()
 
     async def _give_up(
         self,

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import random
 import sqlite3
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -80,6 +81,8 @@ class Rhumbatron:
     _causal_routing: CausalRouting | None = None
     _bus: CommandBus | None = None
     _queues: QueueConsumerRuntime | None = None
+    _open_letters: frozenset[str] = frozenset()
+    _open_letters_read_at: float = float("-inf")
 
     # -- actors ----------------------------------------------------------------------------
     def actor(self, ref: ActorRef) -> Actor:
@@ -206,20 +209,35 @@ class Rhumbatron:
     async def _command_succeeded(self, command: Command) -> None:
         """An open dead letter of the same command closes as ``succeeded``.
 
-        A read first: almost no command has a letter, and a read takes no write lock."""
+        Almost no command has a letter, so this must cost next to nothing: a Retry
+        (attempt > 1) always looks; a first attempt — a producer re-sending the same command
+        after the duplicate window — is checked against the set of command IDs with an open
+        letter, read at most once a second.
+        """
+        from rhumbatron.actors.storage import sqlite_error
         from rhumbatron.product.dead_letters import Resolution, close_command_dead_letter
 
         product = self.product()
-        row = product.connection.execute(
-            "SELECT 1 FROM dead_letters WHERE command_id = ? AND status = 'open'",
-            (command.command_id,),
-        ).fetchone()
-        if row is None:
-            return
-        with product.transaction() as db:
-            close_command_dead_letter(
-                db, command.command_id, Resolution.SUCCEEDED, now_s=self.clock.now().timestamp()
+        try:
+            if command.attempt == 1 and command.command_id not in self._open_letter_ids():
+                return
+            with product.transaction() as db:
+                close_command_dead_letter(
+                    db, command.command_id, Resolution.SUCCEEDED, now_s=self.clock.now().timestamp()
+                )
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc, product.path, "closing a dead letter") from exc
+
+    def _open_letter_ids(self) -> frozenset[str]:
+        now = time.monotonic()
+        if now - self._open_letters_read_at >= 1.0:
+            rows = self.product().connection.execute(
+                "SELECT command_id FROM dead_letters WHERE status = 'open' "
+                "AND command_id IS NOT NULL"
             )
+            self._open_letters = frozenset(row[0] for row in rows)
+            self._open_letters_read_at = now
+        return self._open_letters
 
     # -- router, archive, metrics -----------------------------------------------------------
     def s3(self) -> S3Client:

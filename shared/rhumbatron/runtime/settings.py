@@ -10,7 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rhumbatron.errors import ConfigurationError
@@ -20,6 +28,27 @@ __all__ = ["EVENT_STREAM_COUNT", "Settings", "load_settings"]
 #: The event log is exactly eight streams (spec: "eight NATS JetStream streams"). Not a setting:
 #: changing it would move projects between streams and break their order.
 EVENT_STREAM_COUNT = 8
+
+
+# -- API --- (the operator API, rhumbatron.api: token grants; its fields are in Settings) -----
+
+#: The operator API's scopes: read dead letters; retry or dismiss them; send a command.
+ApiScope = Literal["dead-letters:read", "dead-letters:write", "commands:send"]
+#: A grant's tenant that sees every tenant's records (a platform operator: letters of
+#: commands such as forks.sweep carry no tenant).
+ANY_TENANT = "*"
+
+
+class ApiTokenGrant(BaseModel):
+    """What one static API token may do: act for ``tenant`` with ``scopes``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tenant: str = Field(min_length=1, max_length=64, description='A tenant ID, or "*" for all.')
+    scopes: tuple[ApiScope, ...] = ()
+
+
+# -- end of API ---------------------------------------------------------------------------------
 
 
 class Settings(BaseSettings):
@@ -174,6 +203,98 @@ class Settings(BaseSettings):
         "rules); off in the cloud, where the bucket's lifecycle rule expires them.",
     )
     archive_expiry_max_objects: int = Field(default=1_000, ge=1)
+
+    # -- API --- (the operator API, rhumbatron.api) --------------------------------------------
+    api_auth_mode: Literal["static", "jwt"] = Field(
+        default="static",
+        description="static: bearer tokens from api_tokens (local); jwt: signed JWTs (the cloud).",
+    )
+    api_tokens: dict[str, ApiTokenGrant] = Field(
+        default_factory=dict,
+        repr=False,  # the keys are secrets: keep them out of logs and tracebacks
+        description='static mode: bearer token -> {"tenant": ..., "scopes": [...]}, as JSON in '
+        "RHUMBATRON_API_TOKENS. Empty refuses every request.",
+    )
+    api_jwt_secret: SecretStr | None = Field(
+        default=None, description="jwt mode: the HS256 shared secret."
+    )
+    api_jwt_public_key: str | None = Field(
+        default=None, description="jwt mode: the RS256 public key (PEM)."
+    )
+    api_jwt_jwks_url: str | None = Field(
+        default=None, description="jwt mode: a JWKS URL serving the RS256 keys (by kid)."
+    )
+    api_jwt_issuer: str | None = Field(default=None, description="jwt mode: the required iss.")
+    api_jwt_audience: str | None = Field(default=None, description="jwt mode: the required aud.")
+    api_jwt_tenant_claim: str = Field(
+        default="tenant", min_length=1, description="jwt mode: the claim naming the tenant."
+    )
+    api_jwt_leeway_s: float = Field(
+        default=30.0, ge=0, le=300, description="Clock skew allowed on exp, nbf and iat."
+    )
+    api_retry_after_s: int = Field(
+        default=5, ge=1, description="Retry-After of a 503 (NATS down, product file busy or full)."
+    )
+    api_retry_resend_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A Retry reservation this old with its send unconfirmed (its process died "
+        "between reserving and sending) is sent again under the same message ID, which the "
+        "duplicate window makes harmless; longer than any connect plus send.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _api_tokens_valid(cls, data: Any) -> Any:
+        """Check the token grants here, before the field, so that no error message (which
+        :func:`load_settings` prints with the offending input) ever contains a token: each
+        grant is named by a fingerprint of its token instead."""
+        import hashlib
+
+        from pydantic import TypeAdapter
+
+        tokens = data.get("api_tokens") if isinstance(data, dict) else None
+        if not isinstance(tokens, dict):
+            return data  # absent, or not a mapping: the field's own error says so
+        problems = []
+        for token, grant in tokens.items():
+            name = f"token sha256:{hashlib.sha256(str(token).encode()).hexdigest()[:8]}"
+            if len(str(token)) < 16:
+                problems.append(f"{name} is shorter than 16 characters (guessable)")
+            try:
+                TypeAdapter(ApiTokenGrant).validate_python(grant)
+            except ValidationError as exc:
+                for err in exc.errors(include_url=False):
+                    where = ".".join(str(part) for part in err["loc"]) or "(grant)"
+                    problems.append(f"{name}: {where}: {err['msg']}")
+        if problems:
+            raise ValueError("RHUMBATRON_API_TOKENS: " + "; ".join(problems))
+        return data
+
+    @model_validator(mode="after")
+    def _jwt_settings_complete(self) -> Self:
+        if self.api_auth_mode != "jwt":
+            return self
+        keys = [
+            name
+            for name in ("api_jwt_secret", "api_jwt_public_key", "api_jwt_jwks_url")
+            if getattr(self, name) is not None
+        ]
+        if len(keys) != 1:
+            raise ValueError(
+                "RHUMBATRON_API_AUTH_MODE=jwt needs exactly one of RHUMBATRON_API_JWT_SECRET, "
+                f"RHUMBATRON_API_JWT_PUBLIC_KEY, RHUMBATRON_API_JWT_JWKS_URL; got {keys or 'none'}"
+            )
+        missing = [
+            f"RHUMBATRON_{name.upper()}"
+            for name in ("api_jwt_issuer", "api_jwt_audience")
+            if not getattr(self, name)
+        ]
+        if missing:
+            raise ValueError(f"RHUMBATRON_API_AUTH_MODE=jwt needs {', '.join(missing)}")
+        return self
+
+    # -- end of API -----------------------------------------------------------------------------
 
     # -- fault injection (tests only) ---------------------------------------------------------
     crash_at: str | None = Field(

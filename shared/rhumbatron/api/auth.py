@@ -1,0 +1,250 @@
+"""Who is calling: the :class:`Authenticator` port and its two adapters.
+
+The API checks the bearer token itself on every request, even behind API Gateway's JWT
+authorizer: the authorizer may be misconfigured or bypassed (a function URL, a test
+stage), and only the app knows which scope each operation needs and which tenant owns
+each record.
+
+* :class:`StaticTokenAuth` — local: opaque tokens from settings (``RHUMBATRON_API_TOKENS``),
+  each mapped to a tenant and scopes.
+* :class:`JwtAuth` — the cloud: a JWT signed with HS256 (a shared secret) or RS256 (a
+  public key, or a JWKS URL), checked for ``exp``, ``iss`` and ``aud``. The tenant is the
+  ``tenant`` claim (``api_jwt_tenant_claim``); scopes come from ``scope`` (space-separated)
+  or ``scp`` (a list, or space-separated). Time is the runtime's clock, not the machine's,
+  so tests move it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from rhumbatron.api.errors import AuthenticationError, UnavailableError
+from rhumbatron.errors import ConfigurationError
+from rhumbatron.runtime.settings import ApiTokenGrant
+
+if TYPE_CHECKING:
+    from jwt import PyJWKClient
+
+    from rhumbatron.runtime.clock import Clock
+    from rhumbatron.runtime.settings import Settings
+
+__all__ = [
+    "SCOPES",
+    "SCOPE_COMMANDS_SEND",
+    "SCOPE_DEAD_LETTERS_READ",
+    "SCOPE_DEAD_LETTERS_WRITE",
+    "Authenticator",
+    "JwtAuth",
+    "Principal",
+    "StaticTokenAuth",
+    "authenticator_from_settings",
+]
+
+SCOPE_DEAD_LETTERS_READ: Final = "dead-letters:read"
+SCOPE_DEAD_LETTERS_WRITE: Final = "dead-letters:write"
+SCOPE_COMMANDS_SEND: Final = "commands:send"
+#: Every scope an operation can ask for (the settings' ApiScope literal holds the same).
+SCOPES: Final = frozenset({SCOPE_DEAD_LETTERS_READ, SCOPE_DEAD_LETTERS_WRITE, SCOPE_COMMANDS_SEND})
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller: who (for the logs), for which tenant, allowed what."""
+
+    subject: str
+    tenant_id: str
+    scopes: frozenset[str]
+
+
+class Authenticator(ABC):
+    """Turns a bearer token into a :class:`Principal`."""
+
+    @abstractmethod
+    def authenticate(self, token: str) -> Principal:
+        """The caller the token names; raises :class:`AuthenticationError` (401)."""
+
+
+def _fingerprint(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+class StaticTokenAuth(Authenticator):
+    """Opaque tokens, each granted a tenant and scopes (``RHUMBATRON_API_TOKENS``)."""
+
+    def __init__(self, tokens: Mapping[str, ApiTokenGrant]) -> None:
+        # Only digests are kept: a heap dump or a repr shows no token.
+        self._grants = [(_fingerprint(token), grant) for token, grant in tokens.items()]
+
+    def authenticate(self, token: str) -> Principal:
+        presented = _fingerprint(token)
+        found: tuple[bytes, ApiTokenGrant] | None = None
+        # Compare with every grant, in constant time each: how long this takes does not
+        # depend on which token (or how much of one) matched.
+        for digest, grant in self._grants:
+            if hmac.compare_digest(digest, presented):
+                found = (digest, grant)
+        if found is None:
+            raise AuthenticationError("the bearer token is not one this API knows")
+        digest, grant = found
+        return Principal(f"token:{digest.hex()[:8]}", grant.tenant, frozenset(grant.scopes))
+
+
+class JwtAuth(Authenticator):
+    """Signed JWTs: HS256 with ``secret``, or RS256 with ``public_key`` or ``jwks_url``."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        issuer: str,
+        audience: str,
+        secret: str | None = None,
+        public_key: str | None = None,
+        jwks_url: str | None = None,
+        tenant_claim: str = "tenant",
+        leeway_s: float = 30.0,
+    ) -> None:
+        sources = [s for s in (secret, public_key, jwks_url) if s is not None]
+        if len(sources) != 1:
+            raise ConfigurationError(
+                "JwtAuth needs exactly one of secret (HS256), public_key or jwks_url (RS256)"
+            )
+        self._clock = clock
+        self._issuer = issuer
+        self._audience = audience
+        self._tenant_claim = tenant_claim
+        self._leeway_s = leeway_s
+        # One algorithm per key, pinned: a token cannot pick "none", or HS256 with the
+        # public key as its secret (the algorithm-confusion attack).
+        self._algorithm: Literal["HS256", "RS256"] = "HS256" if secret is not None else "RS256"
+        self._key: Any = secret if secret is not None else public_key
+        self._jwks: PyJWKClient | None = None
+        if jwks_url is not None:
+            from jwt import PyJWKClient
+
+            # Keys are cached by kid: only a cold start or a rotated key fetches the URL.
+            self._jwks = PyJWKClient(jwks_url, cache_keys=True, timeout=5)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, clock: Clock) -> JwtAuth:
+        if not settings.api_jwt_issuer or not settings.api_jwt_audience:
+            raise ConfigurationError(
+                "JWT auth needs RHUMBATRON_API_JWT_ISSUER and RHUMBATRON_API_JWT_AUDIENCE"
+            )
+        secret = settings.api_jwt_secret
+        return cls(
+            clock=clock,
+            issuer=settings.api_jwt_issuer,
+            audience=settings.api_jwt_audience,
+            secret=secret.get_secret_value() if secret is not None else None,
+            public_key=settings.api_jwt_public_key,
+            jwks_url=settings.api_jwt_jwks_url,
+            tenant_claim=settings.api_jwt_tenant_claim,
+            leeway_s=settings.api_jwt_leeway_s,
+        )
+
+    def authenticate(self, token: str) -> Principal:
+        import jwt
+
+        try:
+            key = self._key
+            if self._jwks is not None:
+                key = self._jwks.get_signing_key_from_jwt(token).key
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                key,
+                algorithms=[self._algorithm],
+                audience=self._audience,
+                issuer=self._issuer,
+                # Times are checked below against the injected clock.
+                options={
+                    "require": ["exp", "iss", "aud"],
+                    "verify_exp": False,
+                    "verify_nbf": False,
+                    "verify_iat": False,
+                },
+            )
+        except jwt.PyJWKClientConnectionError as exc:
+            raise UnavailableError(f"cannot fetch the JWT signing keys: {exc}") from None
+        except (jwt.InvalidTokenError, jwt.PyJWKClientError) as exc:
+            raise AuthenticationError(f"the bearer token is not valid: {exc}") from None
+        self._check_times(claims)
+        return Principal(
+            subject=str(claims.get("sub") or "?"),
+            tenant_id=self._tenant(claims),
+            scopes=_scopes(claims),
+        )
+
+    def _check_times(self, claims: Mapping[str, Any]) -> None:
+        now = self._clock.now().timestamp()
+        exp = _epoch(claims.get("exp"))
+        if exp is None:
+            raise AuthenticationError(
+                f"the bearer token's exp={claims.get('exp')!r:.40} is not a time"
+            )
+        if now > exp + self._leeway_s:
+            raise AuthenticationError(
+                f"the bearer token expired at {_iso(exp)}; get a new one", code="token_expired"
+            )
+        if "nbf" in claims:
+            nbf = _epoch(claims["nbf"])
+            if nbf is None:
+                raise AuthenticationError(
+                    f"the bearer token's nbf={claims['nbf']!r:.40} is not a time"
+                )
+            if now + self._leeway_s < nbf:
+                raise AuthenticationError(f"the bearer token is not valid before {_iso(nbf)}")
+
+    def _tenant(self, claims: Mapping[str, Any]) -> str:
+        tenant = claims.get(self._tenant_claim)
+        if not isinstance(tenant, str) or not tenant:
+            raise AuthenticationError(
+                f"the bearer token has no {self._tenant_claim!r} claim naming its tenant"
+            )
+        return tenant
+
+
+def _epoch(value: object) -> float | None:
+    """A claim as seconds since the epoch, or None: JSON allows NaN and numbers no float
+    holds, and neither may pass for a time."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None
+    return seconds if math.isfinite(seconds) else None
+
+
+def _iso(epoch_s: float) -> str:
+    try:
+        return datetime.fromtimestamp(epoch_s, UTC).isoformat()
+    except (OverflowError, OSError, ValueError):
+        return repr(epoch_s)
+
+
+def _scopes(claims: Mapping[str, Any]) -> frozenset[str]:
+    """``scope`` is a space-separated string (RFC 8693); ``scp`` is a list or one string
+    (Azure AD, Okta). Scopes the API does not know are kept out."""
+    raw = claims.get("scope", claims.get("scp"))
+    if isinstance(raw, str):
+        names = raw.split()
+    elif isinstance(raw, list):
+        names = [name for name in raw if isinstance(name, str)]
+    else:
+        names = []
+    return frozenset(names) & SCOPES
+
+
+def authenticator_from_settings(settings: Settings, clock: Clock) -> Authenticator:
+    """The adapter ``api_auth_mode`` names."""
+    if settings.api_auth_mode == "jwt":
+        return JwtAuth.from_settings(settings, clock)
+    return StaticTokenAuth(settings.api_tokens)

@@ -1,0 +1,387 @@
+"""What an operator may do: list, inspect, retry and dismiss dead letters; send a command.
+
+The operator API (:mod:`rhumbatron.api`) and the CLI both call these functions; neither
+holds any logic of its own. Every function takes the caller's tenant: a letter (or a
+project) of another tenant is "not found", exactly as one that does not exist, so an
+operator cannot learn what other tenants have. The tenant ``"*"``
+(:data:`~rhumbatron.runtime.settings.ANY_TENANT`) sees every tenant: a platform operator,
+who also sees the letters that carry no tenant (a ``forks.sweep`` command has none).
+
+Retry (spec: "Dead-letter path"; RELIABILITY F14)
+    One product transaction checks the tenant and reserves the Retry as attempt
+    ``attempt + 1`` (:func:`~rhumbatron.product.dead_letters.claim_retry`). Only the caller
+    that won the reservation sends the command again, on ``agent-wakeups`` for
+    ``agent.wake`` and ``integration`` for every other type, under the message ID
+    ``<queue>:<commandId>:<attempt>``: a new ID, so the 2-hour duplicate window does not
+    swallow it, and the same ID for every send of that attempt, so a repeat is dropped. A
+    double click or a second operator finds the attempt reserved and sends nothing. If the
+    send fails, the reservation is undone so the operator can click again. The letter
+    stays open: the queue runtime closes it as ``succeeded`` when the command succeeds,
+    and the dead-letter consumer updates and reopens it when it fails again.
+
+    A process that dies between the reservation and the send would leave the attempt
+    reserved and never sent. A later Retry that finds a reservation older than
+    ``api_retry_resend_after_s`` (longer than any connect plus send) and still inside the
+    duplicate window therefore sends it again under the same message ID: JetStream drops
+    it if the first send did arrive (``duplicate``), so there is still one message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rhumbatron.errors import (
+    DeadLetterError,
+    DeadLetterNotFoundError,
+    EnvelopeError,
+    MessagingError,
+    NatsUnavailableError,
+    RhumbatronError,
+)
+from rhumbatron.product import dead_letters
+from rhumbatron.product.dead_letters import DeadLetter, DeadLetterKind, DeadLetterStatus
+from rhumbatron.protocol.envelopes import Command
+from rhumbatron.runtime.settings import ANY_TENANT
+
+if TYPE_CHECKING:
+    from rhumbatron.messaging.commands import SendResult
+    from rhumbatron.runtime.bootstrap import Rhumbatron
+
+__all__ = [
+    "ANY_TENANT",
+    "MAX_PAGE",
+    "DeadLetterPage",
+    "Inspection",
+    "ProjectNotFoundError",
+    "RetryOutcome",
+    "dismiss_dead_letter",
+    "inspect_dead_letter",
+    "list_dead_letters",
+    "retry_dead_letter",
+    "send_command",
+]
+
+_log = logging.getLogger(__name__)
+
+#: The most letters one page holds.
+MAX_PAGE = 200
+
+
+class ProjectNotFoundError(RhumbatronError, LookupError):
+    """No project with that ID for this tenant (404)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterPage:
+    """One page of letters, oldest first; ``next_after`` is the cursor of the next page
+    (None on the last page)."""
+
+    letters: Sequence[DeadLetter]
+    next_after: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    """A letter with its body decoded: the Command when it is one, and the body as JSON."""
+
+    letter: DeadLetter
+    command: Command | None
+    body_json: Any
+    body_problem: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryOutcome:
+    """What one Retry did.
+
+    ``sent`` is true when this call put the command on its queue. A caller that lost the
+    reservation to another Retry sends nothing: ``already_retried_as`` names the attempt
+    that Retry reserved. ``duplicate`` is true when JetStream dropped a send as a repeat
+    of one that had arrived.
+    """
+
+    letter: DeadLetter
+    attempt: int
+    queue: str
+    message_id: str
+    sent: bool
+    duplicate: bool = False
+    already_retried_as: int | None = None
+    stream_seq: int | None = None
+
+
+def _visible(letter: DeadLetter, tenant_id: str) -> bool:
+    return tenant_id in (ANY_TENANT, letter.tenant_id)
+
+
+def _letter_of(db: sqlite3.Connection, dead_letter_id: str, tenant_id: str) -> DeadLetter:
+    letter = dead_letters.get_dead_letter(db, dead_letter_id)
+    if not _visible(letter, tenant_id):
+        # The same words as for an unknown ID: another tenant's letter does not exist here.
+        raise DeadLetterNotFoundError(f"no dead letter {dead_letter_id!r}")
+    return letter
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def list_dead_letters(
+    app: Rhumbatron,
+    *,
+    tenant_id: str,
+    status: DeadLetterStatus | None = DeadLetterStatus.OPEN,
+    kind: DeadLetterKind | None = None,
+    queue: str | None = None,
+    project_id: str | None = None,
+    after: str | None = None,
+    limit: int = 50,
+) -> DeadLetterPage:
+    """The tenant's letters, oldest first, filtered; ``after`` is the previous page's cursor.
+
+    Raises :class:`DeadLetterNotFoundError` when ``after`` names no letter of this tenant.
+    """
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit={limit} must be between 1 and {MAX_PAGE}")
+    db = app.product().connection
+    if after is not None:
+        try:
+            _letter_of(db, after, tenant_id)
+        except DeadLetterNotFoundError:
+            raise DeadLetterNotFoundError(
+                f"page cursor {after!r} names no dead letter; start again without it"
+            ) from None
+    # One more than asked says whether a next page exists without a second query.
+    letters = dead_letters.list_dead_letters(
+        db,
+        status=status,
+        kind=kind,
+        tenant_id=None if tenant_id == ANY_TENANT else tenant_id,
+        project_id=project_id,
+        queue=queue,
+        after=after,
+        limit=limit + 1,
+    )
+    page = letters[:limit]
+    return DeadLetterPage(page, page[-1].dead_letter_id if len(letters) > limit else None)
+
+
+def inspect_dead_letter(app: Rhumbatron, dead_letter_id: str, *, tenant_id: str) -> Inspection:
+    """The letter with its full body: the Command (for a command letter whose body is one),
+    the last error (``reason``), the attempts and the resolution."""
+    letter = _letter_of(app.product().connection, dead_letter_id, tenant_id)
+    try:
+        body_json: Any = json.loads(letter.body)
+    except ValueError:
+        body_json = None  # an undecodable record: the raw body is still on the letter
+    command: Command | None = None
+    problem: str | None = None
+    if letter.kind is DeadLetterKind.COMMAND:
+        try:
+            command = Command.parse(letter.body)
+        except EnvelopeError as exc:
+            problem = str(exc)
+    return Inspection(letter, command, body_json, problem)
+
+
+# -- acting ----------------------------------------------------------------------------------
+
+
+def dismiss_dead_letter(app: Rhumbatron, dead_letter_id: str, *, tenant_id: str) -> DeadLetter:
+    """Close an open letter as ``dismissed`` (the only action on a poison-event letter).
+
+    Raises :class:`DeadLetterNotFoundError` (unknown, or another tenant's) and
+    :class:`~rhumbatron.errors.DeadLetterClosedError` (already closed).
+    """
+    now_s = app.clock.now().timestamp()
+    with app.product().transaction() as db:
+        _letter_of(db, dead_letter_id, tenant_id)
+        letter = dead_letters.dismiss_dead_letter(db, dead_letter_id, now_s=now_s)
+    _log.info("dead letter %s dismissed (tenant %s)", dead_letter_id, tenant_id)
+    return letter
+
+
+async def retry_dead_letter(
+    app: Rhumbatron, dead_letter_id: str, *, tenant_id: str
+) -> RetryOutcome:
+    """Send a command letter's command again with ``attempt + 1``, exactly once (F14).
+
+    Raises :class:`DeadLetterNotFoundError` (unknown, or another tenant's),
+    :class:`~rhumbatron.errors.DeadLetterClosedError` (closed), :class:`DeadLetterError`
+    (a poison-event letter, or a body that is no Command: both can only be dismissed), and
+    ``NatsUnavailableError`` or ``MessagingError`` when the send failed, after undoing the
+    reservation.
+    """
+    settings = app.settings
+    now_s = app.clock.now().timestamp()
+    with app.product().transaction() as db:
+        before = _letter_of(db, dead_letter_id, tenant_id)
+        # Parsed before reserving: a letter whose body is no Command must not keep a
+        # reservation that nothing can ever send. claim_retry refuses closed and poison ones.
+        parsed = _command_of(before) if _retryable(before) else None
+        letter, won = dead_letters.claim_retry(db, dead_letter_id, now_s=now_s)
+    attempt = letter.retried_attempt
+    assert parsed is not None and attempt is not None, "claim_retry reserves or raises"
+    command = parsed.model_copy(update={"attempt": attempt})
+
+    from rhumbatron.messaging.commands import command_message_id, retry_queue_for
+
+    queue = retry_queue_for(command)
+    message_id = command_message_id(queue, command)
+    if not won:
+        reserved_at = letter.retried_at_s or now_s
+        age_s = now_s - reserved_at
+        if not settings.api_retry_resend_after_s <= age_s < settings.duplicate_window_s:
+            _log.info(
+                "Retry of %s lost to the Retry reserved %.0f s ago as attempt %d",
+                dead_letter_id,
+                age_s,
+                attempt,
+            )
+            return RetryOutcome(
+                letter, attempt, queue, message_id, sent=False, already_retried_as=attempt
+            )
+        # Old enough that its sender is gone, young enough for JetStream to drop a repeat.
+        try:
+            result = await _send(app, queue, command)
+        except MessagingError as exc:
+            raise type(exc)(
+                f"the Retry of dead letter {dead_letter_id} as attempt {attempt} was not sent "
+                f"on {queue} ({_cause(exc)}); retry again once NATS answers"
+            ) from exc
+        _log.warning(
+            "Retry of %s re-sent the stale reservation of attempt %d (duplicate=%s)",
+            dead_letter_id,
+            attempt,
+            result.duplicate,
+        )
+        return RetryOutcome(
+            letter,
+            attempt,
+            queue,
+            result.message_id,
+            sent=not result.duplicate,
+            duplicate=result.duplicate,
+            already_retried_as=attempt,
+            stream_seq=result.stream_seq,
+        )
+    try:
+        result = await _send(app, queue, command)
+    except MessagingError as exc:
+        _undo_reservation(app, before, attempt)
+        # Same type (NATS down or JetStream refusing), with what the operator can do now.
+        raise type(exc)(
+            f"the Retry of dead letter {dead_letter_id} as attempt {attempt} was not sent on "
+            f"{queue} ({_cause(exc)}); nothing is reserved: retry again once NATS answers"
+        ) from exc
+    _log.info(
+        "dead letter %s retried as attempt %d on %s (message %s, tenant %s)",
+        dead_letter_id,
+        attempt,
+        queue,
+        result.message_id,
+        tenant_id,
+    )
+    return RetryOutcome(
+        letter,
+        attempt,
+        queue,
+        result.message_id,
+        sent=not result.duplicate,
+        duplicate=result.duplicate,
+        stream_seq=result.stream_seq,
+    )
+
+
+def _retryable(letter: DeadLetter) -> bool:
+    return letter.kind is DeadLetterKind.COMMAND and letter.status is DeadLetterStatus.OPEN
+
+
+def _command_of(letter: DeadLetter) -> Command:
+    try:
+        return Command.parse(letter.body)
+    except EnvelopeError as exc:
+        raise DeadLetterError(
+            f"dead letter {letter.dead_letter_id} holds no valid Command ({exc}); it cannot "
+            "be sent again and can only be dismissed"
+        ) from None
+
+
+async def _send(app: Rhumbatron, queue: str, command: Command) -> SendResult:
+    bus = await app.command_bus()
+    return await bus.send(queue, command)
+
+
+def _cause(exc: MessagingError) -> str:
+    """What failed underneath: the client's own error when NATS did not answer (the bus's
+    advice to send again does not fit a Retry), else the bus's message."""
+    cause = exc.__cause__
+    if isinstance(exc, NatsUnavailableError) and cause is not None:
+        return f"{type(cause).__name__}: {cause}"
+    return str(exc)
+
+
+def _undo_reservation(app: Rhumbatron, before: DeadLetter, attempt: int) -> None:
+    """Give the reservation back (the send failed), unless another Retry replaced it.
+
+    Belongs next to ``claim_retry`` in :mod:`rhumbatron.product.dead_letters`.
+    """
+    try:
+        with app.product().transaction() as db:
+            db.execute(
+                "UPDATE dead_letters SET retried_attempt = ?, retried_at_s = ? "
+                "WHERE dead_letter_id = ? AND retried_attempt = ?",
+                (before.retried_attempt, before.retried_at_s, before.dead_letter_id, attempt),
+            )
+    except (RhumbatronError, sqlite3.Error) as exc:
+        # The reservation stays; a Retry after api_retry_resend_after_s sends it anyway.
+        _log.error(
+            "cannot undo the Retry reservation of %s (attempt %d): %s",
+            before.dead_letter_id,
+            attempt,
+            exc,
+        )
+
+
+async def send_command(
+    app: Rhumbatron, queue: str, command: Command, *, tenant_id: str
+) -> SendResult:
+    """Send an operator's command on ``queue`` under ``<queue>:<commandId>[:<attempt>]``.
+
+    The command's project must not belong to another tenant: its owner is read from the
+    project's root actor when the project exists, and from the payload of a
+    ``project.provision``. Raises :class:`ProjectNotFoundError`, and
+    ``NatsUnavailableError`` or ``MessagingError`` when the send failed (sending the same
+    command again is harmless).
+    """
+    owner = _project_tenant(app, command)
+    if owner is not None and tenant_id not in (ANY_TENANT, owner):
+        raise ProjectNotFoundError(f"no project {command.project_id!r}")
+    bus = await app.command_bus()
+    result = await bus.send(queue, command)
+    _log.info(
+        "operator command %s (%s) sent on %s, duplicate=%s (tenant %s)",
+        command.command_id,
+        command.command_type,
+        queue,
+        result.duplicate,
+        tenant_id,
+    )
+    return result
+
+
+def _project_tenant(app: Rhumbatron, command: Command) -> str | None:
+    from rhumbatron.actors.project_root import ProjectRoot
+
+    ref = ProjectRoot.ref_for(command.project_id)
+    # Only an existing file is opened: a mistyped project must not create an actor file.
+    if ref.path(app.settings.state_dir).exists():
+        state = app.project_root(command.project_id).state()
+        if state is not None:
+            return state.tenant_id
+    tenant = getattr(command.payload, "tenant_id", None)
+    return tenant if command.command_type == "project.provision" else None
