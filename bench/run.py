@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.commands import CommandOptions, command_suite
 from bench.jetstream import (
     BenchError,
     RunResult,
@@ -336,10 +337,18 @@ async def _main(options: Options, command: str) -> int:
         suites.append(_transaction_suite(root, options))
         router = await router_suite(root, options.router, _log)
         suites.append(Suite(figures=router.figures, diagnostics=router.diagnostics))
+        commands = await command_suite(
+            CommandOptions(
+                commands=10_000, repeats=options.repeats, queue="integration", warmup=1_000
+            ),
+            root / "commands",
+            _log,
+        )
+        suites.append(Suite(figures=list(commands.figures), diagnostics=list(commands.diagnostics)))
     figures = [f for s in suites for f in s.figures]
     diagnostics = [f for s in suites for f in s.diagnostics]
     profile = next((s for s in suites if s.profile), None)
-    ratios = [*_ratios(figures), *router_ratios(figures)]
+    ratios = [*_ratios(figures), *router_ratios(figures), *commands.ratios]
     elapsed = time.perf_counter() - started
     machine["loadavg_before"] = [round(x, 2) for x in load_before]
     machine["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
