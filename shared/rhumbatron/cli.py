@@ -1,14 +1,48 @@
-"""The ``rhumbatron`` command: ``demo``, ``outbox`` (inspect, requeue) and ``streams``."""
+"""The ``rhumbatron`` command: ``demo``, ``outbox`` (inspect, requeue), ``streams``,
+``dead-letters`` (list, show, retry, dismiss) and ``api`` (serve the operator API).
+
+``dead-letters`` acts on the local state directory and NATS (``RHUMBATRON_*`` settings)
+through the same operator functions as the HTTP API, as a platform operator: it sees every
+tenant's letters. Exit status, so scripts can tell the failures apart:
+
+==  =====================================================================================
+0   done (a Retry that finds its attempt already sent is done: it sends nothing)
+1   anything else went wrong (bad settings, an unreadable product file), with the reason
+2   no dead letter with that ID (or a usage error, as argparse reports it)
+3   the letter cannot take that action: it is closed, or it can only be dismissed
+4   NATS did not take the Retry (down, or JetStream refused it); nothing is reserved
+==  =====================================================================================
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import logging
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from rhumbatron.operator import Inspection, RetryOutcome
+    from rhumbatron.product.dead_letters import DeadLetter
+    from rhumbatron.runtime.bootstrap import Rhumbatron
+
+__all__ = [
+    "EXIT_CANNOT",
+    "EXIT_ERROR",
+    "EXIT_NOT_FOUND",
+    "EXIT_UNAVAILABLE",
+    "main",
+]
+
+EXIT_ERROR = 1
+EXIT_NOT_FOUND = 2
+EXIT_CANNOT = 3
+EXIT_UNAVAILABLE = 4
 
 
 def _outbox(args: argparse.Namespace) -> int:
@@ -54,7 +88,333 @@ def _streams(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+# -- dead letters ------------------------------------------------------------------------------
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    """Run one dead-letter action; map the operator's errors to the exit statuses above."""
+    from rhumbatron.errors import (
+        DeadLetterError,
+        DeadLetterNotFoundError,
+        MessagingError,
+        RhumbatronError,
+    )
+    from rhumbatron.runtime.bootstrap import bootstrap
+
+    # nats-py logs every failed connect attempt with a traceback; this command says in one
+    # line that NATS did not answer (exit 4), so the library's retries are only noise here.
+    logging.getLogger("nats").setLevel(logging.CRITICAL)
+
+    async def run() -> int:
+        # One event loop for the whole action: the runtime's NATS connection (a Retry) opens
+        # on it and must be drained on it.
+        app = bootstrap()
+        try:
+            return await _dead_letter_action(app, args)
+        finally:
+            await app.close()
+
+    try:
+        return asyncio.run(run())
+    except DeadLetterNotFoundError as exc:
+        return _fail(
+            EXIT_NOT_FOUND, f"{exc}; `rhumbatron dead-letters list --status all` shows all"
+        )
+    except DeadLetterError as exc:
+        # Closed, a poison event, or a body that is no Command: the API's 409.
+        return _fail(EXIT_CANNOT, str(exc))
+    except MessagingError as exc:
+        return _fail(EXIT_UNAVAILABLE, str(exc))
+    except RhumbatronError as exc:
+        return _fail(EXIT_ERROR, str(exc))
+
+
+def _fail(status: int, message: str) -> int:
+    print(f"rhumbatron dead-letters: {message}", file=sys.stderr)
+    return status
+
+
+async def _dead_letter_action(app: Rhumbatron, args: argparse.Namespace) -> int:
+    from rhumbatron import operator
+
+    tenant = operator.ANY_TENANT
+    if args.action == "list":
+        letters = _all_letters(app, args)
+        if args.json:
+            _print_json([_wire(letter) for letter in letters])
+        else:
+            _print_table(letters, args.status)
+    elif args.action == "show":
+        inspection = operator.inspect_dead_letter(app, args.id, tenant_id=tenant)
+        if args.json:
+            _print_json(_wire_detail(inspection))
+        else:
+            _print_inspection(inspection)
+    elif args.action == "retry":
+        # An unknown, closed or poison letter is answered as such (2, 3) even while NATS is
+        # down; retry_dead_letter checks again, in the transaction that reserves the Retry.
+        _refuse_retry_early(operator.inspect_dead_letter(app, args.id, tenant_id=tenant))
+        await _ensure_streams(app)
+        outcome = await operator.retry_dead_letter(app, args.id, tenant_id=tenant)
+        if args.json:
+            from rhumbatron.api.schemas import RetryBody
+
+            _print_json(RetryBody.of(outcome).model_dump(mode="json", by_alias=True))
+        else:
+            print(_retry_line(outcome))
+    else:
+        letter = operator.dismiss_dead_letter(app, args.id, tenant_id=tenant)
+        if args.json:
+            _print_json(_wire(letter))
+        else:
+            print(f"dead letter {letter.dead_letter_id} dismissed: closed, resolution dismissed")
+    return 0
+
+
+def _all_letters(app: Rhumbatron, args: argparse.Namespace) -> list[DeadLetter]:
+    """Every letter the filters match, oldest first, page after page."""
+    from rhumbatron import operator
+    from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
+
+    letters: list[DeadLetter] = []
+    after: str | None = None
+    while True:
+        page = operator.list_dead_letters(
+            app,
+            tenant_id=operator.ANY_TENANT,
+            status=None if args.status == "all" else DeadLetterStatus(args.status),
+            kind=DeadLetterKind(args.kind) if args.kind else None,
+            queue=args.queue,
+            project_id=args.project,
+            after=after,
+            limit=operator.MAX_PAGE,
+        )
+        letters += page.letters
+        if page.next_after is None:
+            return letters
+        after = page.next_after
+
+
+def _refuse_retry_early(inspection: Inspection) -> None:
+    """Raise what the Retry itself would for a closed letter or one that can only be
+    dismissed, before the command opens a NATS connection it will not need."""
+    from rhumbatron.errors import DeadLetterClosedError, DeadLetterError
+    from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
+
+    letter = inspection.letter
+    if letter.status is DeadLetterStatus.CLOSED:
+        raise DeadLetterClosedError(
+            f"dead letter {letter.dead_letter_id} is already closed ({letter.resolution})"
+        )
+    if letter.kind is DeadLetterKind.POISON_EVENT:
+        raise DeadLetterError(
+            f"dead letter {letter.dead_letter_id} is a poison event of {letter.consumer}; it "
+            f"can only be dismissed: rhumbatron dead-letters dismiss {letter.dead_letter_id}"
+        )
+    if inspection.command is None:
+        raise DeadLetterError(
+            f"dead letter {letter.dead_letter_id} holds no valid Command "
+            f"({inspection.body_problem}); it can only be dismissed"
+        )
+
+
+async def _ensure_streams(app: Rhumbatron) -> None:
+    """The COMMANDS stream must exist before a Retry reserves anything, as the API makes
+    sure before its first send; NATS down here means nothing was reserved."""
+    from nats.errors import Error as NatsError
+
+    from rhumbatron.errors import NatsUnavailableError
+
+    try:
+        await app.ensure_streams()
+    except (NatsError, TimeoutError) as exc:
+        raise NatsUnavailableError(
+            f"cannot reach JetStream at {app.settings.nats_url}: {type(exc).__name__}: {exc}; "
+            "nothing was retried"
+        ) from exc
+
+
+def _retry_line(outcome: RetryOutcome) -> str:
+    letter = outcome.letter
+    what = f"{letter.command_type} {letter.command_id}"
+    if outcome.sent:
+        return (
+            f"dead letter {letter.dead_letter_id}: sent {what} again as attempt "
+            f"{outcome.attempt} on {outcome.queue} (message {outcome.message_id}); the letter "
+            "closes as succeeded when it succeeds, and opens again if it fails again"
+        )
+    if outcome.duplicate:
+        return (
+            f"dead letter {letter.dead_letter_id}: attempt {outcome.attempt} of {what} had "
+            f"already reached {outcome.queue} (message {outcome.message_id}); nothing new sent"
+        )
+    return (
+        f"dead letter {letter.dead_letter_id}: already retried as attempt "
+        f"{outcome.already_retried_as} on {outcome.queue}; nothing sent (a Retry sends once)"
+    )
+
+
+def _wire(letter: DeadLetter) -> dict[str, Any]:
+    """A letter as the HTTP API shows it in a list."""
+    from rhumbatron.api.schemas import DeadLetterSummary
+
+    return DeadLetterSummary.of(letter).model_dump(mode="json", by_alias=True)
+
+
+def _wire_detail(inspection: Inspection) -> dict[str, Any]:
+    """A letter as the HTTP API shows it on its own, with its body."""
+    from rhumbatron.api.schemas import DeadLetterDetail
+
+    return DeadLetterDetail.of_inspection(inspection).model_dump(mode="json", by_alias=True)
+
+
+def _print_json(value: object) -> None:
+    print(json.dumps(value, indent=2))
+
+
+def _at(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _one_line(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _print_table(letters: Sequence[DeadLetter], status: str) -> None:
+    if not letters:
+        print(f"no dead letters (status {status})")
+        return
+    rows = [
+        (
+            letter.dead_letter_id,
+            letter.status.value,
+            letter.resolution or "-",
+            letter.kind.value,
+            letter.queue or letter.consumer or "-",
+            letter.command_type or letter.event_id or "-",
+            str(letter.attempt) if letter.attempt is not None else "-",
+            _at(letter.created_at_s),
+            _one_line(letter.reason, 60),
+        )
+        for letter in letters
+    ]
+    header = ("ID", "STATUS", "RESOLUTION", "KIND", "QUEUE", "TYPE", "ATTEMPT", "CREATED", "REASON")
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
+    for row in (header, *rows):
+        print("  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]]))
+    print(f"{len(letters)} dead letter(s) (status {status})")
+
+
+def _print_inspection(inspection: Inspection) -> None:
+    from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
+
+    letter = inspection.letter
+    retried = (
+        f", retried as attempt {letter.retried_attempt} at {_at(letter.retried_at_s)}"
+        if letter.retried_attempt is not None
+        else ""
+    )
+    fields = [
+        ("id", letter.dead_letter_id),
+        ("kind", letter.kind.value),
+        ("status", letter.status.value),
+        ("resolution", letter.resolution or "-"),
+        ("tenant", letter.tenant_id or "-"),
+        ("project", letter.project_id or "-"),
+        ("change", letter.change_id or "-"),
+        ("task", letter.task_id or "-"),
+    ]
+    if letter.kind is DeadLetterKind.COMMAND:
+        fields += [
+            ("command", f"{letter.command_type} {letter.command_id}"),
+            ("queue", letter.queue or "-"),
+            ("attempt", f"{letter.attempt}{retried}"),
+        ]
+    else:
+        fields += [
+            ("consumer", letter.consumer or "-"),
+            ("event", letter.event_id or "-"),
+            ("stream", f"{letter.stream} seq {letter.stream_seq}"),
+        ]
+    fields += [
+        ("created", _at(letter.created_at_s)),
+        ("updated", _at(letter.updated_at_s)),
+        ("closed", _at(letter.closed_at_s)),
+        ("last error", letter.reason),
+    ]
+    for label, value in fields:
+        print(f"{label + ':':<12}{value}")
+    if inspection.body_problem:
+        print(f"{'body:':<12}not a valid Command: {inspection.body_problem}")
+    print("command:" if inspection.command is not None else "body:")
+    if inspection.command is not None:
+        print(json.dumps(inspection.command.to_wire(), indent=2))
+    elif inspection.body_json is not None:
+        print(json.dumps(inspection.body_json, indent=2))
+    else:
+        print(letter.body)
+    if letter.status is DeadLetterStatus.OPEN:
+        actions = ["dismiss"]
+        if letter.kind is DeadLetterKind.COMMAND and inspection.command is not None:
+            actions.insert(0, "retry")
+        commands = [f"rhumbatron dead-letters {a} {letter.dead_letter_id}" for a in actions]
+        print("next: " + " | ".join(commands))
+
+
+# -- the operator API --------------------------------------------------------------------------
+
+
+def _api(args: argparse.Namespace) -> int:
+    """Serve the operator API with uvicorn until interrupted."""
+    try:
+        import uvicorn
+    except ImportError:
+        print(
+            "rhumbatron api: uvicorn is not installed; install the local extra "
+            "(pip install -e '.[local]')",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    from rhumbatron.api import authenticator_from_settings, create_api
+    from rhumbatron.errors import RhumbatronError
+    from rhumbatron.runtime.bootstrap import bootstrap
+
+    try:
+        app = bootstrap()
+        api = create_api(app, authenticator_from_settings(app.settings, app.clock))
+    except RhumbatronError as exc:
+        print(f"rhumbatron api: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    settings = app.settings
+    if settings.api_auth_mode == "static" and not settings.api_tokens:
+        print(
+            "rhumbatron api: RHUMBATRON_API_TOKENS is empty, so every request but /health is "
+            "refused (401); set it to JSON such as "
+            '\'{"<token>": {"tenant": "*", "scopes": ["dead-letters:read", '
+            '"dead-letters:write", "commands:send"]}}\'',
+            file=sys.stderr,
+        )
+    print(
+        f"rhumbatron api: http://{args.host}:{args.port} (OpenAPI at /openapi.json, docs at "
+        f"/docs), {settings.api_auth_mode} bearer tokens, NATS {settings.nats_url}, state "
+        f"{settings.state_dir}",
+        file=sys.stderr,
+    )
+    # The app's lifespan ensures the streams at start-up and drains NATS at shutdown.
+    # uvicorn shuts down gracefully on Ctrl-C, then raises the signal again; the operator
+    # asked for the stop, so it is no error and needs no traceback.
+    with contextlib.suppress(KeyboardInterrupt):
+        uvicorn.run(api, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+# -- entry point -------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rhumbatron")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run the sample scenario on the embedded stack", add_help=False)
@@ -62,6 +422,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     outbox.add_argument("action", choices=["status", "requeue"])
     outbox.add_argument("--event-id", action="append", help="requeue only these events")
     sub.add_parser("streams", help="create or reconcile the JetStream streams")
+
+    letters = sub.add_parser(
+        "dead-letters",
+        help="list, show, retry or dismiss dead letters (every tenant's)",
+        description="Dead letters in the local product database, every tenant's. Exit "
+        "status: 2 no such letter, 3 closed (or a letter that can only be dismissed), "
+        "4 NATS did not take a Retry.",
+    )
+    actions = letters.add_subparsers(dest="action", required=True)
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument("--json", action="store_true", help="print the API's JSON form")
+    listing = actions.add_parser("list", parents=[json_flag], help="list letters, oldest first")
+    listing.add_argument("--status", choices=["open", "closed", "all"], default="open")
+    listing.add_argument("--queue", help="only letters of commands that failed on this queue")
+    listing.add_argument("--kind", choices=["command", "poison_event"])
+    listing.add_argument("--project", help="only this project's letters")
+    for name, text in (
+        ("show", "a letter with its full command payload and last error"),
+        ("retry", "send the command again as attempt + 1 (exactly once)"),
+        ("dismiss", "close an open letter as dismissed"),
+    ):
+        action = actions.add_parser(name, parents=[json_flag], help=text)
+        action.add_argument("id", help="the dead letter's ID (dl_...)")
+
+    api = sub.add_parser("api", help="serve the operator HTTP API with uvicorn")
+    api.add_argument("--host", default="127.0.0.1")
+    api.add_argument("--port", type=int, default=8080)
+    api.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rhumbatron`` command; returns the exit status."""
+    parser = _parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
         from rhumbatron.demo import main as demo_main
@@ -71,6 +467,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "outbox":
         return _outbox(args)
+    if args.command == "dead-letters":
+        return _dead_letters(args)
+    if args.command == "api":
+        return _api(args)
     return _streams(args)
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -130,6 +132,9 @@ class Actor:
         self.alarms = alarms or NoAlarmSink()
         self.path = ref.path(settings.state_dir)
         self._connection: sqlite3.Connection | None = None
+        # The publisher commits on a worker thread; the lock keeps one transaction of this
+        # process on the actor's connection at a time.
+        self._lock = threading.RLock()
 
     # -- connection ------------------------------------------------------------------------
     @property
@@ -174,11 +179,17 @@ class Actor:
         self.close()
 
     # -- transactions ----------------------------------------------------------------------
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` on the actor file, under the actor's lock."""
+        with self._lock, write_transaction(self.connection, self.path) as connection:
+            yield connection
+
     def transact(self, decide: Callable[[sqlite3.Connection], Transition]) -> TransactResult:
         """Run ``decide`` on the current state and write its patch and facts atomically."""
         now = self.clock.now()
         alarm_moved = False
-        with write_transaction(self.connection, self.path) as connection:
+        with self.write() as connection:
             transition = decide(connection)
             for mutation in transition.patch:
                 try:

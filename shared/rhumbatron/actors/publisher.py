@@ -19,6 +19,7 @@ outage never turns events into ``failed`` rows.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import random
 from collections.abc import Iterator, Sequence
@@ -40,7 +41,6 @@ from rhumbatron.actors.outbox import (
     prune_published,
     requeue_failed,
 )
-from rhumbatron.actors.storage import write_transaction
 from rhumbatron.errors import NatsUnavailableError
 from rhumbatron.messaging.nudge import NoNudge, RouterNudge
 from rhumbatron.messaging.sender import (
@@ -135,7 +135,7 @@ class OutboxPublisher:
             if self._guard.decide(actor.connection, now) is FireDecision.FIRE:
                 report = await self._publish_locked(actor, fire_at=now)
             else:
-                with write_transaction(actor.connection, actor.path) as db:
+                with actor.write() as db:
                     decision = self._guard.admit(db, now)
                 if decision is not FireDecision.FIRE:
                     return PublishReport(actor.ref.key, alarm=decision)
@@ -167,7 +167,7 @@ class OutboxPublisher:
             report.unavailable = True
             report.next_alarm_at = alarm_due_at(actor.connection)
             if fire_at is not None:
-                with write_transaction(actor.connection, actor.path) as db:
+                with actor.write() as db:
                     self._guard.count_fire(db, fire_at)
             return report
         now_s = self._clock.now().timestamp()
@@ -182,15 +182,26 @@ class OutboxPublisher:
         crash_point(self._settings.crash_at, "after_puback")
         # One commit (one fsync) marks what was stored, counts the fire and sets the next
         # alarm. A crash before it re-sends those rows; the duplicate window drops them (F5).
-        with write_transaction(actor.connection, actor.path) as db:
+        # It runs on a worker thread: the fsync must not stall the other actors' publishes
+        # and the router sharing this event loop.
+        await asyncio.to_thread(self._commit_stored, actor, stored, fire_at, report)
+        report.last_published = report.published
+        return report
+
+    def _commit_stored(
+        self,
+        actor: Actor,
+        stored: list[tuple[int, int | None]],
+        fire_at: datetime | None,
+        report: PublishReport,
+    ) -> None:
+        with actor.write() as db:
             now_s = self._clock.now().timestamp()
             mark_published(db, stored, now_s=now_s)
             if fire_at is not None:
                 self._guard.count_fire(db, fire_at)
             report.next_alarm_at = next_due_at(db, now_s=now_s)
             replace_alarm(db, report.next_alarm_at)
-        report.last_published = report.published
-        return report
 
     async def _publish_project(
         self, actor: Actor, rows: list[OutboxRow], report: PublishReport
@@ -266,7 +277,7 @@ class OutboxPublisher:
             jitter=settings.outbox_backoff_jitter,
             rng=self._rng,
         )
-        with write_transaction(actor.connection, actor.path) as db:
+        with actor.write() as db:
             state = mark_attempt_failed(
                 db,
                 row,
@@ -293,7 +304,7 @@ class OutboxPublisher:
             else:
                 doomed.append((row.seq, reason))
         if doomed:
-            with write_transaction(actor.connection, actor.path) as db:
+            with actor.write() as db:
                 for seq, reason in doomed:
                     mark_failed(db, seq, reason)
             report.failed += len(doomed)
@@ -350,7 +361,7 @@ def _publish_lock(actor: Actor) -> Iterator[bool]:
 
 def requeue_failed_rows(actor: Actor, event_ids: Sequence[str] | None = None) -> int:
     """Operator action: put ``failed`` rows back to ``pending``, attempts reset; set the alarm."""
-    with write_transaction(actor.connection, actor.path) as db:
+    with actor.write() as db:
         count = requeue_failed(db, event_ids)
         if count:
             replace_alarm(db, actor.clock.now().timestamp())
@@ -362,7 +373,7 @@ def requeue_failed_rows(actor: Actor, event_ids: Sequence[str] | None = None) ->
 def prune_published_rows(actor: Actor, settings: Settings) -> int:
     """Delete published rows older than the stream's max age, in one bounded pass."""
     cutoff = actor.clock.now() - timedelta(days=settings.outbox_published_retention_days)
-    with write_transaction(actor.connection, actor.path) as db:
+    with actor.write() as db:
         return prune_published(
             db, older_than_s=cutoff.timestamp(), limit=settings.outbox_prune_batch_rows
         )

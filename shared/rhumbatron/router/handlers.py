@@ -17,6 +17,7 @@ from rhumbatron.errors import ActorError, ArchiveError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.router.claims import (
+    LeaseClaims,
     claim_events,
     claim_leases,
     complete_claims,
@@ -82,6 +83,22 @@ def _not_fresh(
     return {
         r.key: held_by_other if r.key in held else DUPLICATE for r in records if r.key not in fresh
     }
+
+
+def _lease(
+    state: StreamState, consumer: str, event_ids: list[str], now_s: float, lease_s: float
+) -> LeaseClaims:
+    with state.transaction() as db:
+        return claim_leases(db, consumer, event_ids, now_s=now_s, lease_s=lease_s)
+
+
+def _settle_leases(
+    state: StreamState, consumer: str, done: list[str], undone: list[str], now_s: float
+) -> None:
+    """Complete the leases whose effect happened; release the others (one commit)."""
+    with state.transaction() as db:
+        complete_claims(db, consumer, done, now_s=now_s)
+        release_claims(db, consumer, undone)
 
 
 # -- project-view-projector -----------------------------------------------------------------
@@ -186,10 +203,9 @@ class CausalRouter:
     async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
         name = self.subscription.value
         events = _events(records)
-        with self.state.transaction() as db:
-            leases = claim_leases(
-                db, name, [e.event_id for e in events], now_s=run.now_s, lease_s=self.lease_s
-            )
+        leases = await asyncio.to_thread(
+            _lease, self.state, name, [e.event_id for e in events], run.now_s, self.lease_s
+        )
         fresh = set(leases.fresh)
         crash_point(self.state.settings.crash_at, "after_claim")
         outcomes = _not_fresh(records, fresh, leases.held)
@@ -203,9 +219,14 @@ class CausalRouter:
             }
         applied = [k for k in fresh if routed.get(k, APPLIED) in (APPLIED, DUPLICATE)]
         crash_point(self.state.settings.crash_at, "after_apply")
-        with self.state.transaction() as db:
-            complete_claims(db, name, applied, now_s=run.now_s)
-            release_claims(db, name, [k for k in fresh if k not in applied])
+        await asyncio.to_thread(
+            _settle_leases,
+            self.state,
+            name,
+            applied,
+            [k for k in fresh if k not in applied],
+            run.now_s,
+        )
         for key in fresh:
             outcomes[key] = routed.get(key, APPLIED)
         return outcomes
@@ -237,10 +258,9 @@ class AuditArchiver:
     async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
         name = self.subscription.value
         events = _events(records)
-        with self.state.transaction() as db:
-            leases = claim_leases(
-                db, name, [e.event_id for e in events], now_s=run.now_s, lease_s=self.lease_s
-            )
+        leases = await asyncio.to_thread(
+            _lease, self.state, name, [e.event_id for e in events], run.now_s, self.lease_s
+        )
         fresh = set(leases.fresh)
         outcomes = _not_fresh(records, fresh, leases.held)
         batch = [e for e in events if e.event_id in fresh]
@@ -248,15 +268,14 @@ class AuditArchiver:
             return outcomes
         crash_point(self.state.settings.crash_at, "after_claim")
         try:
-            archived = self.writer.write_batch(run.stream_index, batch)
+            # boto3 is synchronous: the PUT runs on a worker thread, off the event loop.
+            archived = await asyncio.to_thread(self.writer.write_batch, run.stream_index, batch)
         except ArchiveError as exc:
-            with self.state.transaction() as db:
-                release_claims(db, name, fresh)
+            await asyncio.to_thread(_settle_leases, self.state, name, [], list(fresh), run.now_s)
             outcomes.update({k: RecordOutcome.retry(str(exc)) for k in fresh})
             return outcomes
         crash_point(self.state.settings.crash_at, "after_apply")
-        with self.state.transaction() as db:
-            complete_claims(db, name, fresh, now_s=run.now_s)
+        await asyncio.to_thread(_settle_leases, self.state, name, list(fresh), [], run.now_s)
         self.objects_written.append((archived.key, archived.event_count))
         outcomes.update({k: APPLIED for k in fresh})
         return outcomes
