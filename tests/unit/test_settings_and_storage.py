@@ -48,7 +48,7 @@ def test_defaults_are_the_specifications_numbers() -> None:
     assert settings.journal_mode == "WAL"  # WAL locally
     assert settings.state_dir == Path(".rhumbatron/state")
     assert settings.producer_bindings is None  # all eight streams bound
-    assert settings.publish_concurrency == 4
+    assert settings.publish_concurrency == 16
 
 
 def test_settings_are_frozen() -> None:

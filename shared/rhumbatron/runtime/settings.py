@@ -94,10 +94,11 @@ class Settings(BaseSettings):
     publish_max_rows_per_project: int = Field(default=100, ge=1, le=1000)
     publish_ack_timeout_s: float = Field(default=5.0, gt=0)
     publish_concurrency: int = Field(
-        default=4,
+        default=16,
         ge=1,
         le=64,
-        description="Actors published at once by one process (order is per actor, so safe).",
+        description="Actors published at once by one process (order is per actor, so safe). "
+        "16 halves the commit-to-stream latency of 4 at 500 events/s (docs/performance.md).",
     )
     atomic_batch_publish: bool = Field(
         default=True, description="Send a project's due rows as one JetStream atomic batch."
