@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import sqlite3
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,6 +29,8 @@ from rhumbatron.entrypoints import router_nudge, sweep
 from rhumbatron.errors import EnvelopeError, NatsUnavailableError
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
+from rhumbatron.messaging.commands import LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
+from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.router.project_view import ProjectView
 from rhumbatron.runtime import event_loop
@@ -446,3 +450,37 @@ def test_sample_events_are_what_the_entrypoints_accept() -> None:
     assert nudge.stream_index == 3
     schedule = sweep.parse_invocation(_event("sweep_schedule.json"))
     assert schedule == sweep.ScheduledSweep(source="schedule", job="sweep")
+
+
+def test_sweep_drains_the_dead_letter_queue_into_dead_letters(
+    handlers: Handlers, writer: Rhumbatron, lambda_env: Settings
+) -> None:
+    # GIVEN a command that another role moved to the dead-letter queue after its retries
+    command = Command.create(
+        command_id="cmd_demo_sweep_letter",
+        command_type="forks.sweep",
+        project_id="acme-web",
+        created_at=datetime.now(UTC),
+        payload={},
+    )
+
+    async def dead_letter() -> None:
+        bus = await writer.command_bus()
+        await writer.ensure_streams()
+        await bus.send(
+            "dead-letter",
+            command,
+            headers={ORIGIN_QUEUE_HEADER: "integration", LAST_ERROR_HEADER: "boom"},
+        )
+        await writer.close()
+
+    asyncio.run(dead_letter())
+
+    # WHEN the sweep runs (the router's role also consumes the dead-letter queue)
+    summary = handlers.sweep.lambda_handler(_event("sweep_schedule.json"), FakeLambdaContext())
+
+    # THEN the command is one open dead letter
+    assert summary["dead_letter_queue"]["recorded"] == 1
+    product = sqlite3.connect(lambda_env.state_dir / "product.sqlite")
+    rows = product.execute("SELECT command_id, queue, status FROM dead_letters").fetchall()
+    assert rows == [("cmd_demo_sweep_letter", "integration", "open")]

@@ -6,7 +6,9 @@ from EventBridge Scheduler at the start of every minute. It runs one
 now: stream ``minute-of-day mod 8`` through all its subscriptions (the archive batch, and the
 analytics batch on an ordinary tick), the daily maintenance at 04:17 UTC, and every
 consumer's lag and the outbox backlog into the metrics — which also go out as CloudWatch EMF
-lines when ``RHUMBATRON_METRICS_EMF`` is on (the template turns it on).
+lines when ``RHUMBATRON_METRICS_EMF`` is on (the template turns it on). The router's role
+also drains the dead-letter queue into ``dead_letters`` each tick, and on the 5-minute
+(release-sweep) ticks closes the command letters of ended Changes.
 
 The sweep is the router's correctness path: with every nudge lost, each event is still
 applied within 8 minutes. A tick must end within its minute, so the run stops fetching
@@ -99,6 +101,17 @@ def _stop_margin_s(app: Rhumbatron) -> float:
 async def _handle(app: Rhumbatron, should_stop: Callable[[], bool] | None) -> dict[str, Any]:
     await prepare(app)
     report = await app.router().sweep(should_stop=should_stop)
+    # The router's role also runs the dead-letter consumer (spec: DLQ -> event router), and
+    # the 5-minute (release-sweep) tick closes the command letters of ended Changes.
+    from rhumbatron.queues.dead_letter import (
+        close_letters_of_ended_changes,
+        run_dead_letter_consumer,
+    )
+
+    letters = await run_dead_letter_consumer(app, should_stop=should_stop)
+    closed = 0
+    if report.release_sweep:
+        closed = close_letters_of_ended_changes(app, now_s=app.clock.now().timestamp())
     # The router asks before each consume and does not say whether it stopped: time being up
     # now is what the summary can honestly report.
     out_of_time = should_stop is not None and should_stop()
@@ -107,7 +120,18 @@ async def _handle(app: Rhumbatron, should_stop: Callable[[], bool] | None) -> di
             "sweep of stream %d ran out of time; records left wait for its next tick",
             report.run.stream_index,
         )
-    return {"job": "sweep", **sweep_summary(report), "out_of_time": out_of_time}
+    return {
+        "job": "sweep",
+        **sweep_summary(report),
+        "dead_letter_queue": {
+            "fetched": letters.fetched,
+            "recorded": letters.done,
+            "retried": letters.retried,
+            "terminated": letters.terminated,
+        },
+        "letters_closed_as_ended": closed,
+        "out_of_time": out_of_time,
+    }
 
 
 def sweep_summary(report: SweepReport) -> dict[str, Any]:
