@@ -28,7 +28,7 @@ import secrets
 import shutil
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from rhumbatron import operator
 from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.local.stack import LocalStack
-from rhumbatron.messaging.commands import QUEUE_CONSUMERS, consumer_name
+from rhumbatron.messaging.commands import DEAD_LETTER_QUEUE, QUEUE_CONSUMERS, consumer_name
 from rhumbatron.messaging.queue_consumer import Delivery, PollReport, Retry, queue_row
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.operator import ANY_TENANT, MAX_PAGE
@@ -272,6 +272,10 @@ _COUNTED = {
 }
 
 
+#: The longest one step of the round trip may take (a redelivery, a letter written).
+_STEP_BOUND_S = 10.0
+
+
 class _RoundTripError(Exception):
     """A step of the dead-letter round trip did not happen as it must; the demo reports it
     as a problem and exits non-zero."""
@@ -404,6 +408,28 @@ class _RoundTrip:
         for key, attribute in _COUNTED.items():
             counts[key] += getattr(report, attribute)
 
+    async def poll_until(
+        self,
+        poll: Callable[[], Awaitable[PollReport]],
+        finished: Callable[[], bool],
+        what: str,
+    ) -> None:
+        """Poll until ``finished()``, counting each poll.
+
+        A nak without delay makes a message available again a moment later, not at once:
+        JetStream handles the nak and the next no-wait pull on separate paths, so the pull
+        right behind it can come back empty. Polling again until the step happened (bounded)
+        waits for exactly that, and no longer.
+        """
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + _STEP_BOUND_S
+        while True:
+            self.count(await poll())
+            if finished():
+                return
+            if loop.time() > give_up_at:
+                raise _RoundTripError(f"no {what} within {_STEP_BOUND_S:g} s")
+
     async def run(self, command: Command) -> None:
         """Fail ``command`` into the dead-letter queue, record its letter, then retry it
         through the API once the cause is fixed; raises :class:`_RoundTripError`."""
@@ -425,34 +451,32 @@ class _RoundTrip:
             f"{QUEUE_CONSUMERS[queue].retry_delay_s:g} s apart (QUEUE_CONSUMERS)"
         )
         runtime = await app.queue_runtime()
-        for _ in range(row.max_deliveries):
-            report = await runtime.poll(queue, handler)
-            self.count(report)
-            if not report.fetched:
-                raise _RoundTripError(f"{queue} delivered nothing before the dead-letter queue")
-            run = handler.runs[-1]
+        await self.poll_until(
+            lambda: runtime.poll(queue, handler),
+            lambda: self.totals[queue]["deadLettered"] > 0,
+            f"{queue} moving the command to the dead-letter queue",
+        )
+        for index, run in enumerate(handler.runs):
             then = (
                 "to the dead-letter queue, terminated here"
-                if report.dead_lettered
+                if run.delivered >= run.max_deliveries
                 else f"nak, delivered again in {row.retry_delay_s:g} s"
             )
-            earlier = [r.error for r in handler.runs[:-1]]
+            earlier = [r.error for r in handler.runs[:index]]
             error = "the same error" if run.error in earlier else f"RuntimeError: {run.error}"
             self.say(
                 f"  delivery {run.delivered}/{run.max_deliveries} (attempt {run.attempt}): "
                 f"{error} -> {then}"
             )
-            if report.dead_lettered:
-                break
-        else:
-            raise _RoundTripError(
-                f"{queue} did not dead-letter after {row.max_deliveries} failures"
-            )
 
-        report = await run_dead_letter_consumer(app)
-        self.count(report)
+        await self.poll_until(
+            lambda: run_dead_letter_consumer(app),
+            lambda: self.totals[DEAD_LETTER_QUEUE]["done"] > 0,
+            "the dead-letter consumer recording the letter",
+        )
         letter_id = command_dead_letter_id(command.command_id)
-        self.say(f"dead-letter consumer: {report.done} letter recorded, {letter_id}")
+        recorded = self.totals[DEAD_LETTER_QUEUE]["done"]
+        self.say(f"dead-letter consumer: {recorded} letter recorded, {letter_id}")
 
         async with _serve_api(app.settings, self.api_token) as (url, api):
             tenant = next(iter(app.settings.api_tokens.values())).tenant
@@ -507,10 +531,14 @@ class _RoundTrip:
                 f"{again['sent']}"
             )
 
-        report = await runtime.poll(queue, handler)
-        self.count(report)
+        runs_before = len(handler.runs)
+        await self.poll_until(
+            lambda: runtime.poll(queue, handler),
+            lambda: len(handler.runs) > runs_before,
+            f"{queue} delivering the retried command",
+        )
         run = handler.runs[-1]
-        if report.done != 1 or run.error is not None:
+        if run.error is not None:
             raise _RoundTripError(f"the retried command did not succeed on {queue}: {run.error}")
         self.say(
             f"  delivery {run.delivered}/{run.max_deliveries} (attempt {run.attempt}) on "

@@ -1,6 +1,8 @@
 """``make demo`` at this stage (issue item 10): the local stack, the sample scenario through the
 actors, the outboxes published, every stream read back with a second client, and a
-machine-readable summary."""
+machine-readable summary. Then the command plane (issue #4 item 7): a command failing into the
+dead-letter queue, retried through the HTTP API once its cause is fixed, closing as
+``succeeded``."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from rhumbatron.demo import run_demo
+from rhumbatron.demo import DEMO_COMMAND_ID, run_demo
+from rhumbatron.product.dead_letters import command_dead_letter_id
 
 pytestmark = pytest.mark.integration
 
@@ -158,3 +161,109 @@ def test_the_demo_records_metrics_and_leaves_every_consumer_at_lag_0(
     assert len(consumers) == 32
     assert all(c["numPending"] == 0 and c["numAckPending"] == 0 for c in consumers)
     assert "consumers: 32, at lag 0: 32" in printed
+
+
+# --------------------------------------------------------------------------- the command plane
+
+LETTER_ID = command_dead_letter_id(DEMO_COMMAND_ID)
+
+
+def test_the_demo_dead_letter_closes_as_succeeded_after_the_retry(
+    demo: tuple[dict[str, Any], Path, str],
+) -> None:
+    summary, _, _ = demo
+    # The command failed its 4 deliveries as attempt 1, was retried as attempt 2, succeeded.
+    (letter,) = summary["deadLetters"]
+    assert letter["id"] == LETTER_ID
+    assert letter["commandId"] == DEMO_COMMAND_ID
+    assert letter["commandType"] == "app.provision"
+    assert letter["queue"] == "integration"
+    assert (letter["attempt"], letter["retriedAttempt"]) == (1, 2)
+    assert letter["attempts"] == [
+        {"attempt": 1, "deliveries": 4, "outcome": "dead-lettered"},
+        {"attempt": 2, "deliveries": 1, "outcome": "succeeded"},
+    ]
+    assert (letter["status"], letter["resolution"]) == ("closed", "succeeded")
+    assert "failed on integration after 4 deliveries" in letter["reason"]
+    assert "no registry credentials" in letter["reason"]
+
+
+def test_the_demo_counts_the_commands_of_each_queue(
+    demo: tuple[dict[str, Any], Path, str],
+) -> None:
+    summary, _, _ = demo
+    # integration: 4 failing deliveries (3 naks, then the dead-letter queue) + the retry's 1.
+    assert summary["commands"] == {
+        "integration": {
+            "deliveries": 5,
+            "done": 1,
+            "failed": 4,
+            "retried": 3,
+            "deadLettered": 1,
+            "numPending": 0,
+            "numAckPending": 0,
+        },
+        "dead-letter": {
+            "deliveries": 1,
+            "done": 1,
+            "failed": 0,
+            "retried": 0,
+            "deadLettered": 0,
+            "numPending": 0,
+            "numAckPending": 0,
+        },
+    }
+
+
+def test_the_demo_retries_through_the_http_api_and_a_double_click_sends_nothing(
+    demo: tuple[dict[str, Any], Path, str],
+) -> None:
+    summary, _, printed = demo
+    assert summary["apiCalls"] == [
+        {"method": "GET", "path": "/dead-letters", "status": 200},
+        {"method": "GET", "path": f"/dead-letters/{LETTER_ID}", "status": 200},
+        {"method": "POST", "path": f"/dead-letters/{LETTER_ID}/retry", "status": 200},
+        {"method": "POST", "path": f"/dead-letters/{LETTER_ID}/retry", "status": 200},
+        {"method": "GET", "path": f"/dead-letters/{LETTER_ID}", "status": 200},
+    ]
+    assert (
+        f"POST /dead-letters/{LETTER_ID}/retry -> 200: sent=true, attempt 2 on integration as "
+        f"message integration:{DEMO_COMMAND_ID}:2"
+    ) in printed
+    assert (
+        f"POST /dead-letters/{LETTER_ID}/retry -> 200 (a double click): sent=false, already "
+        "retried as attempt 2"
+    ) in printed
+
+
+def test_the_demo_prints_each_step_of_the_dead_letter_round_trip(
+    demo: tuple[dict[str, Any], Path, str],
+) -> None:
+    _, _, printed = demo
+    steps = [
+        f"command: app.provision {DEMO_COMMAND_ID} for acme-web on integration",
+        "integration: 4 deliveries (1 + 3 retries), 0 s apart in this demo "
+        "(queue_retry_delay_s); deployed 30 s apart (QUEUE_CONSUMERS)",
+        "delivery 1/4 (attempt 1): RuntimeError: cannot pull the image of app 'storefront'",
+        "delivery 2/4 (attempt 1): the same error -> nak, delivered again in 0 s",
+        "delivery 3/4 (attempt 1): the same error -> nak, delivered again in 0 s",
+        "delivery 4/4 (attempt 1): the same error -> to the dead-letter queue",
+        f"dead-letter consumer: 1 letter recorded, {LETTER_ID}",
+        "operator API: uvicorn on http://127.0.0.1:",
+        "GET /dead-letters?queue=integration -> 200: 1 open letter(s)",
+        f"    id       {LETTER_ID}",
+        '    payload  {"appName": "storefront"}',
+        "    attempt  1, delivered 4 times",
+        "fix: wrote the registry credentials to ",
+        f"POST /dead-letters/{LETTER_ID}/retry -> 200: sent=true",
+        "delivery 1/4 (attempt 2) on integration: done -> ack",
+        f"GET /dead-letters/{LETTER_ID} -> 200: closed, resolution succeeded",
+        "queue integration: 5 deliveries, 1 done, 3 retried, 1 dead-lettered, 0 pending",
+        "COMMANDS stream: 0 messages left (work-queue retention)",
+        "dead-letter round trip: closed (succeeded)",
+    ]
+    # Each step is printed, in this order.
+    missing = [step for step in steps if step not in printed]
+    assert missing == []
+    positions = [printed.find(step) for step in steps]
+    assert positions == sorted(positions)
