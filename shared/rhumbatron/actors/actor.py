@@ -20,12 +20,7 @@ from typing import Any, ClassVar
 
 from rhumbatron.actors.alarms import ALARM_SCHEMA, AlarmSink, NoAlarmSink, set_alarm
 from rhumbatron.actors.outbox import OUTBOX_SCHEMA, append_facts
-from rhumbatron.actors.storage import (
-    fsync_directory,
-    open_database,
-    sqlite_error,
-    write_transaction,
-)
+from rhumbatron.actors.storage import open_with_schema, write_transaction
 from rhumbatron.domain.transition import Delete, Insert, Mutation, Transition, Update, Upsert
 from rhumbatron.errors import ActorError, DomainError
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
@@ -141,30 +136,14 @@ class Actor:
     def connection(self) -> sqlite3.Connection:
         """The actor file's connection, opened (and its schema created) on first use."""
         if self._connection is None:
-            is_new = not self.path.exists()
-            connection = open_database(self.path, self.settings)
-            try:
-                # Only a file without our schema takes a write lock: reading an alarm (the
-                # every-minute scan) must not queue behind writers of every actor.
-                if connection.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-                    # executescript commits an open transaction first: the script brings its own.
-                    connection.executescript(
-                        "BEGIN IMMEDIATE;"
-                        + OUTBOX_SCHEMA
-                        + ALARM_SCHEMA
-                        + self.STATE_SCHEMA
-                        + f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-                    )
-            except sqlite3.Error as exc:
-                if connection.in_transaction:
-                    connection.execute("ROLLBACK")
-                connection.close()
-                raise sqlite_error(exc, self.path, "cannot open the actor file") from exc
-            if is_new:
-                # A crash must not lose a new actor file's (or project folder's) entry.
-                fsync_directory(self.path.parent)
-                fsync_directory(self.path.parent.parent)
-            self._connection = connection
+            self._connection = open_with_schema(
+                self.path,
+                self.settings,
+                OUTBOX_SCHEMA + ALARM_SCHEMA + self.STATE_SCHEMA,
+                version=SCHEMA_VERSION,
+                what="actor",
+                new_dirs_to_sync=2,  # the actor file's folder and the projects folder
+            )
         return self._connection
 
     def close(self) -> None:

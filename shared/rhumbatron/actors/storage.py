@@ -25,6 +25,7 @@ __all__ = [
     "fsync_directory",
     "is_network_filesystem",
     "open_database",
+    "open_with_schema",
     "sqlite_error",
     "write_transaction",
 ]
@@ -127,6 +128,42 @@ def write_transaction(connection: sqlite3.Connection, path: Path) -> Iterator[sq
         raise sqlite_error(exc, path, "commit failed") from exc
 
 
+def open_with_schema(
+    path: Path,
+    settings: Settings,
+    schema: str,
+    *,
+    version: int,
+    what: str,
+    new_dirs_to_sync: int = 1,
+) -> sqlite3.Connection:
+    """Open ``path`` and create its ``schema`` once, marked by ``PRAGMA user_version``.
+
+    Only a file without the schema takes a write lock: reading an existing file (the
+    every-minute alarm scan) must not queue behind its writers. A new file's directory entry
+    is fsynced (and that many parent folders' entries), so a crash cannot lose the file.
+    """
+    is_new = not path.exists()
+    connection = open_database(path, settings)
+    try:
+        if connection.execute("PRAGMA user_version").fetchone()[0] != version:
+            # executescript commits an open transaction first: the script brings its own.
+            connection.executescript(
+                f"BEGIN IMMEDIATE; {schema} PRAGMA user_version = {version}; COMMIT;"
+            )
+    except sqlite3.Error as exc:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        connection.close()
+        raise sqlite_error(exc, path, f"cannot open the {what} file") from exc
+    if is_new:
+        folder = path.parent
+        for _ in range(new_dirs_to_sync):
+            fsync_directory(folder)
+            folder = folder.parent
+    return connection
+
+
 def sqlite_error(exc: sqlite3.Error, path: Path, doing: str) -> ActorError:
     """The Rhumbatron error for a SQLite failure on an actor file: busy, full, or other."""
     text = str(exc)
@@ -168,22 +205,9 @@ class SqliteStore:
     @property
     def connection(self) -> sqlite3.Connection:
         if self._connection is None:
-            is_new = not self.path.exists()
-            connection = open_database(self.path, self.settings)
-            try:
-                if connection.execute("PRAGMA user_version").fetchone()[0] != self.SCHEMA_VERSION:
-                    connection.executescript(
-                        f"BEGIN IMMEDIATE; {self._schema} "
-                        f"PRAGMA user_version = {self.SCHEMA_VERSION}; COMMIT;"
-                    )
-            except sqlite3.Error as exc:
-                if connection.in_transaction:
-                    connection.execute("ROLLBACK")
-                connection.close()
-                raise sqlite_error(exc, self.path, "cannot open the store") from exc
-            if is_new:
-                fsync_directory(self.path.parent)
-            self._connection = connection
+            self._connection = open_with_schema(
+                self.path, self.settings, self._schema, version=self.SCHEMA_VERSION, what="store"
+            )
         return self._connection
 
     @contextmanager

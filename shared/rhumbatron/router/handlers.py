@@ -92,6 +92,19 @@ def _lease(
         return claim_leases(db, consumer, event_ids, now_s=now_s, lease_s=lease_s)
 
 
+async def _lease_records(
+    state: StreamState, consumer: str, records: Sequence[Record], run: RunContext, lease_s: float
+) -> tuple[list[Event], set[str], dict[str, RecordOutcome]]:
+    """Lease the records' events (on a worker thread); return the events, the fresh IDs and
+    the outcomes of those not fresh (done → duplicate; held by a live lease → retry)."""
+    events = _events(records)
+    leases = await asyncio.to_thread(
+        _lease, state, consumer, [e.event_id for e in events], run.now_s, lease_s
+    )
+    fresh = set(leases.fresh)
+    return events, fresh, _not_fresh(records, fresh, leases.held)
+
+
 def _settle_leases(
     state: StreamState, consumer: str, done: list[str], undone: list[str], now_s: float
 ) -> None:
@@ -202,13 +215,8 @@ class CausalRouter:
 
     async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
         name = self.subscription.value
-        events = _events(records)
-        leases = await asyncio.to_thread(
-            _lease, self.state, name, [e.event_id for e in events], run.now_s, self.lease_s
-        )
-        fresh = set(leases.fresh)
+        events, fresh, outcomes = await _lease_records(self.state, name, records, run, self.lease_s)
         crash_point(self.state.settings.crash_at, "after_claim")
-        outcomes = _not_fresh(records, fresh, leases.held)
         try:
             routed = await self.routing.route([e for e in events if e.event_id in fresh])
         except Exception as exc:
@@ -232,8 +240,7 @@ class CausalRouter:
         return outcomes
 
     def mark_processed(self, records: Sequence[Record], run: RunContext) -> None:
-        with self.state.transaction() as db:
-            complete_claims(db, self.subscription.value, [r.key for r in records], now_s=run.now_s)
+        _settle_leases(self.state, self.subscription.value, [r.key for r in records], [], run.now_s)
 
 
 # -- audit-archiver -------------------------------------------------------------------------
@@ -257,12 +264,7 @@ class AuditArchiver:
 
     async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
         name = self.subscription.value
-        events = _events(records)
-        leases = await asyncio.to_thread(
-            _lease, self.state, name, [e.event_id for e in events], run.now_s, self.lease_s
-        )
-        fresh = set(leases.fresh)
-        outcomes = _not_fresh(records, fresh, leases.held)
+        events, fresh, outcomes = await _lease_records(self.state, name, records, run, self.lease_s)
         batch = [e for e in events if e.event_id in fresh]
         if not batch:
             return outcomes
@@ -281,8 +283,7 @@ class AuditArchiver:
         return outcomes
 
     def mark_processed(self, records: Sequence[Record], run: RunContext) -> None:
-        with self.state.transaction() as db:
-            complete_claims(db, self.subscription.value, [r.key for r in records], now_s=run.now_s)
+        _settle_leases(self.state, self.subscription.value, [r.key for r in records], [], run.now_s)
 
 
 # -- analytics-projector --------------------------------------------------------------------
