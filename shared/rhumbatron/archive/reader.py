@@ -30,12 +30,12 @@ from rhumbatron.archive.keys import (
     day_prefix,
     parse_archive_key,
 )
-from rhumbatron.archive.writer import ArchiveUnavailableError
-from rhumbatron.errors import ArchiveError, ConfigurationError, EnvelopeError
+from rhumbatron.archive.writer import ArchiveUnavailableError, BucketClient
+from rhumbatron.errors import ArchiveError, EnvelopeError
 from rhumbatron.protocol.envelopes import Event
 
 if TYPE_CHECKING:
-    from mypy_boto3_s3 import S3Client
+    pass
 
 __all__ = ["ArchiveReader"]
 
@@ -44,21 +44,8 @@ __all__ = ["ArchiveReader"]
 _MAX_DAYS_LISTED_BY_PREFIX = 31
 
 
-class ArchiveReader:
+class ArchiveReader(BucketClient):
     """Lists and reads archive objects in ``bucket`` through a boto3 S3 client."""
-
-    def __init__(self, s3_client: S3Client, bucket: str) -> None:
-        if not bucket:
-            raise ConfigurationError(
-                "the archive bucket name is empty; set RHUMBATRON_EVIDENCE_BUCKET"
-            )
-        self._s3 = s3_client
-        self._bucket = bucket
-
-    @property
-    def bucket(self) -> str:
-        """The evidence bucket this reader lists."""
-        return self._bucket
 
     def list_objects(
         self,

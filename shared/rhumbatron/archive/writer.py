@@ -53,12 +53,8 @@ def encode_batch(events: Sequence[Event]) -> bytes:
     return gzip.compress(ndjson, mtime=0)
 
 
-class ArchiveWriter:
-    """Writes audit-archiver batches to ``bucket`` through a boto3 S3 client.
-
-    The client is synchronous; the event router may call it from async code, where a write
-    blocks the loop for one PUT, which the sweep tick can afford.
-    """
+class BucketClient:
+    """A boto3 S3 client bound to the evidence bucket (the writer's and the reader's base)."""
 
     def __init__(self, s3_client: S3Client, bucket: str) -> None:
         if not bucket:
@@ -70,8 +66,15 @@ class ArchiveWriter:
 
     @property
     def bucket(self) -> str:
-        """The evidence bucket this writer puts objects in."""
+        """The evidence bucket."""
         return self._bucket
+
+
+class ArchiveWriter(BucketClient):
+    """Writes audit-archiver batches to ``bucket`` through a boto3 S3 client.
+
+    The client is synchronous: the event router calls it on a worker thread.
+    """
 
     def write_batch(self, stream_index: int, events: Sequence[Event]) -> ArchivedObject:
         """Put ``events`` (one batch of stream ``stream_index``, in stream order) as one object.
