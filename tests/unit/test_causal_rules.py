@@ -1,0 +1,193 @@
+"""The causal router's deterministic rules (spec "Causal routing" flowchart and notes) and the
+resource overlap they rest on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pytest
+
+from rhumbatron.causal.overlap import Overlap, classify_overlap
+from rhumbatron.causal.rules import ActiveAgent, RoutingWorld, plan_for
+from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.protocol.envelopes import Event
+
+NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
+SYSTEM = Caller("acme", "system:test", correlation_id="corr-rules")
+
+
+@dataclass
+class World:
+    """A world of fixed answers: the rules only read it."""
+
+    agents: list[ActiveAgent] = field(default_factory=list)
+    ready: set[str] = field(default_factory=set)
+    at_limit: set[str] = field(default_factory=set)
+
+    def active_agents(self, project_id: str) -> list[ActiveAgent]:
+        return self.agents
+
+    def has_ready_tasks(self, change_id: str) -> bool:
+        return change_id in self.ready
+
+    def waits_at_agent_limit(self, change_id: str) -> bool:
+        return change_id in self.at_limit
+
+
+def fact(
+    event_type: str, payload: dict[str, object], *, by: Caller = SYSTEM, **kw: object
+) -> Event:
+    return FactContext(by, "acme-web", NOW).fact(event_type, payload, **kw)  # type: ignore[arg-type]
+
+
+def kinds(world: RoutingWorld, event: Event) -> list[tuple[str, str]]:
+    plan = plan_for(event, world, now=NOW)
+    return [(p.command.command_type, p.command.command_id) for p in plan.commands]
+
+
+# -- overlap ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("resource", "held", "expected"),
+    [
+        ("src/app.py", ["src/app.py"], Overlap.EXACT),
+        ("file:src/app.py", ["./src//app.py"], Overlap.EXACT),
+        ("src/", ["src/app.py"], Overlap.PREFIX),
+        ("src/auth/login.py", ["src/auth"], Overlap.PREFIX),
+        ("src/app", ["src/application.py"], Overlap.NONE),
+        ("docs/readme.md", ["src/app.py"], Overlap.NONE),
+        ("src/app.py", ["docs/", "src/app.py", "src/"], Overlap.EXACT),
+        ("src/app.py", [], Overlap.NONE),
+    ],
+)
+def test_overlap_is_exact_by_prefix_at_a_segment_boundary_or_none(
+    resource: str, held: list[str], expected: Overlap
+) -> None:
+    assert classify_overlap(resource, held) is expected
+
+
+# -- the flowchart ---------------------------------------------------------------------------
+
+
+def test_task_ready_is_ignored_because_the_dispatcher_already_woke() -> None:
+    event = fact("task.ready", {}, change_id="c1", task_id="t1")
+    plan = plan_for(event, World(ready={"c1"}), now=NOW)
+    assert (plan.commands, plan.questions, plan.effects) == ([], [], [])
+
+
+def test_an_informational_type_takes_no_action() -> None:
+    event = fact(
+        "change.created", {"title": "t", "clientRequestId": "r", "requestedBy": "u"}, change_id="c1"
+    )
+    assert plan_for(event, World(), now=NOW).commands == []
+
+
+def test_task_completed_dispatches_newly_ready_tasks_once() -> None:
+    event = fact("task.completed", {"agentId": "a1"}, change_id="c1", task_id="t1")
+    assert kinds(World(ready={"c1"}), event) == [
+        ("change.dispatch", f"cmd_{event.event_id}_dispatch")
+    ]
+    assert kinds(World(), event) == []
+
+
+def test_a_freed_slot_dispatches_again_when_a_ready_task_waits_at_the_limit() -> None:
+    completed = fact("task.completed", {"agentId": "a1"}, change_id="c1", task_id="t1")
+    failed = fact("task.failed", {"reason": "tests red"}, change_id="c1", task_id="t2")
+    world = World(at_limit={"c1"})
+    assert [k for k, _ in kinds(world, completed)] == ["change.dispatch"]
+    assert [k for k, _ in kinds(world, failed)] == ["change.settle", "change.dispatch"]
+
+
+def test_task_failed_settles_the_change() -> None:
+    event = fact("task.failed", {"reason": "tests red"}, change_id="c1", task_id="t2")
+    plan = plan_for(event, World(), now=NOW)
+    (settle,) = plan.commands
+    assert settle.command.command_type == "change.settle"
+    assert settle.queue == "integration"
+    assert "tests red" in settle.command.payload.model_dump()["reason"]
+
+
+def test_a_completed_work_graph_creates_a_candidate() -> None:
+    started = fact("verification.started", {"reason": "work_graph_completed"}, change_id="c1")
+    manual = fact("verification.started", {"reason": "manual"}, change_id="c1", key="m")
+    assert kinds(World(), started) == [("candidate.create", f"cmd_{started.event_id}_candidate")]
+    assert kinds(World(), manual) == []
+
+
+def test_canonical_advanced_wakes_active_agents_recomposes_and_builds_the_index() -> None:
+    agents = [ActiveAgent("a1", "c1", "t1"), ActiveAgent("a2", "c2", "t9")]
+    event = fact(
+        "canonical.advanced",
+        {"generation": 4, "previousGeneration": 3, "candidateId": "cand-1", "changeIds": ["c1"]},
+    )
+    plan = plan_for(event, World(agents=agents), now=NOW)
+    assert [(c.command.command_type, c.command.command_id) for c in plan.commands] == [
+        ("agent.wake", f"cmd_{event.event_id}_t1"),
+        ("agent.wake", f"cmd_{event.event_id}_t9"),
+        ("candidates.recompose", f"cmd_{event.event_id}_recompose"),
+        ("index.build", "cmd_index_acme-web_4"),
+    ]
+    # the promoted Candidate, and every other open one on an earlier base, are the
+    # lifecycle's to mark; the cap counts the wakes, not the recompose nor the index build
+    (effect,) = plan.effects
+    assert effect.detail["promoted_candidate_id"] == "cand-1"
+    assert [c.capped for c in plan.commands] == [True, True, False, False]
+
+
+def test_artifact_promoted_and_canonical_advanced_ask_for_one_index_build() -> None:
+    promoted = fact(
+        "artifact.promoted", {"artifactId": "art-1", "candidateId": "cand-1", "generation": 4}
+    )
+    advanced = fact(
+        "canonical.advanced", {"generation": 4, "previousGeneration": 3, "candidateId": "cand-1"}
+    )
+    ids = {
+        c.command.command_id
+        for e in (promoted, advanced)
+        for c in plan_for(e, World(), now=NOW).commands
+        if c.command.command_type == "index.build"
+    }
+    assert ids == {"cmd_index_acme-web_4"}  # JetStream drops the second send
+
+
+def test_a_resource_event_wakes_on_exact_asks_clef_flash_on_prefix_and_ignores_the_rest() -> None:
+    agents = [
+        ActiveAgent("exact", "c1", "t1", ("src/app.py",)),
+        ActiveAgent("prefix", "c1", "t2", ("src/",)),
+        ActiveAgent("elsewhere", "c2", "t3", ("docs/",)),
+    ]
+    author = Caller("acme", "agent:writer", correlation_id="corr-rules")
+    event = fact(
+        "intent.declared",
+        {"intentId": "i1", "agentId": "writer", "paths": ["src/app.py"]},
+        by=author,
+        resource="src/app.py",
+    )
+    plan = plan_for(event, World(agents=agents), now=NOW)
+    assert [(c.command.command_type, c.command.task_id) for c in plan.commands] == [
+        ("agent.wake", "t1")
+    ]
+    assert [q.agent.agent_id for q in plan.questions] == ["prefix"]
+
+
+def test_an_agent_never_wakes_on_its_own_resource_event() -> None:
+    me = ActiveAgent("writer", "c1", "t1", ("src/app.py",))
+    author = Caller("acme", "agent:writer", correlation_id="corr-rules")
+    event = fact(
+        "changeset.proposed",
+        {"changesetId": "cs1", "agentId": "writer", "paths": ["src/app.py"], "baseGeneration": 1},
+        by=author,
+        resource="src/app.py",
+    )
+    plan = plan_for(event, World(agents=[me]), now=NOW)
+    assert (plan.commands, plan.questions) == ([], [])
+
+
+def test_planning_the_same_event_twice_gives_the_same_command_ids() -> None:
+    agents = [ActiveAgent("a1", "c1", "t1", ("src/app.py",))]
+    event = fact("claim.released", {"claimId": "k1", "agentId": "other"}, resource="src/app.py")
+    first = [c.command.command_id for c in plan_for(event, World(agents=agents), now=NOW).commands]
+    again = [c.command.command_id for c in plan_for(event, World(agents=agents), now=NOW).commands]
+    assert first == again == [f"cmd_{event.event_id}_t1"]
