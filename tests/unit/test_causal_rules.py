@@ -28,10 +28,10 @@ class World:
     def active_agents(self, project_id: str) -> list[ActiveAgent]:
         return self.agents
 
-    def has_ready_tasks(self, change_id: str) -> bool:
+    def has_ready_tasks(self, project_id: str, change_id: str) -> bool:
         return change_id in self.ready
 
-    def waits_at_agent_limit(self, change_id: str) -> bool:
+    def waits_at_agent_limit(self, project_id: str, change_id: str) -> bool:
         return change_id in self.at_limit
 
 

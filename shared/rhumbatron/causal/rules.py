@@ -64,11 +64,11 @@ class RoutingWorld(Protocol):
         """Agents holding a Task of any Change of the project now."""
         ...
 
-    def has_ready_tasks(self, change_id: str) -> bool:
+    def has_ready_tasks(self, project_id: str, change_id: str) -> bool:
         """The Change has ready Tasks not yet dispatched."""
         ...
 
-    def waits_at_agent_limit(self, change_id: str) -> bool:
+    def waits_at_agent_limit(self, project_id: str, change_id: str) -> bool:
         """A ready Task of the Change waits because 8 agents are active on it."""
         ...
 
@@ -206,8 +206,10 @@ def plan_for(event: Event, world: RoutingWorld, *, now: datetime) -> RoutingPlan
             )
         # The freed agent slot: dispatch again when a ready Task waits at the limit; after a
         # completion, newly ready Tasks are dispatched too. One command either way.
-        waiting = world.waits_at_agent_limit(event.change_id)
-        newly_ready = kind == "task.completed" and world.has_ready_tasks(event.change_id)
+        waiting = world.waits_at_agent_limit(event.project_id, event.change_id)
+        newly_ready = kind == "task.completed" and world.has_ready_tasks(
+            event.project_id, event.change_id
+        )
         if waiting or newly_ready:
             reason = "task_completed" if newly_ready else "agent_slot_freed"
             plan.commands.append(_dispatch(event, reason, now=now))
