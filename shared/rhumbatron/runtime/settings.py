@@ -297,6 +297,47 @@ class Settings(BaseSettings):
 
     # -- end of API -----------------------------------------------------------------------------
 
+    # -- causal routing --- (rhumbatron.causal: Clef-flash and the command cap) -----------------
+    clef_flash_model: str = Field(
+        default="claude-haiku-5-5",
+        min_length=1,
+        description="The Claude Haiku model Clef-flash asks (spec: one Claude Haiku call).",
+    )
+    clef_flash_api_key: SecretStr | None = Field(
+        default=None,
+        description="The Anthropic API key; None makes every Clef-flash question abstain "
+        "(and so wake). ANTHROPIC_API_KEY is deliberately not read.",
+    )
+    clef_flash_timeout_s: float = Field(
+        default=10.0, gt=0, description="Bound on one Clef-flash call; past it, abstain."
+    )
+    clef_flash_max_tokens: int = Field(
+        default=512, ge=64, description="max_tokens of a Clef-flash call (one small tool call)."
+    )
+    clef_flash_threshold: float = Field(
+        default=0.7,
+        ge=0,
+        le=1,
+        description="Below this probability Clef-flash abstains (wakes); exactly it does not.",
+    )
+    clef_flash_max_calls_per_day: int = Field(
+        default=200, ge=0, description="Clef-flash model calls per UTC day; past it, wake."
+    )
+    clef_flash_cap_scope: Literal["deployment", "tenant"] = Field(
+        default="deployment",
+        description="Whom the daily Clef-flash cap counts for: the deployment, or each tenant.",
+    )
+    change_command_cap_per_day: int = Field(
+        default=1_000,
+        ge=1,
+        description="Counted commands (change.dispatch, candidate.create, change.settle, "
+        "agent.wake) per Change per UTC day; the router drops the rest.",
+    )
+    anthropic_base_url: str | None = Field(
+        default=None, description="Anthropic API base URL override (tests; None in the cloud)."
+    )
+    # -- end of causal routing ------------------------------------------------------------------
+
     # -- fault injection (tests only) ---------------------------------------------------------
     crash_at: str | None = Field(
         default=None, description="Kill the process at this named point (fault tests only)."

@@ -1,0 +1,495 @@
+"""Clef-flash through the real ``anthropic`` SDK, answered by an httpx2 transport.
+
+The SDK (anthropic>=2) talks through ``httpx2``; the transport below answers like the
+Messages API (a ``message`` with a ``tool_use`` block, or an error body) and keeps every
+request it received, so the tests can read what really went over the wire.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from rhumbatron.causal.clef_flash import (
+    DECIDE_WAKE_TOOL,
+    DEPLOYMENT_SCOPE,
+    MODEL_ROUTE_METRIC,
+    ClefFlash,
+    ClefFlashDecision,
+)
+from rhumbatron.causal.store import CausalStore
+from rhumbatron.metrics import MetricBinding, MetricsRecorder, RecordingSink, recent_points
+from rhumbatron.product.database import ProductDatabase
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.runtime.clock import ManualClock, utc_day
+from rhumbatron.runtime.settings import Settings, load_settings
+
+AGENT_RESOURCES = ("src/auth/login.py",)
+
+
+def resource_event(n: int = 1, *, tenant: str = "acme", resource: str = "src/auth/") -> Event:
+    """An intent.declared Event whose resource overlaps AGENT_RESOURCES by prefix only."""
+    return Event.parse(
+        {
+            "eventId": f"evt_{n:032x}",
+            "eventType": "intent.declared",
+            "eventVersion": 1,
+            "tenantId": tenant,
+            "projectId": f"{tenant}-web",
+            "changeId": "chg-1",
+            "taskId": "tsk-2",
+            "actor": "agent:other",
+            "resource": resource,
+            "correlationId": "corr-1",
+            "timestamp": "2026-01-01T00:00:00Z",
+            "payload": {"intentId": "i-1", "agentId": "other", "paths": [resource]},
+        }
+    )
+
+
+def message_json(decision: str, probability: float, model: str) -> dict[str, Any]:
+    """A Messages API response whose only content is the forced decide_wake tool call."""
+    return {
+        "id": "msg_01XyZ",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [
+            {
+                "type": "tool_use",
+                "id": "toolu_01AbC",
+                "name": "decide_wake",
+                "input": {"decision": decision, "probability": probability, "reason": "r"},
+            }
+        ],
+        "stop_reason": "tool_use",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 120, "output_tokens": 30},
+    }
+
+
+@dataclass
+class FakeMessagesApi:
+    """An httpx2 transport handler answering POST /v1/messages; records each request."""
+
+    decision: str = "wake"
+    probability: float = 0.9
+    status: int = 200
+    raise_timeout: bool = False
+    refuse: bool = False
+    requests: list[httpx2.Request] = field(default_factory=list)
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        self.requests.append(request)
+        if self.raise_timeout:
+            raise httpx2.ReadTimeout("read timed out", request=request)
+        headers = {"request-id": f"req_{len(self.requests)}"}
+        if self.status != 200:
+            body = {"type": "error", "error": {"type": "api_error", "message": "Overloaded"}}
+            return httpx2.Response(self.status, json=body, headers=headers)
+        model = json.loads(request.content)["model"]
+        body = message_json(self.decision, self.probability, model)
+        if self.refuse:
+            body["content"], body["stop_reason"] = [], "refusal"
+        return httpx2.Response(200, json=body, headers=headers)
+
+    def body(self, index: int = -1) -> dict[str, Any]:
+        parsed: dict[str, Any] = json.loads(self.requests[index].content)
+        return parsed
+
+
+@dataclass
+class Harness:
+    api: FakeMessagesApi
+    clock: ManualClock
+    store: CausalStore
+    product: ProductDatabase
+    sink: RecordingSink
+    clef: ClefFlash
+
+    def decisions_recorded(self) -> int:
+        return len(self.store.decisions())
+
+
+@pytest.fixture
+def make_harness(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
+    """Builds a ClefFlash on the real SDK and a fake API; settings overridable per test."""
+    opened: list[Harness] = []
+
+    def build(**overrides: Any) -> Harness:
+        values: dict[str, Any] = {
+            "state_dir": tmp_path / f"state{len(opened)}",
+            "nats_url": "nats://127.0.0.1:1",
+            "clef_flash_api_key": "sk-ant-test",
+            "anthropic_base_url": "https://anthropic.test",
+        }
+        values.update(overrides)
+        settings: Settings = load_settings(**values)
+        api = FakeMessagesApi()
+        clock = ManualClock(datetime(2026, 3, 1, 12, 0, tzinfo=UTC))
+        store = CausalStore(settings)
+        product = ProductDatabase(settings)
+        sink = RecordingSink()
+        recorder = MetricsRecorder(product.connection, sink, clock)
+        http_client = httpx2.AsyncClient(transport=httpx2.MockTransport(api))
+        clef = ClefFlash(settings, store, clock, metrics=recorder, http_client=http_client)
+        harness = Harness(api, clock, store, product, sink, clef)
+        opened.append(harness)
+        return harness
+
+    yield build
+    for harness in opened:
+        harness.store.close()
+        harness.product.close()
+
+
+async def decide(
+    h: Harness, event: Event | None = None, agent: str = "agent-1"
+) -> ClefFlashDecision:
+    return await h.clef.decide(event or resource_event(), agent, AGENT_RESOURCES)
+
+
+# -- the model's answer ------------------------------------------------------------------------
+
+
+async def test_model_says_wake_with_high_probability_wakes(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN the model answers wake with 0.9
+    h = make_harness()
+    h.api.decision, h.api.probability = "wake", 0.9
+    # WHEN Clef-flash decides
+    decision = await decide(h)
+    # THEN the agent wakes on the model's word
+    assert (decision.verdict, decision.source, decision.wakes) == ("wake", "model", True)
+    assert decision.probability == 0.9
+    assert len(h.api.requests) == 1
+
+
+async def test_model_says_skip_with_high_probability_skips(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness()
+    h.api.decision, h.api.probability = "skip", 0.9
+    decision = await decide(h)
+    assert (decision.verdict, decision.source, decision.wakes) == ("skip", "model", False)
+
+
+async def test_skip_below_the_threshold_abstains_and_wakes(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN the model says skip but is only 0.69 sure
+    h = make_harness()
+    h.api.decision, h.api.probability = "skip", 0.69
+    decision = await decide(h)
+    # THEN Clef-flash abstains, and an abstention wakes
+    assert (decision.verdict, decision.source, decision.wakes) == (
+        "abstain",
+        "low_confidence",
+        True,
+    )
+    assert decision.probability == 0.69
+
+
+async def test_skip_at_exactly_the_threshold_does_not_abstain(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN the model says skip at exactly 0.7 (DECISIONS: exactly 0.7 does not abstain)
+    h = make_harness()
+    h.api.decision, h.api.probability = "skip", 0.7
+    decision = await decide(h)
+    assert (decision.verdict, decision.wakes) == ("skip", False)
+
+
+def test_threshold_and_cap_defaults_are_the_specs() -> None:
+    settings = load_settings(state_dir=Path("/nonexistent"))
+    assert settings.clef_flash_threshold == 0.7
+    assert settings.clef_flash_max_calls_per_day == 200
+    assert settings.clef_flash_cap_scope == "deployment"
+    assert settings.clef_flash_api_key is None
+    assert "haiku" in settings.clef_flash_model
+
+
+# -- failures abstain, and so wake -------------------------------------------------------------
+
+
+async def test_api_error_abstains_without_retrying(make_harness: Callable[..., Harness]) -> None:
+    # GIVEN the API answers 500
+    h = make_harness()
+    h.api.status = 500
+    decision = await decide(h)
+    # THEN it abstains (wakes), after exactly one request: no retry storm
+    assert (decision.verdict, decision.source, decision.wakes) == ("abstain", "error", True)
+    assert "InternalServerError" in decision.reason
+    assert len(h.api.requests) == 1
+
+
+async def test_overloaded_529_abstains(make_harness: Callable[..., Harness]) -> None:
+    h = make_harness()
+    h.api.status = 529
+    decision = await decide(h)
+    assert (decision.verdict, decision.source) == ("abstain", "error")
+    assert len(h.api.requests) == 1
+
+
+async def test_timeout_abstains(make_harness: Callable[..., Harness]) -> None:
+    # GIVEN the transport times out reading the response
+    h = make_harness()
+    h.api.raise_timeout = True
+    decision = await decide(h)
+    # THEN the SDK's APITimeoutError becomes an abstention
+    assert (decision.verdict, decision.source, decision.wakes) == ("abstain", "error", True)
+    assert "Timeout" in decision.reason
+    assert len(h.api.requests) == 1
+
+
+async def test_answer_without_the_tool_abstains(make_harness: Callable[..., Harness]) -> None:
+    # GIVEN a refusal: a message with no tool_use block
+    h = make_harness()
+    h.api.refuse = True
+    decision = await decide(h)
+    assert (decision.verdict, decision.source, decision.wakes) == ("abstain", "error", True)
+    assert "refusal" in decision.reason
+
+
+async def test_no_api_key_abstains_without_any_http_call(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN no API key is configured
+    h = make_harness(clef_flash_api_key=None)
+    decision = await decide(h)
+    # THEN it abstains (wakes) and nothing went over the wire, nor was a call counted
+    assert (decision.verdict, decision.source, decision.wakes) == ("abstain", "no_key", True)
+    assert h.api.requests == []
+    assert h.store.calls(utc_day(h.clock.now()), DEPLOYMENT_SCOPE) == 0
+
+
+# -- the request ---------------------------------------------------------------------------
+
+
+async def test_request_forces_the_decide_wake_tool_on_the_configured_model(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness(clef_flash_model="claude-haiku-test-model", clef_flash_max_tokens=300)
+    await decide(h)
+    request = h.api.requests[0]
+    body = h.api.body()
+    assert request.method == "POST"
+    assert request.url == "https://anthropic.test/v1/messages"
+    # anthropic>=2 sends the API key as a bearer token
+    assert request.headers["authorization"] == "Bearer sk-ant-test"
+    assert "anthropic-version" in request.headers
+    assert body["model"] == "claude-haiku-test-model"
+    assert body["max_tokens"] == 300
+    assert body["tool_choice"] == {"type": "tool", "name": "decide_wake"}
+    assert body["tools"] == [DECIDE_WAKE_TOOL]
+    schema = body["tools"][0]["input_schema"]
+    assert schema["properties"]["decision"]["enum"] == ["wake", "skip"]
+    assert schema["properties"]["probability"] == {"type": "number", "minimum": 0, "maximum": 1}
+    assert set(schema["required"]) == {"decision", "probability", "reason"}
+    # the question carries both sides of the overlap
+    prompt = json.loads(body["messages"][0]["content"])
+    assert prompt["event"]["resource"] == "src/auth/"
+    assert prompt["agent"]["resources"] == list(AGENT_RESOURCES)
+    # no sampling parameters (current Haiku models reject non-default ones)
+    assert not {"temperature", "top_p", "top_k"} & set(body)
+
+
+# -- the daily cap -------------------------------------------------------------------------
+
+
+async def test_past_the_daily_cap_wakes_without_a_call_until_the_next_utc_day(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN a cap of 3 calls per UTC day and a model that would say skip
+    h = make_harness(clef_flash_max_calls_per_day=3)
+    h.api.decision = "skip"
+    h.clock.set(datetime(2026, 3, 1, 23, 0, tzinfo=UTC))
+    # WHEN five distinct events are asked about on the same day
+    decisions = [await decide(h, resource_event(n)) for n in range(1, 6)]
+    # THEN three asked the model and two woke without asking
+    assert [d.source for d in decisions] == ["model"] * 3 + ["cap_reached"] * 2
+    assert [d.wakes for d in decisions] == [False] * 3 + [True] * 2
+    assert len(h.api.requests) == 3
+    assert h.store.calls("2026-03-01", DEPLOYMENT_SCOPE) == 3
+    # WHEN the clock crosses midnight UTC
+    h.clock.set(datetime(2026, 3, 2, 0, 0, 1, tzinfo=UTC))
+    after = await decide(h, resource_event(6))
+    # THEN the new day counts again
+    assert after.source == "model"
+    assert len(h.api.requests) == 4
+    assert h.store.calls("2026-03-02", DEPLOYMENT_SCOPE) == 1
+
+
+async def test_default_cap_allows_200_calls_then_wakes_without_asking(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness()
+    day = utc_day(h.clock.now())
+    # GIVEN 199 calls already counted today (by this or another router)
+    for _ in range(199):
+        assert h.store.reserve_call(day, DEPLOYMENT_SCOPE, 200)
+    # WHEN two more questions come
+    last_allowed = await decide(h, resource_event(1))
+    over = await decide(h, resource_event(2))
+    # THEN the 200th is asked and the 201st is not
+    assert (last_allowed.source, over.source) == ("model", "cap_reached")
+    assert len(h.api.requests) == 1
+    assert h.store.calls(day, DEPLOYMENT_SCOPE) == 200
+
+
+async def test_a_failed_call_still_counts_toward_the_cap(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # The call is counted before it is made: a timeout spends its reservation.
+    h = make_harness(clef_flash_max_calls_per_day=1)
+    h.api.raise_timeout = True
+    first = await decide(h, resource_event(1))
+    second = await decide(h, resource_event(2))
+    assert (first.source, second.source) == ("error", "cap_reached")
+    assert len(h.api.requests) == 1
+
+
+async def test_tenant_scope_gives_each_tenant_its_own_cap(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN the cap scoped per tenant, 1 call each
+    h = make_harness(clef_flash_max_calls_per_day=1, clef_flash_cap_scope="tenant")
+    # WHEN acme asks twice and globex once
+    a1 = await decide(h, resource_event(1, tenant="acme"))
+    a2 = await decide(h, resource_event(2, tenant="acme"))
+    g1 = await decide(h, resource_event(3, tenant="globex"))
+    # THEN acme's second is capped but globex still gets its call
+    assert (a1.source, a2.source, g1.source) == ("model", "cap_reached", "model")
+    day = utc_day(h.clock.now())
+    assert h.store.calls(day, "tenant:acme") == 1
+    assert h.store.calls(day, "tenant:globex") == 1
+    assert h.store.calls(day, DEPLOYMENT_SCOPE) == 0
+
+
+async def test_deployment_scope_shares_one_cap_across_tenants(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness(clef_flash_max_calls_per_day=1)
+    a1 = await decide(h, resource_event(1, tenant="acme"))
+    g1 = await decide(h, resource_event(2, tenant="globex"))
+    assert (a1.source, g1.source) == ("model", "cap_reached")
+
+
+async def test_two_routers_on_one_file_share_the_cap(make_harness: Callable[..., Harness]) -> None:
+    # GIVEN two ClefFlash instances with their own stores on the same causal.sqlite
+    h = make_harness(clef_flash_max_calls_per_day=2)
+    other_store = CausalStore(h.store.settings)
+    other_http = httpx2.AsyncClient(transport=httpx2.MockTransport(h.api))
+    other = ClefFlash(h.store.settings, other_store, h.clock, http_client=other_http)
+    try:
+        # WHEN both ask about different events
+        results = [
+            await h.clef.decide(resource_event(1), "agent-1", AGENT_RESOURCES),
+            await other.decide(resource_event(2), "agent-1", AGENT_RESOURCES),
+            await other.decide(resource_event(3), "agent-1", AGENT_RESOURCES),
+            await h.clef.decide(resource_event(4), "agent-1", AGENT_RESOURCES),
+        ]
+    finally:
+        await other.close()
+        other_store.close()
+    # THEN only two calls were made between them
+    assert [r.source for r in results] == ["model", "model", "cap_reached", "cap_reached"]
+    assert len(h.api.requests) == 2
+
+
+# -- recorded decisions --------------------------------------------------------------------
+
+
+async def test_replay_of_the_same_event_reuses_the_decision_without_a_call(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN a decided (event, agent)
+    h = make_harness()
+    h.api.decision, h.api.probability = "skip", 0.95
+    event = resource_event(7)
+    first = await decide(h, event)
+    # WHEN the same event is replayed, and the model would now answer otherwise
+    h.api.decision = "wake"
+    again = await decide(h, event)
+    # THEN the stored decision is reused, with no second call
+    assert (again.verdict, again.probability, again.source) == ("skip", 0.95, "cached")
+    assert first.verdict == again.verdict
+    assert len(h.api.requests) == 1
+    # and another agent on the same event is a question of its own
+    other_agent = await decide(h, event, agent="agent-2")
+    assert other_agent.source == "model"
+    assert len(h.api.requests) == 2
+
+
+async def test_replay_of_an_error_abstention_does_not_ask_again(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness()
+    h.api.status = 500
+    await decide(h)
+    h.api.status = 200
+    again = await decide(h)
+    assert (again.verdict, again.source) == ("abstain", "cached")
+    assert len(h.api.requests) == 1
+
+
+async def test_decisions_and_model_route_points_are_recorded(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN three questions: a wake, a low-confidence abstention and a replay
+    h = make_harness()
+    h.api.probability = 0.9
+    await decide(h, resource_event(1))
+    h.api.probability = 0.5
+    await decide(h, resource_event(2))
+    await decide(h, resource_event(2))  # replay
+    # THEN two decisions are stored
+    stored = {d.event_id: d for d in h.store.decisions()}
+    assert h.decisions_recorded() == 2
+    assert stored[resource_event(1).event_id].verdict == "wake"
+    assert stored[resource_event(2).event_id].source == "low_confidence"
+    assert stored[resource_event(2).event_id].tenant_id == "acme"
+    # AND two model_route METRICS rows, one per decision (the replay adds none)
+    points = recent_points(h.product.connection, MODEL_ROUTE_METRIC)
+    assert len(points) == 2
+    assert {p.binding for p in points} == {MetricBinding.METRICS}
+    by_event = {p.event_id: p for p in points}
+    key = f"{resource_event(2).event_id}#agent-1"
+    assert by_event[key].dimensions["verdict"] == "abstain"
+    assert by_event[key].dimensions["source"] == "low_confidence"
+    assert by_event[key].dimensions["route"] == "clef_flash"
+    assert by_event[key].project_id == "acme-web"
+    assert len(h.sink.points(MetricBinding.METRICS)) == 2
+
+
+async def test_decision_carries_its_point_without_a_recorder(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # A caller without a MetricsRecorder gets the point to record in its own transaction.
+    h = make_harness()
+    http_client = httpx2.AsyncClient(transport=httpx2.MockTransport(h.api))
+    bare = ClefFlash(h.store.settings, h.store, h.clock, http_client=http_client)
+    decision = await bare.decide(resource_event(9), "agent-1", AGENT_RESOURCES)
+    await bare.close()
+    assert decision.point.name == MODEL_ROUTE_METRIC
+    assert decision.point.dimensions["verdict"] == "wake"
+    assert recent_points(h.product.connection, MODEL_ROUTE_METRIC) == []
+
+
+async def test_ask_takes_the_rules_clef_question(make_harness: Callable[..., Harness]) -> None:
+    # The router hands Clef-flash what the rules planned: a ClefQuestion(event, agent).
+    from rhumbatron.causal.rules import ActiveAgent, ClefQuestion
+
+    h = make_harness()
+    agent = ActiveAgent("agent-3", "chg-1", "tsk-3", AGENT_RESOURCES)
+    decision = await h.clef.ask(ClefQuestion(resource_event(11), agent))
+    assert (decision.agent_id, decision.source) == ("agent-3", "model")
+    assert json.loads(h.api.body()["messages"][0]["content"])["agent"]["agent_id"] == "agent-3"
