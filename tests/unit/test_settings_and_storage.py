@@ -189,3 +189,34 @@ def test_write_transaction_rolls_back_when_the_block_raises(tmp_path: Path) -> N
         raise RuntimeError("boom")
     assert connection.execute("SELECT COUNT(*) FROM t").fetchone()[0] == 0
     connection.close()
+
+
+def test_two_openers_of_the_same_new_file_both_get_wal(tmp_path: Path) -> None:
+    """Switching a brand-new file to WAL does not call the busy handler; a second opener at
+    the same moment (two routers starting cold) must wait, not fail "database is locked"."""
+    import threading
+
+    from rhumbatron.actors.storage import open_with_schema
+
+    settings = load_settings(state_dir=tmp_path, journal_mode="WAL", network_filesystem=False)
+    schema = "CREATE TABLE IF NOT EXISTS t (x INTEGER);"
+    errors: list[BaseException] = []
+
+    def open_it(target: Path, gate: threading.Barrier) -> None:
+        gate.wait()
+        try:
+            connection = open_with_schema(target, settings, schema, version=1, what="test")
+            assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            connection.close()
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    for attempt in range(40):
+        barrier = threading.Barrier(2)
+        target = tmp_path / f"race-{attempt}.sqlite"
+        threads = [threading.Thread(target=open_it, args=(target, barrier)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -89,7 +90,7 @@ def open_database(path: Path, settings: Settings) -> sqlite3.Connection:
     except sqlite3.Error as exc:
         raise sqlite_error(exc, path, "cannot open the actor file") from exc
     try:
-        connection.execute(f"PRAGMA journal_mode={settings.journal_mode}")
+        _set_journal_mode(connection, settings)
         connection.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
         connection.execute(f"PRAGMA busy_timeout={settings.sqlite_busy_timeout_ms}")
         connection.execute("PRAGMA foreign_keys=ON")
@@ -98,6 +99,24 @@ def open_database(path: Path, settings: Settings) -> sqlite3.Connection:
         raise sqlite_error(exc, path, "cannot open the actor file") from exc
     connection.row_factory = sqlite3.Row
     return connection
+
+
+def _set_journal_mode(connection: sqlite3.Connection, settings: Settings) -> None:
+    """Switch the journal mode, waiting out a second opener of the same new file.
+
+    Switching a brand-new file to WAL takes an exclusive lock without calling the busy
+    handler: two processes opening the same new file at once (two routers starting cold)
+    would otherwise fail at once with "database is locked".
+    """
+    deadline = time.monotonic() + settings.sqlite_busy_timeout_ms / 1000
+    while True:
+        try:
+            connection.execute(f"PRAGMA journal_mode={settings.journal_mode}")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)  # the other opener holds the lock for one schema write
 
 
 @contextmanager
