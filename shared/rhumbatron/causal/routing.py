@@ -1,0 +1,131 @@
+"""Rule-based causal routing: plan each fresh Event, ask Clef-flash, cap, send.
+
+:class:`RuleBasedRouting` implements the router's ``CausalRouting`` port. For each fresh
+Event it takes the rules' plan (:func:`~rhumbatron.causal.rules.plan_for`), asks Clef-flash
+each prefix-overlap question (a wake, an abstention or a reached call cap all wake), admits
+each capped command against the 1,000-per-Change-per-day cap (a dropped command is logged and
+counted there), sends the commands with their stable IDs, and hands the state effects to the
+lifecycle. Every step is idempotent per Event: the same plan, the same command IDs (JetStream's
+duplicate window drops a repeat), recorded Clef-flash decisions, a cap that counts a command ID
+once — so a redelivered Event causes nothing twice.
+
+Outcomes per Event: applied; retried when NATS or a file is unavailable (nothing is the
+Event's fault); failed when planning or applying it raised otherwise (counted, a poison letter
+on the 5th).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from rhumbatron.causal.rules import (
+    ClefQuestion,
+    PlannedCommand,
+    RoutingWorld,
+    StateEffect,
+    plan_for,
+    wake_command,
+)
+from rhumbatron.errors import ActorError, MessagingError
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.router.records import APPLIED, RecordOutcome
+from rhumbatron.runtime.clock import Clock
+
+if TYPE_CHECKING:
+    from rhumbatron.causal.clef_flash import ClefFlashDecision
+    from rhumbatron.causal.command_cap import CommandCap
+    from rhumbatron.messaging.commands import CommandBus
+
+__all__ = ["EffectSink", "RoutedEvent", "RuleBasedRouting", "WakeDecider"]
+
+_log = logging.getLogger(__name__)
+
+
+class WakeDecider(Protocol):
+    """Clef-flash: answers a prefix-overlap question."""
+
+    async def ask(self, question: ClefQuestion) -> ClefFlashDecision: ...
+
+
+class EffectSink(Protocol):
+    """The lifecycle: applies a state effect of an Event (idempotent per Event)."""
+
+    async def apply(self, event: Event, effect: StateEffect) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedEvent:
+    """What routing one Event did (kept for the demo's timeline and for tests)."""
+
+    event_id: str
+    rule: str
+    sent: tuple[str, ...]
+    duplicates: tuple[str, ...]
+    dropped_by_cap: tuple[str, ...]
+    clef_flash: tuple[tuple[str, str], ...]
+
+
+@dataclass
+class RuleBasedRouting:
+    """The causal rules as the router's ``CausalRouting``."""
+
+    world: RoutingWorld
+    bus: Callable[[], Awaitable[CommandBus]]
+    clock: Clock
+    clef_flash: WakeDecider
+    cap: CommandCap
+    effects: EffectSink
+    routed: list[RoutedEvent] | None = None
+
+    async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
+        outcomes: dict[str, RecordOutcome] = {}
+        for event in events:
+            try:
+                await self._route_one(event)
+                outcomes[event.event_id] = APPLIED
+            except (MessagingError, ActorError, sqlite3.OperationalError) as exc:
+                outcomes[event.event_id] = RecordOutcome.retry(f"{type(exc).__name__}: {exc}")
+            except Exception as exc:
+                # The Event itself cannot be routed: counted, a poison letter on the 5th.
+                _log.exception("routing %s failed", event.event_id)
+                outcomes[event.event_id] = RecordOutcome.failed(f"{type(exc).__name__}: {exc}")
+        return outcomes
+
+    async def _route_one(self, event: Event) -> None:
+        now = self.clock.now()
+        plan = plan_for(event, self.world, now=now)
+        decisions: list[tuple[str, str]] = []
+        commands: list[PlannedCommand] = list(plan.commands)
+        for question in plan.questions:
+            decision = await self.clef_flash.ask(question)
+            decisions.append((question.agent.agent_id, str(decision.verdict)))
+            if decision.wakes:
+                commands.append(wake_command(event, question.agent, now=now, reason="clef_flash"))
+        sent: list[str] = []
+        duplicates: list[str] = []
+        dropped: list[str] = []
+        bus = await self.bus()
+        for planned in commands:
+            command = planned.command
+            if planned.capped and not self.cap.admit_command(command, now):
+                dropped.append(command.command_id)
+                continue
+            result = await bus.send(planned.queue, command)
+            (duplicates if result.duplicate else sent).append(command.command_id)
+        for effect in plan.effects:
+            await self.effects.apply(event, effect)
+        if self.routed is not None:
+            self.routed.append(
+                RoutedEvent(
+                    event.event_id,
+                    plan.rule,
+                    tuple(sent),
+                    tuple(duplicates),
+                    tuple(dropped),
+                    tuple(decisions),
+                )
+            )

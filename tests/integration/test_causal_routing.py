@@ -1,0 +1,197 @@
+"""Rule-based causal routing end to end: real shards, the real router and COMMANDS stream,
+Clef-flash through its store (no API key: it abstains, and an abstention wakes)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.actors.resource_shard import change_resource_key
+from rhumbatron.causal.clef_flash import ClefFlash
+from rhumbatron.causal.command_cap import CommandCap
+from rhumbatron.causal.routing import RoutedEvent, RuleBasedRouting
+from rhumbatron.causal.rules import StateEffect
+from rhumbatron.causal.store import CausalStore
+from rhumbatron.causal.world import ShardWorld
+from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.messaging.streams import COMMAND_STREAM
+from rhumbatron.protocol import Event, stream_index
+from rhumbatron.protocol.ids import event_stream_subject
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.runtime.settings import Settings, load_settings
+
+pytestmark = pytest.mark.integration
+
+PROJECT = "acme-web"
+SYSTEM = Caller("acme", "system:test", correlation_id="corr-causal")
+WRITER = Caller("acme", "agent:writer", correlation_id="corr-causal")
+NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
+
+
+@dataclass
+class RecordingLifecycle:
+    """The lifecycle's effects, remembered (the Candidate aggregate arrives with #5)."""
+
+    applied: list[tuple[str, StateEffect]] = field(default_factory=list)
+
+    async def apply(self, event: Event, effect: StateEffect) -> None:
+        self.applied.append((event.event_id, effect))
+
+
+@dataclass
+class Wiring:
+    app: Rhumbatron
+    routing: RuleBasedRouting
+    lifecycle: RecordingLifecycle
+    routed: list[RoutedEvent]
+
+
+async def wire(settings: Settings, clock: ManualClock, **overrides: Any) -> Wiring:
+    values = settings.model_dump() | overrides
+    settings = load_settings(**values)
+    store = CausalStore(settings)
+    lifecycle = RecordingLifecycle()
+    routed: list[RoutedEvent] = []
+    holder: dict[str, Rhumbatron] = {}
+
+    async def bus() -> Any:
+        return await holder["app"].command_bus()
+
+    routing = RuleBasedRouting(
+        world=None,  # type: ignore[arg-type]  # set below, once the runtime exists
+        bus=bus,
+        clock=clock,
+        clef_flash=ClefFlash(settings, store, clock),
+        cap=CommandCap(settings, store),
+        effects=lifecycle,
+        routed=routed,
+    )
+    app = bootstrap(settings, clock=clock, alarms=RecordingAlarmSink(), causal_routing=routing)
+    holder["app"] = app
+    routing.world = ShardWorld(app)
+    await app.ensure_streams()
+    return Wiring(app, routing, lifecycle, routed)
+
+
+@pytest_asyncio.fixture
+async def wiring(settings: Settings, clock: ManualClock) -> AsyncIterator[Wiring]:
+    clock.set(NOW)
+    w = await wire(settings, clock)
+    yield w
+    await w.app.close()
+
+
+def given_an_agent_working_on_src_auth(app: Rhumbatron) -> None:
+    shard = app.resource_shard(PROJECT, change_resource_key("c1"))
+    for task_id, status in (("t0", "ready"), ("t1", "ready"), ("t2", "ready")):
+        shard.record_task_status(SYSTEM, change_id="c1", task_id=task_id, status=status)
+    shard.record_task_status(SYSTEM, change_id="c1", task_id="t1", status="assigned", agent_id="a1")
+    app.resource_shard(PROJECT, "src/auth/").declare_intent(
+        SYSTEM, intent_id="i1", agent_id="a1", paths=("src/auth/",)
+    )
+
+
+def events() -> list[Event]:
+    system = FactContext(SYSTEM, PROJECT, NOW)
+    writer = FactContext(WRITER, PROJECT, NOW)
+    return [
+        writer.fact(
+            "intent.declared",
+            {"intentId": "i9", "agentId": "writer", "paths": ["src/auth/login.py"]},
+            resource="src/auth/login.py",
+        ),
+        system.fact("task.completed", {"agentId": "a0"}, change_id="c1", task_id="t0"),
+        system.fact(
+            "canonical.advanced",
+            {"generation": 2, "previousGeneration": 1, "candidateId": "cand-1"},
+        ),
+    ]
+
+
+async def subjects(app: Rhumbatron) -> dict[str, int]:
+    js = (await app.nats()).jetstream()
+    info = await js.stream_info(COMMAND_STREAM, subjects_filter="cmd.>")
+    return dict(info.state.subjects or {})
+
+
+async def test_the_router_sends_what_the_rules_decide_and_a_prefix_overlap_wakes_on_abstain(
+    wiring: Wiring,
+) -> None:
+    # GIVEN agent a1 holding t1 with an intent on src/auth/, and ready Tasks in c1
+    app = wiring.app
+    given_an_agent_working_on_src_auth(app)
+    batch = events()
+    js = (await app.nats()).jetstream()
+    subject = event_stream_subject(stream_index(PROJECT))
+    for event in batch:
+        await js.publish(subject, event.to_json(), headers={"Nats-Msg-Id": event.event_id})
+
+    # WHEN the stream is nudged
+    report = await app.router().nudge(stream_index(PROJECT))
+
+    # THEN every event was routed
+    assert report.subscriptions["causal-router"].applied == 3
+    intent, completed, advanced = batch
+    by_event = {r.event_id: r for r in wiring.routed}
+    # the prefix overlap asked Clef-flash, which abstained (no key) — and an abstention wakes
+    assert by_event[intent.event_id].clef_flash == (("a1", "abstain"),)
+    assert by_event[intent.event_id].sent == (f"cmd_{intent.event_id}_t1",)
+    assert by_event[completed.event_id].sent == (f"cmd_{completed.event_id}_dispatch",)
+    assert by_event[advanced.event_id].sent == (
+        f"cmd_{advanced.event_id}_t1",
+        f"cmd_{advanced.event_id}_recompose",
+        f"cmd_index_{PROJECT}_2",
+    )
+    assert [e.kind for _, e in wiring.lifecycle.applied] == ["candidates_after_advance"]
+    assert await subjects(app) == {
+        "cmd.agent-wakeups": 2,
+        "cmd.integration": 2,
+        "cmd.indexing": 1,
+    }
+
+
+async def test_routing_the_same_events_again_sends_nothing_twice(wiring: Wiring) -> None:
+    # GIVEN the events routed once
+    given_an_agent_working_on_src_auth(wiring.app)
+    batch = events()
+    await wiring.routing.route(batch)
+    before = await subjects(wiring.app)
+
+    # WHEN they are routed again (a redelivery whose claims were lost, a replay)
+    outcomes = await wiring.routing.route(batch)
+
+    # THEN every command was a duplicate JetStream dropped, and Clef-flash reused its decision
+    assert {o.outcome.value for o in outcomes.values()} == {"applied"}
+    again = wiring.routed[len(batch) :]
+    assert all(r.sent == () for r in again)
+    assert sum(len(r.duplicates) for r in again) == 5  # 2 wakes, dispatch, recompose, index
+    assert await subjects(wiring.app) == before
+
+
+async def test_the_change_cap_drops_commands_past_it_and_counts_them(
+    settings: Settings, clock: ManualClock
+) -> None:
+    # GIVEN a cap of one counted command per Change per day
+    clock.set(NOW)
+    w = await wire(settings, clock, change_command_cap_per_day=1)
+    try:
+        given_an_agent_working_on_src_auth(w.app)
+        system = FactContext(SYSTEM, PROJECT, NOW)
+        first = system.fact("task.completed", {"agentId": "a0"}, change_id="c1", task_id="t0")
+        second = system.fact("task.failed", {"reason": "red"}, change_id="c1", task_id="t2")
+
+        # WHEN two events of c1 each cause a counted command
+        await w.routing.route([first, second])
+
+        # THEN the first was sent, the second's change.settle dropped by the cap
+        assert w.routed[0].sent == (f"cmd_{first.event_id}_dispatch",)
+        assert w.routed[1].dropped_by_cap == (f"cmd_{second.event_id}_settle",)
+    finally:
+        await w.app.close()
