@@ -13,6 +13,7 @@ import sqlite3
 from datetime import UTC, datetime, timedelta
 
 from rhumbatron.actors.actor import Actor, ActorKind, ActorRef, TransactResult
+from rhumbatron.domain.agents import Admission, admit_agent
 from rhumbatron.domain.changes import ChangeFact, ChangeState, append_change_events
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.resources import (
@@ -29,6 +30,7 @@ from rhumbatron.domain.tasks import (
     dead_letter_outcome,
     record_task_status,
 )
+from rhumbatron.domain.transition import Transition
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.ids import resource_shard_index
 
@@ -205,6 +207,32 @@ class ResourceShard(Actor):
                 reason=reason,
             )
         )
+
+    def admit_agent(
+        self, caller: Caller, *, change_id: str, task_id: str, agent_id: str, limit: int = 8
+    ) -> Admission:
+        """``admitAgent``: assign ``task_id`` to ``agent_id`` once (see
+        :func:`~rhumbatron.domain.agents.admit_agent`); the decision and its write are one
+        transaction."""
+        decided: list[Admission] = []
+
+        def decide(db: sqlite3.Connection) -> Transition:
+            task = _task(db, task_id)
+            if task is not None and task.change_id != change_id:
+                task = None  # another Change's Task is no Task of this wake
+            active = db.execute(
+                "SELECT COUNT(*) FROM tasks WHERE change_id = ? AND status IN "
+                "('assigned', 'running')",
+                (change_id,),
+            ).fetchone()[0]
+            admission, transition = admit_agent(
+                task, self._ctx(caller), agent_id=agent_id, active_on_change=active, limit=limit
+            )
+            decided.append(admission)
+            return transition
+
+        self.transact(decide)
+        return decided[0]
 
     def task_state(self, task_id: str) -> TaskState | None:
         return _task(self.connection, task_id)

@@ -1,0 +1,129 @@
+"""The wake consumer: the agent-wakeups queue's handler (spec workers/agents wake-consumer).
+
+It checks relevance again before any agent work, because a wake can outlive its reason:
+
+* the Change ended, or the Task is gone, finished or blocked → a **stale** wake: it ends at
+  once and counts as a false wakeup (``agent_false_wakeup`` in METRICS);
+* a ready wake (``cmd_<task>_ready``, from the dispatcher) → ``admitAgent``: the Task is
+  assigned to the Agent once. A ready wake for a Task the same Agent already holds is a
+  duplicate (nothing happens again); one held by another Agent is stale; over the 8-agent
+  limit the Task stays ready and the router dispatches again when a slot frees;
+* a router wake (``cmd_<event>_<task>``) for the Agent that holds the Task → relevant.
+
+A relevant wake goes to the Agent's runtime (:class:`AgentRuntime`; the scripted and webhook
+agents arrive with the lifecycle).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol
+
+from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.domain.agents import Admission
+from rhumbatron.domain.changes import TERMINAL_STATUSES
+from rhumbatron.domain.facts import Caller
+from rhumbatron.domain.tasks import TaskState, TaskStatus
+from rhumbatron.messaging.queue_consumer import Delivery, Retry
+from rhumbatron.protocol.envelopes import Command
+
+if TYPE_CHECKING:
+    from rhumbatron.runtime.bootstrap import Rhumbatron
+
+__all__ = ["FALSE_WAKEUP_METRIC", "AgentRuntime", "WakeConsumer", "WakeOutcome"]
+
+_log = logging.getLogger(__name__)
+
+FALSE_WAKEUP_METRIC = "agent_false_wakeup"
+
+
+class WakeOutcome(StrEnum):
+    DELIVERED = "delivered"
+    DUPLICATE = "duplicate"
+    STALE = "stale"
+    AT_LIMIT = "at_limit"
+
+
+class AgentRuntime(Protocol):
+    """Runs an Agent on its Task (scripted locally, a webhook for an external agent)."""
+
+    async def wake(self, agent_id: str, task: TaskState, command: Command) -> None: ...
+
+
+@dataclass
+class WakeConsumer:
+    """The handler of ``agent-wakeups``: relevance, admission, then the Agent's runtime."""
+
+    app: Rhumbatron
+    runtime: AgentRuntime
+    max_active_agents_per_change: int = 8
+    outcomes: list[tuple[str, WakeOutcome]] = field(default_factory=list)
+
+    async def __call__(self, command: Command, delivery: Delivery) -> Retry | None:
+        outcome = self._decide(command)
+        self.outcomes.append((command.command_id, outcome))
+        if outcome is WakeOutcome.STALE:
+            self._count_false_wakeup(command)
+        elif outcome is WakeOutcome.DELIVERED:
+            assert command.task_id is not None and command.change_id is not None
+            task = self._shard(command).task_state(command.task_id)
+            assert task is not None
+            await self.runtime.wake(_agent_of(command), task, command)
+        return None
+
+    def _shard(self, command: Command) -> ResourceShard:
+        assert command.change_id is not None
+        return self.app.resource_shard(command.project_id, change_resource_key(command.change_id))
+
+    def _decide(self, command: Command) -> WakeOutcome:
+        if command.change_id is None or command.task_id is None:
+            _log.warning("wake %s names no Task; nothing to wake for", command.command_id)
+            return WakeOutcome.STALE
+        shard = self._shard(command)
+        change = shard.change_state(command.change_id)
+        if change is not None and change.status in TERMINAL_STATUSES:
+            return WakeOutcome.STALE
+        agent = _agent_of(command)
+        if command.command_id == f"cmd_{command.task_id}_ready":
+            caller = Caller(_tenant(self.app, command), f"agent:{agent}", command.command_id)
+            admission = shard.admit_agent(
+                caller,
+                change_id=command.change_id,
+                task_id=command.task_id,
+                agent_id=agent,
+                limit=self.max_active_agents_per_change,
+            )
+            return {
+                Admission.ADMITTED: WakeOutcome.DELIVERED,
+                Admission.ALREADY_HOLDS: WakeOutcome.DUPLICATE,
+                Admission.AT_LIMIT: WakeOutcome.AT_LIMIT,
+                Admission.HELD_BY_OTHER: WakeOutcome.STALE,
+                Admission.NOT_READY: WakeOutcome.STALE,
+            }[admission]
+        task = shard.task_state(command.task_id)
+        holds = (
+            task is not None
+            and task.status in (TaskStatus.ASSIGNED, TaskStatus.RUNNING)
+            and task.agent_id == agent
+        )
+        return WakeOutcome.DELIVERED if holds else WakeOutcome.STALE
+
+    def _count_false_wakeup(self, command: Command) -> None:
+        from rhumbatron.metrics import MetricsRecorder
+
+        app = self.app
+        recorder = MetricsRecorder(app.product().connection, app.metrics_sink, app.clock)
+        recorder.record_one(FALSE_WAKEUP_METRIC, 1.0)
+        _log.info("stale wake %s: counted as a false wakeup", command.command_id)
+
+
+def _agent_of(command: Command) -> str:
+    return str(command.payload.model_dump()["agent_id"])
+
+
+def _tenant(app: Rhumbatron, command: Command) -> str:
+    root = app.project_root(command.project_id)
+    state = root.state() if root.path.exists() else None
+    return state.tenant_id if state is not None else "unknown"
