@@ -808,6 +808,43 @@ async def test_a_handler_slower_than_the_ack_wait_is_not_redelivered_while_it_ru
     assert await counts_become(app, {}) == {}
 
 
+async def test_messages_waiting_for_a_worker_are_kept_alive_too(make_app: AppFactory) -> None:
+    # GIVEN a 1 s ack wait, marks every 0.3 s, and a batch of 10 on a queue of concurrency 2
+    # whose handler works 0.6 s: the last two only start after about 2.4 s
+    overrides = {"command_ack_wait_s": 1.0, "command_in_progress_s": 0.3}
+    app = await make_app(**overrides)
+    other = await make_app(**overrides)
+    await send_commands(app, "integration", 10)
+    deliveries: list[int] = []
+    started = asyncio.Event()
+
+    async def slow(command: Command, delivery: Delivery) -> None:
+        deliveries.append(delivery.delivered)
+        started.set()
+        await asyncio.sleep(0.6)  # the slow work under test, not synchronisation
+
+    stolen: list[int] = []
+
+    async def steal(command: Command, delivery: Delivery) -> None:
+        stolen.append(delivery.delivered)
+
+    # WHEN the batch runs while another worker polls the queue the whole time
+    working = asyncio.create_task(
+        (await app.queue_runtime()).poll("integration", slow, max_fetches=1)
+    )
+    await started.wait()  # the first worker holds the whole batch of 10
+    other_runtime = await other.queue_runtime()
+    while not working.done():
+        await other_runtime.poll("integration", steal)
+        await asyncio.sleep(0.05)  # polling across the server's ack-wait timer
+    report = await working
+
+    # THEN no waiting message outlived its ack wait: each ran once, first delivery, here
+    assert stolen == []
+    assert deliveries == [1] * 10
+    assert report.done == 10
+
+
 async def test_after_the_hold_limit_the_marks_stop_and_the_message_is_redelivered(
     make_app: AppFactory, tap: AckTap
 ) -> None:

@@ -147,9 +147,11 @@ class Actor:
         return self._connection
 
     def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+        # Under the lock: the publisher may be committing on a worker thread.
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
 
     def __enter__(self) -> Actor:
         return self

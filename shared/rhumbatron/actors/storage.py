@@ -240,6 +240,8 @@ class SqliteStore:
             yield connection
 
     def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+        # Under the lock: a worker thread may be inside a transaction on this connection.
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None

@@ -44,6 +44,7 @@ from rhumbatron.messaging.pull import ConsumerGoneError, Puller, ensure_consumer
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.runtime.clock import Clock
+from rhumbatron.runtime.event_loop import run_together
 from rhumbatron.runtime.faults import crash_point
 from rhumbatron.runtime.settings import Settings
 
@@ -211,12 +212,18 @@ class QueueConsumerRuntime:
                 # `concurrency` workers share the batch: at most that many handlers at once,
                 # without a task per message.
                 waiting = deque(messages)
-                await asyncio.gather(
-                    *(
-                        self._work(row, waiting, handler, report, stop=stop, raw=on_undecodable)
-                        for _ in range(row.concurrency)
+                # Messages still waiting for a worker are marked in progress too: a slow
+                # batch must not outlive their ack wait before their handler even starts.
+                marks = self._mark_waiting(waiting)
+                try:
+                    await run_together(
+                        *(
+                            self._work(row, waiting, handler, report, stop=stop, raw=on_undecodable)
+                            for _ in range(row.concurrency)
+                        )
                     )
-                )
+                finally:
+                    marks.cancel()
                 if len(messages) < row.batch_size:
                     break
         finally:
@@ -226,6 +233,13 @@ class QueueConsumerRuntime:
                 with contextlib.suppress(Exception):
                     await self.nc.flush()
         return report
+
+    def _mark_waiting(self, waiting: deque[Msg]) -> _Marks:
+        """Mark every message still in ``waiting`` in progress every ``command_in_progress_s``
+        (from a timer), up to the hold limit."""
+        return _Marks(
+            waiting, self.settings.command_in_progress_s, self.settings.command_max_hold_s
+        )
 
     async def _work(
         self,
@@ -437,3 +451,29 @@ class QueueConsumerRuntime:
         for puller in self._pullers.values():
             await puller.close()
         self._pullers.clear()
+
+
+class _Marks:
+    """A timer chain marking the waiting messages of a batch in progress."""
+
+    def __init__(self, waiting: deque[Msg], every_s: float, hold_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._waiting = waiting
+        self._every = every_s
+        self._until = self._loop.time() + hold_s
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(every_s, self._mark)
+
+    def _mark(self) -> None:
+        for msg in list(self._waiting):
+            sent = asyncio.ensure_future(msg.in_progress())
+            sent.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._timer = (
+            self._loop.call_later(self._every, self._mark)
+            if self._loop.time() + self._every <= self._until
+            else None
+        )
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -39,6 +39,7 @@ from rhumbatron.router.handlers import (
 from rhumbatron.router.records import Outcome, Record, RecordOutcome, decode_records
 from rhumbatron.router.stream_state import StreamState
 from rhumbatron.runtime.clock import Clock
+from rhumbatron.runtime.event_loop import run_together
 from rhumbatron.runtime.faults import crash_point
 from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings
 
@@ -198,7 +199,7 @@ class EventRouter:
         # The projector starts first; the two then run side by side. They share nothing
         # (their own consumers, locks and files), and waiting for the causal router's
         # commits would delay the next projector run of this stream.
-        results = await asyncio.gather(
+        results = await run_together(
             *(
                 self.consume(
                     self._run_context(stream_index),

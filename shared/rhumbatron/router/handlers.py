@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -162,7 +163,7 @@ class ProjectViewProjector:
     ) -> dict[str, RecordOutcome]:
         try:
             result = view.apply_delta(group, now_s=now_s)
-        except ActorError as exc:
+        except (ActorError, sqlite3.OperationalError) as exc:
             # The view file is busy or the disk is full: nothing of the group committed.
             return {r.key: RecordOutcome.retry(str(exc)) for r in group}
         # The projector's claims commit with its effect: "after claim" is "after apply".

@@ -257,6 +257,10 @@ def _apply_one_by_one(
             claim_events(db, PROJECTOR, [event.event_id], now_s=now_s)
             _apply(db, event, record.stream_seq, now_s)
             outcomes[record.key] = APPLIED
+        except sqlite3.OperationalError:
+            # Disk full, I/O error, a lock: nothing is this event's fault. Up to the caller,
+            # which retries the whole batch without counting a failure.
+            raise
         except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
             db.execute("ROLLBACK TO event")
             outcomes[record.key] = RecordOutcome.failed(

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["close", "get_loop", "run"]
+__all__ = ["close", "get_loop", "run", "run_together"]
 
 T = TypeVar("T")
 
@@ -58,3 +58,18 @@ def close() -> None:
     if loop is not None and not loop.is_closed():
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+async def run_together(*coroutines: Coroutine[Any, Any, T]) -> list[T]:
+    """Run ``coroutines`` side by side; their results in order.
+
+    Unlike ``asyncio.gather``, when one fails the others are cancelled (and awaited) before
+    the first error is raised: on a loop that outlives the invocation, a sibling left running
+    would be frozen by Lambda mid-batch and resume, stale, in the next invocation.
+    """
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(coroutine) for coroutine in coroutines]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from failed
+    return [task.result() for task in tasks]
