@@ -79,7 +79,11 @@ class EventLogClient:
                 self.nc.jetstream(), stream, consumer_config(subscription, self.settings)
             )
             puller = Puller(
-                self.nc, stream, subscription.value, self.settings.router_fetch_timeout_s
+                self.nc,
+                stream,
+                subscription.value,
+                self.settings.router_fetch_timeout_s,
+                keep_late_s=self.settings.router_ack_wait_s / 2,
             )
             self._pullers[key] = puller
         return puller

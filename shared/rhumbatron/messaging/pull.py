@@ -99,16 +99,24 @@ class Puller:
     it). Messages are collected by the subscription's callback and the pull waits once for
     the whole batch: awaiting each message separately costs a task per message, a quarter
     of the router's client CPU. ``timeout_s`` only bounds a pull whose end-of-batch status
-    got lost; a message that arrives after such a pull gave up is kept for the next one.
+    got lost.
+
+    Each pull asks with a reply subject of its own (``<inbox>.<n>``): JetStream sends the
+    end-of-batch status there, so a status that arrives late for an earlier pull cannot end
+    a later one. A message that arrives after its pull gave up is kept for the next pull,
+    but only for ``keep_late_s`` (less than the ack wait): older, JetStream redelivers it.
     """
 
     nc: NATS
     stream: str
     durable: str
     timeout_s: float
+    keep_late_s: float = 60.0
     _inbox: str | None = None
     _sub: Subscription | None = None
-    _batch: list[Msg] = field(default_factory=list)
+    _pulls: int = 0
+    _reply: str | None = None
+    _batch: list[tuple[float, Msg]] = field(default_factory=list)
     _want: int = 0
     _done: asyncio.Future[None] | None = None
     _failure: MessagingError | None = None
@@ -116,10 +124,13 @@ class Puller:
     async def _on_message(self, msg: Msg) -> None:
         status = msg.headers.get("Status") if msg.headers else None
         if status is None:
-            self._batch.append(msg)
+            self._batch.append((asyncio.get_running_loop().time(), msg))
             if self._want and len(self._batch) >= self._want:
                 self._finish()
-        elif status in _END_OF_PULL:
+            return
+        if msg.subject != self._reply:
+            return  # the status of an earlier pull that already gave up
+        if status in _END_OF_PULL:
             self._finish()
         elif status == "503":
             self._finish(
@@ -146,19 +157,26 @@ class Puller:
         from nats.errors import Error as NatsError
 
         request = json.dumps({"batch": batch, "no_wait": True}).encode()
-        self._done = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        # Late messages held too long: their ack wait is running out, and JetStream will
+        # deliver them again; a second copy in one batch would be handled twice.
+        fresh_after = loop.time() - self.keep_late_s
+        self._batch = [(at, msg) for at, msg in self._batch if at >= fresh_after]
+        self._done = loop.create_future()
         self._want, self._failure = batch, None
-        if len(self._batch) >= batch:  # strays of an earlier pull fill this one
+        if len(self._batch) >= batch:  # late messages of an earlier pull fill this one
             self._finish()
         try:
             if self._sub is None or self._inbox is None:
                 self._inbox = self.nc.new_inbox()
-                self._sub = await self.nc.subscribe(self._inbox, cb=self._on_message)
+                self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_message)
+            self._pulls += 1
+            self._reply = f"{self._inbox}.{self._pulls}"
             if not self._done.done():
                 await self.nc.publish(
                     f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}",
                     request,
-                    self._inbox,
+                    self._reply,
                 )
         except NatsError as exc:
             # Disconnected (no client-side buffer: see connect_nats) or closed for good.
@@ -173,7 +191,7 @@ class Puller:
         taken, self._batch = self._batch[:batch], self._batch[batch:]
         if self._failure is not None and not taken:
             raise self._failure
-        return taken
+        return _one_copy_each([msg for _, msg in taken])
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -181,3 +199,12 @@ class Puller:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
+
+
+def _one_copy_each(messages: list[Msg]) -> list[Msg]:
+    """Drop a second delivery of the same stream message within one batch (a late copy and
+    its redelivery); the copy kept is the newest, whose ack JetStream expects."""
+    newest: dict[int, Msg] = {}
+    for msg in messages:
+        newest[msg.metadata.sequence.stream] = msg
+    return [msg for msg in messages if newest[msg.metadata.sequence.stream] is msg]

@@ -172,7 +172,11 @@ class QueueConsumerRuntime:
                 self.nc.jetstream(), COMMAND_STREAM, queue_consumer_config(queue, self.settings)
             )
             puller = Puller(
-                self.nc, COMMAND_STREAM, consumer_name(queue), self.settings.router_fetch_timeout_s
+                self.nc,
+                COMMAND_STREAM,
+                consumer_name(queue),
+                self.settings.router_fetch_timeout_s,
+                keep_late_s=self.settings.command_ack_wait_s / 2,
             )
             self._pullers[queue] = puller
         return puller
