@@ -359,7 +359,9 @@ async def send_command(
     command again is harmless).
     """
     owner = _project_tenant(app, command)
-    if owner is not None and tenant_id not in (ANY_TENANT, owner):
+    # Fail closed: a project nobody owns yet is only a platform operator's to command
+    # (except its own provisioning, whose payload names the tenant).
+    if tenant_id not in (ANY_TENANT, owner):  # owner None: nobody's project yet
         raise ProjectNotFoundError(f"no project {command.project_id!r}")
     bus = await app.command_bus()
     result = await bus.send(queue, command)

@@ -16,12 +16,13 @@ import pytest
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.api import StaticTokenAuth, create_api
+from rhumbatron.domain.facts import Caller
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
 from rhumbatron.runtime.settings import Settings, load_settings
 
-from .support import TOKENS
+from .support import PROJECT, TENANT, TOKENS
 
 with warnings.catch_warnings():
     # Starlette asks for httpx2 over httpx; the client behaves the same with either.
@@ -53,7 +54,11 @@ def make_client(runtime: Rhumbatron) -> TestClient:
 
 @pytest.fixture
 def runtime(api_settings: Settings, clock: ManualClock) -> Rhumbatron:
-    return make_runtime(api_settings, clock)
+    """The runtime, with the tenant's project provisioned (commands need an owner)."""
+    app = make_runtime(api_settings, clock)
+    owner = Caller(tenant_id=TENANT, actor="user:ann", correlation_id="corr-1")
+    app.project_root(PROJECT).create_project(owner, name="Web")
+    return app
 
 
 @pytest.fixture

@@ -178,3 +178,14 @@ def test_a_bad_static_token_grant_is_refused_without_echoing_the_token() -> None
     assert token not in str(refused.value)
     assert "shorter than 16" in str(refused.value)
     assert "scopes" in str(refused.value)
+
+
+def test_a_jwt_cannot_claim_every_tenant(
+    jwt_client: TestClient, runtime: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN a letter of another tenant, and a well-signed token whose tenant claim is "*"
+    command_letter(runtime, command(), tenant=OTHER_TENANT)
+    token = _hs256(_claims(clock, tenant="*"))
+    # WHEN it lists dead letters, THEN it is refused: "every tenant" is no claim to mint
+    response = jwt_client.get("/dead-letters", headers=bearer(token))
+    assert response.status_code == 401

@@ -639,3 +639,14 @@ def test_the_tenant_of_a_command_comes_from_its_project(
         "/commands", json={"queue": "integration", "command": cmd.to_wire()}, headers=AUTH
     )
     assert response.status_code == 202, response.text
+
+
+def test_a_command_for_a_project_nobody_owns_is_only_a_platform_operators(
+    client: TestClient, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN a project no tenant has provisioned
+    cmd = command(project="nobodys-project")
+    request = {"queue": "integration", "command": cmd.to_wire()}
+    # WHEN a tenant's operator sends a command for it, it does not exist for them (fail closed)
+    assert client.post("/commands", json=request, headers=AUTH).status_code == 404
+    assert queued(nats_server.url, cmd.command_id) == []

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from rhumbatron.api.errors import AuthenticationError, UnavailableError
 from rhumbatron.errors import ConfigurationError
-from rhumbatron.runtime.settings import ApiTokenGrant
+from rhumbatron.runtime.settings import ANY_TENANT, ApiTokenGrant
 
 if TYPE_CHECKING:
     from jwt import PyJWKClient
@@ -207,6 +207,12 @@ class JwtAuth(Authenticator):
         if not isinstance(tenant, str) or not tenant:
             raise AuthenticationError(
                 f"the bearer token has no {self._tenant_claim!r} claim naming its tenant"
+            )
+        if tenant == ANY_TENANT:
+            # "every tenant" is granted only by a static token the platform configured,
+            # never by a claim an identity provider (or a tenant's admin) can mint.
+            raise AuthenticationError(
+                f"the bearer token's {self._tenant_claim!r} claim {tenant!r} names no tenant"
             )
         return tenant
 
