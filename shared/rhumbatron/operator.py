@@ -226,7 +226,12 @@ async def retry_dead_letter(
         letter, won = dead_letters.claim_retry(db, dead_letter_id, now_s=now_s)
     attempt = letter.retried_attempt
     assert parsed is not None and attempt is not None, "claim_retry reserves or raises"
-    command = parsed.model_copy(update={"attempt": attempt})
+    # An operator's Retry asks for the work now: a deadline that passed while the command
+    # sat in the dead-letter queue would make the runtime ack it without running.
+    deadline = parsed.deadline
+    if deadline is not None and parsed.is_expired(app.clock.now()):
+        deadline = None
+    command = parsed.model_copy(update={"attempt": attempt, "deadline": deadline})
 
     from rhumbatron.messaging.commands import command_message_id, retry_queue_for
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -650,3 +651,20 @@ def test_a_command_for_a_project_nobody_owns_is_only_a_platform_operators(
     # WHEN a tenant's operator sends a command for it, it does not exist for them (fail closed)
     assert client.post("/commands", json=request, headers=AUTH).status_code == 404
     assert queued(nats_server.url, cmd.command_id) == []
+
+
+def test_a_retry_runs_a_command_whose_deadline_passed_in_the_dead_letter_queue(
+    client: TestClient, runtime: Rhumbatron, nats_server: NatsServerProcess, clock: ManualClock
+) -> None:
+    # GIVEN a dead-lettered command whose one-minute deadline passed while it waited
+    original = command()
+    expired = original.model_copy(update={"deadline": original.created_at + timedelta(minutes=1)})
+    letter_id = command_letter(runtime, expired)
+    clock.set(original.created_at + timedelta(minutes=10))
+    # WHEN the operator retries it
+    response = client.post(f"/dead-letters/{letter_id}/retry", headers=AUTH)
+    # THEN it is re-sent without the deadline, so the runtime runs it instead of expiring it
+    assert response.status_code == 200, response.text
+    (sent,) = queued(nats_server.url, expired.command_id)
+    assert sent.command["attempt"] == 2
+    assert sent.command["deadline"] is None

@@ -2,8 +2,10 @@
 
 The key is a pure function of the batch: the day and ``firstMs`` come from the first Event's
 ``timestamp`` (the batch is in stream order), and ``hash`` from the batch's Event IDs. A
-redelivered batch therefore lands on the same key and overwrites its own object instead of
-adding a second copy.
+batch redelivered as it was lands on the same key and overwrites its own object. A batch
+recomposed on redelivery (some of its records came back in another fetch) gets another key:
+an Event can then be in two objects, and :class:`~rhumbatron.archive.ArchiveReader` yields
+it once. Nothing is ever missing; a duplicate is the price of never holding a lease forever.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ class ArchiveUnavailableError(ArchiveError):
     """S3 could not be reached or refused the request; the message names bucket and key.
 
     Nothing is lost as long as the caller leaves the batch's messages unacknowledged: the
-    redelivered batch is written again under the same key.
+    redelivered events are written again (see :mod:`rhumbatron.archive.keys`).
     """
 
 

@@ -253,8 +253,9 @@ class AuditArchiver:
 
     The claims are leases: the object is written after the claim commits and the claims
     complete after the put. A crash between the two leaves leases that expire with the ack
-    wait; the redelivered batch has the same event IDs, so the same key, and the put
-    overwrites the same object.
+    wait, and the redelivery writes the events again: the same key when the batch comes back
+    as it was (the object is overwritten), another key when it was recomposed — then an
+    Event is in two objects and the reader yields it once. No Event is ever missing.
     """
 
     state: StreamState

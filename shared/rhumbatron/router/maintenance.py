@@ -40,6 +40,14 @@ def prune_processed_events(router: EventRouter, *, now_s: float) -> tuple[int, i
             break
         with store.transaction() as db:
             claims_left -= prune_claims(db, older_than_s=cutoff, limit=claims_left)
+    for index in range(EVENT_STREAM_COUNT):
+        # Failure counts of events long gone from their stream (acked or dead-lettered).
+        with router.stream_state(index).transaction() as db:
+            db.execute(
+                "DELETE FROM k2_batch_failures WHERE batch_key IN (SELECT batch_key FROM "
+                "k2_batch_failures WHERE last_failed_at_s < ? LIMIT ?)",
+                (cutoff, settings.processed_events_prune_cap),
+            )
     for project_id in view_ids:
         if claims_left <= 0 and feed_left <= 0:
             break
