@@ -4,6 +4,7 @@ one bad event rolls back alone; an older event never moves a row back."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, cast
 
 from rhumbatron.domain.facts import Caller, FactContext
@@ -77,3 +78,19 @@ def test_an_event_redelivered_late_never_moves_a_row_back(offline_settings: Sett
     assert snapshot["tasksByState"] == {"completed": 1}
     assert snapshot["activeAgents"] == []
     assert snapshot["eventsApplied"] == 3
+
+
+def test_the_projector_keeps_at_most_the_configured_views_open(tmp_path: Path) -> None:
+    from rhumbatron.router.handlers import ProjectViewProjector
+    from rhumbatron.runtime.settings import load_settings
+
+    settings = load_settings(state_dir=tmp_path, router_max_open_views=2)
+    projector = ProjectViewProjector(settings)
+    first = projector.view("p-one")
+    first.connection  # noqa: B018 - open it
+    projector.view("p-two").connection  # noqa: B018
+    projector.view("p-one")  # used again: now the most recent
+    projector.view("p-three").connection  # noqa: B018
+    # the least recently used view (p-two) was closed and dropped; p-one stayed open
+    assert list(projector._views) == ["p-one", "p-three"]
+    assert first._connection is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -128,12 +129,19 @@ class ProjectViewProjector:
 
     settings: Settings
     subscription: Subscription = Subscription.PROJECT_VIEW_PROJECTOR
-    _views: dict[str, ProjectView] = field(default_factory=dict)
+    _views: OrderedDict[str, ProjectView] = field(default_factory=OrderedDict)
 
     def view(self, project_id: str) -> ProjectView:
+        """The project's view, kept open for the next run; the least recently used views are
+        closed beyond ``router_max_open_views`` (a warm Lambda has ~1,024 descriptors)."""
         view = self._views.get(project_id)
         if view is None:
             view = self._views[project_id] = ProjectView(self.settings, project_id)
+            while len(self._views) > self.settings.router_max_open_views:
+                _, oldest = self._views.popitem(last=False)
+                oldest.close()  # waits for a transaction a worker thread may be in
+        else:
+            self._views.move_to_end(project_id)
         return view
 
     async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:

@@ -159,6 +159,9 @@ class Settings(BaseSettings):
     release_sweep_every_min: int = Field(
         default=5, ge=1, le=60, description="Release-sweep ticks: minutes 4, 9, 14 … of an hour."
     )
+    router_max_open_views: int = Field(
+        default=256, ge=1, description="Project view files a router process keeps open."
+    )
     view_latest_events: int = Field(
         default=20, ge=1, description="Latest events a project view shows."
     )
