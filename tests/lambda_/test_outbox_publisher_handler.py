@@ -8,11 +8,8 @@ real nats-server stores what it publishes. Handlers are synchronous, so these te
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -31,41 +28,10 @@ from rhumbatron.runtime import event_loop
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.settings import Settings, load_settings
 
-ROOT = Path(__file__).resolve().parents[2]
-APP_PATH = ROOT / "functions" / "outbox_publisher" / "app.py"
-EVENTS = ROOT / "events"
+from .support import FakeLambdaContext, load_app, sample_event
+
 PROJECT = "acme-web"
 CALLER = Caller(tenant_id="tenant-1", actor="agent:test", correlation_id="corr-1")
-
-
-@dataclass
-class FakeLambdaContext:
-    """The attributes of Lambda's context object that the handler and Powertools read."""
-
-    remaining_ms: int = 60_000
-    function_name: str = "OutboxPublisherFunction"
-    function_version: str = "$LATEST"
-    memory_limit_in_mb: int = 512
-    invoked_function_arn: str = (
-        "arn:aws:lambda:eu-west-1:123456789012:function:OutboxPublisherFunction"
-    )
-    aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
-
-    def get_remaining_time_in_millis(self) -> int:
-        return self.remaining_ms
-
-
-def _load_handler_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("outbox_publisher_app", APP_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _event(name: str) -> dict[str, Any]:
-    event: dict[str, Any] = json.loads((EVENTS / name).read_text())
-    return event
 
 
 @pytest.fixture
@@ -85,7 +51,7 @@ def lambda_env(
 def handler(lambda_env: Settings) -> Iterator[ModuleType]:
     """A fresh container: the handler module loaded, no runtime cached yet."""
     outbox_publisher.reset_for_tests()
-    yield _load_handler_module()
+    yield load_app("outbox_publisher")
     outbox_publisher.reset_for_tests()
 
 
@@ -156,7 +122,9 @@ def test_schedule_event_publishes_every_due_outbox_row_in_order(
     assert len(written) == 3
 
     # WHEN the every-minute schedule invokes the function
-    summary = handler.lambda_handler(_event("outbox_publisher_schedule.json"), FakeLambdaContext())
+    summary = handler.lambda_handler(
+        sample_event("outbox_publisher_schedule.json"), FakeLambdaContext()
+    )
 
     # THEN both actors published their rows, and the stream holds them, each actor's in order
     assert summary["job"] == "fire_due_alarms"
@@ -178,7 +146,7 @@ def test_warm_invocation_reuses_loop_and_connection_and_republishes_nothing(
 ) -> None:
     # GIVEN a first (cold) invocation that published the project's first event
     writer.project_root(PROJECT).create_project(CALLER, name="Acme web")
-    schedule = _event("outbox_publisher_schedule.json")
+    schedule = sample_event("outbox_publisher_schedule.json")
     assert handler.lambda_handler(schedule, FakeLambdaContext())["totals"]["published"] == 1
     loop = event_loop.get_loop()
     connection = event_loop.run(outbox_publisher.runtime().nats())
@@ -211,7 +179,7 @@ def test_schedule_stops_before_the_remaining_time_runs_out(
 
     # WHEN the schedule arrives with less time left than one actor may take
     short = handler.lambda_handler(
-        _event("outbox_publisher_schedule.json"), FakeLambdaContext(remaining_ms=1_000)
+        sample_event("outbox_publisher_schedule.json"), FakeLambdaContext(remaining_ms=1_000)
     )
 
     # THEN it starts no actor and says so; the rows wait for the next tick
@@ -221,7 +189,9 @@ def test_schedule_stops_before_the_remaining_time_runs_out(
     assert _stored_ids(nats_server.url) == []
 
     # AND the next tick, with time to spare, publishes them
-    full = handler.lambda_handler(_event("outbox_publisher_schedule.json"), FakeLambdaContext())
+    full = handler.lambda_handler(
+        sample_event("outbox_publisher_schedule.json"), FakeLambdaContext()
+    )
     assert full["totals"]["published"] == 2
     assert full["stopped_early"] is False
 
@@ -231,7 +201,7 @@ def test_warm_invocation_after_a_nats_restart_reconnects_and_publishes(
 ) -> None:
     # GIVEN a warm container whose NATS server restarted while the container was idle
     writer.project_root(PROJECT).create_project(CALLER, name="Acme web")
-    schedule = _event("outbox_publisher_schedule.json")
+    schedule = sample_event("outbox_publisher_schedule.json")
     assert handler.lambda_handler(schedule, FakeLambdaContext())["totals"]["published"] == 1
     nats_server.restart()
     _claim(writer, "src/app.py")
@@ -258,7 +228,7 @@ def test_alarm_event_fires_that_actor_only(
     handler: ModuleType, writer: Rhumbatron, nats_server: NatsServerProcess
 ) -> None:
     # GIVEN the sample alarm event's actor and another actor, both with due events
-    event = _event("outbox_publisher_alarm.json")
+    event = sample_event("outbox_publisher_alarm.json")
     shard_count = writer.settings.resource_shard_count
     resource = _resource_on_shard(int(event["actor"].rsplit(":", 1)[1]), shard_count)
     _claim(writer, resource)
@@ -313,7 +283,7 @@ def test_unreachable_nats_on_a_cold_start_fails_loudly_and_counts_no_attempt(
 
     # WHEN the schedule invokes the function THEN the invocation fails, naming the URL
     with pytest.raises(NatsUnavailableError, match=r"nats://127\.0\.0\.1:1"):
-        handler.lambda_handler(_event("outbox_publisher_schedule.json"), FakeLambdaContext())
+        handler.lambda_handler(sample_event("outbox_publisher_schedule.json"), FakeLambdaContext())
 
     # AND the row stays pending with no attempt counted
     root = writer.project_root(PROJECT).connection

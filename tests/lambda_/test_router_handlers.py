@@ -11,12 +11,11 @@ synchronous, so these tests are too.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import sqlite3
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
@@ -37,9 +36,8 @@ from rhumbatron.runtime import event_loop
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings, load_settings
 
-ROOT = Path(__file__).resolve().parents[2]
-FUNCTIONS = ROOT / "functions"
-EVENTS = ROOT / "events"
+from .support import FakeLambdaContext, load_app, sample_event
+
 CALLER = Caller(tenant_id="tenant-1", actor="agent:test", correlation_id="corr-1")
 COUNTS = {
     "consumes",
@@ -54,40 +52,12 @@ COUNTS = {
 
 
 @dataclass
-class FakeLambdaContext:
-    """The attributes of Lambda's context object that the handler and Powertools read."""
-
-    remaining_ms: int = 60_000
-    function_name: str = "RouterFunction"
-    function_version: str = "$LATEST"
-    memory_limit_in_mb: int = 512
-    invoked_function_arn: str = "arn:aws:lambda:eu-west-1:123456789012:function:RouterFunction"
-    aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
-
-    def get_remaining_time_in_millis(self) -> int:
-        return self.remaining_ms
-
-
-@dataclass
 class Handlers:
     """The three functions' ``app`` modules, as one warm container per test would load them."""
 
     publisher: ModuleType
     nudge: ModuleType
     sweep: ModuleType
-
-
-def _load_app(role: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"{role}_app", FUNCTIONS / role / "app.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _event(name: str) -> dict[str, Any]:
-    event: dict[str, Any] = json.loads((EVENTS / name).read_text())
-    return event
 
 
 def _project_on_stream(index: int) -> str:
@@ -150,7 +120,7 @@ def handlers(lambda_env: Settings) -> Iterator[Handlers]:
     resetting it through any of them starts every role cold.
     """
     router_nudge.reset_for_tests()
-    yield Handlers(_load_app("outbox_publisher"), _load_app("router_nudge"), _load_app("sweep"))
+    yield Handlers(load_app("outbox_publisher"), load_app("router_nudge"), load_app("sweep"))
     router_nudge.reset_for_tests()
 
 
@@ -167,7 +137,7 @@ def _create_projects(writer: Rhumbatron, handlers: Handlers, project_ids: list[s
     for project_id in project_ids:
         writer.project_root(project_id).create_project(CALLER, name=f"Project {project_id}")
     summary = handlers.publisher.lambda_handler(
-        _event("outbox_publisher_schedule.json"), FakeLambdaContext()
+        sample_event("outbox_publisher_schedule.json"), FakeLambdaContext()
     )
     assert summary["totals"]["published"] == len(project_ids)
 
@@ -201,7 +171,7 @@ def test_nudge_applies_the_new_events_of_its_stream_to_the_project_views(
 ) -> None:
     # GIVEN two projects on stream 3 (the sample nudge's stream) and one on stream 5,
     # their project.created events published
-    event = _event("router_nudge.json")
+    event = sample_event("router_nudge.json")
     on_stream = [_project_on_stream(event["streamIndex"]) for _ in range(2)]
     elsewhere = _project_on_stream(5)
     _create_projects(writer, handlers, [*on_stream, elsewhere])
@@ -234,7 +204,7 @@ def test_warm_nudge_reuses_the_connection_and_applies_only_what_is_new(
     # GIVEN a warm container whose first nudge applied stream 3's only event
     first_project = _project_on_stream(3)
     _create_projects(writer, handlers, [first_project])
-    nudge = _event("router_nudge.json")
+    nudge = sample_event("router_nudge.json")
     assert handlers.nudge.lambda_handler(nudge, FakeLambdaContext())["totals"]["applied"] == 2
     loop = event_loop.get_loop()
     connection = event_loop.run(router_nudge.runtime().nats())
@@ -267,7 +237,7 @@ def test_nudge_with_a_nearly_expired_context_stops_before_fetching(
 
     # WHEN the nudge arrives with less time left than one consume may take
     short = handlers.nudge.lambda_handler(
-        _event("router_nudge.json"), FakeLambdaContext(remaining_ms=1_000)
+        sample_event("router_nudge.json"), FakeLambdaContext(remaining_ms=1_000)
     )
 
     # THEN it fetched nothing and says the time ran out; the view does not know the project
@@ -280,7 +250,7 @@ def test_nudge_with_a_nearly_expired_context_stops_before_fetching(
     assert _view_name(lambda_env, project_id) is None
 
     # AND the next nudge, with time to spare, applies the event
-    full = handlers.nudge.lambda_handler(_event("router_nudge.json"), FakeLambdaContext())
+    full = handlers.nudge.lambda_handler(sample_event("router_nudge.json"), FakeLambdaContext())
     assert full["subscriptions"]["project-view-projector"]["applied"] == 1
     assert _view_name(lambda_env, project_id) == f"Project {project_id}"
 
@@ -319,7 +289,7 @@ def test_nudge_with_unreachable_nats_fails_loudly_naming_the_url(
 
     # WHEN the nudge arrives THEN the invocation fails, naming the URL (the sweep catches up)
     with pytest.raises(NatsUnavailableError, match=r"nats://127\.0\.0\.1:1"):
-        handlers.nudge.lambda_handler(_event("router_nudge.json"), FakeLambdaContext())
+        handlers.nudge.lambda_handler(sample_event("router_nudge.json"), FakeLambdaContext())
 
 
 # -- sweep -----------------------------------------------------------------------------------
@@ -339,7 +309,9 @@ def test_sweep_applies_archives_and_records_the_lag_of_its_minutes_stream(
     capsys.readouterr()
 
     # WHEN EventBridge Scheduler sends the sample schedule event
-    summary = handlers.sweep.lambda_handler(_event("sweep_schedule.json"), FakeLambdaContext())
+    summary = handlers.sweep.lambda_handler(
+        sample_event("sweep_schedule.json"), FakeLambdaContext()
+    )
 
     # THEN it visited the stream of the tick's minute and applied that stream's event
     index = summary["stream_index"]
@@ -406,7 +378,7 @@ def test_sweep_with_a_nearly_expired_context_stops_before_fetching(
 
     # WHEN the tick arrives with less time left than one consume may take
     summary = handlers.sweep.lambda_handler(
-        _event("sweep_schedule.json"), FakeLambdaContext(remaining_ms=1_000)
+        sample_event("sweep_schedule.json"), FakeLambdaContext(remaining_ms=1_000)
     )
 
     # THEN no subscription fetched, nothing was archived, and it says the time ran out
@@ -445,10 +417,10 @@ def test_bad_sweep_event_is_refused_naming_the_field_and_value(
 
 
 def test_sample_events_are_what_the_entrypoints_accept() -> None:
-    nudge = router_nudge.parse_invocation(_event("router_nudge.json"))
+    nudge = router_nudge.parse_invocation(sample_event("router_nudge.json"))
     assert nudge == router_nudge.NudgeRouter(streamIndex=3)
     assert nudge.stream_index == 3
-    schedule = sweep.parse_invocation(_event("sweep_schedule.json"))
+    schedule = sweep.parse_invocation(sample_event("sweep_schedule.json"))
     assert schedule == sweep.ScheduledSweep(source="schedule", job="sweep")
 
 
@@ -477,7 +449,9 @@ def test_sweep_drains_the_dead_letter_queue_into_dead_letters(
     asyncio.run(dead_letter())
 
     # WHEN the sweep runs (the router's role also consumes the dead-letter queue)
-    summary = handlers.sweep.lambda_handler(_event("sweep_schedule.json"), FakeLambdaContext())
+    summary = handlers.sweep.lambda_handler(
+        sample_event("sweep_schedule.json"), FakeLambdaContext()
+    )
 
     # THEN the command is one open dead letter
     assert summary["dead_letter_queue"]["recorded"] == 1
