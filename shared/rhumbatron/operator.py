@@ -382,13 +382,8 @@ async def send_command(
 
 
 def _project_tenant(app: Rhumbatron, command: Command) -> str | None:
-    from rhumbatron.actors.project_root import ProjectRoot
-
-    ref = ProjectRoot.ref_for(command.project_id)
-    # Only an existing file is opened: a mistyped project must not create an actor file.
-    if ref.path(app.settings.state_dir).exists():
-        state = app.project_root(command.project_id).state()
-        if state is not None:
-            return state.tenant_id
+    owner = app.project_tenant(command.project_id)
+    if owner is not None:
+        return owner
     tenant = getattr(command.payload, "tenant_id", None)
     return tenant if command.command_type == "project.provision" else None

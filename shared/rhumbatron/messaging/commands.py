@@ -57,6 +57,12 @@ class QueueConsumer:
         """The first delivery plus the retries."""
         return self.retries + 1
 
+    @property
+    def holds_dead_letters(self) -> bool:
+        """The dead-letter queue: handling a message there records the letter. It neither
+        expires a command (a late letter is still a letter) nor means the command succeeded."""
+        return self.queue == DEAD_LETTER_QUEUE
+
 
 #: The spec's table, row for row (services/core/src/consumers.ts).
 QUEUE_CONSUMERS: MappingProxyType[str, QueueConsumer] = MappingProxyType(

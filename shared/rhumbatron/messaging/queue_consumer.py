@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Protocol
 
 from rhumbatron.errors import EnvelopeError, RhumbatronError
 from rhumbatron.messaging.commands import (
-    DEAD_LETTER_QUEUE,
     DELIVERIES_HEADER,
     LAST_ERROR_HEADER,
     ORIGIN_QUEUE_HEADER,
@@ -308,7 +307,7 @@ class QueueConsumerRuntime:
             await self._settle(row, msg, None, delivery, report=report, work=record_raw)
             return
         # A dead-lettered command keeps its deadline, but its letter must still be written.
-        if row.queue != DEAD_LETTER_QUEUE and command.is_expired(self.clock.now()):
+        if not row.holds_dead_letters and command.is_expired(self.clock.now()):
             _log.info(
                 "command %s expired at %s; acked without running",
                 command.command_id,
@@ -361,11 +360,7 @@ class QueueConsumerRuntime:
             report.done += 1
             # On the dead-letter queue, "done" means the letter was written, not that the
             # command succeeded: it must not close the letter it just wrote.
-            if (
-                self.on_success is not None
-                and command is not None
-                and row.queue != DEAD_LETTER_QUEUE
-            ):
+            if self.on_success is not None and command is not None and not row.holds_dead_letters:
                 try:
                     await self.on_success(command)
                 except Exception as exc:
@@ -439,7 +434,7 @@ class QueueConsumerRuntime:
                 await self.bus.send_raw(
                     row.dead_letter_queue,
                     msg.data or b"",
-                    message_id=f"{DEAD_LETTER_QUEUE}:{row.queue}:seq:{delivery.stream_seq}",
+                    message_id=f"{row.dead_letter_queue}:{row.queue}:seq:{delivery.stream_seq}",
                     headers=headers,
                 )
         except RhumbatronError as exc:

@@ -32,7 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.domain.changes import TERMINAL_STATUSES
 from rhumbatron.domain.facts import Caller
@@ -129,7 +128,7 @@ class DeadLetterConsumer:
         app = self.app
         origin = delivery.headers.get(ORIGIN_QUEUE_HEADER) or command.spec.queue
         reason = _reason(command, delivery, origin)
-        tenant_id = _tenant_of(app, command.project_id)
+        tenant_id = app.project_tenant(command.project_id)
         with app.product().transaction() as db:
             written = record_command_dead_letter(
                 db,
@@ -228,15 +227,6 @@ def _reason(command: Command, delivery: Delivery, origin: str) -> str:
     deliveries = delivery.headers.get(DELIVERIES_HEADER)
     after = f" after {deliveries} deliveries" if deliveries else ""
     return f"{command.command_type} {command.command_id} failed on {origin}{after}: {last_error}"
-
-
-def _tenant_of(app: Rhumbatron, project_id: str) -> str | None:
-    """The project's tenant from its root actor, without creating a root that is not there."""
-    ref = ProjectRoot.ref_for(project_id)
-    if not ref.path(app.settings.state_dir).exists():
-        return None
-    state = app.project_root(project_id).state()
-    return None if state is None else state.tenant_id
 
 
 async def run_dead_letter_consumer(

@@ -87,7 +87,8 @@ class WakeConsumer:
             return WakeOutcome.STALE
         agent = _agent_of(command)
         if command.command_id == f"cmd_{command.task_id}_ready":
-            caller = Caller(_tenant(self.app, command), f"agent:{agent}", command.command_id)
+            tenant = self.app.project_tenant(command.project_id) or "unknown"
+            caller = Caller(tenant, f"agent:{agent}", command.command_id)
             admission = shard.admit_agent(
                 caller,
                 change_id=command.change_id,
@@ -121,9 +122,3 @@ class WakeConsumer:
 
 def _agent_of(command: Command) -> str:
     return str(command.payload.model_dump()["agent_id"])
-
-
-def _tenant(app: Rhumbatron, command: Command) -> str:
-    root = app.project_root(command.project_id)
-    state = root.state() if root.path.exists() else None
-    return state.tenant_id if state is not None else "unknown"

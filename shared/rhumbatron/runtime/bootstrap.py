@@ -13,6 +13,7 @@ import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -315,16 +316,34 @@ class Rhumbatron:
 
         totals = {state.value: 0 for state in RowState}
         for ref in self.actor_refs():
-            opened_here = ref not in self._actors
             try:
-                for state, count in counts_by_state(self.actor(ref).connection).items():
-                    totals[state] = totals.get(state, 0) + count
+                with self._visiting(ref) as actor:
+                    for state, count in counts_by_state(actor.connection).items():
+                        totals[state] = totals.get(state, 0) + count
             except (RhumbatronError, sqlite3.Error) as exc:
                 _log.error("cannot read the outbox of %s: %s", ref.key, exc)
-            finally:
-                if opened_here and ref in self._actors:
-                    self._actors.pop(ref).close()
         return totals
+
+    @contextmanager
+    def _visiting(self, ref: ActorRef) -> Iterator[Actor]:
+        """The actor for one visit: a file opened only for it is closed again after, so a
+        warm container visiting every actor does not collect open files."""
+        opened_here = ref not in self._actors
+        try:
+            yield self.actor(ref)
+        finally:
+            if opened_here and ref in self._actors:
+                self._actors.pop(ref).close()
+
+    def project_tenant(self, project_id: str) -> str | None:
+        """The tenant owning ``project_id``, from its root actor; None when the project was
+        never created. Only an existing file is opened: a mistyped project must not create an
+        actor file."""
+        ref = ProjectRoot.ref_for(project_id)
+        if not ref.path(self.settings.state_dir).exists():
+            return None
+        state = self.project_root(project_id).state()
+        return None if state is None else state.tenant_id
 
     # -- alarms ------------------------------------------------------------------------------
     async def fire_alarm(
@@ -395,21 +414,17 @@ class Rhumbatron:
         queue = deque(refs)
 
         async def scan_one(ref: ActorRef) -> None:
-            opened_here = ref not in self._actors
             try:
-                actor = self.actor(ref)
-                due = alarm_due_at(actor.connection)
-                if due is None or due > now_s:
-                    return
-                report = await self._drain_actor(
-                    actor, publisher, should_stop, publish_when_capped=True
-                )
-                scan.reports.append(report)
+                with self._visiting(ref) as actor:
+                    due = alarm_due_at(actor.connection)
+                    if due is None or due > now_s:
+                        return
+                    report = await self._drain_actor(
+                        actor, publisher, should_stop, publish_when_capped=True
+                    )
+                    scan.reports.append(report)
             except (RhumbatronError, sqlite3.Error) as exc:
                 scan.reports.append(_failed_report(ref.key, exc))
-            finally:
-                if opened_here and ref in self._actors:
-                    self._actors.pop(ref).close()
 
         async def worker() -> None:
             while queue:
