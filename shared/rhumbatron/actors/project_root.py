@@ -70,6 +70,11 @@ class ProjectRoot(Actor):
             )
         )
 
+    def promoted_candidate_ids(self) -> list[str]:
+        """The promoted Candidates, oldest generation first (the canonical history)."""
+        rows = self.connection.execute("SELECT candidate_id FROM artifacts ORDER BY generation")
+        return [str(row[0]) for row in rows]
+
     def _ctx(self, caller: Caller) -> FactContext:
         return FactContext(caller, self.ref.project_id, self.clock.now())
 

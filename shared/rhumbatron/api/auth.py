@@ -37,9 +37,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SCOPES",
+    "SCOPE_AGENTS_WRITE",
+    "SCOPE_CHANGES_READ",
+    "SCOPE_CHANGES_WRITE",
     "SCOPE_COMMANDS_SEND",
     "SCOPE_DEAD_LETTERS_READ",
     "SCOPE_DEAD_LETTERS_WRITE",
+    "SCOPE_PROJECTS_READ",
+    "SCOPE_PROJECTS_WRITE",
     "Authenticator",
     "JwtAuth",
     "Principal",
@@ -50,8 +55,29 @@ __all__ = [
 SCOPE_DEAD_LETTERS_READ: Final = "dead-letters:read"
 SCOPE_DEAD_LETTERS_WRITE: Final = "dead-letters:write"
 SCOPE_COMMANDS_SEND: Final = "commands:send"
+#: Read a project, its view and its feed.
+SCOPE_PROJECTS_READ: Final = "projects:read"
+#: Provision, clean up and archive projects; provision and remove their apps.
+SCOPE_PROJECTS_WRITE: Final = "projects:write"
+#: Read Changes, their Tasks, Candidates and releases.
+SCOPE_CHANGES_READ: Final = "changes:read"
+#: Request Changes; approve, decline or cancel them.
+SCOPE_CHANGES_WRITE: Final = "changes:write"
+#: Register Agents, and report as an Agent on a Task (the agent callbacks).
+SCOPE_AGENTS_WRITE: Final = "agents:write"
 #: Every scope an operation can ask for (the settings' ApiScope literal holds the same).
-SCOPES: Final = frozenset({SCOPE_DEAD_LETTERS_READ, SCOPE_DEAD_LETTERS_WRITE, SCOPE_COMMANDS_SEND})
+SCOPES: Final = frozenset(
+    {
+        SCOPE_DEAD_LETTERS_READ,
+        SCOPE_DEAD_LETTERS_WRITE,
+        SCOPE_COMMANDS_SEND,
+        SCOPE_PROJECTS_READ,
+        SCOPE_PROJECTS_WRITE,
+        SCOPE_CHANGES_READ,
+        SCOPE_CHANGES_WRITE,
+        SCOPE_AGENTS_WRITE,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,8 @@ The rules, in the flowchart's order:
 
 * ``task.ready`` — ignored: the dispatcher already sent the wake (``cmd_<task>_ready``);
 * an informational type — no action;
+* ``change.planned`` — ``change.dispatch`` for the Change's first ready Tasks (the lifecycle's
+  start: the dispatcher, not the router, then wakes their Agents);
 * ``task.completed`` — newly ready Tasks → ``change.dispatch``; it also frees an agent slot;
 * ``task.failed`` — ``change.settle``; it also frees an agent slot;
 * a freed slot with a ready Task waiting at the 8-agent limit → ``change.dispatch`` again;
@@ -192,7 +194,9 @@ def plan_for(event: Event, world: RoutingWorld, *, now: datetime) -> RoutingPlan
         return RoutingPlan(event.event_id, "informational: no action")
     plan = RoutingPlan(event.event_id, kind)
     payload = event.payload.model_dump()
-    if kind in ("task.completed", "task.failed"):
+    if kind == "change.planned":
+        plan.commands.append(_dispatch(event, "change_planned", now=now))
+    elif kind in ("task.completed", "task.failed"):
         assert event.change_id is not None
         if kind == "task.failed":
             plan.commands.append(

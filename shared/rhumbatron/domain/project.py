@@ -9,10 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rhumbatron.domain.facts import FactContext
-from rhumbatron.domain.transition import Insert, Transition, Update
+from rhumbatron.domain.transition import Insert, Transition, Update, Upsert
 from rhumbatron.errors import DomainError
 
-__all__ = ["ProjectState", "create_project", "promote_candidate"]
+__all__ = [
+    "PROJECT_ADMIN_MOVES",
+    "ProjectState",
+    "create_project",
+    "project_admin_key",
+    "promote_candidate",
+    "provision_app",
+    "remove_app",
+    "set_project_status",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,3 +117,57 @@ def promote_candidate(
         ),
     )
     return Transition(patch=patch, facts=facts)
+
+
+# -- administration: the shard of ``project:<id>`` ----------------------------------------------
+#: A project is ``active`` until archived; an archived one can be deleted.
+PROJECT_ADMIN_MOVES = {
+    "active": frozenset({"archived", "deleted"}),
+    "archived": frozenset({"deleted"}),
+}
+
+
+def project_admin_key(project_id: str) -> str:
+    """The resource key whose shard holds a project's administration (status, apps)."""
+    return f"project:{project_id}"
+
+
+def set_project_status(
+    current: str | None, ctx: FactContext, *, to: str, reason: str = ""
+) -> Transition:
+    """Archive or delete the project (``project.archived`` / ``project.deleted``)."""
+    status = current or "active"
+    if status == to:
+        return Transition()
+    if to not in PROJECT_ADMIN_MOVES.get(status, frozenset()):
+        raise DomainError(f"project {ctx.project_id!r} is {status}; it cannot become {to}")
+    row = {"project_id": ctx.project_id, "status": to, "updated_at": ctx.now.isoformat()}
+    fact = ctx.fact(f"project.{to}", {"reason": reason})
+    return Transition(patch=(Upsert("project_admin", row, key=("project_id",)),), facts=(fact,))
+
+
+def provision_app(
+    current: str | None, project_status: str | None, ctx: FactContext, *, app_name: str
+) -> Transition:
+    """Make the project's app live (``app.provisioned``); live already is nothing."""
+    if current == "live":
+        return Transition()
+    if (project_status or "active") != "active":
+        raise DomainError(
+            f"project {ctx.project_id!r} is {project_status}; apps are provisioned only for "
+            "an active project"
+        )
+    row = {"app_name": app_name, "status": "live", "updated_at": ctx.now.isoformat()}
+    fact = ctx.fact("app.provisioned", {"appName": app_name})
+    return Transition(patch=(Upsert("apps", row, key=("app_name",)),), facts=(fact,))
+
+
+def remove_app(
+    current: str | None, ctx: FactContext, *, app_name: str, reason: str = ""
+) -> Transition:
+    """Take the app down (``app.removed``); an app not live is nothing."""
+    if current != "live":
+        return Transition()
+    row = {"app_name": app_name, "status": "removed", "updated_at": ctx.now.isoformat()}
+    fact = ctx.fact("app.removed", {"appName": app_name, "reason": reason})
+    return Transition(patch=(Upsert("apps", row, key=("app_name",)),), facts=(fact,))

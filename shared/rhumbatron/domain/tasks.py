@@ -3,7 +3,9 @@ to them (spec "Dead-letter path").
 
 A Task moves ``planned → ready → assigned → running → completed | failed``, and can be
 ``blocked`` when it cannot proceed without help (``blocked_limit`` says which limit stopped it).
-This module holds the minimum the dead-letter path needs; the Task lifecycle extends it.
+Tasks form a dependency graph: a ``planned`` Task becomes ``ready`` in the transaction that
+completes the last Task it depends on, and the completion of the last Task of the graph moves
+the Change to ``verifying`` with ``verification.started`` (work graph completed).
 
 The dead-letter rule (workers/event-router/src/dead-letter.ts): a dead-lettered command whose
 Task is **ready or assigned** blocks that Task with ``blocked_limit = dead_letter`` and records
@@ -13,24 +15,31 @@ Change instead. Only a blocked Task records ``task.failed``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from rhumbatron.domain.changes import TERMINAL_STATUSES, ChangeState
+from rhumbatron.domain.changes import TERMINAL_STATUSES, ChangeState, ChangeStatus, move_change
 from rhumbatron.domain.facts import FactContext
-from rhumbatron.domain.transition import Transition, Update, Upsert
+from rhumbatron.domain.transition import Transition, Update, Upsert, combine
 from rhumbatron.errors import DomainError
 from rhumbatron.protocol.envelopes import Command, Event
 
 __all__ = [
     "DEAD_LETTER_LIMIT",
     "TERMINAL_TASK_STATUSES",
+    "WORK_GRAPH_COMPLETED",
     "TaskState",
     "TaskStatus",
+    "complete_task",
     "dead_letter_fact_key",
     "dead_letter_outcome",
+    "fail_task",
     "record_task_status",
+    "retry_blocked_task",
+    "start_task",
 ]
 
 
@@ -66,6 +75,18 @@ class TaskState:
     agent_id: str | None = None
     blocked_limit: str | None = None
     reason: str = ""
+    title: str = ""
+    #: The Agent the plan names for this Task (the dispatcher wakes it).
+    planned_agent: str | None = None
+    depends_on: tuple[str, ...] = ()
+    #: The sample script a scripted agent plays (None for an external agent).
+    script: str | None = None
+    changeset_id: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """An Agent holds it (assigned or running): it takes one of the 8 slots."""
+        return self.status in _WITH_AGENT
 
 
 def _status(value: str) -> TaskStatus:
@@ -85,6 +106,11 @@ def _row(task: TaskState, ctx: FactContext) -> dict[str, Any]:
         "agent_id": task.agent_id,
         "blocked_limit": task.blocked_limit,
         "reason": task.reason,
+        "title": task.title,
+        "planned_agent": task.planned_agent,
+        "depends_on": json.dumps(list(task.depends_on)),
+        "script": task.script,
+        "changeset_id": task.changeset_id,
         "updated_at": ctx.now.isoformat(),
     }
 
@@ -125,9 +151,8 @@ def record_task_status(
     agent = agent_id if agent_id is not None else (current.agent_id if current else None)
     if target in _WITH_AGENT and agent is None:
         raise DomainError(f"task {task_id!r} cannot be {target} without an agent_id")
-    task = TaskState(
-        task_id=task_id,
-        change_id=change_id,
+    task = replace(
+        current or TaskState(task_id=task_id, change_id=change_id, status=target),
         status=target,
         agent_id=agent,
         # A limit only describes a blocked Task; leaving ``blocked`` clears it.
@@ -189,13 +214,8 @@ def dead_letter_outcome(
     if task is not None and task.change_id != change_id:
         task = None  # a Task of another Change is not this command's Task
     if task is not None and task.status in _BLOCKABLE:
-        blocked = TaskState(
-            task_id=task.task_id,
-            change_id=change_id,
-            status=TaskStatus.BLOCKED,
-            agent_id=task.agent_id,
-            blocked_limit=DEAD_LETTER_LIMIT,
-            reason=reason,
+        blocked = replace(
+            task, status=TaskStatus.BLOCKED, blocked_limit=DEAD_LETTER_LIMIT, reason=reason
         )
         fact = ctx.fact(
             "task.failed",
@@ -218,3 +238,156 @@ def dead_letter_outcome(
     # ``updated_at`` is left as it is: the reason is a note for an operator, not a move of
     # the Change, and must not make a quiet Change look busy to the settle sweep.
     return Transition(patch=(Update("changes", {"change_id": change_id}, {"reason": reason}),))
+
+
+#: The reason (and stable key) of the ``verification.started`` a completed work graph records.
+WORK_GRAPH_COMPLETED = "work_graph_completed"
+
+
+def _held_by(task: TaskState | None, task_id: str, agent_id: str) -> TaskState:
+    if task is None:
+        raise DomainError(f"no task {task_id!r}; check the task ID the agent reported")
+    if task.agent_id != agent_id or task.status not in _WITH_AGENT:
+        holder = f"held by {task.agent_id!r}" if task.agent_id else "held by no agent"
+        raise DomainError(
+            f"agent {agent_id!r} does not hold task {task_id!r} (it is {task.status}, "
+            f"{holder}); only the admitted agent reports on a task"
+        )
+    return task
+
+
+def start_task(
+    task: TaskState | None, ctx: FactContext, *, task_id: str, agent_id: str
+) -> Transition:
+    """The admitted Agent starts work: ``assigned → running`` (``task.started``); again is
+    nothing."""
+    if task is not None and task.status is TaskStatus.RUNNING and task.agent_id == agent_id:
+        return Transition()
+    held = _held_by(task, task_id, agent_id)
+    running = replace(held, status=TaskStatus.RUNNING)
+    fact = ctx.fact(
+        "task.started", {"agentId": agent_id}, change_id=held.change_id, task_id=task_id
+    )
+    return Transition(patch=(Upsert("tasks", _row(running, ctx), key=("task_id",)),), facts=(fact,))
+
+
+def complete_task(
+    tasks: Sequence[TaskState],
+    change: ChangeState | None,
+    ctx: FactContext,
+    *,
+    task_id: str,
+    agent_id: str,
+    changeset_id: str | None,
+) -> Transition:
+    """The Agent holding ``task_id`` finished it (``task.completed``, which frees its slot).
+
+    In the same transaction, each planned Task whose dependencies are now all completed
+    becomes ready (``task.ready``), and when this was the last Task of the graph the Change
+    moves ``open → verifying`` with ``verification.started`` (work graph completed). A repeat
+    by the same Agent is nothing.
+    """
+    by_id = {t.task_id: t for t in tasks}
+    task = by_id.get(task_id)
+    if (
+        task is not None
+        and task.status is TaskStatus.COMPLETED
+        and task.agent_id == agent_id
+        and task.changeset_id == changeset_id
+    ):
+        return Transition()
+    held = _held_by(task, task_id, agent_id)
+    if change is None or change.ended:
+        state = change.status if change else "unknown"
+        raise DomainError(f"change {held.change_id!r} is {state}; its tasks cannot complete")
+    done = replace(held, status=TaskStatus.COMPLETED, changeset_id=changeset_id, reason="")
+    by_id[task_id] = done
+    steps = [
+        Transition(
+            patch=(Upsert("tasks", _row(done, ctx), key=("task_id",)),),
+            facts=(
+                ctx.fact(
+                    "task.completed",
+                    {"agentId": agent_id, "changesetId": changeset_id},
+                    change_id=held.change_id,
+                    task_id=task_id,
+                ),
+            ),
+        )
+    ]
+    completed = {t.task_id for t in by_id.values() if t.status is TaskStatus.COMPLETED}
+    for other in sorted(by_id.values(), key=lambda t: t.task_id):
+        if other.status is TaskStatus.PLANNED and set(other.depends_on) <= completed:
+            steps.append(
+                record_task_status(
+                    other,
+                    ctx,
+                    change_id=other.change_id,
+                    task_id=other.task_id,
+                    status=TaskStatus.READY,
+                    key="dependencies_completed",
+                )
+            )
+    if len(completed) == len(by_id) and change.status == ChangeStatus.OPEN.value:
+        steps.append(
+            move_change(
+                change,
+                ctx,
+                to=ChangeStatus.VERIFYING,
+                reason="every task completed",
+                key=WORK_GRAPH_COMPLETED,
+            )
+        )
+        steps.append(
+            Transition(
+                facts=(
+                    ctx.fact(
+                        "verification.started",
+                        {"reason": WORK_GRAPH_COMPLETED},
+                        change_id=change.change_id,
+                        key=WORK_GRAPH_COMPLETED,
+                    ),
+                )
+            )
+        )
+    return combine(*steps)
+
+
+def fail_task(
+    task: TaskState | None, ctx: FactContext, *, task_id: str, agent_id: str, reason: str
+) -> Transition:
+    """The Agent holding ``task_id`` gave up on it (``task.failed``, which frees its slot and
+    asks ``change.settle``). A repeat is nothing."""
+    if task is not None and task.status is TaskStatus.FAILED and task.agent_id == agent_id:
+        return Transition()
+    if not reason.strip():
+        raise DomainError(f"a failure of task {task_id!r} needs a reason")
+    held = _held_by(task, task_id, agent_id)
+    failed = replace(held, status=TaskStatus.FAILED, reason=reason)
+    fact = ctx.fact(
+        "task.failed",
+        {"reason": reason, "agentId": agent_id},
+        change_id=held.change_id,
+        task_id=task_id,
+    )
+    return Transition(patch=(Upsert("tasks", _row(failed, ctx), key=("task_id",)),), facts=(fact,))
+
+
+def retry_blocked_task(task: TaskState | None, ctx: FactContext, *, attempt: int) -> Transition:
+    """An operator's Retry of a dead-lettered wake: the Task blocked by the dead letter is
+    ready again (``task.ready``, key ``retry:<attempt>``) so the resent wake can admit an
+    Agent. Any other Task is left alone."""
+    if (
+        task is None
+        or task.status is not TaskStatus.BLOCKED
+        or task.blocked_limit != DEAD_LETTER_LIMIT
+    ):
+        return Transition()
+    return record_task_status(
+        replace(task, agent_id=None),
+        ctx,
+        change_id=task.change_id,
+        task_id=task.task_id,
+        status=TaskStatus.READY,
+        key=f"retry:{attempt}",
+    )

@@ -8,7 +8,7 @@ from typing import Any
 
 from rhumbatron.protocol.envelopes import Event
 
-__all__ = ["Delete", "Insert", "Mutation", "Transition", "Update", "Upsert"]
+__all__ = ["Delete", "Insert", "Mutation", "Transition", "Update", "Upsert", "combine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,3 +55,11 @@ class Transition:
 
     patch: tuple[Mutation, ...] = ()
     facts: tuple[Event, ...] = field(default=())
+
+
+def combine(*transitions: Transition) -> Transition:
+    """Several transitions of one aggregate's transaction, in order, as one."""
+    return Transition(
+        patch=tuple(m for t in transitions for m in t.patch),
+        facts=tuple(f for t in transitions for f in t.facts),
+    )

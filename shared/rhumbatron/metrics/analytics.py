@@ -47,6 +47,7 @@ ANALYTICS_METRICS: Mapping[str, str] = MappingProxyType(
         "change.declined": "change_declined",
         "task.ready": "task_ready",
         "task.assigned": "task_assigned",
+        "task.started": "task_started",
         "task.completed": "task_completed",
         "task.failed": "task_failed",
         "task.blocked": "task_blocked",

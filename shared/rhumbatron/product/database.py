@@ -1,4 +1,5 @@
-"""The product database file: dead letters, platform metrics, and the analytics claims.
+"""The product database file: dead letters, platform metrics, the analytics claims, the
+project indexes' status, the agent registry and the change requests.
 
 One SQLite file, ``<state>/product.sqlite``. The analytics projector's claims live here, next
 to the metric rows they guard, so a claim and its data point commit together.
@@ -7,12 +8,27 @@ to the metric rows they guard, so a claim and its data point commit together.
 from __future__ import annotations
 
 from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.agents.registry import AGENTS_SCHEMA
+from rhumbatron.indexing.indexer import PROJECT_INDEXES_SCHEMA
 from rhumbatron.metrics.platform_metrics import PLATFORM_METRICS_SCHEMA
 from rhumbatron.product.dead_letters import DEAD_LETTERS_SCHEMA
 from rhumbatron.router.claims import CLAIMS_SCHEMA
 from rhumbatron.runtime.settings import Settings
 
-__all__ = ["ProductDatabase"]
+__all__ = ["CHANGE_REQUESTS_SCHEMA", "ProductDatabase"]
+
+#: Change creation's idempotency key (spec "Idempotency and dedupe"): one Change per
+#: ``(project_id, client_request_id)``, taken with ``INSERT … ON CONFLICT DO NOTHING``.
+CHANGE_REQUESTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS change_requests (
+    project_id        TEXT NOT NULL,
+    client_request_id TEXT NOT NULL,
+    change_id         TEXT NOT NULL UNIQUE,
+    tenant_id         TEXT NOT NULL,
+    created_at_s      REAL NOT NULL,
+    PRIMARY KEY (project_id, client_request_id)
+);
+"""
 
 
 class ProductDatabase(SqliteStore):
@@ -22,5 +38,10 @@ class ProductDatabase(SqliteStore):
         super().__init__(
             settings.state_dir / "product.sqlite",
             settings,
-            DEAD_LETTERS_SCHEMA + PLATFORM_METRICS_SCHEMA + CLAIMS_SCHEMA,
+            DEAD_LETTERS_SCHEMA
+            + PLATFORM_METRICS_SCHEMA
+            + CLAIMS_SCHEMA
+            + PROJECT_INDEXES_SCHEMA
+            + AGENTS_SCHEMA
+            + CHANGE_REQUESTS_SCHEMA,
         )

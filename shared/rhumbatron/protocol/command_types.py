@@ -94,6 +94,8 @@ class VerificationStart(Payload):
 class ReleaseStart(Payload):
     release_id: str = Field(min_length=1)
     generation: int = Field(ge=1)
+    candidate_id: str | None = None
+    app_name: str | None = None
 
 
 class IndexBuild(Payload):

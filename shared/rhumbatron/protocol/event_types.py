@@ -80,6 +80,17 @@ class CanonicalAdvanced(Payload):
     change_ids: tuple[str, ...] = ()
 
 
+class ProjectStatusChanged(Payload):
+    """A project was archived or deleted; the type name says which."""
+
+    reason: str = ""
+
+
+class AppFact(Payload):
+    app_name: str = Field(min_length=1)
+    reason: str = ""
+
+
 # Resource shard: claims, intents, challenges, changesets -------------------------------------
 
 ClaimMode = Literal["exclusive", "shared"]
@@ -163,6 +174,10 @@ class TaskReady(Payload):
 
 
 class TaskAssigned(Payload):
+    agent_id: str = Field(min_length=1)
+
+
+class TaskStarted(Payload):
     agent_id: str = Field(min_length=1)
 
 
@@ -280,6 +295,12 @@ _ALL: tuple[EventTypeSpec, ...] = (
         "The canonical generation moved.",
         informational=False,
     ),
+    # A project's administration (archive, delete, apps) lives in the shard of
+    # ``project:<id>``: ProjectRoot writes only the three above (spec).
+    _spec("project.archived", ProjectStatusChanged, _S, _MINTED, "A project was archived."),
+    _spec("project.deleted", ProjectStatusChanged, _S, _MINTED, "A project was deleted."),
+    _spec("app.provisioned", AppFact, _S, _MINTED, "A project's app was provisioned (live)."),
+    _spec("app.removed", AppFact, _S, _MINTED, "A project's app was removed."),
     # Claims: the shard's own transactions.
     _spec("claim.acquired", ClaimAcquired, _S, _MINTED, "An agent acquired a resource claim."),
     _resource("claim.released", ClaimReleased, "An agent released a resource claim."),
@@ -290,7 +311,12 @@ _ALL: tuple[EventTypeSpec, ...] = (
     _resource("changeset.proposed", ChangesetProposed, "An agent proposed a changeset."),
     # The Change lifecycle: deterministic IDs (a retried workflow step repeats them).
     _change("change.created", ChangeCreated, "A change request was accepted."),
-    _change("change.planned", ChangePlanned, "The change's work graph was planned."),
+    _change(
+        "change.planned",
+        ChangePlanned,
+        "The change's work graph was planned; its first tasks are ready.",
+        informational=False,
+    ),
     _change("change.status_changed", ChangeStatusChanged, "A change moved to another state."),
     _change("change.settled", ChangeStatusChanged, "A settle pass decided a change's state."),
     _change("change.completed", ChangeEnded, "A change completed."),
@@ -300,6 +326,7 @@ _ALL: tuple[EventTypeSpec, ...] = (
     _change("change.declined", ChangeEnded, "A change was declined."),
     _task("task.ready", TaskReady, "A task became ready; the dispatcher sent its wake."),
     _task("task.assigned", TaskAssigned, "An agent was admitted to a task."),
+    _task("task.started", TaskStarted, "The agent on a task started working on it."),
     _task(
         "task.completed",
         TaskCompleted,

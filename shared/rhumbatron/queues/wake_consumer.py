@@ -6,7 +6,9 @@ It checks relevance again before any agent work, because a wake can outlive its 
   once and counts as a false wakeup (``agent_false_wakeup`` in METRICS);
 * a ready wake (``cmd_<task>_ready``, from the dispatcher) → ``admitAgent``: the Task is
   assigned to the Agent once. A ready wake for a Task the same Agent already holds is a
-  duplicate (nothing happens again); one held by another Agent is stale; over the 8-agent
+  duplicate (nothing happens again) — unless it is a redelivery of the same message, whose
+  first handling failed after the admission: then the Agent gets the wake it missed; one held
+  by another Agent is stale; over the 8-agent
   limit the Task stays ready and the router dispatches again when a slot frees;
 * a router wake (``cmd_<event>_<task>``) for the Agent that holds the Task → relevant.
 
@@ -63,6 +65,10 @@ class WakeConsumer:
 
     async def __call__(self, command: Command, delivery: Delivery) -> Retry | None:
         outcome = self._decide(command)
+        if outcome is WakeOutcome.DUPLICATE and delivery.delivered > 1:
+            # The same message again, not a second wake: the delivery that admitted the
+            # Agent failed after the admission, so the Agent never got its wake. Deliver it.
+            outcome = WakeOutcome.DELIVERED
         self.outcomes.append((command.command_id, outcome))
         if outcome is WakeOutcome.STALE:
             self._count_false_wakeup(command)

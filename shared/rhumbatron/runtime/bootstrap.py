@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
     from rhumbatron.archive import ArchiveWriter
+    from rhumbatron.lifecycle.assembly import Lifecycle
     from rhumbatron.messaging.commands import CommandBus
     from rhumbatron.messaging.queue_consumer import QueueConsumerRuntime
     from rhumbatron.messaging.sender import EventSender
@@ -82,6 +83,7 @@ class Rhumbatron:
     _causal_routing: CausalRouting | None = None
     _bus: CommandBus | None = None
     _queues: QueueConsumerRuntime | None = None
+    _lifecycle: Lifecycle | None = None
     _open_letters: frozenset[str] = frozenset()
     _open_letters_read_at: float = float("-inf")
 
@@ -291,7 +293,6 @@ class Rhumbatron:
         """The process's event router."""
         if self._router is None:
             from rhumbatron.router.event_router import EventRouter
-            from rhumbatron.router.handlers import NoCausalRules
 
             self._router = EventRouter(
                 settings=self.settings,
@@ -301,7 +302,7 @@ class Rhumbatron:
                 archive_writer=self.archive_writer,
                 s3=self.s3,
                 metrics_sink=self.metrics_sink,
-                causal_routing=self._causal_routing or NoCausalRules(),
+                causal_routing=self._causal_routing or self.lifecycle().routing,
                 outbox_backlog=self.outbox_backlog,
             )
             from rhumbatron.router.nudge import InProcessNudge
@@ -309,6 +310,15 @@ class Rhumbatron:
             if isinstance(self.nudge, InProcessNudge) and self.nudge.router is None:
                 self.nudge.bind(self._router)
         return self._router
+
+    def lifecycle(self) -> Lifecycle:
+        """The Change lifecycle's parts: causal rules, integration module, workflows,
+        indexer, agent runtimes and queue handlers (built on first use)."""
+        if self._lifecycle is None:
+            from rhumbatron.lifecycle.assembly import Lifecycle
+
+            self._lifecycle = Lifecycle(self)
+        return self._lifecycle
 
     def outbox_backlog(self) -> dict[str, int]:
         """Outbox rows by state over every actor file (the dashboards' backlog)."""
@@ -462,6 +472,9 @@ class Rhumbatron:
         return reports
 
     async def close(self) -> None:
+        if self._lifecycle is not None:
+            await self._lifecycle.close()
+            self._lifecycle = None
         if self._queues is not None:
             await self._queues.close()
             self._queues = None

@@ -33,7 +33,16 @@ EVENT_STREAM_COUNT = 8
 # -- API --- (the operator API, rhumbatron.api: token grants; its fields are in Settings) -----
 
 #: The operator API's scopes: read dead letters; retry or dismiss them; send a command.
-ApiScope = Literal["dead-letters:read", "dead-letters:write", "commands:send"]
+ApiScope = Literal[
+    "dead-letters:read",
+    "dead-letters:write",
+    "commands:send",
+    "projects:read",
+    "projects:write",
+    "changes:read",
+    "changes:write",
+    "agents:write",
+]
 #: A grant's tenant that sees every tenant's records (a platform operator: letters of
 #: commands such as forks.sweep carry no tenant).
 ANY_TENANT = "*"
@@ -340,6 +349,62 @@ class Settings(BaseSettings):
         default=None, description="Anthropic API base URL override (tests; None in the cloud)."
     )
     # -- end of causal routing ------------------------------------------------------------------
+
+    # -- Change lifecycle --- (rhumbatron.lifecycle, workflows, agents, indexing) ----------------
+    max_active_agents_per_change: int = Field(
+        default=8, ge=1, description="Agents active at once on one Change (assigned or running)."
+    )
+    integration_more_work_delay_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="A bounded integration command with more work asks for another delivery "
+        "after this long.",
+    )
+    conflict_review_delay_s: float = Field(
+        default=45.0,
+        ge=0,
+        description="A candidate.create waiting for a conflict review asks again after this long.",
+    )
+    workflow_engine: Literal["in_process", "step_functions"] = Field(
+        default="in_process",
+        description="Where verification and release workflows run: in this process (local) or "
+        "AWS Step Functions (execution name = instance ID).",
+    )
+    verification_state_machine_arn: str | None = Field(
+        default=None, description="The verification workflow's state machine (step_functions)."
+    )
+    release_state_machine_arn: str | None = Field(
+        default=None, description="The release workflow's state machine (step_functions)."
+    )
+    webhook_timeout_s: float = Field(
+        default=10.0, gt=0, description="Bound on one outgoing webhook request."
+    )
+    webhook_tolerance_s: int = Field(
+        default=300,
+        ge=1,
+        description="A signed webhook older or newer than this is refused (Standard Webhooks).",
+    )
+    webhook_allowed_hosts: tuple[str, ...] = Field(
+        default=(),
+        description="Hosts a webhook may reach although they are private, loopback or "
+        "link-local (tests and the demo allow 127.0.0.1); everything else of that kind is "
+        "refused at registration and at send.",
+    )
+    release_recover_after_s: float = Field(
+        default=2_700.0,
+        gt=0,
+        description="A Change still releasing this long after promotion gets release.recover.",
+    )
+    settle_quiet_min_s: float = Field(
+        default=180.0, ge=0, description="An open Change quiet at least this long is settled."
+    )
+    settle_quiet_max_s: float = Field(
+        default=21_600.0, gt=0, description="An open Change quiet longer than this is left alone."
+    )
+    housekeeping_batch_cap: int = Field(
+        default=10, ge=1, description="Commands of one housekeeping kind queued per sweep tick."
+    )
+    # -- end of Change lifecycle ----------------------------------------------------------------
 
     # -- fault injection (tests only) ---------------------------------------------------------
     crash_at: str | None = Field(

@@ -1,0 +1,2 @@
+"""The Change lifecycle: the integration module's command handlers, the workflows they start,
+and the housekeeping the sweep queues."""

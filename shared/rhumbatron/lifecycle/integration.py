@@ -1,0 +1,504 @@
+"""The integration module: one handler for the integration, verification and release queues.
+
+Each command type has a handler that reads the Change where it lives, moves it through its
+transitions (their facts commit with them) and sends what comes next with a stable command ID.
+The consumer limits its own work (spec, MAX_DELIVERIES = 4):
+
+1. a bounded command with more work asks for another delivery after 10 s
+   (``integration_more_work_delay_s``);
+2. a ``candidate.create`` that waits for a conflict review asks again after 45 s
+   (``conflict_review_delay_s``); its last delivery composes anyway;
+3. a thrown error retries after 30 s, and after 3 retries the command goes to the
+   dead-letter queue (the queue runtime does this);
+4. a bounded or waiting command gets at most 4 deliveries: on the 4th it is acknowledged and
+   ``bounded_command_exhausted`` is counted; the quiet-Change settle sweep re-drives what is
+   left (DECISIONS).
+
+A command that no longer applies (its Change moved on or ended) is acknowledged: it did its
+job before, or something else did.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rhumbatron.domain.candidates import CandidateStatus
+from rhumbatron.domain.changes import ChangeStatus
+from rhumbatron.domain.facts import Caller
+from rhumbatron.domain.releases import ReleaseStatus, release_id_for
+from rhumbatron.domain.tasks import DEAD_LETTER_LIMIT, TaskStatus
+from rhumbatron.errors import DomainError
+from rhumbatron.lifecycle.commands import (
+    LifecycleSender,
+    lifecycle_command,
+    ready_wake_id,
+    rebase_command_id,
+    release_command_id,
+    verify_command_id,
+    workflow_input,
+)
+from rhumbatron.lifecycle.world import LifecycleWorld
+from rhumbatron.messaging.queue_consumer import Delivery, Retry
+from rhumbatron.protocol.envelopes import Command
+from rhumbatron.workflows.engine import WorkflowEngine, WorkflowStatus, workflow_start_for
+
+if TYPE_CHECKING:
+    from rhumbatron.lifecycle.apps import AppProvisioner
+    from rhumbatron.runtime.bootstrap import Rhumbatron
+
+__all__ = [
+    "BOUNDED_EXHAUSTED_METRIC",
+    "FORKS_PER_DELIVERY",
+    "RECOMPOSES_PER_DELIVERY",
+    "ForkStore",
+    "HandledCommand",
+    "IntegrationModule",
+]
+
+_log = logging.getLogger(__name__)
+
+BOUNDED_EXHAUSTED_METRIC = "bounded_command_exhausted"
+#: Fork files one ``forks.sweep`` delivery deletes before it asks for another delivery.
+FORKS_PER_DELIVERY = 100
+#: Stale Candidates one ``candidates.recompose`` delivery re-composes.
+RECOMPOSES_PER_DELIVERY = 10
+
+
+@dataclass(frozen=True, slots=True)
+class HandledCommand:
+    """One handled delivery, kept for the demo's timeline and for tests."""
+
+    command_id: str
+    command_type: str
+    delivered: int
+    outcome: str
+
+
+@dataclass
+class ForkStore:
+    """A Candidate's fork: the canonical files with its changesets applied, one JSON file
+    ``<state>/forks/<project>/<candidate>.json``. Verification checks it and a release
+    deploys it; ``forks.sweep`` deletes the forks nobody can promote any more."""
+
+    root: Path
+
+    def path(self, project_id: str, candidate_id: str) -> Path:
+        return self.root / project_id / f"{candidate_id}.json"
+
+    def write(self, project_id: str, candidate_id: str, files: dict[str, str]) -> Path:
+        path = self.path(project_id, candidate_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(files, sort_keys=True), encoding="utf-8")
+        partial.replace(path)  # atomic: a reader never sees half a fork
+        return path
+
+    def read(self, project_id: str, candidate_id: str) -> dict[str, str] | None:
+        path = self.path(project_id, candidate_id)
+        if not path.exists():
+            return None
+        files: dict[str, str] = json.loads(path.read_text(encoding="utf-8"))
+        return files
+
+    def forks(self, project_id: str | None = None) -> list[tuple[str, str]]:
+        """``(project, candidate)`` of every fork, sorted."""
+        pattern = f"{project_id}/*.json" if project_id else "*/*.json"
+        return sorted((p.parent.name, p.stem) for p in self.root.glob(pattern))
+
+    def delete(self, project_id: str, candidate_id: str) -> bool:
+        path = self.path(project_id, candidate_id)
+        if not path.exists():
+            return False
+        path.unlink()
+        return True
+
+
+Handler = Callable[[Command, Delivery], Awaitable["Retry | None"]]
+
+
+@dataclass
+class IntegrationModule:
+    """The integration, verification and release queues' handler."""
+
+    app: Rhumbatron
+    world: LifecycleWorld
+    sender: LifecycleSender
+    engine: WorkflowEngine
+    forks: ForkStore
+    apps: AppProvisioner
+    handled: list[HandledCommand] = field(default_factory=list)
+
+    async def __call__(self, command: Command, delivery: Delivery) -> Retry | None:
+        handler = self._handlers().get(command.command_type)
+        if handler is None:
+            raise DomainError(
+                f"the integration module does not handle {command.command_type!r}; it handles "
+                + ", ".join(sorted(self._handlers()))
+            )
+        outcome = await handler(command, delivery)
+        self.handled.append(
+            HandledCommand(
+                command.command_id,
+                command.command_type,
+                delivery.delivered,
+                "retry" if outcome is not None else "done",
+            )
+        )
+        return outcome
+
+    def _handlers(self) -> dict[str, Handler]:
+        return {
+            "project.provision": self.provision_project,
+            "app.provision": self.provision_app,
+            "app.remove": self.remove_app,
+            "project.cleanup": self.clean_up_project,
+            "forks.sweep": self.sweep_forks,
+            "change.dispatch": self.dispatch_change,
+            "candidate.create": self.create_candidate,
+            "change.settle": self.settle_change,
+            "candidates.recompose": self.recompose_candidates,
+            "release.recover": self.recover_release,
+            "verification.start": self.start_workflow,
+            "release.start": self.start_workflow,
+        }
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _caller(self, command: Command, tenant_id: str | None = None) -> Caller:
+        tenant = tenant_id or self.app.project_tenant(command.project_id) or "platform"
+        return Caller(tenant, "system:integration", command.command_id, caused_by=None)
+
+    def _more_work(self, command: Command, delivery: Delivery, what: str) -> Retry | None:
+        """A bounded command with more to do: another delivery in 10 s, unless this was
+        its last (then acked and counted; the settle sweep re-drives what is left)."""
+        if delivery.delivered < delivery.max_deliveries:
+            return Retry(self.app.settings.integration_more_work_delay_s, f"more work: {what}")
+        self._count_exhausted(command, what)
+        return None
+
+    def _count_exhausted(self, command: Command, what: str) -> None:
+        from rhumbatron.metrics import MetricsRecorder
+
+        _log.warning(
+            "%s %s used its %d deliveries with work left (%s); acknowledged",
+            command.command_type,
+            command.command_id,
+            4,
+            what,
+        )
+        recorder = MetricsRecorder(
+            self.app.product().connection, self.app.metrics_sink, self.app.clock
+        )
+        recorder.record_one(BOUNDED_EXHAUSTED_METRIC, 1.0)
+
+    # -- projects ------------------------------------------------------------------------------
+    async def provision_project(self, command: Command, delivery: Delivery) -> Retry | None:
+        payload = command.payload.model_dump()
+        caller = self._caller(command, tenant_id=payload["tenant_id"])
+        self.app.project_root(command.project_id).create_project(caller, name=payload["name"])
+        return None
+
+    async def provision_app(self, command: Command, delivery: Delivery) -> Retry | None:
+        app_name = str(command.payload.model_dump()["app_name"])
+        await self.apps.provision(command.project_id, app_name, command.attempt)
+        shard = self.world.admin_shard(command.project_id)
+        shard.provision_app(self._caller(command), app_name=app_name)
+        return None
+
+    async def remove_app(self, command: Command, delivery: Delivery) -> Retry | None:
+        app_name = str(command.payload.model_dump()["app_name"])
+        shard = self.world.admin_shard(command.project_id)
+        shard.remove_app(self._caller(command), app_name=app_name, reason="removed on request")
+        return None
+
+    async def clean_up_project(self, command: Command, delivery: Delivery) -> Retry | None:
+        project_id = command.project_id
+        status = self.world.project_status(project_id)
+        if status == "active":
+            _log.info("project.cleanup of active project %s: nothing to clean", project_id)
+            return None
+        shard = self.world.admin_shard(project_id)
+        caller = self._caller(command)
+        for app_name in shard.live_apps():
+            shard.remove_app(caller, app_name=app_name, reason=f"project {status}")
+        for _, candidate_id in self.forks.forks(project_id):
+            self.forks.delete(project_id, candidate_id)
+        return None
+
+    async def sweep_forks(self, command: Command, delivery: Delivery) -> Retry | None:
+        """Delete the forks nobody can promote any more: their Candidate was rejected or
+        went stale, or its Change ended without it. Bounded per delivery."""
+        deleted = 0
+        for project_id, candidate_id in self.forks.forks():
+            if deleted >= FORKS_PER_DELIVERY:
+                return self._more_work(command, delivery, "forks left to sweep")
+            located = self.world.find_candidate(project_id, candidate_id)
+            abandoned = located is None or (
+                located.candidate.status in (CandidateStatus.REJECTED, CandidateStatus.STALE)
+                or (
+                    located.change.ended
+                    and located.candidate.status is not CandidateStatus.PROMOTED
+                )
+            )
+            if abandoned and self.forks.delete(project_id, candidate_id):
+                deleted += 1
+        return None
+
+    # -- the Change --------------------------------------------------------------------------
+    async def dispatch_change(self, command: Command, delivery: Delivery) -> Retry | None:
+        """Wake an Agent for each ready Task (``cmd_<task>_ready``), at most 8 active per
+        Change: a Task over the limit stays ready, and a freed slot dispatches again."""
+        change_id = _change_of(command)
+        await self.dispatch(command.project_id, change_id)
+        return None
+
+    async def dispatch(self, project_id: str, change_id: str) -> list[str]:
+        shard = self.world.change_shard(project_id, change_id)
+        change = shard.change_state(change_id)
+        if change is None or change.status != ChangeStatus.OPEN.value:
+            return []
+        tasks = shard.tasks_of_change(change_id)
+        free = self.app.settings.max_active_agents_per_change - sum(t.active for t in tasks)
+        woken: list[str] = []
+        for task in [t for t in tasks if t.status is TaskStatus.READY][: max(free, 0)]:
+            wake = lifecycle_command(
+                "agent.wake",
+                ready_wake_id(task.task_id),
+                project_id=project_id,
+                change_id=change_id,
+                task_id=task.task_id,
+                now=self.app.clock.now(),
+                payload={"agentId": task.planned_agent or "agent", "reason": "task_ready"},
+            )
+            await self.sender.send(wake)
+            woken.append(wake.command_id)
+        return woken
+
+    async def create_candidate(self, command: Command, delivery: Delivery) -> Retry | None:
+        """Compose the Change's work on the canonical base (the Candidate ID derives from the
+        composition key), write its fork, and start its verification."""
+        project_id, change_id = command.project_id, _change_of(command)
+        shard = self.world.change_shard(project_id, change_id)
+        change = shard.change_state(change_id)
+        if change is None or change.status != ChangeStatus.VERIFYING.value:
+            return None  # composed already and moved on, or ended
+        base = self.world.canonical_generation(project_id)
+        current = [
+            c.candidate_id
+            for c in shard.candidates(change_id=change_id)
+            if c.open and c.base_generation == base
+        ]
+        if current:
+            _log.info(
+                "change %s already has candidate %s on generation %d", change_id, current, base
+            )
+            return None
+        paths = {
+            p
+            for t in shard.tasks_of_change(change_id)
+            if t.changeset_id and (cs := shard.changeset(t.changeset_id))
+            for p in cs.paths
+        }
+        conflicts = [
+            other.candidate.candidate_id
+            for other in self.world.open_candidates(project_id)
+            if other.change.change_id != change_id
+            and other.candidate.status is CandidateStatus.CREATED
+            and paths & set(other.candidate.paths)
+        ]
+        if conflicts and not delivery.is_last:
+            return Retry(
+                self.app.settings.conflict_review_delay_s,
+                f"waiting for the conflict review of {', '.join(sorted(conflicts))}",
+            )
+        if conflicts:
+            _log.warning(
+                "candidate.create %s composes anyway on its last delivery despite %s",
+                command.command_id,
+                conflicts,
+            )
+        candidate = shard.compose_candidate(
+            self._caller(command), change_id=change_id, base_generation=base
+        )
+        if candidate.status is not CandidateStatus.CREATED:
+            return None
+        files = dict(self._canonical_files(project_id))
+        for changeset in shard.changesets_of_candidate(candidate):
+            files.update(changeset.files)
+        self.forks.write(project_id, candidate.candidate_id, files)
+        verify = lifecycle_command(
+            "verification.start",
+            verify_command_id(candidate.candidate_id),
+            project_id=project_id,
+            change_id=change_id,
+            now=self.app.clock.now(),
+            payload={"candidateId": candidate.candidate_id},
+        )
+        await self.sender.start_workflow(verify)
+        return None
+
+    def _canonical_files(self, project_id: str) -> dict[str, str]:
+        snapshot = self.world.canonical_snapshot(project_id)
+        return {} if snapshot is None else {d.path: d.content for d in snapshot.documents}
+
+    async def settle_change(self, command: Command, delivery: Delivery) -> Retry | None:
+        """Decide the state of a Change that cannot move on its own, then close its open
+        dead letters as ``superseded`` — unless a Task still waits, blocked by its dead
+        letter, for an operator's Retry."""
+        from rhumbatron.queues.dead_letter import supersede_letters_of_change
+
+        project_id, change_id = command.project_id, _change_of(command)
+        shard = self.world.change_shard(project_id, change_id)
+        change = shard.change_state(change_id)
+        if change is None:
+            return None
+        caller = self._caller(command)
+        tasks = shard.tasks_of_change(change_id)
+        waits_for_operator = any(
+            t.status is TaskStatus.BLOCKED and t.blocked_limit == DEAD_LETTER_LIMIT for t in tasks
+        )
+        if change.status == ChangeStatus.OPEN.value:
+            failed = [t for t in tasks if t.status is TaskStatus.FAILED]
+            if failed:
+                reasons = "; ".join(f"{t.task_id}: {t.reason}" for t in failed)
+                shard.move_change(
+                    caller, change_id=change_id, to=ChangeStatus.FAILED, reason=reasons
+                )
+                waits_for_operator = False
+            elif not any(t.active for t in tasks):
+                await self.dispatch(project_id, change_id)
+        elif change.status == ChangeStatus.VERIFYING.value and not any(
+            c.open for c in shard.candidates(change_id=change_id)
+        ):
+            compose = lifecycle_command(
+                "candidate.create",
+                f"{command.command_id}_candidate",
+                project_id=project_id,
+                change_id=change_id,
+                now=self.app.clock.now(),
+                payload={"reason": "settle"},
+            )
+            await self.sender.send(compose)
+        if not waits_for_operator:
+            supersede_letters_of_change(self.app, change_id, self.app.clock.now().timestamp())
+        return None
+
+    async def recompose_candidates(self, command: Command, delivery: Delivery) -> Retry | None:
+        """After canonical advanced: compose each stale Candidate's Change again on the new
+        base (``candidate.create`` after a rebase, on the verification queue)."""
+        project_id = command.project_id
+        generation = int(command.payload.model_dump()["generation"])
+        located = self.world.candidates(project_id)
+        has_open = {c.change.change_id for c in located if c.candidate.open}
+        stale = [
+            c
+            for c in located
+            if c.candidate.status is CandidateStatus.STALE
+            and c.change.status == ChangeStatus.VERIFYING.value
+            and c.change.change_id not in has_open
+        ]
+        for index, item in enumerate(stale):
+            if index >= RECOMPOSES_PER_DELIVERY:
+                return self._more_work(command, delivery, f"{len(stale) - index} stale left")
+            compose = lifecycle_command(
+                "candidate.create",
+                rebase_command_id(item.candidate.candidate_id, generation),
+                project_id=project_id,
+                change_id=item.change.change_id,
+                now=self.app.clock.now(),
+                payload={"baseGeneration": generation, "reason": "rebase"},
+            )
+            await self.sender.send(compose, queue="verification")
+        return None
+
+    async def recover_release(self, command: Command, delivery: Delivery) -> Retry | None:
+        """A Change still releasing long after promotion: finish what the release did, or
+        start it again (its instance ID makes a lost start and a slow one meet)."""
+        project_id, change_id = command.project_id, _change_of(command)
+        shard = self.world.change_shard(project_id, change_id)
+        change = shard.change_state(change_id)
+        if change is None or change.status != ChangeStatus.RELEASING.value:
+            return None
+        caller = self._caller(command)
+        release_id = str(command.payload.model_dump()["release_id"])
+        release = shard.release(release_id) if release_id else None
+        if release is None:
+            await self.start_release(project_id, change_id, caller)
+            return None
+        if release.status is not ReleaseStatus.STARTED:
+            shard.finish_release(
+                caller, release_id=release_id, outcome=release.status, reason=release.reason
+            )
+            return None
+        instance = await self.engine.describe("release", release_id)
+        if instance is None or instance.status is WorkflowStatus.running:
+            resume = getattr(self.engine, "resume", None)
+            if instance is not None and resume is not None:
+                await resume(release_id)
+            elif instance is None:
+                await self.start_release(project_id, change_id, caller)
+        elif instance.status is WorkflowStatus.failed:
+            shard.finish_release(
+                caller,
+                release_id=release_id,
+                outcome=ReleaseStatus.FAILED,
+                reason=f"release workflow failed: {instance.error}",
+            )
+        else:
+            shard.finish_release(caller, release_id=release_id, outcome=ReleaseStatus.COMPLETED)
+        return None
+
+    async def start_release(self, project_id: str, change_id: str, caller: Caller) -> str:
+        """Release the Change's promoted Candidate to the project's live app, or complete the
+        Change when the project has no live app (nothing to release)."""
+        shard = self.world.change_shard(project_id, change_id)
+        promoted = [
+            c
+            for c in shard.candidates(change_id=change_id)
+            if c.status in (CandidateStatus.PROMOTED, CandidateStatus.VERIFIED)
+        ]
+        generation = self.world.canonical_generation(project_id)
+        apps = self.world.admin_shard(project_id).live_apps()
+        if not apps or not promoted or generation < 1:
+            shard.move_change(
+                caller,
+                change_id=change_id,
+                to=ChangeStatus.COMPLETED,
+                reason="promoted; the project has no live app to release",
+            )
+            return "completed_without_release"
+        release_id = release_id_for(project_id, generation)
+        start = lifecycle_command(
+            "release.start",
+            release_command_id(release_id),
+            project_id=project_id,
+            change_id=change_id,
+            now=self.app.clock.now(),
+            payload={
+                "releaseId": release_id,
+                "generation": generation,
+                "candidateId": promoted[-1].candidate_id,
+                "appName": apps[0],
+            },
+        )
+        sent = await self.sender.start_workflow(start)
+        return sent.outcome
+
+    async def start_workflow(self, command: Command, delivery: Delivery) -> Retry | None:
+        """``verification.start`` / ``release.start``: the idempotency key is the workflow
+        instance ID, so a redelivery finds the existing instance."""
+        workflow, instance_id = workflow_start_for(command)
+        await self.engine.start(workflow, instance_id, workflow_input(command))
+        return None
+
+
+def _change_of(command: Command) -> str:
+    if command.change_id is None:
+        raise DomainError(
+            f"{command.command_type} {command.command_id} names no change; it needs change_id"
+        )
+    return command.change_id

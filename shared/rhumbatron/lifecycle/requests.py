@@ -1,0 +1,277 @@
+"""What people and agents ask of the lifecycle: create a Change, approve or decline it, and
+the agent callbacks (intent, claims, changeset, started, completed, failed).
+
+The API's routes and the scripted agent both call these, so an external agent reporting
+through HTTP and a local one playing a sample script take the same path. Each call is one
+actor transaction whose facts commit with it; each is idempotent on its natural key.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.domain.candidates import CandidateState, CandidateStatus
+from rhumbatron.domain.changes import ChangeState, ChangeStatus, TaskPlan
+from rhumbatron.domain.facts import Caller
+from rhumbatron.errors import DomainError
+
+if TYPE_CHECKING:
+    from rhumbatron.lifecycle.world import LifecycleWorld
+    from rhumbatron.runtime.bootstrap import Rhumbatron
+
+__all__ = ["AgentCallbacks", "ChangeRequests", "CreatedChange", "PromotionConflictError"]
+
+
+class PromotionConflictError(DomainError):
+    """Canonical moved past the Candidate's base: it must be recomposed before approval."""
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedChange:
+    change_id: str
+    created: bool  # False: the same client request was seen before (the first Change)
+
+
+@dataclass
+class ChangeRequests:
+    """Creating and deciding Changes."""
+
+    app: Rhumbatron
+    world: LifecycleWorld
+
+    def create_change(
+        self,
+        caller: Caller,
+        *,
+        project_id: str,
+        client_request_id: str,
+        title: str,
+        tasks: Sequence[TaskPlan],
+    ) -> CreatedChange:
+        """Create the Change once per ``(project_id, client_request_id)``: the product
+        database's unique key (``INSERT … ON CONFLICT DO NOTHING``) picks the Change ID, and a
+        repeat returns the first Change. The shard write is idempotent too, so a repeat after
+        a crash between the two finishes the first creation."""
+        if not self.world.project_exists(project_id):
+            raise DomainError(f"project {project_id!r} does not exist; provision it first")
+        status = self.world.project_status(project_id)
+        if status != "active":
+            raise DomainError(f"project {project_id!r} is {status}; changes need an active one")
+        candidate_id = f"chg_{uuid.uuid4().hex[:20]}"
+        with self.app.product().transaction() as db:
+            inserted = db.execute(
+                "INSERT INTO change_requests (project_id, client_request_id, change_id, "
+                "tenant_id, created_at_s) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (project_id, client_request_id) DO NOTHING",
+                (
+                    project_id,
+                    client_request_id,
+                    candidate_id,
+                    caller.tenant_id,
+                    self.app.clock.now().timestamp(),
+                ),
+            ).rowcount
+            change_id = str(
+                db.execute(
+                    "SELECT change_id FROM change_requests WHERE project_id = ? AND "
+                    "client_request_id = ?",
+                    (project_id, client_request_id),
+                ).fetchone()[0]
+            )
+        shard = self.world.change_shard(project_id, change_id)
+        shard.create_change(
+            Caller(caller.tenant_id, caller.actor, change_id, caller.caused_by),
+            change_id=change_id,
+            title=title,
+            client_request_id=client_request_id,
+            requested_by=caller.actor,
+            tasks=tasks,
+        )
+        return CreatedChange(change_id, created=inserted == 1)
+
+    def change(self, project_id: str, change_id: str) -> ChangeState | None:
+        return self.world.change_shard(project_id, change_id).change_state(change_id)
+
+    def _awaiting(self, project_id: str, change_id: str) -> tuple[ResourceShard, ChangeState]:
+        shard = self.world.change_shard(project_id, change_id)
+        change = shard.change_state(change_id)
+        if change is None:
+            raise DomainError(f"no change {change_id!r} in project {project_id!r}")
+        return shard, change
+
+    def approve(self, caller: Caller, *, project_id: str, change_id: str) -> CandidateState:
+        """Promote the Change's verified Candidate (``decidePromotion`` on the project root:
+        candidate + expected generation, ``already_promoted`` on a repeat) and move the
+        Change to ``releasing``. The router's ``canonical.advanced`` rule does the rest."""
+        shard, change = self._awaiting(project_id, change_id)
+        promoted = [
+            c for c in shard.candidates(change_id=change_id) if c.status is CandidateStatus.PROMOTED
+        ]
+        if change.status == ChangeStatus.RELEASING.value or (
+            promoted and change.status in ("releasing", "completed")
+        ):
+            return promoted[-1] if promoted else shard.candidates(change_id=change_id)[-1]
+        if change.status != ChangeStatus.AWAITING_APPROVAL.value:
+            raise DomainError(
+                f"change {change_id!r} is {change.status}; only a change awaiting approval "
+                "can be approved"
+            )
+        verified = [
+            c for c in shard.candidates(change_id=change_id) if c.status is CandidateStatus.VERIFIED
+        ]
+        if not verified:
+            raise DomainError(f"change {change_id!r} has no verified candidate to promote")
+        candidate = verified[-1]
+        try:
+            self.app.project_root(project_id).promote(
+                caller,
+                candidate_id=candidate.candidate_id,
+                artifact_id=f"art_{candidate.candidate_id.removeprefix('cand_')}",
+                expected_generation=candidate.base_generation,
+                change_ids=(change_id,),
+            )
+        except DomainError as exc:
+            raise PromotionConflictError(str(exc)) from exc
+        shard.record_promotion(
+            caller,
+            change_id=change_id,
+            candidate_id=candidate.candidate_id,
+            expected_generation=candidate.base_generation,
+        )
+        return candidate
+
+    def decline(self, caller: Caller, *, project_id: str, change_id: str, reason: str) -> None:
+        shard, _ = self._awaiting(project_id, change_id)
+        shard.move_change(
+            caller, change_id=change_id, to=ChangeStatus.DECLINED, reason=reason or "declined"
+        )
+
+    def cancel(self, caller: Caller, *, project_id: str, change_id: str, reason: str) -> None:
+        shard, _ = self._awaiting(project_id, change_id)
+        shard.move_change(
+            caller, change_id=change_id, to=ChangeStatus.CANCELLED, reason=reason or "cancelled"
+        )
+
+
+@dataclass
+class AgentCallbacks:
+    """What an Agent reports while it works on a Task. ``agent:<id>`` is the actor of every
+    fact, so the router never wakes an Agent for its own writes."""
+
+    app: Rhumbatron
+    world: LifecycleWorld
+    claim_ttl: timedelta = timedelta(minutes=15)
+
+    def _caller(self, tenant_id: str, agent_id: str, correlation_id: str) -> Caller:
+        return Caller(tenant_id, f"agent:{agent_id}", correlation_id)
+
+    def _change_shard(self, project_id: str, change_id: str) -> ResourceShard:
+        return self.app.resource_shard(project_id, change_resource_key(change_id))
+
+    def start(
+        self, tenant_id: str, *, project_id: str, change_id: str, task_id: str, agent_id: str
+    ) -> None:
+        self._change_shard(project_id, change_id).start_task(
+            self._caller(tenant_id, agent_id, task_id), task_id=task_id, agent_id=agent_id
+        )
+
+    def declare_intent(
+        self,
+        tenant_id: str,
+        *,
+        project_id: str,
+        change_id: str,
+        agent_id: str,
+        intent_id: str,
+        paths: Sequence[str],
+        summary: str = "",
+    ) -> None:
+        """``intent.declared`` (first time) or ``intent.changed`` (new paths), in the shard of
+        the intent's first path."""
+        if not paths:
+            raise DomainError(f"intent {intent_id!r} names no paths")
+        self.app.resource_shard(project_id, paths[0]).declare_intent(
+            self._caller(tenant_id, agent_id, intent_id),
+            intent_id=intent_id,
+            agent_id=agent_id,
+            paths=tuple(paths),
+            summary=summary,
+            change_id=change_id,
+        )
+
+    def acquire_claim(
+        self, tenant_id: str, *, project_id: str, agent_id: str, resource: str
+    ) -> None:
+        self.app.resource_shard(project_id, resource).acquire_claim(
+            self._caller(tenant_id, agent_id, resource),
+            resource=resource,
+            agent_id=agent_id,
+            ttl=self.claim_ttl,
+        )
+
+    def release_claim(
+        self, tenant_id: str, *, project_id: str, agent_id: str, resource: str
+    ) -> None:
+        self.app.resource_shard(project_id, resource).release_claim(
+            self._caller(tenant_id, agent_id, resource), resource=resource, agent_id=agent_id
+        )
+
+    def propose_changeset(
+        self,
+        tenant_id: str,
+        *,
+        project_id: str,
+        change_id: str,
+        task_id: str,
+        agent_id: str,
+        changeset_id: str,
+        files: Mapping[str, str],
+    ) -> None:
+        self._change_shard(project_id, change_id).propose_changeset(
+            self._caller(tenant_id, agent_id, changeset_id),
+            changeset_id=changeset_id,
+            task_id=task_id,
+            agent_id=agent_id,
+            files=files,
+            base_generation=self.world.canonical_generation(project_id),
+        )
+
+    def complete(
+        self,
+        tenant_id: str,
+        *,
+        project_id: str,
+        change_id: str,
+        task_id: str,
+        agent_id: str,
+        changeset_id: str | None,
+    ) -> None:
+        self._change_shard(project_id, change_id).complete_task(
+            self._caller(tenant_id, agent_id, task_id),
+            change_id=change_id,
+            task_id=task_id,
+            agent_id=agent_id,
+            changeset_id=changeset_id,
+        )
+
+    def fail(
+        self,
+        tenant_id: str,
+        *,
+        project_id: str,
+        change_id: str,
+        task_id: str,
+        agent_id: str,
+        reason: str,
+    ) -> None:
+        self._change_shard(project_id, change_id).fail_task(
+            self._caller(tenant_id, agent_id, task_id),
+            task_id=task_id,
+            agent_id=agent_id,
+            reason=reason,
+        )

@@ -1,0 +1,221 @@
+"""The lifecycle's reads across a project's actor files.
+
+A Change, its Tasks, changesets, Candidates and release live in the shard of ``change:<id>``;
+a project's administration (archived or deleted, its apps) in the shard of ``project:<id>``;
+its canonical generation in its root. Questions that span Changes — every open Candidate of a
+project, every Change still releasing — visit the project's shard files. Only files that exist
+are opened: a read never creates an actor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from rhumbatron.actors.actor import ActorKind, ActorRef
+from rhumbatron.actors.project_root import ProjectRoot
+from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.domain.candidates import CandidateState, CandidateStatus
+from rhumbatron.domain.changes import ChangeState, ChangeStatus
+from rhumbatron.domain.project import project_admin_key
+from rhumbatron.domain.releases import ReleaseStatus
+from rhumbatron.indexing import CanonicalSnapshot, Document
+from rhumbatron.lifecycle.housekeeping import QuietChange, ReleasingChange
+
+if TYPE_CHECKING:
+    from rhumbatron.indexing import Indexer
+    from rhumbatron.runtime.bootstrap import Rhumbatron
+
+__all__ = ["LifecycleWorld", "LocatedCandidate"]
+
+#: States a quiet Change may be settled in: work that should be moving by itself.
+_SETTLEABLE = (ChangeStatus.OPEN.value, ChangeStatus.VERIFYING.value)
+
+
+@dataclass(frozen=True, slots=True)
+class LocatedCandidate:
+    """A Candidate and the Change it composes."""
+
+    candidate: CandidateState
+    change: ChangeState
+
+
+@dataclass
+class LifecycleWorld:
+    """Reads over the actors of every project under the state directory."""
+
+    app: Rhumbatron
+    #: The indexer's ``project_indexes``, for the index questions of housekeeping.
+    indexer: Indexer | None = None
+
+    # -- where things live -----------------------------------------------------------------
+    def change_shard(self, project_id: str, change_id: str) -> ResourceShard:
+        return self.app.resource_shard(project_id, change_resource_key(change_id))
+
+    def admin_shard(self, project_id: str) -> ResourceShard:
+        return self.app.resource_shard(project_id, project_admin_key(project_id))
+
+    def project_exists(self, project_id: str) -> bool:
+        return ProjectRoot.ref_for(project_id).path(self.app.settings.state_dir).exists()
+
+    def project_ids(self) -> list[str]:
+        """Every project with a root actor, sorted."""
+        return sorted(
+            {ref.project_id for ref in self.app.actor_refs() if ref.kind is ActorKind.PROJECT_ROOT}
+        )
+
+    def shards(self, project_id: str) -> Iterator[ResourceShard]:
+        """The project's shard files that exist."""
+        count = self.app.settings.resource_shard_count
+        state_dir = self.app.settings.state_dir
+        for index in range(count):
+            ref = ActorRef(ActorKind.RESOURCE_SHARD, project_id, index)
+            if ref.path(state_dir).exists():
+                actor = self.app.actor(ref)
+                assert isinstance(actor, ResourceShard)
+                yield actor
+
+    def project_status(self, project_id: str) -> str:
+        """``active``, ``archived`` or ``deleted``; a project never administered is active."""
+        ref = ResourceShard.ref_for(
+            project_id, project_admin_key(project_id), self.app.settings.resource_shard_count
+        )
+        if not ref.path(self.app.settings.state_dir).exists():
+            return "active"
+        return self.admin_shard(project_id).project_status()
+
+    def canonical_generation(self, project_id: str) -> int:
+        if not self.project_exists(project_id):
+            return 0
+        state = self.app.project_root(project_id).state()
+        return 0 if state is None else state.canonical_generation
+
+    # -- Changes and Candidates --------------------------------------------------------------
+    def changes(self, project_id: str, statuses: Sequence[str] | None = None) -> list[ChangeState]:
+        found = [c for shard in self.shards(project_id) for c in shard.changes(statuses=statuses)]
+        return sorted(found, key=lambda c: (c.created_at, c.change_id))
+
+    def candidates(self, project_id: str) -> list[LocatedCandidate]:
+        """Every Candidate of the project with its Change."""
+        located: list[LocatedCandidate] = []
+        for shard in self.shards(project_id):
+            for candidate in shard.candidates():
+                change = shard.change_state(candidate.change_id)
+                if change is not None:
+                    located.append(LocatedCandidate(candidate, change))
+        return located
+
+    def open_candidates(self, project_id: str) -> list[LocatedCandidate]:
+        return [c for c in self.candidates(project_id) if c.candidate.open]
+
+    def find_candidate(self, project_id: str, candidate_id: str) -> LocatedCandidate | None:
+        for shard in self.shards(project_id):
+            candidate = shard.candidate(candidate_id)
+            if candidate is not None:
+                change = shard.change_state(candidate.change_id)
+                if change is not None:
+                    return LocatedCandidate(candidate, change)
+        return None
+
+    # -- the indexer's source ----------------------------------------------------------------
+    def canonical_snapshot(self, project_id: str) -> CanonicalSnapshot | None:
+        """The canonical files: every promoted Candidate's changesets applied in generation
+        order (a later generation's file replaces an earlier one's)."""
+        if not self.project_exists(project_id):
+            return None
+        root = self.app.project_root(project_id)
+        state = root.state()
+        if state is None or state.canonical_generation == 0:
+            return None
+        files: dict[str, str] = {}
+        for candidate_id in root.promoted_candidate_ids():
+            located = self.find_candidate(project_id, candidate_id)
+            if located is None:
+                continue  # its shard was lost; index what remains
+            shard = self.change_shard(project_id, located.change.change_id)
+            for changeset in shard.changesets_of_candidate(located.candidate):
+                files.update(changeset.files)
+        documents = tuple(Document(path, content) for path, content in sorted(files.items()))
+        return CanonicalSnapshot(state.canonical_generation, documents)
+
+    # -- housekeeping (the sweep's questions) ------------------------------------------------
+    def _projects_with_status(self, status: str) -> list[str]:
+        return [p for p in self.project_ids() if self.project_status(p) == status]
+
+    def archived_projects(self, limit: int) -> list[str]:
+        return self._projects_with_status("archived")[:limit]
+
+    def active_projects_without_ready_index(self, limit: int) -> list[str]:
+        indexer = self.indexer
+        if indexer is None:
+            return []
+        found = []
+        for project_id in self._projects_with_status("active"):
+            generation = self.canonical_generation(project_id)
+            ready = indexer.ready_generation(project_id)
+            if generation > 0 and (ready is None or ready < generation):
+                found.append(project_id)
+            if len(found) >= limit:
+                break
+        return found
+
+    def deleted_projects_with_index_rows(self, limit: int) -> list[str]:
+        if self.indexer is None:
+            return []
+        deleted = self._projects_with_status("deleted")
+        return self.indexer.projects_with_index_rows(deleted)[:limit]
+
+    def releasing_changes(self, promoted_before: datetime, limit: int) -> list[ReleasingChange]:
+        found: list[ReleasingChange] = []
+        for project_id in self.project_ids():
+            for shard in self.shards(project_id):
+                for change in shard.changes(statuses=(ChangeStatus.RELEASING.value,)):
+                    promoted = _parse(change.promoted_at)
+                    if promoted is None or promoted >= promoted_before:
+                        continue
+                    releases = [
+                        r
+                        for r in shard.releases(change_id=change.change_id)
+                        if r.status is not ReleaseStatus.COMPLETED
+                    ]
+                    release_id = releases[-1].release_id if releases else ""
+                    found.append(
+                        ReleasingChange(project_id, change.change_id, release_id, promoted)
+                    )
+        found.sort(key=lambda r: r.promoted_at)
+        return found[:limit]
+
+    def quiet_changes(
+        self, updated_after: datetime, updated_before: datetime, limit: int
+    ) -> list[QuietChange]:
+        """Open or verifying Changes last moved inside the window that cannot move on their
+        own: no Agent holds one of their Tasks and no Candidate of theirs is being verified."""
+        found: list[QuietChange] = []
+        for project_id in self.project_ids():
+            for shard in self.shards(project_id):
+                for change in shard.changes(statuses=_SETTLEABLE):
+                    updated = _parse(change.updated_at)
+                    if updated is None or not updated_after <= updated <= updated_before:
+                        continue
+                    if any(t.active for t in shard.tasks_of_change(change.change_id)):
+                        continue
+                    verifying = any(
+                        c.status is CandidateStatus.CREATED
+                        for c in shard.candidates(change_id=change.change_id)
+                    )
+                    if verifying:
+                        continue
+                    found.append(QuietChange(project_id, change.change_id, change.status, updated))
+        found.sort(key=lambda q: q.updated_at)
+        return found[:limit]
+
+
+def _parse(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None

@@ -1,0 +1,125 @@
+"""The workflow engine port: start a Workflow instance once per idempotency key.
+
+Two commands start Workflows (rulebook "Queues"): ``verification.start`` (one per Candidate,
+instance ID = Candidate ID) and ``release.start`` (one per promoted generation with a live app,
+instance ID = release ID ``rel_<project>_<generation>``). The consumer uses that key as the
+instance ID, so a redelivered command finds the existing instance: the engine answers a second
+start of the same ID with ``started=False`` and runs nothing again ("Idempotency and dedupe").
+
+Two adapters share this port: AWS Step Functions in the cloud (execution name = instance ID)
+and an in-process engine locally, with the same idempotency and the same ID rules.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from rhumbatron.errors import DomainError, RhumbatronError
+from rhumbatron.protocol.envelopes import Command
+
+__all__ = [
+    "INSTANCE_ID_PATTERN",
+    "WORKFLOW_COMMANDS",
+    "WorkflowEngine",
+    "WorkflowEngineError",
+    "WorkflowInstance",
+    "WorkflowStart",
+    "WorkflowStatus",
+    "check_instance_id",
+    "workflow_start_for",
+]
+
+#: Step Functions execution names: 1..80 characters of letters, digits, ``_`` and ``-``. The
+#: in-process engine enforces it too, so an ID that works locally cannot fail in the cloud.
+INSTANCE_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+
+#: Command type → the Workflow it starts. Read-only.
+WORKFLOW_COMMANDS: Mapping[str, str] = MappingProxyType(
+    {"verification.start": "verification", "release.start": "release"}
+)
+
+# The payload field of each starting command that carries the idempotency key.
+_INSTANCE_ID_FIELD: Mapping[str, str] = MappingProxyType(
+    {"verification.start": "candidate_id", "release.start": "release_id"}
+)
+
+
+class WorkflowEngineError(RhumbatronError):
+    """The workflow engine answered with an error we cannot use (throttled, denied, down)."""
+
+
+@dataclass(frozen=True)
+class WorkflowStart:
+    """The answer to a start: ``started`` is False when the instance already existed."""
+
+    workflow: str
+    instance_id: str
+    started: bool
+
+
+class WorkflowStatus(StrEnum):
+    """Where an instance is: still running, or finished one way or the other."""
+
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+@dataclass(frozen=True)
+class WorkflowInstance:
+    """One instance as the engine sees it; ``output`` only once it succeeded."""
+
+    workflow: str
+    instance_id: str
+    status: WorkflowStatus
+    output: dict[str, Any] | None
+    error: str | None
+
+
+class WorkflowEngine(Protocol):
+    """Starts and describes Workflow instances; one instance per ID, ever."""
+
+    async def start(
+        self, workflow: str, instance_id: str, input: Mapping[str, Any]
+    ) -> WorkflowStart:
+        """Start ``workflow`` as ``instance_id`` unless that instance exists (then a repeat)."""
+        ...
+
+    async def describe(self, workflow: str, instance_id: str) -> WorkflowInstance | None:
+        """The instance of ``workflow`` with this ID, or None if it was never started."""
+        ...
+
+
+def check_instance_id(instance_id: str) -> str:
+    """Return ``instance_id`` if Step Functions accepts it as an execution name; else raise.
+
+    Raises :class:`DomainError` naming the value: 1 to 80 characters of ``[A-Za-z0-9_-]``.
+    """
+    if not isinstance(instance_id, str) or INSTANCE_ID_PATTERN.fullmatch(instance_id) is None:
+        raise DomainError(
+            f"workflow instance ID {instance_id!r} is not a valid execution name: use 1 to 80 "
+            "characters of letters, digits, '_' and '-'"
+        )
+    return instance_id
+
+
+def workflow_start_for(command: Command) -> tuple[str, str]:
+    """``workflowStartFor``: the ``(workflow, instance_id)`` a starting command maps to.
+
+    ``verification.start`` → ``("verification", candidate_id)``; ``release.start`` →
+    ``("release", release_id)``. Any other type raises :class:`DomainError`.
+    """
+    workflow = WORKFLOW_COMMANDS.get(command.command_type)
+    if workflow is None:
+        raise DomainError(
+            f"command {command.command_id} of type {command.command_type!r} starts no "
+            f"workflow; only {' and '.join(WORKFLOW_COMMANDS)} do"
+        )
+    payload = command.payload.model_dump()
+    instance_id = payload[_INSTANCE_ID_FIELD[command.command_type]]
+    return workflow, check_instance_id(str(instance_id))

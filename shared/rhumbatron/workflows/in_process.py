@@ -1,0 +1,264 @@
+"""The local workflow engine: steps run in this process, progress persists in SQLite.
+
+An instance is one row of ``workflow_instances`` (the instance ID is its primary key) and
+each finished step one row of ``workflow_steps``. ``start`` inserts the instance with
+``INSERT OR IGNORE``: a second start of the same ID finds the row and runs nothing (the
+same answer Step Functions gives to a repeated execution name). A step's finish and the
+state it returned are written in one transaction, so a process killed mid-run resumes from
+the first unfinished step and never runs a finished step twice.
+
+Steps run in the process that started the instance. Only one process is expected to own a
+file: two processes resuming the same running instance at once could both run its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.errors import DomainError
+from rhumbatron.runtime.clock import Clock
+from rhumbatron.runtime.settings import Settings
+from rhumbatron.workflows.engine import (
+    WorkflowEngineError,
+    WorkflowInstance,
+    WorkflowStart,
+    WorkflowStatus,
+    check_instance_id,
+)
+
+__all__ = ["InProcessEngine", "StepFunction", "WorkflowDefinition", "WorkflowStep"]
+
+#: A step: ``(input, state) -> mapping merged into the state, or None``. ``state`` is a fresh
+#: copy: only what the step returns is kept (and persisted).
+StepFunction = Callable[[Mapping[str, Any], dict[str, Any]], Awaitable[Mapping[str, Any] | None]]
+
+#: A named step; names are unique within a workflow (they key the finished-steps table).
+WorkflowStep = tuple[str, StepFunction]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS workflow_instances (
+    workflow    TEXT NOT NULL,
+    instance_id TEXT PRIMARY KEY,
+    status      TEXT NOT NULL,
+    input       TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    error       TEXT,
+    started_at  TEXT NOT NULL,
+    updated_at  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS workflow_instances_status ON workflow_instances (status);
+CREATE TABLE IF NOT EXISTS workflow_steps (
+    instance_id TEXT NOT NULL,
+    step        TEXT NOT NULL,
+    finished_at TEXT NOT NULL,
+    PRIMARY KEY (instance_id, step)
+) WITHOUT ROWID;
+"""
+
+
+@dataclass(frozen=True)
+class WorkflowDefinition:
+    """A workflow: its name and its steps, run in order."""
+
+    name: str
+    steps: tuple[WorkflowStep, ...]
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.steps]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise DomainError(
+                f"workflow {self.name!r} names steps {', '.join(repeated)} more than once; "
+                "give every step a unique name (finished steps are recorded by name)"
+            )
+
+
+class InProcessEngine:
+    """The :class:`~rhumbatron.workflows.engine.WorkflowEngine` for local runs.
+
+    ``start`` runs a new instance's steps before it returns; a failing step marks the
+    instance failed (an outcome, so ``start`` still answers ``started=True``).
+    """
+
+    def __init__(
+        self,
+        store_path: Path,
+        settings: Settings,
+        clock: Clock,
+        definitions: Mapping[str, WorkflowDefinition],
+    ) -> None:
+        for key, definition in definitions.items():
+            if key != definition.name:
+                raise DomainError(
+                    f"workflow definition {definition.name!r} is registered as {key!r}; "
+                    "register each definition under its own name"
+                )
+        self._store = SqliteStore(store_path, settings, _SCHEMA)
+        self._clock = clock
+        self._definitions = dict(definitions)
+        # One lock per instance ID while anyone uses it: two starts of one ID in this
+        # process must not both see an unfinished step and run it.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    async def start(
+        self, workflow: str, instance_id: str, input: Mapping[str, Any]
+    ) -> WorkflowStart:
+        """Insert the instance and run its steps; an existing ID is a repeat (nothing runs)."""
+        definition = self._definition(workflow)
+        check_instance_id(instance_id)
+        try:
+            input_json = json.dumps(dict(input), sort_keys=True)
+        except (TypeError, ValueError) as exc:
+            raise WorkflowEngineError(
+                f"input of workflow {workflow!r} instance {instance_id!r} is not JSON ({exc}); "
+                "pass only JSON values"
+            ) from None
+        async with self._lock(instance_id):
+            now = self._clock.now().isoformat()
+            existing: sqlite3.Row | None = None
+            with self._store.transaction() as db:
+                inserted = db.execute(
+                    "INSERT OR IGNORE INTO workflow_instances (workflow, instance_id, status, "
+                    "input, state, error, started_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, '{}', NULL, ?, ?)",
+                    (workflow, instance_id, WorkflowStatus.running, input_json, now, now),
+                ).rowcount
+                if not inserted:
+                    existing = _row(db, instance_id)
+            if not inserted:
+                if existing is not None and existing["workflow"] != workflow:
+                    raise DomainError(
+                        f"instance ID {instance_id!r} already belongs to workflow "
+                        f"{existing['workflow']!r}, not {workflow!r}; instance IDs are unique "
+                        "across workflows"
+                    )
+                return WorkflowStart(workflow=workflow, instance_id=instance_id, started=False)
+            await self._run(definition, instance_id)
+        return WorkflowStart(workflow=workflow, instance_id=instance_id, started=True)
+
+    async def describe(self, workflow: str, instance_id: str) -> WorkflowInstance | None:
+        """The instance, or None if this workflow never started one with that ID."""
+        row = _row(self._store.connection, instance_id)
+        if row is None or row["workflow"] != workflow:
+            return None
+        status = WorkflowStatus(row["status"])
+        return WorkflowInstance(
+            workflow=workflow,
+            instance_id=instance_id,
+            status=status,
+            output=json.loads(row["state"]) if status is WorkflowStatus.succeeded else None,
+            error=row["error"],
+        )
+
+    async def resume(self, instance_id: str) -> WorkflowInstance | None:
+        """Continue a ``running`` instance from its first unfinished step.
+
+        An instance that finished (or does not exist) is left alone; the answer is the
+        instance as it stands afterwards, or None if there is none.
+        """
+        async with self._lock(instance_id):
+            row = _row(self._store.connection, instance_id)
+            if row is None:
+                return None
+            if row["status"] == WorkflowStatus.running:
+                await self._run(self._definition(row["workflow"]), instance_id)
+            workflow = str(row["workflow"])
+        return await self.describe(workflow, instance_id)
+
+    async def resume_running(self) -> list[str]:
+        """Resume every ``running`` instance (the local sweep); return their IDs."""
+        ids = [
+            str(row["instance_id"])
+            for row in self._store.connection.execute(
+                "SELECT instance_id FROM workflow_instances WHERE status = ? "
+                "ORDER BY started_at, instance_id",
+                (WorkflowStatus.running,),
+            )
+        ]
+        for instance_id in ids:
+            await self.resume(instance_id)
+        return ids
+
+    def close(self) -> None:
+        """Close the SQLite file."""
+        self._store.close()
+
+    def _definition(self, workflow: str) -> WorkflowDefinition:
+        definition = self._definitions.get(workflow)
+        if definition is None:
+            known = ", ".join(sorted(self._definitions)) or "(none)"
+            raise DomainError(f"unknown workflow {workflow!r}; this engine knows: {known}")
+        return definition
+
+    def _lock(self, instance_id: str) -> asyncio.Lock:
+        lock = self._locks.get(instance_id)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[instance_id] = lock
+        return lock
+
+    async def _run(self, definition: WorkflowDefinition, instance_id: str) -> None:
+        """Run the unfinished steps in order; the caller holds the instance's lock."""
+        row = _row(self._store.connection, instance_id)
+        assert row is not None  # the caller inserted or read it under the same lock
+        input_ = json.loads(row["input"])
+        state_json = str(row["state"])
+        finished = {
+            str(step["step"])
+            for step in self._store.connection.execute(
+                "SELECT step FROM workflow_steps WHERE instance_id = ?", (instance_id,)
+            )
+        }
+        for name, step in definition.steps:
+            if name in finished:
+                continue
+            try:
+                # A fresh copy for each step: only what a step returns reaches the record.
+                result = await step(input_, json.loads(state_json))
+                state_json = json.dumps({**json.loads(state_json), **dict(result or {})})
+            except Exception as exc:
+                # BaseException (cancellation, a killed process) is not caught: the instance
+                # stays running and resume() continues it from this step.
+                self._fail(instance_id, f"step {name!r}: {type(exc).__name__}: {exc}")
+                return
+            now = self._clock.now().isoformat()
+            with self._store.transaction() as db:
+                db.execute(
+                    "INSERT INTO workflow_steps (instance_id, step, finished_at) VALUES (?, ?, ?)",
+                    (instance_id, name, now),
+                )
+                db.execute(
+                    "UPDATE workflow_instances SET state = ?, updated_at = ? WHERE instance_id = ?",
+                    (state_json, now, instance_id),
+                )
+        with self._store.transaction() as db:
+            db.execute(
+                "UPDATE workflow_instances SET status = ?, updated_at = ? "
+                "WHERE instance_id = ? AND status = ?",
+                (WorkflowStatus.succeeded, self._clock.now().isoformat(), instance_id, "running"),
+            )
+
+    def _fail(self, instance_id: str, error: str) -> None:
+        with self._store.transaction() as db:
+            db.execute(
+                "UPDATE workflow_instances SET status = ?, error = ?, updated_at = ? "
+                "WHERE instance_id = ?",
+                (WorkflowStatus.failed, error, self._clock.now().isoformat(), instance_id),
+            )
+
+
+def _row(db: sqlite3.Connection, instance_id: str) -> sqlite3.Row | None:
+    row: sqlite3.Row | None = db.execute(
+        "SELECT workflow, status, input, state, error FROM workflow_instances "
+        "WHERE instance_id = ?",
+        (instance_id,),
+    ).fetchone()
+    return row

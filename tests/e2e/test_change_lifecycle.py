@@ -1,0 +1,137 @@
+"""A Change from request to release on the embedded default, driven only by events and
+commands: a real nats-server, real SQLite actor files, the in-process workflow engine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+
+from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.agents.scripted import ScriptLibrary
+from rhumbatron.domain.changes import TaskPlan
+from rhumbatron.domain.facts import Caller
+from rhumbatron.lifecycle.commands import lifecycle_command
+from rhumbatron.lifecycle.local_loop import LocalLoop
+from rhumbatron.local.stack import LocalStack
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.runtime.settings import load_settings
+
+SAMPLE = Path(__file__).resolve().parents[2] / "samplefiles" / "lifecycle.json"
+FAST = {
+    "queue_retry_delay_s": {q: 0.05 for q in ("agent-wakeups", "integration", "verification", "release", "indexing")},
+    "integration_more_work_delay_s": 0.05,
+    "conflict_review_delay_s": 0.05,
+}
+
+
+@pytest_asyncio.fixture
+async def app(tmp_path: Path) -> AsyncIterator[Rhumbatron]:
+    """The embedded default: nats-server and moto's S3 server on loopback, SQLite files."""
+    with LocalStack(tmp_path / "stack") as stack:
+        assert stack.s3 is not None
+        settings = load_settings(
+            state_dir=tmp_path / "state",
+            nats_url=stack.nats.url,
+            s3_endpoint_url=stack.s3.endpoint_url,
+            **FAST,
+        )
+        stack.s3.client().create_bucket(Bucket=settings.evidence_bucket)
+        runtime = bootstrap(settings, clock=ManualClock(), alarms=RecordingAlarmSink())
+        await runtime.ensure_streams()
+        yield runtime
+        await runtime.close()
+
+
+def _plans(sample: dict) -> list[TaskPlan]:
+    return [
+        TaskPlan(
+            task_id=t["taskId"],
+            title=t["title"],
+            agent_id=t["agentId"],
+            depends_on=tuple(t.get("dependsOn", ())),
+            script=t.get("script"),
+        )
+        for t in sample["change"]["tasks"]
+    ]
+
+
+async def test_a_change_moves_from_request_to_release_by_events_and_commands(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN the sample project provisioned with a live app, through the integration queue
+    sample = json.loads(SAMPLE.read_text())
+    project_id, tenant = sample["project"]["id"], sample["tenant"]
+    lifecycle = app.lifecycle()
+    lifecycle.scripts = ScriptLibrary.from_file(SAMPLE)
+    loop = LocalLoop(app)
+    now = app.clock.now()
+    await lifecycle.sender.send(
+        lifecycle_command(
+            "project.provision",
+            f"cmd_provision_{project_id}",
+            project_id=project_id,
+            now=now,
+            payload={"name": sample["project"]["name"], "tenantId": tenant},
+        )
+    )
+    await lifecycle.sender.send(
+        lifecycle_command(
+            "app.provision",
+            f"cmd_app_{project_id}",
+            project_id=project_id,
+            now=now,
+            payload={"appName": sample["app"]["name"]},
+        )
+    )
+    world = lifecycle.world
+    assert await loop.run_until(lambda: world.admin_shard(project_id).live_apps() == ["storefront"])
+
+    # WHEN a Change of four Tasks is requested (twice: the same client request)
+    caller = Caller(tenant, "user:dana", "req")
+    created = lifecycle.requests.create_change(
+        caller,
+        project_id=project_id,
+        client_request_id=sample["change"]["clientRequestId"],
+        title=sample["change"]["title"],
+        tasks=_plans(sample),
+    )
+    again = lifecycle.requests.create_change(
+        caller,
+        project_id=project_id,
+        client_request_id=sample["change"]["clientRequestId"],
+        title=sample["change"]["title"],
+        tasks=_plans(sample),
+    )
+    change_id = created.change_id
+
+    def status() -> str:
+        change = lifecycle.requests.change(project_id, change_id)
+        return change.status if change else "missing"
+
+    # THEN it reaches awaiting_approval with a verified Candidate, by itself
+    assert created.created and not again.created and again.change_id == change_id
+    assert await loop.run_until(lambda: status() == "awaiting_approval"), status()
+
+    # WHEN an operator approves it
+    candidate = lifecycle.requests.approve(caller, project_id=project_id, change_id=change_id)
+
+    # THEN canonical advances, the index is built, and the release completes
+    assert await loop.run_until(
+        lambda: status() == "completed"
+        and lifecycle.indexer.ready_generation(project_id) == 1
+    ), status()
+    shard = world.change_shard(project_id, change_id)
+    assert [c.status.value for c in shard.candidates(change_id=change_id)] == ["promoted"]
+    assert candidate.candidate_id == shard.candidates(change_id=change_id)[0].candidate_id
+    assert [r.status.value for r in shard.releases(change_id=change_id)] == ["completed"]
+    hits = lifecycle.indexer.project_index(project_id).search("GiftCard")
+    assert [h.path for h in hits] == ["src/models/gift_card.py"]
+    # Two agents overlapped on the src/checkout/ prefix: Clef-flash was asked (no key:
+    # it abstained, and so woke builder-a).
+    decisions = [r for r in lifecycle.routed if r.clef_flash]
+    assert decisions and all(v == "abstain" for r in decisions for _, v in r.clef_flash)
+    assert (app.settings.state_dir / "apps" / project_id / "storefront" / "live.txt").read_text() == "1\n"
