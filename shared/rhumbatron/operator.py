@@ -274,6 +274,7 @@ async def retry_dead_letter(
             already_retried_as=attempt,
             stream_seq=result.stream_seq,
         )
+    _ready_the_blocked_task(app, command, tenant_id)
     try:
         result = await _send(app, queue, command)
     except MessagingError as exc:
@@ -300,6 +301,22 @@ async def retry_dead_letter(
         duplicate=result.duplicate,
         stream_seq=result.stream_seq,
     )
+
+
+def _ready_the_blocked_task(app: Rhumbatron, command: Command, tenant_id: str) -> None:
+    """A retried wake needs its Task ready again: the dead letter blocked it (task.failed),
+    and the wake consumer admits an Agent only to a ready Task. The move is keyed on the
+    attempt (``task.ready`` key ``retry:<attempt>``), so a repeated Retry moves it once; a Task
+    in any other state is left alone."""
+    if command.command_type != "agent.wake" or not command.task_id or not command.change_id:
+        return
+    from rhumbatron.actors.resource_shard import change_resource_key
+    from rhumbatron.domain.facts import Caller
+
+    shard = app.resource_shard(command.project_id, change_resource_key(command.change_id))
+    tenant = app.project_tenant(command.project_id) or tenant_id
+    caller = Caller(tenant, "operator:retry", command.command_id)
+    shard.retry_blocked_task(caller, task_id=command.task_id, attempt=command.attempt)
 
 
 def _retryable(letter: DeadLetter) -> bool:

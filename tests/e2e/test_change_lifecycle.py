@@ -22,7 +22,9 @@ from rhumbatron.runtime.settings import load_settings
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samplefiles" / "lifecycle.json"
 FAST = {
-    "queue_retry_delay_s": {q: 0.05 for q in ("agent-wakeups", "integration", "verification", "release", "indexing")},
+    "queue_retry_delay_s": dict.fromkeys(
+        ("agent-wakeups", "integration", "verification", "release", "indexing"), 0.05
+    ),
     "integration_more_work_delay_s": 0.05,
     "conflict_review_delay_s": 0.05,
 }
@@ -121,8 +123,7 @@ async def test_a_change_moves_from_request_to_release_by_events_and_commands(
 
     # THEN canonical advances, the index is built, and the release completes
     assert await loop.run_until(
-        lambda: status() == "completed"
-        and lifecycle.indexer.ready_generation(project_id) == 1
+        lambda: status() == "completed" and lifecycle.indexer.ready_generation(project_id) == 1
     ), status()
     shard = world.change_shard(project_id, change_id)
     assert [c.status.value for c in shard.candidates(change_id=change_id)] == ["promoted"]
@@ -134,4 +135,5 @@ async def test_a_change_moves_from_request_to_release_by_events_and_commands(
     # it abstained, and so woke builder-a).
     decisions = [r for r in lifecycle.routed if r.clef_flash]
     assert decisions and all(v == "abstain" for r in decisions for _, v in r.clef_flash)
-    assert (app.settings.state_dir / "apps" / project_id / "storefront" / "live.txt").read_text() == "1\n"
+    live = app.settings.state_dir / "apps" / project_id / "storefront" / "live.txt"
+    assert live.read_text() == "1\n"

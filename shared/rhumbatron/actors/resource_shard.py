@@ -462,9 +462,13 @@ class ResourceShard(Actor):
             ]
             ids = [c.changeset_id for c in changesets]
             paths = [p for c in changesets for p in c.paths]
-            key = composition_key(base_generation, ids)
+            existing = (
+                _candidate(db, candidate_id_for(composition_key(base_generation, ids)))
+                if ids
+                else None
+            )
             candidate, transition = create_candidate(
-                _candidate(db, candidate_id_for(key)),
+                existing,
                 change.status if change else None,
                 self._ctx(caller),
                 change_id=change_id,

@@ -59,10 +59,13 @@ class ScriptLibrary:
     ) -> ScriptLibrary:
         for name, steps in scripts.items():
             for number, step in enumerate(steps, start=1):
-                if step.get("do") not in _STEPS:
+                if not isinstance(step, Mapping) or step.get("do") not in _STEPS:
+                    found = (
+                        f"does {step.get('do')!r}" if isinstance(step, Mapping) else f"is {step!r}"
+                    )
                     raise DomainError(
-                        f"{source}: script {name!r} step {number} does {step.get('do')!r}; "
-                        f"a step does one of {', '.join(sorted(_STEPS))}"
+                        f"{source}: script {name!r} step {number} {found}; a step is an "
+                        f"object that does one of {', '.join(sorted(_STEPS))}"
                     )
         return cls(dict(scripts))
 

@@ -36,6 +36,7 @@ from rhumbatron.api.errors import (
     error_responses,
     install_error_handlers,
 )
+from rhumbatron.api.lifecycle_routes import lifecycle_router
 from rhumbatron.api.schemas import (
     DeadLetterDetail,
     DeadLetterPageBody,
@@ -308,7 +309,8 @@ def create_api(app: Rhumbatron, auth: Authenticator, *, manage_runtime: bool = T
     api = _OperatorApi(
         title="Rhumbatron operator API",
         version="1",
-        summary="Dead letters: list, inspect, retry, dismiss; send commands.",
+        summary="Dead letters: list, inspect, retry, dismiss; send commands. Projects, "
+        "Changes, agent callbacks, the project view and feed; agents.",
         lifespan=lifespan,
         # operationId = the route function's name: retry_dead_letter, send_command, ...
         generate_unique_id_function=lambda route: route.name,
@@ -319,6 +321,7 @@ def create_api(app: Rhumbatron, auth: Authenticator, *, manage_runtime: bool = T
     api.state.retry_after_s = app.settings.api_retry_after_s
     install_error_handlers(api)
     api.include_router(router)
+    api.include_router(lifecycle_router(app, _principal, _streams_ready))
     return api
 
 

@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -24,7 +24,7 @@ from pydantic.alias_generators import to_camel
 from rhumbatron.agents.registry import AgentKind, AgentRecord
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import MAX_TASKS_PER_CHANGE, ChangeState, ChangeStatus, TaskPlan
-from rhumbatron.domain.changesets import MAX_CHANGESET_BYTES
+from rhumbatron.domain.changesets import MAX_CHANGESET_BYTES, Changeset
 from rhumbatron.domain.releases import ReleaseState, ReleaseStatus
 from rhumbatron.domain.tasks import TaskState, TaskStatus
 from rhumbatron.lifecycle.world import LocatedCandidate
@@ -33,13 +33,17 @@ from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
 __all__ = [
     "AGENT_ID",
     "KEY_ID",
+    "REQUEST_KEY",
+    "RESOURCE",
     "AcceptedCommandBody",
+    "ActiveAgent",
     "AgentBody",
     "CandidateBody",
     "CandidateListBody",
     "ChangeBody",
     "ChangeListBody",
     "ChangeSummary",
+    "ChangesetBody",
     "ChangesetRequest",
     "ClaimBody",
     "ClaimRequest",
@@ -62,15 +66,18 @@ __all__ = [
     "TaskBody",
     "TaskListBody",
     "TaskPlanRequest",
+    "ViewCandidate",
 ]
 
 #: Client request, Task, Change, intent and changeset IDs: the command ID's alphabet.
 KEY_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 #: The agent registry's alphabet (``AGENT_ID_PATTERN``), anchored for a JSON schema.
 AGENT_ID = r"^[A-Za-z0-9._-]{1,100}$"
-_KEY_RE = re.compile(KEY_ID)
-#: Paths and resources, as far as an Event's ``resource`` may be long.
-_MAX_RESOURCE = 1024
+#: A client's key of an app or cleanup request: short enough for the command ID it ends.
+REQUEST_KEY = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,47}$"
+#: Paths and resources: one line, as long as an Event's ``resource`` may be.
+RESOURCE = r"^[^\x00\r\n]{1,1024}$"
+_RESOURCE_RE = re.compile(RESOURCE)
 
 
 class _Wire(BaseModel):
@@ -114,14 +121,16 @@ class CreateProjectRequest(_Wire):
 class CleanupRequest(_Wire):
     """Optional: ``clientRequestId`` makes the cleanup command's ID (else the UTC day)."""
 
-    client_request_id: str | None = Field(default=None, pattern=KEY_ID)
+    client_request_id: str | None = Field(default=None, pattern=REQUEST_KEY)
     reason: str = Field(default="archived", min_length=1, max_length=500)
 
 
 class CreateAppRequest(_Wire):
-    """An app of the project to provision; its name names a directory, like a project ID."""
+    """An app of the project to provision; its name names a directory, like a project ID.
+    ``clientRequestId`` makes the command's ID (else the UTC second)."""
 
     app_name: str = Field(pattern=PROJECT_ID_PATTERN.pattern)
+    client_request_id: str | None = Field(default=None, pattern=REQUEST_KEY)
 
 
 class ProjectBody(_Wire):
@@ -144,18 +153,12 @@ class TaskPlanRequest(_Wire):
     task_id: str = Field(pattern=KEY_ID)
     title: str = Field(min_length=1, max_length=500)
     agent_id: str = Field(pattern=AGENT_ID, description="The Agent the dispatcher wakes.")
-    depends_on: list[str] = Field(default_factory=list, max_length=MAX_TASKS_PER_CHANGE)
+    depends_on: list[Annotated[str, Field(pattern=KEY_ID)]] = Field(
+        default_factory=list, max_length=MAX_TASKS_PER_CHANGE
+    )
     script: str | None = Field(
         default=None, min_length=1, max_length=200, description="A scripted agent's script."
     )
-
-    @field_validator("depends_on")
-    @classmethod
-    def _dependency_ids(cls, value: list[str]) -> list[str]:
-        bad = [d for d in value if not _KEY_RE.match(d)]
-        if bad:
-            raise ValueError(f"dependsOn names {bad[:3]!r}, which are not task IDs")
-        return value
 
     def plan(self) -> TaskPlan:
         return TaskPlan(
@@ -385,15 +388,8 @@ class IntentRequest(_Wire):
 
     agent_id: str = Field(pattern=AGENT_ID)
     intent_id: str = Field(pattern=KEY_ID)
-    paths: list[str] = Field(min_length=1, max_length=100)
+    paths: list[Annotated[str, Field(pattern=RESOURCE)]] = Field(min_length=1, max_length=100)
     summary: str = Field(default="", max_length=1000)
-
-    @field_validator("paths")
-    @classmethod
-    def _paths(cls, value: list[str]) -> list[str]:
-        for path in value:
-            _check_resource(path)
-        return value
 
 
 class IntentBody(_Wire):
@@ -410,13 +406,7 @@ class ClaimRequest(_Wire):
     """A resource (a path, or a directory ending in ``/``) the Agent claims for itself."""
 
     agent_id: str = Field(pattern=AGENT_ID)
-    resource: str
-
-    @field_validator("resource")
-    @classmethod
-    def _resource(cls, value: str) -> str:
-        _check_resource(value)
-        return value
+    resource: str = Field(pattern=RESOURCE)
 
 
 class ClaimBody(_Wire):
@@ -449,6 +439,28 @@ class ChangesetRequest(_Wire):
         return value
 
 
+class ChangesetBody(_Wire):
+    """A proposed changeset: its paths (not their content) and the generation it is on."""
+
+    changeset_id: str
+    change_id: str
+    task_id: str
+    agent_id: str
+    paths: list[str]
+    base_generation: int
+
+    @classmethod
+    def of(cls, changeset: Changeset) -> ChangesetBody:
+        return cls(
+            changeset_id=changeset.changeset_id,
+            change_id=changeset.change_id,
+            task_id=changeset.task_id,
+            agent_id=changeset.agent_id,
+            paths=list(changeset.paths),
+            base_generation=changeset.base_generation,
+        )
+
+
 class CompleteTaskRequest(_Wire):
     """The Agent finished its Task, with the changeset it proposed (if any)."""
 
@@ -470,16 +482,10 @@ class FailTaskRequest(_Wire):
         return value
 
 
-def _check_resource(value: str) -> None:
-    if not 1 <= len(value) <= _MAX_RESOURCE or any(c in value for c in "\x00\r\n"):
-        raise ValueError(
-            f"{value[:80]!r} is not a resource: 1 to {_MAX_RESOURCE} characters, one line"
-        )
-
-
 def _check_file_path(path: str) -> None:
     """The changeset rule: relative, ``/``-separated, never climbing out with ``..``."""
-    _check_resource(path)
+    if not _RESOURCE_RE.match(path):
+        raise ValueError(f"file path {path[:80]!r} must be one line of 1 to 1024 characters")
     if path.startswith("/") or ".." in path.split("/") or "\\" in path:
         raise ValueError(f"file path {path[:80]!r} must be relative, use '/', and not climb '..'")
 
@@ -580,12 +586,16 @@ class AgentBody(_Wire):
     updated_at: datetime
 
     @classmethod
-    def of(cls, record: AgentRecord, *, generated_secret: str | None = None) -> AgentBody:
+    def of(
+        cls, record: AgentRecord, *, url: str | None, generated_secret: str | None = None
+    ) -> AgentBody:
+        """``url`` as it may be shown (without user info or query, which may hold
+        credentials)."""
         return cls(
             agent_id=record.agent_id,
             tenant_id=record.tenant_id,
             kind=record.kind,
-            url=record.url,
+            url=url,
             secret_count=len(record.secrets),
             secret=generated_secret,
             created_at=record.created_at,

@@ -51,5 +51,8 @@ def admit_agent(
         task_id=task.task_id,
         status=TaskStatus.ASSIGNED,
         agent_id=agent_id,
-        key=f"admit:{agent_id}",
+        # One admission per wake attempt: a Task readied again by an operator's Retry is
+        # admitted again under a new key (a retried transaction never gets this far twice:
+        # it finds the Task held).
+        key=f"admit:{agent_id}:{ctx.caller.correlation_id}",
     )

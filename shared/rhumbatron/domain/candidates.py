@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rhumbatron.domain.facts import FactContext
-from rhumbatron.domain.transition import Insert, Transition, Update
+from rhumbatron.domain.transition import Insert, Transition, Update, parse_state
 from rhumbatron.errors import DomainError
 
 __all__ = [
@@ -74,9 +74,12 @@ class CandidateState:
 
 def composition_key(base_generation: int, changeset_ids: Sequence[str]) -> str:
     """SHA-256 (hex) over the base generation and the sorted changeset IDs, joined by the
-    unit separator (U+001F) so no two inputs share a byte string."""
+    unit separator (U+001F), which no ID may hold — so no two inputs share a byte string."""
     if base_generation < 0:
         raise DomainError(f"base generation {base_generation} is negative")
+    bad = [i for i in changeset_ids if "\x1f" in i]
+    if bad:
+        raise DomainError(f"changeset IDs {bad!r} hold U+001F, the key's separator")
     parts = [str(base_generation), *sorted(changeset_ids)]
     return hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()
 
@@ -111,6 +114,11 @@ def create_candidate(
         raise DomainError(
             f"change {change_id!r} is {change_status or 'unknown'}; a candidate is composed "
             "only while it is verifying"
+        )
+    if not changeset_ids:
+        raise DomainError(
+            f"change {change_id!r} has no changeset: nothing to compose (an empty composition "
+            "would be every such Change's Candidate)"
         )
     candidate = CandidateState(
         candidate_id=candidate_id,
@@ -157,7 +165,7 @@ def decide_candidate(
 ) -> Transition:
     """Move the Candidate (``candidate.<status>``); already there is nothing; an illegal move
     raises :class:`DomainError` naming the legal ones."""
-    target = CandidateStatus(to)
+    target = parse_state(CandidateStatus, to)
     if candidate is None:
         raise DomainError(f"no candidate {candidate_id!r}; compose it first")
     if candidate.status is target:

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rhumbatron.domain.facts import FactContext
-from rhumbatron.domain.transition import Insert, Transition, Update, Upsert
+from rhumbatron.domain.transition import Insert, Transition, Update, Upsert, parse_state
 from rhumbatron.errors import DomainError
 from rhumbatron.protocol.event_types import EVENT_TYPES
 
@@ -244,7 +244,7 @@ def move_change(
     it once. Being in ``to`` already changes nothing; an illegal move raises
     :class:`DomainError` naming the legal ones.
     """
-    target = ChangeStatus(to)
+    target = parse_state(ChangeStatus, to)
     if current is None:
         raise DomainError(f"no such change to move to {target}; create it first")
     source = ChangeStatus(current.status)

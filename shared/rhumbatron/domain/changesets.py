@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from rhumbatron.errors import DomainError
 
 __all__ = ["MAX_CHANGESET_BYTES", "Changeset", "propose_changeset", "shared_resource"]
 
+_CHANGESET_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}\Z")
 #: A changeset's files are kept in the actor file; keep one proposal small.
 MAX_CHANGESET_BYTES = 256 * 1024
 
@@ -82,6 +84,10 @@ def propose_changeset(
     ):
         raise DomainError(
             f"agent {agent_id!r} does not hold task {task_id!r}; only its agent proposes for it"
+        )
+    if not _CHANGESET_ID.match(changeset_id):
+        raise DomainError(
+            f"changeset ID {changeset_id!r} must be 1-128 letters, digits, '.', '_', ':' or '-'"
         )
     if not files:
         raise DomainError(f"changeset {changeset_id!r} has no files")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from rhumbatron.domain.facts import FactContext
-from rhumbatron.domain.transition import Insert, Transition, Update
+from rhumbatron.domain.transition import Insert, Transition, Update, parse_state
 from rhumbatron.errors import DomainError
 
 __all__ = ["ReleaseState", "ReleaseStatus", "finish_release", "release_id_for", "start_release"]
@@ -83,7 +83,7 @@ def finish_release(
 ) -> Transition:
     """``release.completed`` or ``release.failed``; finishing it the same way again is
     nothing, the other way is refused."""
-    target = ReleaseStatus(outcome)
+    target = parse_state(ReleaseStatus, outcome)
     if target is ReleaseStatus.STARTED:
         raise DomainError("a release finishes as completed or failed, not started")
     if existing is None:

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
+from rhumbatron.errors import DomainError
 from rhumbatron.protocol.envelopes import Event
 
-__all__ = ["Delete", "Insert", "Mutation", "Transition", "Update", "Upsert", "combine"]
+__all__ = [
+    "Delete",
+    "Insert",
+    "Mutation",
+    "Transition",
+    "Update",
+    "Upsert",
+    "combine",
+    "parse_state",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,3 +74,15 @@ def combine(*transitions: Transition) -> Transition:
         patch=tuple(m for t in transitions for m in t.patch),
         facts=tuple(f for t in transitions for f in t.facts),
     )
+
+
+_State = TypeVar("_State", bound=StrEnum)
+
+
+def parse_state(kind: type[_State], value: object) -> _State:
+    """``value`` as a state of ``kind``, or a :class:`DomainError` naming the states."""
+    try:
+        return kind(str(value))
+    except ValueError:
+        states = ", ".join(member.value for member in kind)
+        raise DomainError(f"{value!r} is not a {kind.__name__}; use one of {states}") from None

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from rhumbatron.entrypoints._lambda import (
     InvocationContext,
@@ -58,12 +59,16 @@ _SHAPES = 'expected {"source": "schedule", "job": "sweep"} (the every-minute sch
 
 
 class ScheduledSweep(BaseModel):
-    """The every-minute schedule: ``{"source": "schedule", "job": "sweep"}``."""
+    """The every-minute schedule: ``{"source": "schedule", "job": "sweep"}``, optionally with
+    ``scheduledTime`` (EventBridge Scheduler's ``<aws.scheduler.scheduled-time>``): a tick
+    retried in a later minute is still the tick it was scheduled as, so its housekeeping
+    commands keep their IDs and JetStream drops the repeat."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     source: Literal["schedule"]
     job: Literal["sweep"]
+    scheduled_time: AwareDatetime | None = Field(default=None, alias="scheduledTime")
 
 
 def parse_invocation(event: object) -> ScheduledSweep:
@@ -79,10 +84,10 @@ def handle(event: object, context: InvocationContext | None) -> dict[str, Any]:
     start (the next tick tries again), and :class:`~rhumbatron.errors.ConfigurationError` for
     unsafe settings.
     """
-    parse_invocation(event)
+    tick = parse_invocation(event)
     app = runtime()
     until = deadline(context, _stop_margin_s(app))
-    return event_loop.run(_handle(app, stopper(until)))
+    return event_loop.run(_handle(app, stopper(until), at=tick.scheduled_time))
 
 
 def _stop_margin_s(app: Rhumbatron) -> float:
@@ -98,9 +103,12 @@ def _stop_margin_s(app: Rhumbatron) -> float:
     )
 
 
-async def _handle(app: Rhumbatron, should_stop: Callable[[], bool] | None) -> dict[str, Any]:
+async def _handle(
+    app: Rhumbatron, should_stop: Callable[[], bool] | None, *, at: datetime | None = None
+) -> dict[str, Any]:
     await prepare(app)
-    report = await app.router().sweep(should_stop=should_stop)
+    now = at or app.clock.now()
+    report = await app.router().sweep(now=now, should_stop=should_stop)
     # The router's role also runs the dead-letter consumer (spec: DLQ -> event router), and
     # the 5-minute (release-sweep) tick closes the command letters of ended Changes.
     from rhumbatron.queues.dead_letter import (
@@ -112,6 +120,13 @@ async def _handle(app: Rhumbatron, should_stop: Callable[[], bool] | None) -> di
     closed = 0
     if report.release_sweep:
         closed = close_letters_of_ended_changes(app, now_s=app.clock.now().timestamp())
+    # The lifecycle's housekeeping (spec "Sweep housekeeping"): the daily and the 5-minute
+    # commands, keyed on the tick so a retried tick sends nothing twice.
+    lifecycle = app.lifecycle()
+    housekeeping = await lifecycle.housekeeper.run(now)
+    # Locally the workflows run in this process: a run cut short by a crash resumes here.
+    resume_running = getattr(lifecycle.engine, "resume_running", None)
+    resumed: list[str] = await resume_running() if resume_running is not None else []
     # The router asks before each consume and does not say whether it stopped: time being up
     # now is what the summary can honestly report.
     out_of_time = should_stop is not None and should_stop()
@@ -130,6 +145,12 @@ async def _handle(app: Rhumbatron, should_stop: Callable[[], bool] | None) -> di
             "terminated": letters.terminated,
         },
         "letters_closed_as_ended": closed,
+        "housekeeping": {
+            "sent": dict(housekeeping.sent),
+            "duplicates": dict(housekeeping.duplicates),
+            "failed": dict(housekeeping.failed),
+        },
+        "workflows_resumed": resumed,
         "out_of_time": out_of_time,
     }
 

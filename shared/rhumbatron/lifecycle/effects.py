@@ -44,7 +44,9 @@ class LifecycleEffects:
         project_id = event.project_id
         generation = int(effect.detail["generation"])
         promoted_id = str(effect.detail["promoted_candidate_id"])
-        caller = Caller(event.tenant_id, "system:causal-router", event.event_id, caused_by=event.event_id)
+        caller = Caller(
+            event.tenant_id, "system:causal-router", event.event_id, caused_by=event.event_id
+        )
         promoted = world.find_candidate(project_id, promoted_id)
         if promoted is not None and promoted.candidate.status is not CandidateStatus.PROMOTED:
             shard = world.change_shard(project_id, promoted.change.change_id)

@@ -321,6 +321,16 @@ class IntegrationModule:
                 command.command_id,
                 conflicts,
             )
+        if not paths:
+            # Nothing to compose: the same empty composition would be every such Change's
+            # Candidate (the key covers only the base and the changesets).
+            shard.move_change(
+                self._caller(command),
+                change_id=change_id,
+                to=ChangeStatus.FAILED,
+                reason="its tasks completed without proposing a changeset; nothing to verify",
+            )
+            return None
         candidate = shard.compose_candidate(
             self._caller(command), change_id=change_id, base_generation=base
         )

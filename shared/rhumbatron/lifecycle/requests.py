@@ -24,7 +24,18 @@ if TYPE_CHECKING:
     from rhumbatron.lifecycle.world import LifecycleWorld
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
-__all__ = ["AgentCallbacks", "ChangeRequests", "CreatedChange", "PromotionConflictError"]
+__all__ = [
+    "AgentCallbacks",
+    "ChangeRequests",
+    "CreatedChange",
+    "PromotionConflictError",
+    "qualified_task_id",
+]
+
+
+def qualified_task_id(change_id: str, task_id: str) -> str:
+    """``<change>.<task>``: the Task's ID in the shard, in its Events and in its commands."""
+    return task_id if task_id.startswith(f"{change_id}.") else f"{change_id}.{task_id}"
 
 
 class PromotionConflictError(DomainError):
@@ -84,6 +95,18 @@ class ChangeRequests:
                 ).fetchone()[0]
             )
         shard = self.world.change_shard(project_id, change_id)
+        # Task IDs are qualified by their Change: a shard holds the Tasks of many Changes,
+        # and two requests may both name a task "build".
+        tasks = [
+            TaskPlan(
+                task_id=qualified_task_id(change_id, t.task_id),
+                title=t.title,
+                agent_id=t.agent_id,
+                depends_on=tuple(qualified_task_id(change_id, d) for d in t.depends_on),
+                script=t.script,
+            )
+            for t in tasks
+        ]
         shard.create_change(
             Caller(caller.tenant_id, caller.actor, change_id, caller.caused_by),
             change_id=change_id,

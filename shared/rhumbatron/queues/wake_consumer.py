@@ -94,7 +94,7 @@ class WakeConsumer:
         agent = _agent_of(command)
         if command.command_id == f"cmd_{command.task_id}_ready":
             tenant = self.app.project_tenant(command.project_id) or "unknown"
-            caller = Caller(tenant, f"agent:{agent}", command.command_id)
+            caller = Caller(tenant, f"agent:{agent}", f"{command.command_id}:{command.attempt}")
             admission = shard.admit_agent(
                 caller,
                 change_id=command.change_id,
