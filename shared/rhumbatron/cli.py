@@ -1,5 +1,6 @@
-"""The ``rhumbatron`` command: ``demo``, ``outbox`` (inspect, requeue), ``streams``,
-``dead-letters`` (list, show, retry, dismiss) and ``api`` (serve the operator API).
+"""The ``rhumbatron`` command: ``demo``, ``up`` (the local stack, API and dashboard),
+``outbox`` (inspect, requeue), ``streams``, ``dead-letters`` (list, show, retry, dismiss) and
+``api`` (serve the operator API).
 
 ``dead-letters`` acts on the local state directory and NATS (``RHUMBATRON_*`` settings)
 through the same operator functions as the HTTP API, as a platform operator: it sees every
@@ -417,7 +418,13 @@ def _api(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rhumbatron")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run the sample scenario on the embedded stack", add_help=False)
+    sub.add_parser("demo", help="run the sample project's Change lifecycle locally", add_help=False)
+    sub.add_parser(
+        "up",
+        help="the embedded stack, the API and a live dashboard on 127.0.0.1, every role on "
+        "its schedule (--root, --port, --duration); Ctrl-C stops",
+        add_help=False,
+    )
     outbox = sub.add_parser("outbox", help="inspect outboxes, or requeue failed rows")
     outbox.add_argument("action", choices=["status", "requeue"])
     outbox.add_argument("--event-id", action="append", help="requeue only these events")
@@ -452,6 +459,26 @@ def _parser() -> argparse.ArgumentParser:
     api.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+
+    invoke = sub.add_parser(
+        "invoke",
+        help="run one function of template.yaml with an event, here (sam local without Docker)",
+        description="Run a template function's real handler with an event file against the "
+        "embedded stack (nats-server + moto S3). Prints what it mapped and the handler's logs "
+        "on stderr, the response on stdout. Exit status: 1 the handler failed or overran its "
+        "Timeout, 2 an unknown function, parameter or event file.",
+    )
+    invoke.add_argument("function", help="the function's logical ID (SweepFunction, ...)")
+    invoke.add_argument("--event", "-e", required=True, help="the event's JSON file")
+    invoke.add_argument("--template", "-t", default="template.yaml")
+    invoke.add_argument("--root", default=".rhumbatron/invoke", help="stack store and /mnt/*")
+    invoke.add_argument("--nats-url", help="use this NATS instead of starting nats-server")
+    invoke.add_argument("--s3-endpoint-url", help="use this S3 instead of starting moto")
+    invoke.add_argument("--parameter", action="append", help="a template parameter NAME=VALUE")
+    invoke.add_argument("--env-vars", "-n", help="variable overrides (sam local's JSON file)")
+    invoke.add_argument(
+        "--keep-stack", action="store_true", help="keep the stack running until Ctrl-C"
+    )
     return parser
 
 
@@ -463,6 +490,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rhumbatron.demo import main as demo_main
 
         return demo_main(rest)
+    if args.command == "up":
+        from rhumbatron.local.up import main as up_main
+
+        return up_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "outbox":
@@ -471,6 +502,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dead_letters(args)
     if args.command == "api":
         return _api(args)
+    if args.command == "invoke":
+        from rhumbatron.local.invoke import run_command
+
+        return run_command(args)
     return _streams(args)
 
 

@@ -1,22 +1,33 @@
-"""``make demo``: the write path, the event router and the command plane end to end on the
-embedded default.
+"""``make demo``: the whole Change lifecycle of the sample project on the embedded default.
 
-Starts nats-server and moto's S3 on loopback, creates the streams, runs the sample scenario
-through the actors, publishes the outboxes (each publish nudges the router in process), then
-runs one sweep tick per stream so the archive and analytics batches run too. Prints what
-arrived on each stream, each project view, the archive objects written, the metrics recorded
-and every consumer's lag.
+One process, everything on loopback: nats-server and moto's S3 server
+(:class:`~rhumbatron.local.stack.LocalStack`), SQLite actor files, the in-process workflow
+engine, and every role played in rounds by :class:`~rhumbatron.lifecycle.local_loop.LocalLoop`
+(the outbox publisher, the event router, each queue's consumer). The sample is
+``samplefiles/lifecycle.json``:
 
-Then the dead-letter round trip (issue #4): an ``app.provision`` on the integration queue fails
-on every delivery because the registry credentials it needs are missing; after 1 + 3 deliveries
-the runtime moves it to the dead-letter queue, whose consumer records the letter. The operator
-API (uvicorn on a loopback port, a static bearer token) shows the letter; the demo writes the
-credentials, retries the letter through the API, the integration queue runs attempt 2, and the
-letter closes as ``succeeded``.
+1. **Provision.** ``project.provision`` and ``app.provision`` go on the integration queue. The
+   sample's app fails its first attempt (``failUntilAttempt``): 1 + 3 deliveries, then the
+   dead-letter queue, whose consumer records the letter.
+2. **Dead-letter round trip.** The operator API runs under uvicorn on a loopback port with a
+   static bearer token; the demo lists and inspects the letter over HTTP and Retries it twice
+   (the second sends nothing). Attempt 2 succeeds, the letter closes ``succeeded``, the app
+   is live.
+3. **A Change of four Tasks** with dependencies, requested twice with one client request ID
+   (the repeat returns the first Change). Scripted agents play the Tasks; two of them overlap
+   on a resource prefix, the one question the deterministic rules leave to Clef-flash, which
+   abstains without an API key, and an abstention wakes. When every Task completed, a
+   Candidate is composed and verified: the Change awaits approval.
+4. **Approval.** The Candidate is promoted, canonical advances to generation 1, the index is
+   built and the release deploys the canonical files to the app.
+5. **Audit.** One sweep tick per stream runs the archiver and the analytics; the demo reads
+   every stream back with a second client and lists the archive objects.
 
-Writes ``.rhumbatron/demo-summary.json``. Exits non-zero if anything published is missing from
-its stream or arrived out of order, a consumer is left behind, or the dead-letter round trip
-did not end ``succeeded``.
+It prints each step, then a summary: events per stream and type, commands per queue, the
+duplicates dropped, the dead letters, the archive objects, the Change's timeline with timings,
+its states in order, the Clef-flash decisions, the index search and the release. It writes
+the same to ``.rhumbatron/demo-summary.json`` and exits non-zero, naming each miss, when an
+expected outcome is missing.
 """
 
 from __future__ import annotations
@@ -28,40 +39,87 @@ import secrets
 import shutil
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from rhumbatron import operator
 from rhumbatron.actors.outbox import RowState, counts_by_state
-from rhumbatron.local.stack import LocalStack
-from rhumbatron.messaging.commands import DEAD_LETTER_QUEUE, QUEUE_CONSUMERS, consumer_name
-from rhumbatron.messaging.queue_consumer import Delivery, PollReport, Retry, queue_row
+from rhumbatron.agents.scripted import ScriptLibrary
+from rhumbatron.domain.changes import TaskPlan
+from rhumbatron.domain.facts import Caller
+from rhumbatron.errors import ConfigurationError, RhumbatronError
+from rhumbatron.lifecycle.commands import lifecycle_command
+from rhumbatron.lifecycle.local_loop import LocalLoop
+from rhumbatron.messaging.commands import QUEUE_CONSUMERS, consumer_name
+from rhumbatron.messaging.queue_consumer import queue_row
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.operator import ANY_TENANT, MAX_PAGE
-from rhumbatron.product.dead_letters import DeadLetter, command_dead_letter_id
+from rhumbatron.product.dead_letters import DeadLetter
+from rhumbatron.protocol.command_types import COMMAND_TYPES
 from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
-from rhumbatron.queues.dead_letter import run_dead_letter_consumer
-from rhumbatron.router.event_router import SweepReport, tick_kind
-from rhumbatron.router.nudge import InProcessNudge
+from rhumbatron.router.event_router import tick_kind
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings, load_settings
-from rhumbatron.scenario import iter_scenario, load_scenario
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     import httpx
 
-    from rhumbatron.messaging.queue_consumer import QueueConsumerRuntime
+    from rhumbatron.lifecycle.assembly import Lifecycle
+    from rhumbatron.lifecycle.requests import CreatedChange
 
-__all__ = ["DEMO_COMMAND_ID", "main", "run_demo"]
+__all__ = [
+    "EXPECTED_STATES",
+    "SEARCH_WORD",
+    "app_command_id",
+    "check_summary",
+    "main",
+    "project_command_id",
+    "read_streams",
+    "run_demo",
+]
+
+#: The states the sample's Change passes through, in order.
+EXPECTED_STATES = ("open", "verifying", "awaiting_approval", "releasing", "completed")
+#: The word the demo searches the built index for (the sample's schema Task writes it).
+SEARCH_WORD = "GiftCard"
+#: The acceptance's bound on one run; a slower run is reported as a problem.
+_DEMO_BUDGET_S = 60.0
+#: Change events whose type names the state the Change ended in.
+_ENDED = frozenset(
+    f"change.{state}" for state in ("completed", "failed", "cancelled", "not_selected", "declined")
+)
+#: Scopes of the demo's one API token: the operator's dead-letter actions.
+_API_SCOPES = ["dead-letters:read", "dead-letters:write"]
+#: How long the demo runs rounds at the end, at most, for the system to go quiet.
+_SETTLE_BOUND_S = 10.0
+
+_T = TypeVar("_T")
+
+
+def project_command_id(project_id: str) -> str:
+    """The demo's ``project.provision`` command: one ID per project, so a resend is a
+    duplicate inside JetStream's window."""
+    return f"cmd_project.provision_{project_id}"
+
+
+def app_command_id(project_id: str, app_name: str) -> str:
+    """The demo's ``app.provision`` command, the one that is dead-lettered and retried."""
+    return f"cmd_app.provision_{project_id}_{app_name}"
 
 
 async def read_streams(nats_url: str) -> dict[str, dict[str, Any]]:
-    """Every event stream as JetStream reports it, read with a client of its own."""
+    """Every event stream as JetStream reports it, read with a client of its own: settings,
+    message count, events by type, and each event (with its Change, Task, timestamp and, for
+    a Change's state change, the state it moved to)."""
     import nats
 
     nc = await nats.connect(nats_url, name="rhumbatron-demo-reader")
@@ -77,15 +135,21 @@ async def read_streams(nats_url: str) -> dict[str, dict[str, Any]]:
                     break
                 raw = await js.get_msg(name, seq)
                 event = Event.parse(raw.data or b"")
-                events.append(
-                    {
-                        "seq": seq,
-                        "eventId": event.event_id,
-                        "eventType": event.event_type,
-                        "projectId": event.project_id,
-                        "msgId": (raw.headers or {}).get("Nats-Msg-Id"),
-                    }
-                )
+                entry = {
+                    "seq": seq,
+                    "eventId": event.event_id,
+                    "eventType": event.event_type,
+                    "projectId": event.project_id,
+                    "changeId": event.change_id,
+                    "taskId": event.task_id,
+                    "actor": event.actor,
+                    "timestamp": event.timestamp.isoformat(),
+                    "msgId": (raw.headers or {}).get("Nats-Msg-Id"),
+                }
+                to_status = getattr(event.payload, "to_status", None)
+                if to_status is not None:
+                    entry["toStatus"] = to_status
+                events.append(entry)
             config = info.config
             streams[name] = {
                 "settings": {
@@ -98,6 +162,7 @@ async def read_streams(nats_url: str) -> dict[str, dict[str, Any]]:
                     "allowAtomic": bool(config.allow_atomic),
                 },
                 "messages": info.state.messages,
+                "byType": dict(sorted(Counter(e["eventType"] for e in events).items())),
                 "events": events,
             }
         return streams
@@ -105,234 +170,61 @@ async def read_streams(nats_url: str) -> dict[str, dict[str, Any]]:
         await nc.close()
 
 
-async def run_demo(root: Path, scenario_path: Path, out: TextIO = sys.stdout) -> dict[str, Any]:
-    """Run the demo under ``root`` (wiped first) and return the summary it writes."""
-    for leftover in ("state", "nats", "registry"):
-        shutil.rmtree(root / leftover, ignore_errors=True)
-    scenario = load_scenario(scenario_path)
-    # A token for this run only: the demo's API client is its one holder.
-    api_token = secrets.token_urlsafe(24)
-    with LocalStack(root) as stack:
-        assert stack.s3 is not None
-        settings = load_settings(
-            state_dir=root / "state",
-            nats_url=stack.nats.url,
-            s3_endpoint_url=stack.s3.endpoint_url,
-            # The failing command walks its retries at once here; deployed, each waits 30 s.
-            queue_retry_delay_s={"integration": 0.0},
-            api_auth_mode="static",
-            api_tokens={
-                api_token: {
-                    "tenant": scenario["tenant"],
-                    "scopes": ["dead-letters:read", "dead-letters:write"],
-                }
-            },
-        )
-        nudge = InProcessNudge()
-        app = bootstrap(settings, nudge=nudge)
-        app.router()  # the publisher's nudges now reach the router in this process
-        try:
-            streams_report = await app.ensure_streams()
-            stack.s3.client().create_bucket(Bucket=settings.evidence_bucket)
-            print(f"local stack: nats {stack.nats.url}  s3 {stack.s3.endpoint_url}", file=out)
-            print(f"streams created: {', '.join(streams_report.created)}", file=out)
-
-            # Fire the alarms after each transaction, as the deployed alarm would.
-            results, reports = [], []
-            for result in iter_scenario(app, scenario):
-                results.append(result)
-                reports += await app.drain_alarms()
-            written = sum(r.events_added for r in results)
-            print(f"scenario: {len(results)} actor transactions wrote {written} events", file=out)
-            published = sum(r.published for r in reports)
-            print(f"publisher: {len(reports)} alarm fires published {published} events", file=out)
-
-            outbox: dict[str, dict[str, int]] = {}
-            publish_order: dict[str, list[str]] = {}
-            for ref in app.actor_refs():
-                actor = app.actor(ref)
-                outbox[ref.key] = counts_by_state(actor.connection)
-                for row in actor.connection.execute(
-                    "SELECT project_id, event_id FROM outbox WHERE state = 'published' ORDER BY seq"
-                ):
-                    publish_order.setdefault(ref.key, []).append(row["event_id"])
-            await nudge.settle()
-            print(f"router: {nudge.runs} nudge runs applied the events to the views", file=out)
-            router_summary = await _run_router(app, [p["id"] for p in scenario["projects"]], out)
-            streams = await read_streams(stack.nats.url)
-            _print_streams(streams, out)
-            totals = {
-                state.value: sum(c[state.value] for c in outbox.values()) for state in RowState
-            }
-            print(f"outbox rows by state: {totals}", file=out)
-            command_summary = await _run_command_plane(
-                app,
-                project_id=scenario["projects"][0]["id"],
-                api_token=api_token,
-                registry=root / "registry",
-                out=out,
-            )
-        finally:
-            await app.close()
-
-    problems = _check(streams, publish_order, written)
-    problems += [
-        f"consumer {c['consumer']} on {c['stream']} is behind: {c['numPending']} pending, "
-        f"{c['numAckPending']} unacknowledged"
-        for c in router_summary["consumers"]
-        if c["numPending"] or c["numAckPending"]
-    ]
-    problems += command_summary.pop("problems")
-    summary = {
-        "projects": {
-            p["id"]: {"stream": event_stream_name(stream_index(p["id"]))}
-            for p in scenario["projects"]
-        },
-        "eventsWritten": written,
-        "eventsPublished": published,
-        "outbox": {"total": totals, "byActor": outbox},
-        "streams": streams,
-        **router_summary,
-        **command_summary,
-        "problems": problems,
-    }
-    (root / "demo-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"summary: {root / 'demo-summary.json'}", file=out)
-    for problem in problems:
-        print(f"PROBLEM: {problem}", file=out)
-    return summary
-
-
-def _ordinary_tick(stream: int, day: datetime, settings: Settings) -> datetime:
-    """The first minute of ``day`` whose sweep visits ``stream`` and runs every batch."""
-    for minute in range(24 * 60):
-        when = day + timedelta(minutes=minute)
-        if tick_kind(settings, when) == (stream, False, False):
-            return when
-    raise AssertionError(f"no ordinary tick visits stream {stream}")
-
-
-async def _run_router(app: Rhumbatron, project_ids: list[str], out: TextIO) -> dict[str, Any]:
-    """One sweep tick per stream, then the views, archive, metrics and lag, printed."""
-    from rhumbatron.metrics import MetricBinding, metric_counts
-
-    router = app.router()
-    today = app.clock.now().replace(hour=0, minute=0, second=0, microsecond=0)
-    sweeps: list[SweepReport] = []
-    for index in range(EVENT_STREAM_COUNT):
-        sweeps.append(await router.sweep(now=_ordinary_tick(index, today, app.settings)))
-    archive = [{"key": key, "events": count} for s in sweeps for key, count in s.archive_objects]
-    views = {pid: router.projector.view(pid).snapshot(latest=5) for pid in project_ids}
-    product = app.product().connection
-    metrics = {
-        "eventMetrics": metric_counts(product, MetricBinding.EVENT_METRICS),
-        "metrics": metric_counts(product, MetricBinding.METRICS),
-    }
-    consumers = [
-        {
-            "stream": lag.stream,
-            "consumer": lag.consumer,
-            "numPending": lag.num_pending,
-            "numAckPending": lag.num_ack_pending,
-        }
-        for lag in await router.consumer_lags()
-    ]
-    for pid, view in views.items():
-        print(
-            f"view {pid}: {view['eventsApplied']} events, generation "
-            f"{view['canonicalGeneration']}, changes {view['changesByState']}, "
-            f"tasks {view['tasksByState']}, latest {view['latestEvents'][0]['eventType']}",
-            file=out,
-        )
-    print(f"archive: {len(archive)} objects", file=out)
-    for item in archive:
-        print(
-            f"  s3://{app.settings.evidence_bucket}/{item['key']}  {item['events']} events",
-            file=out,
-        )
-    print(f"event metrics: {metrics['eventMetrics']}", file=out)
-    print(f"metrics: {sum(metrics['metrics'].values())} lag and backlog points", file=out)
-    behind = [c for c in consumers if c["numPending"] or c["numAckPending"]]
-    print(f"consumers: {len(consumers)}, at lag 0: {len(consumers) - len(behind)}", file=out)
-    return {"consumers": consumers, "views": views, "archive": archive, "metricCounts": metrics}
-
-
-# -- the command plane: a command dead-lettered, retried through the API, succeeded ---------
-
-#: The demo's failing command: one ID per run (the state and the streams are wiped first), so
-#: its letter's ID is known before it exists.
-DEMO_COMMAND_ID = "cmd_demo_app.provision_storefront"
-#: PollReport fields as the summary names them.
-_COUNTED = {
-    "deliveries": "fetched",
-    "done": "done",
-    "failed": "failed",
-    "retried": "retried",
-    "deadLettered": "dead_lettered",
-}
-
-
-#: The longest one step of the round trip may take (a redelivery, a letter written).
-_STEP_BOUND_S = 10.0
-
-
-class _RoundTripError(Exception):
-    """A step of the dead-letter round trip did not happen as it must; the demo reports it
-    as a problem and exits non-zero."""
+class _StepError(Exception):
+    """A step of the lifecycle did not happen as it must; the demo stops the lifecycle there,
+    still reports what happened, and exits non-zero."""
 
 
 @dataclass(frozen=True, slots=True)
-class _Run:
-    """One delivery the demo's integration handler saw."""
+class _Sample:
+    """What the demo reads from the sample file."""
 
-    command_id: str
-    attempt: int
-    delivered: int
-    max_deliveries: int
-    error: str | None
+    path: Path
+    tenant: str
+    project_id: str
+    project_name: str
+    app_name: str
+    fail_until_attempt: int
+    client_request_id: str
+    title: str
+    tasks: tuple[TaskPlan, ...]
 
-
-@dataclass
-class _AppProvisioner:
-    """The demo's integration handler for ``app.provision``.
-
-    Provisioning pulls the app's image, so it needs the registry credentials at
-    ``credentials``. While they are missing it fails on every delivery, as a real handler
-    would until someone fixes the cause: retrying alone cannot help, which is what the
-    dead-letter path is for.
-    """
-
-    credentials: Path
-    runs: list[_Run] = field(default_factory=list)
-
-    async def __call__(self, command: Command, delivery: Delivery) -> Retry | None:
-        error: str | None = None
-        if command.command_type != "app.provision":
-            error = f"the demo's integration worker does not run {command.command_type}"
-        elif not self.credentials.exists():
-            app_name = getattr(command.payload, "app_name", "?")
-            error = (
-                f"cannot pull the image of app {app_name!r}: no registry credentials at "
-                f"{self.credentials}"
+    @classmethod
+    def load(cls, path: Path) -> _Sample:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            change = data["change"]
+            return cls(
+                path=path,
+                tenant=data["tenant"],
+                project_id=data["project"]["id"],
+                project_name=data["project"]["name"],
+                app_name=data["app"]["name"],
+                fail_until_attempt=int(data["app"].get("failUntilAttempt", 1)),
+                client_request_id=change["clientRequestId"],
+                title=change["title"],
+                tasks=tuple(
+                    TaskPlan(
+                        task_id=t["taskId"],
+                        title=t["title"],
+                        agent_id=t["agentId"],
+                        depends_on=tuple(t.get("dependsOn", ())),
+                        script=t.get("script"),
+                    )
+                    for t in change["tasks"]
+                ),
             )
-        self.runs.append(
-            _Run(
-                command.command_id,
-                command.attempt,
-                delivery.delivered,
-                delivery.max_deliveries,
-                error,
-            )
-        )
-        if error is not None:
-            raise RuntimeError(error)
-        return None
+        except (KeyError, TypeError) as exc:
+            raise ConfigurationError(
+                f"sample {path} lacks {exc}; it needs tenant, project (id, name), app (name) "
+                "and change (clientRequestId, title, tasks), as samplefiles/lifecycle.json has"
+            ) from exc
 
 
 @dataclass
 class _ApiClient:
     """The demo's HTTP client of the operator API: records every call, and turns an answer
-    other than 200 (or no answer) into a :class:`_RoundTripError`."""
+    other than 200 (or no answer) into a :class:`_StepError`."""
 
     http: httpx.AsyncClient
     calls: list[dict[str, Any]] = field(default_factory=list)
@@ -346,10 +238,10 @@ class _ApiClient:
         try:
             response = await self.http.request(method, path, params=params)
         except httpx.HTTPError as exc:
-            raise _RoundTripError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            raise _StepError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         self.calls.append({"method": method, "path": path, "status": response.status_code})
         if response.status_code != 200:
-            raise _RoundTripError(
+            raise _StepError(
                 f"{method} {path} answered {response.status_code}: {response.text[:300]}"
             )
         body = response.json()
@@ -389,132 +281,162 @@ async def _serve_api(settings: Settings, token: str) -> AsyncIterator[tuple[str,
 
 
 @dataclass
-class _RoundTrip:
-    """The dead-letter round trip of one command, printed step by step to ``out``, with
-    the counts per queue and the API calls it made."""
+class _Demo:
+    """The lifecycle of the sample, step by step, printed to ``out``; what each step saw is
+    kept for the summary."""
 
     app: Rhumbatron
-    handler: _AppProvisioner
-    api_token: str
+    sample: _Sample
     out: TextIO
-    totals: dict[str, dict[str, int]] = field(default_factory=dict)
-    calls: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    api_calls: list[dict[str, Any]] = field(default_factory=list)
+    retries_sent: list[bool] = field(default_factory=list)
+    resend_outcome: str | None = None
+    change: CreatedChange | None = None
+    repeat: CreatedChange | None = None
+    loop: LocalLoop = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.loop = LocalLoop(self.app)
 
     def say(self, text: str) -> None:
         print(text, file=self.out)
 
-    def count(self, report: PollReport) -> None:
-        counts = self.totals.setdefault(report.queue, dict.fromkeys(_COUNTED, 0))
-        for key, attribute in _COUNTED.items():
-            counts[key] += getattr(report, attribute)
+    @property
+    def lifecycle(self) -> Lifecycle:
+        return self.app.lifecycle()
 
-    async def poll_until(
-        self,
-        poll: Callable[[], Awaitable[PollReport]],
-        finished: Callable[[], bool],
-        what: str,
-    ) -> None:
-        """Poll until ``finished()``, counting each poll.
+    async def until(self, done: Callable[[], bool], what: str) -> None:
+        """Run the roles in rounds until ``done()``; raise :class:`_StepError` if the system
+        went quiet first (the loop bounds the rounds and the quiet waits)."""
+        rounds_before = len(self.loop.rounds)
+        if not await self.loop.run_until(done):
+            raise _StepError(f"the system went quiet before {what}")
+        self.say(f"  ... {len(self.loop.rounds) - rounds_before} round(s) of the local loop")
 
-        A nak without delay makes a message available again a moment later, not at once:
-        JetStream handles the nak and the next no-wait pull on separate paths, so the pull
-        right behind it can come back empty. Polling again until the step happened (bounded)
-        waits for exactly that, and no longer.
+    async def settle(self) -> None:
+        """Run rounds until the system is quiet: what the last step wrote is published,
+        routed and handled before the demo reads the streams.
+
+        A round that moves nothing is not proof: a message nak'd or published a moment ago
+        can miss the no-wait pull right behind it. So quiet means no outbox row waiting, no
+        router consumer and no queue behind, asked of SQLite and JetStream themselves.
         """
-        loop = asyncio.get_running_loop()
-        give_up_at = loop.time() + _STEP_BOUND_S
+        clock = asyncio.get_running_loop()
+        give_up_at = clock.time() + _SETTLE_BOUND_S
         while True:
-            self.count(await poll())
-            if finished():
+            moved = (await self.loop.one_round()).moved
+            if not moved and await self._quiet():
                 return
-            if loop.time() > give_up_at:
-                raise _RoundTripError(f"no {what} within {_STEP_BOUND_S:g} s")
+            if clock.time() > give_up_at:
+                raise _StepError(f"the system was not quiet within {_SETTLE_BOUND_S:g} s")
 
-    async def run(self, command: Command) -> None:
-        """Fail ``command`` into the dead-letter queue, record its letter, then retry it
-        through the API once the cause is fixed; raises :class:`_RoundTripError`."""
-        app, handler = self.app, self.handler
-        queue = command.spec.queue
-        sent = await (await app.command_bus()).send(queue, command)
-        self.say(
-            f"command: {command.command_type} {command.command_id} for {command.project_id} "
-            f"on {queue} (message {sent.message_id})"
+    async def _quiet(self) -> bool:
+        backlog = self.app.outbox_backlog()
+        if backlog.get("pending", 0) or backlog.get("retry_wait", 0):
+            return False
+        lags = await self.app.router().consumer_lags()
+        if any(lag.num_pending or lag.num_ack_pending for lag in lags):
+            return False
+        js = (await self.app.nats()).jetstream()
+        for queue in QUEUE_CONSUMERS:
+            info = await js.consumer_info(COMMAND_STREAM, consumer_name(queue))
+            if info.num_pending or info.num_ack_pending:
+                return False
+        return True
+
+    def letter(self, command_id: str) -> DeadLetter | None:
+        page = operator.list_dead_letters(
+            self.app, tenant_id=ANY_TENANT, status=None, limit=MAX_PAGE
         )
+        return next((x for x in page.letters if x.command_id == command_id), None)
+
+    async def run(self, api_token: str) -> None:
+        """Every step in order; a step that does not happen raises :class:`_StepError`."""
+        lifecycle = self.lifecycle
+        # Both are read at first use of the scripted agent and the app provisioner.
+        lifecycle.scripts = ScriptLibrary.from_file(self.sample.path)
+        lifecycle.failing_apps = {self.sample.app_name: self.sample.fail_until_attempt}
+        letter_id = await self._timed("provision", self.provision())
+        await self._timed("deadLetterRoundTrip", self.round_trip(letter_id, api_token))
+        await self.resend()
+        await self._timed("toAwaitingApproval", self.request_change())
+        await self._timed("toCompleted", self.approve())
+        await self.settle()
+
+    async def _timed(self, name: str, step: Awaitable[_T]) -> _T:
+        started = time.monotonic()
+        try:
+            return await step
+        finally:
+            self.timings_s[name] = round(time.monotonic() - started, 3)
+
+    # -- 1. provision ----------------------------------------------------------------------
+    async def provision(self) -> str:
+        """Send the project's and the app's provisioning; run until the app's letter is
+        recorded. Returns the letter's ID."""
+        s, app = self.sample, self.app
         self.say(
-            f"  its handler needs registry credentials at {handler.credentials}: missing, so "
-            "every delivery fails"
+            f"\n== 1. provision project {s.project_id} (tenant {s.tenant}) and app {s.app_name}"
         )
-        row = queue_row(queue, app.settings)
+        # LIFECYCLE-HTTP: a library call until api/lifecycle_routes.py is served; then
+        # POST /projects, POST /projects/{id}/apps.
+        for command in self._provisioning():
+            sent = await self.lifecycle.sender.send(command)
+            self.say(
+                f"command: {command.command_type} {command.command_id} on "
+                f"{command.spec.queue}: {sent.outcome}"
+            )
+        row = queue_row("integration", app.settings)
         self.say(
-            f"  {queue}: {row.max_deliveries} deliveries (1 + {row.retries} retries), "
+            f"  the sample's app fails until attempt {s.fail_until_attempt} (failUntilAttempt); "
+            f"integration: {row.max_deliveries} deliveries (1 + {row.retries} retries), "
             f"{row.retry_delay_s:g} s apart in this demo (queue_retry_delay_s); deployed "
-            f"{QUEUE_CONSUMERS[queue].retry_delay_s:g} s apart (QUEUE_CONSUMERS)"
+            f"{QUEUE_CONSUMERS['integration'].retry_delay_s:g} s apart (QUEUE_CONSUMERS)"
         )
-        runtime = await app.queue_runtime()
-        await self.poll_until(
-            lambda: runtime.poll(queue, handler),
-            lambda: self.totals[queue]["deadLettered"] > 0,
-            f"{queue} moving the command to the dead-letter queue",
+        command_id = app_command_id(s.project_id, s.app_name)
+        world = self.lifecycle.world
+        await self.until(
+            lambda: world.project_exists(s.project_id) and self.letter(command_id) is not None,
+            f"the project was created and {command_id} was dead-lettered",
         )
-        for index, run in enumerate(handler.runs):
-            then = (
-                "to the dead-letter queue, terminated here"
-                if run.delivered >= run.max_deliveries
-                else f"nak, delivered again in {row.retry_delay_s:g} s"
-            )
-            earlier = [r.error for r in handler.runs[:index]]
-            error = "the same error" if run.error in earlier else f"RuntimeError: {run.error}"
-            self.say(
-                f"  delivery {run.delivered}/{run.max_deliveries} (attempt {run.attempt}): "
-                f"{error} -> {then}"
-            )
+        letter = self.letter(command_id)
+        assert letter is not None
+        self.say(f"project {s.project_id} created; tenant {app.project_tenant(s.project_id)}")
+        self.say(f"dead-letter consumer: letter {letter.dead_letter_id} recorded")
+        self.say(f"  reason: {letter.reason}")
+        return letter.dead_letter_id
 
-        await self.poll_until(
-            lambda: run_dead_letter_consumer(app),
-            lambda: self.totals[DEAD_LETTER_QUEUE]["done"] > 0,
-            "the dead-letter consumer recording the letter",
-        )
-        letter_id = command_dead_letter_id(command.command_id)
-        recorded = self.totals[DEAD_LETTER_QUEUE]["done"]
-        self.say(f"dead-letter consumer: {recorded} letter recorded, {letter_id}")
-
-        async with _serve_api(app.settings, self.api_token) as (url, api):
-            tenant = next(iter(app.settings.api_tokens.values())).tenant
+    # -- 2. the dead-letter round trip -----------------------------------------------------
+    async def round_trip(self, letter_id: str, api_token: str) -> None:
+        """List, inspect and Retry the letter through the HTTP API (twice: exactly one
+        send); run until the retried command succeeded and the letter closed."""
+        self.say("\n== 2. dead-letter round trip through the operator API")
+        async with _serve_api(self.app.settings, api_token) as (url, api):
             self.say(
-                f"operator API: uvicorn on {url}, a static bearer token of tenant {tenant} "
-                "(api_tokens)"
+                f"operator API: uvicorn on {url}, a static bearer token of tenant "
+                f"{self.sample.tenant} (api_tokens)"
             )
             try:
-                await self._through_the_api(runtime, queue, letter_id, api)
+                await self._through_the_api(letter_id, api)
             finally:
-                self.calls += api.calls
+                self.api_calls += api.calls
 
-    async def _through_the_api(
-        self, runtime: QueueConsumerRuntime, queue: str, letter_id: str, api: _ApiClient
-    ) -> None:
-        """List and inspect the letter, fix the cause, Retry (twice: exactly one send), run
-        the retried command, and read the letter closed."""
-        handler = self.handler
-        line, page = await api.call("GET", "/dead-letters", params={"queue": queue})
+    async def _through_the_api(self, letter_id: str, api: _ApiClient) -> None:
+        line, page = await api.call("GET", "/dead-letters", params={"queue": "integration"})
         self.say(f"{line}: {len(page['items'])} open letter(s)")
         line, letter = await api.call("GET", f"/dead-letters/{letter_id}")
         self.say(line)
-        deliveries = sum(1 for r in handler.runs if r.attempt == letter["attempt"])
         for label, value in (
             ("id", letter["id"]),
             ("command", f"{letter['commandType']} {letter['commandId']}"),
             ("project", f"{letter['projectId']} (tenant {letter['tenantId']})"),
             ("payload", json.dumps((letter["command"] or {}).get("payload"))),
-            ("attempt", f"{letter['attempt']}, delivered {deliveries} times"),
-            ("reason", letter["lastError"]),
+            ("attempt", letter["attempt"]),
             ("status", letter["status"]),
         ):
             self.say(f"    {label:<9}{value}")
-
-        handler.credentials.parent.mkdir(parents=True, exist_ok=True)
-        handler.credentials.write_text(json.dumps({"registry": "registry.demo.local"}) + "\n")
-        self.say(f"fix: wrote the registry credentials to {handler.credentials}")
-
         line, retry = await api.call("POST", f"/dead-letters/{letter_id}/retry")
         self.say(
             f"{line}: sent={str(retry['sent']).lower()}, attempt {retry['attempt']} on "
@@ -525,153 +447,691 @@ class _RoundTrip:
             f"{line} (a double click): sent={str(again['sent']).lower()}, already retried "
             f"as attempt {again['alreadyRetriedAs']}"
         )
-        if not retry["sent"] or again["sent"]:
-            raise _RoundTripError(
-                f"Retry must send exactly once; the two Retries sent {retry['sent']} and "
-                f"{again['sent']}"
+        self.retries_sent = [bool(retry["sent"]), bool(again["sent"])]
+        if self.retries_sent != [True, False]:
+            raise _StepError(
+                f"Retry must send exactly once; the two Retries sent {self.retries_sent}"
+            )
+        s, world = self.sample, self.lifecycle.world
+        command_id = app_command_id(s.project_id, s.app_name)
+
+        def closed_and_live() -> bool:
+            closed = self.letter(command_id)
+            return (
+                closed is not None
+                and closed.status.value == "closed"
+                and world.admin_shard(s.project_id).live_apps() == [s.app_name]
             )
 
-        runs_before = len(handler.runs)
-        await self.poll_until(
-            lambda: runtime.poll(queue, handler),
-            lambda: len(handler.runs) > runs_before,
-            f"{queue} delivering the retried command",
-        )
-        run = handler.runs[-1]
-        if run.error is not None:
-            raise _RoundTripError(f"the retried command did not succeed on {queue}: {run.error}")
-        self.say(
-            f"  delivery {run.delivered}/{run.max_deliveries} (attempt {run.attempt}) on "
-            f"{queue}: done -> ack; the runtime's success hook closes the letter"
-        )
+        await self.until(closed_and_live, f"the retried {command_id} succeeded")
+        self.say(f"  attempt {retry['attempt']} on integration: done; app {s.app_name} is live")
         line, closed = await api.call("GET", f"/dead-letters/{letter_id}")
         self.say(f"{line}: {closed['status']}, resolution {closed['resolution']}")
 
-
-async def _run_command_plane(
-    app: Rhumbatron, *, project_id: str, api_token: str, registry: Path, out: TextIO
-) -> dict[str, Any]:
-    """The dead-letter round trip, then the queues' state; returns the summary's
-    ``commands`` (per queue), ``deadLetters``, ``apiCalls`` and the ``problems`` found."""
-    trip = _RoundTrip(app, _AppProvisioner(registry / "credentials.json"), api_token, out)
-    command = Command.create(
-        command_id=DEMO_COMMAND_ID,
-        command_type="app.provision",
-        project_id=project_id,
-        created_at=app.clock.now(),
-        payload={"appName": "storefront"},
-    )
-    problems: list[str] = []
-    try:
-        await trip.run(command)
-    except _RoundTripError as exc:
-        problems.append(f"dead-letter round trip: {exc}")
-
-    js = (await app.nats()).jetstream()
-    for queue, counts in trip.totals.items():
-        info = await js.consumer_info(COMMAND_STREAM, consumer_name(queue))
-        counts["numPending"] = info.num_pending or 0
-        counts["numAckPending"] = info.num_ack_pending or 0
-        if counts["numPending"] or counts["numAckPending"]:
-            problems.append(
-                f"queue {queue} is left with {counts['numPending']} pending and "
-                f"{counts['numAckPending']} unacknowledged commands"
-            )
-        trip.say(
-            f"queue {queue}: {counts['deliveries']} deliveries, {counts['done']} done, "
-            f"{counts['retried']} retried, {counts['deadLettered']} dead-lettered, "
-            f"{counts['numPending']} pending"
+    def _provisioning(self) -> tuple[Command, Command]:
+        """The project's and the app's provisioning commands (stable IDs)."""
+        s, now = self.sample, self.app.clock.now()
+        return (
+            lifecycle_command(
+                "project.provision",
+                project_command_id(s.project_id),
+                project_id=s.project_id,
+                now=now,
+                payload={"name": s.project_name, "tenantId": s.tenant},
+            ),
+            lifecycle_command(
+                "app.provision",
+                app_command_id(s.project_id, s.app_name),
+                project_id=s.project_id,
+                now=now,
+                payload={"appName": s.app_name},
+            ),
         )
-    held = (await js.stream_info(COMMAND_STREAM)).state.messages
-    trip.say(f"{COMMAND_STREAM} stream: {held} messages left (work-queue retention)")
 
+    async def resend(self) -> None:
+        """A producer repeating a command inside the duplicate window: JetStream drops it."""
+        again, _ = self._provisioning()
+        sent = await self.lifecycle.sender.send(again)
+        self.resend_outcome = sent.outcome
+        self.say(f"resent {again.command_id} with the same ID: {sent.outcome}")
+
+    # -- 3. the Change ---------------------------------------------------------------------
+    def _caller(self) -> Caller:
+        return Caller(self.sample.tenant, "user:demo-operator", self.sample.client_request_id)
+
+    async def request_change(self) -> None:
+        """Create the Change (twice: the same client request), run until it awaits
+        approval."""
+        s = self.sample
+        requests = self.lifecycle.requests
+        self.say(f"\n== 3. a Change of {len(s.tasks)} Tasks: {s.title!r}")
+        for task in s.tasks:
+            after = f" after {', '.join(task.depends_on)}" if task.depends_on else ""
+            self.say(f"  {task.task_id:<14} {task.agent_id:<10} {task.title}{after}")
+        # LIFECYCLE-HTTP: a library call until api/lifecycle_routes.py is served; then
+        # POST /projects/{id}/changes (both calls).
+        self.change = requests.create_change(
+            self._caller(),
+            project_id=s.project_id,
+            client_request_id=s.client_request_id,
+            title=s.title,
+            tasks=s.tasks,
+        )
+        self.repeat = requests.create_change(
+            self._caller(),
+            project_id=s.project_id,
+            client_request_id=s.client_request_id,
+            title=s.title,
+            tasks=s.tasks,
+        )
+        change_id = self.change.change_id
+        self.say(f"created {change_id} (client request {s.client_request_id})")
+        self.say(
+            f"the same request again: {self.repeat.change_id}, "
+            f"created={str(self.repeat.created).lower()}"
+        )
+        await self.until(
+            lambda: self._status() == "awaiting_approval", f"{change_id} awaited approval"
+        )
+        shard = self.lifecycle.world.change_shard(s.project_id, change_id)
+        for state in shard.tasks_of_change(change_id):
+            task_id = state.task_id.removeprefix(f"{change_id}.")
+            self.say(f"  task {task_id:<14} {state.status.value:<10} by {state.agent_id}")
+        for candidate in shard.candidates(change_id=change_id):
+            self.say(
+                f"  candidate {candidate.candidate_id} on base generation "
+                f"{candidate.base_generation}: {candidate.status.value}, "
+                f"{len(candidate.paths)} paths"
+            )
+        self.say(f"{change_id}: awaiting_approval")
+
+    def _status(self) -> str:
+        assert self.change is not None
+        change = self.lifecycle.requests.change(self.sample.project_id, self.change.change_id)
+        return change.status if change else "missing"
+
+    # -- 4. approval and release -----------------------------------------------------------
+    async def approve(self) -> None:
+        """Approve; run until the Change completed and the index is ready at generation 1."""
+        assert self.change is not None
+        s, change_id = self.sample, self.change.change_id
+        self.say("\n== 4. approve, promote, index, release")
+        # LIFECYCLE-HTTP: a library call until api/lifecycle_routes.py is served; then
+        # POST /projects/{id}/changes/{change}/approve.
+        candidate = self.lifecycle.requests.approve(
+            self._caller(), project_id=s.project_id, change_id=change_id
+        )
+        self.say(f"approved: candidate {candidate.candidate_id} promoted")
+        indexer = self.lifecycle.indexer
+        await self.until(
+            lambda: self._status() == "completed" and indexer.ready_generation(s.project_id) == 1,
+            f"{change_id} completed and the index was ready at generation 1",
+        )
+        generation = self.lifecycle.world.canonical_generation(s.project_id)
+        self.say(f"canonical generation {generation}; index ready at generation 1")
+        self.say(f"{change_id}: completed")
+
+
+# -- the summary's parts --------------------------------------------------------------------
+
+
+def _ordinary_tick(stream: int, day: datetime, settings: Settings) -> datetime:
+    """The first minute of ``day`` whose sweep visits ``stream`` and runs every batch."""
+    for minute in range(24 * 60):
+        when = day + timedelta(minutes=minute)
+        if tick_kind(settings, when) == (stream, False, False):
+            return when
+    raise AssertionError(f"no ordinary tick visits stream {stream}")
+
+
+async def _sweep(app: Rhumbatron, project_id: str) -> dict[str, Any]:
+    """One sweep tick per stream (the archiver, the analytics, the lag metrics), then the
+    project view, the archive objects, the metrics and every consumer's lag."""
+    from rhumbatron.archive import ArchiveReader
+    from rhumbatron.metrics import MetricBinding, metric_counts
+
+    router = app.router()
+    today = app.clock.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    for index in range(EVENT_STREAM_COUNT):
+        await router.sweep(now=_ordinary_tick(index, today, app.settings))
+    reader = ArchiveReader(app.s3(), app.settings.evidence_bucket)
+    archive = [
+        {"key": listed.key, "eventIds": [e.event_id for e in reader.read_object(listed.key)]}
+        for listed in reader.list_objects()
+    ]
+    product = app.product().connection
+    return {
+        "view": router.projector.view(project_id).snapshot(latest=5),
+        "archive": archive,
+        "metricCounts": {
+            "eventMetrics": metric_counts(product, MetricBinding.EVENT_METRICS),
+            "metrics": metric_counts(product, MetricBinding.METRICS),
+        },
+        "consumers": [
+            {
+                "stream": lag.stream,
+                "consumer": lag.consumer,
+                "numPending": lag.num_pending,
+                "numAckPending": lag.num_ack_pending,
+            }
+            for lag in await router.consumer_lags()
+        ],
+    }
+
+
+async def _commands(app: Rhumbatron) -> dict[str, Any]:
+    """Commands per queue: JetStream's deliveries of each queue's consumer (redeliveries
+    included) and what is left, and what the handlers that keep a record handled: the
+    integration module per command type and outcome, the wake consumer per outcome."""
+    lifecycle = app.lifecycle()
+    js = (await app.nats()).jetstream()
+    handled: dict[str, dict[str, dict[str, int]]] = {}
+    for item in lifecycle.integration.handled:
+        queue = COMMAND_TYPES[item.command_type].queue
+        by_type = handled.setdefault(queue, {}).setdefault(item.command_type, {})
+        by_type[item.outcome] = by_type.get(item.outcome, 0) + 1
+    wakes = Counter(outcome.value for _, outcome in lifecycle.wake_consumer.outcomes)
+    if wakes:
+        handled["agent-wakeups"] = {"agent.wake": dict(sorted(wakes.items()))}
+    queues: dict[str, dict[str, Any]] = {}
+    for queue in QUEUE_CONSUMERS:
+        info = await js.consumer_info(COMMAND_STREAM, consumer_name(queue))
+        queues[queue] = {
+            "deliveries": info.delivered.consumer_seq if info.delivered else 0,
+            "numPending": info.num_pending or 0,
+            "numAckPending": info.num_ack_pending or 0,
+            "handled": dict(sorted(handled.get(queue, {}).items())),
+        }
+    state = (await js.stream_info(COMMAND_STREAM)).state
+    return {"stream": {"stored": state.last_seq, "left": state.messages}, "queues": queues}
+
+
+def _dead_letters(app: Rhumbatron) -> list[dict[str, Any]]:
+    """Every letter, with its attempts: a letter is written once its attempt used every
+    delivery of its queue; a Retry's attempt is the one the integration module handled."""
     page = operator.list_dead_letters(app, tenant_id=ANY_TENANT, status=None, limit=MAX_PAGE)
-    letters = [_letter_summary(letter, trip.handler.runs) for letter in page.letters]
-    mine = [x for x in letters if x["commandId"] == command.command_id]
-    outcome = f"{mine[0]['status']} ({mine[0]['resolution']})" if mine else "without a letter"
-    if not (mine and mine[0]["status"] == "closed" and mine[0]["resolution"] == "succeeded"):
-        problems.append(f"the dead-letter round trip ended {outcome}, not closed as succeeded")
-    trip.say(f"dead-letter round trip: {outcome}")
-    return {
-        "commands": trip.totals,
-        "deadLetters": letters,
-        "apiCalls": trip.calls,
-        "problems": problems,
-    }
+    handled = app.lifecycle().integration.handled
+    letters = []
+    for letter in page.letters:
+        attempts = [
+            {
+                "attempt": letter.attempt,
+                "deliveries": queue_row(letter.queue, app.settings).max_deliveries
+                if letter.queue
+                else None,
+                "outcome": "dead-lettered",
+            }
+        ]
+        done = [h for h in handled if h.command_id == letter.command_id and h.outcome == "done"]
+        if letter.retried_attempt is not None:
+            attempts.append(
+                {
+                    "attempt": letter.retried_attempt,
+                    "deliveries": done[-1].delivered if done else None,
+                    "outcome": letter.resolution or "open",
+                }
+            )
+        letters.append(
+            {
+                "id": letter.dead_letter_id,
+                "commandId": letter.command_id,
+                "commandType": letter.command_type,
+                "queue": letter.queue,
+                "attempt": letter.attempt,
+                "retriedAttempt": letter.retried_attempt,
+                "attempts": attempts,
+                "status": letter.status.value,
+                "resolution": letter.resolution,
+                "reason": letter.reason,
+            }
+        )
+    return letters
 
 
-def _letter_summary(letter: DeadLetter, runs: list[_Run]) -> dict[str, Any]:
-    """A letter as the summary shows it, with the attempts the demo saw its command make."""
-    mine = [r for r in runs if r.command_id == letter.command_id]
-    attempts = []
-    for attempt in sorted({r.attempt for r in mine}):
-        of_attempt = [r for r in mine if r.attempt == attempt]
-        last = of_attempt[-1]
-        if last.error is None:
-            outcome = "succeeded"
-        elif last.delivered >= last.max_deliveries:
-            outcome = "dead-lettered"
+def _timeline(streams: dict[str, dict[str, Any]], change_id: str) -> list[dict[str, Any]]:
+    """The Change's facts from every stream, in time order (ties in stream order), each with
+    the milliseconds since the Change was created."""
+    facts = [e for s in streams.values() for e in s["events"] if e["changeId"] == change_id]
+    facts.sort(key=lambda e: datetime.fromisoformat(e["timestamp"]))
+    created = next((e for e in facts if e["eventType"] == "change.created"), None)
+    if created is None:
+        return []
+    start = datetime.fromisoformat(created["timestamp"])
+    return [
+        {
+            "eventType": e["eventType"],
+            "taskId": e["taskId"],
+            "atMs": round((datetime.fromisoformat(e["timestamp"]) - start).total_seconds() * 1000),
+            **({"toStatus": e["toStatus"]} if "toStatus" in e else {}),
+        }
+        for e in facts
+    ]
+
+
+def _states(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The states the Change's facts moved it through, in order."""
+    states: list[dict[str, Any]] = []
+    for fact in timeline:
+        if fact["eventType"] == "change.created":
+            state = "open"
+        elif "toStatus" in fact:
+            state = fact["toStatus"]
+        elif fact["eventType"] in _ENDED:
+            state = fact["eventType"].removeprefix("change.")
         else:
-            outcome = "failed"
-        attempts.append({"attempt": attempt, "deliveries": len(of_attempt), "outcome": outcome})
+            continue
+        if not states or states[-1]["state"] != state:
+            states.append({"state": state, "atMs": fact["atMs"]})
+    return states
+
+
+def _change_report(demo: _Demo, streams: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The Change: its states and timeline, Tasks, Candidate, Clef-flash decisions, the
+    index search and the release."""
+    if demo.change is None:
+        return None
+    lifecycle, s = demo.lifecycle, demo.sample
+    change_id = demo.change.change_id
+    shard = lifecycle.world.change_shard(s.project_id, change_id)
+    state = shard.change_state(change_id)
+    timeline = _timeline(streams, change_id)
+    events = {e["eventId"]: e for st in streams.values() for e in st["events"]}
+    decisions = []
+    for routed in lifecycle.routed:
+        for agent_id, verdict in routed.clef_flash:
+            stored = lifecycle.causal_store.decision(routed.event_id, agent_id)
+            decisions.append(
+                {
+                    "eventId": routed.event_id,
+                    "eventType": events.get(routed.event_id, {}).get("eventType"),
+                    "by": events.get(routed.event_id, {}).get("actor"),
+                    "rule": routed.rule,
+                    "agent": agent_id,
+                    "verdict": verdict,
+                    "source": stored.source if stored else None,
+                    "reason": stored.reason if stored else None,
+                    "woke": list(routed.sent),
+                }
+            )
+    releases = []
+    for release in shard.releases(change_id=change_id):
+        deployed = lifecycle.apps.root / s.project_id / release.app_name
+        generation_file = deployed / f"generation-{release.generation}.json"
+        files = (
+            sorted(json.loads(generation_file.read_text(encoding="utf-8")))
+            if generation_file.exists()
+            else []
+        )
+        live = deployed / "live.txt"
+        releases.append(
+            {
+                "id": release.release_id,
+                "status": release.status.value,
+                "generation": release.generation,
+                "app": release.app_name,
+                "deployedFiles": files,
+                "liveGeneration": live.read_text().strip() if live.exists() else None,
+            }
+        )
+    hits = lifecycle.indexer.project_index(s.project_id).search(SEARCH_WORD)
     return {
-        "id": letter.dead_letter_id,
-        "kind": letter.kind.value,
-        "commandId": letter.command_id,
-        "commandType": letter.command_type,
-        "queue": letter.queue,
-        "attempt": letter.attempt,
-        "retriedAttempt": letter.retried_attempt,
-        "attempts": attempts,
-        "status": letter.status.value,
-        "resolution": letter.resolution,
-        "reason": letter.reason,
+        "id": change_id,
+        "title": state.title if state else None,
+        "status": state.status if state else None,
+        "clientRequestId": s.client_request_id,
+        "repeat": (
+            {"changeId": demo.repeat.change_id, "created": demo.repeat.created}
+            if demo.repeat
+            else None
+        ),
+        "states": _states(timeline),
+        "timeline": timeline,
+        "tasks": [
+            {
+                "taskId": t.task_id,
+                "agent": t.agent_id,
+                "dependsOn": list(t.depends_on),
+                "status": t.status.value,
+            }
+            for t in shard.tasks_of_change(change_id)
+        ],
+        "candidates": [
+            {
+                "id": c.candidate_id,
+                "baseGeneration": c.base_generation,
+                "status": c.status.value,
+                "paths": list(c.paths),
+            }
+            for c in shard.candidates(change_id=change_id)
+        ],
+        "clefFlash": decisions,
+        "canonicalGeneration": lifecycle.world.canonical_generation(s.project_id),
+        "index": {
+            "readyGeneration": lifecycle.indexer.ready_generation(s.project_id),
+            "search": SEARCH_WORD,
+            "hits": [{"path": h.path, "snippet": h.snippet} for h in hits],
+        },
+        "releases": releases,
     }
 
 
-def _check(
-    streams: dict[str, dict[str, Any]], publish_order: dict[str, list[str]], written: int
+def _duplicates(demo: _Demo) -> dict[str, int]:
+    """The repeats the system dropped in this run, each where it was measured: the repeated
+    Change request, the resent command (JetStream's duplicate window), the router's command
+    sends JetStream reported as duplicates, ready wakes for a Task its Agent already held,
+    and the operator's second Retry."""
+    lifecycle = demo.lifecycle
+    counts = {
+        "changeRequests": int(
+            demo.repeat is not None
+            and demo.change is not None
+            and not demo.repeat.created
+            and demo.repeat.change_id == demo.change.change_id
+        ),
+        "commandResends": int(demo.resend_outcome == "duplicate"),
+        "routerCommandSends": sum(len(r.duplicates) for r in lifecycle.routed),
+        "agentWakes": sum(1 for _, o in lifecycle.wake_consumer.outcomes if o.value == "duplicate"),
+        "operatorRetries": demo.retries_sent.count(False),
+    }
+    return {**counts, "total": sum(counts.values())}
+
+
+def _outbox(app: Rhumbatron) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """Outbox rows by state (total and per actor) and each actor's published events in
+    outbox order."""
+    by_actor: dict[str, dict[str, int]] = {}
+    order: dict[str, list[str]] = {}
+    for ref in app.actor_refs():
+        actor = app.actor(ref)
+        by_actor[ref.key] = counts_by_state(actor.connection)
+        order[ref.key] = [
+            row["event_id"]
+            for row in actor.connection.execute(
+                "SELECT event_id FROM outbox WHERE state = 'published' ORDER BY seq"
+            )
+        ]
+    total = {
+        state.value: sum(c.get(state.value, 0) for c in by_actor.values()) for state in RowState
+    }
+    return {"total": total, "byActor": by_actor}, order
+
+
+# -- the checks -----------------------------------------------------------------------------
+
+
+def _order_problems(
+    streams: dict[str, dict[str, Any]], publish_order: dict[str, list[str]]
 ) -> list[str]:
+    """Each actor's published events must be on the streams, in outbox order."""
+    position = {e["eventId"]: e["seq"] for s in streams.values() for e in s["events"]}
     problems = []
-    position = {e["eventId"]: (name, e["seq"]) for name, s in streams.items() for e in s["events"]}
-    if len(position) != written:
-        problems.append(f"{written} events written but {len(position)} on the streams")
     for actor_key, event_ids in publish_order.items():
-        seqs = [position[e][1] for e in event_ids if e in position]
         missing = [e for e in event_ids if e not in position]
         if missing:
             problems.append(f"{actor_key}: {len(missing)} published events missing from streams")
+        seqs = [position[e] for e in event_ids if e in position]
         if seqs != sorted(seqs):
             problems.append(f"{actor_key}: events out of outbox order on their stream")
     return problems
 
 
-def _print_streams(streams: dict[str, dict[str, Any]], out: TextIO) -> None:
-    for name, stream in streams.items():
-        if not stream["events"]:
-            print(f"{name}: empty", file=out)
-            continue
-        print(f"{name}: {stream['messages']} events", file=out)
-        for event in stream["events"]:
-            print(
-                f"  #{event['seq']:<3} {event['projectId']:<14} {event['eventType']:<20} "
-                f"{event['eventId']}",
-                file=out,
+def check_summary(summary: dict[str, Any]) -> list[str]:
+    """Every outcome the acceptance expects that ``summary`` lacks, each named with what was
+    found instead (empty when the whole lifecycle happened)."""
+    problems: list[str] = []
+    streams = summary["streams"]
+    position = {e["eventId"]: e["seq"] for s in streams.values() for e in s["events"]}
+    total = summary["outbox"]["total"]
+    written = sum(total.values())
+    if total["published"] != written:
+        problems.append(f"{written} outbox rows written but {total['published']} published")
+    if len(position) != written:
+        problems.append(f"{written} events written but {len(position)} on the streams")
+    archived = {i for item in summary["archive"] for i in item["eventIds"]}
+    if set(position) - archived:
+        problems.append(f"{len(set(position) - archived)} events on the streams are not archived")
+    problems += [
+        f"consumer {c['consumer']} on {c['stream']} is behind: {c['numPending']} pending, "
+        f"{c['numAckPending']} unacknowledged"
+        for c in summary["consumers"]
+        if c["numPending"] or c["numAckPending"]
+    ]
+    for queue, counts in summary["commands"]["queues"].items():
+        if counts["numPending"] or counts["numAckPending"]:
+            problems.append(
+                f"queue {queue} is left with {counts['numPending']} pending and "
+                f"{counts['numAckPending']} unacknowledged commands"
             )
+    letters = summary["deadLetters"]
+    if not (
+        len(letters) == 1
+        and letters[0]["status"] == "closed"
+        and letters[0]["resolution"] == "succeeded"
+        and letters[0]["retriedAttempt"] == 2
+    ):
+        outcome = [(x["commandId"], x["status"], x["resolution"]) for x in letters]
+        problems.append(f"expected one letter closed as succeeded by attempt 2; found {outcome}")
+    problems += _check_change(summary["change"])
+    if summary["duplicatesDropped"]["commandResends"] != 1:
+        problems.append("the resent provision command was not dropped as a duplicate")
+    if summary["timingsS"]["total"] >= _DEMO_BUDGET_S:
+        problems.append(
+            f"the demo took {summary['timingsS']['total']:.1f} s, over its "
+            f"{_DEMO_BUDGET_S:g} s budget"
+        )
+    return problems
+
+
+def _check_change(change: dict[str, Any] | None) -> list[str]:
+    if change is None:
+        return ["no Change was created"]
+    problems = []
+    states = [s["state"] for s in change["states"]]
+    if states != list(EXPECTED_STATES):
+        problems.append(f"the Change moved through {states}, not {list(EXPECTED_STATES)}")
+    if change["repeat"] != {"changeId": change["id"], "created": False}:
+        problems.append(f"the repeated request gave {change['repeat']}, not the first Change")
+    tasks = change["tasks"]
+    if len(tasks) < 4 or not any(t["dependsOn"] for t in tasks):
+        problems.append(f"expected at least 4 Tasks with dependencies; found {len(tasks)}")
+    if any(t["status"] != "completed" for t in tasks):
+        problems.append(
+            f"Tasks not completed: {[t['taskId'] for t in tasks if t['status'] != 'completed']}"
+        )
+    decisions = change["clefFlash"]
+    if not decisions:
+        problems.append("Clef-flash was never asked: no two agents overlapped on a prefix")
+    elif any(d["verdict"] != "abstain" or not d["woke"] for d in decisions):
+        problems.append(f"without a key Clef-flash must abstain and wake; it decided {decisions}")
+    if [c["status"] for c in change["candidates"]] != ["promoted"]:
+        problems.append(f"expected one promoted Candidate; found {change['candidates']}")
+    if change["canonicalGeneration"] != 1:
+        problems.append(f"canonical is at generation {change['canonicalGeneration']}, not 1")
+    index = change["index"]
+    if index["readyGeneration"] != 1 or not index["hits"]:
+        problems.append(f"the index is not ready at generation 1 with a hit for {SEARCH_WORD}")
+    releases = change["releases"]
+    if not (
+        len(releases) == 1
+        and releases[0]["status"] == "completed"
+        and releases[0]["deployedFiles"]
+        and releases[0]["liveGeneration"] == "1"
+    ):
+        problems.append(f"expected one completed release live at generation 1; found {releases}")
+    return problems
+
+
+# -- printing -------------------------------------------------------------------------------
+
+
+def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
+    def say(text: str) -> None:
+        print(text, file=out)
+
+    say("\n== summary")
+    say("events per stream and type:")
+    for name, stream in summary["streams"].items():
+        if not stream["messages"]:
+            say(f"  {name}: empty")
+            continue
+        types = ", ".join(f"{t} {n}" for t, n in stream["byType"].items())
+        say(f"  {name}: {stream['messages']} events: {types}")
+    say(f"outbox rows by state: {summary['outbox']['total']}")
+    commands = summary["commands"]
+    say(
+        f"commands: the {COMMAND_STREAM} stream stored {commands['stream']['stored']}, "
+        f"{commands['stream']['left']} left (work-queue retention)"
+    )
+    for queue, counts in commands["queues"].items():
+        handled = "; ".join(
+            f"{kind} " + ", ".join(f"{o} {n}" for o, n in outcomes.items())
+            for kind, outcomes in counts["handled"].items()
+        )
+        say(
+            f"  {queue:<14} deliveries {counts['deliveries']:>2}, pending {counts['numPending']}"
+            + (f"; handled: {handled}" if handled else "")
+        )
+    dupes = summary["duplicatesDropped"]
+    say(
+        "duplicates dropped: "
+        + ", ".join(f"{k} {v}" for k, v in dupes.items() if k != "total")
+        + f" (total {dupes['total']})"
+    )
+    for letter in summary["deadLetters"]:
+        attempts = ", ".join(
+            f"attempt {a['attempt']}: {a['deliveries']} deliveries, {a['outcome']}"
+            for a in letter["attempts"]
+        )
+        say(
+            f"dead letter {letter['id']}: {letter['commandType']} {letter['commandId']} on "
+            f"{letter['queue']}; {attempts}; {letter['status']} ({letter['resolution']})"
+        )
+    say(f"archive: {len(summary['archive'])} objects")
+    for item in summary["archive"]:
+        say(f"  s3://{summary['bucket']}/{item['key']}  {len(item['eventIds'])} events")
+    view = summary["view"]
+    say(
+        f"view {view['projectId']}: {view['eventsApplied']} events, generation "
+        f"{view['canonicalGeneration']}, changes {view['changesByState']}, "
+        f"tasks {view['tasksByState']}"
+    )
+    behind = [c for c in summary["consumers"] if c["numPending"] or c["numAckPending"]]
+    consumers = len(summary["consumers"])
+    say(f"router consumers: {consumers}, at lag 0: {consumers - len(behind)}")
+    change = summary["change"]
+    if change is not None:
+        _print_change(change, say)
+    timings = ", ".join(f"{k} {v:.2f} s" for k, v in summary["timingsS"].items())
+    say(f"timings: {timings}")
+
+
+def _print_change(change: dict[str, Any], say: Callable[[str], None]) -> None:
+    say(f"change {change['id']} {change['title']!r}: {len(change['timeline'])} facts")
+    for fact in change["timeline"]:
+        task = f" {fact['taskId'].removeprefix(change['id'] + '.')}" if fact["taskId"] else ""
+        moved = f" -> {fact['toStatus']}" if "toStatus" in fact else ""
+        say(f"  +{fact['atMs']:>5} ms  {fact['eventType']}{task}{moved}")
+    say("states: " + " -> ".join(f"{s['state']} (+{s['atMs']} ms)" for s in change["states"]))
+    for d in change["clefFlash"]:
+        say(
+            f"Clef-flash: {d['eventType']} by {d['by']} overlaps {d['agent']} by prefix: "
+            f"{d['verdict']} ({d['reason']}) -> woke {', '.join(d['woke']) or 'nobody'}"
+        )
+    index = change["index"]
+    paths = ", ".join(h["path"] for h in index["hits"]) or "no hits"
+    say(f"index: generation {index['readyGeneration']}; search {index['search']!r}: {paths}")
+    for release in change["releases"]:
+        say(
+            f"release {release['id']}: {release['status']}, generation {release['generation']} "
+            f"live on {release['app']}: {', '.join(release['deployedFiles'])}"
+        )
+
+
+# -- the entry points -----------------------------------------------------------------------
+
+
+async def run_demo(root: Path, sample_path: Path, out: TextIO = sys.stdout) -> dict[str, Any]:
+    """Run the demo under ``root`` (its state and NATS store wiped first), print each step
+    to ``out``, and return the summary it writes to ``root / "demo-summary.json"``."""
+    started = time.monotonic()
+    for leftover in ("state", "nats"):
+        shutil.rmtree(root / leftover, ignore_errors=True)
+    sample = _Sample.load(sample_path)
+    # A token for this run only: the demo's API client is its one holder.
+    api_token = secrets.token_urlsafe(24)
+    from rhumbatron.local.stack import LocalStack
+
+    with LocalStack(root) as stack:
+        assert stack.s3 is not None
+        settings = load_settings(
+            state_dir=root / "state",
+            nats_url=stack.nats.url,
+            s3_endpoint_url=stack.s3.endpoint_url,
+            # The failing command walks its retries at once here; deployed, each waits 30 s.
+            queue_retry_delay_s={"integration": 0.0},
+            # No key: Clef-flash abstains (and so wakes) without calling a model.
+            clef_flash_api_key=None,
+            api_auth_mode="static",
+            api_tokens={api_token: {"tenant": sample.tenant, "scopes": _API_SCOPES}},
+        )
+        app = bootstrap(settings)
+        demo = _Demo(app, sample, out)
+        try:
+            streams_report = await app.ensure_streams()
+            stack.s3.client().create_bucket(Bucket=settings.evidence_bucket)
+            demo.say(f"local stack: nats {stack.nats.url}  s3 {stack.s3.endpoint_url}")
+            demo.say(f"streams created: {', '.join(streams_report.created)}")
+            try:
+                await demo.run(api_token)
+            except (_StepError, RhumbatronError) as exc:
+                demo.problems.append(f"{type(exc).__name__}: {exc}")
+                demo.say(f"STOPPED: {exc}")
+            demo.say("\n== 5. sweep: archive, analytics, lag")
+            swept = await _sweep(app, sample.project_id)
+            streams = await read_streams(stack.nats.url)
+            outbox, publish_order = _outbox(app)
+            summary: dict[str, Any] = {
+                "project": {
+                    "id": sample.project_id,
+                    "tenant": sample.tenant,
+                    "stream": event_stream_name(stream_index(sample.project_id)),
+                },
+                "bucket": settings.evidence_bucket,
+                "streams": streams,
+                "outbox": outbox,
+                "commands": await _commands(app),
+                "duplicatesDropped": _duplicates(demo),
+                "deadLetters": _dead_letters(app),
+                "apiCalls": demo.api_calls,
+                **swept,
+                "change": _change_report(demo, streams),
+            }
+        finally:
+            await app.close()
+    summary["timingsS"] = {**demo.timings_s, "total": round(time.monotonic() - started, 3)}
+    summary["problems"] = (
+        demo.problems + _order_problems(summary["streams"], publish_order) + check_summary(summary)
+    )
+    _print_summary(summary, out)
+    (root / "demo-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"summary: {root / 'demo-summary.json'}", file=out)
+    for problem in summary["problems"]:
+        print(f"PROBLEM: {problem}", file=out)
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``rhumbatron demo``."""
+    """Entry point of ``rhumbatron demo`` and ``make demo``."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="rhumbatron demo", description=__doc__)
     parser.add_argument("--root", type=Path, default=Path(".rhumbatron"))
-    parser.add_argument("--scenario", type=Path, default=Path("samplefiles/scenario.json"))
+    parser.add_argument("--sample", type=Path, default=Path("samplefiles/lifecycle.json"))
     args = parser.parse_args(argv)
     # The demo prints every step itself; the runtime's warnings about the command it fails on
     # purpose would only repeat them. Errors still show.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
-    summary = asyncio.run(run_demo(args.root, args.scenario))
+    summary = asyncio.run(run_demo(args.root, args.sample))
     return 1 if summary["problems"] else 0
 
 

@@ -35,7 +35,16 @@ READER = "reader-token-aaaaaaaaaaaaaa"
 SENDER = "sender-token-aaaaaaaaaaaaaa"
 OTHER_OPERATOR = "operator-token-bbbbbbbbbbbb"
 PLATFORM = "platform-token-ffffffffffff"
-ALL_SCOPES = ["dead-letters:read", "dead-letters:write", "commands:send"]
+ALL_SCOPES = [
+    "dead-letters:read",
+    "dead-letters:write",
+    "commands:send",
+    "projects:read",
+    "projects:write",
+    "changes:read",
+    "changes:write",
+    "agents:write",
+]
 TOKENS: dict[str, dict[str, Any]] = {
     OPERATOR: {"tenant": TENANT, "scopes": ALL_SCOPES},
     READER: {"tenant": TENANT, "scopes": ["dead-letters:read"]},

@@ -137,3 +137,86 @@ async def test_a_change_moves_from_request_to_release_by_events_and_commands(
     assert decisions and all(v == "abstain" for r in decisions for _, v in r.clef_flash)
     live = app.settings.state_dir / "apps" / project_id / "storefront" / "live.txt"
     assert live.read_text() == "1\n"
+
+
+async def test_a_promotion_makes_the_other_candidate_stale_and_it_is_recomposed_on_the_new_base(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN two Changes of one project, each with a verified Candidate on generation 0
+    lifecycle = app.lifecycle()
+    lifecycle.scripts = ScriptLibrary.from_mapping(
+        {
+            name: [
+                {"do": "propose_changeset", "files": {f"src/{name}.py": f"NAME = {name!r}\n"}},
+                {"do": "complete"},
+            ]
+            for name in ("left", "right")
+        }
+    )
+    loop = LocalLoop(app)
+    project_id, tenant = "acme-two", "acme"
+    await lifecycle.sender.send(
+        lifecycle_command(
+            "project.provision",
+            f"cmd_provision_{project_id}",
+            project_id=project_id,
+            now=app.clock.now(),
+            payload={"name": "Two changes", "tenantId": tenant},
+        )
+    )
+    world = lifecycle.world
+    assert await loop.run_until(lambda: world.project_exists(project_id))
+    caller = Caller(tenant, "user:dana", "req")
+    left, right = (
+        lifecycle.requests.create_change(
+            caller,
+            project_id=project_id,
+            client_request_id=f"req-{name}",
+            title=name,
+            tasks=[TaskPlan("t", name, f"builder-{name}", script=name)],
+        ).change_id
+        for name in ("left", "right")
+    )
+
+    def status(change_id: str) -> str:
+        change = lifecycle.requests.change(project_id, change_id)
+        return change.status if change else "missing"
+
+    def candidates(change_id: str) -> list[tuple[int, str]]:
+        shard = world.change_shard(project_id, change_id)
+        return [(c.base_generation, c.status.value) for c in shard.candidates(change_id=change_id)]
+
+    assert await loop.run_until(lambda: status(left) == status(right) == "awaiting_approval"), (
+        status(left),
+        status(right),
+    )
+    assert candidates(right) == [(0, "verified")]
+
+    # WHEN the left Change is approved: canonical advances to generation 1
+    lifecycle.requests.approve(caller, project_id=project_id, change_id=left)
+
+    # THEN the right Candidate (base 0) went stale, its Change back to verifying, and
+    # candidates.recompose composed it again on generation 1 (candidate.create after a
+    # rebase, on the verification queue), which verification verified
+    assert await loop.run_until(
+        lambda: status(left) == "completed" and candidates(right) == [(0, "stale"), (1, "verified")]
+    ), (status(left), candidates(right))
+    assert status(right) == "awaiting_approval"
+    envelopes = [
+        json.loads(row[0])
+        for row in world.change_shard(project_id, right).connection.execute(
+            "SELECT envelope FROM outbox WHERE event_type = 'change.status_changed' ORDER BY seq"
+        )
+    ]
+    moves = [(e["payload"]["fromStatus"], e["payload"]["toStatus"]) for e in envelopes]
+    assert ("awaiting_approval", "verifying") in moves
+    rebased = [h for h in lifecycle.integration.handled if "_rebase_1" in h.command_id]
+    assert [h.command_type for h in rebased] == ["candidate.create"]
+
+    # WHEN the right Change is approved too
+    lifecycle.requests.approve(caller, project_id=project_id, change_id=right)
+
+    # THEN canonical is at generation 2 and both Changes completed (no live app: nothing to
+    # release)
+    assert await loop.run_until(lambda: status(right) == "completed")
+    assert world.canonical_generation(project_id) == 2

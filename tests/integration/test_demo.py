@@ -1,11 +1,14 @@
-"""``make demo`` at this stage (issue item 10): the local stack, the sample scenario through the
-actors, the outboxes published, every stream read back with a second client, and a
-machine-readable summary. Then the command plane (issue #4 item 7): a command failing into the
-dead-letter queue, retried through the HTTP API once its cause is fixed, closing as
-``succeeded``."""
+"""``make demo``: the whole Change lifecycle of the sample project on the embedded default
+(nats-server and moto's S3 on loopback, SQLite actor files), run once for this module.
+
+Provisioning with a dead-letter round trip through the HTTP API, a Change of four Tasks where
+two agents overlap on a resource prefix (Clef-flash abstains without a key, and wakes), a
+verified Candidate, promotion, canonical advanced, the index built, the release completed —
+then the summary it prints and writes."""
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 from pathlib import Path
@@ -13,170 +16,195 @@ from typing import Any
 
 import pytest
 
-from rhumbatron.demo import DEMO_COMMAND_ID, run_demo
+from rhumbatron.demo import (
+    EXPECTED_STATES,
+    app_command_id,
+    check_summary,
+    project_command_id,
+    run_demo,
+)
 from rhumbatron.product.dead_letters import command_dead_letter_id
 
 pytestmark = pytest.mark.integration
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCENARIO = REPO_ROOT / "samplefiles" / "scenario.json"
-# Per project, in the order its actors commit them (scenario steps: create, plan a change with
-# two tasks, intent, claim, task 1 done, release, task 2 done, promote).
-EXPECTED_TYPES = [
-    "project.created",
-    "change.created",
-    "change.planned",
-    "task.ready",
-    "task.ready",
-    "intent.declared",
-    "claim.acquired",
-    "task.completed",
-    "claim.released",
-    "task.completed",
-    "artifact.promoted",
-    "canonical.advanced",
-]
+SAMPLE_PATH = REPO_ROOT / "samplefiles" / "lifecycle.json"
+SAMPLE = json.loads(SAMPLE_PATH.read_text())
+APP_COMMAND = app_command_id("acme-shop", "storefront")
+LETTER_ID = command_dead_letter_id(APP_COMMAND)
+# fnv1a32("acme-shop") mod 8, computed by hand from the FNV-1a constants.
+PROJECT_STREAM = "EVENTS_02"
+
+Demo = tuple[dict[str, Any], Path, str]
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, str]:
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     """Run the demo once for this module (it starts its own nats-server and S3)."""
     import asyncio
 
     root = tmp_path_factory.mktemp("demo") / "root"
     out = io.StringIO()
-    summary = asyncio.run(run_demo(root, SCENARIO, out))
+    summary = asyncio.run(run_demo(root, SAMPLE_PATH, out))
     return summary, root, out.getvalue()
 
 
-def test_the_demo_runs_without_problems(demo: tuple[dict[str, Any], Path, str]) -> None:
+def _task_id(change_id: str, task_id: str) -> str:
+    return task_id.removeprefix(f"{change_id}.")
+
+
+# --------------------------------------------------------------------------- the whole run
+
+
+def test_the_demo_runs_the_whole_lifecycle_without_problems_in_under_a_minute(
+    demo: Demo,
+) -> None:
+    # GIVEN the demo ran once  WHEN its summary is read
     summary, _, printed = demo
+    # THEN nothing expected is missing, and it took well under a minute
     assert summary["problems"] == []
-    assert "PROBLEM" not in printed
-    assert summary["eventsWritten"] == summary["eventsPublished"] == 24
+    assert "PROBLEM" not in printed and "STOPPED" not in printed
+    assert summary["timingsS"]["total"] < 60
+    assert set(summary["timingsS"]) == {
+        "provision",
+        "deadLetterRoundTrip",
+        "toAwaitingApproval",
+        "toCompleted",
+        "total",
+    }
 
 
-def test_the_demo_writes_its_summary_file(demo: tuple[dict[str, Any], Path, str]) -> None:
-    summary, root, _ = demo
+def test_the_demo_writes_its_summary_file(demo: Demo) -> None:
+    summary, root, printed = demo
     written = json.loads((root / "demo-summary.json").read_text())
     assert written == summary
+    assert f"summary: {root / 'demo-summary.json'}" in printed
 
 
-def test_each_project_lands_on_its_own_stream_in_commit_order(
-    demo: tuple[dict[str, Any], Path, str],
-) -> None:
+# --------------------------------------------------------------------------- the Change
+
+
+def test_the_change_moves_through_its_states_in_order(demo: Demo) -> None:
+    summary, _, printed = demo
+    change = summary["change"]
+    # THEN open -> verifying -> awaiting_approval -> releasing -> completed, in time order
+    assert [s["state"] for s in change["states"]] == list(EXPECTED_STATES)
+    times = [s["atMs"] for s in change["states"]]
+    assert times[0] == 0 and times == sorted(times)
+    assert change["status"] == "completed"
+    assert "states: open (+0 ms) -> verifying (+" in printed
+    assert "-> completed (+" in printed
+
+
+def test_a_repeated_change_request_returns_the_first_change(demo: Demo) -> None:
+    summary, _, printed = demo
+    change = summary["change"]
+    assert change["clientRequestId"] == SAMPLE["change"]["clientRequestId"]
+    assert change["repeat"] == {"changeId": change["id"], "created": False}
+    assert f"the same request again: {change['id']}, created=false" in printed
+
+
+def test_the_change_timeline_holds_its_facts_in_time_order_with_timings(demo: Demo) -> None:
+    summary, _, printed = demo
+    change = summary["change"]
+    timeline = change["timeline"]
+    types = [f["eventType"] for f in timeline]
+    # THEN it starts at its creation and ends completed, each fact timed from the creation
+    assert timeline[0] == {"eventType": "change.created", "taskId": None, "atMs": 0}
+    assert types[-1] == "change.completed"
+    assert [f["atMs"] for f in timeline] == sorted(f["atMs"] for f in timeline)
+    for kind in ("task.ready", "task.assigned", "task.started", "task.completed"):
+        assert types.count(kind) == 4, kind
+    order = [
+        "change.planned",
+        "verification.started",
+        "candidate.created",
+        "candidate.verified",
+        "promotion.completed",
+        "candidate.promoted",
+        "release.started",
+        "release.completed",
+    ]
+    assert [t for t in types if t in order] == order
+    assert f"change {change['id']} 'Gift cards at checkout': {len(timeline)} facts" in printed
+    assert "ms  task.completed tsk-docs" in printed
+
+
+def test_the_change_has_four_tasks_with_dependencies_all_completed(demo: Demo) -> None:
     summary, _, _ = demo
-    # fnv1a32 mod 8 computed with bash: acme-web -> 0, acme-billing -> 1
-    assert summary["projects"] == {
-        "acme-web": {"stream": "EVENTS_00"},
-        "acme-billing": {"stream": "EVENTS_01"},
+    change = summary["change"]
+    tasks = {
+        _task_id(change["id"], t["taskId"]): (
+            t["agent"],
+            sorted(_task_id(change["id"], d) for d in t["dependsOn"]),
+            t["status"],
+        )
+        for t in change["tasks"]
     }
-    for project, stream in (("acme-web", "EVENTS_00"), ("acme-billing", "EVENTS_01")):
-        events = summary["streams"][stream]["events"]
-        assert {e["projectId"] for e in events} == {project}
-        assert [e["eventType"] for e in events] == EXPECTED_TYPES
-        assert [e["seq"] for e in events] == list(range(1, 13))
-        assert all(e["msgId"] == e["eventId"] for e in events)
-    for index in range(2, 8):
-        assert summary["streams"][f"EVENTS_0{index}"]["events"] == []
-
-
-def test_demo_change_events_carry_their_stable_ids(
-    demo: tuple[dict[str, Any], Path, str],
-) -> None:
-    # sha256sum of "acme-web-chg-001␟task.ready␟tsk-001␟", computed with the shell
-    summary, _, _ = demo
-    ids = [e["eventId"] for e in summary["streams"]["EVENTS_00"]["events"]]
-    assert ids[3] == "evt_cc95f70bcd299611f4080a1f5b354c23"
-
-
-def test_the_demo_outbox_rows_are_all_published(demo: tuple[dict[str, Any], Path, str]) -> None:
-    summary, _, _ = demo
-    assert summary["outbox"]["total"] == {
-        "pending": 0,
-        "retry_wait": 0,
-        "published": 24,
-        "failed": 0,
+    assert tasks == {
+        t["taskId"]: (t["agentId"], sorted(t.get("dependsOn", [])), "completed")
+        for t in SAMPLE["change"]["tasks"]
     }
-    # a root and at least one shard per project own an outbox
-    assert any(k.startswith("project_root:acme-web") for k in summary["outbox"]["byActor"])
-    assert any(k.startswith("resource_shard:acme-billing") for k in summary["outbox"]["byActor"])
 
 
-def test_the_demo_reports_stream_settings_as_jetstream_has_them(
-    demo: tuple[dict[str, Any], Path, str],
+def test_two_agents_overlapping_on_a_prefix_ask_clef_flash_which_abstains_and_wakes(
+    demo: Demo,
 ) -> None:
-    summary, _, _ = demo
-    for index in range(8):
-        settings = summary["streams"][f"EVENTS_0{index}"]["settings"]
-        assert settings == {
-            "subjects": [f"events.0{index}"],
-            "retention": "limits",
-            "storage": "file",
-            "maxAgeSeconds": 7 * 86_400,
-            "duplicateWindowSeconds": 2 * 3600,
-            "replicas": 1,
-            "allowAtomic": True,
+    summary, _, printed = demo
+    decisions = summary["change"]["clefFlash"]
+    # THEN builder-b's work under src/checkout/ overlaps builder-a's prefix: without a key
+    # Clef-flash abstains, and the abstention sends builder-a a wake
+    assert decisions
+    for decision in decisions:
+        assert decision["by"] == "agent:builder-b"
+        assert (decision["agent"], decision["verdict"]) == ("builder-a", "abstain")
+        assert (decision["source"], decision["reason"]) == ("no_key", "no API key")
+        assert decision["woke"] and all(c.endswith("tsk-checkout") for c in decision["woke"])
+    assert "overlaps builder-a by prefix: abstain (no API key) -> woke cmd_evt_" in printed
+
+
+def test_the_promoted_candidate_advances_canonical_builds_the_index_and_releases(
+    demo: Demo,
+) -> None:
+    summary, _, printed = demo
+    change = summary["change"]
+    written = sorted(
+        path
+        for steps in SAMPLE["scripts"].values()
+        for step in steps
+        if step["do"] == "propose_changeset"
+        for path in step["files"]
+    )
+    (candidate,) = change["candidates"]
+    assert (candidate["status"], candidate["baseGeneration"]) == ("promoted", 0)
+    assert sorted(candidate["paths"]) == written
+    assert change["canonicalGeneration"] == 1
+    assert change["index"]["readyGeneration"] == 1
+    assert [h["path"] for h in change["index"]["hits"]] == ["src/models/gift_card.py"]
+    assert "[GiftCard]" in change["index"]["hits"][0]["snippet"]
+    assert change["releases"] == [
+        {
+            "id": "rel_acme-shop_1",
+            "status": "completed",
+            "generation": 1,
+            "app": "storefront",
+            "deployedFiles": written,
+            "liveGeneration": "1",
         }
+    ]
+    assert "index: generation 1; search 'GiftCard': src/models/gift_card.py" in printed
+    assert "release rel_acme-shop_1: completed, generation 1 live on storefront: " in printed
 
 
-def test_the_demo_prints_what_arrived_per_stream(demo: tuple[dict[str, Any], Path, str]) -> None:
-    _, _, printed = demo
-    assert "EVENTS_00: 12 events" in printed
-    assert "EVENTS_01: 12 events" in printed
-    assert "EVENTS_07: empty" in printed
+# --------------------------------------------------------------------------- the dead letter
 
 
-def test_the_demo_router_applies_every_event_to_the_project_views(
-    demo: tuple[dict[str, Any], Path, str],
-) -> None:
-    summary, _, printed = demo
-    for project in ("acme-web", "acme-billing"):
-        view = summary["views"][project]
-        assert view["eventsApplied"] == 12
-        assert view["canonicalGeneration"] == 1
-        assert view["tasksByState"] == {"completed": 2}
-        assert view["latestEvents"][0]["eventType"] == "canonical.advanced"
-        assert f"view {project}: 12 events" in printed
-
-
-def test_the_demo_archives_each_streams_events_in_one_object(
-    demo: tuple[dict[str, Any], Path, str],
-) -> None:
-    summary, _, _ = demo
-    archive = summary["archive"]
-    assert [item["events"] for item in archive] == [12, 12]
-    assert [item["key"].split("/")[4] for item in archive] == ["stream-00", "stream-01"]
-    assert all(item["key"].endswith(".ndjson.gz") for item in archive)
-
-
-def test_the_demo_records_metrics_and_leaves_every_consumer_at_lag_0(
-    demo: tuple[dict[str, Any], Path, str],
-) -> None:
-    summary, _, printed = demo
-    assert summary["metricCounts"]["eventMetrics"]["task_completed"] == 4
-    assert summary["metricCounts"]["eventMetrics"]["change_created"] == 2
-    assert summary["metricCounts"]["metrics"]["consumer_num_pending"] == 8 * 32
-    consumers = summary["consumers"]
-    assert len(consumers) == 32
-    assert all(c["numPending"] == 0 and c["numAckPending"] == 0 for c in consumers)
-    assert "consumers: 32, at lag 0: 32" in printed
-
-
-# --------------------------------------------------------------------------- the command plane
-
-LETTER_ID = command_dead_letter_id(DEMO_COMMAND_ID)
-
-
-def test_the_demo_dead_letter_closes_as_succeeded_after_the_retry(
-    demo: tuple[dict[str, Any], Path, str],
-) -> None:
+def test_the_demo_dead_letter_closes_as_succeeded_after_the_retry(demo: Demo) -> None:
     summary, _, _ = demo
     # The command failed its 4 deliveries as attempt 1, was retried as attempt 2, succeeded.
     (letter,) = summary["deadLetters"]
     assert letter["id"] == LETTER_ID
-    assert letter["commandId"] == DEMO_COMMAND_ID
-    assert letter["commandType"] == "app.provision"
+    assert (letter["commandId"], letter["commandType"]) == (APP_COMMAND, "app.provision")
     assert letter["queue"] == "integration"
     assert (letter["attempt"], letter["retriedAttempt"]) == (1, 2)
     assert letter["attempts"] == [
@@ -185,38 +213,11 @@ def test_the_demo_dead_letter_closes_as_succeeded_after_the_retry(
     ]
     assert (letter["status"], letter["resolution"]) == ("closed", "succeeded")
     assert "failed on integration after 4 deliveries" in letter["reason"]
-    assert "no registry credentials" in letter["reason"]
-
-
-def test_the_demo_counts_the_commands_of_each_queue(
-    demo: tuple[dict[str, Any], Path, str],
-) -> None:
-    summary, _, _ = demo
-    # integration: 4 failing deliveries (3 naks, then the dead-letter queue) + the retry's 1.
-    assert summary["commands"] == {
-        "integration": {
-            "deliveries": 5,
-            "done": 1,
-            "failed": 4,
-            "retried": 3,
-            "deadLettered": 1,
-            "numPending": 0,
-            "numAckPending": 0,
-        },
-        "dead-letter": {
-            "deliveries": 1,
-            "done": 1,
-            "failed": 0,
-            "retried": 0,
-            "deadLettered": 0,
-            "numPending": 0,
-            "numAckPending": 0,
-        },
-    }
+    assert "AppProvisioningError" in letter["reason"]
 
 
 def test_the_demo_retries_through_the_http_api_and_a_double_click_sends_nothing(
-    demo: tuple[dict[str, Any], Path, str],
+    demo: Demo,
 ) -> None:
     summary, _, printed = demo
     assert summary["apiCalls"] == [
@@ -228,7 +229,7 @@ def test_the_demo_retries_through_the_http_api_and_a_double_click_sends_nothing(
     ]
     assert (
         f"POST /dead-letters/{LETTER_ID}/retry -> 200: sent=true, attempt 2 on integration as "
-        f"message integration:{DEMO_COMMAND_ID}:2"
+        f"message integration:{APP_COMMAND}:2"
     ) in printed
     assert (
         f"POST /dead-letters/{LETTER_ID}/retry -> 200 (a double click): sent=false, already "
@@ -236,34 +237,180 @@ def test_the_demo_retries_through_the_http_api_and_a_double_click_sends_nothing(
     ) in printed
 
 
-def test_the_demo_prints_each_step_of_the_dead_letter_round_trip(
-    demo: tuple[dict[str, Any], Path, str],
-) -> None:
+# --------------------------------------------------------------------------- the counts
+
+
+def test_the_demo_counts_commands_per_queue(demo: Demo) -> None:
+    summary, _, printed = demo
+    commands = summary["commands"]
+    queues = commands["queues"]
+    # THEN every queue is drained, and JetStream's deliveries cover what the handlers did
+    assert commands["stream"]["left"] == 0
+    assert all(q["numPending"] == 0 and q["numAckPending"] == 0 for q in queues.values())
+    integration = queues["integration"]["handled"]
+    assert integration["project.provision"] == {"done": 1}
+    assert integration["app.provision"] == {"done": 1}  # attempt 2; attempt 1 raised 4 times
+    assert integration["candidate.create"] == {"done": 1}
+    assert integration["change.dispatch"]["done"] >= 1
+    # 1 project + 4 failed and 1 retried app deliveries, at least
+    assert queues["integration"]["deliveries"] >= 6 + integration["change.dispatch"]["done"]
+    assert queues["verification"]["handled"] == {"verification.start": {"done": 1}}
+    assert queues["release"]["handled"] == {"release.start": {"done": 1}}
+    assert queues["agent-wakeups"]["handled"]["agent.wake"]["delivered"] >= 4
+    assert queues["indexing"]["deliveries"] >= 1
+    assert queues["dead-letter"]["deliveries"] == 1
+    assert "commands: the COMMANDS stream stored " in printed
+    assert "handled: app.provision done 1; " in printed
+
+
+def test_the_demo_counts_the_duplicates_it_dropped(demo: Demo) -> None:
+    summary, _, printed = demo
+    dropped = summary["duplicatesDropped"]
+    assert dropped["changeRequests"] == 1
+    assert dropped["commandResends"] == 1
+    assert dropped["operatorRetries"] == 1
+    # artifact.promoted and canonical.advanced both send the index build of generation 1
+    assert dropped["routerCommandSends"] >= 1
+    assert dropped["total"] == sum(v for k, v in dropped.items() if k != "total")
+    assert f"resent {project_command_id('acme-shop')} with the same ID: duplicate" in printed
+
+
+# --------------------------------------------------------------------------- streams, archive
+
+
+def test_every_event_lands_on_the_projects_stream_in_outbox_order(demo: Demo) -> None:
+    summary, _, printed = demo
+    streams = summary["streams"]
+    assert summary["project"] == {"id": "acme-shop", "tenant": "acme", "stream": PROJECT_STREAM}
+    events = streams[PROJECT_STREAM]["events"]
+    assert {e["projectId"] for e in events} == {"acme-shop"}
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert all(e["msgId"] == e["eventId"] for e in events)
+    assert all(s["events"] == [] for name, s in streams.items() if name != PROJECT_STREAM)
+    total = summary["outbox"]["total"]
+    assert total == {"pending": 0, "retry_wait": 0, "published": len(events), "failed": 0}
+    by_type = streams[PROJECT_STREAM]["byType"]
+    assert sum(by_type.values()) == len(events)
+    for kind, count in {
+        "project.created": 1,
+        "app.provisioned": 1,
+        "change.created": 1,
+        "task.completed": 4,
+        "artifact.promoted": 1,
+        "canonical.advanced": 1,
+        "release.completed": 1,
+        "change.completed": 1,
+    }.items():
+        assert by_type[kind] == count, kind
+    assert f"  {PROJECT_STREAM}: {len(events)} events: app.provisioned 1, " in printed
+    assert "  EVENTS_07: empty" in printed
+
+
+def test_the_demo_reports_stream_settings_as_jetstream_has_them(demo: Demo) -> None:
+    summary, _, _ = demo
+    for index in range(8):
+        assert summary["streams"][f"EVENTS_0{index}"]["settings"] == {
+            "subjects": [f"events.0{index}"],
+            "retention": "limits",
+            "storage": "file",
+            "maxAgeSeconds": 7 * 86_400,
+            "duplicateWindowSeconds": 2 * 3600,
+            "replicas": 1,
+            "allowAtomic": True,
+        }
+
+
+def test_every_event_is_in_the_audit_archive(demo: Demo) -> None:
+    summary, _, printed = demo
+    archive = summary["archive"]
+    on_stream = {e["eventId"] for e in summary["streams"][PROJECT_STREAM]["events"]}
+    assert {i for item in archive for i in item["eventIds"]} == on_stream
+    assert all(item["key"].split("/")[4] == "stream-02" for item in archive)
+    assert all(item["key"].endswith(".ndjson.gz") for item in archive)
+    assert f"archive: {len(archive)} objects" in printed
+
+
+def test_the_router_applies_every_event_and_leaves_every_consumer_at_lag_0(demo: Demo) -> None:
+    summary, _, printed = demo
+    view = summary["view"]
+    assert view["eventsApplied"] == summary["streams"][PROJECT_STREAM]["messages"]
+    assert view["canonicalGeneration"] == 1
+    assert view["changesByState"] == {"completed": 1}
+    assert view["tasksByState"] == {"completed": 4}
+    assert len(summary["consumers"]) == 32
+    assert all(c["numPending"] == 0 and c["numAckPending"] == 0 for c in summary["consumers"])
+    assert summary["metricCounts"]["eventMetrics"]["task_completed"] == 4
+    assert "router consumers: 32, at lag 0: 32" in printed
+
+
+def test_the_demo_prints_each_step_in_order(demo: Demo) -> None:
     _, _, printed = demo
     steps = [
-        f"command: app.provision {DEMO_COMMAND_ID} for acme-web on integration",
+        "== 1. provision project acme-shop (tenant acme) and app storefront",
+        f"command: app.provision {APP_COMMAND} on integration: sent",
         "integration: 4 deliveries (1 + 3 retries), 0 s apart in this demo "
         "(queue_retry_delay_s); deployed 30 s apart (QUEUE_CONSUMERS)",
-        "delivery 1/4 (attempt 1): RuntimeError: cannot pull the image of app 'storefront'",
-        "delivery 2/4 (attempt 1): the same error -> nak, delivered again in 0 s",
-        "delivery 3/4 (attempt 1): the same error -> nak, delivered again in 0 s",
-        "delivery 4/4 (attempt 1): the same error -> to the dead-letter queue",
-        f"dead-letter consumer: 1 letter recorded, {LETTER_ID}",
+        f"dead-letter consumer: letter {LETTER_ID} recorded",
+        "== 2. dead-letter round trip through the operator API",
         "operator API: uvicorn on http://127.0.0.1:",
         "GET /dead-letters?queue=integration -> 200: 1 open letter(s)",
         f"    id       {LETTER_ID}",
         '    payload  {"appName": "storefront"}',
-        "    attempt  1, delivered 4 times",
-        "fix: wrote the registry credentials to ",
         f"POST /dead-letters/{LETTER_ID}/retry -> 200: sent=true",
-        "delivery 1/4 (attempt 2) on integration: done -> ack",
+        "attempt 2 on integration: done; app storefront is live",
         f"GET /dead-letters/{LETTER_ID} -> 200: closed, resolution succeeded",
-        "queue integration: 5 deliveries, 1 done, 3 retried, 1 dead-lettered, 0 pending",
-        "COMMANDS stream: 0 messages left (work-queue retention)",
-        "dead-letter round trip: closed (succeeded)",
+        "== 3. a Change of 4 Tasks: 'Gift cards at checkout'",
+        "  tsk-docs       builder-b  Document gift cards after tsk-checkout, tsk-payments",
+        ": awaiting_approval",
+        "== 4. approve, promote, index, release",
+        "canonical generation 1; index ready at generation 1",
+        ": completed",
+        "== 5. sweep: archive, analytics, lag",
+        "== summary",
+        "events per stream and type:",
+        "duplicates dropped: changeRequests 1, commandResends 1, ",
+        f"dead letter {LETTER_ID}: app.provision {APP_COMMAND} on integration; attempt 1: 4 "
+        "deliveries, dead-lettered, attempt 2: 1 deliveries, succeeded; closed (succeeded)",
+        "timings: provision ",
     ]
-    # Each step is printed, in this order.
     missing = [step for step in steps if step not in printed]
     assert missing == []
     positions = [printed.find(step) for step in steps]
     assert positions == sorted(positions)
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def test_the_checks_name_each_missing_outcome(demo: Demo) -> None:
+    # GIVEN the real summary with its outcomes taken away one by one
+    summary, _, _ = demo
+    broken = copy.deepcopy(summary)
+    broken["change"]["states"] = broken["change"]["states"][:-1]
+    broken["change"]["clefFlash"] = []
+    broken["change"]["releases"] = []
+    broken["deadLetters"][0]["resolution"] = None
+    broken["outbox"]["total"]["pending"] = 2
+    broken["archive"] = broken["archive"][1:]
+    broken["timingsS"]["total"] = 61.0
+    # WHEN it is checked
+    problems = "\n".join(check_summary(broken))
+    # THEN each miss is named
+    assert (
+        "the Change moved through ['open', 'verifying', 'awaiting_approval', 'releasing']"
+        in problems
+    )
+    assert "Clef-flash was never asked" in problems
+    assert "expected one completed release live at generation 1; found []" in problems
+    assert "expected one letter closed as succeeded by attempt 2" in problems
+    assert "outbox rows written but" in problems
+    assert "events on the streams are not archived" in problems
+    assert "over its 60 s budget" in problems
+    assert check_summary(summary) == []
+
+
+def test_the_checks_report_a_run_that_never_created_the_change(demo: Demo) -> None:
+    summary, _, _ = demo
+    broken = copy.deepcopy(summary)
+    broken["change"] = None
+    assert "no Change was created" in check_summary(broken)

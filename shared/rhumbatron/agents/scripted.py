@@ -13,7 +13,7 @@ memory: the scripted agent is the local stand-in of an external agent, one proce
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -225,9 +225,18 @@ class AgentRuntimes:
     registry: AgentRegistry
     scripted: AgentRuntime
     webhook: AgentRuntime
+    #: The tenant owning a project (the composition root's ``project_tenant``).
+    tenant_of: Callable[[str], str | None] = lambda _project_id: None
 
     async def wake(self, agent_id: str, task: TaskState, command: Command) -> None:
         record = self.registry.get(agent_id)
+        if record is not None and record.kind is AgentKind.WEBHOOK:
+            tenant = self.tenant_of(command.project_id)
+            if tenant is not None and record.tenant_id != tenant:
+                raise DomainError(
+                    f"agent {agent_id!r} belongs to another tenant than project "
+                    f"{command.project_id!r}; a wake never leaves its tenant"
+                )
         runtime = (
             self.webhook
             if record is not None and record.kind is AgentKind.WEBHOOK

@@ -46,7 +46,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Path, Query, Request, Response, Security
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
-from rhumbatron.agents.registry import AgentKind, AgentRegistryError
+from rhumbatron.agents.registry import MAX_SECRETS, AgentKind, AgentRegistryError
 from rhumbatron.agents.signing import WebhookSecretError
 from rhumbatron.agents.url_safety import UnsafeWebhookUrlError, check_webhook_url, display_url
 from rhumbatron.api.auth import (
@@ -97,7 +97,7 @@ from rhumbatron.domain.project import project_admin_key
 from rhumbatron.domain.tasks import TaskState
 from rhumbatron.errors import DomainError
 from rhumbatron.lifecycle.commands import lifecycle_command
-from rhumbatron.lifecycle.requests import PromotionConflictError
+from rhumbatron.lifecycle.requests import PromotionConflictError, qualified_task_id
 from rhumbatron.operator import ProjectNotFoundError
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
 from rhumbatron.runtime.bootstrap import Rhumbatron
@@ -176,10 +176,10 @@ _ACCEPTED = {
 }
 
 # Path parameters, as the client names them.
-ProjectId = Annotated[str, Path(alias="projectId", pattern=PROJECT_ID_PATTERN.pattern)]
-ChangeId = Annotated[str, Path(alias="changeId", pattern=KEY_ID)]
-TaskId = Annotated[str, Path(alias="taskId", pattern=KEY_ID)]
-AppName = Annotated[str, Path(alias="appName", pattern=PROJECT_ID_PATTERN.pattern)]
+_ProjectId = Annotated[str, Path(alias="projectId", pattern=PROJECT_ID_PATTERN.pattern)]
+_ChangeId = Annotated[str, Path(alias="changeId", pattern=KEY_ID)]
+_TaskId = Annotated[str, Path(alias="taskId", pattern=KEY_ID)]
+_AppName = Annotated[str, Path(alias="appName", pattern=PROJECT_ID_PATTERN.pattern)]
 
 
 # -- the router --------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def lifecycle_router(
         summary="Read a project",
         responses=_errors(401, 403, 404, 422, 503, e404=_NO_PROJECT),
     )
-    async def read_project(principal: ProjectsReader, project_id: ProjectId) -> ProjectBody:
+    async def read_project(principal: ProjectsReader, project_id: _ProjectId) -> ProjectBody:
         """Its name, owner, status (active, archived, deleted), canonical generation and
         live apps."""
         _owner(app, principal, project_id)
@@ -300,7 +300,7 @@ def lifecycle_router(
     async def clean_up_project(
         request: Request,
         principal: ProjectsWriter,
-        project_id: ProjectId,
+        project_id: _ProjectId,
         body: Annotated[CleanupRequest | None, Body()] = None,
     ) -> AcceptedCommandBody:
         """Queues ``project.cleanup``: the apps of an archived or deleted project are
@@ -339,7 +339,7 @@ def lifecycle_router(
     )
     async def archive_project(
         principal: ProjectsWriter,
-        project_id: ProjectId,
+        project_id: _ProjectId,
         body: Annotated[ReasonRequest | None, Body()] = None,
     ) -> ProjectBody:
         """Archives the project at once (``project.archived``); archiving it again is
@@ -373,7 +373,7 @@ def lifecycle_router(
         },
     )
     async def provision_app(
-        request: Request, principal: ProjectsWriter, project_id: ProjectId, body: CreateAppRequest
+        request: Request, principal: ProjectsWriter, project_id: _ProjectId, body: CreateAppRequest
     ) -> AcceptedCommandBody:
         """Queues ``app.provision``; the released generations are deployed to it."""
         _owner(app, principal, project_id)
@@ -397,8 +397,8 @@ def lifecycle_router(
     async def remove_app(
         request: Request,
         principal: ProjectsWriter,
-        project_id: ProjectId,
-        app_name: AppName,
+        project_id: _ProjectId,
+        app_name: _AppName,
         client_request_id: Annotated[
             str | None, Query(alias="clientRequestId", pattern=REQUEST_KEY)
         ] = None,
@@ -422,7 +422,7 @@ def lifecycle_router(
         summary="The dashboard's view of a project",
         responses=_errors(401, 403, 404, 422, 503, e404=_NO_PROJECT),
     )
-    async def project_view(principal: ProjectsReader, project_id: ProjectId) -> ProjectViewBody:
+    async def project_view(principal: ProjectsReader, project_id: _ProjectId) -> ProjectViewBody:
         """Changes and Tasks by state, active Agents, Candidates and the latest events, as
         the project-view projector built them from the events (it lags the actors by the
         time the router takes)."""
@@ -438,7 +438,7 @@ def lifecycle_router(
     )
     async def project_feed(
         principal: ProjectsReader,
-        project_id: ProjectId,
+        project_id: _ProjectId,
         limit: Annotated[int, Query(ge=1, le=_FEED_MAX)] = _FEED_DEFAULT,
     ) -> FeedBody:
         """The newest ``limit`` events the projector applied, newest first."""
@@ -476,7 +476,7 @@ def lifecycle_router(
     )
     async def create_change(
         principal: ChangesWriter,
-        project_id: ProjectId,
+        project_id: _ProjectId,
         body: CreateChangeRequest,
         response: Response,
     ) -> ChangeBody:
@@ -514,7 +514,7 @@ def lifecycle_router(
     )
     async def list_changes(
         principal: ChangesReader,
-        project_id: ProjectId,
+        project_id: _ProjectId,
         status: Annotated[
             list[ChangeStatus] | None, Query(description="Only these states (repeatable).")
         ] = None,
@@ -532,7 +532,7 @@ def lifecycle_router(
         responses=_errors(401, 403, 404, 422, 503, e404=_NO_CHANGE),
     )
     async def read_change(
-        principal: ChangesReader, project_id: ProjectId, change_id: ChangeId
+        principal: ChangesReader, project_id: _ProjectId, change_id: _ChangeId
     ) -> ChangeBody:
         """Its status and reason, title, timestamps, Tasks, Candidates and releases."""
         _owner(app, principal, project_id)
@@ -545,7 +545,7 @@ def lifecycle_router(
         responses=_errors(401, 403, 404, 422, 503, e404=_NO_CHANGE),
     )
     async def list_tasks(
-        principal: ChangesReader, project_id: ProjectId, change_id: ChangeId
+        principal: ChangesReader, project_id: _ProjectId, change_id: _ChangeId
     ) -> TaskListBody:
         _owner(app, principal, project_id)
         shard, _ = _change(app, project_id, change_id)
@@ -568,7 +568,7 @@ def lifecycle_router(
         ),
     )
     async def approve_change(
-        principal: ChangesWriter, project_id: ProjectId, change_id: ChangeId
+        principal: ChangesWriter, project_id: _ProjectId, change_id: _ChangeId
     ) -> CandidateBody:
         """Promotes the verified Candidate (canonical advances) and moves the Change to
         ``releasing``; approving a Change already promoted answers its Candidate again."""
@@ -602,8 +602,8 @@ def lifecycle_router(
     )
     async def decline_change(
         principal: ChangesWriter,
-        project_id: ProjectId,
-        change_id: ChangeId,
+        project_id: _ProjectId,
+        change_id: _ChangeId,
         body: Annotated[ReasonRequest | None, Body()] = None,
     ) -> ChangeBody:
         """``awaiting_approval → declined``; declining it again is nothing."""
@@ -635,8 +635,8 @@ def lifecycle_router(
     )
     async def cancel_change(
         principal: ChangesWriter,
-        project_id: ProjectId,
-        change_id: ChangeId,
+        project_id: _ProjectId,
+        change_id: _ChangeId,
         body: Annotated[ReasonRequest | None, Body()] = None,
     ) -> ChangeBody:
         """From open, verifying or awaiting approval to ``cancelled``; again is nothing."""
@@ -657,7 +657,9 @@ def lifecycle_router(
         summary="List a project's Candidates",
         responses=_errors(401, 403, 404, 422, 503, e404=_NO_PROJECT),
     )
-    async def list_candidates(principal: ChangesReader, project_id: ProjectId) -> CandidateListBody:
+    async def list_candidates(
+        principal: ChangesReader, project_id: _ProjectId
+    ) -> CandidateListBody:
         """Every Candidate of the project, each with its Change's status."""
         _owner(app, principal, project_id)
         return CandidateListBody.of(app.lifecycle().world.candidates(project_id))
@@ -686,10 +688,11 @@ def lifecycle_router(
     def reporting(
         principal: Principal, project_id: str, change_id: str, task_id: str, agent_id: str
     ) -> tuple[str, TaskState]:
-        """The project's owner and the Task, once the caller may report as ``agent_id``."""
+        """The project's owner and the Task (named as planned, ``t1``, or as its wake names
+        it, ``<changeId>.t1``), once the caller may report on it as ``agent_id``."""
         owner = _owner(app, principal, project_id)
         shard, _ = _change(app, project_id, change_id)
-        task = shard.task_state(task_id)
+        task = shard.task_state(qualified_task_id(change_id, task_id))
         if task is None or task.change_id != change_id:
             raise NotFoundError(f"no task {task_id!r} in change {change_id!r}")
         record = app.lifecycle().registry.get(agent_id)
@@ -710,7 +713,8 @@ def lifecycle_router(
             )
 
     def task_body(project_id: str, change_id: str, task_id: str) -> TaskBody:
-        task = app.lifecycle().world.change_shard(project_id, change_id).task_state(task_id)
+        shard = app.lifecycle().world.change_shard(project_id, change_id)
+        task = shard.task_state(task_id)
         assert task is not None  # it was found before the call, and tasks are never deleted
         return TaskBody.of(task)
 
@@ -722,22 +726,22 @@ def lifecycle_router(
     )
     async def start_task(
         principal: AgentsWriter,
-        project_id: ProjectId,
-        change_id: ChangeId,
-        task_id: TaskId,
+        project_id: _ProjectId,
+        change_id: _ChangeId,
+        task_id: _TaskId,
         body: StartTaskRequest,
     ) -> TaskBody:
         """``assigned → running`` (``task.started``); starting it again is nothing."""
-        owner, _ = reporting(principal, project_id, change_id, task_id, body.agent_id)
+        owner, task = reporting(principal, project_id, change_id, task_id, body.agent_id)
         with _refused("not_holder"):
             app.lifecycle().callbacks.start(
                 owner,
                 project_id=project_id,
                 change_id=change_id,
-                task_id=task_id,
+                task_id=task.task_id,
                 agent_id=body.agent_id,
             )
-        return task_body(project_id, change_id, task_id)
+        return task_body(project_id, change_id, task.task_id)
 
     @router.post(
         f"{task_path}/intents",
@@ -747,9 +751,9 @@ def lifecycle_router(
     )
     async def declare_intent(
         principal: AgentsWriter,
-        project_id: ProjectId,
-        change_id: ChangeId,
-        task_id: TaskId,
+        project_id: _ProjectId,
+        change_id: _ChangeId,
+        task_id: _TaskId,
         body: IntentRequest,
     ) -> IntentBody:
         """``intent.declared``, or ``intent.changed`` when the same intent ID names other
@@ -769,7 +773,7 @@ def lifecycle_router(
         return IntentBody(
             intent_id=body.intent_id,
             agent_id=body.agent_id,
-            task_id=task_id,
+            task_id=task.task_id,
             paths=body.paths,
             summary=body.summary,
         )
@@ -782,9 +786,9 @@ def lifecycle_router(
     )
     async def acquire_claim(
         principal: AgentsWriter,
-        project_id: ProjectId,
-        change_id: ChangeId,
-        task_id: TaskId,
+        project_id: _ProjectId,
+        change_id: _ChangeId,
+        task_id: _TaskId,
         body: ClaimRequest,
     ) -> ClaimBody:
         """An exclusive claim for the claim TTL; its holder claiming again renews it. A
@@ -806,9 +810,9 @@ def lifecycle_router(
     async def release_claim(
         *,
         principal: AgentsWriter,
-        project_id: ProjectId,
-        change_id: ChangeId,
-        task_id: TaskId,
+        project_id: _ProjectId,
+        change_id: _ChangeId,
+        task_id: _TaskId,
         agent_id: Annotated[str, Query(alias="agentId", pattern=AGENT_ID)],
         resource: Annotated[str, Query(pattern=RESOURCE)],
     ) -> ClaimBody:
@@ -830,20 +834,20 @@ def lifecycle_router(
     )
     async def propose_changeset(
         principal: AgentsWriter,
-        project_id: ProjectId,
-        change_id: ChangeId,
-        task_id: TaskId,
+        project_id: _ProjectId,
+        change_id: _ChangeId,
+        task_id: _TaskId,
         body: ChangesetRequest,
     ) -> ChangesetBody:
         """``changeset.proposed`` on the current canonical generation; the same ID with the
         same files again is nothing, with other files 409."""
-        owner, _ = reporting(principal, project_id, change_id, task_id, body.agent_id)
+        owner, task = reporting(principal, project_id, change_id, task_id, body.agent_id)
         with _refused("changeset_refused"):
             app.lifecycle().callbacks.propose_changeset(
                 owner,
                 project_id=project_id,
                 change_id=change_id,
-                task_id=task_id,
+                task_id=task.task_id,
                 agent_id=body.agent_id,
                 changeset_id=body.changeset_id,
                 files=body.files,
@@ -861,24 +865,24 @@ def lifecycle_router(
     )
     async def complete_task(
         principal: AgentsWriter,
-        project_id: ProjectId,
-        change_id: ChangeId,
-        task_id: TaskId,
+        project_id: _ProjectId,
+        change_id: _ChangeId,
+        task_id: _TaskId,
         body: CompleteTaskRequest,
     ) -> TaskBody:
         """``task.completed`` (its dependents become ready; the last Task moves the Change
         to verifying); the same report again is nothing."""
-        owner, _ = reporting(principal, project_id, change_id, task_id, body.agent_id)
+        owner, task = reporting(principal, project_id, change_id, task_id, body.agent_id)
         with _refused("not_holder"):
             app.lifecycle().callbacks.complete(
                 owner,
                 project_id=project_id,
                 change_id=change_id,
-                task_id=task_id,
+                task_id=task.task_id,
                 agent_id=body.agent_id,
                 changeset_id=body.changeset_id,
             )
-        return task_body(project_id, change_id, task_id)
+        return task_body(project_id, change_id, task.task_id)
 
     @router.post(
         f"{task_path}/fail",
@@ -888,23 +892,23 @@ def lifecycle_router(
     )
     async def fail_task(
         principal: AgentsWriter,
-        project_id: ProjectId,
-        change_id: ChangeId,
-        task_id: TaskId,
+        project_id: _ProjectId,
+        change_id: _ChangeId,
+        task_id: _TaskId,
         body: FailTaskRequest,
     ) -> TaskBody:
         """``task.failed`` with the reason (the Change is settled); again is nothing."""
-        owner, _ = reporting(principal, project_id, change_id, task_id, body.agent_id)
+        owner, task = reporting(principal, project_id, change_id, task_id, body.agent_id)
         with _refused("not_holder"):
             app.lifecycle().callbacks.fail(
                 owner,
                 project_id=project_id,
                 change_id=change_id,
-                task_id=task_id,
+                task_id=task.task_id,
                 agent_id=body.agent_id,
                 reason=body.reason,
             )
-        return task_body(project_id, change_id, task_id)
+        return task_body(project_id, change_id, task.task_id)
 
     # -- agents ----------------------------------------------------------------------------
 
@@ -941,12 +945,14 @@ def lifecycle_router(
         generated = False
         if body.kind is AgentKind.WEBHOOK:
             assert body.url is not None  # the request model requires it
+            _check_secrets(body.secrets)
             allowed = app.settings.webhook_allowed_hosts
             with _invalid(field="url"):
-                # Resolving a name may take seconds: off the event loop, before the registry
-                # checks the URL again (quickly, from the resolver's cache) on it.
+                # Resolving a name may take seconds: first off the event loop, so that an
+                # unresolvable or unsafe URL never blocks it. The registry resolves it again
+                # on the loop (usually from the resolver's cache: it was just asked).
                 await asyncio.to_thread(check_webhook_url, body.url, allowed)
-            with _invalid(field="url"):
+            with _invalid(field="agentId"):
                 record = registry.register_webhook(body.agent_id, tenant, body.url, body.secrets)
             generated = body.secrets is None and (
                 before is None or before.kind is not AgentKind.WEBHOOK
@@ -1089,6 +1095,20 @@ def _invalid(*, field: str) -> Iterator[None]:
                 field="agentId",
             ) from None
         raise InvalidRequestError(str(exc), field=field) from None
+
+
+def _check_secrets(secrets: list[str] | None) -> None:
+    """How many secrets, and none twice, in a message that quotes none of them."""
+    if secrets is None:
+        return
+    if not 1 <= len(secrets) <= MAX_SECRETS:
+        raise InvalidRequestError(
+            f"give 1 or {MAX_SECRETS} secrets (newest first), not {len(secrets)}; or none to "
+            "keep the registered ones (or have one generated)",
+            field="secrets",
+        )
+    if len(set(secrets)) != len(secrets):
+        raise InvalidRequestError("the same secret is given twice", field="secrets")
 
 
 def _second(moment: datetime) -> str:

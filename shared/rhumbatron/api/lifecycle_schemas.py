@@ -35,6 +35,7 @@ __all__ = [
     "KEY_ID",
     "REQUEST_KEY",
     "RESOURCE",
+    "TASK_ID",
     "AcceptedCommandBody",
     "ActiveAgent",
     "AgentBody",
@@ -73,6 +74,9 @@ __all__ = [
 KEY_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 #: The agent registry's alphabet (``AGENT_ID_PATTERN``), anchored for a JSON schema.
 AGENT_ID = r"^[A-Za-z0-9._-]{1,100}$"
+#: A Task ID as planned: the library qualifies it as ``<changeId>.<taskId>``, which must still
+#: fit an Event's 128-character task ID.
+TASK_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$"
 #: A client's key of an app or cleanup request: short enough for the command ID it ends.
 REQUEST_KEY = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,47}$"
 #: Paths and resources: one line, as long as an Event's ``resource`` may be.
@@ -150,10 +154,10 @@ class ProjectBody(_Wire):
 class TaskPlanRequest(_Wire):
     """One Task of a requested work graph."""
 
-    task_id: str = Field(pattern=KEY_ID)
+    task_id: str = Field(pattern=TASK_ID)
     title: str = Field(min_length=1, max_length=500)
     agent_id: str = Field(pattern=AGENT_ID, description="The Agent the dispatcher wakes.")
-    depends_on: list[Annotated[str, Field(pattern=KEY_ID)]] = Field(
+    depends_on: list[Annotated[str, Field(pattern=TASK_ID)]] = Field(
         default_factory=list, max_length=MAX_TASKS_PER_CHANGE
     )
     script: str | None = Field(
@@ -210,7 +214,8 @@ class ReasonRequest(_Wire):
 
 
 class TaskBody(_Wire):
-    """One Task: its status, holder, plan and outcome."""
+    """One Task: its status, holder, plan and outcome. Its ID (and those it depends on) is
+    qualified by its Change, ``<changeId>.<taskId>``, as in its events and its wakes."""
 
     task_id: str
     change_id: str
@@ -559,8 +564,10 @@ class RegisterAgentRequest(_Wire):
     agent_id: str = Field(pattern=AGENT_ID)
     kind: AgentKind
     url: str | None = Field(default=None, min_length=1, max_length=2048)
+    # No length bounds here: a refused value is quoted in a 422, and a secret must never be
+    # (the route checks how many, and the registry their form, without quoting them).
     secrets: list[str] | None = Field(
-        default=None, min_length=1, max_length=2, description="Newest first (whsec_...)."
+        default=None, description="1 or 2 (during a rotation), newest first: whsec_..."
     )
 
     @model_validator(mode="after")

@@ -89,4 +89,6 @@ class ShardWorld:
             )
         }
         active = sum(counts.get(status, 0) for status in _ACTIVE)
-        return counts.get("ready", 0) > 0 and active >= self.max_active_agents_per_change
+        # Asked after a task.completed / task.failed committed: its slot is already free, so
+        # the Change was at the limit when the freed agent still counted.
+        return counts.get("ready", 0) > 0 and active + 1 >= self.max_active_agents_per_change

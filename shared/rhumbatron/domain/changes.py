@@ -36,6 +36,7 @@ __all__ = [
     "ChangeStatus",
     "TaskPlan",
     "append_change_events",
+    "check_work_graph",
     "create_change",
     "move_change",
 ]
@@ -115,7 +116,9 @@ class TaskPlan:
     script: str | None = None
 
 
-def _check_graph(change_id: str, tasks: Sequence[TaskPlan]) -> None:
+def check_work_graph(change_id: str, tasks: Sequence[TaskPlan]) -> None:
+    """Refuse a work graph that cannot finish: no tasks, too many, duplicate IDs, unknown or
+    self dependencies, or a cycle (each with a DomainError naming it)."""
     if not tasks:
         raise DomainError(f"change {change_id!r} needs at least one task")
     if len(tasks) > MAX_TASKS_PER_CHANGE:
@@ -175,7 +178,7 @@ def create_change(
             f"change {change_id!r} already exists for client request "
             f"{current.client_request_id!r}, not {client_request_id!r}"
         )
-    _check_graph(change_id, tasks)
+    check_work_graph(change_id, tasks)
     now = ctx.now.isoformat()
     patch: list[Any] = [
         Insert(

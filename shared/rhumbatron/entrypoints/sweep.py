@@ -119,7 +119,7 @@ async def _handle(
     letters = await run_dead_letter_consumer(app, should_stop=should_stop)
     closed = 0
     if report.release_sweep:
-        closed = close_letters_of_ended_changes(app, now_s=app.clock.now().timestamp())
+        closed = close_letters_of_ended_changes(app, now_s=now.timestamp())
     # The lifecycle's housekeeping (spec "Sweep housekeeping"): the daily and the 5-minute
     # commands, keyed on the tick so a retried tick sends nothing twice.
     lifecycle = app.lifecycle()

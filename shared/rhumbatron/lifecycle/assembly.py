@@ -72,8 +72,21 @@ class Lifecycle:
 
     @cached_property
     def clef_flash(self) -> ClefFlash:
+        settings = self.app.settings
+        if settings.clef_flash_api_key is None and settings.clef_flash_api_key_secret_arn:
+            # The cloud keeps the key in Secrets Manager: read once per process (cached).
+            from pydantic import SecretStr
+
+            from rhumbatron.messaging.connection import read_secret_string
+
+            key = read_secret_string(
+                settings.clef_flash_api_key_secret_arn,
+                what="the Anthropic API key (RHUMBATRON_CLEF_FLASH_API_KEY_SECRET_ARN)",
+                timeout_s=settings.clef_flash_timeout_s,
+            )
+            settings = settings.model_copy(update={"clef_flash_api_key": SecretStr(key.strip())})
         return ClefFlash(
-            self.app.settings,
+            settings,
             self.causal_store,
             self.app.clock,
             metrics=self.metrics,
@@ -173,7 +186,9 @@ class Lifecycle:
 
     @cached_property
     def wake_consumer(self) -> WakeConsumer:
-        runtimes = AgentRuntimes(self.registry, self.scripted, self.webhook)
+        runtimes = AgentRuntimes(
+            self.registry, self.scripted, self.webhook, tenant_of=self.app.project_tenant
+        )
         return WakeConsumer(self.app, runtimes, self.app.settings.max_active_agents_per_change)
 
     @cached_property
@@ -197,6 +212,8 @@ class Lifecycle:
             ) from None
 
     async def close(self) -> None:
+        if "clef_flash" in self.__dict__:
+            await self.clef_flash.close()
         if "webhook" in self.__dict__:
             await self.webhook.aclose()
         if "engine" in self.__dict__:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rhumbatron.domain.candidates import CandidateStatus
+from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import ChangeStatus
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.releases import ReleaseStatus, release_id_for
@@ -65,6 +65,8 @@ _log = logging.getLogger(__name__)
 BOUNDED_EXHAUSTED_METRIC = "bounded_command_exhausted"
 #: Fork files one ``forks.sweep`` delivery deletes before it asks for another delivery.
 FORKS_PER_DELIVERY = 100
+#: Task states that have given their agent slot back.
+_FREED = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.BLOCKED})
 #: Stale Candidates one ``candidates.recompose`` delivery re-composes.
 RECOMPOSES_PER_DELIVERY = 10
 
@@ -263,6 +265,11 @@ class IntegrationModule:
             return []
         tasks = shard.tasks_of_change(change_id)
         free = self.app.settings.max_active_agents_per_change - sum(t.active for t in tasks)
+        # The wake's command ID is the spec's cmd_<task>_ready; its send round is the number
+        # of slots the Change has freed so far. A dispatch repeated without a freed slot is the
+        # same message (JetStream drops it), while a wake turned away at the 8-agent limit is
+        # sent again, as a new message, once a slot frees — not dropped for two hours.
+        freed = sum(t.status in _FREED for t in tasks)
         woken: list[str] = []
         for task in [t for t in tasks if t.status is TaskStatus.READY][: max(free, 0)]:
             wake = lifecycle_command(
@@ -273,7 +280,7 @@ class IntegrationModule:
                 task_id=task.task_id,
                 now=self.app.clock.now(),
                 payload={"agentId": task.planned_agent or "agent", "reason": "task_ready"},
-            )
+            ).model_copy(update={"attempt": 1 + freed})
             await self.sender.send(wake)
             woken.append(wake.command_id)
         return woken
@@ -288,14 +295,21 @@ class IntegrationModule:
             return None  # composed already and moved on, or ended
         base = self.world.canonical_generation(project_id)
         current = [
-            c.candidate_id
-            for c in shard.candidates(change_id=change_id)
-            if c.open and c.base_generation == base
+            c for c in shard.candidates(change_id=change_id) if c.open and c.base_generation == base
         ]
         if current:
             _log.info(
-                "change %s already has candidate %s on generation %d", change_id, current, base
+                "change %s already has candidate %s on generation %d",
+                change_id,
+                [c.candidate_id for c in current],
+                base,
             )
+            # A delivery that composed the Candidate may have failed before its fork or its
+            # verification start: this redelivery finishes them (both are idempotent), or
+            # the Candidate would wait in ``created`` for a verification nobody started.
+            for candidate in current:
+                if candidate.status is CandidateStatus.CREATED:
+                    await self._start_verification(project_id, change_id, candidate)
             return None
         paths = {
             p
@@ -334,8 +348,16 @@ class IntegrationModule:
         candidate = shard.compose_candidate(
             self._caller(command), change_id=change_id, base_generation=base
         )
-        if candidate.status is not CandidateStatus.CREATED:
-            return None
+        if candidate.status is CandidateStatus.CREATED:
+            await self._start_verification(project_id, change_id, candidate)
+        return None
+
+    async def _start_verification(
+        self, project_id: str, change_id: str, candidate: CandidateState
+    ) -> None:
+        """Write the Candidate's fork and start its verification (``cmd_<candidate>_verify``);
+        again is harmless: the same fork, a duplicate send, an existing instance."""
+        shard = self.world.change_shard(project_id, change_id)
         files = dict(self._canonical_files(project_id))
         for changeset in shard.changesets_of_candidate(candidate):
             files.update(changeset.files)
@@ -349,7 +371,6 @@ class IntegrationModule:
             payload={"candidateId": candidate.candidate_id},
         )
         await self.sender.start_workflow(verify)
-        return None
 
     def _canonical_files(self, project_id: str) -> dict[str, str]:
         snapshot = self.world.canonical_snapshot(project_id)
@@ -466,21 +487,22 @@ class IntegrationModule:
         """Release the Change's promoted Candidate to the project's live app, or complete the
         Change when the project has no live app (nothing to release)."""
         shard = self.world.change_shard(project_id, change_id)
-        promoted = [
-            c
-            for c in shard.candidates(change_id=change_id)
-            if c.status in (CandidateStatus.PROMOTED, CandidateStatus.VERIFIED)
-        ]
-        generation = self.world.canonical_generation(project_id)
+        # The generation this Change's Candidate became, not canonical's current one: a
+        # recovery 45 minutes later (or a late canonical.advanced) may find canonical moved
+        # on, and that generation's release belongs to another Change.
+        promoted = self.world.promoted_candidate(project_id, change_id)
         apps = self.world.admin_shard(project_id).live_apps()
-        if not apps or not promoted or generation < 1:
+        if not apps or promoted is None:
             shard.move_change(
                 caller,
                 change_id=change_id,
                 to=ChangeStatus.COMPLETED,
-                reason="promoted; the project has no live app to release",
+                reason="promoted; the project has no live app to release"
+                if promoted is not None or not apps
+                else "no candidate of it was promoted; nothing to release",
             )
             return "completed_without_release"
+        candidate, generation = promoted
         release_id = release_id_for(project_id, generation)
         start = lifecycle_command(
             "release.start",
@@ -491,7 +513,7 @@ class IntegrationModule:
             payload={
                 "releaseId": release_id,
                 "generation": generation,
-                "candidateId": promoted[-1].candidate_id,
+                "candidateId": candidate.candidate_id,
                 "appName": apps[0],
             },
         )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
-from rhumbatron.domain.changes import ChangeState, ChangeStatus, TaskPlan
+from rhumbatron.domain.changes import ChangeState, ChangeStatus, TaskPlan, check_work_graph
 from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import DomainError
 
@@ -73,6 +73,9 @@ class ChangeRequests:
         status = self.world.project_status(project_id)
         if status != "active":
             raise DomainError(f"project {project_id!r} is {status}; changes need an active one")
+        # The graph is checked before the request key is taken: a refused graph must not
+        # leave the client's key pointing at a Change that was never created.
+        check_work_graph(client_request_id, tasks)
         candidate_id = f"chg_{uuid.uuid4().hex[:20]}"
         with self.app.product().transaction() as db:
             inserted = db.execute(

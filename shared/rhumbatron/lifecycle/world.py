@@ -20,7 +20,7 @@ from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import ChangeState, ChangeStatus
 from rhumbatron.domain.project import project_admin_key
-from rhumbatron.domain.releases import ReleaseStatus
+from rhumbatron.domain.releases import ReleaseStatus, release_id_for
 from rhumbatron.indexing import CanonicalSnapshot, Document
 from rhumbatron.lifecycle.housekeeping import QuietChange, ReleasingChange
 
@@ -110,6 +110,26 @@ class LifecycleWorld:
     def open_candidates(self, project_id: str) -> list[LocatedCandidate]:
         return [c for c in self.candidates(project_id) if c.candidate.open]
 
+    def promoted_candidate(
+        self, project_id: str, change_id: str
+    ) -> tuple[CandidateState, int] | None:
+        """The Change's Candidate that canonical took, with the generation it became (the
+        newest, should there be several); None when none of its Candidates was promoted."""
+        if not self.project_exists(project_id):
+            return None
+        root = self.app.project_root(project_id)
+        generations = {
+            str(row[0]): int(row[1])
+            for row in root.connection.execute("SELECT candidate_id, generation FROM artifacts")
+        }
+        shard = self.change_shard(project_id, change_id)
+        promoted = [
+            (c, generations[c.candidate_id])
+            for c in shard.candidates(change_id=change_id)
+            if c.candidate_id in generations
+        ]
+        return max(promoted, key=lambda p: p[1]) if promoted else None
+
     def find_candidate(self, project_id: str, candidate_id: str) -> LocatedCandidate | None:
         for shard in self.shards(project_id):
             candidate = shard.candidate(candidate_id)
@@ -145,7 +165,18 @@ class LifecycleWorld:
         return [p for p in self.project_ids() if self.project_status(p) == status]
 
     def archived_projects(self, limit: int) -> list[str]:
-        return self._projects_with_status("archived")[:limit]
+        """Archived Projects with something left to clean up: a live app, an index not purged
+        yet, or a fork file. A cleaned one is not queued again every day — it would hold one
+        of the ``limit`` places forever and starve the archived Projects after it."""
+        archived = self._projects_with_status("archived")
+        indexed = set(self.indexer.projects_with_index_rows(archived)) if self.indexer else set()
+        # The fork files' layout is ForkStore's (``<state>/forks/<project>/<candidate>.json``).
+        forks = self.app.settings.state_dir / "forks"
+        return [
+            p
+            for p in archived
+            if p in indexed or self.admin_shard(p).live_apps() or any((forks / p).glob("*.json"))
+        ][:limit]
 
     def active_projects_without_ready_index(self, limit: int) -> list[str]:
         indexer = self.indexer
@@ -180,23 +211,38 @@ class LifecycleWorld:
                         for r in shard.releases(change_id=change.change_id)
                         if r.status is not ReleaseStatus.COMPLETED
                     ]
-                    release_id = releases[-1].release_id if releases else ""
+                    release_id = (
+                        releases[-1].release_id
+                        if releases
+                        else self._release_to_start(project_id, change.change_id)
+                    )
                     found.append(
                         ReleasingChange(project_id, change.change_id, release_id, promoted)
                     )
         found.sort(key=lambda r: r.promoted_at)
         return found[:limit]
 
+    def _release_to_start(self, project_id: str, change_id: str) -> str:
+        """The ID of the release a releasing Change never started: ``rel_<project>_<gen>`` of
+        its promoted generation. ``release.recover`` needs a non-empty ID, and each Change a
+        distinct one (its command ID is keyed on it). A Change with no promoted Candidate has
+        no release to name: its own ID stands in (no release has it), and the recover
+        handler completes it with nothing to release."""
+        promoted = self.promoted_candidate(project_id, change_id)
+        return change_id if promoted is None else release_id_for(project_id, promoted[1])
+
     def quiet_changes(
         self, updated_after: datetime, updated_before: datetime, limit: int
     ) -> list[QuietChange]:
         """Open or verifying Changes last moved inside the window that cannot move on their
-        own: no Agent holds one of their Tasks and no Candidate of theirs is being verified."""
+        own: no Agent holds one of their Tasks and no Candidate of theirs is being verified.
+        A Change moves when it or one of its Tasks does: the Change row changes only with
+        its status, so a Change open for hours whose Task failed just now is not quiet."""
         found: list[QuietChange] = []
         for project_id in self.project_ids():
             for shard in self.shards(project_id):
                 for change in shard.changes(statuses=_SETTLEABLE):
-                    updated = _parse(change.updated_at)
+                    updated = _last_moved(shard, change)
                     if updated is None or not updated_after <= updated <= updated_before:
                         continue
                     if any(t.active for t in shard.tasks_of_change(change.change_id)):
@@ -210,6 +256,16 @@ class LifecycleWorld:
                     found.append(QuietChange(project_id, change.change_id, change.status, updated))
         found.sort(key=lambda q: q.updated_at)
         return found[:limit]
+
+
+def _last_moved(shard: ResourceShard, change: ChangeState) -> datetime | None:
+    """When the Change or one of its Tasks last moved."""
+    rows = shard.connection.execute(
+        "SELECT updated_at FROM tasks WHERE change_id = ?", (change.change_id,)
+    )
+    moments = [_parse(change.updated_at), *(_parse(row[0]) for row in rows)]
+    known = [m for m in moments if m is not None]
+    return max(known) if known else None
 
 
 def _parse(value: str | None) -> datetime | None:

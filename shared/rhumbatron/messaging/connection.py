@@ -1,22 +1,154 @@
-"""Opening a NATS connection, with "unreachable" as its own error.
+"""Opening a NATS connection, with "unreachable" as its own error, and its credentials.
 
 A publisher must tell "no server answered" (no attempt counts: rows stay pending) from
 "a server refused" (an attempt counts). :class:`NatsUnavailableError` is the first.
+
+In the cloud the client authenticates with credentials kept in Secrets Manager
+(``nats_credentials_secret_arn``), read once per process by :func:`read_secret_string`. The
+same reader serves the other secrets a role needs (the Anthropic key of Clef-flash).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import importlib.util
+import json
+from typing import TYPE_CHECKING, Any
 
-from rhumbatron.errors import NatsUnavailableError
+from rhumbatron.errors import ConfigurationError, NatsUnavailableError
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
     from rhumbatron.runtime.settings import Settings
 
-__all__ = ["connect_nats"]
+__all__ = ["NATS_CREDENTIAL_SHAPES", "connect_nats", "nats_auth_options", "read_secret_string"]
+
+#: What the NATS credentials secret may hold (one shape, as a JSON object).
+NATS_CREDENTIAL_SHAPES = (
+    '{"user": ..., "password": ...}',
+    '{"token": ...}',
+    '{"nkey_seed": "SU..."}',
+    '{"creds": "<the .creds file>"}',
+)
+
+# Secret values by ARN, for the life of the process (one warm Lambda container): every
+# connect after a reconnect or a reset pays no Secrets Manager call. A rotated secret reaches
+# a container only when it starts again, so rotate by admitting the new credentials on the
+# server before retiring the old ones.
+_secrets: dict[str, str] = {}
+
+
+def read_secret_string(arn: str, *, what: str, timeout_s: float) -> str:
+    """The text (``SecretString``) of the Secrets Manager secret ``arn``, once per process.
+
+    ``what`` names the secret's purpose in errors. Raises :class:`ConfigurationError` naming
+    the ARN (never the value) when the secret cannot be read or holds no text.
+    """
+    cached = _secrets.get(arn)
+    if cached is not None:
+        return cached
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = boto3.client(
+        "secretsmanager",
+        region_name=_region_of(arn),
+        config=Config(
+            retries={"max_attempts": 2, "mode": "standard"},
+            connect_timeout=timeout_s,
+            read_timeout=timeout_s,
+        ),
+    )
+    try:
+        answer = client.get_secret_value(SecretId=arn)
+    except (ClientError, BotoCoreError) as exc:
+        # Neither error carries the secret's value: only its ARN and what went wrong.
+        raise ConfigurationError(
+            f"cannot read {what} from the Secrets Manager secret {arn}: {exc}; check the ARN "
+            "and that the function's role may call secretsmanager:GetSecretValue on it"
+        ) from exc
+    value = answer.get("SecretString")
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(
+            f"the Secrets Manager secret {arn} ({what}) holds no text; store it as a "
+            "SecretString, not binary"
+        )
+    _secrets[arn] = value
+    return value
+
+
+def _region_of(arn: str) -> str | None:
+    """The region of an ARN (``arn:aws:secretsmanager:<region>:...``), else None (the
+    default chain: ``AWS_REGION`` in Lambda)."""
+    parts = arn.split(":")
+    return parts[3] or None if len(parts) > 3 and parts[0] == "arn" else None
+
+
+def nats_auth_options(secret: str, *, arn: str) -> dict[str, Any]:
+    """The ``Client.connect`` options for the credentials in ``secret`` (the text of the
+    secret ``arn``): user and password, a token, an nkey seed, or a ``.creds`` file's content.
+
+    Raises :class:`ConfigurationError` naming the ARN and the keys found (never a value).
+    """
+    expected = "; store one of " + ", ".join(NATS_CREDENTIAL_SHAPES)
+    try:
+        data = json.loads(secret)
+    except ValueError:
+        # `from None`: a JSON error keeps the whole document, which here is the secret.
+        raise ConfigurationError(
+            f"the NATS credentials secret {arn} is not JSON{expected}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigurationError(
+            f"the NATS credentials secret {arn} holds a JSON {type(data).__name__}, not an "
+            f"object{expected}"
+        )
+    keys = frozenset(data)
+    empty = sorted(k for k, v in data.items() if not isinstance(v, str) or not v)
+    if empty:
+        raise ConfigurationError(
+            f"the NATS credentials secret {arn} has empty or non-text values for "
+            f"{', '.join(empty)}{expected}"
+        )
+    if keys == {"user", "password"}:
+        return {"user": data["user"], "password": data["password"]}
+    if keys == {"token"}:
+        return {"token": data["token"]}
+    if keys in ({"nkey_seed"}, {"creds"}):
+        # nats-py signs the server's nonce with the `nkeys` package, imported only then: a
+        # missing package would surface as an import error in the middle of a connect.
+        if importlib.util.find_spec("nkeys") is None:
+            raise ConfigurationError(
+                f"the NATS credentials secret {arn} holds {next(iter(keys))!r}, which needs "
+                "the nkeys package: add nkeys to the dependencies (layers/requirements.txt)"
+            )
+        if keys == {"nkey_seed"}:
+            return {"nkeys_seed_str": data["nkey_seed"]}
+        from nats.aio.client import RawCredentials
+
+        return {"user_credentials": RawCredentials(data["creds"])}
+    raise ConfigurationError(
+        f"the NATS credentials secret {arn} has the keys {', '.join(sorted(keys)) or 'none'}"
+        f"{expected}"
+    )
+
+
+async def _auth_options(settings: Settings) -> dict[str, Any]:
+    arn = settings.nats_credentials_secret_arn
+    if not arn:  # the template passes no variable, or an empty one, when there is no secret
+        return {}
+    secret = _secrets.get(arn)
+    if secret is None:
+        # boto3 is synchronous: off the loop, so other coroutines (the API) keep being served.
+        secret = await asyncio.to_thread(
+            read_secret_string,
+            arn,
+            what="the NATS credentials (RHUMBATRON_NATS_CREDENTIALS_SECRET_ARN)",
+            timeout_s=settings.nats_connect_timeout_s,
+        )
+    return nats_auth_options(secret, arn=arn)
 
 
 async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
@@ -26,10 +158,16 @@ async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
     and buffers nothing while disconnected: a publish during an outage fails fast instead of
     piling up. The *first* connect is bounded: nats-py retries it for as long as it may
     reconnect later (for ever), so without a bound an unreachable server would hang the caller.
+
+    With ``nats_credentials_secret_arn`` set, the credentials come from that secret (read
+    once per process); a secret that cannot be read or used raises
+    :class:`ConfigurationError` before any connect; credentials the server refuses end like
+    an unreachable server (:class:`NatsUnavailableError`, naming the secret too).
     """
     from nats.aio.client import Client
     from nats.errors import NoServersError
 
+    auth = await _auth_options(settings)
     nc = Client()
     bound_s = 2 * settings.nats_connect_timeout_s
     try:
@@ -45,13 +183,22 @@ async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.25,  # type: ignore[arg-type]
                 pending_size=0,
+                **auth,
             ),
             timeout=bound_s,
         )
     except (TimeoutError, NoServersError, OSError) as exc:
         await nc.close()
+        # nats-py retries a refused authorization like an unreachable server, until the
+        # bound: wrong credentials look like a timeout, so the message names them too.
+        also = (
+            f", and that it admits the credentials in {settings.nats_credentials_secret_arn}"
+            if auth
+            else ""
+        )
         raise NatsUnavailableError(
             f"no NATS server answered at {settings.nats_url} within {bound_s:g} s "
-            f"({type(exc).__name__}); check RHUMBATRON_NATS_URL and that nats-server is running"
+            f"({type(exc).__name__}); check RHUMBATRON_NATS_URL and that nats-server is "
+            f"running{also}"
         ) from exc
     return nc

@@ -98,6 +98,12 @@ class Settings(BaseSettings):
         default=None,
         description="nats-server monitoring URL (http://host:8222); durability checks read /varz.",
     )
+    nats_credentials_secret_arn: str | None = Field(
+        default=None,
+        description="A Secrets Manager secret the client authenticates to NATS with (the cloud): "
+        'JSON {"user", "password"}, {"token"}, {"nkey_seed"} or {"creds": "<.creds file>"}. '
+        "None or empty connects without credentials.",
+    )
 
     # -- outbox publisher ---------------------------------------------------------------------
     publish_max_rows_per_project: int = Field(default=100, ge=1, le=1000)
@@ -347,6 +353,11 @@ class Settings(BaseSettings):
     )
     anthropic_base_url: str | None = Field(
         default=None, description="Anthropic API base URL override (tests; None in the cloud)."
+    )
+    clef_flash_api_key_secret_arn: str | None = Field(
+        default=None,
+        description="A Secrets Manager secret holding the Anthropic API key as plain text, read "
+        "once per process when clef_flash_api_key is not set (the cloud).",
     )
     # -- end of causal routing ------------------------------------------------------------------
 

@@ -1,0 +1,20 @@
+"""Workflow step: one step of the verification or release state machine (a Task state).
+
+Only wiring here; the logic is ``rhumbatron.entrypoints.workflow_step`` (the code layer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from rhumbatron.entrypoints.workflow_step import handle
+
+logger = Logger()  # service name and level from POWERTOOLS_SERVICE_NAME / POWERTOOLS_LOG_LEVEL
+
+
+@logger.inject_lambda_context
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return handle(event, context)

@@ -1,0 +1,332 @@
+"""The secrets the functions read from Secrets Manager: the NATS credentials (at connect) and
+the Anthropic key (where Clef-flash is built).
+
+Secrets Manager is moto's, through boto3; NATS is a real nats-server that demands the
+credentials; the Anthropic API is an httpx2 transport that records what reached it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from moto import mock_aws
+
+from rhumbatron.entrypoints import queue_worker
+from rhumbatron.errors import ConfigurationError, NatsUnavailableError
+from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.messaging.connection import connect_nats, read_secret_string
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron.runtime.settings import Settings, load_settings
+
+from .support import FakeLambdaContext, load_app, sample_event
+
+pytestmark = pytest.mark.integration
+
+USER, PASSWORD, TOKEN = "functions", "s3cret-password-0123", "s3cret-token-0123456789"
+
+
+@dataclass
+class AuthNatsServer(NatsServerProcess):
+    """A nats-server that admits only the clients presenting ``authorization``."""
+
+    authorization: str = ""
+
+    def config_text(self) -> str:
+        return super().config_text() + f"authorization {{ {self.authorization} }}\n"
+
+
+@pytest.fixture
+def secrets(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A boto3 Secrets Manager client on moto, with fake credentials."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "eu-west-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    with mock_aws():
+        import boto3
+
+        yield boto3.client("secretsmanager", region_name="eu-west-1")
+
+
+def _secret(client: Any, value: str | bytes) -> str:
+    """A new secret holding ``value``; its ARN."""
+    name = f"rhumbatron/{uuid.uuid4().hex}"
+    if isinstance(value, bytes):
+        answer = client.create_secret(Name=name, SecretBinary=value)
+    else:
+        answer = client.create_secret(Name=name, SecretString=value)
+    return str(answer["ARN"])
+
+
+def _server(tmp_path: Path, authorization: str) -> Iterator[AuthNatsServer]:
+    server = AuthNatsServer(store_dir=tmp_path / "nats", authorization=authorization)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def password_server(tmp_path: Path) -> Iterator[AuthNatsServer]:
+    yield from _server(tmp_path, f"user: {USER}, password: {PASSWORD}")
+
+
+@pytest.fixture
+def token_server(tmp_path: Path) -> Iterator[AuthNatsServer]:
+    yield from _server(tmp_path, f"token: {TOKEN}")
+
+
+def _settings(tmp_path: Path, url: str, **overrides: Any) -> Settings:
+    return load_settings(
+        state_dir=tmp_path / "state", nats_url=url, nats_connect_timeout_s=0.5, **overrides
+    )
+
+
+async def _round_trip(settings: Settings) -> None:
+    nc = await connect_nats(settings)
+    try:
+        await nc.flush(timeout=2)
+    finally:
+        await nc.close()
+
+
+# -- NATS ----------------------------------------------------------------------------------
+
+
+def test_a_queue_function_authenticates_to_nats_with_the_secrets_user_and_password(
+    tmp_path: Path,
+    secrets: Any,
+    password_server: AuthNatsServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a cluster that demands a user and password, and the secret holding them
+    arn = _secret(secrets, json.dumps({"user": USER, "password": PASSWORD}))
+    for name, value in {
+        "RHUMBATRON_STATE_DIR": str(tmp_path / "state"),
+        "RHUMBATRON_JOURNAL_MODE": "DELETE",
+        "RHUMBATRON_NETWORK_FILESYSTEM": "true",
+        "RHUMBATRON_NATS_URL": password_server.url,
+        "RHUMBATRON_NATS_CREDENTIALS_SECRET_ARN": arn,
+    }.items():
+        monkeypatch.setenv(name, value)
+    queue_worker.reset_for_tests()
+    try:
+        # WHEN the dead-letter function's tick runs (a cold start: connect, ensure streams)
+        summary = load_app("dead_letter").lambda_handler(
+            sample_event("dead_letter_schedule.json"), FakeLambdaContext(remaining_ms=900_000)
+        )
+    finally:
+        queue_worker.reset_for_tests()
+    # THEN it connected and polled its queue
+    report = summary["queues"]["dead-letter"]
+    assert (report["fetches"], report["error"]) == (1, None)
+
+
+def test_a_token_from_the_secret_is_presented_and_nothing_else_gets_in(
+    tmp_path: Path, secrets: Any, token_server: AuthNatsServer
+) -> None:
+    # GIVEN a cluster that demands a token
+    arn = _secret(secrets, json.dumps({"token": TOKEN}))
+    # WHEN a client connects with the secret THEN it gets a round trip through
+    asyncio.run(_round_trip(_settings(tmp_path, token_server.url, nats_credentials_secret_arn=arn)))
+    # AND one without credentials is refused, within the connect bound
+    with pytest.raises(NatsUnavailableError, match="RHUMBATRON_NATS_URL"):
+        asyncio.run(_round_trip(_settings(tmp_path, token_server.url)))
+
+
+def test_refused_credentials_fail_like_an_outage_naming_the_secret(
+    tmp_path: Path, secrets: Any, token_server: AuthNatsServer
+) -> None:
+    arn = _secret(secrets, json.dumps({"token": "not-the-token-at-all"}))
+    settings = _settings(tmp_path, token_server.url, nats_credentials_secret_arn=arn)
+    with pytest.raises(NatsUnavailableError) as refused:
+        asyncio.run(_round_trip(settings))
+    assert arn in str(refused.value)
+    assert "not-the-token-at-all" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("hunter2-plain-text", r"is not JSON; store one of"),
+        (json.dumps(["hunter2-in-a-list"]), r"holds a JSON list, not an object"),
+        (json.dumps({"username": "hunter2-user"}), r"has the keys username; store one of"),
+        (json.dumps({"user": "u", "password": ""}), r"empty or non-text values for password"),
+        (json.dumps({"token": 99887766}), r"empty or non-text values for token"),
+    ],
+)
+def test_an_unusable_nats_secret_is_named_by_its_arn_and_never_shown(
+    tmp_path: Path, secrets: Any, value: str, expected: str
+) -> None:
+    arn = _secret(secrets, value)
+    settings = _settings(tmp_path, "nats://127.0.0.1:1", nats_credentials_secret_arn=arn)
+    with pytest.raises(ConfigurationError, match=expected) as refused:
+        asyncio.run(_round_trip(settings))
+    assert arn in str(refused.value)
+    assert "hunter2" not in str(refused.value)
+    assert "99887766" not in str(refused.value)
+
+
+def test_a_secret_that_cannot_be_read_names_its_arn_and_what_it_is_for(
+    tmp_path: Path, secrets: Any
+) -> None:
+    # a secret that does not exist (a wrong ARN, or one the role may not read)
+    arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:rhumbatron/missing-AbCdEf"
+    settings = _settings(tmp_path, "nats://127.0.0.1:1", nats_credentials_secret_arn=arn)
+    with pytest.raises(ConfigurationError, match="secretsmanager:GetSecretValue") as refused:
+        asyncio.run(_round_trip(settings))
+    assert arn in str(refused.value)
+    assert "RHUMBATRON_NATS_CREDENTIALS_SECRET_ARN" in str(refused.value)
+    # a binary secret
+    binary = _secret(secrets, b"\x00\x01")
+    with pytest.raises(ConfigurationError, match="holds no text"):
+        read_secret_string(binary, what="a test secret", timeout_s=1.0)
+
+
+def test_a_secret_is_read_once_per_process(secrets: Any) -> None:
+    # GIVEN a secret read once
+    arn = _secret(secrets, "first-value")
+    assert read_secret_string(arn, what="a test secret", timeout_s=1.0) == "first-value"
+    # WHEN it changes in Secrets Manager
+    secrets.put_secret_value(SecretId=arn, SecretString="second-value")
+    # THEN this process keeps the value it read (a new container reads the new one)
+    assert read_secret_string(arn, what="a test secret", timeout_s=1.0) == "first-value"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nkeys") is not None, reason="nkeys is installed here")
+@pytest.mark.parametrize("shape", ["nkey_seed", "creds"])
+def test_an_nkey_secret_without_the_nkeys_package_says_what_to_install(
+    tmp_path: Path, secrets: Any, shape: str
+) -> None:
+    arn = _secret(secrets, json.dumps({shape: "SUAM-not-a-real-seed"}))
+    settings = _settings(tmp_path, "nats://127.0.0.1:1", nats_credentials_secret_arn=arn)
+    with pytest.raises(ConfigurationError, match="needs the nkeys package") as refused:
+        asyncio.run(_round_trip(settings))
+    assert "SUAM" not in str(refused.value)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nkeys") is None, reason="needs nkeys")
+def test_an_nkey_seed_from_the_secret_signs_the_servers_nonce(tmp_path: Path, secrets: Any) -> None:
+    import nkeys  # type: ignore[import-not-found,unused-ignore]
+
+    # GIVEN a cluster whose only user is an nkey (as infra/nats configures the functions)
+    seed = nkeys.encode_seed(bytes(range(32)), nkeys.PREFIX_BYTE_USER)
+    public = nkeys.from_seed(seed).public_key.decode()
+    servers = _server(tmp_path, f"users: [{{ nkey: {public} }}]")
+    server = next(servers)
+    try:
+        arn = _secret(secrets, json.dumps({"nkey_seed": seed.decode()}))
+        # WHEN a client connects with the secret THEN it gets a round trip through
+        asyncio.run(_round_trip(_settings(tmp_path, server.url, nats_credentials_secret_arn=arn)))
+    finally:
+        next(servers, None)
+
+
+# -- Anthropic -------------------------------------------------------------------------------
+
+
+def _overlap_event() -> Event:
+    """An intent.declared whose resource overlaps the agent's by prefix only."""
+    return Event.parse(
+        {
+            "eventId": f"evt_{uuid.uuid4().hex}",
+            "eventType": "intent.declared",
+            "eventVersion": 1,
+            "tenantId": "acme",
+            "projectId": "acme-web",
+            "changeId": "chg-1",
+            "taskId": "tsk-2",
+            "actor": "agent:other",
+            "resource": "src/auth/",
+            "correlationId": "corr-1",
+            "timestamp": "2026-01-01T00:00:00Z",
+            "payload": {"intentId": "i-1", "agentId": "other", "paths": ["src/auth/"]},
+        }
+    )
+
+
+def _messages_api(seen: list[httpx2.Request]) -> httpx2.MockTransport:
+    """Answers POST /v1/messages with the forced decide_wake tool call; keeps each request."""
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        body = {
+            "id": "msg_01",
+            "type": "message",
+            "role": "assistant",
+            "model": json.loads(request.content)["model"],
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_01",
+                    "name": "decide_wake",
+                    "input": {"decision": "skip", "probability": 0.9, "reason": "unrelated"},
+                }
+            ],
+            "stop_reason": "tool_use",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 10, "output_tokens": 5},
+        }
+        return httpx2.Response(200, json=body)
+
+    return httpx2.MockTransport(answer)
+
+
+def test_clef_flash_asks_the_model_with_the_key_from_the_secret(
+    tmp_path: Path, secrets: Any
+) -> None:
+    # GIVEN the Anthropic key in a secret (a newline after it, as pasted in the console)
+    arn = _secret(secrets, "sk-ant-test-key-0123\n")
+    settings = _settings(tmp_path, "nats://127.0.0.1:1", clef_flash_api_key_secret_arn=arn)
+    app = bootstrap(settings)
+    seen: list[httpx2.Request] = []
+
+    async def ask() -> str:
+        lifecycle = app.lifecycle()
+        lifecycle.clef_flash_http = httpx2.AsyncClient(transport=_messages_api(seen))
+        try:
+            decision = await lifecycle.clef_flash.decide(
+                _overlap_event(), "builder-1", ("src/auth/login.py",)
+            )
+            return str(decision.verdict)
+        finally:
+            await app.close()
+
+    # WHEN Clef-flash is asked about a prefix-only overlap
+    verdict = asyncio.run(ask())
+    # THEN the model was asked, with the secret's key
+    assert verdict == "skip"
+    assert len(seen) == 1
+    credentials = seen[0].headers.get("x-api-key") or seen[0].headers["authorization"]
+    assert credentials.removeprefix("Bearer ") == "sk-ant-test-key-0123"
+
+
+def test_without_a_key_or_a_secret_clef_flash_abstains_without_asking(tmp_path: Path) -> None:
+    app = bootstrap(_settings(tmp_path, "nats://127.0.0.1:1"))
+    seen: list[httpx2.Request] = []
+
+    async def ask() -> str:
+        lifecycle = app.lifecycle()
+        lifecycle.clef_flash_http = httpx2.AsyncClient(transport=_messages_api(seen))
+        try:
+            decision = await lifecycle.clef_flash.decide(
+                _overlap_event(), "builder-1", ("src/auth/login.py",)
+            )
+            return str(decision.verdict)
+        finally:
+            await app.close()
+
+    assert asyncio.run(ask()) == "abstain"
+    assert seen == []
