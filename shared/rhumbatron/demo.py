@@ -4,24 +4,29 @@ One process, everything on loopback: nats-server and moto's S3 server
 (:class:`~rhumbatron.local.stack.LocalStack`), SQLite actor files, the in-process workflow
 engine, and every role played in rounds by :class:`~rhumbatron.lifecycle.local_loop.LocalLoop`
 (the outbox publisher, the event router, each queue's consumer). The sample is
-``samplefiles/lifecycle.json``:
+``samplefiles/lifecycle.json``. The API (operator and lifecycle routes) runs under uvicorn on
+a loopback port for the whole run, with a static bearer token, and the demo calls it where a
+user would:
 
-1. **Provision.** ``project.provision`` and ``app.provision`` go on the integration queue. The
+1. **Provision.** ``POST /projects`` queues ``project.provision`` on the integration queue;
+   once the project exists, ``POST /projects/{id}/apps`` queues ``app.provision``. The
    sample's app fails its first attempt (``failUntilAttempt``): 1 + 3 deliveries, then the
    dead-letter queue, whose consumer records the letter.
-2. **Dead-letter round trip.** The operator API runs under uvicorn on a loopback port with a
-   static bearer token; the demo lists and inspects the letter over HTTP and Retries it twice
-   (the second sends nothing). Attempt 2 succeeds, the letter closes ``succeeded``, the app
-   is live.
-3. **A Change of four Tasks** with dependencies, requested twice with one client request ID
-   (the repeat returns the first Change). Scripted agents play the Tasks; two of them overlap
-   on a resource prefix, the one question the deterministic rules leave to Clef-flash, which
-   abstains without an API key, and an abstention wakes. When every Task completed, a
-   Candidate is composed and verified: the Change awaits approval.
-4. **Approval.** The Candidate is promoted, canonical advances to generation 1, the index is
-   built and the release deploys the canonical files to the app.
+2. **Dead-letter round trip.** The demo lists and inspects the letter over HTTP and Retries
+   it twice (the second sends nothing). Attempt 2 succeeds, the letter closes ``succeeded``,
+   the app is live.
+3. **A Change of four Tasks** with dependencies, requested twice with
+   ``POST /projects/{id}/changes`` and one client request ID (201, then 200 with the first
+   Change). Scripted agents play the Tasks; two of them overlap on a resource prefix, the one
+   question the deterministic rules leave to Clef-flash, which abstains without an API key,
+   and an abstention wakes. When every Task completed, a Candidate is composed and verified:
+   the Change awaits approval.
+4. **Approval.** ``POST /projects/{id}/changes/{changeId}/approve`` promotes the Candidate,
+   canonical advances to generation 1, the index is built and the release deploys the
+   canonical files to the app.
 5. **Audit.** One sweep tick per stream runs the archiver and the analytics; the demo reads
-   every stream back with a second client and lists the archive objects.
+   every stream back with a second client, lists the archive objects and reads the Change
+   back with ``GET /projects/{id}/changes/{changeId}``.
 
 It prints each step, then a summary: events per stream and type, commands per queue, the
 duplicates dropped, the dead letters, the archive objects, the Change's timeline with timings,
@@ -52,17 +57,17 @@ from rhumbatron import operator
 from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.agents.scripted import ScriptLibrary
 from rhumbatron.domain.changes import TaskPlan
-from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import ConfigurationError, RhumbatronError
 from rhumbatron.lifecycle.commands import lifecycle_command
 from rhumbatron.lifecycle.local_loop import LocalLoop
+from rhumbatron.lifecycle.requests import CreatedChange
 from rhumbatron.messaging.commands import QUEUE_CONSUMERS, consumer_name
 from rhumbatron.messaging.queue_consumer import queue_row
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.operator import ANY_TENANT, MAX_PAGE
 from rhumbatron.product.dead_letters import DeadLetter
 from rhumbatron.protocol.command_types import COMMAND_TYPES
-from rhumbatron.protocol.envelopes import Command, Event
+from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.router.event_router import tick_kind
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
@@ -73,8 +78,8 @@ if TYPE_CHECKING:
 
     import httpx
 
+    from rhumbatron.actors.alarms import AlarmSink
     from rhumbatron.lifecycle.assembly import Lifecycle
-    from rhumbatron.lifecycle.requests import CreatedChange
 
 __all__ = [
     "EXPECTED_STATES",
@@ -97,8 +102,19 @@ _DEMO_BUDGET_S = 60.0
 _ENDED = frozenset(
     f"change.{state}" for state in ("completed", "failed", "cancelled", "not_selected", "declined")
 )
-#: Scopes of the demo's one API token: the operator's dead-letter actions.
-_API_SCOPES = ["dead-letters:read", "dead-letters:write"]
+#: Scopes of the demo's one API token: what its calls need and no more — the operator's
+#: dead-letter actions, provisioning the project and its app, requesting, approving and
+#: reading the Change. (No agent registers over HTTP: the sample's agents are scripted.)
+_API_SCOPES = [
+    "dead-letters:read",
+    "dead-letters:write",
+    "projects:write",
+    "changes:read",
+    "changes:write",
+]
+#: The demo's ``clientRequestId`` of its app provisioning: the API makes the command ID of it,
+#: so the demo knows the ID of the command it expects to be dead-lettered.
+_APP_REQUEST_ID = "demo-provision-1"
 #: How long the demo runs rounds at the end, at most, for the system to go quiet.
 _SETTLE_BOUND_S = 10.0
 
@@ -106,14 +122,16 @@ _T = TypeVar("_T")
 
 
 def project_command_id(project_id: str) -> str:
-    """The demo's ``project.provision`` command: one ID per project, so a resend is a
-    duplicate inside JetStream's window."""
-    return f"cmd_project.provision_{project_id}"
+    """The ``project.provision`` command ``POST /projects`` queues: one ID per project, so a
+    resend is a duplicate inside JetStream's window. The demo checks the API answers it."""
+    return f"cmd_provision_{project_id}"
 
 
 def app_command_id(project_id: str, app_name: str) -> str:
-    """The demo's ``app.provision`` command, the one that is dead-lettered and retried."""
-    return f"cmd_app.provision_{project_id}_{app_name}"
+    """The ``app.provision`` command the demo's ``POST /projects/{id}/apps`` queues (its
+    ``clientRequestId`` makes the ID), the one that is dead-lettered and retried. The demo
+    checks the API answers it."""
+    return f"cmd_app_{project_id}.{app_name}.provision.{_APP_REQUEST_ID}"
 
 
 async def read_streams(nats_url: str) -> dict[str, dict[str, Any]]:
@@ -221,46 +239,71 @@ class _Sample:
             ) from exc
 
 
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """An API answer the demo expected: the line to print (with its status) and its JSON
+    body."""
+
+    line: str
+    body: dict[str, Any]
+
+
 @dataclass
 class _ApiClient:
-    """The demo's HTTP client of the operator API: records every call, and turns an answer
-    other than 200 (or no answer) into a :class:`_StepError`."""
+    """The demo's HTTP client of the API: records every call, and turns an answer it did not
+    expect (or no answer) into a :class:`_StepError`."""
 
     http: httpx.AsyncClient
     calls: list[dict[str, Any]] = field(default_factory=list)
 
     async def call(
-        self, method: str, path: str, *, params: dict[str, str] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        """``(the line to print, the JSON body)`` of a 200 answer."""
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        body: dict[str, Any] | None = None,
+        expect: tuple[int, ...] = (200,),
+    ) -> _Answer:
+        """Send ``body`` (if any) as JSON; the answer, when its status is one of ``expect``
+        (a queued command is 202, a created Change 201, the same Change found again 200)."""
         import httpx
 
         try:
-            response = await self.http.request(method, path, params=params)
+            response = await self.http.request(method, path, params=params, json=body)
         except httpx.HTTPError as exc:
             raise _StepError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         self.calls.append({"method": method, "path": path, "status": response.status_code})
-        if response.status_code != 200:
+        if response.status_code not in expect:
             raise _StepError(
-                f"{method} {path} answered {response.status_code}: {response.text[:300]}"
+                f"{method} {path} answered {response.status_code}, not "
+                f"{' or '.join(map(str, expect))}: {response.text[:300]}"
             )
-        body = response.json()
-        assert isinstance(body, dict)
+        answer = response.json()
+        assert isinstance(answer, dict)
         query = "?" + "&".join(f"{k}={v}" for k, v in params.items()) if params else ""
-        return f"  {method} {path}{query} -> {response.status_code}", body
+        return _Answer(f"  {method} {path}{query} -> {response.status_code}", answer)
 
 
 @asynccontextmanager
-async def _serve_api(settings: Settings, token: str) -> AsyncIterator[tuple[str, _ApiClient]]:
-    """The operator API under uvicorn on a free loopback port, on this event loop, with a
-    runtime of its own (as its own process would have); yields its URL and a client that
-    sends ``token``."""
+async def _serve_api(
+    settings: Settings, token: str, alarms: AlarmSink
+) -> AsyncIterator[tuple[str, _ApiClient]]:
+    """The API under uvicorn on a free loopback port, on this event loop, with a runtime of
+    its own (as its own process would have); yields its URL and a client that sends
+    ``token``.
+
+    The API's actors announce their alarms to ``alarms``, the demo's local invoker: what a
+    request writes (a Change created, a promotion) is published by the demo's loop, as the
+    API's function invokes the outbox publisher in the cloud. With a sink of its own, nothing
+    here would fire them: the demo runs no every-minute scan of due alarms.
+    """
     import httpx
     import uvicorn
 
     from rhumbatron.api import authenticator_from_settings, create_api
 
-    api_runtime = bootstrap(settings)
+    api_runtime = bootstrap(settings, alarms=alarms)
     # The API's lifespan ensures the streams at start and closes its runtime at shutdown.
     api = create_api(api_runtime, authenticator_from_settings(settings, api_runtime.clock))
     # The socket listens before uvicorn runs: a request that comes first waits in the backlog
@@ -290,7 +333,6 @@ class _Demo:
     out: TextIO
     problems: list[str] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
-    api_calls: list[dict[str, Any]] = field(default_factory=list)
     retries_sent: list[bool] = field(default_factory=list)
     resend_outcome: str | None = None
     change: CreatedChange | None = None
@@ -352,17 +394,17 @@ class _Demo:
         )
         return next((x for x in page.letters if x.command_id == command_id), None)
 
-    async def run(self, api_token: str) -> None:
+    async def run(self, api: _ApiClient) -> None:
         """Every step in order; a step that does not happen raises :class:`_StepError`."""
         lifecycle = self.lifecycle
         # Both are read at first use of the scripted agent and the app provisioner.
         lifecycle.scripts = ScriptLibrary.from_file(self.sample.path)
         lifecycle.failing_apps = {self.sample.app_name: self.sample.fail_until_attempt}
-        letter_id = await self._timed("provision", self.provision())
-        await self._timed("deadLetterRoundTrip", self.round_trip(letter_id, api_token))
+        letter_id = await self._timed("provision", self.provision(api))
+        await self._timed("deadLetterRoundTrip", self.round_trip(letter_id, api))
         await self.resend()
-        await self._timed("toAwaitingApproval", self.request_change())
-        await self._timed("toCompleted", self.approve())
+        await self._timed("toAwaitingApproval", self.request_change(api))
+        await self._timed("toCompleted", self.approve(api))
         await self.settle()
 
     async def _timed(self, name: str, step: Awaitable[_T]) -> _T:
@@ -373,21 +415,34 @@ class _Demo:
             self.timings_s[name] = round(time.monotonic() - started, 3)
 
     # -- 1. provision ----------------------------------------------------------------------
-    async def provision(self) -> str:
-        """Send the project's and the app's provisioning; run until the app's letter is
-        recorded. Returns the letter's ID."""
+    async def provision(self, api: _ApiClient) -> str:
+        """Provision the project, then (once it exists: the API refuses an app of an unknown
+        project) its app, through the API; run until the app's letter is recorded. Returns
+        the letter's ID."""
         s, app = self.sample, self.app
         self.say(
             f"\n== 1. provision project {s.project_id} (tenant {s.tenant}) and app {s.app_name}"
         )
-        # LIFECYCLE-HTTP: a library call until api/lifecycle_routes.py is served; then
-        # POST /projects, POST /projects/{id}/apps.
-        for command in self._provisioning():
-            sent = await self.lifecycle.sender.send(command)
-            self.say(
-                f"command: {command.command_type} {command.command_id} on "
-                f"{command.spec.queue}: {sent.outcome}"
-            )
+        queued = await api.call(
+            "POST",
+            "/projects",
+            body={"projectId": s.project_id, "name": s.project_name},
+            expect=(202,),
+        )
+        self._say_queued(queued, "project.provision", project_command_id(s.project_id))
+        world = self.lifecycle.world
+        await self.until(
+            lambda: world.project_exists(s.project_id), f"project {s.project_id} was created"
+        )
+        self.say(f"project {s.project_id} created; tenant {app.project_tenant(s.project_id)}")
+        command_id = app_command_id(s.project_id, s.app_name)
+        queued = await api.call(
+            "POST",
+            f"/projects/{s.project_id}/apps",
+            body={"appName": s.app_name, "clientRequestId": _APP_REQUEST_ID},
+            expect=(202,),
+        )
+        self._say_queued(queued, "app.provision", command_id)
         row = queue_row("integration", app.settings)
         self.say(
             f"  the sample's app fails until attempt {s.fail_until_attempt} (failUntilAttempt); "
@@ -395,39 +450,39 @@ class _Demo:
             f"{row.retry_delay_s:g} s apart in this demo (queue_retry_delay_s); deployed "
             f"{QUEUE_CONSUMERS['integration'].retry_delay_s:g} s apart (QUEUE_CONSUMERS)"
         )
-        command_id = app_command_id(s.project_id, s.app_name)
-        world = self.lifecycle.world
         await self.until(
-            lambda: world.project_exists(s.project_id) and self.letter(command_id) is not None,
-            f"the project was created and {command_id} was dead-lettered",
+            lambda: self.letter(command_id) is not None, f"{command_id} was dead-lettered"
         )
         letter = self.letter(command_id)
         assert letter is not None
-        self.say(f"project {s.project_id} created; tenant {app.project_tenant(s.project_id)}")
         self.say(f"dead-letter consumer: letter {letter.dead_letter_id} recorded")
         self.say(f"  reason: {letter.reason}")
         return letter.dead_letter_id
 
+    def _say_queued(self, queued: _Answer, command_type: str, command_id: str) -> None:
+        """Print what the API queued; the rest of the demo follows the command by the ID it
+        expects, so another ID (or a first send that was a duplicate) stops it."""
+        body = queued.body
+        self.say(
+            f"{queued.line}: {command_type} {body['commandId']} on {body['queue']}, "
+            f"duplicate={str(body['duplicate']).lower()}"
+        )
+        if body["commandId"] != command_id or body["duplicate"]:
+            raise _StepError(
+                f"the API queued {command_type} as {body['commandId']} (duplicate="
+                f"{body['duplicate']}); the demo expects a first send of {command_id}"
+            )
+
     # -- 2. the dead-letter round trip -----------------------------------------------------
-    async def round_trip(self, letter_id: str, api_token: str) -> None:
+    async def round_trip(self, letter_id: str, api: _ApiClient) -> None:
         """List, inspect and Retry the letter through the HTTP API (twice: exactly one
         send); run until the retried command succeeded and the letter closed."""
         self.say("\n== 2. dead-letter round trip through the operator API")
-        async with _serve_api(self.app.settings, api_token) as (url, api):
-            self.say(
-                f"operator API: uvicorn on {url}, a static bearer token of tenant "
-                f"{self.sample.tenant} (api_tokens)"
-            )
-            try:
-                await self._through_the_api(letter_id, api)
-            finally:
-                self.api_calls += api.calls
-
-    async def _through_the_api(self, letter_id: str, api: _ApiClient) -> None:
-        line, page = await api.call("GET", "/dead-letters", params={"queue": "integration"})
-        self.say(f"{line}: {len(page['items'])} open letter(s)")
-        line, letter = await api.call("GET", f"/dead-letters/{letter_id}")
-        self.say(line)
+        page = await api.call("GET", "/dead-letters", params={"queue": "integration"})
+        self.say(f"{page.line}: {len(page.body['items'])} open letter(s)")
+        inspected = await api.call("GET", f"/dead-letters/{letter_id}")
+        self.say(inspected.line)
+        letter = inspected.body
         for label, value in (
             ("id", letter["id"]),
             ("command", f"{letter['commandType']} {letter['commandId']}"),
@@ -437,15 +492,17 @@ class _Demo:
             ("status", letter["status"]),
         ):
             self.say(f"    {label:<9}{value}")
-        line, retry = await api.call("POST", f"/dead-letters/{letter_id}/retry")
+        first = await api.call("POST", f"/dead-letters/{letter_id}/retry")
+        retry = first.body
         self.say(
-            f"{line}: sent={str(retry['sent']).lower()}, attempt {retry['attempt']} on "
+            f"{first.line}: sent={str(retry['sent']).lower()}, attempt {retry['attempt']} on "
             f"{retry['queue']} as message {retry['messageId']}"
         )
-        line, again = await api.call("POST", f"/dead-letters/{letter_id}/retry")
+        second = await api.call("POST", f"/dead-letters/{letter_id}/retry")
+        again = second.body
         self.say(
-            f"{line} (a double click): sent={str(again['sent']).lower()}, already retried "
-            f"as attempt {again['alreadyRetriedAs']}"
+            f"{second.line} (a double click): sent={str(again['sent']).lower()}, already "
+            f"retried as attempt {again['alreadyRetriedAs']}"
         )
         self.retries_sent = [bool(retry["sent"]), bool(again["sent"])]
         if self.retries_sent != [True, False]:
@@ -465,69 +522,63 @@ class _Demo:
 
         await self.until(closed_and_live, f"the retried {command_id} succeeded")
         self.say(f"  attempt {retry['attempt']} on integration: done; app {s.app_name} is live")
-        line, closed = await api.call("GET", f"/dead-letters/{letter_id}")
-        self.say(f"{line}: {closed['status']}, resolution {closed['resolution']}")
-
-    def _provisioning(self) -> tuple[Command, Command]:
-        """The project's and the app's provisioning commands (stable IDs)."""
-        s, now = self.sample, self.app.clock.now()
-        return (
-            lifecycle_command(
-                "project.provision",
-                project_command_id(s.project_id),
-                project_id=s.project_id,
-                now=now,
-                payload={"name": s.project_name, "tenantId": s.tenant},
-            ),
-            lifecycle_command(
-                "app.provision",
-                app_command_id(s.project_id, s.app_name),
-                project_id=s.project_id,
-                now=now,
-                payload={"appName": s.app_name},
-            ),
-        )
+        closed = await api.call("GET", f"/dead-letters/{letter_id}")
+        self.say(f"{closed.line}: {closed.body['status']}, resolution {closed.body['resolution']}")
 
     async def resend(self) -> None:
-        """A producer repeating a command inside the duplicate window: JetStream drops it."""
-        again, _ = self._provisioning()
+        """A producer repeating a command inside the duplicate window: JetStream drops it.
+        The command is the one ``POST /projects`` queued (its ID and payload)."""
+        s = self.sample
+        again = lifecycle_command(
+            "project.provision",
+            project_command_id(s.project_id),
+            project_id=s.project_id,
+            now=self.app.clock.now(),
+            payload={"name": s.project_name, "tenantId": s.tenant},
+        )
         sent = await self.lifecycle.sender.send(again)
         self.resend_outcome = sent.outcome
         self.say(f"resent {again.command_id} with the same ID: {sent.outcome}")
 
     # -- 3. the Change ---------------------------------------------------------------------
-    def _caller(self) -> Caller:
-        return Caller(self.sample.tenant, "user:demo-operator", self.sample.client_request_id)
+    def _change_path(self, change_id: str = "") -> str:
+        changes = f"/projects/{self.sample.project_id}/changes"
+        return f"{changes}/{change_id}" if change_id else changes
 
-    async def request_change(self) -> None:
-        """Create the Change (twice: the same client request), run until it awaits
-        approval."""
+    async def request_change(self, api: _ApiClient) -> None:
+        """Request the Change (twice: the same client request, 201 then 200 with the first
+        Change); run until it awaits approval."""
         s = self.sample
-        requests = self.lifecycle.requests
         self.say(f"\n== 3. a Change of {len(s.tasks)} Tasks: {s.title!r}")
         for task in s.tasks:
             after = f" after {', '.join(task.depends_on)}" if task.depends_on else ""
             self.say(f"  {task.task_id:<14} {task.agent_id:<10} {task.title}{after}")
-        # LIFECYCLE-HTTP: a library call until api/lifecycle_routes.py is served; then
-        # POST /projects/{id}/changes (both calls).
-        self.change = requests.create_change(
-            self._caller(),
-            project_id=s.project_id,
-            client_request_id=s.client_request_id,
-            title=s.title,
-            tasks=s.tasks,
-        )
-        self.repeat = requests.create_change(
-            self._caller(),
-            project_id=s.project_id,
-            client_request_id=s.client_request_id,
-            title=s.title,
-            tasks=s.tasks,
-        )
-        change_id = self.change.change_id
-        self.say(f"created {change_id} (client request {s.client_request_id})")
+        request = {
+            "clientRequestId": s.client_request_id,
+            "title": s.title,
+            "tasks": [
+                {
+                    "taskId": t.task_id,
+                    "title": t.title,
+                    "agentId": t.agent_id,
+                    "dependsOn": list(t.depends_on),
+                    "script": t.script,
+                }
+                for t in s.tasks
+            ],
+        }
+        first = await api.call("POST", self._change_path(), body=request, expect=(201,))
+        change_id = first.body["changeId"]
+        self.change = CreatedChange(change_id, created=True)
         self.say(
-            f"the same request again: {self.repeat.change_id}, "
+            f"{first.line}: created {change_id} (client request {s.client_request_id}), "
+            f"{first.body['status']}, {len(first.body['tasks'])} tasks"
+        )
+        # 200, not 201: the API found the client request and answers the first Change.
+        repeat = await api.call("POST", self._change_path(), body=request, expect=(200,))
+        self.repeat = CreatedChange(repeat.body["changeId"], created=False)
+        self.say(
+            f"{repeat.line} (the same request again): {self.repeat.change_id}, "
             f"created={str(self.repeat.created).lower()}"
         )
         await self.until(
@@ -551,17 +602,18 @@ class _Demo:
         return change.status if change else "missing"
 
     # -- 4. approval and release -----------------------------------------------------------
-    async def approve(self) -> None:
-        """Approve; run until the Change completed and the index is ready at generation 1."""
+    async def approve(self, api: _ApiClient) -> None:
+        """Approve through the API; run until the Change completed and the index is ready at
+        generation 1."""
         assert self.change is not None
         s, change_id = self.sample, self.change.change_id
         self.say("\n== 4. approve, promote, index, release")
-        # LIFECYCLE-HTTP: a library call until api/lifecycle_routes.py is served; then
-        # POST /projects/{id}/changes/{change}/approve.
-        candidate = self.lifecycle.requests.approve(
-            self._caller(), project_id=s.project_id, change_id=change_id
+        approved = await api.call("POST", f"{self._change_path(change_id)}/approve")
+        candidate = approved.body
+        self.say(
+            f"{approved.line}: candidate {candidate['candidateId']} (base generation "
+            f"{candidate['baseGeneration']}) promoted"
         )
-        self.say(f"approved: candidate {candidate.candidate_id} promoted")
         indexer = self.lifecycle.indexer
         await self.until(
             lambda: self._status() == "completed" and indexer.ready_generation(s.project_id) == 1,
@@ -570,6 +622,31 @@ class _Demo:
         generation = self.lifecycle.world.canonical_generation(s.project_id)
         self.say(f"canonical generation {generation}; index ready at generation 1")
         self.say(f"{change_id}: completed")
+
+    # -- 5. the Change read back -----------------------------------------------------------
+    async def read_back(self, api: _ApiClient) -> dict[str, Any] | None:
+        """The Change as ``GET /projects/{id}/changes/{changeId}`` answers it (its status
+        and its Tasks', Candidates' and releases'), or None when there is none to read or
+        the API did not answer it (a problem, then)."""
+        if self.change is None:
+            return None
+        try:
+            answer = await api.call("GET", self._change_path(self.change.change_id))
+        except _StepError as exc:
+            self.problems.append(f"reading the Change back: {exc}")
+            self.say(f"could not read the Change back: {exc}")
+            return None
+        body = answer.body
+
+        def by_status(items: list[dict[str, Any]]) -> str:
+            counts = Counter(str(item["status"]) for item in items)
+            return ", ".join(f"{status} {n}" for status, n in sorted(counts.items())) or "none"
+
+        self.say(
+            f"{answer.line}: {body['status']}; tasks {by_status(body['tasks'])}; candidates "
+            f"{by_status(body['candidates'])}; releases {by_status(body['releases'])}"
+        )
+        return body
 
 
 # -- the summary's parts --------------------------------------------------------------------
@@ -725,15 +802,20 @@ def _states(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return states
 
 
-def _change_report(demo: _Demo, streams: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The Change: its states and timeline, Tasks, Candidate, Clef-flash decisions, the
-    index search and the release."""
+def _change_report(
+    demo: _Demo, streams: dict[str, dict[str, Any]], body: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The Change: its states and timeline from the streams; its status, Tasks, Candidates
+    and releases as the API read it back (``body``: none when it could not); the
+    Clef-flash decisions, the index search and the files each release deployed.
+
+    Task IDs stay as the API and the events have them, qualified by the Change
+    (``<changeId>.<taskId>``); the printed lines name them as the sample does."""
     if demo.change is None:
         return None
     lifecycle, s = demo.lifecycle, demo.sample
     change_id = demo.change.change_id
-    shard = lifecycle.world.change_shard(s.project_id, change_id)
-    state = shard.change_state(change_id)
+    read: dict[str, Any] = body or {}
     timeline = _timeline(streams, change_id)
     events = {e["eventId"]: e for st in streams.values() for e in st["events"]}
     decisions = []
@@ -754,9 +836,9 @@ def _change_report(demo: _Demo, streams: dict[str, dict[str, Any]]) -> dict[str,
                 }
             )
     releases = []
-    for release in shard.releases(change_id=change_id):
-        deployed = lifecycle.apps.root / s.project_id / release.app_name
-        generation_file = deployed / f"generation-{release.generation}.json"
+    for release in read.get("releases", []):
+        deployed = lifecycle.apps.root / s.project_id / release["appName"]
+        generation_file = deployed / f"generation-{release['generation']}.json"
         files = (
             sorted(json.loads(generation_file.read_text(encoding="utf-8")))
             if generation_file.exists()
@@ -765,10 +847,10 @@ def _change_report(demo: _Demo, streams: dict[str, dict[str, Any]]) -> dict[str,
         live = deployed / "live.txt"
         releases.append(
             {
-                "id": release.release_id,
-                "status": release.status.value,
-                "generation": release.generation,
-                "app": release.app_name,
+                "id": release["releaseId"],
+                "status": release["status"],
+                "generation": release["generation"],
+                "app": release["appName"],
                 "deployedFiles": files,
                 "liveGeneration": live.read_text().strip() if live.exists() else None,
             }
@@ -776,8 +858,8 @@ def _change_report(demo: _Demo, streams: dict[str, dict[str, Any]]) -> dict[str,
     hits = lifecycle.indexer.project_index(s.project_id).search(SEARCH_WORD)
     return {
         "id": change_id,
-        "title": state.title if state else None,
-        "status": state.status if state else None,
+        "title": read.get("title"),
+        "status": read.get("status"),
         "clientRequestId": s.client_request_id,
         "repeat": (
             {"changeId": demo.repeat.change_id, "created": demo.repeat.created}
@@ -788,21 +870,21 @@ def _change_report(demo: _Demo, streams: dict[str, dict[str, Any]]) -> dict[str,
         "timeline": timeline,
         "tasks": [
             {
-                "taskId": t.task_id,
-                "agent": t.agent_id,
-                "dependsOn": list(t.depends_on),
-                "status": t.status.value,
+                "taskId": t["taskId"],
+                "agent": t["agentId"],
+                "dependsOn": t["dependsOn"],
+                "status": t["status"],
             }
-            for t in shard.tasks_of_change(change_id)
+            for t in read.get("tasks", [])
         ],
         "candidates": [
             {
-                "id": c.candidate_id,
-                "baseGeneration": c.base_generation,
-                "status": c.status.value,
-                "paths": list(c.paths),
+                "id": c["candidateId"],
+                "baseGeneration": c["baseGeneration"],
+                "status": c["status"],
+                "paths": c["paths"],
             }
-            for c in shard.candidates(change_id=change_id)
+            for c in read.get("candidates", [])
         ],
         "clefFlash": decisions,
         "canonicalGeneration": lifecycle.world.canonical_generation(s.project_id),
@@ -1081,14 +1163,20 @@ async def run_demo(root: Path, sample_path: Path, out: TextIO = sys.stdout) -> d
             stack.s3.client().create_bucket(Bucket=settings.evidence_bucket)
             demo.say(f"local stack: nats {stack.nats.url}  s3 {stack.s3.endpoint_url}")
             demo.say(f"streams created: {', '.join(streams_report.created)}")
-            try:
-                await demo.run(api_token)
-            except (_StepError, RhumbatronError) as exc:
-                demo.problems.append(f"{type(exc).__name__}: {exc}")
-                demo.say(f"STOPPED: {exc}")
-            demo.say("\n== 5. sweep: archive, analytics, lag")
-            swept = await _sweep(app, sample.project_id)
-            streams = await read_streams(stack.nats.url)
+            async with _serve_api(settings, api_token, app.alarms) as (url, api):
+                demo.say(
+                    f"API: uvicorn on {url}, a static bearer token of tenant {sample.tenant} "
+                    f"with {', '.join(_API_SCOPES)} (api_tokens)"
+                )
+                try:
+                    await demo.run(api)
+                except (_StepError, RhumbatronError) as exc:
+                    demo.problems.append(f"{type(exc).__name__}: {exc}")
+                    demo.say(f"STOPPED: {exc}")
+                demo.say("\n== 5. sweep: archive, analytics, lag; the Change read back")
+                swept = await _sweep(app, sample.project_id)
+                streams = await read_streams(stack.nats.url)
+                change_body = await demo.read_back(api)
             outbox, publish_order = _outbox(app)
             summary: dict[str, Any] = {
                 "project": {
@@ -1102,9 +1190,9 @@ async def run_demo(root: Path, sample_path: Path, out: TextIO = sys.stdout) -> d
                 "commands": await _commands(app),
                 "duplicatesDropped": _duplicates(demo),
                 "deadLetters": _dead_letters(app),
-                "apiCalls": demo.api_calls,
+                "apiCalls": api.calls,
                 **swept,
-                "change": _change_report(demo, streams),
+                "change": _change_report(demo, streams, change_body),
             }
         finally:
             await app.close()

@@ -1,10 +1,11 @@
 """``make demo``: the whole Change lifecycle of the sample project on the embedded default
 (nats-server and moto's S3 on loopback, SQLite actor files), run once for this module.
 
-Provisioning with a dead-letter round trip through the HTTP API, a Change of four Tasks where
-two agents overlap on a resource prefix (Clef-flash abstains without a key, and wakes), a
-verified Candidate, promotion, canonical advanced, the index built, the release completed —
-then the summary it prints and writes."""
+Provisioning through the HTTP API with a dead-letter round trip through it, a Change of four
+Tasks requested and approved through it, where two agents overlap on a resource prefix
+(Clef-flash abstains without a key, and wakes), a verified Candidate, promotion, canonical
+advanced, the index built, the release completed, the Change read back over HTTP — then the
+summary it prints and writes."""
 
 from __future__ import annotations
 
@@ -99,9 +100,20 @@ def test_the_change_moves_through_its_states_in_order(demo: Demo) -> None:
 def test_a_repeated_change_request_returns_the_first_change(demo: Demo) -> None:
     summary, _, printed = demo
     change = summary["change"]
+    path = "/projects/acme-shop/changes"
+    # THEN the first request created the Change (201); the repeat answered it again (200)
     assert change["clientRequestId"] == SAMPLE["change"]["clientRequestId"]
     assert change["repeat"] == {"changeId": change["id"], "created": False}
-    assert f"the same request again: {change['id']}, created=false" in printed
+    requests = [c for c in summary["apiCalls"] if c["path"] == path]
+    assert requests == [
+        {"method": "POST", "path": path, "status": 201},
+        {"method": "POST", "path": path, "status": 200},
+    ]
+    assert (
+        f"POST {path} -> 201: created {change['id']} (client request "
+        f"{SAMPLE['change']['clientRequestId']}), open, 4 tasks"
+    ) in printed
+    assert f"POST {path} -> 200 (the same request again): {change['id']}, created=false" in printed
 
 
 def test_the_change_timeline_holds_its_facts_in_time_order_with_timings(demo: Demo) -> None:
@@ -133,6 +145,12 @@ def test_the_change_timeline_holds_its_facts_in_time_order_with_timings(demo: De
 def test_the_change_has_four_tasks_with_dependencies_all_completed(demo: Demo) -> None:
     summary, _, _ = demo
     change = summary["change"]
+    # The API (read back at the end) names each Task, and each it depends on, qualified by
+    # its Change; as the sample names them, they are the sample's graph.
+    qualified = [t["taskId"] for t in change["tasks"]] + [
+        d for t in change["tasks"] for d in t["dependsOn"]
+    ]
+    assert all(i.startswith(f"{change['id']}.") for i in qualified)
     tasks = {
         _task_id(change["id"], t["taskId"]): (
             t["agent"],
@@ -220,7 +238,7 @@ def test_the_demo_retries_through_the_http_api_and_a_double_click_sends_nothing(
     demo: Demo,
 ) -> None:
     summary, _, printed = demo
-    assert summary["apiCalls"] == [
+    assert [c for c in summary["apiCalls"] if c["path"].startswith("/dead-letters")] == [
         {"method": "GET", "path": "/dead-letters", "status": 200},
         {"method": "GET", "path": f"/dead-letters/{LETTER_ID}", "status": 200},
         {"method": "POST", "path": f"/dead-letters/{LETTER_ID}/retry", "status": 200},
@@ -234,6 +252,48 @@ def test_the_demo_retries_through_the_http_api_and_a_double_click_sends_nothing(
     assert (
         f"POST /dead-letters/{LETTER_ID}/retry -> 200 (a double click): sent=false, already "
         "retried as attempt 2"
+    ) in printed
+
+
+# --------------------------------------------------------------------------- the HTTP API
+
+
+def test_the_demo_drives_the_whole_lifecycle_through_the_http_api(demo: Demo) -> None:
+    summary, _, printed = demo
+    change_id = summary["change"]["id"]
+    change = f"/projects/acme-shop/changes/{change_id}"
+    # THEN every user action is an HTTP call, in the lifecycle's order, each answered as the
+    # API documents it: queued commands 202, the Change created 201 then found again 200
+    assert summary["apiCalls"] == [
+        {"method": "POST", "path": "/projects", "status": 202},
+        {"method": "POST", "path": "/projects/acme-shop/apps", "status": 202},
+        {"method": "GET", "path": "/dead-letters", "status": 200},
+        {"method": "GET", "path": f"/dead-letters/{LETTER_ID}", "status": 200},
+        {"method": "POST", "path": f"/dead-letters/{LETTER_ID}/retry", "status": 200},
+        {"method": "POST", "path": f"/dead-letters/{LETTER_ID}/retry", "status": 200},
+        {"method": "GET", "path": f"/dead-letters/{LETTER_ID}", "status": 200},
+        {"method": "POST", "path": "/projects/acme-shop/changes", "status": 201},
+        {"method": "POST", "path": "/projects/acme-shop/changes", "status": 200},
+        {"method": "POST", "path": f"{change}/approve", "status": 200},
+        {"method": "GET", "path": change, "status": 200},
+    ]
+    # AND the commands the API queued are the ones the demo follows (and resends)
+    assert (
+        "POST /projects -> 202: project.provision "
+        f"{project_command_id('acme-shop')} on integration, duplicate=false"
+    ) in printed
+    assert (
+        f"POST /projects/acme-shop/apps -> 202: app.provision {APP_COMMAND} on integration, "
+        "duplicate=false"
+    ) in printed
+    # AND the approval promoted the verified Candidate; the read-back is the summary's Change
+    (candidate,) = summary["change"]["candidates"]
+    assert (
+        f"POST {change}/approve -> 200: candidate {candidate['id']} (base generation 0) promoted"
+    ) in printed
+    assert (
+        f"GET {change} -> 200: completed; tasks completed 4; candidates promoted 1; "
+        "releases completed 1"
     ) in printed
 
 
@@ -346,13 +406,15 @@ def test_the_router_applies_every_event_and_leaves_every_consumer_at_lag_0(demo:
 def test_the_demo_prints_each_step_in_order(demo: Demo) -> None:
     _, _, printed = demo
     steps = [
+        "API: uvicorn on http://127.0.0.1:",
         "== 1. provision project acme-shop (tenant acme) and app storefront",
-        f"command: app.provision {APP_COMMAND} on integration: sent",
+        "POST /projects -> 202: project.provision ",
+        "project acme-shop created; tenant acme",
+        f"POST /projects/acme-shop/apps -> 202: app.provision {APP_COMMAND}",
         "integration: 4 deliveries (1 + 3 retries), 0 s apart in this demo "
         "(queue_retry_delay_s); deployed 30 s apart (QUEUE_CONSUMERS)",
         f"dead-letter consumer: letter {LETTER_ID} recorded",
         "== 2. dead-letter round trip through the operator API",
-        "operator API: uvicorn on http://127.0.0.1:",
         "GET /dead-letters?queue=integration -> 200: 1 open letter(s)",
         f"    id       {LETTER_ID}",
         '    payload  {"appName": "storefront"}',
@@ -361,11 +423,15 @@ def test_the_demo_prints_each_step_in_order(demo: Demo) -> None:
         f"GET /dead-letters/{LETTER_ID} -> 200: closed, resolution succeeded",
         "== 3. a Change of 4 Tasks: 'Gift cards at checkout'",
         "  tsk-docs       builder-b  Document gift cards after tsk-checkout, tsk-payments",
+        "POST /projects/acme-shop/changes -> 201: created ",
+        "POST /projects/acme-shop/changes -> 200 (the same request again): ",
         ": awaiting_approval",
         "== 4. approve, promote, index, release",
+        "/approve -> 200: candidate ",
         "canonical generation 1; index ready at generation 1",
         ": completed",
-        "== 5. sweep: archive, analytics, lag",
+        "== 5. sweep: archive, analytics, lag; the Change read back",
+        "GET /projects/acme-shop/changes/",
         "== summary",
         "events per stream and type:",
         "duplicates dropped: changeRequests 1, commandResends 1, ",

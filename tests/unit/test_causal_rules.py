@@ -84,6 +84,13 @@ def test_an_informational_type_takes_no_action() -> None:
     assert plan_for(event, World(), now=NOW).commands == []
 
 
+def test_a_planned_change_is_dispatched_so_its_first_ready_tasks_get_their_wakes() -> None:
+    # GIVEN the fact that a Change's work graph was planned (its first Tasks are ready)
+    event = fact("change.planned", {"taskIds": ["t1", "t2"]}, change_id="c1")
+    # THEN the router asks the integration module to dispatch it, once per fact
+    assert kinds(World(), event) == [("change.dispatch", f"cmd_{event.event_id}_dispatch")]
+
+
 def test_task_completed_dispatches_newly_ready_tasks_once() -> None:
     event = fact("task.completed", {"agentId": "a1"}, change_id="c1", task_id="t1")
     assert kinds(World(ready={"c1"}), event) == [

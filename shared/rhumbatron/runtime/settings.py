@@ -290,6 +290,12 @@ class Settings(BaseSettings):
             raise ValueError("RHUMBATRON_API_TOKENS: " + "; ".join(problems))
         return data
 
+    @field_validator("api_jwt_secret", "api_jwt_public_key", "api_jwt_jwks_url", mode="before")
+    @classmethod
+    def _empty_key_source_is_unset(cls, value: object) -> object:
+        # A template parameter left blank arrives as "": it names no key source.
+        return None if value == "" else value
+
     @model_validator(mode="after")
     def _jwt_settings_complete(self) -> Self:
         if self.api_auth_mode != "jwt":
