@@ -173,7 +173,9 @@ async def run_up(
                 await app.ensure_streams()
                 stack.s3.client().create_bucket(Bucket=settings.evidence_bucket)
                 stop = asyncio.Event()
-                handle = UpHandle(app, bootstrap(settings, alarms=app.alarms), url, token, stats, stop)
+                handle = UpHandle(
+                    app, bootstrap(settings, alarms=app.alarms), url, token, stats, stop
+                )
                 async with _serving(handle, listener, port):
                     _announce(
                         handle, stack.nats.url, stack.s3.endpoint_url, schedule, out or sys.stdout
