@@ -258,7 +258,9 @@ class IntegrationModule:
         await self.dispatch(command.project_id, change_id)
         return None
 
-    async def dispatch(self, project_id: str, change_id: str) -> list[str]:
+    async def dispatch(
+        self, project_id: str, change_id: str, *, send_round: int | None = None
+    ) -> list[str]:
         shard = self.world.change_shard(project_id, change_id)
         change = shard.change_state(change_id)
         if change is None or change.status != ChangeStatus.OPEN.value:
@@ -280,7 +282,7 @@ class IntegrationModule:
                 task_id=task.task_id,
                 now=self.app.clock.now(),
                 payload={"agentId": task.planned_agent or "agent", "reason": "task_ready"},
-            ).model_copy(update={"attempt": 1 + freed})
+            ).model_copy(update={"attempt": send_round or 1 + freed})
             await self.sender.send(wake)
             woken.append(wake.command_id)
         return woken
@@ -401,7 +403,11 @@ class IntegrationModule:
                 )
                 waits_for_operator = False
             elif not any(t.active for t in tasks):
-                await self.dispatch(project_id, change_id)
+                # A settle re-drives wakes that were lost (sent, but never admitted): its own
+                # send round (the minute it was queued for) keeps JetStream from dropping
+                # them as repeats of the first ones, and a redelivered settle sends the same.
+                minute = int(command.created_at.timestamp() // 60)
+                await self.dispatch(project_id, change_id, send_round=minute)
         elif change.status == ChangeStatus.VERIFYING.value and not any(
             c.open for c in shard.candidates(change_id=change_id)
         ):
@@ -458,7 +464,9 @@ class IntegrationModule:
         release_id = str(command.payload.model_dump()["release_id"])
         release = shard.release(release_id) if release_id else None
         if release is None:
-            await self.start_release(project_id, change_id, caller)
+            # Started directly on the engine: the first release.start may sit in JetStream's
+            # duplicate window (2 h > 45 min), and the release ID makes the two meet anyway.
+            await self.start_release(project_id, change_id, caller, direct=True)
             return None
         if release.status is not ReleaseStatus.STARTED:
             shard.finish_release(
@@ -471,7 +479,7 @@ class IntegrationModule:
             if instance is not None and resume is not None:
                 await resume(release_id)
             elif instance is None:
-                await self.start_release(project_id, change_id, caller)
+                await self.start_release(project_id, change_id, caller, direct=True)
         elif instance.status is WorkflowStatus.failed:
             shard.finish_release(
                 caller,
@@ -483,9 +491,12 @@ class IntegrationModule:
             shard.finish_release(caller, release_id=release_id, outcome=ReleaseStatus.COMPLETED)
         return None
 
-    async def start_release(self, project_id: str, change_id: str, caller: Caller) -> str:
+    async def start_release(
+        self, project_id: str, change_id: str, caller: Caller, *, direct: bool = False
+    ) -> str:
         """Release the Change's promoted Candidate to the project's live app, or complete the
-        Change when the project has no live app (nothing to release)."""
+        Change when the project has no live app (nothing to release). ``direct`` starts the
+        workflow on the engine instead of sending ``release.start`` (recovery)."""
         shard = self.world.change_shard(project_id, change_id)
         # The generation this Change's Candidate became, not canonical's current one: a
         # recovery 45 minutes later (or a late canonical.advanced) may find canonical moved
@@ -517,6 +528,10 @@ class IntegrationModule:
                 "appName": apps[0],
             },
         )
+        if direct:
+            workflow, instance_id = workflow_start_for(start)
+            started = await self.engine.start(workflow, instance_id, workflow_input(start))
+            return "started_directly" if started.started else "already_started"
         sent = await self.sender.start_workflow(start)
         return sent.outcome
 

@@ -135,13 +135,16 @@ class ChangeRequests:
         candidate + expected generation, ``already_promoted`` on a repeat) and move the
         Change to ``releasing``. The router's ``canonical.advanced`` rule does the rest."""
         shard, change = self._awaiting(project_id, change_id)
-        promoted = [
-            c for c in shard.candidates(change_id=change_id) if c.status is CandidateStatus.PROMOTED
-        ]
-        if change.status == ChangeStatus.RELEASING.value or (
-            promoted and change.status in ("releasing", "completed")
-        ):
-            return promoted[-1] if promoted else shard.candidates(change_id=change_id)[-1]
+        if change.status in (ChangeStatus.RELEASING.value, ChangeStatus.COMPLETED.value):
+            # An approval repeated after the promotion: the answer is the promoted Candidate
+            # (still ``verified`` until the router's canonical.advanced effect marks it).
+            chosen = [
+                c
+                for c in shard.candidates(change_id=change_id)
+                if c.status in (CandidateStatus.PROMOTED, CandidateStatus.VERIFIED)
+            ]
+            if chosen:
+                return chosen[-1]
         if change.status != ChangeStatus.AWAITING_APPROVAL.value:
             raise DomainError(
                 f"change {change_id!r} is {change.status}; only a change awaiting approval "
