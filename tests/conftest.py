@@ -11,6 +11,7 @@ import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
@@ -21,6 +22,15 @@ from rhumbatron.runtime.settings import Settings, load_settings
 def nats_server(tmp_path: Path) -> Iterator[NatsServerProcess]:
     """A real nats-server with JetStream, its store in this test's temp dir."""
     server = NatsServerProcess(store_dir=tmp_path / "nats")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[S3ServerProcess]:
+    """One moto S3 server per test module; each test makes its own bucket on it."""
+    server = S3ServerProcess()
     server.start()
     yield server
     server.stop()

@@ -115,15 +115,6 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServerProcess]:
     server.kill()
 
 
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[S3ServerProcess]:
-    """One moto S3 server for the module; each test gets its own bucket on it."""
-    server = S3ServerProcess()
-    server.start()
-    yield server
-    server.stop()
-
-
 def lifecycle_settings(
     tmp_path: Path, nats: NatsServerProcess, s3: S3ServerProcess, **overrides: Any
 ) -> Settings:

@@ -60,7 +60,6 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(60)]
 
 # The idempotency module's fixtures, registered here under the same names.
 nats_server = support.nats_server
-s3_server = support.s3_server
 make_app = support.make_app
 
 PROJECT = "acme-shop"

@@ -16,7 +16,6 @@ import sqlite3
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
@@ -74,15 +73,6 @@ ANALYTICS = Subscription.ANALYTICS_PROJECTOR
 
 
 # --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[S3ServerProcess]:
-    """One moto S3 server for the module; every test makes its own bucket on it."""
-    server = S3ServerProcess()
-    server.start()
-    yield server
-    server.stop()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import gzip
 import hashlib
 import re
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -44,15 +44,6 @@ T0 = datetime(2024, 2, 28, 23, 59, 58, 250_000, tzinfo=UTC)
 
 
 # --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[S3ServerProcess]:
-    """One moto S3 server for the module; every test makes its own bucket on it."""
-    server = S3ServerProcess()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

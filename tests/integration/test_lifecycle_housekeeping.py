@@ -13,7 +13,7 @@ of the project is patched; moto's S3 server holds the archive the router's sweep
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -71,15 +71,6 @@ def minute_key(moment: datetime) -> str:
 
 
 # -- fixtures --------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[S3ServerProcess]:
-    """One moto S3 server for the module (the router's archive); a bucket per test."""
-    server = S3ServerProcess()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest_asyncio.fixture

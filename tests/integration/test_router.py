@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -79,14 +79,6 @@ def wakes(project_id: str, now: datetime, count: int) -> list[Event]:
         ctx.fact("agent.woke", {"agentId": f"agent-{i}"}, change_id=f"{project_id}-c", key=str(i))
         for i in range(count)
     ]
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[S3ServerProcess]:
-    server = S3ServerProcess()
-    server.start()
-    yield server
-    server.stop()
 
 
 AppFactory = Callable[..., Awaitable[Rhumbatron]]

@@ -71,15 +71,6 @@ def _project_on_stream(index: int) -> str:
 # -- fixtures --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[S3ServerProcess]:
-    """One moto S3 server for the module; every test gets its own bucket on it."""
-    server = S3ServerProcess()
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def bucket(s3_server: S3ServerProcess) -> str:
     name = f"evidence-{uuid.uuid4().hex[:16]}"

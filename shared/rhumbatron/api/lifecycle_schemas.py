@@ -29,6 +29,7 @@ from rhumbatron.domain.releases import ReleaseState, ReleaseStatus
 from rhumbatron.domain.tasks import TaskState, TaskStatus
 from rhumbatron.lifecycle.world import LocatedCandidate
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
+from rhumbatron.runtime.clock import parse_timestamp
 
 __all__ = [
     "AGENT_ID",
@@ -88,16 +89,6 @@ class _Wire(BaseModel):
     model_config = ConfigDict(
         frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
     )
-
-
-def _at(value: str | None) -> datetime | None:
-    """An actor row's ISO timestamp; empty or unreadable is None (the row says no time)."""
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -326,9 +317,9 @@ def _change_fields(project_id: str, change: ChangeState) -> dict[str, Any]:
         "title": change.title,
         "client_request_id": change.client_request_id,
         "requested_by": change.requested_by,
-        "created_at": _at(change.created_at),
-        "updated_at": _at(change.updated_at),
-        "promoted_at": _at(change.promoted_at),
+        "created_at": parse_timestamp(change.created_at),
+        "updated_at": parse_timestamp(change.updated_at),
+        "promoted_at": parse_timestamp(change.promoted_at),
     }
 
 

@@ -23,6 +23,7 @@ from rhumbatron.domain.project import project_admin_key
 from rhumbatron.domain.releases import ReleaseStatus, release_id_for
 from rhumbatron.indexing import CanonicalSnapshot, Document
 from rhumbatron.lifecycle.housekeeping import QuietChange, ReleasingChange
+from rhumbatron.runtime.clock import parse_timestamp
 
 if TYPE_CHECKING:
     from rhumbatron.indexing import Indexer
@@ -203,7 +204,7 @@ class LifecycleWorld:
         for project_id in self.project_ids():
             for shard in self.shards(project_id):
                 for change in shard.changes(statuses=(ChangeStatus.RELEASING.value,)):
-                    promoted = _parse(change.promoted_at)
+                    promoted = parse_timestamp(change.promoted_at)
                     if promoted is None or promoted >= promoted_before:
                         continue
                     releases = [
@@ -263,15 +264,6 @@ def _last_moved(shard: ResourceShard, change: ChangeState) -> datetime | None:
     rows = shard.connection.execute(
         "SELECT updated_at FROM tasks WHERE change_id = ?", (change.change_id,)
     )
-    moments = [_parse(change.updated_at), *(_parse(row[0]) for row in rows)]
+    moments = [parse_timestamp(change.updated_at), *(parse_timestamp(row[0]) for row in rows)]
     known = [m for m in moments if m is not None]
     return max(known) if known else None
-
-
-def _parse(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None

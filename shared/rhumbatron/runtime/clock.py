@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-__all__ = ["Clock", "ManualClock", "SystemClock", "utc_day"]
+__all__ = ["Clock", "ManualClock", "SystemClock", "parse_timestamp", "utc_day"]
 
 
 class Clock(Protocol):
@@ -56,3 +56,13 @@ class ManualClock:
 def utc_day(moment: datetime) -> str:
     """The UTC calendar day of ``moment`` as ``YYYY-MM-DD``: the unit of every daily cap."""
     return moment.astimezone(UTC).strftime("%Y-%m-%d")
+
+
+def parse_timestamp(value: str | None) -> datetime | None:
+    """A stored ISO-8601 timestamp; empty or unreadable is None (the row records no time)."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
