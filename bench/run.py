@@ -6,7 +6,10 @@
 (d) (a) and (b) again with nats-server at ``sync_interval: always``;
 (e) the event router's project-view-projector draining one stream, against a raw nats-py
     fetch + ack consumer and a FastStream batch pull subscriber doing the same work;
-(f) commit-to-view latency with the in-process nudge on, at a steady offered load.
+(f) commit-to-view latency with the in-process nudge on, at a steady offered load;
+(g) the command queues' runtime against a raw fetch + ack consumer (``bench/commands.py``);
+(h) cold starts: each Lambda function's handler module imported in a fresh interpreter, against
+    its limit (``bench/cold_start.py``), run first, before any nats-server starts.
 
 Each nats-server runs in a fresh temp dir on free loopback ports. Every measurement is warmed
 up, then repeated with the kinds interleaved (their order rotates each repeat); a figure is
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.cold_start import ColdStartOptions, cold_start_suite, format_cold_starts
 from bench.commands import CommandOptions, command_suite
 from bench.jetstream import (
     BenchError,
@@ -315,6 +319,9 @@ async def _main(options: Options, command: str) -> int:
     with tempfile.TemporaryDirectory(prefix="rhumbatron-bench-") as tmp:
         root = Path(tmp)
         machine = machine_info(root)
+        # First, on a machine no benchmark server loads yet: these are subprocess timings.
+        cold = cold_start_suite(ColdStartOptions(repeats=options.repeats), root / "cold", _log)
+        suites.append(Suite(figures=cold.figures, diagnostics=cold.diagnostics))
         _log(
             f"filling {options.projects} projects x {options.actors_per_project} actors x "
             f"{options.events_per_actor} events through actor transactions"
@@ -360,6 +367,8 @@ async def _main(options: Options, command: str) -> int:
     if router.latency is not None:
         print(format_latency(router.latency))
         print()
+    print(format_cold_starts(cold))
+    print()
     print(format_figures("diagnostic", diagnostics))
     if profile is not None:
         print()
@@ -394,6 +403,7 @@ async def _main(options: Options, command: str) -> int:
         "router_workload": router.workload.describe(),
         "router_latency": router.latency.as_json() if router.latency is not None else None,
         "router_latency_knee": [k.as_json() for k in router.knee],
+        "cold_starts": cold.as_json(),
         "figures": [f.as_json() for f in figures],
         "ratios": [r.as_json() for r in ratios],
         "diagnostics": [f.as_json() for f in diagnostics],

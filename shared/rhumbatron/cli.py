@@ -1,6 +1,6 @@
 """The ``rhumbatron`` command: ``demo``, ``up`` (the local stack, API and dashboard),
-``outbox`` (inspect, requeue), ``streams``, ``dead-letters`` (list, show, retry, dismiss) and
-``api`` (serve the operator API).
+``outbox`` (inspect, requeue), ``streams``, ``dead-letters`` (list, show, retry, dismiss),
+``kinds`` (the Event kind grammar) and ``api`` (serve the operator API).
 
 ``dead-letters`` acts on the local state directory and NATS (``RHUMBATRON_*`` settings)
 through the same operator functions as the HTTP API, as a platform operator: it sees every
@@ -365,6 +365,21 @@ def _print_inspection(inspection: Inspection) -> None:
         print("next: " + " | ".join(commands))
 
 
+# -- the kind grammar --------------------------------------------------------------------------
+
+
+def _kinds(args: argparse.Namespace) -> int:
+    """Print every Event kind: subject, whether it can trigger reactions, its payload."""
+    from rhumbatron.reactions.kinds import kinds_table, list_kinds
+
+    rows = list_kinds()
+    if args.json:
+        _print_json(rows)
+    else:
+        print(kinds_table(rows))
+    return 0
+
+
 # -- the operator API --------------------------------------------------------------------------
 
 
@@ -453,6 +468,11 @@ def _parser() -> argparse.ArgumentParser:
         action = actions.add_parser(name, parents=[json_flag], help=text)
         action.add_argument("id", help="the dead letter's ID (dl_...)")
 
+    kinds = sub.add_parser(
+        "kinds", help="list the Event kinds: subject, triggerable, owner, payload fields"
+    )
+    kinds.add_argument("--json", action="store_true", help="print the kinds as a JSON list")
+
     api = sub.add_parser("api", help="serve the operator HTTP API with uvicorn")
     api.add_argument("--host", default="127.0.0.1")
     api.add_argument("--port", type=int, default=8080)
@@ -500,6 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _outbox(args)
     if args.command == "dead-letters":
         return _dead_letters(args)
+    if args.command == "kinds":
+        return _kinds(args)
     if args.command == "api":
         return _api(args)
     if args.command == "invoke":

@@ -89,8 +89,8 @@ async def test_a_stream_with_another_duplicate_window_is_updated(
     js: JetStreamContext, settings: Settings
 ) -> None:
     # GIVEN streams made earlier with a 10-minute duplicate window
-    await ensure_streams(js, load_settings(state_dir=settings.state_dir, duplicate_window_s=600))
-    assert (await js.stream_info("EVENTS_05")).config.duplicate_window == 600
+    await ensure_streams(js, load_settings(state_dir=settings.state_dir, duplicate_window_s=1800))
+    assert (await js.stream_info("EVENTS_05")).config.duplicate_window == 1800
     # WHEN start-up ensures them with the default 2-hour window
     report = await ensure_streams(js, settings)
     # THEN each stream is updated in place, naming the difference

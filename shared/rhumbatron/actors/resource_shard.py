@@ -542,6 +542,35 @@ class ResourceShard(Actor):
 
         return self.transact(decide)
 
+    def record_promotion_refused(
+        self,
+        caller: Caller,
+        *,
+        change_id: str,
+        candidate_id: str,
+        expected_generation: int,
+        reason: str,
+    ) -> TransactResult:
+        """``decidePromotion`` refused the Candidate (canonical moved past its base):
+        ``promotion.rejected``, once per Candidate and expected generation. The Change does
+        not move: canonical.advanced sends it back to verifying and recomposes it."""
+
+        def decide(db: sqlite3.Connection) -> Transition:
+            fact = self._ctx(caller).fact(
+                "promotion.rejected",
+                {
+                    "candidateId": candidate_id,
+                    "expectedGeneration": expected_generation,
+                    "outcome": "rejected",
+                    "reason": reason[:1000],
+                },
+                change_id=change_id,
+                key=f"{candidate_id}:{expected_generation}",
+            )
+            return Transition(facts=(fact,))
+
+        return self.transact(decide)
+
     def start_release(
         self, caller: Caller, *, change_id: str, generation: int, candidate_id: str, app_name: str
     ) -> TransactResult:

@@ -37,6 +37,7 @@ from rhumbatron.api.errors import (
     install_error_handlers,
 )
 from rhumbatron.api.lifecycle_routes import lifecycle_router
+from rhumbatron.api.replay_routes import replay_router
 from rhumbatron.api.schemas import (
     DeadLetterDetail,
     DeadLetterPageBody,
@@ -322,6 +323,7 @@ def create_api(app: Rhumbatron, auth: Authenticator, *, manage_runtime: bool = T
     install_error_handlers(api)
     api.include_router(router)
     api.include_router(lifecycle_router(app, _principal, _streams_ready))
+    api.include_router(replay_router(app, _principal))
     return api
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "SCOPE_DEAD_LETTERS_WRITE",
     "SCOPE_PROJECTS_READ",
     "SCOPE_PROJECTS_WRITE",
+    "SCOPE_REPLAY_WRITE",
     "Authenticator",
     "JwtAuth",
     "Principal",
@@ -65,6 +66,8 @@ SCOPE_CHANGES_READ: Final = "changes:read"
 SCOPE_CHANGES_WRITE: Final = "changes:write"
 #: Register Agents, and report as an Agent on a Task (the agent callbacks).
 SCOPE_AGENTS_WRITE: Final = "agents:write"
+#: Replay a subscription from a stream point or the archive (a platform operator's scope).
+SCOPE_REPLAY_WRITE: Final = "replay:write"
 #: Every scope an operation can ask for (the settings' ApiScope literal holds the same).
 SCOPES: Final = frozenset(
     {
@@ -76,6 +79,7 @@ SCOPES: Final = frozenset(
         SCOPE_CHANGES_READ,
         SCOPE_CHANGES_WRITE,
         SCOPE_AGENTS_WRITE,
+        SCOPE_REPLAY_WRITE,
     }
 )
 

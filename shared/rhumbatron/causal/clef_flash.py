@@ -61,6 +61,7 @@ __all__ = [
     "ClefFlashDecision",
     "DecisionSource",
     "Verdict",
+    "calls_on",
 ]
 
 logger = logging.getLogger(__name__)
@@ -392,6 +393,18 @@ class ClefFlash:
             model=stored.model,
             point=point,
         )
+
+
+def calls_on(store: CausalStore, day: str) -> int:
+    """Model calls counted on UTC ``day`` over every cap scope (the dashboards' calls per day:
+    the sweep records it each tick as ``clef_flash_calls_today``)."""
+    # In a transaction, for the store's lock: the process's threads share its connection, and
+    # a bare read between another thread's BEGIN and COMMIT would count its uncommitted call.
+    with store.transaction() as connection:
+        row = connection.execute(
+            "SELECT COALESCE(SUM(calls), 0) FROM clef_flash_calls WHERE day = ?", (day,)
+        ).fetchone()
+    return int(row[0])
 
 
 def _prompt(event: Event, agent_id: str, agent_resources: Sequence[str]) -> str:

@@ -12,32 +12,36 @@ router nudge, sweep) it keeps, between invocations:
 
 Lambda handlers are synchronous: each role's ``handle`` validates its event here
 (:func:`validate_event`), takes a :func:`deadline` from the context's remaining time, and
-runs one coroutine on the process's loop after :func:`prepare`.
+runs one coroutine on the process's loop after :func:`prepare`. What a role counts about its
+run for the dashboards it records with :func:`record_metrics`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from rhumbatron.errors import EnvelopeError
+from rhumbatron.errors import EnvelopeError, RhumbatronError
 from rhumbatron.runtime import event_loop
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
+    from rhumbatron.metrics import DataPoint
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [
     "InvocationContext",
     "deadline",
     "prepare",
+    "record_metrics",
     "reset_for_tests",
     "runtime",
     "stopper",
@@ -180,3 +184,25 @@ async def _revive(nc: NATS, timeout_s: float) -> None:
     until = loop.time() + timeout_s
     while not nc.is_connected and loop.time() < until:
         await asyncio.sleep(0.05)
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+
+def record_metrics(app: Rhumbatron, points: Sequence[DataPoint], *, what: str) -> None:
+    """Record ``points`` as METRICS (rows in the product database, then EMF lines), after the
+    work they count is done; ``what`` names them in the log.
+
+    A failure to record (the product database busy past its timeout, EFS unwell) is logged,
+    not raised: the commands are settled and the rows published, and an invocation that
+    failed for its metrics would only be retried for nothing. The sweep records its own
+    points strictly instead: its heartbeat missing is what the heartbeat alarm is for.
+    """
+    if not points:
+        return
+    from rhumbatron.metrics import MetricsRecorder
+
+    try:
+        MetricsRecorder(app.product().connection, app.metrics_sink, app.clock).record(points)
+    except (RhumbatronError, sqlite3.Error, OSError) as exc:
+        _log.warning("cannot record %s metrics: %s: %s", what, type(exc).__name__, exc)

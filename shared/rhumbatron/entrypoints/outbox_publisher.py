@@ -29,6 +29,7 @@ from rhumbatron.entrypoints._lambda import (
     InvocationContext,
     deadline,
     prepare,
+    record_metrics,
     reset_for_tests,
     runtime,
     stopper,
@@ -124,12 +125,16 @@ async def _handle(
     invocation: FireAlarm | ScheduledJob,
     should_stop: Callable[[], bool] | None,
 ) -> dict[str, Any]:
+    from rhumbatron.metrics import publish_error_points
+
     await prepare(app)
     if isinstance(invocation, FireAlarm):
         report = await app.fire_alarm(invocation.actor, should_stop=should_stop)
+        record_metrics(app, publish_error_points([report]), what="publish error")
         return _summary("fire_alarm", [report], stopped_early=False, actors_left=0)
     scan = await app.fire_due_alarms(should_stop=should_stop, rotate=True)
     reports, left = scan.reports, scan.actors_left
+    record_metrics(app, publish_error_points(reports), what="publish error")
     if left:
         _log.warning(
             "fire_due_alarms stopped before the Lambda's time ran out; %d actors not examined "

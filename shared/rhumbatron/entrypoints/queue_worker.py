@@ -16,7 +16,9 @@ Each named queue is polled — the lifecycle's handler of the queue
 :meth:`~rhumbatron.messaging.queue_consumer.QueueConsumerRuntime.poll`, with the batch size,
 concurrency, retries and delays of its ``QUEUE_CONSUMERS`` row, until the queue is empty or
 the Lambda's time is nearly up. The queues of one invocation are polled side by side, each
-with its own workers, so a long integration batch does not hold up verification.
+with its own workers, so a long integration batch does not hold up verification. Each poll's
+settled commands are recorded per outcome (``commands_handled``, the dashboards' commands per
+queue).
 
 The process's runtime, NATS connection and event loop are built once per warm container
 and shared with the other roles (:mod:`rhumbatron.entrypoints._lambda`).
@@ -35,13 +37,13 @@ from rhumbatron.entrypoints._lambda import (
     InvocationContext,
     deadline,
     prepare,
+    record_metrics,
     reset_for_tests,
     runtime,
     stopper,
     validate_event,
 )
 from rhumbatron.errors import EnvelopeError
-from rhumbatron.messaging.commands import DEAD_LETTER_QUEUE, QUEUE_CONSUMERS
 from rhumbatron.runtime import event_loop
 
 if TYPE_CHECKING:
@@ -69,6 +71,10 @@ _SHAPES = (
 
 
 def _known_queue(queue: str) -> str:
+    # Imported here: the queue table pulls in the whole message registry, which a cold
+    # start should not pay for before the first event arrives.
+    from rhumbatron.messaging.commands import QUEUE_CONSUMERS
+
     if queue not in QUEUE_CONSUMERS:
         raise ValueError(f"unknown queue {queue!r}; queues are {', '.join(QUEUE_CONSUMERS)}")
     return queue
@@ -193,6 +199,8 @@ async def _poll(
 ) -> dict[str, Any]:
     """Poll one queue; a failure (NATS gone midway, a consumer that cannot be created) is
     this queue's outcome, not its siblings': their handlers keep running to their acks."""
+    from rhumbatron.messaging.commands import DEAD_LETTER_QUEUE
+
     try:
         runtime_ = await app.queue_runtime()
         if queue == DEAD_LETTER_QUEUE:
@@ -210,6 +218,9 @@ async def _poll(
         from rhumbatron.messaging.queue_consumer import PollReport
 
         return poll_summary(PollReport(queue), error=f"{type(exc).__name__}: {exc}")
+    from rhumbatron.metrics import commands_handled_points
+
+    record_metrics(app, commands_handled_points(report), what=f"{queue} commands")
     return poll_summary(report)
 
 

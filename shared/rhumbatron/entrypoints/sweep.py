@@ -8,7 +8,10 @@ analytics batch on an ordinary tick), the daily maintenance at 04:17 UTC, and ev
 consumer's lag and the outbox backlog into the metrics — which also go out as CloudWatch EMF
 lines when ``RHUMBATRON_METRICS_EMF`` is on (the template turns it on). The router's role
 also drains the dead-letter queue into ``dead_letters`` each tick, and on the 5-minute
-(release-sweep) ticks closes the command letters of ended Changes.
+(release-sweep) ticks closes the command letters of ended Changes. At its end every tick
+records the open dead letters per queue and kind, the day's Clef-flash calls, the
+dead-letter poll's commands and a heartbeat (``sweep_heartbeat``, which the template's
+heartbeat alarm watches; :mod:`rhumbatron.metrics.operational`).
 
 The sweep is the router's correctness path: with every nudge lost, each event is still
 applied within 8 minutes. A tick must end within its minute, so the run stops fetching
@@ -36,10 +39,10 @@ from rhumbatron.entrypoints._lambda import (
     stopper,
     validate_event,
 )
-from rhumbatron.entrypoints.router_nudge import run_summary
 from rhumbatron.runtime import event_loop
 
 if TYPE_CHECKING:
+    from rhumbatron.messaging.queue_consumer import PollReport
     from rhumbatron.router.event_router import SweepReport
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
@@ -135,6 +138,7 @@ async def _handle(
             "sweep of stream %d ran out of time; records left wait for its next tick",
             report.run.stream_index,
         )
+    open_letters, clef_flash_calls = _record_tick_metrics(app, letters)
     return {
         "job": "sweep",
         **sweep_summary(report),
@@ -151,12 +155,49 @@ async def _handle(
             "failed": dict(housekeeping.failed),
         },
         "workflows_resumed": resumed,
+        "dead_letters_open": open_letters,
+        "clef_flash_calls_today": clef_flash_calls,
         "out_of_time": out_of_time,
     }
 
 
+def _record_tick_metrics(app: Rhumbatron, letters: PollReport) -> tuple[int, int]:
+    """Record the tick's own METRICS points; return the open letters and today's Clef-flash
+    calls.
+
+    Strict, unlike the other roles' :func:`~rhumbatron.entrypoints._lambda.record_metrics`: a
+    tick that cannot write the product database fails, and its missing heartbeat is what
+    the heartbeat alarm is for.
+    """
+    from rhumbatron.causal.clef_flash import calls_on
+    from rhumbatron.metrics import (
+        MetricsRecorder,
+        clef_flash_calls_point,
+        commands_handled_points,
+        dead_letters_open_points,
+        sweep_heartbeat_point,
+    )
+    from rhumbatron.queues.dead_letter import open_letter_counts
+    from rhumbatron.runtime.clock import utc_day
+
+    counts = open_letter_counts(app.product().connection)
+    calls = calls_on(app.lifecycle().causal_store, utc_day(app.clock.now()))
+    points = [
+        *dead_letters_open_points(counts),
+        clef_flash_calls_point(calls),
+        *commands_handled_points(letters),
+        sweep_heartbeat_point(),
+    ]
+    MetricsRecorder(app.product().connection, app.metrics_sink, app.clock).record(points)
+    return sum(counts.values()), calls
+
+
 def sweep_summary(report: SweepReport) -> dict[str, Any]:
     """A sweep tick as JSON-able data: the run, the tick's kind and its housekeeping."""
+    # Imported here: the nudge role's module reads the stream count from the settings module,
+    # whose pydantic-settings import the sweep's cold start need not pay before its first tick.
+    from rhumbatron.entrypoints.router_nudge import run_summary
+
     return {
         **run_summary(report.run),
         "minute_of_day": report.minute_of_day,

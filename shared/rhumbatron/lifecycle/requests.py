@@ -165,6 +165,13 @@ class ChangeRequests:
                 change_ids=(change_id,),
             )
         except DomainError as exc:
+            shard.record_promotion_refused(
+                caller,
+                change_id=change_id,
+                candidate_id=candidate.candidate_id,
+                expected_generation=candidate.base_generation,
+                reason=str(exc),
+            )
             raise PromotionConflictError(str(exc)) from exc
         shard.record_promotion(
             caller,

@@ -21,12 +21,11 @@ from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import ChangeState, ChangeStatus
 from rhumbatron.domain.project import project_admin_key
 from rhumbatron.domain.releases import ReleaseStatus, release_id_for
-from rhumbatron.indexing import CanonicalSnapshot, Document
 from rhumbatron.lifecycle.housekeeping import QuietChange, ReleasingChange
 from rhumbatron.runtime.clock import parse_timestamp
 
 if TYPE_CHECKING:
-    from rhumbatron.indexing import Indexer
+    from rhumbatron.indexing import CanonicalSnapshot, Indexer
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = ["LifecycleWorld", "LocatedCandidate"]
@@ -144,6 +143,10 @@ class LifecycleWorld:
     def canonical_snapshot(self, project_id: str) -> CanonicalSnapshot | None:
         """The canonical files: every promoted Candidate's changesets applied in generation
         order (a later generation's file replaces an earlier one's)."""
+        # Imported here: the indexing package brings the queue consumer runtime, which the
+        # operator API's cold start does not need.
+        from rhumbatron.indexing import CanonicalSnapshot, Document
+
         if not self.project_exists(project_id):
             return None
         root = self.app.project_root(project_id)

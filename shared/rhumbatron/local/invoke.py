@@ -61,10 +61,11 @@ import importlib.machinery
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import tomllib
 import traceback
@@ -1112,12 +1113,48 @@ def _parameter(text: str) -> tuple[str, str]:
     return name, value
 
 
+#: What ends ``--keep-stack``: Ctrl-C, and the SIGTERM a script or a process manager sends
+#: (left to its default, SIGTERM would kill the command and orphan its nats-server).
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _wait_for_interrupt(target: LocalTarget, say: Callable[[str], None]) -> None:
-    # Ready for the Ctrl-C before saying so: a script may send it as soon as it reads the line.
-    with contextlib.suppress(KeyboardInterrupt):
-        say(
-            f"the stack keeps running until Ctrl-C; invoke again against it with --nats-url "
-            f"{target.nats_url} --s3-endpoint-url {target.s3_endpoint_url}"
-        )
-        sys.stderr.flush()
-        threading.Event().wait()
+    """Block until SIGINT or SIGTERM, then return so that the caller stops the stack.
+
+    Not ``threading.Event().wait()`` under ``KeyboardInterrupt``: the kernel gives a signal
+    sent to the process to any of its threads, and when moto's server thread takes it the
+    main thread's lock wait is not interrupted, so Python never runs the handler and the
+    command waits forever with the stack up. Python writes every handled signal's number to
+    the wakeup fd from whichever thread took it, so a read of that fd wakes the main thread
+    every time. The handlers are set here rather than relied upon: a process a shell starts
+    in the background inherits SIGINT ignored, and Python then installs none.
+    """
+    previous = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+    stops = {int(sig) for sig in _STOP_SIGNALS}
+    reader, writer = socket.socketpair()
+    with reader, writer:
+        writer.setblocking(False)  # the C-level handler writes to it: it must never block
+        old_wakeup_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        try:
+            for sig in _STOP_SIGNALS:
+                signal.signal(sig, _signal_is_on_the_wakeup_fd)
+            # Ready for the signal before saying so: a script may send it once it reads this.
+            say(
+                f"the stack keeps running until Ctrl-C; invoke again against it with "
+                f"--nats-url {target.nats_url} --s3-endpoint-url {target.s3_endpoint_url}"
+            )
+            sys.stderr.flush()
+            received: set[int] = set()
+            while not received & stops:
+                received = set(reader.recv(64))
+            say(f"{signal.Signals(min(received & stops)).name}: stopping the stack")
+        finally:
+            for sig, handler in previous.items():
+                # None: a handler set outside Python, which cannot be put back; the default is.
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+            signal.set_wakeup_fd(old_wakeup_fd)
+
+
+def _signal_is_on_the_wakeup_fd(signum: int, frame: object) -> None:
+    """Nothing to do: that Python has a handler for ``signum`` is what makes it write the
+    signal to the wakeup fd, which :func:`_wait_for_interrupt` reads."""

@@ -4,6 +4,7 @@
 * :mod:`~rhumbatron.metrics.emf`: sinks; :class:`EmfSink` writes CloudWatch EMF lines.
 * :mod:`~rhumbatron.metrics.analytics`: lifecycle Event type → metric name.
 * :mod:`~rhumbatron.metrics.recorder`: the ``METRICS`` recorder and the analytics write path.
+* :mod:`~rhumbatron.metrics.operational`: the points the CloudWatch dashboard and alarms read.
 
 Powertools is imported only when an :class:`EmfSink` first emits.
 """
@@ -12,6 +13,20 @@ from __future__ import annotations
 
 from rhumbatron.metrics.analytics import ANALYTICS_METRICS, analytics_point
 from rhumbatron.metrics.emf import EmfSink, MetricsSink, NoEmf, RecordingSink
+from rhumbatron.metrics.operational import (
+    CLEF_FLASH_CALLS_TODAY_METRIC,
+    COMMAND_OUTCOMES,
+    COMMANDS_HANDLED_METRIC,
+    DEAD_LETTERS_OPEN_METRIC,
+    PUBLISH_ERROR_KINDS,
+    PUBLISH_ERRORS_METRIC,
+    SWEEP_HEARTBEAT_METRIC,
+    clef_flash_calls_point,
+    commands_handled_points,
+    dead_letters_open_points,
+    publish_error_points,
+    sweep_heartbeat_point,
+)
 from rhumbatron.metrics.platform_metrics import (
     CLOUDWATCH_UNITS,
     MAX_DIMENSIONS,
@@ -32,10 +47,17 @@ from rhumbatron.metrics.recorder import (
 
 __all__ = [
     "ANALYTICS_METRICS",
+    "CLEF_FLASH_CALLS_TODAY_METRIC",
     "CLOUDWATCH_UNITS",
+    "COMMANDS_HANDLED_METRIC",
+    "COMMAND_OUTCOMES",
+    "DEAD_LETTERS_OPEN_METRIC",
     "EVENT_METRICS_PER_TICK",
     "MAX_DIMENSIONS",
     "PLATFORM_METRICS_SCHEMA",
+    "PUBLISH_ERRORS_METRIC",
+    "PUBLISH_ERROR_KINDS",
+    "SWEEP_HEARTBEAT_METRIC",
     "DataPoint",
     "EmfSink",
     "MetricBinding",
@@ -45,9 +67,14 @@ __all__ = [
     "RecordingSink",
     "StoredPoint",
     "analytics_point",
+    "clef_flash_calls_point",
+    "commands_handled_points",
+    "dead_letters_open_points",
     "insert_points",
     "metric_counts",
+    "publish_error_points",
     "recent_points",
     "record_event_points",
+    "sweep_heartbeat_point",
     "write_points",
 ]

@@ -20,6 +20,9 @@ after the 5th delivery.
 
 Closure: the 5-minute sweep closes the open command letters of ended Changes (resolution
 ``ended``), and a completed ``change.settle`` closes those of its Change (``superseded``).
+
+Every sweep tick also counts the open letters per queue and kind
+(:func:`open_letter_counts`) for the dashboards and the open-dead-letters alarm.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ from rhumbatron.messaging.commands import (
     DELIVERIES_HEADER,
     LAST_ERROR_HEADER,
     ORIGIN_QUEUE_HEADER,
+    QUEUE_CONSUMERS,
 )
+from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.product.dead_letters import (
     Resolution,
@@ -58,6 +63,7 @@ __all__ = [
     "DEAD_LETTER_ACTOR",
     "DeadLetterConsumer",
     "close_letters_of_ended_changes",
+    "open_letter_counts",
     "record_undecodable_command",
     "run_dead_letter_consumer",
     "supersede_letters_of_change",
@@ -270,6 +276,30 @@ def close_letters_of_ended_changes(app: Rhumbatron, *, now_s: float, limit: int 
         for change_id in ended:
             closed += close_dead_letters_of_change(db, change_id, Resolution.ENDED, now_s=now_s)
     return closed
+
+
+def open_letter_counts(connection: sqlite3.Connection) -> dict[tuple[str, str], int]:
+    """Open letters per ``(queue, kind)``, with a zero for every pair that can have letters.
+
+    A command letter's queue is the queue its command failed on; a poison-event letter has
+    none, and the subscription that gave up on the event stands in for it (as on the local
+    dashboard). The zeros cover the queues that move their failures here and the four
+    subscriptions, so a graph or an alarm reads "none open" rather than "no data"; a pair
+    outside them (an undecodable body from another queue) appears when it has letters.
+    """
+    counts = {
+        (queue, "command"): 0
+        for queue, row in QUEUE_CONSUMERS.items()
+        if row.dead_letter_queue == DEAD_LETTER_QUEUE
+    }
+    counts.update({(subscription.value, "poison_event"): 0 for subscription in Subscription})
+    rows = connection.execute(
+        "SELECT COALESCE(queue, consumer, '-'), kind, COUNT(*) FROM dead_letters "
+        "WHERE status = 'open' GROUP BY 1, 2"
+    ).fetchall()
+    for queue, kind, count in rows:
+        counts[(str(queue), str(kind))] = int(count)
+    return counts
 
 
 def _change_status(app: Rhumbatron, project_id: str, change_id: str) -> str | None:

@@ -42,6 +42,7 @@ ApiScope = Literal[
     "changes:read",
     "changes:write",
     "agents:write",
+    "replay:write",
 ]
 #: A grant's tenant that sees every tenant's records (a platform operator: letters of
 #: commands such as forks.sweep carry no tenant).
@@ -446,42 +447,35 @@ class Settings(BaseSettings):
                 raise ValueError(f"stream indexes {bad} are outside 0..{EVENT_STREAM_COUNT - 1}")
         return value
 
+    # -- retention fit --- (rhumbatron.runtime.retention: every window against the others) ----
+    max_consumer_lag_s: float = Field(
+        default=86_400.0,
+        gt=0,
+        description="The largest lag a consumer may have (the lag SLO, spec EO4). One day: long "
+        "enough to notice a lag on the dashboards and raise a ceiling (docs/operations.md), short "
+        "enough to leave most of the 7-day event stream to replays. At least the sweep's "
+        "8-minute round of the streams; the event streams must keep events longer than this "
+        "plus replay_window_days.",
+    )
+    replay_window_days: float = Field(
+        default=5,
+        gt=0,
+        description="How far back a consumer's cursor may be rewound (replay, spec EO4). Five "
+        "days: what the 7-day event stream leaves after the 1-day lag, less a day's margin for "
+        "the replay itself to run (the stream must exceed lag + window, not equal it). The "
+        "archive keeps its objects at least this long.",
+    )
+
     @model_validator(mode="after")
     def _retention_windows_fit(self) -> Self:
-        """The retention windows must nest (DESIGN §6): a dedupe window longer than the
-        stream keeps messages would promise dedupe of messages that are gone."""
-        stream_s = self.event_stream_max_age_days * 86_400
-        commands_s = self.command_stream_max_age_days * 86_400
-        if self.duplicate_window_s > min(stream_s, commands_s):
-            raise ValueError(
-                f"duplicate_window_s={self.duplicate_window_s} is longer than a stream keeps "
-                f"messages (event_stream_max_age_days={self.event_stream_max_age_days}, "
-                f"command_stream_max_age_days={self.command_stream_max_age_days})"
-            )
-        if self.outbox_published_retention_days < self.event_stream_max_age_days:
-            raise ValueError(
-                f"outbox_published_retention_days={self.outbox_published_retention_days} is "
-                f"shorter than event_stream_max_age_days={self.event_stream_max_age_days}: "
-                "keep published rows at least as long as the stream keeps their events"
-            )
-        if self.processed_events_retention_days < self.event_stream_max_age_days:
-            raise ValueError(
-                f"processed_events_retention_days={self.processed_events_retention_days} is "
-                f"shorter than event_stream_max_age_days={self.event_stream_max_age_days}: a "
-                "redelivery of an event still on its stream would apply it a second time"
-            )
-        if self.command_in_progress_s >= self.command_ack_wait_s:
-            raise ValueError(
-                f"command_in_progress_s={self.command_in_progress_s} must be shorter than "
-                f"command_ack_wait_s={self.command_ack_wait_s}: a running handler's message "
-                "would be redelivered between two in-progress marks"
-            )
-        if self.router_ack_wait_s <= self.router_fetch_timeout_s:
-            raise ValueError(
-                f"router_ack_wait_s={self.router_ack_wait_s} must exceed "
-                f"router_fetch_timeout_s={self.router_fetch_timeout_s}"
-            )
+        """Every window checked against the others (the retention rule of seed 002 and the
+        nesting of DESIGN §6); every broken rule is listed at once, naming its settings."""
+        from rhumbatron.runtime.retention import check_retention
+
+        check_retention(self)  # RetentionMisfitError is a ValueError: pydantic reports it
         return self
+
+    # -- end of retention fit -------------------------------------------------------------------
 
     @property
     def maintenance_minute_of_day(self) -> int:

@@ -1,0 +1,187 @@
+"""The replay API: ``POST /replays`` re-drives one subscription from a point of an event stream
+or from a time range of the S3 archive (:mod:`rhumbatron.router.replay`).
+
+Only the ``(consumer, event_id)`` claims decide what takes effect, so a replay asked twice,
+or while the live cursor consumes, has no second effect; ``dryRun`` answers how many events
+would apply and how many already did, and changes nothing. The replay runs within the
+request: keep a range an API request can read (the CLI has no such bound).
+
+``replay:write`` is a platform operator's scope: a replay reads every tenant's events of a
+stream (each applies only what the live cursor would have applied), so grant it only to the
+platform's operators.
+"""
+
+# No ``from __future__ import annotations`` here, on purpose (as in ``lifecycle_routes``): the
+# route is a closure over the principal dependency it is given, and FastAPI resolves string
+# annotations against the module's globals only.
+
+import logging
+from typing import TYPE_CHECKING, Annotated, Literal, Self
+
+from fastapi import APIRouter, Security
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from rhumbatron.api.auth import SCOPE_REPLAY_WRITE, Principal
+from rhumbatron.api.errors import ApiError, InvalidRequestError, UnavailableError, error_responses
+from rhumbatron.api.lifecycle_routes import PrincipalDependency
+from rhumbatron.errors import ArchiveError
+from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.runtime.bootstrap import Rhumbatron
+from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
+
+if TYPE_CHECKING:
+    from rhumbatron.router.replay import ReplayReport
+
+__all__ = ["ArchiveDamagedError", "ReplayBody", "ReplayRequest", "replay_router"]
+
+_log = logging.getLogger(__name__)
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class ReplayRequest(_Wire):
+    """What to replay. ``source: stream`` rewinds ``stream`` from ``toSeq`` or ``toTime``
+    (exactly one); ``source: archive`` reads the archive's ``[start, end)``, of ``stream`` or
+    of every stream when it is left out."""
+
+    source: Literal["stream", "archive"]
+    subscription: Subscription
+    dry_run: bool = Field(description="Count what would apply; change nothing.")
+    stream: int | None = Field(
+        default=None, ge=0, le=EVENT_STREAM_COUNT - 1, description="The event stream's index."
+    )
+    to_seq: int | None = Field(default=None, ge=1, description="Rewind from this sequence.")
+    to_time: AwareDatetime | None = Field(
+        default=None, description="Rewind from the first event stored at or after this time."
+    )
+    start: AwareDatetime | None = Field(default=None, description="Archive range start.")
+    end: AwareDatetime | None = Field(default=None, description="Archive range end (excluded).")
+
+    @model_validator(mode="after")
+    def _fits_source(self) -> Self:
+        if self.source == "stream":
+            if self.stream is None:
+                raise ValueError("a stream replay needs stream (the index to rewind)")
+            if (self.to_seq is None) == (self.to_time is None):
+                raise ValueError("a stream replay needs exactly one of toSeq and toTime")
+            if self.start is not None or self.end is not None:
+                raise ValueError("start and end belong to an archive replay")
+        else:
+            if self.start is None or self.end is None:
+                raise ValueError("an archive replay needs start and end")
+            if not self.start < self.end:
+                raise ValueError("start must be before end (the range is [start, end))")
+            if self.to_seq is not None or self.to_time is not None:
+                raise ValueError("toSeq and toTime belong to a stream replay")
+            if self.subscription is Subscription.AUDIT_ARCHIVER:
+                raise ValueError("the archive is the audit-archiver's own output")
+        return self
+
+
+class ReplayBody(_Wire):
+    """What the replay found and did (see :class:`~rhumbatron.router.replay.ReplayReport`)."""
+
+    source: Literal["stream", "archive"]
+    subscription: Subscription
+    stream: int | None
+    dry_run: bool
+    scanned: int = Field(description="Records read in the range.")
+    applied: int = Field(description="Took effect now (0 in a dry run).")
+    would_apply: int = Field(description="A dry run: no claim yet, so it would take effect.")
+    already_applied: int = Field(description="Its claim was done: a duplicate, no effect.")
+    in_flight: int = Field(description="A dry run: another run holds its lease.")
+    retried: int = Field(description="Not applied now (a held lease, a busy file, S3 down).")
+    failed: int = Field(description="Could not be applied; errors says why.")
+    errors: list[str] = Field(description="The first reasons of retried and failed records.")
+    first_seq: int | None = Field(description="The first stream sequence read (a rewind).")
+    last_seq: int | None = Field(description="The stream's last sequence at the start.")
+    start: AwareDatetime | None
+    end: AwareDatetime | None
+
+    @classmethod
+    def of(cls, report: "ReplayReport") -> "ReplayBody":
+        return cls(
+            source=report.source.value,
+            subscription=report.subscription,
+            stream=report.stream_index,
+            dry_run=report.dry_run,
+            scanned=report.scanned,
+            applied=report.applied,
+            would_apply=report.would_apply,
+            already_applied=report.already_applied,
+            in_flight=report.in_flight,
+            retried=report.retried,
+            failed=report.failed,
+            errors=report.errors,
+            first_seq=report.first_seq,
+            last_seq=report.last_seq,
+            start=report.start,
+            end=report.end,
+        )
+
+
+class ArchiveDamagedError(ApiError):
+    """409: an archive object of the range cannot be read as Events; the message names it."""
+
+    status_code = 409
+    default_code = "archive_damaged"
+
+
+_RESPONSES = error_responses(401, 403, 409, 422, 503)
+_RESPONSES[409] = {**_RESPONSES[409], "description": "An archive object of the range is damaged."}
+
+
+def replay_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRouter:
+    """The replay route over ``app``; ``principal`` is the API's authenticating dependency
+    (``app._principal``), so the route answers 401 / 403 like every other."""
+    Replayer = Annotated[Principal, Security(principal, scopes=[SCOPE_REPLAY_WRITE])]
+    router = APIRouter()
+
+    @router.post(
+        "/replays",
+        response_model=ReplayBody,
+        summary="Replay a subscription from a stream point or the archive",
+        responses=_RESPONSES,
+    )
+    async def replay(principal: Replayer, body: ReplayRequest) -> ReplayBody:
+        """Re-drives ``subscription`` through its claims: only events it never applied take
+        effect, so asking again (or while the router consumes) has no second effect. With
+        ``dryRun`` nothing changes and the answer counts what would apply."""
+        # Imported here: the router and the archive reader are no part of the API's cold start.
+        from rhumbatron.archive import ArchiveUnavailableError
+        from rhumbatron.router.replay import ReplayError, run_replay
+
+        _log.info(
+            "api: replay %s %s stream %s by %s (dry run: %s)",
+            body.source,
+            body.subscription.value,
+            body.stream,
+            principal.subject,
+            body.dry_run,
+        )
+        try:
+            report = await run_replay(
+                app,
+                source=body.source,
+                subscription=body.subscription,
+                dry_run=body.dry_run,
+                stream=body.stream,
+                to_seq=body.to_seq,
+                to_time=body.to_time,
+                start=body.start,
+                end=body.end,
+            )
+        except ReplayError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        except ArchiveUnavailableError as exc:
+            raise UnavailableError(str(exc), code="archive_unavailable") from None
+        except ArchiveError as exc:
+            raise ArchiveDamagedError(str(exc)) from None
+        return ReplayBody.of(report)
+
+    return router

@@ -1,0 +1,625 @@
+"""Replay: re-drive one subscription's effects from a point of an event stream, or from a time
+range of the S3 archive, through the subscription's own ``(consumer, event_id)`` claims.
+
+"Replay = rewinding a consumer's cursor" (spec): the claims make a rewind harmless, since an
+event whose effect already happened is a duplicate and only the events never applied take
+effect. Both replays feed the records to the subscription's record handler — the very
+``handle`` the live router calls on a fetched batch — so they share its claims, its
+transactions and its leases; nothing here claims anything itself.
+
+**Why a replay reader and not the durable cursor.** JetStream cannot move a durable
+consumer's cursor in place: the only way to move it is to delete the consumer and create it
+again with a start sequence or time. That was not the choice here, because:
+
+* the live cursor would be disturbed: its pending and nacked messages (with their delays)
+  would be forgotten, and a warm router that pulls while the consumer is gone recreates it
+  from the stream's start (``EventLogClient.fetch``), racing the operator's recreation;
+* a "rewind" to a point *after* the live cursor would skip the events in between for good;
+* a dry run must read without moving anything.
+
+So a rewind creates a separate, short-lived pull consumer named ``replay-<subscription>-<id>``
+on the stream (``BY_START_SEQUENCE`` / ``BY_START_TIME``, an inactivity threshold so a crashed
+replay leaves nothing behind), reads it up to the stream's last sequence at the start of the
+replay, hands each batch to the subscription's handler, and deletes the consumer. The live
+cursor keeps consuming meanwhile; the claims decide, per event, which of the two applies it,
+and an event either meets is applied once. The replay runs in the caller's process (CLI or
+API), against the same state directory and product database as the router.
+
+**Dry run.** The same read, but no handler runs: each event's claim is read (never taken) —
+no claim, or a lease whose holder died, *would apply*; a ``done`` claim is *already applied*; a
+lease another run still holds is *in flight*. A dry run opens no file that does not exist.
+
+**From the archive.** :func:`replay_archive` reads the archived events of ``[start, end)``
+(per stream, in stream order, each once) and hands them to the handler the same way. An
+archived event carries no stream sequence: it is applied with sequence 0, so into a view that
+already holds later events it adds its feed row but moves no row back (it cannot know that
+it is newer); into a fresh state directory the events come in stream order and the last
+one wins, as on the live path. The audit-archiver is refused as a target (the archive is its
+own output). Replaying the causal-router from an old range sends again the commands of the
+events it finds unclaimed; their IDs are stable, but JetStream drops a repeat only within
+its duplicate window — dry-run first.
+
+A replay never writes dead letters or failure counts: those belong to the live cursor. A
+record that fails is reported (with its reason) and left to the live path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import sqlite3
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from enum import StrEnum
+from typing import TYPE_CHECKING, cast
+
+from rhumbatron.errors import MessagingError, NatsUnavailableError, RhumbatronError
+from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
+from rhumbatron.router.event_router import EventRouter
+from rhumbatron.router.handlers import RunContext
+from rhumbatron.router.project_view import ProjectView
+from rhumbatron.router.records import Outcome, Record, decode_records
+from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+    from nats.aio.msg import Msg
+
+    from rhumbatron.runtime.bootstrap import Rhumbatron
+
+__all__ = [
+    "ReplayError",
+    "ReplayReport",
+    "ReplaySource",
+    "replay_archive",
+    "rewind",
+    "run_replay",
+]
+
+#: At most this many failure reasons are kept in a report (the counts are always whole).
+MAX_REPORTED_ERRORS = 20
+#: An archive object is filed under its first Event's day; a batch that straddles midnight
+#: holds events of the next day too. Listing one day before ``start`` finds them.
+_ARCHIVE_DAYS_BEFORE = 1
+#: SQLite's default limit of bound parameters is 999 (older builds): stay under it.
+_IDS_PER_QUERY = 500
+
+
+class ReplayError(RhumbatronError, ValueError):
+    """A replay that cannot run as asked; the message names the value and what to pass."""
+
+
+class ReplaySource(StrEnum):
+    """Where a replay reads its events: an event stream (a rewind) or the S3 archive."""
+
+    STREAM = "stream"
+    ARCHIVE = "archive"
+
+
+@dataclass
+class ReplayReport:
+    """What one replay found and did, for one subscription.
+
+    ``scanned`` counts the records read in the range. In a real run every scanned record
+    ends in one of ``applied`` (took effect now), ``already_applied`` (its claim was done:
+    a duplicate), ``retried`` (not applied now: another run holds its lease, or a file or S3
+    was busy — the live cursor or the next replay applies it) or ``failed`` (could not be
+    applied; ``errors`` says why). A dry run fills ``would_apply``, ``already_applied`` and
+    ``in_flight`` (a lease another run holds) instead, and changes nothing.
+
+    ``first_seq`` / ``last_seq`` are the stream positions a rewind covered (``last_seq`` is
+    the stream's end when the replay started); ``start`` / ``end`` the time range asked.
+    """
+
+    source: ReplaySource
+    subscription: Subscription
+    stream_index: int | None
+    dry_run: bool
+    scanned: int = 0
+    applied: int = 0
+    would_apply: int = 0
+    already_applied: int = 0
+    in_flight: int = 0
+    retried: int = 0
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+    first_seq: int | None = None
+    last_seq: int | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+
+    def _note(self, key: str, reason: str) -> None:
+        if len(self.errors) < MAX_REPORTED_ERRORS:
+            self.errors.append(f"{key}: {reason}")
+
+    def _failed(self, key: str, reason: str) -> None:
+        self.failed += 1
+        self._note(key, reason)
+
+    def _retried(self, key: str, reason: str) -> None:
+        self.retried += 1
+        self._note(key, reason)
+
+
+# -- entry points ------------------------------------------------------------------------------
+
+
+async def rewind(
+    router_or_app: EventRouter | Rhumbatron,
+    *,
+    stream_index: int,
+    subscription: Subscription | str,
+    to_seq: int | None = None,
+    to_time: datetime | None = None,
+    dry_run: bool,
+) -> ReplayReport:
+    """Replay ``subscription`` on stream ``stream_index`` from sequence ``to_seq`` (or from the
+    first event stored at or after ``to_time``) to the stream's end.
+
+    Give exactly one of ``to_seq`` and ``to_time`` (timezone-aware). The live durable
+    consumer is not touched (see the module docstring). Raises :class:`ReplayError` for a
+    bad argument, :class:`NatsUnavailableError` when NATS does not answer, and
+    :class:`MessagingError` when JetStream refuses (a stream that does not exist).
+    """
+    router = _router_of(router_or_app)
+    subscription = _subscription(subscription)
+    _check_stream(stream_index)
+    if (to_seq is None) == (to_time is None):
+        raise ReplayError(
+            f"a rewind needs exactly one start point, got to_seq={to_seq!r} and "
+            f"to_time={to_time!r}; pass a stream sequence (to_seq >= 1) or a time (to_time)"
+        )
+    if to_seq is not None and to_seq < 1:
+        raise ReplayError(f"to_seq={to_seq} is not a stream sequence; sequences start at 1")
+    if to_time is not None:
+        _check_aware("to_time", to_time)
+    report = ReplayReport(
+        ReplaySource.STREAM, subscription, stream_index, dry_run, first_seq=to_seq, start=to_time
+    )
+    stream = event_stream_name(stream_index)
+    with _nats_errors(stream):
+        nc = await router.connect()
+        js = nc.jetstream()
+        state = (await js.stream_info(stream)).state
+        report.last_seq = state.last_seq
+        if state.messages == 0 or (to_seq is not None and to_seq > state.last_seq):
+            return report  # nothing stored from there on
+        await _read_replay_consumer(router, nc, stream_index, subscription, report)
+    return report
+
+
+async def replay_archive(
+    router_or_app: EventRouter | Rhumbatron,
+    *,
+    stream_index: int | None,
+    subscription: Subscription | str,
+    start: datetime,
+    end: datetime,
+    dry_run: bool,
+) -> ReplayReport:
+    """Replay the archived events of ``[start, end)`` (by Event ``timestamp``) of stream
+    ``stream_index`` — or of every stream for None — into ``subscription``.
+
+    Raises :class:`ReplayError` for a bad argument (naive times, an empty range, the
+    audit-archiver as target), and :class:`~rhumbatron.archive.ArchiveError` (its subclass
+    ``ArchiveUnavailableError`` when S3 does not answer) when the archive cannot be read.
+    """
+    from rhumbatron.archive import ArchiveReader
+
+    router = _router_of(router_or_app)
+    subscription = _subscription(subscription)
+    if subscription is Subscription.AUDIT_ARCHIVER:
+        raise ReplayError(
+            "the archive is the audit-archiver's own output: replay it into "
+            f"{', '.join(s.value for s in Subscription if s is not Subscription.AUDIT_ARCHIVER)}"
+        )
+    if stream_index is not None:
+        _check_stream(stream_index)
+    _check_aware("start", start)
+    _check_aware("end", end)
+    # Archive keys are filed by UTC day; a day near date.min cannot step back a whole day.
+    _utc_day(start, "start")
+    _utc_day(end, "end")
+    if not start < end:
+        raise ReplayError(
+            f"start {start.isoformat()} is not before end {end.isoformat()}; the range is "
+            "[start, end): pass an end after the start"
+        )
+    report = ReplayReport(
+        ReplaySource.ARCHIVE, subscription, stream_index, dry_run, start=start, end=end
+    )
+    reader = ArchiveReader(router.s3(), router.settings.evidence_bucket)
+    first_day = _utc_day(start, "start")
+    since = (
+        first_day - timedelta(days=_ARCHIVE_DAYS_BEFORE)
+        if first_day > date.min + timedelta(days=_ARCHIVE_DAYS_BEFORE)
+        else date.min
+    )
+    until = _utc_day(end, "end")
+    batch = router.settings.router_fetch_max_records
+    streams = range(EVENT_STREAM_COUNT) if stream_index is None else (stream_index,)
+    for index in streams:
+        events = reader.iter_events(index, since, until)
+        while True:
+            # boto3 is synchronous: each batch of objects is read on a worker thread.
+            chunk = await asyncio.to_thread(_take, events, batch)
+            if not chunk:
+                break
+            records = [_archived_record(index, e) for e in chunk if start <= e.timestamp < end]
+            if records:
+                await _replay_batch(router, index, subscription, records, report)
+    return report
+
+
+async def run_replay(
+    app: Rhumbatron,
+    *,
+    source: ReplaySource | str,
+    subscription: Subscription | str,
+    dry_run: bool,
+    stream: int | None = None,
+    to_seq: int | None = None,
+    to_time: datetime | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> ReplayReport:
+    """One replay as the CLI and the API ask for it: ``source`` ``stream`` rewinds
+    (``stream``, and ``to_seq`` or ``to_time``), ``archive`` reads the archive (``start``,
+    ``end``, and ``stream`` or None for every stream). Raises :class:`ReplayError` when an
+    option does not belong to the source or is missing."""
+    try:
+        kind = ReplaySource(source)
+    except ValueError:
+        raise ReplayError(
+            f"replay source {source!r} is unknown; pass one of "
+            f"{', '.join(s.value for s in ReplaySource)}"
+        ) from None
+    if kind is ReplaySource.STREAM:
+        if start is not None or end is not None:
+            raise ReplayError(
+                "start and end select an archive range; a stream replay takes to_seq or to_time"
+            )
+        if stream is None:
+            raise ReplayError(
+                f"a stream replay needs the stream (0..{EVENT_STREAM_COUNT - 1}) to rewind"
+            )
+        return await rewind(
+            app,
+            stream_index=stream,
+            subscription=subscription,
+            to_seq=to_seq,
+            to_time=to_time,
+            dry_run=dry_run,
+        )
+    if to_seq is not None or to_time is not None:
+        raise ReplayError(
+            "to_seq and to_time rewind a stream; an archive replay takes start and end"
+        )
+    if start is None or end is None:
+        raise ReplayError(
+            f"an archive replay needs start and end, got start={start!r}, end={end!r}"
+        )
+    return await replay_archive(
+        app,
+        stream_index=stream,
+        subscription=subscription,
+        start=start,
+        end=end,
+        dry_run=dry_run,
+    )
+
+
+# -- reading the stream ------------------------------------------------------------------------
+
+
+async def _read_replay_consumer(
+    router: EventRouter,
+    nc: NATS,
+    stream_index: int,
+    subscription: Subscription,
+    report: ReplayReport,
+) -> None:
+    """Create the replay consumer, feed its batches to the subscription up to
+    ``report.last_seq``, and delete it (also on failure)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    from rhumbatron.messaging.pull import Puller
+
+    settings = router.settings
+    stream = event_stream_name(stream_index)
+    assert report.last_seq is not None
+    name = f"replay-{subscription.value}-{uuid.uuid4().hex[:12]}"
+    by_time = report.start is not None
+    config = ConsumerConfig(
+        name=name,
+        description=f"replay of {subscription.value} (deleted when the replay ends)",
+        deliver_policy=DeliverPolicy.BY_START_TIME if by_time else DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_time=report.start if by_time else None,
+        opt_start_seq=None if by_time else report.first_seq,
+        # Ack-all on the last record of each batch: one ack per batch, and nothing is ever
+        # redelivered into a later batch (max_deliver=1) — the replay reads each record once.
+        ack_policy=AckPolicy.ALL,
+        ack_wait=settings.router_ack_wait_s,
+        max_deliver=1,
+        max_ack_pending=settings.router_max_ack_pending,
+        # A replay that dies leaves a consumer that the server removes once idle this long.
+        inactive_threshold=settings.router_ack_wait_s,
+    )
+    js = nc.jetstream()
+    await js.add_consumer(stream, config)
+    puller = Puller(
+        nc,
+        stream,
+        name,
+        settings.router_fetch_timeout_s,
+        keep_late_s=settings.router_ack_wait_s / 2,
+    )
+    first_batch = True
+    try:
+        while True:
+            messages = await puller.pull(settings.router_fetch_max_records)
+            if not messages:
+                break
+            await max(messages, key=_seq).ack()
+            records = [r for r in decode_records(messages) if r.stream_seq <= report.last_seq]
+            if records and first_batch:
+                # Where the read really began: the first event at the time asked, or the
+                # stream's first one when the sequence asked has already expired.
+                report.first_seq = min(r.stream_seq for r in records)
+                first_batch = False
+            await _replay_batch(router, stream_index, subscription, records, report)
+            if max(_seq(m) for m in messages) >= report.last_seq:
+                break
+    finally:
+        await puller.close()
+        with contextlib.suppress(Exception):
+            # Best effort: the inactivity threshold removes it anyway.
+            await js.delete_consumer(stream, name)
+
+
+def _seq(msg: Msg) -> int:
+    return msg.metadata.sequence.stream
+
+
+@contextlib.contextmanager
+def _nats_errors(stream: str) -> Iterator[None]:
+    from nats.errors import Error as NatsError
+    from nats.js.errors import APIError, NotFoundError
+
+    try:
+        yield
+    except NotFoundError as exc:
+        raise MessagingError(
+            f"stream {stream} does not exist ({exc.description}); create the streams "
+            "(rhumbatron up, or any runtime's ensure_streams) and replay again"
+        ) from exc
+    except APIError as exc:
+        raise MessagingError(
+            f"JetStream refused the replay of {stream}: {exc.description} (code {exc.err_code})"
+        ) from exc
+    except (NatsError, TimeoutError) as exc:
+        raise NatsUnavailableError(
+            f"cannot reach JetStream to replay {stream}: {type(exc).__name__}: {exc}; "
+            "replay again once NATS answers (the claims make a repeat harmless)"
+        ) from exc
+
+
+# -- reading the archive -----------------------------------------------------------------------
+
+
+def _take(events: Iterator[Event], count: int) -> list[Event]:
+    return list(itertools.islice(events, count))
+
+
+def _archived_record(stream_index: int, event: Event) -> Record:
+    """A record for an archived event, shaped as a fetched one for the handlers.
+
+    Handlers read a record's event, key and sequence, never its message (only the live
+    router acks); the message carries the body, so a report can show it.
+    """
+    from nats.aio.msg import Msg
+
+    msg = Msg(
+        _client=cast("NATS", None),  # never acked: it was not delivered
+        subject=event_stream_subject(stream_index),
+        data=event.to_json(),
+        headers={"Nats-Msg-Id": event.event_id},
+    )
+    return Record(msg, 0, 1, event.event_id, event, None)
+
+
+# -- one batch ---------------------------------------------------------------------------------
+
+
+async def _replay_batch(
+    router: EventRouter,
+    stream_index: int,
+    subscription: Subscription,
+    records: Sequence[Record],
+    report: ReplayReport,
+) -> None:
+    report.scanned += len(records)
+    batch: list[Record] = []
+    seen: set[str] = set()
+    for record in records:
+        if record.error is not None:
+            report._failed(record.key, record.error)
+        elif record.key in seen:
+            # The same event stored twice (published again under another message ID):
+            # the first copy stands for both, the second is its duplicate.
+            report.already_applied += 1
+        else:
+            seen.add(record.key)
+            batch.append(record)
+    if not batch:
+        return
+    if report.dry_run:
+        _classify(router, stream_index, subscription, batch, report)
+    else:
+        await _apply(router, stream_index, subscription, batch, report)
+
+
+async def _apply(
+    router: EventRouter,
+    stream_index: int,
+    subscription: Subscription,
+    records: list[Record],
+    report: ReplayReport,
+) -> None:
+    """Hand ``records`` to the subscription's handler, as the live router does with a fetch;
+    the projector's apply-call budget defers projects, which go again with a fresh budget."""
+    handler = router.handler(stream_index, subscription)
+    pending = records
+    while pending:
+        run = RunContext(
+            stream_index=stream_index,
+            now_s=router.clock.now().timestamp(),
+            apply_calls_left=router.settings.router_apply_calls_per_run,
+        )
+        try:
+            outcomes = await handler.handle(pending, run)
+        except (RhumbatronError, sqlite3.Error) as exc:
+            # A busy or full file: nothing of the batch committed (see the live router).
+            for record in pending:
+                report._retried(record.key, f"{type(exc).__name__}: {exc}")
+            return
+        deferred: list[Record] = []
+        for record in pending:
+            outcome = outcomes[record.key]
+            match outcome.outcome:
+                case Outcome.APPLIED:
+                    report.applied += 1
+                case Outcome.DUPLICATE:
+                    report.already_applied += 1
+                case Outcome.DEFERRED:
+                    deferred.append(record)
+                case Outcome.RETRY:
+                    report._retried(record.key, outcome.reason)
+                case Outcome.FAILED:
+                    report._failed(record.key, outcome.reason)
+        if len(deferred) == len(pending):  # no progress: never loop on it
+            for record in deferred:
+                report._retried(record.key, "deferred by the apply-call budget")
+            return
+        pending = deferred
+
+
+# -- dry run: reading claims without taking them -----------------------------------------------
+
+
+def _classify(
+    router: EventRouter,
+    stream_index: int,
+    subscription: Subscription,
+    records: list[Record],
+    report: ReplayReport,
+) -> None:
+    now_s = router.clock.now().timestamp()
+    name = subscription.value
+    states: dict[str, tuple[str, float | None]] = {}
+    for connection, ids in _claim_stores(router, stream_index, subscription, records):
+        states.update(_claim_states(connection, name, ids))
+    for record in records:
+        state = states.get(record.key)
+        if state is None:
+            report.would_apply += 1
+        elif state[0] == "done":
+            report.already_applied += 1
+        elif state[1] is not None and state[1] <= now_s:
+            report.would_apply += 1  # an expired lease: the next claim takes it over
+        else:
+            report.in_flight += 1
+
+
+def _claim_stores(
+    router: EventRouter,
+    stream_index: int,
+    subscription: Subscription,
+    records: list[Record],
+) -> Iterator[tuple[sqlite3.Connection, list[str]]]:
+    """Where ``subscription`` keeps the claims of ``records``, with the IDs each holds; a
+    file that does not exist holds no claim and is not created."""
+    ids = [r.key for r in records]
+    match subscription:
+        case Subscription.PROJECT_VIEW_PROJECTOR:
+            by_project: dict[str, list[str]] = {}
+            for record in records:
+                assert record.event is not None
+                by_project.setdefault(record.event.project_id, []).append(record.key)
+            for project_id, project_ids in by_project.items():
+                # Built only for its path: a ProjectView opens its file on first use.
+                if ProjectView(router.settings, project_id).path.exists():
+                    view = router.projector.view(project_id)
+                    yield view.connection, project_ids
+        case Subscription.CAUSAL_ROUTER | Subscription.AUDIT_ARCHIVER:
+            state = router.stream_state(stream_index)
+            if state.path.exists():
+                yield state.connection, ids
+        case Subscription.ANALYTICS_PROJECTOR:
+            if router.product.path.exists():
+                yield router.product.connection, ids
+
+
+def _claim_states(
+    connection: sqlite3.Connection, consumer: str, event_ids: Sequence[str]
+) -> dict[str, tuple[str, float | None]]:
+    """``event_id -> (status, lease_until_s)`` of the claims ``consumer`` holds (a read)."""
+    states: dict[str, tuple[str, float | None]] = {}
+    for offset in range(0, len(event_ids), _IDS_PER_QUERY):
+        chunk = event_ids[offset : offset + _IDS_PER_QUERY]
+        marks = ", ".join("?" * len(chunk))
+        rows = connection.execute(
+            "SELECT event_id, status, lease_until_s FROM processed_events "
+            f"WHERE consumer = ? AND event_id IN ({marks})",
+            [consumer, *chunk],
+        )
+        for row in rows:
+            states[str(row[0])] = (str(row[1]), None if row[2] is None else float(row[2]))
+    return states
+
+
+# -- arguments ---------------------------------------------------------------------------------
+
+
+def _router_of(target: EventRouter | Rhumbatron) -> EventRouter:
+    return target if isinstance(target, EventRouter) else target.router()
+
+
+def _subscription(value: Subscription | str) -> Subscription:
+    try:
+        return Subscription(value)
+    except ValueError:
+        raise ReplayError(
+            f"subscription {value!r} is unknown; pass one of "
+            f"{', '.join(s.value for s in Subscription)}"
+        ) from None
+
+
+def _check_stream(stream_index: int) -> None:
+    if not 0 <= stream_index < EVENT_STREAM_COUNT:
+        raise ReplayError(
+            f"stream {stream_index} is outside 0..{EVENT_STREAM_COUNT - 1}; pass the index of "
+            "an event stream (EVENTS_00 … EVENTS_07)"
+        )
+
+
+def _check_aware(name: str, moment: datetime) -> None:
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ReplayError(
+            f"{name}={moment.isoformat()} has no timezone; pass a timezone-aware time (UTC)"
+        )
+
+
+def _utc_day(moment: datetime, name: str) -> date:
+    try:
+        return moment.astimezone(UTC).date()
+    except OverflowError:
+        raise ReplayError(
+            f"{name}={moment.isoformat()} has no UTC day (it is outside the calendar's range); "
+            "pass a time between the years 1 and 9999 in UTC"
+        ) from None

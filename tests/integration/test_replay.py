@@ -1,0 +1,460 @@
+"""Replay against a real nats-server, real SQLite files and moto's S3 server: a rewind of a
+subscription to a stream sequence or a time, and a replay of an archive range, both through
+the ``(consumer, event_id)`` claims (spec: "Replay = rewinding a consumer's cursor"; consumer
+effect rows keyed on the event ID, so a rewind replays with zero duplicate effects)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.local.s3_server import S3ServerProcess
+from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.metrics import MetricBinding, metric_counts
+from rhumbatron.protocol import Event, stream_index
+from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
+from rhumbatron.router.event_router import tick_kind
+from rhumbatron.router.replay import (
+    ReplayError,
+    ReplayReport,
+    ReplaySource,
+    replay_archive,
+    rewind,
+    run_replay,
+)
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.runtime.settings import Settings, load_settings
+
+pytestmark = pytest.mark.integration
+
+CALLER = Caller("acme", "system:test", correlation_id="corr-replay")
+PROJECTOR = Subscription.PROJECT_VIEW_PROJECTOR
+CAUSAL = Subscription.CAUSAL_ROUTER
+ANALYTICS = Subscription.ANALYTICS_PROJECTOR
+START = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
+EAST = timezone(timedelta(hours=5))
+
+
+def projects_on_stream(stream: int, count: int) -> list[str]:
+    """``count`` project IDs whose events go to stream ``stream``."""
+    names = (f"proj-{i}" for i in itertools.count())
+    return list(itertools.islice((n for n in names if stream_index(n) == stream), count))
+
+
+def sweep_minute(stream: int) -> datetime:
+    """A sweep minute that visits ``stream`` and runs the analytics batch."""
+    for minute in range(600, 700):
+        when = START.replace(hour=minute // 60, minute=minute % 60)
+        index, maintenance, release = tick_kind(load_settings(), when)
+        if index == stream and not maintenance and not release:
+            return when
+    raise AssertionError("unreachable")
+
+
+def history(project_id: str, now: datetime, change: str = "chg-1") -> list[Event]:
+    """A small project history: created, a change with two tasks, one completed."""
+    ctx = FactContext(CALLER, project_id, now)
+    change_id = f"{project_id}-{change}"
+    return [
+        ctx.fact("project.created", {"name": f"Project {project_id}"}),
+        ctx.fact(
+            "change.created",
+            {"title": "Add login", "clientRequestId": f"req-{change}", "requestedBy": "user:1"},
+            change_id=change_id,
+        ),
+        ctx.fact("change.planned", {"taskIds": ["t1", "t2"]}, change_id=change_id),
+        ctx.fact("task.ready", {}, change_id=change_id, task_id="t1"),
+        ctx.fact("task.assigned", {"agentId": "agent-7"}, change_id=change_id, task_id="t1"),
+        ctx.fact("task.completed", {"agentId": "agent-7"}, change_id=change_id, task_id="t1"),
+    ]
+
+
+def wakes(project_id: str, now: datetime, count: int) -> list[Event]:
+    ctx = FactContext(CALLER, project_id, now)
+    return [
+        ctx.fact("agent.woke", {"agentId": f"agent-{i}"}, change_id=f"{project_id}-c", key=str(i))
+        for i in range(count)
+    ]
+
+
+AppFactory = Callable[..., Awaitable[Rhumbatron]]
+
+
+@pytest_asyncio.fixture
+async def make_app(
+    settings: Settings, s3_server: S3ServerProcess, clock: ManualClock
+) -> AsyncIterator[AppFactory]:
+    """Builds runtimes on the test's nats-server, each with the test's own bucket."""
+    apps: list[Rhumbatron] = []
+    bucket = f"evidence-{id(apps):x}"
+    clock.set(START)
+
+    async def build(**overrides: Any) -> Rhumbatron:
+        values = settings.model_dump() | {
+            "s3_endpoint_url": s3_server.endpoint_url,
+            "evidence_bucket": bucket,
+            **overrides,
+        }
+        app = bootstrap(load_settings(**values), clock=clock, alarms=RecordingAlarmSink())
+        await app.ensure_streams()
+        if not apps:
+            app.s3().create_bucket(Bucket=bucket)
+        apps.append(app)
+        return app
+
+    yield build
+    for app in apps:
+        await app.close()
+
+
+async def publish(app: Rhumbatron, events: list[Event]) -> None:
+    """Put events on their streams as the outbox publisher does (Nats-Msg-Id = event ID)."""
+    js = (await app.nats()).jetstream()
+    for event in events:
+        subject = event_stream_subject(stream_index(event.project_id))
+        await js.publish(subject, event.to_json(), headers={"Nats-Msg-Id": event.event_id})
+
+
+def view_rows(app: Rhumbatron, project_id: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of a project's view file: its tables, feed and claims."""
+    db = app.router().projector.view(project_id).connection
+    tables = [
+        "view_project",
+        "view_changes",
+        "view_tasks",
+        "view_agents",
+        "project_events",
+        "processed_events",
+    ]
+    return {
+        table: [tuple(row) for row in db.execute(f"SELECT * FROM {table} ORDER BY 1")]
+        for table in tables
+    }
+
+
+def files_under(path: Path) -> dict[str, int]:
+    """Every file under ``path`` with its size: what a dry run must leave as it was."""
+    return {str(p.relative_to(path)): p.stat().st_size for p in path.rglob("*") if p.is_file()}
+
+
+async def consumer_names(app: Rhumbatron, stream: int) -> list[str]:
+    js = (await app.nats()).jetstream()
+    return sorted(info.name for info in await js.consumers_info(event_stream_name(stream)))
+
+
+def counts(report: ReplayReport) -> dict[str, int]:
+    return {
+        name: getattr(report, name)
+        for name in (
+            "scanned",
+            "applied",
+            "would_apply",
+            "already_applied",
+            "in_flight",
+            "retried",
+            "failed",
+        )
+        if getattr(report, name)
+    }
+
+
+# -- rewind ------------------------------------------------------------------------------------
+
+
+async def test_a_rewind_after_everything_was_applied_applies_nothing_twice(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a project's history applied by the projector
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, history(project, clock.now()))
+    assert (await app.router().nudge(0)).subscriptions[PROJECTOR.value].applied == 6
+    before = view_rows(app, project)
+
+    # WHEN the projector is rewound to sequence 1, first as a dry run, then for real
+    dry = await rewind(app, stream_index=0, subscription=PROJECTOR, to_seq=1, dry_run=True)
+    real = await rewind(app, stream_index=0, subscription=PROJECTOR, to_seq=1, dry_run=False)
+
+    # THEN the dry run finds every event already applied, and the real run applies none:
+    # the view, its feed and its claims are exactly as they were
+    assert counts(dry) == {"scanned": 6, "already_applied": 6}
+    assert (dry.first_seq, dry.last_seq) == (1, 6)
+    assert counts(real) == {"scanned": 6, "already_applied": 6}
+    assert view_rows(app, project) == before
+    # AND the replay's reader is gone; the live durable consumers are untouched
+    assert await consumer_names(app, 0) == sorted([PROJECTOR.value, CAUSAL.value])
+    lag = await (await app.router().event_log()).lag(0, PROJECTOR)
+    assert (lag.num_pending, lag.num_ack_pending) == (0, 0)
+
+
+async def test_a_rewind_applies_exactly_the_events_the_subscription_missed(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a first history consumed by every subscription (a sweep runs analytics too) ...
+    app = await make_app()
+    first, second = projects_on_stream(0, 2)
+    await publish(app, history(first, clock.now()))
+    sweep = await app.router().sweep(now=sweep_minute(0))
+    assert sweep.run.subscriptions[ANALYTICS.value].applied == 6
+    # ... and a second one consumed by the projector and the causal router only (a nudge)
+    missed = history(second, clock.now())
+    await publish(app, missed)
+    nudge = await app.router().nudge(0)
+    assert nudge.subscriptions[PROJECTOR.value].applied == 6
+    metrics = app.product().connection
+    assert metric_counts(metrics, MetricBinding.EVENT_METRICS)["change_created"] == 1
+
+    # WHEN analytics is rewound to sequence 1: a dry run, then for real
+    dry = await rewind(app, stream_index=0, subscription=ANALYTICS, to_seq=1, dry_run=True)
+    real = await rewind(app, stream_index=0, subscription=ANALYTICS, to_seq=1, dry_run=False)
+
+    # THEN the dry run counts the missed events as would-apply and changed nothing ...
+    assert counts(dry) == {"scanned": 12, "would_apply": 6, "already_applied": 6}
+    # ... and the real run applied exactly those: one data point per missed event
+    assert counts(real) == {"scanned": 12, "applied": 6, "already_applied": 6}
+    points = metric_counts(metrics, MetricBinding.EVENT_METRICS)
+    assert points["change_created"] == 2
+    assert sum(points.values()) == 12
+    # AND the projector, which missed nothing, would apply nothing
+    projector = await rewind(app, stream_index=0, subscription=PROJECTOR, to_seq=1, dry_run=True)
+    assert counts(projector) == {"scanned": 12, "already_applied": 12}
+    # AND when the live analytics cursor reaches the same events, they are duplicates
+    later = await app.router().sweep(now=sweep_minute(0) + timedelta(minutes=8))
+    live = later.run.subscriptions[ANALYTICS.value]
+    assert (live.applied, live.duplicates) == (0, 6)
+    assert metric_counts(metrics, MetricBinding.EVENT_METRICS) == points
+
+
+async def test_a_rewind_to_a_time_starts_at_the_first_event_stored_at_or_after_it(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN two histories stored one after the other on stream 0, none consumed
+    app = await make_app()
+    first, second = projects_on_stream(0, 2)
+    await publish(app, history(first, clock.now()))
+    await publish(app, history(second, clock.now()))
+    js = (await app.nats()).jetstream()
+    stored_at = (await js.get_msg(event_stream_name(0), 7)).time
+    assert stored_at is not None
+
+    # WHEN the projector is rewound to the time the second history's first event was stored
+    dry = await rewind(app, stream_index=0, subscription=PROJECTOR, to_time=stored_at, dry_run=True)
+    real = await rewind(
+        app, stream_index=0, subscription=PROJECTOR, to_time=stored_at, dry_run=False
+    )
+
+    # THEN only the second history is read, from sequence 7, and applied
+    assert counts(dry) == {"scanned": 6, "would_apply": 6}
+    assert (dry.first_seq, dry.last_seq) == (7, 12)
+    assert counts(real) == {"scanned": 6, "applied": 6}
+    assert view_rows(app, second)["view_project"][0][2] == f"Project {second}"
+    # AND the live cursor then applies the first history and skips the replayed one
+    live = (await app.router().nudge(0)).subscriptions[PROJECTOR.value]
+    assert (live.applied, live.duplicates) == (6, 6)
+
+
+async def test_a_replay_while_the_live_cursor_consumes_applies_every_event_once(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN 150 events of three projects on stream 0, none consumed yet
+    app = await make_app()
+    projects = projects_on_stream(0, 3)
+    events = [e for p in projects for e in [*history(p, clock.now()), *wakes(p, clock.now(), 44)]]
+    await publish(app, events)
+
+    # WHEN the live nudge and two rewinds (projector, causal router) run at the same time
+    live, projector, causal = await asyncio.gather(
+        app.router().nudge(0),
+        rewind(app, stream_index=0, subscription=PROJECTOR, to_seq=1, dry_run=False),
+        rewind(app, stream_index=0, subscription=CAUSAL, to_seq=1, dry_run=False),
+    )
+
+    # THEN each event took effect exactly once between the live cursor and the replay
+    assert live.subscriptions[PROJECTOR.value].applied + projector.applied == 150
+    assert live.subscriptions[CAUSAL.value].applied + causal.applied == 150
+    assert projector.failed == causal.failed == 0
+    for project in projects:
+        rows = view_rows(app, project)
+        assert len(rows["project_events"]) == 50
+        assert rows["view_project"][0][6] == 50  # events_applied
+    # AND a second replay and the rest of the live stream apply nothing more
+    again = await rewind(app, stream_index=0, subscription=PROJECTOR, to_seq=1, dry_run=False)
+    assert counts(again) == {"scanned": 150, "already_applied": 150}
+    drained = await app.router().drain()
+    assert drained["applied"] == 150 * 2  # only the subscriptions not replayed: archive, analytics
+    assert [len(view_rows(app, p)["project_events"]) for p in projects] == [50, 50, 50]
+
+
+async def test_a_dry_run_changes_no_file_and_leaves_no_consumer(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN events on stream 0 that no subscription has read
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, history(project, clock.now()))
+    app.router()  # building the router opens the product database: not the dry run's doing
+    state_dir = app.settings.state_dir
+    before = files_under(state_dir)
+
+    # WHEN every subscription is rewound as a dry run
+    reports = [
+        await rewind(app, stream_index=0, subscription=s, to_seq=1, dry_run=True)
+        for s in Subscription
+    ]
+
+    # THEN each would apply every event; no file was created or written; no consumer exists
+    assert [counts(r) for r in reports] == [{"scanned": 6, "would_apply": 6}] * 4
+    assert files_under(state_dir) == before
+    assert not (state_dir / "projects" / project).exists()
+    assert await consumer_names(app, 0) == []
+
+
+async def test_a_rewind_past_the_stream_end_reads_nothing(make_app: AppFactory) -> None:
+    app = await make_app()
+    report = await rewind(app, stream_index=3, subscription=PROJECTOR, to_seq=1, dry_run=False)
+    assert counts(report) == {}
+    assert (report.first_seq, report.last_seq) == (1, 0)
+
+
+# -- archive -----------------------------------------------------------------------------------
+
+
+async def test_an_archive_range_replayed_into_fresh_state_applies_all_then_nothing(
+    make_app: AppFactory, clock: ManualClock, tmp_path: Path
+) -> None:
+    # GIVEN two projects' histories (on two streams) and a third project's three days later,
+    # all applied and archived by a runtime
+    app = await make_app()
+    inside = [projects_on_stream(1, 1)[0], projects_on_stream(5, 1)[0]]
+    (outside,) = projects_on_stream(2, 1)
+    await publish(app, [e for p in inside for e in history(p, START)])
+    await publish(app, history(outside, START + timedelta(days=3)))
+    await app.router().drain()
+    # AND a runtime on a fresh state directory (same bucket): no view, no claim, no metric
+    fresh = await make_app(state_dir=tmp_path / "fresh")
+    day = {"start": START - timedelta(hours=1), "end": START + timedelta(days=1)}
+
+    # WHEN the first day of the archive is replayed into the fresh projector: dry, then real
+    dry = await replay_archive(
+        fresh, stream_index=None, subscription=PROJECTOR, dry_run=True, **day
+    )
+    assert not (tmp_path / "fresh" / "projects").exists()
+    real = await replay_archive(
+        fresh, stream_index=None, subscription=PROJECTOR, dry_run=False, **day
+    )
+
+    # THEN the dry run counted the range's 12 events, the real run applied them all ...
+    assert counts(dry) == {"scanned": 12, "would_apply": 12}
+    assert counts(real) == {"scanned": 12, "applied": 12}
+    # ... rebuilding the same views the live router built (the feed's sequences aside: an
+    # archived event carries none), and nothing of the project outside the range
+    for project in inside:
+        rebuilt, live = view_rows(fresh, project), view_rows(app, project)
+        assert rebuilt["view_project"] == live["view_project"]
+        for table in ("view_changes", "view_tasks", "view_agents"):  # their first 4 columns
+            assert [r[:4] for r in rebuilt[table]] == [r[:4] for r in live[table]]
+        assert {r[0] for r in rebuilt["project_events"]} == {r[0] for r in live["project_events"]}
+    assert not (tmp_path / "fresh" / "projects" / outside).exists()
+
+    # WHEN the same range is replayed again
+    again = await replay_archive(
+        fresh, stream_index=None, subscription=PROJECTOR, dry_run=False, **day
+    )
+    # THEN nothing applies a second time
+    assert counts(again) == {"scanned": 12, "already_applied": 12}
+
+    # AND the fresh analytics projector gets one data point per archived event of one stream
+    one_stream = await replay_archive(
+        fresh, stream_index=1, subscription=ANALYTICS, dry_run=False, **day
+    )
+    assert counts(one_stream) == {"scanned": 6, "applied": 6}
+    points = metric_counts(fresh.product().connection, MetricBinding.EVENT_METRICS)
+    assert sum(points.values()) == 6
+
+
+async def test_the_archive_replay_goes_through_run_replay_as_the_cli_calls_it(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN an archived history, applied
+    app = await make_app()
+    (project,) = projects_on_stream(4, 1)
+    await publish(app, history(project, START))
+    await app.router().drain()
+    # WHEN the CLI's entry point replays the archive, then rewinds the stream
+    archived = await run_replay(
+        app,
+        source="archive",
+        subscription="project-view-projector",
+        dry_run=True,
+        start=START,
+        end=START + timedelta(minutes=1),
+    )
+    rewound = await run_replay(
+        app, source="stream", subscription="causal-router", dry_run=True, stream=4, to_seq=1
+    )
+    # THEN both find everything applied
+    assert (archived.source, counts(archived)) == (
+        ReplaySource.ARCHIVE,
+        {"scanned": 6, "already_applied": 6},
+    )
+    assert (rewound.source, counts(rewound)) == (
+        ReplaySource.STREAM,
+        {"scanned": 6, "already_applied": 6},
+    )
+
+
+# -- arguments ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"source": "stream", "stream": 0, "to_seq": 1, "to_time": START}, "exactly one"),
+        ({"source": "stream", "stream": 0}, "exactly one"),
+        ({"source": "stream", "stream": 0, "to_seq": 0}, "sequences start at 1"),
+        ({"source": "stream", "stream": 8, "to_seq": 1}, "outside 0..7"),
+        ({"source": "stream", "to_seq": 1}, "needs the stream"),
+        ({"source": "stream", "stream": 0, "to_time": START.replace(tzinfo=None)}, "timezone"),
+        ({"source": "stream", "stream": 0, "to_seq": 1, "start": START}, "archive range"),
+        ({"source": "archive", "start": START}, "needs start and end"),
+        ({"source": "archive", "start": START, "end": START}, "not before end"),
+        ({"source": "archive", "start": START, "end": START, "to_seq": 1}, "rewind a stream"),
+        ({"source": "tape", "start": START}, "source 'tape' is unknown"),
+        (
+            {"source": "archive", "start": datetime(1, 1, 1, tzinfo=EAST), "end": START},
+            "no UTC day",
+        ),
+        ({"source": "stream", "stream": 0, "to_seq": 1, "subscription": "nope"}, "unknown"),
+        (
+            {
+                "source": "archive",
+                "start": START,
+                "end": START + timedelta(days=1),
+                "subscription": "audit-archiver",
+            },
+            "audit-archiver's own output",
+        ),
+    ],
+)
+async def test_a_replay_that_cannot_work_is_refused_before_reading_anything(
+    offline_settings: Settings, options: dict[str, Any], says: str
+) -> None:
+    # GIVEN a runtime whose NATS and S3 are unreachable: a refusal must come first
+    app = bootstrap(offline_settings, clock=ManualClock(START), alarms=RecordingAlarmSink())
+    options = {"subscription": PROJECTOR.value, "dry_run": True, **options}
+    try:
+        # WHEN the replay is asked; THEN it is refused with a message naming the problem
+        with pytest.raises(ReplayError, match=says):
+            await run_replay(app, **options)
+    finally:
+        await app.close()
