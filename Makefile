@@ -63,7 +63,7 @@ sam-check: $(SAM_STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check shared functions tests bench
 	$(BIN)/mypy
-	$(BIN)/cfn-lint template.yaml
+	$(BIN)/cfn-lint template.yaml infra/*.yaml
 
 # The benchmarks also need the `bench` extra (FastStream, the router's peer); `make test` does not.
 $(BENCH_STAMP): $(STAMP) pyproject.toml

@@ -44,6 +44,7 @@ ALL_SCOPES = [
     "changes:read",
     "changes:write",
     "agents:write",
+    "replay:write",
 ]
 TOKENS: dict[str, dict[str, Any]] = {
     OPERATOR: {"tenant": TENANT, "scopes": ALL_SCOPES},

@@ -115,6 +115,7 @@ def test_every_operation_answers_fuzzed_requests_as_documented(served_api: str) 
         "POST /projects/{projectId}/changes/{changeId}/tasks/{taskId}/complete",
         "POST /projects/{projectId}/changes/{changeId}/tasks/{taskId}/fail",
         "POST /agents",
+        "POST /replays",
     }
     strategy = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(
         GenerationMode.NEGATIVE

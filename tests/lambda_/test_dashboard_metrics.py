@@ -464,6 +464,25 @@ def test_the_emitted_metrics_count_what_happened(emitted: Emitted) -> None:
     assert len(emitted.values("consumer_num_pending")) == EVENT_STREAM_COUNT * len(Subscription)
 
 
+def test_every_function_that_records_a_watched_metric_prints_it_as_emf() -> None:
+    # GIVEN the functions that record what the dashboard and the alarms watch: the sweep
+    # (lag, backlog, letters, Clef-flash calls, heartbeat), the publisher (publish errors)
+    # and the queue functions (commands per queue)
+    template = load_template(TEMPLATE)
+    recording = {
+        "SweepFunction",
+        "OutboxPublisherFunction",
+        "AgentWakeupsFunction",
+        "IntegrationFunction",
+        "IndexingFunction",
+        "DeadLetterFunction",
+    }
+    # THEN each prints its points as EMF lines: without them CloudWatch never sees one
+    for logical_id in recording:
+        environment = template.function(logical_id).environment
+        assert environment.get("RHUMBATRON_METRICS_EMF") == "true", logical_id
+
+
 def test_the_dashboard_shows_errors_throttles_and_duration_of_every_function() -> None:
     # GIVEN the template's functions and the dashboard's Lambda metrics
     template = load_template(TEMPLATE)

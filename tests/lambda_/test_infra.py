@@ -583,6 +583,79 @@ def test_the_task_writes_every_tls_file_the_configs_read_from_the_tls_secret(
     assert script.rstrip().endswith("exec nats-server -c /etc/nats/node.conf")
 
 
+def _run_start_script(
+    cluster: dict[str, Any], root: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """The container's start script under ``root`` (for /data and /etc/nats), ending in
+    ``nats-server -t`` (check the configuration) instead of running the server."""
+    (script,) = _container(cluster)["Command"]
+    script = _under(script, root).replace(
+        "exec nats-server -c", f"exec {find_nats_server_binary()} -t -c"
+    )
+    return subprocess.run(
+        ["/bin/sh", "-c", script], capture_output=True, text=True, env=env, check=False
+    )
+
+
+def _under(text: str, root: Path) -> str:
+    return text.replace("/etc/nats/", f"{root}/etc/nats/").replace("/data/", f"{root}/data/")
+
+
+def _container_env(cluster: dict[str, Any], root: Path, tls: _Tls) -> dict[str, str]:
+    """What ECS gives the container: the configs (its Environment), the TLS material and the
+    credentials (its Secrets)."""
+    environment = {e["Name"]: _under(e["Value"], root) for e in _container(cluster)["Environment"]}
+    pem = {
+        "NATS_TLS_CA": "ca.pem",
+        "NATS_TLS_SERVER_CERT": "server.pem",
+        "NATS_TLS_SERVER_KEY": "server-key.pem",
+        "NATS_TLS_ROUTE_CERT": "route.pem",
+        "NATS_TLS_ROUTE_KEY": "route-key.pem",
+    }
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        **environment,
+        **{name: (tls.directory / file).read_text() for name, file in pem.items()},
+        **_credentials_env(),
+    }
+
+
+def test_the_container_starts_the_node_its_volume_names_with_files_nats_server_accepts(
+    tmp_path: Path, cluster: dict[str, Any]
+) -> None:
+    # GIVEN node 2's volume at /data (its marker), and the container's environment
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / ".rhumbatron-nats-node").write_text("2\n")
+    env = _container_env(cluster, tmp_path, _certificates(tmp_path / "issued"))
+
+    # WHEN the container's start script runs
+    result = _run_start_script(cluster, tmp_path, env)
+
+    # THEN it wrote node 2's configuration and the certificates, and nats-server accepts them
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "is valid" in result.stderr + result.stdout
+    written = tmp_path / "etc" / "nats"
+    assert (written / "node.conf").read_text() == _under(_config("node2.conf"), tmp_path)
+    assert (written / "common.conf").read_text() == _under(_config("common.conf"), tmp_path)
+    # AND only the owner may read the keys
+    for key in ("server-key.pem", "route-key.pem"):
+        assert (written / "tls" / key).stat().st_mode & 0o077 == 0
+
+
+def test_the_container_refuses_to_start_on_a_disk_that_is_not_a_nodes_volume(
+    tmp_path: Path, cluster: dict[str, Any]
+) -> None:
+    # GIVEN /data without the marker the instance writes on the node's EBS volume
+    (tmp_path / "data").mkdir()
+    env = _container_env(cluster, tmp_path, _certificates(tmp_path / "issued"))
+    # WHEN the container's start script runs
+    result = _run_start_script(cluster, tmp_path, env)
+    # THEN it stops before anything is written, and says why
+    assert result.returncode == 1
+    assert "not this node's EBS volume" in result.stderr
+    assert not (tmp_path / "etc").exists() and list((tmp_path / "data").iterdir()) == []
+
+
 def test_three_nodes_run_in_three_subnets_and_zones_under_their_route_names(
     cluster: dict[str, Any], network: dict[str, Any]
 ) -> None:
