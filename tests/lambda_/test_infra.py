@@ -13,7 +13,6 @@ streams).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import os
 import re
@@ -43,6 +42,8 @@ INFRA = ROOT / "infra"
 CONFIGS = INFRA / "nats"
 NODES = (1, 2, 3)
 NAMESPACE = "rhumbatron.internal"
+#: What the booted cluster's certificates name, standing in for the Cloud Map names.
+HOST = "localhost"
 
 #: The container environment variables each config file travels in (nats-cluster.yaml).
 CONFIG_VARIABLES = {
@@ -214,8 +215,10 @@ class _Tls:
 
 
 def _certificates(directory: Path) -> _Tls:
-    """A CA, and one certificate it signs for 127.0.0.1 (server and client use), written
-    under the file names the configs read (server/route, their keys, the CA)."""
+    """A CA, and one certificate it signs for ``localhost`` (server and client use), written
+    under the file names the configs read (server/route, their keys, the CA). A name, not an
+    address, as in the cloud: the members the client and the routes learn from the cluster
+    are addresses, verified against the name they were reached by."""
     pytest.importorskip("cryptography")
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -262,14 +265,14 @@ def _certificates(directory: Path) -> _Tls:
     key = ec.generate_private_key(ec.SECP256R1())
     leaf = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)]))
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - timedelta(minutes=1))
         .not_valid_after(now + timedelta(days=1))
         .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            x509.SubjectAlternativeName([x509.DNSName(HOST)]),
             critical=False,
         )
         .add_extension(
@@ -320,7 +323,7 @@ def _render_for_loopback(
     )
     for m, port in (cluster_ports or {}).items():
         node = node.replace(
-            f"nats-route://nats-{m}.{NAMESPACE}:6222", f"nats-route://127.0.0.1:{port}"
+            f"nats-route://nats-{m}.{NAMESPACE}:6222", f"nats-route://{HOST}:{port}"
         )
     for name, text in (("common.conf", common), (f"node{n}.conf", node)):
         (directory / name).write_text(text.replace("/etc/nats/tls/", f"{tls.directory}/"))
@@ -457,15 +460,17 @@ def test_the_configs_boot_a_tls_cluster_the_functions_start_against_with_r3_stre
         Name="rhumbatron-nats/nats/functions",
         SecretString=json.dumps({"user": booted_cluster.user, "password": booted_cluster.password}),
     )["ARN"]
-    # The client verifies the server certificate against the default trust store; the
-    # private CA of this test joins it the way OpenSSL allows (infra/README.md, TLS).
-    monkeypatch.setenv("SSL_CERT_FILE", str(booted_cluster.tls.ca))
+    # ... and the cluster's private CA in a secret too: the client trusts exactly it.
+    ca_arn = secrets_manager.create_secret(
+        Name="rhumbatron-nats/nats/ca", SecretString=booted_cluster.tls.ca.read_text()
+    )["ARN"]
     first = booted_cluster.nodes[0].ports
     settings = load_settings(
         state_dir=tmp_path / "state",
-        nats_url=f"tls://127.0.0.1:{first.client}",
+        nats_url=f"tls://{HOST}:{first.client}",
         nats_monitor_url=f"http://127.0.0.1:{first.monitor}",
         nats_credentials_secret_arn=arn,
+        nats_tls_ca_secret_arn=ca_arn,
         stream_replicas=3,
         require_durable_jetstream=True,
     )
@@ -501,7 +506,7 @@ def test_the_booted_cluster_refuses_a_wrong_password(
 
     async def connect(password: str) -> None:
         nc = await nats.connect(
-            servers=[f"tls://127.0.0.1:{port}"],
+            servers=[f"tls://{HOST}:{port}"],
             user=booted_cluster.user,
             password=password,
             tls=ssl.create_default_context(cafile=str(booted_cluster.tls.ca)),

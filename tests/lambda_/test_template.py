@@ -10,17 +10,14 @@ and compared with the workflows' definitions, and the nats-server configs go thr
 from __future__ import annotations
 
 import ast
-import base64
 import functools
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -39,7 +36,6 @@ from rhumbatron.entrypoints import (
     workflow_step,
 )
 from rhumbatron.lifecycle.workflows import LifecycleWorkflows
-from rhumbatron.local.nats_server import find_nats_server_binary
 from rhumbatron.messaging.commands import QUEUE_CONSUMERS
 from rhumbatron.runtime.bootstrap import bootstrap
 from rhumbatron.runtime.settings import Settings, load_settings
@@ -894,93 +890,4 @@ def test_api_routes_ask_at_the_edge_for_the_scopes_the_app_asks_for(
     assert all(app_routes[route] for route in set(app_routes) - set(routes))
 
 
-# -- NATS cluster configs --------------------------------------------------------------------
-
-
-def _public_user_nkey(seed: bytes) -> str:
-    """A user nkey (``U...``): prefix byte, 32 key bytes, CRC-16/XMODEM, base32 unpadded."""
-    raw = bytes([20 << 3]) + seed
-    crc = 0
-    for byte in raw:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-    return base64.b32encode(raw + crc.to_bytes(2, "little")).decode().rstrip("=")
-
-
-def _self_signed_certificate(directory: Path) -> tuple[Path, Path]:
-    pytest.importorskip("cryptography")
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nats.rhumbatron.test")])
-    now = datetime.now(UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=1))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
-def test_nats_cluster_configs_are_three_durable_nodes_routed_to_each_other() -> None:
-    common = (NATS_CONFIGS / "common.conf").read_text()
-    assert re.search(r"^\s*sync_interval:\s*always\s*$", common, re.M)
-    assert re.search(r'^\s*store_dir:\s*"/data/jetstream"', common, re.M)
-    names = set()
-    for n in (1, 2, 3):
-        text = (NATS_CONFIGS / f"node{n}.conf").read_text()
-        assert "include ./common.conf" in text
-        server_name = re.search(r"^server_name:\s*(\S+)", text, re.M)
-        assert server_name, f"node{n}.conf has no server_name"
-        names.add(server_name.group(1))
-        routes = set(re.findall(r"nats-route://nats-(\d)\.", text))
-        assert routes == {str(m) for m in (1, 2, 3) if m != n}, f"node{n} routes {routes}"
-    assert len(names) == 3
-
-
-def test_nats_cluster_configs_pass_nats_server_config_test(tmp_path: Path) -> None:
-    # GIVEN the configs with their TLS paths and store pointed into a temp dir
-    cert, key = _self_signed_certificate(tmp_path)
-    for source in NATS_CONFIGS.glob("*.conf"):
-        text = re.sub(r"/etc/nats/tls/[a-z]+-key\.pem", str(key), source.read_text())
-        text = re.sub(r"/etc/nats/tls/[a-z]+\.pem", str(cert), text)
-        text = text.replace("/data/jetstream", str(tmp_path / "jetstream"))
-        (tmp_path / source.name).write_text(text)
-    env = {
-        **os.environ,
-        **{
-            f"RHUMBATRON_{who}_NKEY": _public_user_nkey(os.urandom(32))
-            for who in ("FUNCTIONS", "OPERATOR", "SYSTEM")
-        },
-    }
-
-    # WHEN nats-server checks each node's configuration THEN each is valid
-    for n in (1, 2, 3):
-        result = subprocess.run(
-            [find_nats_server_binary(), "-t", "-c", str(tmp_path / f"node{n}.conf")],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-        )
-        assert result.returncode == 0, f"node{n}.conf: {result.stderr}{result.stdout}"
+# The NATS cluster configs and stacks are checked in tests/lambda_/test_infra.py.

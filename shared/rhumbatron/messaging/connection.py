@@ -151,6 +151,31 @@ async def _auth_options(settings: Settings) -> dict[str, Any]:
     return nats_auth_options(secret, arn=arn)
 
 
+async def _tls_options(settings: Settings) -> dict[str, Any]:
+    """A TLS context trusting the cluster's private CA, when a secret names one."""
+    arn = settings.nats_tls_ca_secret_arn
+    if not arn:
+        return {}
+    pem = _secrets.get(arn)
+    if pem is None:
+        pem = await asyncio.to_thread(
+            read_secret_string,
+            arn,
+            what="the NATS servers' CA (RHUMBATRON_NATS_TLS_CA_SECRET_ARN)",
+            timeout_s=settings.nats_connect_timeout_s,
+        )
+    import ssl
+
+    try:
+        context = ssl.create_default_context(cadata=pem)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigurationError(
+            f"the secret {arn} (RHUMBATRON_NATS_TLS_CA_SECRET_ARN) holds no usable PEM "
+            f"certificate ({type(exc).__name__}); store the CA certificate's PEM text in it"
+        ) from None
+    return {"tls": context}
+
+
 async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
     """Connect to ``settings.nats_url``; raise :class:`NatsUnavailableError` if nobody answers.
 
@@ -159,8 +184,9 @@ async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
     piling up. The *first* connect is bounded: nats-py retries it for as long as it may
     reconnect later (for ever), so without a bound an unreachable server would hang the caller.
 
-    With ``nats_credentials_secret_arn`` set, the credentials come from that secret (read
-    once per process); a secret that cannot be read or used raises
+    With ``nats_tls_ca_secret_arn`` set, the servers' certificates are checked against that
+    CA (a PEM in a secret). With ``nats_credentials_secret_arn`` set, the credentials come
+    from that secret (read once per process); a secret that cannot be read or used raises
     :class:`ConfigurationError` before any connect; credentials the server refuses end like
     an unreachable server (:class:`NatsUnavailableError`, naming the secret too).
     """
@@ -168,6 +194,7 @@ async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
     from nats.errors import NoServersError
 
     auth = await _auth_options(settings)
+    tls = await _tls_options(settings)
     nc = Client()
     bound_s = 2 * settings.nats_connect_timeout_s
     try:
@@ -184,6 +211,7 @@ async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
                 reconnect_time_wait=0.25,  # type: ignore[arg-type]
                 pending_size=0,
                 **auth,
+                **tls,
             ),
             timeout=bound_s,
         )

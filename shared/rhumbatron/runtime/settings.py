@@ -99,6 +99,11 @@ class Settings(BaseSettings):
         default=None,
         description="nats-server monitoring URL (http://host:8222); durability checks read /varz.",
     )
+    nats_tls_ca_secret_arn: str | None = Field(
+        default=None,
+        description="A Secrets Manager secret holding the PEM of the CA that signed the NATS "
+        "servers' certificates (a private CA, infra/README.md); None trusts the default store.",
+    )
     nats_credentials_secret_arn: str | None = Field(
         default=None,
         description="A Secrets Manager secret the client authenticates to NATS with (the cloud): "
