@@ -76,7 +76,9 @@ def durable_cursors() -> list[DurableCursor]:
     there is listed without a change here.
     """
     events = [
-        DurableCursor(CursorKind.EVENT, event_stream_name(index), subscription.value, subscription.value)
+        DurableCursor(
+            CursorKind.EVENT, event_stream_name(index), subscription.value, subscription.value
+        )
         for index in range(EVENT_STREAM_COUNT)
         for subscription in Subscription
     ]

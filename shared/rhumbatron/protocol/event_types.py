@@ -243,6 +243,20 @@ class ReleaseFact(Payload):
     reason: str = ""
 
 
+# Reactions: the admission gate's refusals (rhumbatron.reactions) -------------------------------
+
+
+class BudgetExceeded(Payload):
+    """A tenant's daily reaction budget ran out: the reaction of ``subscription_id`` to
+    ``event_id`` was skipped. Recorded once per tenant and UTC day, at the first refusal."""
+
+    budget: Literal["reactions_per_day"] = "reactions_per_day"
+    limit: int = Field(ge=0)
+    day: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    subscription_id: str = Field(min_length=1)
+    event_id: str = Field(min_length=1)
+
+
 # --------------------------------------------------------------------------- the registry
 
 _P, _S = Owner.PROJECT_ROOT, Owner.RESOURCE_SHARD
@@ -354,6 +368,14 @@ _ALL: tuple[EventTypeSpec, ...] = (
     _change("release.started", ReleaseFact, "A release of a promoted generation started."),
     _change("release.completed", ReleaseFact, "A release finished."),
     _change("release.failed", ReleaseFact, "A release failed."),
+    # The reactions' admission gate writes in the shard of ``project:<id>``.
+    _spec(
+        "budget.exceeded",
+        BudgetExceeded,
+        _S,
+        _MINTED,
+        "A tenant's daily reaction budget ran out; reactions are skipped until the next day.",
+    ),
 )
 
 #: The closed list of Event types, by name. Read-only.

@@ -113,6 +113,9 @@ SUBJECT_OF_NOUN: Mapping[str, SubjectType] = MappingProxyType(
         "promotion": _S.CANDIDATE,
         "release": _S.RELEASE,
         "schedule": _S.SCHEDULE,
+        # A tenant's budget is recorded in the shard of one of its projects (the one whose
+        # event met the refusal).
+        "budget": _S.PROJECT,
     }
 )
 
@@ -128,6 +131,9 @@ NOT_TRIGGERABLE: Mapping[str, str] = MappingProxyType(
         "router coordinates; waking on every lease is noise, like *.moved (S2-096)",
         "claim.released": "it is lease bookkeeping (who holds a resource now) that the causal "
         "router coordinates; waking on every lease is noise, like *.moved (S2-096)",
+        "budget.exceeded": "it is the admission gate's own refusal: a reaction to it would ask "
+        "the very budget that just ran out (loop guard, S2-014); it is watched on the log and "
+        "its metric instead",
     }
 )
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from rhumbatron.errors import ActorError, ArchiveError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import event_stream_name
 from rhumbatron.router.claims import (
     LeaseClaims,
     claim_events,
@@ -26,13 +27,14 @@ from rhumbatron.router.claims import (
     release_claims,
 )
 from rhumbatron.router.project_view import ProjectView
-from rhumbatron.router.records import APPLIED, DEFERRED, DUPLICATE, Record, RecordOutcome
+from rhumbatron.router.records import APPLIED, DEFERRED, DUPLICATE, Outcome, Record, RecordOutcome
 from rhumbatron.runtime.faults import crash_point
 
 if TYPE_CHECKING:
     from rhumbatron.archive import ArchiveWriter
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
+    from rhumbatron.router.freshness import FreshnessGauge
     from rhumbatron.router.stream_state import StreamState
     from rhumbatron.runtime.settings import Settings
 
@@ -129,6 +131,8 @@ class ProjectViewProjector:
 
     settings: Settings
     subscription: Subscription = Subscription.PROJECT_VIEW_PROJECTOR
+    #: Records commit-to-apply seconds per applied batch (``event_freshness_s``); None: not.
+    freshness: FreshnessGauge | None = None
     _views: OrderedDict[str, ProjectView] = field(default_factory=OrderedDict)
 
     def view(self, project_id: str) -> ProjectView:
@@ -164,6 +168,16 @@ class ProjectViewProjector:
         )
         for result in results:
             outcomes.update(result)
+        if self.freshness is not None:
+            applied = [
+                r.event
+                for _, group in calls
+                for r in group
+                if r.event is not None
+                and r.key in outcomes
+                and outcomes[r.key].outcome is Outcome.APPLIED
+            ]
+            self.freshness.observe(event_stream_name(run.stream_index), applied)
         return outcomes
 
     def _apply(
