@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from rhumbatron.actors.alarms import ALARM_SCHEMA, AlarmSink, NoAlarmSink, set_alarm
 from rhumbatron.actors.outbox import OUTBOX_SCHEMA, append_facts
-from rhumbatron.actors.storage import open_with_schema, write_transaction
+from rhumbatron.actors.storage import open_with_schema, schema_version, write_transaction
 from rhumbatron.domain.transition import Delete, Insert, Mutation, Transition, Update, Upsert
 from rhumbatron.errors import ActorError, DomainError
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
@@ -31,8 +31,6 @@ from rhumbatron.runtime.settings import Settings
 __all__ = ["Actor", "ActorKind", "ActorRef", "TransactResult"]
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
-#: ``PRAGMA user_version`` of an actor file whose schema is in place.
-SCHEMA_VERSION = 1
 
 
 class ActorKind(StrEnum):
@@ -140,7 +138,7 @@ class Actor:
                 self.path,
                 self.settings,
                 OUTBOX_SCHEMA + ALARM_SCHEMA + self.STATE_SCHEMA,
-                version=SCHEMA_VERSION,
+                version=schema_version(OUTBOX_SCHEMA + ALARM_SCHEMA + self.STATE_SCHEMA),
                 what="actor",
                 new_dirs_to_sync=2,  # the actor file's folder and the projects folder
             )

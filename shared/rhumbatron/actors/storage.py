@@ -12,6 +12,7 @@ import os
 import sqlite3
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -147,6 +148,14 @@ def write_transaction(connection: sqlite3.Connection, path: Path) -> Iterator[sq
         raise sqlite_error(exc, path, "commit failed") from exc
 
 
+def schema_version(schema: str) -> int:
+    """The ``user_version`` a file with ``schema`` carries: a digest of the schema's text, so
+    a file created by an older schema (a table added since) gets the new ``CREATE … IF NOT
+    EXISTS`` statements the next time it is opened. A column added to an existing table
+    needs a migration of its own; none has been needed before the first release."""
+    return zlib.crc32(" ".join(schema.split()).encode("utf-8")) & 0x7FFFFFFF
+
+
 def open_with_schema(
     path: Path,
     settings: Settings,
@@ -212,8 +221,6 @@ class SqliteStore:
     EXISTS`` statements) is applied once, under a write lock, and marked by ``user_version``.
     """
 
-    SCHEMA_VERSION = 1
-
     def __init__(self, path: Path, settings: Settings, schema: str) -> None:
         self.path = path
         self.settings = settings
@@ -225,7 +232,11 @@ class SqliteStore:
     def connection(self) -> sqlite3.Connection:
         if self._connection is None:
             self._connection = open_with_schema(
-                self.path, self.settings, self._schema, version=self.SCHEMA_VERSION, what="store"
+                self.path,
+                self.settings,
+                self._schema,
+                version=schema_version(self._schema),
+                what="store",
             )
         return self._connection
 
