@@ -1,6 +1,7 @@
 """The ``rhumbatron`` command: ``demo``, ``up`` (the local stack, API and dashboard),
 ``outbox`` (inspect, requeue), ``streams``, ``dead-letters`` (list, show, retry, dismiss),
-``kinds`` (the Event kind grammar) and ``api`` (serve the operator API).
+``kinds`` (the Event kind grammar), ``subscriptions`` (list, show, create, enable, disable,
+delete) and ``api`` (serve the operator API).
 
 ``dead-letters`` acts on the local state directory and NATS (``RHUMBATRON_*`` settings)
 through the same operator functions as the HTTP API, as a platform operator: it sees every
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rhumbatron.operator import Inspection, RetryOutcome
     from rhumbatron.product.dead_letters import DeadLetter
+    from rhumbatron.reactions.registry import SubscriptionRecord, SubscriptionRegistry
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [
@@ -433,6 +435,144 @@ def _replay(args: argparse.Namespace) -> int:
         return _fail(EXIT_ERROR, str(exc), command="replay")
 
 
+# -- subscriptions -----------------------------------------------------------------------------
+
+
+def _subscriptions(args: argparse.Namespace) -> int:
+    """List, show, create, enable, disable or delete subscriptions in the local product
+    database, as a platform operator: every tenant's, or ``--tenant``'s. Exit status: 2 no such
+    subscription, 3 the name holds other content, 1 an invalid file or value."""
+    from pydantic import ValidationError
+
+    from rhumbatron.errors import RhumbatronError
+    from rhumbatron.reactions.registry import (
+        SubscriptionConflictError,
+        SubscriptionNotFoundError,
+        SubscriptionRegistry,
+    )
+    from rhumbatron.runtime.bootstrap import bootstrap
+
+    command = "subscriptions"
+    try:
+        app = bootstrap()
+        try:
+            registry = SubscriptionRegistry(app.product(), app.settings, app.clock)
+            return _subscription_action(registry, args)
+        finally:
+            app.product().close()
+    except SubscriptionNotFoundError as exc:
+        return _fail(EXIT_NOT_FOUND, str(exc), command=command)
+    except SubscriptionConflictError as exc:
+        return _fail(EXIT_CANNOT, str(exc), command=command)
+    except ValidationError as exc:
+        # Location and message only: pydantic's own text quotes the input, maybe a secret.
+        problems = "; ".join(
+            ".".join(str(part) for part in error["loc"]) + ": " + error["msg"]
+            for error in exc.errors(include_url=False)
+        )
+        return _fail(EXIT_ERROR, f"invalid subscription: {problems}", command=command)
+    except RhumbatronError as exc:
+        return _fail(EXIT_ERROR, str(exc), command=command)
+
+
+def _subscription_action(registry: SubscriptionRegistry, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pydantic import TypeAdapter
+
+    from rhumbatron.reactions.registry import Governance, Reaction, SubscriptionNotFoundError
+    from rhumbatron.reactions.selectors import Selector
+
+    if args.action == "list":
+        records = registry.list(args.tenant, enabled_only=args.enabled_only)
+        if args.json:
+            _print_json([_subscription_wire(r) for r in records])
+        for r in () if args.json else records:
+            state = "enabled" if r.governance.enabled else "disabled"
+            kinds = ",".join(r.selector.kinds)
+            reaction = r.reaction.kind
+            print(f"{r.subscription_id}  {r.tenant_id}  {r.name}  {state}  {kinds}  -> {reaction}")
+        if not (args.json or records):
+            print("no subscriptions")
+        return 0
+    if args.action == "create":
+        try:
+            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+            raw = json.loads(text)
+        except (OSError, ValueError) as exc:
+            return _fail(
+                EXIT_ERROR, f"cannot read {args.file!r} as JSON: {exc}", command="subscriptions"
+            )
+        if not isinstance(raw, dict):
+            return _fail(
+                EXIT_ERROR, f"{args.file!r} must hold a JSON object", command="subscriptions"
+            )
+        outcome = registry.create(
+            args.tenant,
+            str(raw.get("name", "")),
+            Selector.parse(raw.get("selector") or {}),
+            TypeAdapter(Reaction).validate_python(raw.get("reaction")),
+            Governance.model_validate(raw.get("governance") or {}),
+        )
+        _print_json(_subscription_wire(outcome.record, outcome.generated_secret))
+        return 0
+    if args.action == "show":
+        record = registry.get(args.tenant, args.id)
+        if record is None:
+            raise SubscriptionNotFoundError(
+                f"no subscription {args.id!r}; `rhumbatron subscriptions list` shows them"
+            )
+    elif args.action == "delete":
+        record = registry.delete(args.tenant, args.id)
+    else:
+        enabled = args.action == "enable"
+        record = registry.set_governance(
+            args.tenant, args.id, enabled=enabled, cooldown_s=args.cooldown_s
+        )
+    _print_json(_subscription_wire(record))
+    return 0
+
+
+def _subscription_wire(record: SubscriptionRecord, secret: str | None = None) -> dict[str, Any]:
+    """A subscription as the HTTP API shows it: no secret, except one just generated."""
+    from rhumbatron.api.subscription_routes import SubscriptionBody
+
+    body = SubscriptionBody.of(record, generated_secret=secret)
+    return body.model_dump(mode="json", by_alias=True)
+
+
+def _subscriptions_parser(sub: Any) -> None:
+    subs = sub.add_parser(
+        "subscriptions",
+        help="list, show, create, enable, disable or delete subscriptions (every tenant's)",
+        description="Subscriptions in the local product database, every tenant's unless "
+        "--tenant. Exit status: 2 no such subscription, 3 the name holds other content.",
+    )
+    actions = subs.add_subparsers(dest="action", required=True)
+    tenant = argparse.ArgumentParser(add_help=False)
+    tenant.add_argument("--tenant", help="only this tenant's subscriptions")
+    listing = actions.add_parser("list", parents=[tenant], help="list subscriptions")
+    listing.add_argument("--enabled-only", action="store_true")
+    listing.add_argument("--json", action="store_true", help="print the API's JSON form")
+    create = actions.add_parser(
+        "create", help="create a subscription from the API's JSON body (idempotent per name)"
+    )
+    create.add_argument("--tenant", required=True, help="the tenant that owns it")
+    create.add_argument(
+        "--file", required=True, help='{"name", "selector", "reaction", "governance"}; - stdin'
+    )
+    for name, text in (
+        ("show", "a subscription, without its secrets"),
+        ("enable", "enable a subscription (and maybe set its cooldown)"),
+        ("disable", "disable a subscription: it matches nothing until enabled"),
+        ("delete", "delete a subscription"),
+    ):
+        action = actions.add_parser(name, parents=[tenant], help=text)
+        action.add_argument("id", help="the subscription's ID (sub_...)")
+        if name in ("enable", "disable"):
+            action.add_argument("--cooldown-s", type=int, help="seconds between reactions")
+
+
 # -- the operator API --------------------------------------------------------------------------
 
 
@@ -544,6 +684,8 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--end", help="archive: the range's end, exclusive")
     replay.add_argument("--dry-run", action="store_true", help="count only; change nothing")
 
+    _subscriptions_parser(sub)
+
     api = sub.add_parser("api", help="serve the operator HTTP API with uvicorn")
     api.add_argument("--host", default="127.0.0.1")
     api.add_argument("--port", type=int, default=8080)
@@ -597,6 +739,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _api(args)
     if args.command == "replay":
         return _replay(args)
+    if args.command == "subscriptions":
+        return _subscriptions(args)
     if args.command == "invoke":
         from rhumbatron.local.invoke import run_command
 

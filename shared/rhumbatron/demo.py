@@ -661,6 +661,17 @@ def _ordinary_tick(stream: int, day: datetime, settings: Settings) -> datetime:
     raise AssertionError(f"no ordinary tick visits stream {stream}")
 
 
+def _fresh_bucket(s3: Any, bucket: str) -> None:
+    """The evidence bucket, empty. moto keeps its S3 state per process, not per server: in a
+    process that ran another local stack before (the test suite), the bucket would still hold
+    that stack's archive objects, and the demo's archive must be its own."""
+    s3.create_bucket(Bucket=bucket)
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+        if keys:
+            s3.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+
+
 async def _sweep(app: Rhumbatron, project_id: str) -> dict[str, Any]:
     """One sweep tick per stream (the archiver, the analytics, the lag metrics), then the
     project view, the archive objects, the metrics and every consumer's lag."""
@@ -1160,7 +1171,7 @@ async def run_demo(root: Path, sample_path: Path, out: TextIO = sys.stdout) -> d
         demo = _Demo(app, sample, out)
         try:
             streams_report = await app.ensure_streams()
-            stack.s3.client().create_bucket(Bucket=settings.evidence_bucket)
+            _fresh_bucket(stack.s3.client(), settings.evidence_bucket)
             demo.say(f"local stack: nats {stack.nats.url}  s3 {stack.s3.endpoint_url}")
             demo.say(f"streams created: {', '.join(streams_report.created)}")
             async with _serve_api(settings, api_token, app.alarms) as (url, api):

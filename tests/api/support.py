@@ -43,8 +43,10 @@ ALL_SCOPES = [
     "projects:write",
     "changes:read",
     "changes:write",
+    "agents:read",
     "agents:write",
     "replay:write",
+    "consumers:read",
 ]
 TOKENS: dict[str, dict[str, Any]] = {
     OPERATOR: {"tenant": TENANT, "scopes": ALL_SCOPES},

@@ -116,6 +116,12 @@ def test_every_operation_answers_fuzzed_requests_as_documented(served_api: str) 
         "POST /projects/{projectId}/changes/{changeId}/tasks/{taskId}/fail",
         "POST /agents",
         "POST /replays",
+        "POST /subscriptions",
+        "GET /subscriptions",
+        "GET /subscriptions/{subscriptionId}",
+        "PATCH /subscriptions/{subscriptionId}",
+        "DELETE /subscriptions/{subscriptionId}",
+        "GET /consumers",
     }
     strategy = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(
         GenerationMode.NEGATIVE

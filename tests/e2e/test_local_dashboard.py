@@ -231,10 +231,10 @@ async def test_the_dashboard_shows_a_short_run_and_its_retry_closes_the_dead_let
             # WHEN the dashboard is opened
             await browser.call("Page.navigate", {"url": up.dashboard_url})
 
-            # THEN its panels show the run: 32 lag cells (4 consumers x 8 streams), the
+            # THEN its panels show the run: 40 lag cells (5 consumers x 8 streams), the
             # published outbox rows, the open dead letter, the commands, the roles, the feed
             await browser.until(
-                "document.querySelectorAll('#lag-rows td[data-stream]').length === 32",
+                "document.querySelectorAll('#lag-rows td[data-stream]').length === 40",
                 "a lag cell per consumer and stream",
             )
             await browser.until(
@@ -332,7 +332,7 @@ async def test_the_dashboard_answers_only_loopback_hosts_and_the_runs_token(
         # AND the data needs the token, and every panel has its data
         assert summary.status_code == 200
         body = summary.json()
-        assert len(body["lags"]["rows"]) == 32
+        assert len(body["lags"]["rows"]) == 40
         assert set(body["outbox"]) >= {"pending", "retry_wait", "failed"}
         assert set(body["commands"]["queues"]) == {
             "agent-wakeups",

@@ -397,10 +397,10 @@ def test_the_router_applies_every_event_and_leaves_every_consumer_at_lag_0(demo:
     assert view["canonicalGeneration"] == 1
     assert view["changesByState"] == {"completed": 1}
     assert view["tasksByState"] == {"completed": 4}
-    assert len(summary["consumers"]) == 32
+    assert len(summary["consumers"]) == 40
     assert all(c["numPending"] == 0 and c["numAckPending"] == 0 for c in summary["consumers"])
     assert summary["metricCounts"]["eventMetrics"]["task_completed"] == 4
-    assert "router consumers: 32, at lag 0: 32" in printed
+    assert "router consumers: 40, at lag 0: 40" in printed
 
 
 def test_the_demo_prints_each_step_in_order(demo: Demo) -> None:

@@ -291,7 +291,8 @@ async def test_a_replay_while_the_live_cursor_consumes_applies_every_event_once(
     again = await rewind(app, stream_index=0, subscription=PROJECTOR, to_seq=1, dry_run=False)
     assert counts(again) == {"scanned": 150, "already_applied": 150}
     drained = await app.router().drain()
-    assert drained["applied"] == 150 * 2  # only the subscriptions not replayed: archive, analytics
+    # only the subscriptions not replayed: archive, analytics, reactions
+    assert drained["applied"] == 150 * 3
     assert [len(view_rows(app, p)["project_events"]) for p in projects] == [50, 50, 50]
 
 
@@ -313,7 +314,7 @@ async def test_a_dry_run_changes_no_file_and_leaves_no_consumer(
     ]
 
     # THEN each would apply every event; no file was created or written; no consumer exists
-    assert [counts(r) for r in reports] == [{"scanned": 6, "would_apply": 6}] * 4
+    assert [counts(r) for r in reports] == [{"scanned": 6, "would_apply": 6}] * 5
     assert files_under(state_dir) == before
     assert not (state_dir / "projects" / project).exists()
     assert await consumer_names(app, 0) == []

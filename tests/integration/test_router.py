@@ -417,6 +417,7 @@ async def test_a_housekeeping_tick_runs_no_analytics_batch(make_app: AppFactory)
         CAUSAL.value,
         Subscription.AUDIT_ARCHIVER.value,
         Subscription.ANALYTICS_PROJECTOR.value,
+        Subscription.REACTIONS.value,
     ]
 
 
@@ -553,14 +554,14 @@ async def test_every_sweep_records_consumer_lag_and_outbox_backlog_as_metrics(
     # WHEN a sweep tick runs on another stream
     sweep = await app.router().sweep(now=sweep_minute(5))
 
-    # THEN it recorded all 32 consumers' lag and the outbox backlog
-    assert len(sweep.lags) == 32
+    # THEN it recorded the lag of all 40 consumers (5 × 8 streams) and the outbox backlog
+    assert len(sweep.lags) == 40
     unread = {(lag.stream, lag.consumer): lag.num_pending for lag in sweep.lags}
     assert unread[(event_stream_name(0), PROJECTOR.value)] == 3
     assert sweep.outbox_backlog["pending"] == 1
     counts = metric_counts(app.product().connection, MetricBinding.METRICS)
-    assert counts["consumer_num_pending"] == 32
-    assert counts["consumer_num_ack_pending"] == 32
+    assert counts["consumer_num_pending"] == 40
+    assert counts["consumer_num_ack_pending"] == 40
     assert counts["outbox_pending"] == 1
 
 
@@ -584,9 +585,9 @@ async def test_the_daily_tick_drops_lag_points_older_than_30_days_and_keeps_even
     sweep = await app.router().sweep(now=tick)
 
     # THEN the old lag points went; the analytics points stayed
-    assert sweep.pruned_metric_rows == 67  # 32 × 2 consumer points + 3 outbox points
+    assert sweep.pruned_metric_rows == 83  # 40 × 2 consumer points + 3 outbox points
     assert metric_counts(product, MetricBinding.EVENT_METRICS) == before
-    assert metric_counts(product, MetricBinding.METRICS)["consumer_num_pending"] == 32
+    assert metric_counts(product, MetricBinding.METRICS)["consumer_num_pending"] == 40
 
 
 async def test_a_view_file_held_by_another_writer_is_retried_not_counted(

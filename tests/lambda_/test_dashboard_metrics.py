@@ -10,8 +10,9 @@ functions run as Lambda runs them (their ``app.py``, the template's environment 
 ``RHUMBATRON_METRICS_EMF`` on, a real nats-server) through a short life of a deployment: a
 Clef-flash call, a provision on the integration queue, a letter on the dead-letter queue,
 project events the publisher may not send (their stream is not among its producer
-bindings), then a sweep tick. The CloudWatch EMF lines they print are parsed, and every
-named metric must be among them with exactly its dimension names.
+bindings), a router nudge that projects an Event, then a sweep tick. The CloudWatch EMF
+lines they print are parsed, and every named metric must be among them with exactly its
+dimension names.
 
 The runbook of every alarm must be in docs/operations.md.
 """
@@ -35,7 +36,7 @@ import pytest
 
 from rhumbatron.causal.clef_flash import ClefFlash
 from rhumbatron.causal.store import CausalStore
-from rhumbatron.domain.facts import Caller
+from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.entrypoints import sweep
 from rhumbatron.local.invoke import Template, load_template
 from rhumbatron.local.nats_server import NatsServerProcess
@@ -53,7 +54,8 @@ from rhumbatron.metrics import (
     SWEEP_HEARTBEAT_METRIC,
 )
 from rhumbatron.protocol.envelopes import Command, Event
-from rhumbatron.protocol.ids import stream_index
+from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
+from rhumbatron.router.freshness import EVENT_FRESHNESS_METRIC
 from rhumbatron.runtime.bootstrap import bootstrap
 from rhumbatron.runtime.clock import SystemClock, utc_day
 from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, load_settings
@@ -69,6 +71,8 @@ NAMESPACE = "Rhumbatron"
 SINK_DIMENSIONS = {"binding": "METRICS", "service": "rhumbatron"}
 #: The stream the publisher is not bound to: the project events on it fail at once.
 UNBOUND_STREAM = 7
+#: The stream a router nudge reads (not the sweep's, which then still finds no events).
+NUDGED_STREAM = 3
 #: A queue function's whole time (Timeout 900 in template.yaml).
 FULL_TIME_MS = 900_000
 #: An ordinary tick (no maintenance, no release sweep) on a stream with no events.
@@ -333,6 +337,7 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emitted]:
     server.start()
     unbound = _project_on_stream(UNBOUND_STREAM)
     provisioned = _project_on_stream(UNBOUND_STREAM)
+    nudged = _project_on_stream(NUDGED_STREAM)
     bound = [index for index in range(EVENT_STREAM_COUNT) if index != UNBOUND_STREAM]
     with pytest.MonkeyPatch.context() as env:
         for name, value in {
@@ -351,8 +356,9 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emitted]:
         sweep.reset_for_tests()
         try:
             # GIVEN a Clef-flash call, a provision waiting on integration, a command that
-            # failed on integration waiting on the dead-letter queue, and a project's event
-            # on the stream the publisher is not bound to
+            # failed on integration waiting on the dead-letter queue, a project's event on
+            # the stream the publisher is not bound to, and an Event waiting on the stream
+            # the router will be nudged for
             day_before = utc_day(datetime.now(UTC))
             _ask_clef_flash(settings.state_dir)
             app = bootstrap(settings)
@@ -366,11 +372,20 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emitted]:
                 headers = {ORIGIN_QUEUE_HEADER: "integration", LAST_ERROR_HEADER: "boom"}
                 await bus.send(DEAD_LETTER_QUEUE, failed, headers=headers)
                 app.project_root(unbound).create_project(CALLER, name="Unbound")
+                woke = FactContext(CALLER, nudged, datetime.now(UTC)).fact(
+                    "agent.woke", {"agentId": "agent-1"}, change_id="chg-1"
+                )
+                js = (await app.nats()).jetstream()
+                await js.publish(
+                    event_stream_subject(NUDGED_STREAM),
+                    woke.to_json(),
+                    headers={"Nats-Msg-Id": woke.event_id},
+                )
                 await app.close()
 
             asyncio.run(arrange())
 
-            # WHEN the integration, outbox publisher and sweep functions run in turn
+            # WHEN the integration, outbox publisher, router nudge and sweep functions run
             summaries: dict[str, dict[str, Any]] = {}
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
@@ -379,6 +394,9 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emitted]:
                 )
                 summaries["publisher"] = load_app("outbox_publisher").lambda_handler(
                     sample_event("outbox_publisher_schedule.json"), FakeLambdaContext()
+                )
+                summaries["nudge"] = load_app("router_nudge").lambda_handler(
+                    {"streamIndex": NUDGED_STREAM}, FakeLambdaContext()
                 )
                 tick = {**sample_event("sweep_schedule.json"), "scheduledTime": SWEEP_AT}
                 summaries["sweep"] = load_app("sweep").lambda_handler(tick, FakeLambdaContext())
@@ -460,7 +478,11 @@ def test_the_emitted_metrics_count_what_happened(emitted: Emitted) -> None:
     calls = float(emitted.clef_flash_calls)
     assert emitted.values(CLEF_FLASH_CALLS_TODAY_METRIC) == [calls]
     assert emitted.values(SWEEP_HEARTBEAT_METRIC) == [1.0]
-    # AND the lag of all 32 consumers
+    # AND the freshness of the one batch the nudge projected, for its stream
+    (freshness,) = emitted.values(EVENT_FRESHNESS_METRIC, stream=event_stream_name(NUDGED_STREAM))
+    assert 0.0 <= freshness < 60.0
+    assert emitted.summaries["nudge"]["totals"]["applied"] >= 1
+    # AND the lag of every consumer
     assert len(emitted.values("consumer_num_pending")) == EVENT_STREAM_COUNT * len(Subscription)
 
 

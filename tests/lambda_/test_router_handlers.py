@@ -311,7 +311,7 @@ def test_sweep_applies_archives_and_records_the_lag_of_its_minutes_stream(
     assert summary["stream"] == event_stream_name(index)
     assert summary["out_of_time"] is False
     assert _view_name(lambda_env, projects[index]) == f"Project {projects[index]}"
-    visited = {"project-view-projector", "causal-router", "audit-archiver"}
+    visited = {"project-view-projector", "causal-router", "audit-archiver", "reactions"}
     # an ordinary tick also runs the analytics batch; the maintenance and release ticks don't
     assert summary["analytics"] is not (summary["maintenance"] or summary["release_sweep"])
     if summary["analytics"]:
@@ -330,7 +330,7 @@ def test_sweep_applies_archives_and_records_the_lag_of_its_minutes_stream(
 
     # AND the lag of all 32 consumers: the visited ones caught up, the others lag one event
     lags = {(lag["stream"], lag["consumer"]): lag for lag in summary["lags"]}
-    assert len(lags) == EVENT_STREAM_COUNT * 4
+    assert len(lags) == EVENT_STREAM_COUNT * 5
     for name in visited:
         lag = lags[(event_stream_name(index), name)]
         assert (lag["num_pending"], lag["num_ack_pending"], lag["exists"]) == (0, 0, True)
@@ -378,7 +378,7 @@ def test_sweep_with_a_nearly_expired_context_stops_before_fetching(
     assert summary["archive_objects"] == []
     assert _view_name(lambda_env, projects[summary["stream_index"]]) is None
     # AND the lag is still recorded: the stream's consumers still owe its event
-    assert len(summary["lags"]) == EVENT_STREAM_COUNT * 4
+    assert len(summary["lags"]) == EVENT_STREAM_COUNT * 5
     assert all(lag["num_pending"] == 1 for lag in summary["lags"])
 
 

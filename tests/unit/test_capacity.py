@@ -13,8 +13,8 @@ def test_at_the_spec_values_the_archive_keeps_up_with_144000_events_a_day() -> N
     # analytics skips the 288 release-sweep ticks and the daily tick
     assert limits.analytics_events_per_day == (1_440 - 288 - 1) * 100
     assert limits.sweep_apply_events_per_day == 1_440 * 2 * 100
-    # 5,000 claim rows a day, four per event (one per subscription)
-    assert limits.prune_events_per_day == 1_250
+    # 5,000 claim rows a day, five per event (one per subscription, reactions included)
+    assert limits.prune_events_per_day == 1_000
 
 
 def test_raising_the_batch_settings_raises_the_ceilings() -> None:
@@ -26,7 +26,7 @@ def test_raising_the_batch_settings_raises_the_ceilings() -> None:
         )
     )
     assert limits.archive_events_per_day == 1_440 * 500 * 4
-    assert limits.prune_events_per_day == 100_000
+    assert limits.prune_events_per_day == 80_000
 
 
 def test_a_rate_above_a_ceiling_warns_naming_the_setting_to_raise() -> None:

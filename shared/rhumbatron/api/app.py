@@ -29,6 +29,7 @@ from rhumbatron.api.auth import (
     Authenticator,
     Principal,
 )
+from rhumbatron.api.consumers_routes import consumers_router
 from rhumbatron.api.errors import (
     AuthenticationError,
     InvalidRequestError,
@@ -47,6 +48,7 @@ from rhumbatron.api.schemas import (
     SendCommandBody,
     SendCommandRequest,
 )
+from rhumbatron.api.subscription_routes import subscription_router
 from rhumbatron.errors import DeadLetterNotFoundError, NatsUnavailableError, RhumbatronError
 from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
@@ -324,6 +326,8 @@ def create_api(app: Rhumbatron, auth: Authenticator, *, manage_runtime: bool = T
     api.include_router(router)
     api.include_router(lifecycle_router(app, _principal, _streams_ready))
     api.include_router(replay_router(app, _principal))
+    api.include_router(subscription_router(app, _principal))
+    api.include_router(consumers_router(app, _principal))
     return api
 
 

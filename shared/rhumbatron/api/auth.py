@@ -37,10 +37,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SCOPES",
+    "SCOPE_AGENTS_READ",
     "SCOPE_AGENTS_WRITE",
     "SCOPE_CHANGES_READ",
     "SCOPE_CHANGES_WRITE",
     "SCOPE_COMMANDS_SEND",
+    "SCOPE_CONSUMERS_READ",
     "SCOPE_DEAD_LETTERS_READ",
     "SCOPE_DEAD_LETTERS_WRITE",
     "SCOPE_PROJECTS_READ",
@@ -64,10 +66,15 @@ SCOPE_PROJECTS_WRITE: Final = "projects:write"
 SCOPE_CHANGES_READ: Final = "changes:read"
 #: Request Changes; approve, decline or cancel them.
 SCOPE_CHANGES_WRITE: Final = "changes:write"
-#: Register Agents, and report as an Agent on a Task (the agent callbacks).
+#: Read the subscriptions (what reacts to which facts).
+SCOPE_AGENTS_READ: Final = "agents:read"
+#: Register Agents, and report as an Agent on a Task (the agent callbacks); manage
+#: subscriptions.
 SCOPE_AGENTS_WRITE: Final = "agents:write"
 #: Replay a subscription from a stream point or the archive (a platform operator's scope).
 SCOPE_REPLAY_WRITE: Final = "replay:write"
+#: Read every durable consumer's lag (a platform operator's scope: it spans every tenant).
+SCOPE_CONSUMERS_READ: Final = "consumers:read"
 #: Every scope an operation can ask for (the settings' ApiScope literal holds the same).
 SCOPES: Final = frozenset(
     {
@@ -78,8 +85,10 @@ SCOPES: Final = frozenset(
         SCOPE_PROJECTS_WRITE,
         SCOPE_CHANGES_READ,
         SCOPE_CHANGES_WRITE,
+        SCOPE_AGENTS_READ,
         SCOPE_AGENTS_WRITE,
         SCOPE_REPLAY_WRITE,
+        SCOPE_CONSUMERS_READ,
     }
 )
 

@@ -1,4 +1,4 @@
-"""The event log as the router reads it: 8 streams × 4 subscriptions, one durable each.
+"""The event log as the router reads it: 8 streams × 5 subscriptions, one durable each.
 
 Each subscription is a durable JetStream pull consumer named after it (``causal-router`` …)
 on each ``EVENTS_NN`` stream, with explicit ack and the ack wait from the settings. The client
@@ -25,12 +25,14 @@ __all__ = ["ConsumerLag", "EventLogClient", "Subscription", "consumer_config"]
 
 
 class Subscription(StrEnum):
-    """The four subscriptions of every event stream (spec: exactly these)."""
+    """The subscriptions of every event stream: the spec's four, and ``reactions`` (seed 002:
+    every reaction is one more consumer with a durable cursor, issue #7)."""
 
     CAUSAL_ROUTER = "causal-router"
     PROJECT_VIEW_PROJECTOR = "project-view-projector"
     AUDIT_ARCHIVER = "audit-archiver"
     ANALYTICS_PROJECTOR = "analytics-projector"
+    REACTIONS = "reactions"
 
 
 @dataclass(frozen=True, slots=True)

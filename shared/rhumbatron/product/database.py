@@ -12,6 +12,7 @@ from rhumbatron.agents.registry import AGENTS_SCHEMA
 from rhumbatron.indexing.indexer import PROJECT_INDEXES_SCHEMA
 from rhumbatron.metrics.platform_metrics import PLATFORM_METRICS_SCHEMA
 from rhumbatron.product.dead_letters import DEAD_LETTERS_SCHEMA
+from rhumbatron.reactions.registry import SUBSCRIPTIONS_SCHEMA
 from rhumbatron.router.claims import CLAIMS_SCHEMA
 from rhumbatron.runtime.settings import Settings
 
@@ -43,5 +44,6 @@ class ProductDatabase(SqliteStore):
             + CLAIMS_SCHEMA
             + PROJECT_INDEXES_SCHEMA
             + AGENTS_SCHEMA
-            + CHANGE_REQUESTS_SCHEMA,
+            + CHANGE_REQUESTS_SCHEMA
+            + SUBSCRIPTIONS_SCHEMA,
         )

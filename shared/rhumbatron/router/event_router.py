@@ -4,7 +4,9 @@ A **nudge** for stream N runs ``project-view-projector`` then ``causal-router``,
 consumes each. A **sweep tick** (the start of every minute) visits stream
 ``minute-of-day mod 8`` and runs the same two, then the ``audit-archiver`` batch(es), then —
 on a tick that is neither the daily maintenance tick nor a release-sweep tick — the
-``analytics-projector`` batch(es). The sweep is the correctness path: with nudges off every
+``analytics-projector`` batch(es); every sweep tick ends with one ``reactions`` batch (the
+reactions run in the sweep only, so an event storm waits on the stream instead of
+stampeding, issue #7). The sweep is the correctness path: with nudges off every
 event is still applied, 8 minutes later at most.
 
 For every fetched record the router settles one outcome (see ``records``): ack, nack (after
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from rhumbatron.archive import ArchiveWriter
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
+    from rhumbatron.reactions.consumer import Reactions
 
 __all__ = ["EventRouter", "RunReport", "SubscriptionReport", "SweepReport", "tick_kind"]
 
@@ -129,7 +132,11 @@ def tick_kind(settings: Settings, now: datetime) -> tuple[int, bool, bool]:
 
 @dataclass
 class EventRouter:
-    """Runs the four subscriptions of the event streams. Build one per process."""
+    """Runs the subscriptions of the event streams. Build one per process.
+
+    ``reactions`` binds the reactions consumer to a registry and its effects
+    (:func:`rhumbatron.reactions.assembly.reactions_for`); without it nothing matches.
+    """
 
     settings: Settings
     clock: Clock
@@ -140,6 +147,7 @@ class EventRouter:
     metrics_sink: MetricsSink
     causal_routing: CausalRouting = field(default_factory=NoCausalRules)
     outbox_backlog: Callable[[], dict[str, int]] | None = None
+    reactions: Reactions | None = None
     _log_client: EventLogClient | None = None
     _log_nc: NATS | None = None
     _states: dict[int, StreamState] = field(default_factory=dict)
@@ -165,7 +173,13 @@ class EventRouter:
     @property
     def projector(self) -> ProjectViewProjector:
         if self._projector is None:
-            self._projector = ProjectViewProjector(self.settings)
+            from rhumbatron.router.freshness import freshness_gauge
+
+            # Commit-to-apply freshness, one point per applied batch (the dashboards' panel).
+            self._projector = ProjectViewProjector(
+                self.settings,
+                freshness=freshness_gauge(self.product, self.metrics_sink, self.clock),
+            )
         return self._projector
 
     def handler(self, stream_index: int, subscription: Subscription) -> RecordHandler:
@@ -183,8 +197,23 @@ class EventRouter:
                     handler = AuditArchiver(state, self.archive_writer(), lease_s)
                 case Subscription.ANALYTICS_PROJECTOR:
                     handler = AnalyticsProjector(self.product, self.metrics_sink)
+                case Subscription.REACTIONS:
+                    handler = self._reactions_consumer(lease_s)
             self._handlers[key] = handler
         return handler
+
+    def _reactions_consumer(self, lease_s: float) -> RecordHandler:
+        from rhumbatron.reactions.assembly import no_reactions
+        from rhumbatron.reactions.consumer import ReactionsConsumer
+
+        return ReactionsConsumer(
+            settings=self.settings,
+            clock=self.clock,
+            product=self.product,
+            metrics_sink=self.metrics_sink,
+            reactions=self.reactions or no_reactions(),
+            lease_s=lease_s,
+        )
 
     # -- runs --------------------------------------------------------------------------------
     async def nudge(
@@ -251,6 +280,8 @@ class EventRouter:
                     settings.analytics_batch_size,
                 )
             )
+        # One reactions batch per tick: the gate decides, the stream buffers the rest.
+        plan.append((Subscription.REACTIONS, 1, settings.router_fetch_max_records))
         archiver = self.handler(stream_index, Subscription.AUDIT_ARCHIVER)
         assert isinstance(archiver, AuditArchiver)
         archived_before = len(archiver.objects_written)
@@ -433,7 +464,7 @@ class EventRouter:
 
     # -- lag ---------------------------------------------------------------------------------
     async def consumer_lags(self) -> list[ConsumerLag]:
-        """The lag of every subscription on every stream (32 consumers)."""
+        """The lag of every subscription on every stream (40 consumers)."""
         log = await self.event_log()
         return [
             await log.lag(index, subscription)

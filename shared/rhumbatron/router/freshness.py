@@ -20,11 +20,13 @@ from rhumbatron.errors import RhumbatronError
 from rhumbatron.metrics.platform_metrics import DataPoint
 
 if TYPE_CHECKING:
+    from rhumbatron.metrics.emf import MetricsSink
     from rhumbatron.metrics.recorder import MetricsRecorder
+    from rhumbatron.product.database import ProductDatabase
     from rhumbatron.protocol.envelopes import Event
     from rhumbatron.runtime.clock import Clock
 
-__all__ = ["EVENT_FRESHNESS_METRIC", "FreshnessGauge", "freshness_point"]
+__all__ = ["EVENT_FRESHNESS_METRIC", "FreshnessGauge", "freshness_gauge", "freshness_point"]
 
 _log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ def freshness_point(stream: str, events: Iterable[Event], applied_at: datetime) 
     if not ages:
         return None
     return DataPoint(
-        EVENT_FRESHNESS_METRIC, max(0.0, max(ages)), unit="Seconds", dimensions={"stream": stream}
+        EVENT_FRESHNESS_METRIC, max(0.0, *ages), unit="Seconds", dimensions={"stream": stream}
     )
 
 
@@ -72,3 +74,11 @@ class FreshnessGauge:
             _log.warning("freshness of %s not recorded: %s", stream, exc)
             return None
         return point
+
+
+def freshness_gauge(product: ProductDatabase, sink: MetricsSink, clock: Clock) -> FreshnessGauge:
+    """The gauge the router's projector records with: the METRICS recorder of the product
+    database (as the lag points), opened at the first point, not at construction."""
+    from rhumbatron.metrics.recorder import MetricsRecorder
+
+    return FreshnessGauge(MetricsRecorder(lambda: product.connection, sink, clock), clock)

@@ -560,7 +560,7 @@ def _claim_stores(
             state = router.stream_state(stream_index)
             if state.path.exists():
                 yield state.connection, ids
-        case Subscription.ANALYTICS_PROJECTOR:
+        case Subscription.ANALYTICS_PROJECTOR | Subscription.REACTIONS:
             if router.product.path.exists():
                 yield router.product.connection, ids
 

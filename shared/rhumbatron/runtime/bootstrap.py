@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
     from rhumbatron.protocol.envelopes import Command
+    from rhumbatron.reactions.assembly import LazyHttpClient
+    from rhumbatron.reactions.consumer import Reactions
     from rhumbatron.router.event_router import EventRouter
     from rhumbatron.router.handlers import CausalRouting
 
@@ -84,6 +86,7 @@ class Rhumbatron:
     _bus: CommandBus | None = None
     _queues: QueueConsumerRuntime | None = None
     _lifecycle: Lifecycle | None = None
+    _reaction_http: LazyHttpClient | None = None
     _open_letters: frozenset[str] = frozenset()
     _open_letters_read_at: float = float("-inf")
 
@@ -303,6 +306,7 @@ class Rhumbatron:
                 s3=self.s3,
                 metrics_sink=self.metrics_sink,
                 causal_routing=self._causal_routing or self.lifecycle().routing,
+                reactions=self._reactions(),
                 outbox_backlog=self.outbox_backlog,
             )
             from rhumbatron.router.nudge import InProcessNudge
@@ -310,6 +314,16 @@ class Rhumbatron:
             if isinstance(self.nudge, InProcessNudge) and self.nudge.router is None:
                 self.nudge.bind(self._router)
         return self._router
+
+    def _reactions(self) -> Reactions:
+        """The reactions consumer bound to the subscription registry (product database)."""
+        from rhumbatron.reactions.assembly import LazyHttpClient, reactions_for
+        from rhumbatron.reactions.registry import SubscriptionRegistry
+
+        if self._reaction_http is None:
+            self._reaction_http = LazyHttpClient()
+        registry = SubscriptionRegistry(self.product(), self.settings, self.clock)
+        return reactions_for(self, registry, http=self._reaction_http)
 
     def lifecycle(self) -> Lifecycle:
         """The Change lifecycle's parts: causal rules, integration module, workflows,
@@ -475,6 +489,9 @@ class Rhumbatron:
         if self._lifecycle is not None:
             await self._lifecycle.close()
             self._lifecycle = None
+        if self._reaction_http is not None:
+            await self._reaction_http.aclose()
+            self._reaction_http = None
         if self._queues is not None:
             await self._queues.close()
             self._queues = None

@@ -41,8 +41,10 @@ ApiScope = Literal[
     "projects:write",
     "changes:read",
     "changes:write",
+    "agents:read",
     "agents:write",
     "replay:write",
+    "consumers:read",
 ]
 #: A grant's tenant that sees every tenant's records (a platform operator: letters of
 #: commands such as forks.sweep carry no tenant).

@@ -1,0 +1,424 @@
+"""The subscriptions API: ``/subscriptions``, the one registry of what reacts to which facts.
+
+:func:`subscription_router` builds the routes over a runtime; they translate HTTP to the
+:class:`~rhumbatron.reactions.registry.SubscriptionRegistry` and back, ``async def`` with no
+``await`` inside a product transaction (see ``app.py``).
+
+Authorization reuses the agents' scopes: ``agents:read`` to list and read, ``agents:write`` to
+create, change governance and delete. Tenancy fails closed: another tenant's subscription is
+the same 404 as one that does not exist. A platform token (tenant ``*``) reads and governs
+every tenant's subscriptions, but owns nothing, so it cannot create one.
+
+A webhook's secrets are never shown, except one this very request generated (shown once), and
+a refused secret is never quoted: the route checks their number itself, and answers the
+model's refusals without the value (FastAPI's 422 would quote it).
+"""
+
+# No ``from __future__ import annotations`` here, on purpose (as in ``lifecycle_routes``): the
+# routes are closures over the principal dependency they are given, and FastAPI resolves string
+# annotations against the module's globals only.
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Annotated, Any, Literal, Self, TypeAlias
+
+from fastapi import APIRouter, Path, Query, Response, Security
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from rhumbatron.agents.registry import MAX_SECRETS
+from rhumbatron.agents.url_safety import UnsafeWebhookUrlError, check_webhook_url, display_url
+from rhumbatron.api.auth import SCOPE_AGENTS_READ, SCOPE_AGENTS_WRITE, Principal
+from rhumbatron.api.errors import InvalidRequestError, error_responses
+from rhumbatron.api.lifecycle_routes import (
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    PrincipalDependency,
+)
+from rhumbatron.reactions.registry import (
+    MAX_COOLDOWN_S,
+    SUBSCRIPTION_ID_PATTERN,
+    SUBSCRIPTION_NAME_PATTERN,
+    WORKFLOW_NAME_PATTERN,
+    AgentReaction,
+    Governance,
+    SubscriptionConflictError,
+    SubscriptionNotFoundError,
+    SubscriptionRecord,
+    SubscriptionRegistry,
+    SubscriptionRegistryError,
+    WebhookReaction,
+    WorkflowReaction,
+)
+from rhumbatron.reactions.selectors import Selector
+from rhumbatron.runtime.bootstrap import Rhumbatron
+from rhumbatron.runtime.settings import ANY_TENANT
+
+__all__ = [
+    "AgentReactionBody",
+    "CreateSubscriptionRequest",
+    "GovernanceBody",
+    "SubscriptionBody",
+    "SubscriptionListBody",
+    "UpdateSubscriptionRequest",
+    "WebhookReactionBody",
+    "WebhookReactionRequest",
+    "WorkflowReactionBody",
+    "subscription_router",
+]
+
+_log = logging.getLogger(__name__)
+
+#: The agent registry's alphabet, anchored for a JSON schema.
+_AGENT_ID = r"^[A-Za-z0-9._-]{1,100}$"
+
+
+# -- bodies ------------------------------------------------------------------------------------
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class AgentReactionBody(_Wire):
+    """Wake an Agent of the subscription's tenant."""
+
+    kind: Literal["agent"]
+    agent_id: str = Field(pattern=_AGENT_ID)
+
+
+class WorkflowReactionBody(_Wire):
+    """Start a workflow, once per matched fact."""
+
+    kind: Literal["workflow"]
+    workflow: str = Field(pattern=WORKFLOW_NAME_PATTERN)
+
+
+class WebhookReactionRequest(_Wire):
+    """POST the fact to ``url``, signed with ``secrets``; without them, one is generated and
+    shown once (creating the same subscription again keeps it)."""
+
+    kind: Literal["webhook"]
+    url: str = Field(min_length=1, max_length=2048)
+    # No bounds here: a refused value is quoted in a 422, and a secret must never be.
+    secrets: list[str] | None = Field(
+        default=None, description="1 or 2 (during a rotation), newest first: whsec_..."
+    )
+    timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Bound on one POST, in seconds; at most the platform's (the default).",
+    )
+
+
+class WebhookReactionBody(_Wire):
+    """A webhook reaction as shown: no secret, except one this request generated."""
+
+    kind: Literal["webhook"]
+    url: str = Field(description="Without user info or query, which may hold credentials.")
+    secret_count: int = Field(description="How many secrets sign its POSTs (2 in a rotation).")
+    secret: str | None = Field(default=None, description="A generated secret, shown once.")
+    timeout_s: float | None = None
+
+
+ReactionRequest: TypeAlias = Annotated[
+    AgentReactionBody | WebhookReactionRequest | WorkflowReactionBody,
+    Field(discriminator="kind"),
+]
+ReactionBody: TypeAlias = Annotated[
+    AgentReactionBody | WebhookReactionBody | WorkflowReactionBody,
+    Field(discriminator="kind"),
+]
+
+
+class GovernanceBody(_Wire):
+    """Whether the subscription reacts, and the seconds after a reaction in which further
+    matches do not react."""
+
+    cooldown_s: int = Field(default=0, ge=0, le=MAX_COOLDOWN_S)
+    enabled: bool = True
+
+
+class CreateSubscriptionRequest(_Wire):
+    """A subscription of the caller's tenant: what it selects, how it reacts, its governance.
+    The same request again is answered 200 with the stored subscription."""
+
+    name: str = Field(pattern=SUBSCRIPTION_NAME_PATTERN, description="Unique in the tenant.")
+    selector: Selector = Field(
+        description="Kind patterns (task.failed, task.*, *.completed) and a filter of "
+        "subject.<field> or payload.<field> to a value or a list of values; `rhumbatron kinds` "
+        "lists the kinds and their fields."
+    )
+    reaction: ReactionRequest
+    governance: GovernanceBody = GovernanceBody()
+
+
+class UpdateSubscriptionRequest(_Wire):
+    """The governance to change; a field left out stays as it is."""
+
+    enabled: bool | None = None
+    cooldown_s: int | None = Field(default=None, ge=0, le=MAX_COOLDOWN_S)
+
+
+class SubscriptionBody(_Wire):
+    """A subscription."""
+
+    subscription_id: str
+    tenant_id: str
+    name: str
+    selector: Selector
+    reaction: ReactionBody
+    governance: GovernanceBody
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, record: SubscriptionRecord, *, generated_secret: str | None = None) -> Self:
+        """``record`` as shown: no secret, except ``generated_secret`` (shown once)."""
+        reaction: AgentReactionBody | WebhookReactionBody | WorkflowReactionBody
+        if isinstance(record.reaction, AgentReaction):
+            reaction = AgentReactionBody(kind="agent", agent_id=record.reaction.agent_id)
+        elif isinstance(record.reaction, WebhookReaction):
+            reaction = WebhookReactionBody(
+                kind="webhook",
+                url=display_url(record.reaction.url),
+                secret_count=len(record.reaction.secrets),
+                secret=generated_secret,
+                timeout_s=record.reaction.timeout_s,
+            )
+        else:
+            reaction = WorkflowReactionBody(kind="workflow", workflow=record.reaction.workflow)
+        return cls(
+            subscription_id=record.subscription_id,
+            tenant_id=record.tenant_id,
+            name=record.name,
+            selector=record.selector,
+            reaction=reaction,
+            governance=GovernanceBody(
+                cooldown_s=record.governance.cooldown_s, enabled=record.governance.enabled
+            ),
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+        )
+
+
+class SubscriptionListBody(_Wire):
+    """Subscriptions by tenant, then name."""
+
+    items: list[SubscriptionBody]
+
+
+# -- the router --------------------------------------------------------------------------------
+
+_NOT_FOUND = "No such subscription for this tenant (another tenant's is not found either)."
+_SubscriptionId = Annotated[str, Path(alias="subscriptionId", pattern=SUBSCRIPTION_ID_PATTERN)]
+
+
+def _errors(*statuses: int, **meaning: str) -> dict[int | str, dict[str, Any]]:
+    """:func:`error_responses` with this operation's own wording (``e404="..."``)."""
+    responses = error_responses(*statuses)
+    for key, text in meaning.items():
+        status = int(key.removeprefix("e"))
+        responses[status] = {**responses[status], "description": text}
+    return responses
+
+
+def subscription_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRouter:
+    """The ``/subscriptions`` routes over ``app``; ``principal`` is the API's dependency that
+    authenticates the bearer token and checks the operation's scopes (``app._principal``)."""
+    Reader = Annotated[Principal, Security(principal, scopes=[SCOPE_AGENTS_READ])]
+    Writer = Annotated[Principal, Security(principal, scopes=[SCOPE_AGENTS_WRITE])]
+
+    router = APIRouter()
+
+    def registry() -> SubscriptionRegistry:
+        # Cheap to build: it only holds the runtime's product database, settings and clock.
+        return SubscriptionRegistry(app.product(), app.settings, app.clock)
+
+    @router.post(
+        "/subscriptions",
+        response_model=SubscriptionBody,
+        status_code=201,
+        summary="Create a subscription",
+        responses={
+            200: {"model": SubscriptionBody, "description": "The same subscription existed."},
+            **_errors(
+                401,
+                403,
+                409,
+                422,
+                503,
+                e403="The token lacks agents:write, or is a platform token (owns nothing).",
+                e409="The tenant has a subscription of that name with other content.",
+                e422="The request is invalid (a selector that can never match, an unsafe URL, "
+                "an agent not of this tenant, ...); `field` names the first bad field.",
+            ),
+        },
+    )
+    async def create_subscription(
+        principal: Writer, body: CreateSubscriptionRequest, response: Response
+    ) -> SubscriptionBody:
+        """Creates (201) the caller's tenant's subscription, or answers the same one (200).
+        A webhook's secret generated by this request is shown once, in
+        ``reaction.secret``."""
+        if principal.tenant_id == ANY_TENANT:
+            raise ForbiddenError(
+                f"a platform token (tenant {ANY_TENANT!r}) acts for every tenant and owns "
+                "nothing; use a tenant's token to create a subscription",
+                code="tenant_required",
+            )
+        reaction = _reaction(body.reaction)
+        if isinstance(reaction, WebhookReaction):
+            with _refused():
+                # Resolving a name may take seconds: first off the event loop, so that an
+                # unresolvable or unsafe URL never blocks it. The registry checks it again on
+                # the loop (usually from the resolver's cache: it was just asked).
+                await asyncio.to_thread(
+                    check_webhook_url, reaction.url, app.settings.webhook_allowed_hosts
+                )
+        with _refused():
+            outcome = registry().create(
+                principal.tenant_id,
+                body.name,
+                body.selector,
+                reaction,
+                Governance(cooldown_s=body.governance.cooldown_s, enabled=body.governance.enabled),
+            )
+        response.status_code = 201 if outcome.created else 200
+        _log.info(
+            "api: subscription %s %s (%s)",
+            outcome.record.subscription_id,
+            "created" if outcome.created else "unchanged",
+            outcome.record.reaction.kind,
+        )
+        return SubscriptionBody.of(outcome.record, generated_secret=outcome.generated_secret)
+
+    @router.get(
+        "/subscriptions",
+        response_model=SubscriptionListBody,
+        summary="List subscriptions",
+        responses=_errors(401, 403, 422, 503),
+    )
+    async def list_subscriptions(
+        principal: Reader,
+        enabled_only: Annotated[
+            bool, Query(alias="enabledOnly", description="Only the enabled ones.")
+        ] = False,
+    ) -> SubscriptionListBody:
+        """The caller's tenant's subscriptions (every tenant's for a platform token)."""
+        records = registry().list(_tenant(principal), enabled_only=enabled_only)
+        return SubscriptionListBody(items=[SubscriptionBody.of(r) for r in records])
+
+    @router.get(
+        "/subscriptions/{subscriptionId}",
+        response_model=SubscriptionBody,
+        summary="Read a subscription",
+        responses=_errors(401, 403, 404, 422, 503, e404=_NOT_FOUND),
+    )
+    async def read_subscription(
+        principal: Reader, subscription_id: _SubscriptionId
+    ) -> SubscriptionBody:
+        """Its selector, reaction (without secrets) and governance."""
+        record = registry().get(_tenant(principal), subscription_id)
+        if record is None:
+            raise NotFoundError(
+                f"no subscription {subscription_id!r}; GET /subscriptions lists them"
+            )
+        return SubscriptionBody.of(record)
+
+    @router.patch(
+        "/subscriptions/{subscriptionId}",
+        response_model=SubscriptionBody,
+        summary="Enable, disable or change the cooldown of a subscription",
+        responses=_errors(401, 403, 404, 422, 503, e404=_NOT_FOUND),
+    )
+    async def update_subscription(
+        principal: Writer, subscription_id: _SubscriptionId, body: UpdateSubscriptionRequest
+    ) -> SubscriptionBody:
+        """Changes the governance fields given; the same values again change nothing. The
+        selector and reaction do not change: delete and create instead."""
+        with _refused():
+            record = registry().set_governance(
+                _tenant(principal),
+                subscription_id,
+                enabled=body.enabled,
+                cooldown_s=body.cooldown_s,
+            )
+        return SubscriptionBody.of(record)
+
+    @router.delete(
+        "/subscriptions/{subscriptionId}",
+        response_model=SubscriptionBody,
+        summary="Delete a subscription",
+        responses=_errors(401, 403, 404, 422, 503, e404=_NOT_FOUND),
+    )
+    async def delete_subscription(
+        principal: Writer, subscription_id: _SubscriptionId
+    ) -> SubscriptionBody:
+        """Deletes the subscription and answers what it was; it reacts to nothing more."""
+        with _refused():
+            record = registry().delete(_tenant(principal), subscription_id)
+        return SubscriptionBody.of(record)
+
+    return router
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _tenant(principal: Principal) -> str | None:
+    """The tenant whose subscriptions the caller sees; None (all) for a platform token."""
+    return None if principal.tenant_id == ANY_TENANT else principal.tenant_id
+
+
+def _reaction(
+    wire: AgentReactionBody | WebhookReactionRequest | WorkflowReactionBody,
+) -> AgentReaction | WebhookReaction | WorkflowReaction:
+    if isinstance(wire, AgentReactionBody):
+        return AgentReaction(agent_id=wire.agent_id)
+    if isinstance(wire, WorkflowReactionBody):
+        return WorkflowReaction(workflow=wire.workflow)
+    secrets = wire.secrets or []
+    if wire.secrets is not None and not 1 <= len(secrets) <= MAX_SECRETS:
+        raise InvalidRequestError(
+            f"give 1 or {MAX_SECRETS} secrets (newest first), not {len(secrets)}; or none to "
+            "have one generated",
+            field="reaction.secrets",
+        )
+    try:
+        return WebhookReaction(url=wire.url, secrets=tuple(secrets), timeout_s=wire.timeout_s)
+    except ValidationError as exc:
+        # Only the secrets can fail here (the wire model checked the rest), and the message
+        # must not quote them: pydantic's own string would.
+        problems = "; ".join(
+            str(err["msg"]).removeprefix("Value error, ") for err in exc.errors(include_url=False)
+        )
+        raise InvalidRequestError(problems, field="reaction.secrets") from None
+
+
+@contextmanager
+def _refused() -> Iterator[None]:
+    """The registry's refusals as answers: a taken name 409, a missing subscription 404, a
+    bad value 422 naming its field as the client sent it."""
+    try:
+        yield
+    except SubscriptionNotFoundError as exc:
+        raise NotFoundError(str(exc)) from None
+    except SubscriptionConflictError as exc:
+        raise ConflictError(str(exc), code="subscription_exists", field="name") from None
+    except SubscriptionRegistryError as exc:
+        raise InvalidRequestError(str(exc), field=_wire_field(exc.field)) from None
+    except UnsafeWebhookUrlError as exc:
+        raise InvalidRequestError(str(exc), field="reaction.url") from None
+
+
+def _wire_field(field: str | None) -> str | None:
+    """``reaction.agent_id`` -> ``reaction.agentId``: the name the client sent."""
+    return None if field is None else ".".join(to_camel(part) for part in field.split("."))

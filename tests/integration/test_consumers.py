@@ -1,0 +1,219 @@
+"""Every durable cursor and its lag, against a real nats-server: the listing
+(:func:`rhumbatron.messaging.cursors.read_cursors`) and ``GET /consumers``.
+
+The API is called through httpx's ASGI transport on the test's event loop, so the test can
+publish and consume between requests.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.api import StaticTokenAuth, create_api
+from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.messaging.commands import QUEUE_CONSUMERS, consumer_name
+from rhumbatron.messaging.cursors import CursorKind, CursorLag, durable_cursors, read_cursors
+from rhumbatron.messaging.event_log import EventLogClient, Subscription
+from rhumbatron.messaging.pull import Puller, ensure_consumer
+from rhumbatron.messaging.queue_consumer import queue_consumer_config
+from rhumbatron.messaging.streams import COMMAND_STREAM
+from rhumbatron.protocol import Command, Event, stream_index
+from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, load_settings
+
+pytestmark = pytest.mark.integration
+
+PROJECT = "acme-web"
+STREAM = stream_index(PROJECT)
+OTHER_STREAM = (STREAM + 1) % EVENT_STREAM_COUNT
+AT = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
+CALLER = Caller("tenant-a", "system:test", correlation_id="corr-consumers")
+PROJECTOR = Subscription.PROJECT_VIEW_PROJECTOR
+WATCHER = "consumers-token-ffffffffffff"
+NO_SCOPE = "operator-token-ffffffffffff"
+TOKENS: dict[str, dict[str, Any]] = {
+    WATCHER: {"tenant": "*", "scopes": ["consumers:read"]},
+    NO_SCOPE: {"tenant": "*", "scopes": ["dead-letters:read", "replay:write"]},
+}
+EVERY_CURSOR = EVENT_STREAM_COUNT * len(Subscription) + len(QUEUE_CONSUMERS)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest_asyncio.fixture
+async def runtime(tmp_path: Path, nats_server: NatsServerProcess) -> AsyncIterator[Rhumbatron]:
+    settings = load_settings(
+        state_dir=tmp_path / "state", nats_url=nats_server.url, api_tokens=TOKENS
+    )
+    app = bootstrap(settings, clock=ManualClock(AT), alarms=RecordingAlarmSink())
+    await app.ensure_streams()
+    yield app
+    await app.close()
+
+
+@pytest_asyncio.fixture
+async def api(runtime: Rhumbatron) -> AsyncIterator[httpx.AsyncClient]:
+    asgi = create_api(runtime, StaticTokenAuth(runtime.settings.api_tokens), manage_runtime=False)
+    transport = httpx.ASGITransport(app=asgi)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+        yield client
+
+
+def events(count: int) -> list[Event]:
+    ctx = FactContext(CALLER, PROJECT, AT)
+    return [
+        ctx.fact("agent.woke", {"agentId": f"agent-{i}"}, change_id="chg-1", key=str(i))
+        for i in range(count)
+    ]
+
+
+def command(command_type: str, payload: dict[str, Any]) -> Command:
+    return Command.create(
+        command_id=f"cmd_{uuid.uuid4().hex}",
+        command_type=command_type,
+        project_id=PROJECT,
+        change_id="chg-1",
+        task_id="tsk-1",
+        created_at=AT,
+        payload=payload,
+    )
+
+
+async def publish(app: Rhumbatron, batch: list[Event]) -> None:
+    js = (await app.nats()).jetstream()
+    for event in batch:
+        await js.publish(
+            event_stream_subject(STREAM), event.to_json(), headers={"Nats-Msg-Id": event.event_id}
+        )
+
+
+async def arrange_partial_consume(app: Rhumbatron) -> None:
+    """5 events on the project's stream: the projector fetched 2 and acknowledged 1.
+    3 commands on integration: its consumer fetched 1, not acknowledged. 1 command on
+    verification, whose consumer was never created."""
+    await publish(app, events(5))
+    bus = await app.command_bus()
+    for _ in range(3):
+        await bus.send("integration", command("change.settle", {"reason": "task_failed"}))
+    await bus.send("verification", command("verification.start", {"candidateId": "cand-1"}))
+
+    nc = await app.nats()
+    log = EventLogClient(nc, app.settings)
+    puller = Puller(nc, COMMAND_STREAM, consumer_name("integration"), timeout_s=5.0)
+    try:
+        fetched = await log.fetch(STREAM, PROJECTOR, 2)
+        assert len(fetched) == 2
+        # ack_sync: the server has counted the ack before the listing reads it
+        await fetched[0].ack_sync()
+        js = nc.jetstream()
+        await ensure_consumer(
+            js, COMMAND_STREAM, queue_consumer_config("integration", app.settings)
+        )
+        assert len(await puller.pull(1)) == 1
+    finally:
+        await log.close()
+        await puller.close()
+
+
+def by_name(lags: list[CursorLag]) -> dict[tuple[str, str], CursorLag]:
+    return {(lag.cursor.stream, lag.cursor.consumer): lag for lag in lags}
+
+
+async def test_the_listing_shows_every_cursor_with_its_pending_counts(
+    runtime: Rhumbatron,
+) -> None:
+    # GIVEN a partial consume of an event stream and of a queue (see arrange_partial_consume)
+    await arrange_partial_consume(runtime)
+
+    # WHEN every cursor is read
+    lags = await read_cursors((await runtime.nats()).jetstream())
+
+    # THEN every event stream x subscription and every queue is listed, in that order
+    assert len(lags) == EVERY_CURSOR
+    assert [lag.cursor for lag in lags] == durable_cursors()
+    found = by_name(lags)
+    # AND the projector on the stream: 3 not delivered, 1 delivered but not acknowledged,
+    # the last delivery at sequence 2
+    projector = found[(event_stream_name(STREAM), PROJECTOR.value)]
+    assert projector.exists
+    assert (projector.num_pending, projector.num_ack_pending) == (3, 1)
+    assert projector.last_delivered_seq == 2
+    assert projector.last_delivered_at is not None and projector.last_delivered_at.tzinfo
+    # AND a subscription that never read the stream lags by all of it, created or not
+    for subscription in Subscription:
+        if subscription is not PROJECTOR:
+            unread = found[(event_stream_name(STREAM), subscription.value)]
+            assert (unread.exists, unread.num_pending, unread.last_delivered_seq) == (False, 5, 0)
+    assert found[(event_stream_name(OTHER_STREAM), PROJECTOR.value)].num_pending == 0
+    # AND the queues: integration 2 waiting and 1 in flight; verification's 1 command waits
+    # for a consumer not created yet; the others have nothing
+    integration = found[(COMMAND_STREAM, "q-integration")]
+    assert (
+        integration.cursor.kind is CursorKind.COMMAND and integration.cursor.reads == "integration"
+    )
+    assert (integration.exists, integration.num_pending, integration.num_ack_pending) == (
+        True,
+        2,
+        1,
+    )
+    assert integration.last_delivered_seq >= 1
+    verification = found[(COMMAND_STREAM, "q-verification")]
+    assert (verification.exists, verification.num_pending) == (False, 1)
+    assert found[(COMMAND_STREAM, "q-agent-wakeups")].num_pending == 0
+
+
+async def test_get_consumers_lists_every_consumer_with_its_lag(
+    runtime: Rhumbatron, api: httpx.AsyncClient
+) -> None:
+    # GIVEN the same partial consume
+    await arrange_partial_consume(runtime)
+
+    # WHEN an operator with consumers:read lists the consumers
+    response = await api.get("/consumers", headers=bearer(WATCHER))
+
+    # THEN every consumer is there with its lag, as the listing reads it
+    assert response.status_code == 200, response.text
+    consumers = response.json()["consumers"]
+    assert len(consumers) == EVERY_CURSOR
+    rows = {(c["stream"], c["consumer"]): c for c in consumers}
+    projector = rows[(event_stream_name(STREAM), PROJECTOR.value)]
+    assert projector["kind"] == "event" and projector["subscription"] == PROJECTOR.value
+    assert projector["queue"] is None
+    assert (projector["numPending"], projector["numAckPending"]) == (3, 1)
+    assert projector["lastDeliveredSeq"] == 2 and projector["exists"] is True
+    assert datetime.fromisoformat(projector["lastDeliveredAt"]).tzinfo is not None
+    integration = rows[(COMMAND_STREAM, "q-integration")]
+    assert (integration["kind"], integration["queue"], integration["subscription"]) == (
+        "command",
+        "integration",
+        None,
+    )
+    assert (integration["numPending"], integration["numAckPending"]) == (2, 1)
+    verification = rows[(COMMAND_STREAM, "q-verification")]
+    assert (verification["exists"], verification["numPending"]) == (False, 1)
+    assert verification["lastDeliveredAt"] is None
+
+
+async def test_get_consumers_needs_a_token_with_consumers_read(api: httpx.AsyncClient) -> None:
+    # WHEN the consumers are asked for without a token, and with a token lacking the scope
+    anonymous = await api.get("/consumers")
+    unscoped = await api.get("/consumers", headers=bearer(NO_SCOPE))
+    # THEN 401 and 403, and neither lists anything
+    assert anonymous.status_code == 401, anonymous.text
+    assert unscoped.status_code == 403, unscoped.text
+    assert "consumers:read" in unscoped.text
+    assert "consumers" not in anonymous.json() and "consumers" not in unscoped.json()

@@ -1,0 +1,612 @@
+"""The reactions consumer against a real nats-server, real SQLite files and a real loopback
+webhook receiver (seed 002 "Reactions", issue #7 items 3-5): one signed pointer-only delivery
+per (event, subscription), the loop guards with their recorded cause chains, the admission
+gate's budget and in-flight cap, workflow and agent reactions, and a failing receiver retried.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.agents.registry import AgentRegistry
+from rhumbatron.agents.signing import verify
+from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.domain.project import project_admin_key
+from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.messaging.streams import COMMAND_STREAM
+from rhumbatron.metrics import MetricBinding, metric_counts
+from rhumbatron.protocol import Event, stream_index
+from rhumbatron.protocol.ids import event_stream_subject
+from rhumbatron.reactions.assembly import LazyHttpClient, reactions_for
+from rhumbatron.reactions.config import ReactionSettings
+from rhumbatron.reactions.consumer import ReactionsConsumer
+from rhumbatron.reactions.deliveries import (
+    ReactionEffects,
+    agent_command_id,
+    workflow_instance_id,
+)
+from rhumbatron.reactions.gate import admit
+from rhumbatron.reactions.guards import Hop, SuppressionReason, suppressions
+from rhumbatron.reactions.registry import (
+    AgentReaction,
+    Governance,
+    SubscriptionRegistry,
+    WebhookReaction,
+    WorkflowReaction,
+)
+from rhumbatron.reactions.selectors import Selector
+from rhumbatron.router.event_router import SubscriptionReport
+from rhumbatron.router.handlers import RunContext
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.runtime.settings import Settings, load_settings
+from rhumbatron.workflows.engine import check_instance_id
+from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
+
+pytestmark = pytest.mark.integration
+
+TENANT = "acme"
+PROJECT = "proj-react"
+STREAM = stream_index(PROJECT)
+SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+START = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
+
+
+# -- a real webhook receiver ---------------------------------------------------------------------
+
+
+@dataclass
+class Receiver:
+    """A loopback HTTP server that verifies every request's signature and records it."""
+
+    clock: ManualClock
+    fail_next: int = 0
+    received: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    url: str = ""
+
+
+@pytest.fixture
+def receiver(clock: ManualClock) -> Iterator[Receiver]:
+    state = Receiver(clock)
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            verify([SECRET], headers, body, now=state.clock.now(), tolerance_s=300)
+            with lock:
+                failing = state.fail_next > 0
+                if failing:
+                    state.fail_next -= 1
+                    state.refused.append(headers["webhook-id"])
+                else:
+                    state.received.append((headers, json.loads(body)))
+            self.send_response(500 if failing else 204)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+# -- the runtime -----------------------------------------------------------------------------
+
+
+@dataclass
+class World:
+    app: Rhumbatron
+    registry: SubscriptionRegistry
+    clock: ManualClock
+    wakes: list[str] = field(default_factory=list)
+
+    async def publish(self, *events: Event, msg_id_suffix: str = "") -> None:
+        js = (await self.app.nats()).jetstream()
+        for event in events:
+            await js.publish(
+                event_stream_subject(STREAM),
+                event.to_json(),
+                headers={"Nats-Msg-Id": event.event_id + msg_id_suffix},
+            )
+
+    async def react(self, attempts: int = 200) -> SubscriptionReport:
+        """One reactions consume on the project's stream (what a sweep tick runs) that
+        fetched something. A message published (or nacked) a moment ago can trail the
+        consumer by a moment: this bounds that wait instead of sleeping a guessed time."""
+        router = self.app.router()
+        report = SubscriptionReport()
+        for _ in range(attempts):
+            run = RunContext(STREAM, self.clock.now().timestamp(), apply_calls_left=15)
+            report = await router.consume(run, Subscription.REACTIONS, consumes=1, batch=100)
+            if report.fetched:
+                break
+        return report
+
+    def subscribe(self, name: str, reaction: Any, cooldown_s: int = 0) -> str:
+        created = self.registry.create(
+            TENANT,
+            name,
+            Selector.create(["task.completed"]),
+            reaction,
+            Governance(cooldown_s=cooldown_s),
+        )
+        return created.record.subscription_id
+
+    def suppressed(self) -> list[Any]:
+        return list(suppressions(self.app.product().connection, tenant_id=TENANT))
+
+
+def make_world(
+    tmp_path: Path,
+    settings: Settings,
+    clock: ManualClock,
+    *,
+    limits: ReactionSettings | None = None,
+    engine: InProcessEngine | None = None,
+    **overrides: Any,
+) -> World:
+    values = settings.model_dump() | {
+        "webhook_allowed_hosts": ("127.0.0.1",),
+        "router_nak_delay_s": 0,
+        **overrides,
+    }
+    app = bootstrap(load_settings(**values), clock=clock, alarms=RecordingAlarmSink())
+    registry = SubscriptionRegistry(app.product(), app.settings, clock)
+    reactions = reactions_for(app, registry, http=LazyHttpClient(), limits=limits)
+    if engine is not None:
+        reactions.effects = ReactionEffects(
+            http=reactions.effects.http, engine=engine, send_command=reactions.effects.send_command
+        )
+    app.router().reactions = reactions
+    return World(app, registry, clock)
+
+
+@pytest_asyncio.fixture
+async def world(tmp_path: Path, settings: Settings, clock: ManualClock) -> AsyncIterator[World]:
+    clock.set(START)
+    built = make_world(tmp_path, settings, clock)
+    await built.app.ensure_streams()
+    yield built
+    await built.app.close()
+
+
+def task_completed(
+    clock: ManualClock, task: str, *, caller: Caller | None = None, change: str = "chg-1"
+) -> Event:
+    ctx = FactContext(caller or Caller(TENANT, "system:test", "corr-1"), PROJECT, clock.now())
+    return ctx.fact(
+        "task.completed", {"agentId": "agent-7"}, change_id=f"{PROJECT}-{change}", task_id=task
+    )
+
+
+def webhook(url: str) -> WebhookReaction:
+    return WebhookReaction(url=url, secrets=(SECRET,))
+
+
+# -- webhook delivery ----------------------------------------------------------------------------
+
+
+async def test_a_matching_webhook_subscription_delivers_one_signed_pointer_only_body_per_event(
+    world: World, receiver: Receiver
+) -> None:
+    # GIVEN a webhook subscription on task.completed and one such event on the log
+    sub = world.subscribe("hook", webhook(receiver.url))
+    event = task_completed(world.clock, "t1")
+    await world.publish(event)
+
+    # WHEN the reactions consume it, and the same event arrives again (a redelivery)
+    first = await world.react()
+    await world.publish(event, msg_id_suffix=":again")
+    second = await world.react()
+
+    # THEN the receiver verified one signed body: a pointer to the event, never its payload
+    assert (first.applied, second.duplicates) == (1, 1)
+    assert len(receiver.received) == 1
+    headers, body = receiver.received[0]
+    assert headers["webhook-id"] == f"{event.event_id}:{sub}"
+    assert body == {
+        "eventId": event.event_id,
+        "kind": "task.completed",
+        "subject": {"type": "task", "id": "t1"},
+        "projectId": PROJECT,
+        "link": f"/projects/{PROJECT}/events/{event.event_id}",
+    }
+    counts = metric_counts(world.app.product().connection, MetricBinding.METRICS)
+    assert counts["reaction_fired"] == 1
+
+
+async def test_an_event_no_subscription_matches_delivers_nothing(
+    world: World, receiver: Receiver
+) -> None:
+    # GIVEN a subscription on task.completed, and a task.failed event
+    world.subscribe("hook", webhook(receiver.url))
+    ctx = FactContext(Caller(TENANT, "system:test", "corr-1"), PROJECT, world.clock.now())
+    failed = ctx.fact("task.failed", {"reason": "boom"}, change_id=f"{PROJECT}-c", task_id="t1")
+    await world.publish(failed)
+
+    # WHEN the reactions consume it
+    report = await world.react()
+
+    # THEN it is applied with no delivery and no suppression
+    assert report.applied == 1
+    assert receiver.received == []
+    assert world.suppressed() == []
+
+
+async def test_the_sweep_runs_the_reactions_subscription(world: World, receiver: Receiver) -> None:
+    # GIVEN a webhook subscription and a matching event
+    world.subscribe("hook", webhook(receiver.url))
+    await world.publish(task_completed(world.clock, "t1"))
+    minute = next(
+        START.replace(hour=m // 60, minute=m % 60) for m in range(600, 700) if m % 8 == STREAM
+    )
+
+    # WHEN the sweep tick of the project's stream runs
+    sweep = await world.app.router().sweep(now=minute)
+
+    # THEN its reactions batch delivered the event
+    assert sweep.run.subscriptions[Subscription.REACTIONS.value].applied == 1
+    assert len(receiver.received) == 1
+
+
+# -- loop guards ---------------------------------------------------------------------------------
+
+
+async def test_a_self_caused_event_is_suppressed_and_recorded_with_its_cause_chain(
+    world: World, receiver: Receiver
+) -> None:
+    # GIVEN a webhook subscription that fired on an event
+    sub = world.subscribe("hook", webhook(receiver.url))
+    cause = task_completed(world.clock, "t1")
+    await world.publish(cause)
+    await world.react()
+
+    # WHEN its receiver writes a fact back in the delivery's correlation (webhook-id)
+    echo_caller = Caller(TENANT, "user:hook", correlation_id=f"{cause.event_id}:{sub}")
+    echo = task_completed(world.clock, "t2", caller=echo_caller)
+    await world.publish(echo)
+    report = await world.react()
+
+    # THEN that fact does not fire the subscription again; the suppression names the chain
+    assert report.applied == 1
+    assert len(receiver.received) == 1
+    (suppression,) = world.suppressed()
+    assert suppression.reason is SuppressionReason.SELF_CAUSE
+    assert suppression.event_id == echo.event_id
+    assert suppression.cause_chain.hops == (Hop(cause.event_id, sub),)
+    counts = metric_counts(world.app.product().connection, MetricBinding.METRICS)
+    assert counts["reaction_suppressed"] == 1
+
+
+async def test_a_chain_runs_on_through_events_no_subscription_matches(
+    world: World, receiver: Receiver
+) -> None:
+    # GIVEN a subscription that fired, a fact its receiver wrote that matches nothing, and
+    # a fact caused by that one (as the causal router writes causedBy = eventId)
+    sub = world.subscribe("hook", webhook(receiver.url))
+    cause = task_completed(world.clock, "t1")
+    await world.publish(cause)
+    await world.react()
+    ctx = FactContext(
+        Caller(TENANT, "user:hook", correlation_id=f"{cause.event_id}:{sub}"),
+        PROJECT,
+        world.clock.now(),
+    )
+    middle = ctx.fact("task.failed", {"reason": "echo"}, change_id=f"{PROJECT}-c", task_id="t9")
+    caller = Caller(TENANT, "system:causal-router", middle.event_id, caused_by=middle.event_id)
+    last = task_completed(world.clock, "t2", caller=caller)
+
+    # WHEN both are consumed
+    await world.publish(middle, last)
+    await world.react()
+
+    # THEN the last is recognised as caused by the subscription, two events later
+    (suppression,) = world.suppressed()
+    assert (suppression.event_id, suppression.reason) == (
+        last.event_id,
+        SuppressionReason.SELF_CAUSE,
+    )
+    assert suppression.cause_chain.hops == (Hop(cause.event_id, sub),)
+    assert len(receiver.received) == 1
+
+
+async def test_an_agent_never_wakes_on_its_own_writes(world: World) -> None:
+    # GIVEN an agent reaction for agent-7, and a fact agent-7 wrote itself
+    AgentRegistry(world.app.product(), world.app.settings, world.clock).register_scripted(
+        "agent-7", TENANT
+    )
+    world.subscribe("wake", AgentReaction(agent_id="agent-7"))
+    own = task_completed(world.clock, "t1", caller=Caller(TENANT, "agent:agent-7", "corr-a"))
+    await world.publish(own)
+
+    # WHEN the reactions consume it
+    await world.react()
+
+    # THEN no wake is sent; the suppression is recorded
+    (suppression,) = world.suppressed()
+    assert suppression.reason is SuppressionReason.SELF_CAUSE
+    js = (await world.app.nats()).jetstream()
+    assert (await js.stream_info(COMMAND_STREAM)).state.messages == 0
+
+
+async def test_the_depth_cap_stops_a_chain_of_reactions(
+    tmp_path: Path, settings: Settings, clock: ManualClock, receiver: Receiver
+) -> None:
+    # GIVEN a depth cap of 1 and two subscriptions, the first of which fired on an event
+    clock.set(START)
+    world = make_world(tmp_path, settings, clock, limits=ReactionSettings(reaction_depth_cap=1))
+    await world.app.ensure_streams()
+    try:
+        first = world.subscribe("first", webhook(receiver.url))
+        cause = task_completed(clock, "t1")
+        await world.publish(cause)
+        await world.react()
+        world.subscribe("second", webhook(receiver.url))
+
+        # WHEN a fact caused by that reaction arrives (one hop deep)
+        caller = Caller(TENANT, "user:hook", correlation_id=f"{cause.event_id}:{first}")
+        await world.publish(task_completed(clock, "t2", caller=caller))
+        await world.react()
+
+        # THEN the first is held back as self-caused, the second by the depth cap
+        reasons = {s.subscription_id: s.reason for s in world.suppressed()}
+        assert reasons[first] is SuppressionReason.SELF_CAUSE
+        assert SuppressionReason.DEPTH in reasons.values()
+        assert len(receiver.received) == 1
+    finally:
+        await world.app.close()
+
+
+async def test_a_cooldown_suppresses_a_second_fire_inside_the_window(
+    world: World, receiver: Receiver
+) -> None:
+    # GIVEN a subscription with a 60 s cooldown that just fired
+    world.subscribe("hook", webhook(receiver.url), cooldown_s=60)
+    await world.publish(task_completed(world.clock, "t1"))
+    await world.react()
+
+    # WHEN a second match comes 10 s later, and a third 61 s after the first
+    world.clock.advance(10)
+    second = task_completed(world.clock, "t2")
+    await world.publish(second)
+    await world.react()
+    world.clock.advance(51)
+    await world.publish(task_completed(world.clock, "t3"))
+    await world.react()
+
+    # THEN the second is suppressed by the cooldown, the third delivered
+    assert [body["subject"]["id"] for _, body in receiver.received] == ["t1", "t3"]
+    (suppression,) = world.suppressed()
+    assert (suppression.reason, suppression.event_id) == (
+        SuppressionReason.COOLDOWN,
+        second.event_id,
+    )
+
+
+# -- the admission gate --------------------------------------------------------------------------
+
+
+async def test_a_spent_budget_records_budget_exceeded_once_and_skips_the_reactions(
+    tmp_path: Path, settings: Settings, clock: ManualClock, receiver: Receiver
+) -> None:
+    # GIVEN a daily budget of one reaction per tenant
+    clock.set(START)
+    limits = ReactionSettings(reaction_daily_budget=1)
+    world = make_world(tmp_path, settings, clock, limits=limits)
+    await world.app.ensure_streams()
+    try:
+        world.subscribe("hook", webhook(receiver.url))
+
+        # WHEN three matching events arrive the same day
+        await world.publish(*(task_completed(clock, f"t{i}") for i in range(3)))
+        report = await world.react()
+
+        # THEN one is delivered, two skipped (not retried), and budget.exceeded recorded once
+        assert report.applied == 3
+        assert len(receiver.received) == 1
+        assert [s.reason for s in world.suppressed()] == [SuppressionReason.BUDGET] * 2
+        shard = world.app.resource_shard(PROJECT, project_admin_key(PROJECT))
+        facts = shard.connection.execute(
+            "SELECT envelope FROM outbox WHERE event_type = 'budget.exceeded'"
+        ).fetchall()
+        assert len(facts) == 1
+        fact = json.loads(facts[0][0])
+        assert fact["payload"]["limit"] == 1
+        assert fact["payload"]["day"] == "2026-03-02"
+        assert fact["actor"] == "system:reactions"
+        counts = metric_counts(world.app.product().connection, MetricBinding.METRICS)
+        assert counts["reaction_refused"] == 2
+    finally:
+        await world.app.close()
+
+
+async def test_a_full_in_flight_cap_leaves_the_event_on_the_stream(
+    tmp_path: Path, settings: Settings, clock: ManualClock, receiver: Receiver
+) -> None:
+    # GIVEN an in-flight cap of 1, taken by another delivery of the tenant
+    clock.set(START)
+    limits = ReactionSettings(reaction_in_flight_cap=1, reaction_in_flight_lease_s=30)
+    world = make_world(tmp_path, settings, clock, limits=limits)
+    await world.app.ensure_streams()
+    try:
+        world.subscribe("hook", webhook(receiver.url))
+        await world.publish(task_completed(clock, "t1"))
+        await world.react()  # creates the reactions' tables
+        with world.app.product().transaction() as db:
+            taken = admit(
+                db,
+                tenant_id=TENANT,
+                delivery_key="evt_other:sub_other",
+                day="2026-03-02",
+                now_s=clock.now().timestamp(),
+                daily_budget=100,
+                in_flight_cap=1,
+                lease_s=30,
+            )
+        assert taken.admitted
+        await world.publish(task_completed(clock, "t2"))
+
+        # WHEN the reactions consume the next event, and again once the slot has expired
+        queued = await world.react()
+        clock.advance(31)
+        later = await world.react()
+
+        # THEN it waited on the stream (retried, not failed, not skipped), then was delivered
+        assert (queued.retried, queued.failed) == (1, 0)
+        assert later.applied == 1
+        assert [body["subject"]["id"] for _, body in receiver.received] == ["t1", "t2"]
+        assert world.suppressed() == []
+    finally:
+        await world.app.close()
+
+
+# -- workflow and agent reactions ----------------------------------------------------------------
+
+
+async def test_a_workflow_reaction_starts_once_per_event_and_subscription(
+    tmp_path: Path, settings: Settings, clock: ManualClock
+) -> None:
+    # GIVEN an engine that knows workflow "triage" and a subscription that starts it
+    clock.set(START)
+    runs: list[str] = []
+
+    async def step(input: Any, state: dict[str, Any]) -> None:
+        runs.append(str(input["eventId"]))
+
+    engine = InProcessEngine(
+        tmp_path / "wf.sqlite",
+        load_settings(state_dir=tmp_path / "wf", nats_url=settings.nats_url),
+        clock,
+        {"triage": WorkflowDefinition("triage", (("note", step),))},
+    )
+    world = make_world(tmp_path, settings, clock, engine=engine)
+    await world.app.ensure_streams()
+    try:
+        sub = world.subscribe("triage", WorkflowReaction(workflow="triage"))
+        world.subscribe("unknown", WorkflowReaction(workflow="nowhere"))
+        event = task_completed(clock, "t1")
+        await world.publish(event)
+
+        # WHEN the event is consumed, then delivered again
+        await world.react()
+        await world.publish(event, msg_id_suffix=":again")
+        await world.react()
+
+        # THEN the instance reaction-<eventId>-<subscriptionId> (without the evt_/sub_
+        # prefixes: the full form is 82 characters, an execution name at most 80) ran once;
+        # the workflow the engine does not know was skipped visibly, never imitated
+        assert runs == [event.event_id]
+        instance_id = workflow_instance_id(event.event_id, sub)
+        assert instance_id == f"reaction-{event.event_id[4:]}-{sub[4:]}"
+        assert await engine.describe("triage", instance_id) is not None
+        (skipped,) = world.suppressed()
+        assert skipped.reason is SuppressionReason.NO_WORKFLOW
+        assert "nowhere" in skipped.detail
+    finally:
+        engine.close()
+        await world.app.close()
+
+
+async def test_an_agent_reaction_sends_one_agent_wake_through_the_command_path(
+    world: World,
+) -> None:
+    # GIVEN an agent reaction for an agent of the tenant
+    AgentRegistry(world.app.product(), world.app.settings, world.clock).register_scripted(
+        "agent-9", TENANT
+    )
+    sub = world.subscribe("wake", AgentReaction(agent_id="agent-9"))
+    event = task_completed(world.clock, "t1")
+    await world.publish(event)
+
+    # WHEN it is consumed, and delivered again
+    await world.react()
+    await world.publish(event, msg_id_suffix=":again")
+    await world.react()
+
+    # THEN one agent.wake is on the agent-wakeups queue, with the stable command ID
+    js = (await world.app.nats()).jetstream()
+    assert (await js.stream_info(COMMAND_STREAM)).state.messages == 1
+    message = await js.get_last_msg(COMMAND_STREAM, "cmd.agent-wakeups")
+    command = json.loads(message.data or b"{}")
+    assert command["commandId"] == f"cmd_{event.event_id}_{sub}"
+    assert command["payload"] == {
+        "agentId": "agent-9",
+        "reason": f"reaction:{sub}",
+        "eventId": event.event_id,
+    }
+
+
+# -- failures --------------------------------------------------------------------------------
+
+
+async def test_a_failing_receiver_fails_the_record_and_the_retry_delivers_it(
+    world: World, receiver: Receiver
+) -> None:
+    # GIVEN a receiver that refuses its first request
+    sub = world.subscribe("hook", webhook(receiver.url))
+    event = task_completed(world.clock, "t1")
+    receiver.fail_next = 1
+    await world.publish(event)
+
+    # WHEN the reactions consume the event, then its redelivery
+    first = await world.react()
+    second = await world.react()
+
+    # THEN the first attempt failed (counted by the router), the retry delivered it once,
+    # with the same webhook-id
+    assert first.failed == 1
+    assert second.applied == 1
+    assert receiver.refused == [f"{event.event_id}:{sub}"]
+    assert [h["webhook-id"] for h, _ in receiver.received] == [f"{event.event_id}:{sub}"]
+    failures = world.app.router().stream_state(STREAM).failures("reactions", event.event_id)
+    assert failures == 1
+
+
+def test_the_consumer_is_the_reactions_subscription_handler(world: World) -> None:
+    # GIVEN the router of a runtime
+    # WHEN its reactions handler is built
+    handler = world.app.router().handler(STREAM, Subscription.REACTIONS)
+    # THEN it is the reactions consumer
+    assert isinstance(handler, ReactionsConsumer)
+
+
+# -- the IDs an effect carries -------------------------------------------------------------------
+
+
+def test_the_reaction_ids_are_stable_and_fit_their_targets() -> None:
+    # GIVEN an event ID and registry-shaped, short and odd subscription IDs
+    event_id = "evt_" + "a" * 32
+    registry_sub, short_sub, odd_sub = "sub_" + "b" * 32, "s1", "x" * 90
+
+    # WHEN the workflow instance IDs and wake command IDs are derived
+    instances = [workflow_instance_id(event_id, s) for s in (registry_sub, short_sub, odd_sub)]
+    commands = [agent_command_id(event_id, s) for s in (short_sub, "has space")]
+
+    # THEN the short form is kept, the registry form drops its prefixes, the rest is digested;
+    # each is a valid execution name / command ID, and the same pair gives the same ID
+    assert instances[0] == f"reaction-{'a' * 32}-{'b' * 32}"
+    assert instances[1] == f"reaction-{event_id}-s1"
+    assert instances[2].startswith(f"reaction-{'a' * 32}-h")
+    assert all(check_instance_id(i) == i for i in instances)
+    assert commands[0] == f"cmd_{event_id}_s1"
+    assert commands[1].startswith(f"cmd_{event_id}_h")
+    assert workflow_instance_id(event_id, odd_sub) == instances[2]

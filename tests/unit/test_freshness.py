@@ -1,0 +1,128 @@
+"""Freshness: the project-view projector records commit-to-apply seconds per applied batch,
+from the Events' own timestamps against the injected clock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+import pytest
+
+from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.metrics import MetricBinding, MetricsRecorder, RecordingSink, recent_points
+from rhumbatron.product.database import ProductDatabase
+from rhumbatron.protocol import Event, stream_index
+from rhumbatron.protocol.ids import event_stream_name
+from rhumbatron.router.freshness import (
+    EVENT_FRESHNESS_METRIC,
+    FreshnessGauge,
+    freshness_gauge,
+    freshness_point,
+)
+from rhumbatron.router.handlers import ProjectViewProjector, RunContext
+from rhumbatron.router.records import Outcome, Record
+from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.runtime.settings import Settings
+
+CALLER = Caller("acme", "system:test", correlation_id="corr-fresh")
+T = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
+PROJECT = "acme-web"
+STREAM = event_stream_name(stream_index(PROJECT))
+
+
+def record(event: Event, seq: int) -> Record:
+    # the projector reads only the event, its key and its stream sequence
+    return Record(cast(Any, None), seq, 1, event.event_id, event, None)
+
+
+def events_at(*moments: datetime) -> list[Event]:
+    return [
+        FactContext(CALLER, PROJECT, moment).fact(
+            "agent.woke", {"agentId": f"agent-{i}"}, change_id="chg-1", key=str(i)
+        )
+        for i, moment in enumerate(moments)
+    ]
+
+
+def run() -> RunContext:
+    return RunContext(stream_index(PROJECT), now_s=0.0, apply_calls_left=10)
+
+
+@pytest.fixture
+def product(offline_settings: Settings) -> Iterator[ProductDatabase]:
+    database = ProductDatabase(offline_settings)
+    yield database
+    database.close()
+
+
+async def test_an_event_applied_seven_seconds_after_its_commit_records_seven_seconds(
+    offline_settings: Settings, product: ProductDatabase
+) -> None:
+    # GIVEN an Event committed at T, and the router's clock at T + 7 s
+    clock = ManualClock(T)
+    (event,) = events_at(T)
+    clock.advance(7)
+    sink = RecordingSink()
+    projector = ProjectViewProjector(
+        offline_settings, freshness=freshness_gauge(product, sink, clock)
+    )
+    try:
+        # WHEN the projector applies it
+        outcomes = await projector.handle([record(event, 1)], run())
+    finally:
+        projector.close()
+
+    # THEN it applied, and one event_freshness_s point of 7 s for its stream was recorded
+    # (a METRICS row) and emitted
+    assert outcomes[event.event_id].outcome is Outcome.APPLIED
+    (point,) = sink.points(MetricBinding.METRICS)
+    assert (point.name, point.value, point.unit) == (EVENT_FRESHNESS_METRIC, 7.0, "Seconds")
+    assert dict(point.dimensions) == {"stream": STREAM}
+    (stored,) = recent_points(product.connection, EVENT_FRESHNESS_METRIC)
+    assert stored.value == 7.0
+
+
+async def test_a_batch_records_one_point_its_oldest_event_and_a_redelivery_records_none(
+    offline_settings: Settings, product: ProductDatabase
+) -> None:
+    # GIVEN three Events committed 30 s, 12 s and 2 s before the clock
+    clock = ManualClock(T + timedelta(seconds=30))
+    events = events_at(T, T + timedelta(seconds=18), T + timedelta(seconds=28))
+    sink = RecordingSink()
+    recorder = MetricsRecorder(product.connection, sink, clock)
+    projector = ProjectViewProjector(offline_settings, freshness=FreshnessGauge(recorder, clock))
+    records = [record(event, seq) for seq, event in enumerate(events, start=1)]
+    try:
+        # WHEN they are applied in one batch, then delivered again
+        await projector.handle(records, run())
+        again = await projector.handle(records, run())
+    finally:
+        projector.close()
+
+    # THEN one point, the batch's maximum; the redelivery applied nothing and recorded nothing
+    assert [p.value for p in sink.points()] == [30.0]
+    assert {o.outcome for o in again.values()} == {Outcome.DUPLICATE}
+
+
+async def test_a_projector_without_a_gauge_applies_as_before(offline_settings: Settings) -> None:
+    # GIVEN a projector built as before freshness existed
+    (event,) = events_at(T)
+    projector = ProjectViewProjector(offline_settings)
+    try:
+        # WHEN it applies an Event
+        outcomes = await projector.handle([record(event, 1)], run())
+    finally:
+        projector.close()
+    # THEN the Event is applied
+    assert outcomes[event.event_id].outcome is Outcome.APPLIED
+
+
+def test_an_event_stamped_after_the_apply_time_counts_as_zero_seconds() -> None:
+    # GIVEN an Event whose producer clock ran 3 s ahead of the router's
+    (event,) = events_at(T + timedelta(seconds=3))
+    # WHEN its freshness is measured at T
+    point = freshness_point(STREAM, [event], T)
+    # THEN it is 0 s, not negative; and no Events give no point
+    assert point is not None and point.value == 0.0
+    assert freshness_point(STREAM, [], T) is None
