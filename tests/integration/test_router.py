@@ -584,8 +584,9 @@ async def test_the_daily_tick_drops_lag_points_older_than_30_days_and_keeps_even
     clock.set(tick)
     sweep = await app.router().sweep(now=tick)
 
-    # THEN the old lag points went; the analytics points stayed
-    assert sweep.pruned_metric_rows == 83  # 40 × 2 consumer points + 3 outbox points
+    # THEN the old lag points went (40 × 2 consumer points, 3 outbox points and the
+    # projector's one freshness point); the analytics points stayed
+    assert sweep.pruned_metric_rows == 84
     assert metric_counts(product, MetricBinding.EVENT_METRICS) == before
     assert metric_counts(product, MetricBinding.METRICS)["consumer_num_pending"] == 40
 
