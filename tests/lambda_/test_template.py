@@ -99,6 +99,7 @@ PARAMETER_SAMPLES = {
     "NatsUrl": "tls://nats.rhumbatron.internal:4222",
     "NatsMonitorUrl": "http://nats.rhumbatron.internal:8222",
     "NatsCredentialsSecretArn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:nats-Ab1",
+    "NatsTlsCaSecretArn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:nats-ca-Ab1",
     "AnthropicApiKeySecretArn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:anth-Ab1",
     "JwtIssuer": "https://auth.rhumbatron.example/",
     "JwtAudience": "rhumbatron-api",
