@@ -11,6 +11,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 FUNCTIONS = ROOT / "functions"
 EVENTS = ROOT / "events"
@@ -44,3 +46,34 @@ def sample_event(name: str) -> dict[str, Any]:
     """One of the sample events in ``events/``."""
     event: dict[str, Any] = json.loads((EVENTS / name).read_text())
     return event
+
+
+# -- CloudFormation YAML -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tag:
+    """A CloudFormation short-form intrinsic (``!Ref X``, ``!GetAtt A.B``, ``!Sub ...``)."""
+
+    name: str
+    value: Any
+
+
+class CloudFormationLoader(yaml.SafeLoader):
+    """A safe YAML loader that keeps CloudFormation's ``!`` tags as :class:`Tag` values."""
+
+
+def _construct_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Tag:
+    value: Any
+    if isinstance(node, yaml.ScalarNode):
+        value = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        assert isinstance(node, yaml.MappingNode)
+        value = loader.construct_mapping(node, deep=True)
+    return Tag(suffix, value)
+
+
+CloudFormationLoader.add_multi_constructor("!", _construct_tag)
+

@@ -37,6 +37,8 @@ from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.settings import load_settings
 
+from .support import CloudFormationLoader, Tag
+
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 CONFIGS = INFRA / "nats"
@@ -68,35 +70,8 @@ APP_PARAMETERS_FROM_INFRA = {
 # -- reading the stacks ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Tag:
-    """A CloudFormation short-form intrinsic (``!Ref X``, ``!Select [...]``, ``!Sub ...``)."""
-
-    name: str
-    value: Any
-
-
-class _Loader(yaml.SafeLoader):
-    """A safe YAML loader that keeps CloudFormation's ``!`` tags as :class:`Tag` values."""
-
-
-def _construct_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Tag:
-    value: Any
-    if isinstance(node, yaml.ScalarNode):
-        value = loader.construct_scalar(node)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    else:
-        assert isinstance(node, yaml.MappingNode)
-        value = loader.construct_mapping(node, deep=True)
-    return Tag(suffix, value)
-
-
-_Loader.add_multi_constructor("!", _construct_tag)
-
-
 def _stack(name: str) -> dict[str, Any]:
-    loaded = yaml.load((ROOT / name).read_text(), Loader=_Loader)
+    loaded = yaml.load((ROOT / name).read_text(), Loader=CloudFormationLoader)
     assert isinstance(loaded, dict)
     return loaded
 

@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -40,7 +39,7 @@ from rhumbatron.messaging.commands import QUEUE_CONSUMERS
 from rhumbatron.runtime.bootstrap import bootstrap
 from rhumbatron.runtime.settings import Settings, load_settings
 
-from .support import load_app
+from .support import CloudFormationLoader, Tag, load_app
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -107,33 +106,6 @@ PARAMETER_SAMPLES = {
     "JwtTenantClaim": "tenant",
     "LogLevel": "INFO",
 }
-
-
-@dataclass(frozen=True)
-class Tag:
-    """A CloudFormation short-form intrinsic (``!Ref X``, ``!GetAtt A.B``, ``!Sub ...``)."""
-
-    name: str
-    value: Any
-
-
-class CloudFormationLoader(yaml.SafeLoader):
-    """A safe YAML loader that keeps CloudFormation's ``!`` tags as :class:`Tag` values."""
-
-
-def _construct_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Tag:
-    value: Any
-    if isinstance(node, yaml.ScalarNode):
-        value = loader.construct_scalar(node)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    else:
-        assert isinstance(node, yaml.MappingNode)
-        value = loader.construct_mapping(node, deep=True)
-    return Tag(suffix, value)
-
-
-CloudFormationLoader.add_multi_constructor("!", _construct_tag)
 
 
 @pytest.fixture(scope="module")
