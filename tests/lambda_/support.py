@@ -76,4 +76,3 @@ def _construct_tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Tag
 
 
 CloudFormationLoader.add_multi_constructor("!", _construct_tag)
-
