@@ -6,23 +6,16 @@ effect rows keyed on the event ID, so a rewind replays with zero duplicate effec
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
-from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import MetricBinding, metric_counts
-from rhumbatron.protocol import Event, stream_index
-from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
-from rhumbatron.router.event_router import tick_kind
+from rhumbatron.protocol.ids import event_stream_name
 from rhumbatron.router.replay import (
     ReplayError,
     ReplayReport,
@@ -33,96 +26,22 @@ from rhumbatron.router.replay import (
 )
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
+from rhumbatron.runtime.settings import Settings
+
+# The router tests' helpers: the same small project history, sweep minutes and app factory.
+from . import test_router as router_tests
+from .test_router import START, AppFactory, projects_on_stream, publish, sweep_minute, wakes
+from .test_router import lifecycle as history
 
 pytestmark = pytest.mark.integration
 
-CALLER = Caller("acme", "system:test", correlation_id="corr-replay")
+# The router tests' app factory (a fixture), registered here under the same name.
+make_app = router_tests.make_app
+
 PROJECTOR = Subscription.PROJECT_VIEW_PROJECTOR
 CAUSAL = Subscription.CAUSAL_ROUTER
 ANALYTICS = Subscription.ANALYTICS_PROJECTOR
-START = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 EAST = timezone(timedelta(hours=5))
-
-
-def projects_on_stream(stream: int, count: int) -> list[str]:
-    """``count`` project IDs whose events go to stream ``stream``."""
-    names = (f"proj-{i}" for i in itertools.count())
-    return list(itertools.islice((n for n in names if stream_index(n) == stream), count))
-
-
-def sweep_minute(stream: int) -> datetime:
-    """A sweep minute that visits ``stream`` and runs the analytics batch."""
-    for minute in range(600, 700):
-        when = START.replace(hour=minute // 60, minute=minute % 60)
-        index, maintenance, release = tick_kind(load_settings(), when)
-        if index == stream and not maintenance and not release:
-            return when
-    raise AssertionError("unreachable")
-
-
-def history(project_id: str, now: datetime, change: str = "chg-1") -> list[Event]:
-    """A small project history: created, a change with two tasks, one completed."""
-    ctx = FactContext(CALLER, project_id, now)
-    change_id = f"{project_id}-{change}"
-    return [
-        ctx.fact("project.created", {"name": f"Project {project_id}"}),
-        ctx.fact(
-            "change.created",
-            {"title": "Add login", "clientRequestId": f"req-{change}", "requestedBy": "user:1"},
-            change_id=change_id,
-        ),
-        ctx.fact("change.planned", {"taskIds": ["t1", "t2"]}, change_id=change_id),
-        ctx.fact("task.ready", {}, change_id=change_id, task_id="t1"),
-        ctx.fact("task.assigned", {"agentId": "agent-7"}, change_id=change_id, task_id="t1"),
-        ctx.fact("task.completed", {"agentId": "agent-7"}, change_id=change_id, task_id="t1"),
-    ]
-
-
-def wakes(project_id: str, now: datetime, count: int) -> list[Event]:
-    ctx = FactContext(CALLER, project_id, now)
-    return [
-        ctx.fact("agent.woke", {"agentId": f"agent-{i}"}, change_id=f"{project_id}-c", key=str(i))
-        for i in range(count)
-    ]
-
-
-AppFactory = Callable[..., Awaitable[Rhumbatron]]
-
-
-@pytest_asyncio.fixture
-async def make_app(
-    settings: Settings, s3_server: S3ServerProcess, clock: ManualClock
-) -> AsyncIterator[AppFactory]:
-    """Builds runtimes on the test's nats-server, each with the test's own bucket."""
-    apps: list[Rhumbatron] = []
-    bucket = f"evidence-{id(apps):x}"
-    clock.set(START)
-
-    async def build(**overrides: Any) -> Rhumbatron:
-        values = settings.model_dump() | {
-            "s3_endpoint_url": s3_server.endpoint_url,
-            "evidence_bucket": bucket,
-            **overrides,
-        }
-        app = bootstrap(load_settings(**values), clock=clock, alarms=RecordingAlarmSink())
-        await app.ensure_streams()
-        if not apps:
-            app.s3().create_bucket(Bucket=bucket)
-        apps.append(app)
-        return app
-
-    yield build
-    for app in apps:
-        await app.close()
-
-
-async def publish(app: Rhumbatron, events: list[Event]) -> None:
-    """Put events on their streams as the outbox publisher does (Nats-Msg-Id = event ID)."""
-    js = (await app.nats()).jetstream()
-    for event in events:
-        subject = event_stream_subject(stream_index(event.project_id))
-        await js.publish(subject, event.to_json(), headers={"Nats-Msg-Id": event.event_id})
 
 
 def view_rows(app: Rhumbatron, project_id: str) -> dict[str, list[tuple[Any, ...]]]:
