@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from rhumbatron.lifecycle.integration import ForkStore
+from rhumbatron.lifecycle.forks import ForkStore
 from rhumbatron.local.invoke import (
     Invocation,
     LocalTarget,

@@ -25,8 +25,9 @@ from rhumbatron.indexing import Indexer
 from rhumbatron.lifecycle.apps import LocalApps
 from rhumbatron.lifecycle.commands import LifecycleSender
 from rhumbatron.lifecycle.effects import LifecycleEffects
+from rhumbatron.lifecycle.forks import ForkStore
 from rhumbatron.lifecycle.housekeeping import Housekeeper
-from rhumbatron.lifecycle.integration import ForkStore, IntegrationModule
+from rhumbatron.lifecycle.integration import IntegrationModule
 from rhumbatron.lifecycle.requests import AgentCallbacks, ChangeRequests
 from rhumbatron.lifecycle.workflows import LifecycleWorkflows
 from rhumbatron.lifecycle.world import LifecycleWorld
@@ -95,7 +96,7 @@ class Lifecycle:
 
     @cached_property
     def world(self) -> LifecycleWorld:
-        world = LifecycleWorld(self.app)
+        world = LifecycleWorld(self.app, forks=self.forks)
         world.indexer = Indexer(self.app.settings, self.app.product(), self.app.clock, world)
         return world
 

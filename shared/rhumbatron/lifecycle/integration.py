@@ -20,11 +20,9 @@ job before, or something else did.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
@@ -42,6 +40,7 @@ from rhumbatron.lifecycle.commands import (
     verify_command_id,
     workflow_input,
 )
+from rhumbatron.lifecycle.forks import ForkStore
 from rhumbatron.lifecycle.world import LifecycleWorld
 from rhumbatron.messaging.queue_consumer import Delivery, Retry
 from rhumbatron.protocol.envelopes import Command
@@ -79,45 +78,6 @@ class HandledCommand:
     command_type: str
     delivered: int
     outcome: str
-
-
-@dataclass
-class ForkStore:
-    """A Candidate's fork: the canonical files with its changesets applied, one JSON file
-    ``<state>/forks/<project>/<candidate>.json``. Verification checks it and a release
-    deploys it; ``forks.sweep`` deletes the forks nobody can promote any more."""
-
-    root: Path
-
-    def path(self, project_id: str, candidate_id: str) -> Path:
-        return self.root / project_id / f"{candidate_id}.json"
-
-    def write(self, project_id: str, candidate_id: str, files: dict[str, str]) -> Path:
-        path = self.path(project_id, candidate_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(files, sort_keys=True), encoding="utf-8")
-        partial.replace(path)  # atomic: a reader never sees half a fork
-        return path
-
-    def read(self, project_id: str, candidate_id: str) -> dict[str, str] | None:
-        path = self.path(project_id, candidate_id)
-        if not path.exists():
-            return None
-        files: dict[str, str] = json.loads(path.read_text(encoding="utf-8"))
-        return files
-
-    def forks(self, project_id: str | None = None) -> list[tuple[str, str]]:
-        """``(project, candidate)`` of every fork, sorted."""
-        pattern = f"{project_id}/*.json" if project_id else "*/*.json"
-        return sorted((p.parent.name, p.stem) for p in self.root.glob(pattern))
-
-    def delete(self, project_id: str, candidate_id: str) -> bool:
-        path = self.path(project_id, candidate_id)
-        if not path.exists():
-            return False
-        path.unlink()
-        return True
 
 
 Handler = Callable[[Command, Delivery], Awaitable["Retry | None"]]

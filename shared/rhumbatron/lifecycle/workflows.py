@@ -30,7 +30,7 @@ from rhumbatron.workflows.in_process import WorkflowDefinition
 
 if TYPE_CHECKING:
     from rhumbatron.lifecycle.apps import AppDeployer
-    from rhumbatron.lifecycle.integration import ForkStore
+    from rhumbatron.lifecycle.forks import ForkStore
     from rhumbatron.lifecycle.world import LifecycleWorld
 
 __all__ = ["LifecycleWorkflows", "check_files"]

@@ -26,6 +26,7 @@ from rhumbatron.runtime.clock import parse_timestamp
 
 if TYPE_CHECKING:
     from rhumbatron.indexing import CanonicalSnapshot, Indexer
+    from rhumbatron.lifecycle.forks import ForkStore
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = ["LifecycleWorld", "LocatedCandidate"]
@@ -49,6 +50,8 @@ class LifecycleWorld:
     app: Rhumbatron
     #: The indexer's ``project_indexes``, for the index questions of housekeeping.
     indexer: Indexer | None = None
+    #: The Candidates' fork files, for what an archived project still has to clean up.
+    forks: ForkStore | None = None
 
     # -- where things live -----------------------------------------------------------------
     def change_shard(self, project_id: str, change_id: str) -> ResourceShard:
@@ -174,12 +177,12 @@ class LifecycleWorld:
         of the ``limit`` places forever and starve the archived Projects after it."""
         archived = self._projects_with_status("archived")
         indexed = set(self.indexer.projects_with_index_rows(archived)) if self.indexer else set()
-        # The fork files' layout is ForkStore's (``<state>/forks/<project>/<candidate>.json``).
-        forks = self.app.settings.state_dir / "forks"
         return [
             p
             for p in archived
-            if p in indexed or self.admin_shard(p).live_apps() or any((forks / p).glob("*.json"))
+            if p in indexed
+            or self.admin_shard(p).live_apps()
+            or (self.forks is not None and self.forks.has_forks(p))
         ][:limit]
 
     def active_projects_without_ready_index(self, limit: int) -> list[str]:
