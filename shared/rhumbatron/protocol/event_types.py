@@ -257,6 +257,35 @@ class BudgetExceeded(Payload):
     event_id: str = Field(min_length=1)
 
 
+class ReactionDisabled(Payload):
+    """A webhook subscription was disabled because its endpoint keeps failing: it answered
+    410 Gone (``gone``), or it failed without one success for the disable window
+    (``failing``). Deliveries matched while it is disabled are kept as skipped, and can be
+    replayed when it is enabled again."""
+
+    subscription_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    reason: Literal["gone", "failing"]
+    delivery_key: str = Field(min_length=1)
+    last_error: str
+    failing_since: datetime | None = None
+    status_code: int | None = None
+
+
+# Time events (S2-065, S2-100..102) ------------------------------------------------------------
+
+
+class ScheduleFired(Payload):
+    """A schedule fired: the sweep's tick, or a user-defined schedule of the registry. The
+    subject is the schedule (``schedule_id``); ``scheduled_at`` is the fire time it was due,
+    so a repeated fire of the same minute is the same fact."""
+
+    schedule_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    mode: str = Field(pattern=r"^[a-z][a-z_]{0,31}$")
+    scheduled_at: datetime
+
+
 # --------------------------------------------------------------------------- the registry
 
 _P, _S = Owner.PROJECT_ROOT, Owner.RESOURCE_SHARD
@@ -375,6 +404,20 @@ _ALL: tuple[EventTypeSpec, ...] = (
         _S,
         _MINTED,
         "A tenant's daily reaction budget ran out; reactions are skipped until the next day.",
+    ),
+    _spec(
+        "reaction.disabled",
+        ReactionDisabled,
+        _S,
+        _MINTED,
+        "A webhook subscription whose endpoint keeps failing was disabled.",
+    ),
+    _spec(
+        "schedule.fired",
+        ScheduleFired,
+        _S,
+        _MINTED,
+        "A schedule fired (the sweep's tick, or a user-defined schedule).",
     ),
 )
 

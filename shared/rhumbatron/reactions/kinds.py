@@ -65,8 +65,10 @@ class SubjectType(StrEnum):
     RELEASE = "release"
     APP = "app"
     AGENT = "agent"
-    #: ``schedule.fired`` is about its schedule (S2-101); the kind is not registered yet.
+    #: ``schedule.fired`` is about its schedule (S2-101).
     SCHEDULE = "schedule"
+    #: ``reaction.disabled`` is about the subscription it disabled.
+    SUBSCRIPTION = "subscription"
 
     @property
     def id_key(self) -> str:
@@ -86,6 +88,7 @@ _ID_KEYS: Mapping[SubjectType, str] = MappingProxyType(
         SubjectType.APP: "payload.appName",
         SubjectType.AGENT: "payload.agentId",
         SubjectType.SCHEDULE: "payload.scheduleId",
+        SubjectType.SUBSCRIPTION: "payload.subscriptionId",
     }
 )
 
@@ -113,6 +116,7 @@ SUBJECT_OF_NOUN: Mapping[str, SubjectType] = MappingProxyType(
         "promotion": _S.CANDIDATE,
         "release": _S.RELEASE,
         "schedule": _S.SCHEDULE,
+        "reaction": _S.SUBSCRIPTION,
         # A tenant's budget is recorded in the shard of one of its projects (the one whose
         # event met the refusal).
         "budget": _S.PROJECT,
@@ -179,6 +183,8 @@ TRIGGERABLE_EVENT_KINDS: frozenset[str] = frozenset(
         "release.started",
         "release.completed",
         "release.failed",
+        # A time-driven reaction is a subscription on the clock's tick (S2-065).
+        "schedule.fired",
     }
 )
 
