@@ -24,20 +24,33 @@ user would:
 4. **Approval.** ``POST /projects/{id}/changes/{changeId}/approve`` promotes the Candidate,
    canonical advances to generation 1, the index is built and the release deploys the
    canonical files to the app.
-5. **Audit.** One sweep tick per stream runs the archiver and the analytics; the demo reads
+5. **Reactions.** Before step 1 the demo starts a
+   :class:`~rhumbatron.reactions.receiver.LocalWebhookReceiver` on loopback (allowed by
+   ``webhook_allowed_hosts``) and registers two webhook subscriptions through the registry,
+   cooldown 0: ``notify`` (``task.completed``, ``change.completed``) and ``ci-intents``
+   (``intent.declared``). The reactions consumer delivers every match of the lifecycle,
+   signed; the receiver verifies each signature. Then the receiver's CI bot answers one
+   ``intent.declared`` delivery with an intent of its own, in the delivery's correlation
+   (its ``webhook-id``): it matches ``ci-intents`` again, and the self-cause guard holds it
+   back, recording the suppression with its cause chain.
+6. **Audit.** One sweep tick per stream runs the archiver and the analytics; the demo reads
    every stream back with a second client, lists the archive objects and reads the Change
    back with ``GET /projects/{id}/changes/{changeId}``.
+7. **Replay.** A dry run of the ``reactions`` subscription from the S3 archive: how many
+   archived events would take effect (none: each was applied once) and how many already did.
 
 It prints each step, then a summary: events per stream and type, commands per queue, the
-duplicates dropped, the dead letters, the archive objects, the Change's timeline with timings,
-its states in order, the Clef-flash decisions, the index search and the release. It writes
-the same to ``.rhumbatron/demo-summary.json`` and exits non-zero, naming each miss, when an
-expected outcome is missing.
+duplicates dropped, the dead letters, the archive objects, the reactions (deliveries,
+suppressions, the replay), the Change's timeline with timings, its states in order, the
+Clef-flash decisions, the index search and the release. It writes the same to
+``.rhumbatron/demo-summary.json`` and exits non-zero, naming each miss, when an expected
+outcome is missing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import secrets
@@ -56,12 +69,15 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 from rhumbatron import operator
 from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.agents.scripted import ScriptLibrary
+from rhumbatron.agents.signing import generate_secret
 from rhumbatron.domain.changes import TaskPlan
+from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import ConfigurationError, RhumbatronError
 from rhumbatron.lifecycle.commands import lifecycle_command
 from rhumbatron.lifecycle.local_loop import LocalLoop
 from rhumbatron.lifecycle.requests import CreatedChange
 from rhumbatron.messaging.commands import QUEUE_CONSUMERS, consumer_name
+from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.queue_consumer import queue_row
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.operator import ANY_TENANT, MAX_PAGE
@@ -69,7 +85,12 @@ from rhumbatron.product.dead_letters import DeadLetter
 from rhumbatron.protocol.command_types import COMMAND_TYPES
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.reactions.guards import suppressions
+from rhumbatron.reactions.receiver import LocalWebhookReceiver, WebhookReceiver
+from rhumbatron.reactions.registry import Governance, SubscriptionRegistry, WebhookReaction
+from rhumbatron.reactions.selectors import Selector
 from rhumbatron.router.event_router import tick_kind
+from rhumbatron.router.replay import replay_archive
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings, load_settings
 
@@ -323,6 +344,232 @@ async def _serve_api(
         listener.close()
 
 
+# -- reactions: signed webhooks, a loop the guard stops, a replay dry run -------------------
+
+#: The demo's webhook subscriptions (name, kinds), every match delivered (cooldown 0): a CI
+#: system told of finished work, and told of every intent declared — one of which its bot
+#: answers with an intent of its own, the loop the guard stops.
+_SUBSCRIPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("notify", ("task.completed", "change.completed")),
+    ("ci-intents", ("intent.declared",)),
+)
+#: The CI system's bot, and the path of the intent it declares in answer to a delivery.
+_CI_AGENT = "ci-bot"
+_CI_PATH = "ci/pipeline.yml"
+#: A replay's range starts this long before the demo, so no event is cut off by rounding.
+_REPLAY_MARGIN = timedelta(minutes=1)
+
+
+@dataclass
+class _Reactions:
+    """The reactions part: a :class:`LocalWebhookReceiver` on loopback and the webhook
+    subscriptions that point at it, registered before the lifecycle (the reactions cursor
+    consumes every fact as it comes, so a subscription sees only what comes after it);
+    then a fact the receiving side writes back in a delivery's correlation (a self-caused
+    loop), and a replay dry run from the S3 archive."""
+
+    app: Rhumbatron
+    tenant: str
+    project_id: str
+    secret: str
+    endpoint: LocalWebhookReceiver
+    names: dict[str, str] = field(default_factory=dict)  # subscription ID -> name
+    echo: dict[str, Any] | None = None
+    replay: dict[str, Any] | None = None
+
+    @classmethod
+    def start(cls, app: Rhumbatron, sample: _Sample) -> _Reactions:
+        """A receiver holding a new secret, listening on 127.0.0.1 (allowed by
+        ``webhook_allowed_hosts``: loopback is refused otherwise, at registration and send)."""
+        secret = generate_secret()
+        receiver = WebhookReceiver(
+            [secret], clock=app.clock, tolerance_s=app.settings.webhook_tolerance_s
+        )
+        endpoint = LocalWebhookReceiver(receiver).start()
+        return cls(app, sample.tenant, sample.project_id, secret, endpoint)
+
+    def subscribe(self, say: Callable[[str], None]) -> None:
+        """Register the webhook subscriptions through the registry (the API's path)."""
+        app = self.app
+        registry = SubscriptionRegistry(app.product(), app.settings, app.clock)
+        for name, kinds in _SUBSCRIPTIONS:
+            created = registry.create(
+                self.tenant,
+                name,
+                Selector.create(kinds),
+                WebhookReaction(url=self.endpoint.url, secrets=(self.secret,)),
+                Governance(cooldown_s=0),
+            )
+            self.names[created.record.subscription_id] = name
+        subscribed = ", ".join(f"{name} ({', '.join(kinds)})" for name, kinds in _SUBSCRIPTIONS)
+        say(
+            f"reactions: webhook receiver on {self.endpoint.url} (signatures checked, "
+            f"{self.endpoint.receiver.tolerance_s} s tolerance, replayed IDs refused); "
+            f"subscriptions {subscribed}, cooldown 0 s"
+        )
+
+    def _subscription_id(self, name: str) -> str:
+        return next(sub_id for sub_id, known in self.names.items() if known == name)
+
+    async def deliveries_and_loop(self, demo: _Demo) -> None:
+        """Report what the receiver verified; then its CI bot answers an intent.declared
+        delivery with an intent of its own, in the delivery's correlation, and the reactions
+        consumer holds that fact back from the subscription that caused it."""
+        say = demo.say
+        say("\n== 5. reactions: signed webhooks, and a loop the guard stopped")
+        accepted, rejected = self.endpoint.accepted, self.endpoint.rejected
+        verified = sum(d.signature_verified for d in accepted)
+        say(
+            f"receiver: {len(accepted)} deliveries answered 204, {verified} with a verified "
+            f"signature; {len(rejected)} rejected (401)"
+        )
+        for sub_id, name in self.names.items():
+            kinds = Counter(d.webhook.kind for d in accepted if d.webhook.subscription_id == sub_id)
+            delivered = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "nothing"
+            say(f"  {name:<11} {delivered}")
+        if accepted:
+            say(f"  webhook-id {accepted[-1].webhook.webhook_id}: {accepted[-1].body.decode()}")
+        ci = self._subscription_id("ci-intents")
+        answered = next((d.webhook for d in accepted if d.webhook.subscription_id == ci), None)
+        if answered is None:
+            raise _StepError("no intent.declared reached ci-intents: the CI bot has no delivery")
+        caller = Caller(self.tenant, f"agent:{_CI_AGENT}", correlation_id=answered.webhook_id)
+        shard = self.app.resource_shard(self.project_id, _CI_PATH)
+        written = await asyncio.to_thread(
+            functools.partial(
+                shard.declare_intent,
+                caller,
+                intent_id=f"int-{_CI_AGENT}-1",
+                agent_id=_CI_AGENT,
+                paths=(_CI_PATH,),
+                summary=f"run the pipeline for {answered.event_id}",
+            )
+        )
+        fact = written.transition.facts[0]
+        self.echo = {
+            "eventId": fact.event_id,
+            "kind": fact.event_type,
+            "actor": fact.actor,
+            "correlationId": fact.correlation_id,
+            "answers": answered.webhook_id,
+        }
+        say(
+            f"{_CI_AGENT} answers {answered.webhook_id} with {fact.event_type} {fact.event_id} "
+            "(correlationId = that webhook-id): it matches ci-intents again"
+        )
+        await demo.settle()
+        found = self.suppressions(only=fact.event_id)
+        if not found:
+            raise _StepError(f"the loop guard recorded nothing for {fact.event_id}")
+        for held in found:
+            say(
+                f"loop guard: {held['eventType']} {held['eventId']} not delivered to "
+                f"{held['subscription']}: {held['reason']} ({held['detail']})"
+            )
+            hops = " -> ".join(
+                f"{hop['eventType']} {hop['eventId']} fired {hop['subscription']}"
+                for hop in held["causeChain"]
+            )
+            say(f"  cause chain: {hops} -> {held['eventId']}")
+
+    def suppressions(self, only: str | None = None) -> list[dict[str, Any]]:
+        """The tenant's recorded suppressions (of event ``only``), each hop of its chain
+        named by its subscription and the kind of its event."""
+        kinds = {d.webhook.event_id: d.webhook.kind for d in self.endpoint.accepted}
+        recorded = suppressions(self.app.product().connection, tenant_id=self.tenant)
+        return [
+            {
+                "eventId": s.event_id,
+                "eventType": s.event_type,
+                "subscription": self.names.get(s.subscription_id, s.subscription_id),
+                "reason": s.reason.value,
+                "detail": s.detail,
+                "depth": s.depth,
+                "causeChain": [
+                    {
+                        "eventId": hop.event_id,
+                        "eventType": kinds.get(hop.event_id),
+                        "subscriptionId": hop.subscription_id,
+                        "subscription": self.names.get(hop.subscription_id, hop.subscription_id),
+                    }
+                    for hop in s.cause_chain.hops
+                ],
+            }
+            for s in recorded
+            if only in (None, s.event_id)
+        ]
+
+    async def replay_dry_run(self, say: Callable[[str], None], start: datetime) -> None:
+        """Replay the reactions subscription from the S3 archive as a dry run: how many of
+        the archived events would take effect, and how many already did."""
+        say("\n== 7. replay the reactions subscription from the S3 archive (dry run)")
+        stream = stream_index(self.project_id)
+        end = self.app.clock.now() + _REPLAY_MARGIN
+        report = await replay_archive(
+            self.app,
+            stream_index=stream,
+            subscription=Subscription.REACTIONS,
+            start=start,
+            end=end,
+            dry_run=True,
+        )
+        self.replay = {
+            "source": report.source.value,
+            "subscription": report.subscription.value,
+            "stream": stream,
+            "dryRun": report.dry_run,
+            "start": start.isoformat(),
+            "end": end.isoformat(),
+            "scanned": report.scanned,
+            "wouldApply": report.would_apply,
+            "alreadyApplied": report.already_applied,
+            "inFlight": report.in_flight,
+            "failed": report.failed,
+        }
+        say(
+            f"rhumbatron replay --source archive --subscription reactions --stream {stream} "
+            f"--start {start.isoformat(timespec='seconds')} "
+            f"--end {end.isoformat(timespec='seconds')} --dry-run"
+        )
+        say(
+            f"  {report.scanned} archived events: would apply {report.would_apply}, already "
+            f"applied {report.already_applied}, in flight {report.in_flight}; nothing changed"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """What the receiver saw, the loop's suppression and the replay's report."""
+        return {
+            "receiver": self.endpoint.url,
+            "subscriptions": [
+                {"id": sub_id, "name": name, "kinds": list(dict(_SUBSCRIPTIONS)[name])}
+                for sub_id, name in self.names.items()
+            ],
+            "deliveries": [
+                {
+                    "webhookId": d.webhook.webhook_id,
+                    "eventId": d.webhook.event_id,
+                    "kind": d.webhook.kind,
+                    "subject": {"type": d.webhook.subject.type, "id": d.webhook.subject.id},
+                    "subscription": self.names.get(d.webhook.subscription_id),
+                    "signatureVerified": d.signature_verified,
+                }
+                for d in self.endpoint.accepted
+            ],
+            "rejected": [
+                {
+                    "status": r.status,
+                    "reason": r.reason.value if r.reason else None,
+                    "message": r.message,
+                    "webhookId": r.webhook_id,
+                }
+                for r in self.endpoint.rejected
+            ],
+            "echo": self.echo,
+            "suppressions": self.suppressions(),
+            "replay": self.replay,
+        }
+
+
 @dataclass
 class _Demo:
     """The lifecycle of the sample, step by step, printed to ``out``; what each step saw is
@@ -406,6 +653,15 @@ class _Demo:
         await self._timed("toAwaitingApproval", self.request_change(api))
         await self._timed("toCompleted", self.approve(api))
         await self.settle()
+
+    async def attempt(self, step: Awaitable[None]) -> None:
+        """Run ``step``; a step that did not happen is a problem, and the demo goes on to
+        report what did."""
+        try:
+            await step
+        except (_StepError, RhumbatronError) as exc:
+            self.problems.append(f"{type(exc).__name__}: {exc}")
+            self.say(f"STOPPED: {exc}")
 
     async def _timed(self, name: str, step: Awaitable[_T]) -> _T:
         started = time.monotonic()
@@ -1005,12 +1261,44 @@ def check_summary(summary: dict[str, Any]) -> list[str]:
         outcome = [(x["commandId"], x["status"], x["resolution"]) for x in letters]
         problems.append(f"expected one letter closed as succeeded by attempt 2; found {outcome}")
     problems += _check_change(summary["change"])
+    problems += _check_reactions(summary["reactions"])
     if summary["duplicatesDropped"]["commandResends"] != 1:
         problems.append("the resent provision command was not dropped as a duplicate")
     if summary["timingsS"]["total"] >= _DEMO_BUDGET_S:
         problems.append(
             f"the demo took {summary['timingsS']['total']:.1f} s, over its "
             f"{_DEMO_BUDGET_S:g} s budget"
+        )
+    return problems
+
+
+def _check_reactions(reactions: dict[str, Any]) -> list[str]:
+    problems = []
+    deliveries = reactions["deliveries"]
+    if not deliveries:
+        problems.append("the webhook receiver verified no delivery")
+    elif not all(d["signatureVerified"] for d in deliveries):
+        problems.append("a webhook delivery was accepted without a verified signature")
+    if reactions["rejected"]:
+        reasons = [r["reason"] for r in reactions["rejected"]]
+        problems.append(f"the webhook receiver rejected {len(reasons)} deliveries: {reasons}")
+    if not any(
+        s["reason"] in ("self_cause", "depth") and s["causeChain"]
+        for s in reactions["suppressions"]
+    ):
+        problems.append("the loop guard recorded no self_cause or depth suppression with its chain")
+    replay = reactions["replay"]
+    if replay is None:
+        problems.append("the replay dry run from the archive did not run")
+    elif not (
+        replay["scanned"] > 0
+        and replay["wouldApply"] == 0
+        and replay["alreadyApplied"] == replay["scanned"]
+    ):
+        problems.append(
+            f"a replay of the archive into reactions scanned {replay['scanned']} events: "
+            f"{replay['wouldApply']} would apply, {replay['alreadyApplied']} already applied; "
+            "every archived event must have been applied once already"
         )
     return problems
 
@@ -1111,11 +1399,30 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
     behind = [c for c in summary["consumers"] if c["numPending"] or c["numAckPending"]]
     consumers = len(summary["consumers"])
     say(f"router consumers: {consumers}, at lag 0: {consumers - len(behind)}")
+    _print_reactions(summary["reactions"], say)
     change = summary["change"]
     if change is not None:
         _print_change(change, say)
     timings = ", ".join(f"{k} {v:.2f} s" for k, v in summary["timingsS"].items())
     say(f"timings: {timings}")
+
+
+def _print_reactions(reactions: dict[str, Any], say: Callable[[str], None]) -> None:
+    deliveries = reactions["deliveries"]
+    verified = sum(1 for d in deliveries if d["signatureVerified"])
+    held = Counter(s["reason"] for s in reactions["suppressions"])
+    line = (
+        f"reactions: {len(deliveries)} webhooks delivered, {verified} verified, "
+        f"{len(reactions['rejected'])} rejected; suppressed: "
+        + (", ".join(f"{reason} {n}" for reason, n in sorted(held.items())) or "none")
+    )
+    replay = reactions["replay"]
+    if replay is not None:
+        line += (
+            f"; archive replay (dry run): would apply {replay['wouldApply']}, already applied "
+            f"{replay['alreadyApplied']}"
+        )
+    say(line)
 
 
 def _print_change(change: dict[str, Any], say: Callable[[str], None]) -> None:
@@ -1164,12 +1471,17 @@ async def run_demo(root: Path, sample_path: Path, out: TextIO = sys.stdout) -> d
             queue_retry_delay_s={"integration": 0.0},
             # No key: Clef-flash abstains (and so wakes) without calling a model.
             clef_flash_api_key=None,
+            # The demo's webhook receiver listens on loopback, refused unless allow-listed.
+            webhook_allowed_hosts=("127.0.0.1",),
             api_auth_mode="static",
             api_tokens={api_token: {"tenant": sample.tenant, "scopes": _API_SCOPES}},
         )
         app = bootstrap(settings)
         demo = _Demo(app, sample, out)
+        started_at = app.clock.now()
+        reactions: _Reactions | None = None
         try:
+            reactions = _Reactions.start(app, sample)
             streams_report = await app.ensure_streams()
             _fresh_bucket(stack.s3.client(), settings.evidence_bucket)
             demo.say(f"local stack: nats {stack.nats.url}  s3 {stack.s3.endpoint_url}")
@@ -1179,15 +1491,18 @@ async def run_demo(root: Path, sample_path: Path, out: TextIO = sys.stdout) -> d
                     f"API: uvicorn on {url}, a static bearer token of tenant {sample.tenant} "
                     f"with {', '.join(_API_SCOPES)} (api_tokens)"
                 )
-                try:
-                    await demo.run(api)
-                except (_StepError, RhumbatronError) as exc:
-                    demo.problems.append(f"{type(exc).__name__}: {exc}")
-                    demo.say(f"STOPPED: {exc}")
-                demo.say("\n== 5. sweep: archive, analytics, lag; the Change read back")
+                reactions.subscribe(demo.say)
+                await demo.attempt(demo.run(api))
+                await demo.attempt(demo._timed("reactions", reactions.deliveries_and_loop(demo)))
+                demo.say("\n== 6. sweep: archive, analytics, lag; the Change read back")
                 swept = await _sweep(app, sample.project_id)
                 streams = await read_streams(stack.nats.url)
                 change_body = await demo.read_back(api)
+            await demo.attempt(
+                demo._timed(
+                    "replay", reactions.replay_dry_run(demo.say, started_at - _REPLAY_MARGIN)
+                )
+            )
             outbox, publish_order = _outbox(app)
             summary: dict[str, Any] = {
                 "project": {
@@ -1204,8 +1519,11 @@ async def run_demo(root: Path, sample_path: Path, out: TextIO = sys.stdout) -> d
                 "apiCalls": api.calls,
                 **swept,
                 "change": _change_report(demo, streams, change_body),
+                "reactions": reactions.summary(),
             }
         finally:
+            if reactions is not None:
+                reactions.endpoint.stop()
             await app.close()
     summary["timingsS"] = {**demo.timings_s, "total": round(time.monotonic() - started, 3)}
     summary["problems"] = (

@@ -4,8 +4,9 @@
 Provisioning through the HTTP API with a dead-letter round trip through it, a Change of four
 Tasks requested and approved through it, where two agents overlap on a resource prefix
 (Clef-flash abstains without a key, and wakes), a verified Candidate, promotion, canonical
-advanced, the index built, the release completed, the Change read back over HTTP — then the
-summary it prints and writes."""
+advanced, the index built, the release completed, the Change read back over HTTP; the
+reactions (signed webhooks verified by a local receiver, a self-caused loop the guard stops, a
+replay dry run from the archive) — then the summary it prints and writes."""
 
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ def test_the_demo_runs_the_whole_lifecycle_without_problems_in_under_a_minute(
         "deadLetterRoundTrip",
         "toAwaitingApproval",
         "toCompleted",
+        "reactions",
+        "replay",
         "total",
     }
 
@@ -407,6 +410,7 @@ def test_the_demo_prints_each_step_in_order(demo: Demo) -> None:
     _, _, printed = demo
     steps = [
         "API: uvicorn on http://127.0.0.1:",
+        "reactions: webhook receiver on http://127.0.0.1:",
         "== 1. provision project acme-shop (tenant acme) and app storefront",
         "POST /projects -> 202: project.provision ",
         "project acme-shop created; tenant acme",
@@ -430,13 +434,21 @@ def test_the_demo_prints_each_step_in_order(demo: Demo) -> None:
         "/approve -> 200: candidate ",
         "canonical generation 1; index ready at generation 1",
         ": completed",
-        "== 5. sweep: archive, analytics, lag; the Change read back",
+        "== 5. reactions: signed webhooks, and a loop the guard stopped",
+        "receiver: 8 deliveries answered 204, 8 with a verified signature; 0 rejected (401)",
+        "ci-bot answers evt_",
+        "loop guard: intent.declared evt_",
+        "  cause chain: intent.declared evt_",
+        "== 6. sweep: archive, analytics, lag; the Change read back",
         "GET /projects/acme-shop/changes/",
+        "== 7. replay the reactions subscription from the S3 archive (dry run)",
+        "rhumbatron replay --source archive --subscription reactions --stream 2 --start ",
         "== summary",
         "events per stream and type:",
         "duplicates dropped: changeRequests 1, commandResends 1, ",
         f"dead letter {LETTER_ID}: app.provision {APP_COMMAND} on integration; attempt 1: 4 "
         "deliveries, dead-lettered, attempt 2: 1 deliveries, succeeded; closed (succeeded)",
+        "reactions: 8 webhooks delivered, 8 verified, 0 rejected; suppressed: self_cause 1; ",
         "timings: provision ",
     ]
     missing = [step for step in steps if step not in printed]
@@ -459,6 +471,9 @@ def test_the_checks_name_each_missing_outcome(demo: Demo) -> None:
     broken["outbox"]["total"]["pending"] = 2
     broken["archive"] = broken["archive"][1:]
     broken["timingsS"]["total"] = 61.0
+    broken["reactions"]["deliveries"] = []
+    broken["reactions"]["suppressions"] = []
+    broken["reactions"]["replay"]["wouldApply"] = 3
     # WHEN it is checked
     problems = "\n".join(check_summary(broken))
     # THEN each miss is named
@@ -472,6 +487,9 @@ def test_the_checks_name_each_missing_outcome(demo: Demo) -> None:
     assert "outbox rows written but" in problems
     assert "events on the streams are not archived" in problems
     assert "over its 60 s budget" in problems
+    assert "the webhook receiver verified no delivery" in problems
+    assert "the loop guard recorded no self_cause or depth suppression" in problems
+    assert "3 would apply" in problems
     assert check_summary(summary) == []
 
 
@@ -480,3 +498,98 @@ def test_the_checks_report_a_run_that_never_created_the_change(demo: Demo) -> No
     broken = copy.deepcopy(summary)
     broken["change"] = None
     assert "no Change was created" in check_summary(broken)
+
+
+# --------------------------------------------------------------------------- the reactions
+
+
+def test_the_local_receiver_verified_a_signed_delivery_of_every_subscribed_fact(
+    demo: Demo,
+) -> None:
+    summary, _, printed = demo
+    reactions = summary["reactions"]
+    subscriptions = {s["name"]: s for s in reactions["subscriptions"]}
+    on_stream = {e["eventId"]: e for e in summary["streams"][PROJECT_STREAM]["events"]}
+    deliveries = reactions["deliveries"]
+    # THEN every subscribed fact of the lifecycle reached the receiver once, signed and
+    # verified, under the webhook-id <eventId>:<subscriptionId>; nothing was rejected
+    assert deliveries and all(d["signatureVerified"] is True for d in deliveries)
+    assert reactions["rejected"] == []
+    by_subscription = {
+        name: sorted(d["kind"] for d in deliveries if d["subscription"] == name)
+        for name in subscriptions
+    }
+    assert by_subscription == {
+        "notify": ["change.completed"] + ["task.completed"] * 4,
+        "ci-intents": ["intent.declared"] * 3,
+    }
+    for delivery in deliveries:
+        sub = subscriptions[delivery["subscription"]]
+        assert delivery["webhookId"] == f"{delivery['eventId']}:{sub['id']}"
+        assert on_stream[delivery["eventId"]]["eventType"] == delivery["kind"]
+    assert len({d["webhookId"] for d in deliveries}) == len(deliveries)
+    assert reactions["receiver"].startswith("http://127.0.0.1:")
+    assert "  notify      change.completed 1, task.completed 4" in printed
+    assert "  ci-intents  intent.declared 3" in printed
+
+
+def test_a_self_caused_intent_is_suppressed_with_its_cause_chain(demo: Demo) -> None:
+    summary, _, printed = demo
+    reactions = summary["reactions"]
+    echo = reactions["echo"]
+    answered_event = echo["answers"].split(":")[0]
+    ci_intents = next(s["id"] for s in reactions["subscriptions"] if s["name"] == "ci-intents")
+    # THEN the CI bot's intent, written in the correlation of a ci-intents delivery, is on
+    # the stream but was held back from ci-intents as self-caused, one hop deep
+    assert (echo["kind"], echo["actor"]) == ("intent.declared", "agent:ci-bot")
+    assert echo["correlationId"] == echo["answers"] == f"{answered_event}:{ci_intents}"
+    on_stream = {e["eventId"] for e in summary["streams"][PROJECT_STREAM]["events"]}
+    assert echo["eventId"] in on_stream
+    assert echo["eventId"] not in {d["eventId"] for d in reactions["deliveries"]}
+    (held,) = reactions["suppressions"]
+    assert (held["eventId"], held["reason"], held["subscription"], held["depth"]) == (
+        echo["eventId"],
+        "self_cause",
+        "ci-intents",
+        1,
+    )
+    assert held["causeChain"] == [
+        {
+            "eventId": answered_event,
+            "eventType": "intent.declared",
+            "subscriptionId": ci_intents,
+            "subscription": "ci-intents",
+        }
+    ]
+    assert (
+        f"loop guard: intent.declared {echo['eventId']} not delivered to ci-intents: self_cause"
+    ) in printed
+    assert (
+        f"  cause chain: intent.declared {answered_event} fired ci-intents -> {echo['eventId']}"
+    ) in printed
+
+
+def test_a_replay_dry_run_from_the_archive_finds_every_event_already_applied(
+    demo: Demo,
+) -> None:
+    summary, _, printed = demo
+    replay = summary["reactions"]["replay"]
+    events = summary["streams"][PROJECT_STREAM]["messages"]
+    # THEN the archive holds every event of the project's stream, and each was already
+    # applied by the reactions subscription: a replay would change nothing
+    assert (replay["source"], replay["subscription"], replay["stream"], replay["dryRun"]) == (
+        "archive",
+        "reactions",
+        2,
+        True,
+    )
+    assert (replay["scanned"], replay["wouldApply"], replay["alreadyApplied"]) == (
+        events,
+        0,
+        events,
+    )
+    assert (replay["inFlight"], replay["failed"]) == (0, 0)
+    assert (
+        f"  {events} archived events: would apply 0, already applied {events}, in flight 0; "
+        "nothing changed"
+    ) in printed
