@@ -1,7 +1,7 @@
 """The ``rhumbatron`` command: ``demo``, ``up`` (the local stack, API and dashboard),
 ``outbox`` (inspect, requeue), ``streams``, ``dead-letters`` (list, show, retry, dismiss),
-``kinds`` (the Event kind grammar), ``subscriptions`` (list, show, create, enable, disable,
-delete) and ``api`` (serve the operator API).
+``kinds`` (the Event kind grammar), ``subscriptions`` and ``schedules`` (list, show, create,
+enable, disable, delete) and ``api`` (serve the operator API).
 
 ``dead-letters`` acts on the local state directory and NATS (``RHUMBATRON_*`` settings)
 through the same operator functions as the HTTP API, as a platform operator: it sees every
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from rhumbatron.operator import Inspection, RetryOutcome
     from rhumbatron.product.dead_letters import DeadLetter
     from rhumbatron.reactions.registry import SubscriptionRecord, SubscriptionRegistry
+    from rhumbatron.reactions.schedules import ScheduleRecord, ScheduleRegistry
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [
@@ -139,6 +140,7 @@ def _fail(status: int, message: str, *, command: str = "dead-letters") -> int:
 
 async def _dead_letter_action(app: Rhumbatron, args: argparse.Namespace) -> int:
     from rhumbatron import operator
+    from rhumbatron.product.dead_letters import DeadLetterKind
 
     tenant = operator.ANY_TENANT
     if args.action == "list":
@@ -156,8 +158,10 @@ async def _dead_letter_action(app: Rhumbatron, args: argparse.Namespace) -> int:
     elif args.action == "retry":
         # An unknown, closed or poison letter is answered as such (2, 3) even while NATS is
         # down; retry_dead_letter checks again, in the transaction that reserves the Retry.
-        _refuse_retry_early(operator.inspect_dead_letter(app, args.id, tenant_id=tenant))
-        await _ensure_streams(app)
+        inspection = operator.inspect_dead_letter(app, args.id, tenant_id=tenant)
+        _refuse_retry_early(inspection)
+        if inspection.letter.kind is not DeadLetterKind.REACTION:
+            await _ensure_streams(app)  # a webhook delivery's Retry sends nothing on NATS
         outcome = await operator.retry_dead_letter(app, args.id, tenant_id=tenant)
         if args.json:
             from rhumbatron.api.schemas import RetryBody
@@ -214,6 +218,8 @@ def _refuse_retry_early(inspection: Inspection) -> None:
             f"dead letter {letter.dead_letter_id} is a poison event of {letter.consumer}; it "
             f"can only be dismissed: rhumbatron dead-letters dismiss {letter.dead_letter_id}"
         )
+    if letter.kind is DeadLetterKind.REACTION:
+        return  # a webhook delivery: its Retry re-arms it, there is no Command to check
     if inspection.command is None:
         raise DeadLetterError(
             f"dead letter {letter.dead_letter_id} holds no valid Command "
@@ -239,6 +245,17 @@ async def _ensure_streams(app: Rhumbatron) -> None:
 
 def _retry_line(outcome: RetryOutcome) -> str:
     letter = outcome.letter
+    if outcome.queue == "reactions":
+        if not outcome.sent:
+            return (
+                f"dead letter {letter.dead_letter_id}: webhook delivery {outcome.message_id} "
+                f"was already retried as attempt {outcome.already_retried_as}; nothing changed"
+            )
+        return (
+            f"dead letter {letter.dead_letter_id}: webhook delivery {outcome.message_id} is due "
+            "again; the next sweep tick sends it with the same webhook-id (the letter closes "
+            "when it is delivered, and opens again if it fails)"
+        )
     what = f"{letter.command_type} {letter.command_id}"
     if outcome.sent:
         return (
@@ -440,13 +457,15 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _subscriptions(args: argparse.Namespace) -> int:
     """List, show, create, enable, disable or delete subscriptions in the local product
-    database, as a platform operator: every tenant's, or ``--tenant``'s. Exit status: 2 no such
-    subscription, 3 the name holds other content, 1 an invalid file or value."""
+    database, as a platform operator: every tenant's, or ``--tenant``'s; list a webhook's
+    deliveries and replay its skipped ones. Exit status: 2 no such subscription, 3 the name
+    holds other content (or a replay of a disabled one), 1 an invalid file or value."""
     from pydantic import ValidationError
 
     from rhumbatron.errors import RhumbatronError
     from rhumbatron.reactions.registry import (
         SubscriptionConflictError,
+        SubscriptionDisabledError,
         SubscriptionNotFoundError,
         SubscriptionRegistry,
     )
@@ -462,7 +481,7 @@ def _subscriptions(args: argparse.Namespace) -> int:
             app.product().close()
     except SubscriptionNotFoundError as exc:
         return _fail(EXIT_NOT_FOUND, str(exc), command=command)
-    except SubscriptionConflictError as exc:
+    except (SubscriptionConflictError, SubscriptionDisabledError) as exc:
         return _fail(EXIT_CANNOT, str(exc), command=command)
     except ValidationError as exc:
         # Location and message only: pydantic's own text quotes the input, maybe a secret.
@@ -524,6 +543,25 @@ def _subscription_action(registry: SubscriptionRegistry, args: argparse.Namespac
             )
     elif args.action == "delete":
         record = registry.delete(args.tenant, args.id)
+    elif args.action == "deliveries":
+        from rhumbatron.api.subscription_routes import DeliveryBody
+        from rhumbatron.reactions.webhook_ledger import DeliveryStatus
+
+        deliveries = registry.deliveries(
+            args.tenant,
+            args.id,
+            statuses=[DeliveryStatus(s) for s in args.status or ()],
+            limit=args.limit,
+        )
+        _print_json([DeliveryBody.of(d).model_dump(mode="json", by_alias=True) for d in deliveries])
+        return 0
+    elif args.action == "replay-skipped":
+        replayed = registry.replay_skipped(args.tenant, args.id)
+        print(
+            f"{replayed} skipped deliveries of {args.id} are due again; the next sweep tick "
+            "sends them (a batch per tick, through the admission gate)"
+        )
+        return 0
     else:
         enabled = args.action == "enable"
         record = registry.set_governance(
@@ -544,7 +582,8 @@ def _subscription_wire(record: SubscriptionRecord, secret: str | None = None) ->
 def _subscriptions_parser(sub: Any) -> None:
     subs = sub.add_parser(
         "subscriptions",
-        help="list, show, create, enable, disable or delete subscriptions (every tenant's)",
+        help="list, show, create, enable, disable or delete subscriptions (every tenant's); "
+        "list a webhook's deliveries, replay its skipped ones",
         description="Subscriptions in the local product database, every tenant's unless "
         "--tenant. Exit status: 2 no such subscription, 3 the name holds other content.",
     )
@@ -571,6 +610,156 @@ def _subscriptions_parser(sub: Any) -> None:
         action.add_argument("id", help="the subscription's ID (sub_...)")
         if name in ("enable", "disable"):
             action.add_argument("--cooldown-s", type=int, help="seconds between reactions")
+    deliveries = actions.add_parser(
+        "deliveries", parents=[tenant], help="a webhook subscription's deliveries, newest first"
+    )
+    deliveries.add_argument("id", help="the subscription's ID (sub_...)")
+    deliveries.add_argument(
+        "--status",
+        action="append",
+        choices=["delivered", "retrying", "dead", "skipped"],
+        help="only these (repeatable)",
+    )
+    deliveries.add_argument("--limit", type=int, default=100)
+    replay = actions.add_parser(
+        "replay-skipped",
+        parents=[tenant],
+        help="make the deliveries kept while its endpoint was disabled due again",
+    )
+    replay.add_argument("id", help="the subscription's ID (sub_...); enable it first")
+
+
+# -- schedules ---------------------------------------------------------------------------------
+
+
+def _schedules(args: argparse.Namespace) -> int:
+    """List, show, create, enable, disable or delete schedules in the local product database,
+    as a platform operator: every tenant's, or ``--tenant``'s. Exit status: 2 no such
+    schedule, 3 the name holds other content, 1 an invalid file or value."""
+    from pydantic import ValidationError
+
+    from rhumbatron.errors import RhumbatronError
+    from rhumbatron.reactions.schedules import (
+        ScheduleConflictError,
+        ScheduleNotFoundError,
+        ScheduleRegistry,
+    )
+    from rhumbatron.runtime.bootstrap import bootstrap
+
+    command = "schedules"
+    try:
+        app = bootstrap()
+        try:
+            registry = ScheduleRegistry(app.product(), app.clock, project_tenant=app.project_tenant)
+            return _schedule_action(registry, args)
+        finally:
+            app.product().close()
+    except ScheduleNotFoundError as exc:
+        return _fail(EXIT_NOT_FOUND, str(exc), command=command)
+    except ScheduleConflictError as exc:
+        return _fail(EXIT_CANNOT, str(exc), command=command)
+    except ValidationError as exc:
+        problems = "; ".join(
+            ".".join(str(part) for part in error["loc"]) + ": " + error["msg"]
+            for error in exc.errors(include_url=False)
+        )
+        return _fail(EXIT_ERROR, f"invalid schedule: {problems}", command=command)
+    except RhumbatronError as exc:
+        return _fail(EXIT_ERROR, str(exc), command=command)
+
+
+def _schedule_action(registry: ScheduleRegistry, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rhumbatron.api.schedule_routes import CreateScheduleRequest
+    from rhumbatron.reactions.schedules import ScheduleNotFoundError, ScheduleTiming
+
+    if args.action == "list":
+        records = registry.list(args.tenant, enabled_only=args.enabled_only)
+        if args.json:
+            _print_json([_schedule_wire(registry, r) for r in records])
+        for r in () if args.json else records:
+            state = "enabled" if r.enabled else "disabled"
+            timing = r.timing
+            when = (
+                f"every {timing.every_minutes} min"
+                if timing.mode == "interval"
+                else (f"daily at {timing.at} UTC")
+            )
+            print(f"{r.schedule_id}  {r.tenant_id}  {r.name}  {state}  {when}  -> {r.project_id}")
+        if not (args.json or records):
+            print("no schedules")
+        return 0
+    if args.action == "create":
+        try:
+            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+            raw = json.loads(text)
+        except (OSError, ValueError) as exc:
+            return _fail(
+                EXIT_ERROR, f"cannot read {args.file!r} as JSON: {exc}", command="schedules"
+            )
+        if not isinstance(raw, dict):
+            return _fail(EXIT_ERROR, f"{args.file!r} must hold a JSON object", command="schedules")
+        body = CreateScheduleRequest.model_validate(raw)
+        timing = ScheduleTiming.of(body.mode, every_minutes=body.every_minutes, at=body.at)
+        outcome = registry.create(
+            args.tenant, body.name, body.project_id, timing, enabled=body.enabled
+        )
+        _print_json(_schedule_wire(registry, outcome.record))
+        return 0
+    if args.action == "show":
+        record = registry.get(args.tenant, args.id)
+        if record is None:
+            raise ScheduleNotFoundError(
+                f"no schedule {args.id!r}; `rhumbatron schedules list` shows them"
+            )
+    elif args.action == "delete":
+        record = registry.delete(args.tenant, args.id)
+    else:
+        record = registry.set_enabled(args.tenant, args.id, args.action == "enable")
+    _print_json(_schedule_wire(registry, record))
+    return 0
+
+
+def _schedule_wire(registry: ScheduleRegistry, record: ScheduleRecord) -> dict[str, Any]:
+    """A schedule as the HTTP API shows it."""
+    from rhumbatron.api.schedule_routes import ScheduleBody
+
+    body = ScheduleBody.of(record, last_fired_for=registry.last_fired(record.schedule_id))
+    return body.model_dump(mode="json", by_alias=True)
+
+
+def _schedules_parser(sub: Any) -> None:
+    schedules = sub.add_parser(
+        "schedules",
+        help="list, show, create, enable, disable or delete schedules (every tenant's)",
+        description="Schedules in the local product database, every tenant's unless "
+        "--tenant. Each fire lands schedule.fired on its project's stream. Exit status: 2 no "
+        "such schedule, 3 the name holds other content.",
+    )
+    actions = schedules.add_subparsers(dest="action", required=True)
+    tenant = argparse.ArgumentParser(add_help=False)
+    tenant.add_argument("--tenant", help="only this tenant's schedules")
+    listing = actions.add_parser("list", parents=[tenant], help="list schedules")
+    listing.add_argument("--enabled-only", action="store_true")
+    listing.add_argument("--json", action="store_true", help="print the API's JSON form")
+    create = actions.add_parser(
+        "create", help="create a schedule from the API's JSON body (idempotent per name)"
+    )
+    create.add_argument("--tenant", required=True, help="the tenant that owns it")
+    create.add_argument(
+        "--file",
+        required=True,
+        help='{"name", "projectId", "mode": "interval"|"daily", "everyMinutes"|"at"}; - stdin',
+    )
+    for name, text in (
+        ("show", "a schedule and the due time of its latest fire"),
+        ("enable", "enable a schedule: it fires for due times from now on"),
+        ("disable", "disable a schedule: it fires no more until enabled"),
+        ("delete", "delete a schedule"),
+    ):
+        action = actions.add_parser(name, parents=[tenant], help=text)
+        action.add_argument("id", help="the schedule's ID (sch_...)")
 
 
 # -- the operator API --------------------------------------------------------------------------
@@ -651,7 +840,7 @@ def _parser() -> argparse.ArgumentParser:
     listing = actions.add_parser("list", parents=[json_flag], help="list letters, oldest first")
     listing.add_argument("--status", choices=["open", "closed", "all"], default="open")
     listing.add_argument("--queue", help="only letters of commands that failed on this queue")
-    listing.add_argument("--kind", choices=["command", "poison_event"])
+    listing.add_argument("--kind", choices=["command", "poison_event", "reaction"])
     listing.add_argument("--project", help="only this project's letters")
     for name, text in (
         ("show", "a letter with its full command payload and last error"),
@@ -685,6 +874,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--dry-run", action="store_true", help="count only; change nothing")
 
     _subscriptions_parser(sub)
+    _schedules_parser(sub)
 
     api = sub.add_parser("api", help="serve the operator HTTP API with uvicorn")
     api.add_argument("--host", default="127.0.0.1")
@@ -741,6 +931,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _replay(args)
     if args.command == "subscriptions":
         return _subscriptions(args)
+    if args.command == "schedules":
+        return _schedules(args)
     if args.command == "invoke":
         from rhumbatron.local.invoke import run_command
 

@@ -102,7 +102,9 @@ class RetryOutcome:
     ``sent`` is true when this call put the command on its queue. A caller that lost the
     reservation to another Retry sends nothing: ``already_retried_as`` names the attempt
     that Retry reserved. ``duplicate`` is true when JetStream dropped a send as a repeat
-    of one that had arrived.
+    of one that had arrived. For a ``reaction`` letter ``queue`` is ``reactions`` and
+    ``message_id`` the delivery's ``webhook-id``; ``sent`` means it is due again (the sweep's
+    next webhook retry pass sends it).
     """
 
     letter: DeadLetter
@@ -218,6 +220,10 @@ async def retry_dead_letter(
     """
     settings = app.settings
     now_s = app.clock.now().timestamp()
+    if _letter_of(app.product().connection, dead_letter_id, tenant_id).kind is (
+        DeadLetterKind.REACTION
+    ):
+        return _retry_reaction(app, dead_letter_id, tenant_id=tenant_id, now_s=now_s)
     with app.product().transaction() as db:
         before = _letter_of(db, dead_letter_id, tenant_id)
         # Parsed before reserving: a letter whose body is no Command must not keep a
@@ -300,6 +306,54 @@ async def retry_dead_letter(
         sent=not result.duplicate,
         duplicate=result.duplicate,
         stream_seq=result.stream_seq,
+    )
+
+
+def _retry_reaction(
+    app: Rhumbatron, dead_letter_id: str, *, tenant_id: str, now_s: float
+) -> RetryOutcome:
+    """A webhook delivery whose retries ran out: one more attempt, due now (the sweep's next
+    webhook retry pass sends it with the same ``webhook-id``). The letter closes when it is
+    delivered, and opens again with the new reason when it fails."""
+    from rhumbatron.reactions.registry import SubscriptionRegistry
+    from rhumbatron.reactions.webhook_ledger import get_delivery, rearm_for_retry
+
+    with app.product().transaction() as db:
+        letter = _letter_of(db, dead_letter_id, tenant_id)
+        delivery_key = letter.event_id or ""
+        try:
+            delivery = get_delivery(db, delivery_key)
+        except LookupError:
+            raise DeadLetterError(
+                f"dead letter {dead_letter_id} names webhook delivery {delivery_key!r}, which "
+                "is no longer kept; it can only be dismissed"
+            ) from None
+        registry = SubscriptionRegistry(app.product(), app.settings, app.clock)
+        subscription = registry.get(None, delivery.subscription_id)
+        if subscription is None or not subscription.governance.enabled:
+            state = "was deleted" if subscription is None else "is disabled"
+            raise DeadLetterError(
+                f"dead letter {dead_letter_id}: subscription {delivery.subscription_id} "
+                f"{state}; enable it (or dismiss the letter) before a Retry"
+            )
+        letter, won = dead_letters.claim_retry(db, dead_letter_id, now_s=now_s)
+        if won:
+            rearm_for_retry(db, delivery_key, now_s=now_s)
+    attempt = letter.retried_attempt or (letter.attempt or 0) + 1
+    _log.info(
+        "dead letter %s: webhook delivery %s due again (won=%s, tenant %s)",
+        dead_letter_id,
+        delivery_key,
+        won,
+        tenant_id,
+    )
+    return RetryOutcome(
+        letter,
+        attempt,
+        "reactions",
+        delivery_key,
+        sent=won,
+        already_retried_as=None if won else attempt,
     )
 
 

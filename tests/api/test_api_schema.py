@@ -98,6 +98,7 @@ def test_every_operation_answers_fuzzed_requests_as_documented(served_api: str) 
         "POST /projects/{projectId}/apps",
         "DELETE /projects/{projectId}/apps/{appName}",
         "GET /projects/{projectId}/view",
+        "GET /projects/{projectId}/events/{eventId}",
         "GET /projects/{projectId}/feed",
         "POST /projects/{projectId}/changes",
         "GET /projects/{projectId}/changes",
@@ -121,6 +122,13 @@ def test_every_operation_answers_fuzzed_requests_as_documented(served_api: str) 
         "GET /subscriptions/{subscriptionId}",
         "PATCH /subscriptions/{subscriptionId}",
         "DELETE /subscriptions/{subscriptionId}",
+        "GET /subscriptions/{subscriptionId}/deliveries",
+        "POST /subscriptions/{subscriptionId}/deliveries/replay",
+        "POST /schedules",
+        "GET /schedules",
+        "GET /schedules/{scheduleId}",
+        "PATCH /schedules/{scheduleId}",
+        "DELETE /schedules/{scheduleId}",
         "GET /consumers",
     }
     strategy = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(

@@ -929,6 +929,17 @@ async def test_a_change_goes_from_request_to_release_through_the_api(
     assert len(items) == 3
     assert [i["streamSeq"] for i in items] == sorted((i["streamSeq"] for i in items), reverse=True)
     assert items == summary["latestEvents"][:3]
+    # AND each event the feed names can be read whole, where a webhook's pointer links
+    for item in items:
+        read = await api.get(f"/projects/{PROJECT}/events/{item['eventId']}", headers=AUTH)
+        assert read.status_code == 200, read.text
+        assert (read.json()["eventId"], read.json()["eventType"]) == (
+            item["eventId"],
+            item["eventType"],
+        )
+        assert read.json()["projectId"] == PROJECT and "payload" in read.json()
+    unknown = await api.get(f"/projects/{PROJECT}/events/evt_{'0' * 32}", headers=AUTH)
+    assert unknown.status_code == 404 and "not applied it yet" in error_of(unknown)["message"]
 
 
 # --------------------------------------------------------------------------------- tenancy, scopes
@@ -944,6 +955,7 @@ PROJECT_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("DELETE", f"/projects/{PROJECT}/apps/storefront", None),
     ("GET", f"/projects/{PROJECT}/view", None),
     ("GET", f"/projects/{PROJECT}/feed", None),
+    ("GET", f"/projects/{PROJECT}/events/evt_{'0' * 32}", None),
     ("POST", f"/projects/{PROJECT}/changes", change_request()),
     ("GET", f"/projects/{PROJECT}/changes", None),
     ("GET", f"/projects/{PROJECT}/changes/{_CHANGE}", None),

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from rhumbatron.agents.signing import generate_secret
 from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.reactions.webhook_ledger import Attempt, RetryPolicy, record_attempt
 from rhumbatron.runtime.bootstrap import Rhumbatron
 from rhumbatron.runtime.settings import Settings, load_settings
 
@@ -254,3 +255,92 @@ def test_an_unknown_subscription_id_is_404_and_a_malformed_one_422(client: TestC
     assert missing.status_code == 404
     assert malformed.status_code == 422
     assert malformed.json()["error"]["field"] == "subscriptionId"
+
+
+# -- webhook deliveries: the ledger through the API ---------------------------------------------
+
+
+def _answered(runtime: Rhumbatron, subscription_id: str, n: int, attempt: Attempt) -> str:
+    """The reactions consumer's first attempt of a delivery, as the ledger records it."""
+    key = f"evt_{n:032x}:{subscription_id}"
+    with runtime.product().transaction() as db:
+        disabled = record_attempt(
+            db,
+            delivery_key=key,
+            tenant_id=TENANT,
+            project_id="acme-web",
+            event_id=f"evt_{n:032x}",
+            event_type="task.completed",
+            subscription_id=subscription_id,
+            body=b'{"eventId": "x"}',
+            attempt=attempt,
+            now_s=runtime.clock.now().timestamp(),
+            policy=RetryPolicy(schedule_s=(), disable_after_s=10**9),
+        )
+    assert disabled is None or disabled.subscription_id == subscription_id
+    return key
+
+
+def _webhook(name: str = "hook") -> dict[str, Any]:
+    return {
+        "name": name,
+        "selector": {"kinds": ["task.completed"]},
+        "reaction": {"kind": "webhook", "url": HOOK},
+    }
+
+
+def test_a_disabled_endpoints_deliveries_are_listed_and_replayed_once_enabled(
+    client: TestClient, runtime: Rhumbatron
+) -> None:
+    # GIVEN a webhook subscription whose endpoint answered 410 Gone to a delivery
+    sub = _create(client, _webhook()).json()["subscriptionId"]
+    key = _answered(runtime, sub, 1, Attempt(ok=False, status_code=410, error="gone"))
+
+    # WHEN its record and its skipped deliveries are read, and a replay is asked for
+    record = client.get(f"/subscriptions/{sub}", headers=AUTH).json()
+    listed = client.get(f"/subscriptions/{sub}/deliveries?status=skipped", headers=AUTH)
+    refused = client.post(f"/subscriptions/{sub}/deliveries/replay", headers=AUTH)
+    # THEN it says the platform disabled it and why; the delivery is kept; the replay is 409
+    assert record["governance"]["enabled"] is False
+    assert record["endpointDisabled"]["reason"] == "gone"
+    assert [(d["webhookId"], d["status"], d["lastStatusCode"]) for d in listed.json()["items"]] == [
+        (key, "skipped", 410)
+    ]
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "subscription_disabled"
+
+    # WHEN an operator enables it, then replays (another tenant cannot)
+    enabled = client.patch(f"/subscriptions/{sub}", json={"enabled": True}, headers=AUTH)
+    foreign = client.post(f"/subscriptions/{sub}/deliveries/replay", headers=bearer(OTHER_OPERATOR))
+    replayed = client.post(f"/subscriptions/{sub}/deliveries/replay", headers=AUTH)
+    # THEN the disablement is gone, and the one delivery is due again
+    assert enabled.json()["endpointDisabled"] is None and enabled.json()["governance"]["enabled"]
+    assert foreign.status_code == 404
+    assert replayed.status_code == 200 and replayed.json() == {"replayed": 1}
+    due = client.get(f"/subscriptions/{sub}/deliveries", headers=AUTH).json()["items"]
+    assert [(d["status"], d["attempts"]) for d in due] == [("retrying", 0)]
+
+
+def test_a_dead_webhook_delivery_is_a_reaction_letter_an_operator_retries(
+    client: TestClient, runtime: Rhumbatron
+) -> None:
+    # GIVEN a webhook delivery that failed with no retry left (a schedule of none)
+    sub = _create(client, _webhook()).json()["subscriptionId"]
+    key = _answered(runtime, sub, 2, Attempt(ok=False, status_code=500, error="boom"))
+
+    # WHEN the reaction letters are listed, and the letter is retried
+    letters = client.get("/dead-letters?kind=reaction", headers=AUTH).json()["items"]
+    retried = client.post(f"/dead-letters/{letters[0]['id']}/retry", headers=AUTH)
+
+    # THEN the letter names the delivery, and the Retry made it due again
+    assert [(x["kind"], x["eventId"], x["consumer"]) for x in letters] == [
+        ("reaction", key, "reactions")
+    ]
+    assert retried.status_code == 200, retried.text
+    assert (retried.json()["queue"], retried.json()["messageId"], retried.json()["sent"]) == (
+        "reactions",
+        key,
+        True,
+    )
+    (due,) = client.get(f"/subscriptions/{sub}/deliveries", headers=AUTH).json()["items"]
+    assert due["status"] == "retrying"

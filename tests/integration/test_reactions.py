@@ -1,7 +1,8 @@
 """The reactions consumer against a real nats-server, real SQLite files and a real loopback
 webhook receiver (seed 002 "Reactions", issue #7 items 3-5): one signed pointer-only delivery
 per (event, subscription), the loop guards with their recorded cause chains, the admission
-gate's budget and in-flight cap, workflow and agent reactions, and a failing receiver retried.
+gate's budget and in-flight cap, and workflow and agent reactions (the failing receivers are
+tests/integration/test_webhook_retries.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.protocol import Event, stream_index
 from rhumbatron.protocol.ids import event_stream_subject
+from rhumbatron.queues.wake_consumer import WakeConsumer, WakeOutcome
 from rhumbatron.reactions.assembly import LazyHttpClient, reactions_for
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.consumer import ReactionsConsumer
@@ -552,33 +554,31 @@ async def test_an_agent_reaction_sends_one_agent_wake_through_the_command_path(
         "agentId": "agent-9",
         "reason": f"reaction:{sub}",
         "eventId": event.event_id,
+        "eventKind": "task.completed",
     }
 
 
-# -- failures --------------------------------------------------------------------------------
+async def test_an_agent_reaction_about_no_task_it_holds_reaches_the_agent(world: World) -> None:
+    # GIVEN a scripted agent woken by a subscription on task.completed (a Task it never held)
+    AgentRegistry(world.app.product(), world.app.settings, world.clock).register_scripted(
+        "agent-9", TENANT
+    )
+    world.subscribe("wake", AgentReaction(agent_id="agent-9"))
+    await world.publish(task_completed(world.clock, "t1"))
+    await world.react()
 
+    # WHEN the agent-wakeups queue is polled by the wake consumer
+    lifecycle = world.app.lifecycle()
+    consumer = lifecycle.handler("agent-wakeups")
+    queues = await world.app.queue_runtime()
+    await queues.poll("agent-wakeups", consumer, max_fetches=2)
 
-async def test_a_failing_receiver_fails_the_record_and_the_retry_delivers_it(
-    world: World, receiver: Receiver
-) -> None:
-    # GIVEN a receiver that refuses its first request
-    sub = world.subscribe("hook", webhook(receiver.url))
-    event = task_completed(world.clock, "t1")
-    receiver.fail_next = 1
-    await world.publish(event)
-
-    # WHEN the reactions consume the event, then its redelivery
-    first = await world.react()
-    second = await world.react()
-
-    # THEN the first attempt failed (counted by the router), the retry delivered it once,
-    # with the same webhook-id
-    assert first.failed == 1
-    assert second.applied == 1
-    assert receiver.refused == [f"{event.event_id}:{sub}"]
-    assert [h["webhook-id"] for h, _ in receiver.received] == [f"{event.event_id}:{sub}"]
-    failures = world.app.router().stream_state(STREAM).failures("reactions", event.event_id)
-    assert failures == 1
+    # THEN the wake reached the agent's runtime (not a false wakeup): the scripted agent
+    # notes it, and plays nothing
+    assert isinstance(consumer, WakeConsumer)
+    assert [outcome for _, outcome in consumer.outcomes] == [WakeOutcome.DELIVERED]
+    noted = lifecycle.scripted.wakes
+    assert [(w.agent_id, w.task_id, w.played) for w in noted] == [("agent-9", "t1", False)]
 
 
 def test_the_consumer_is_the_reactions_subscription_handler(world: World) -> None:

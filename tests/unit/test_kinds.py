@@ -79,8 +79,6 @@ KNOWN_GAPS: dict[str, str] = {
     "promotion.requested": "an approval goes straight to record_promotion "
     "(promotion.completed); no transition records the request",
     "challenge.created": "no transition creates a challenge yet; the causal router reacts to it",
-    "reaction.disabled": "being built: the webhook delivery ledger disables a failing endpoint",
-    "schedule.fired": "being built: the sweep's ticks and user schedules",
 }
 
 #: Kinds about a resource whose registry entry does not require ``resource`` (the flag means

@@ -13,7 +13,7 @@ import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -164,21 +164,27 @@ def open_with_schema(
     version: int,
     what: str,
     new_dirs_to_sync: int = 1,
+    migrations: Sequence[Callable[[sqlite3.Connection], None]] = (),
 ) -> sqlite3.Connection:
     """Open ``path`` and create its ``schema`` once, marked by ``PRAGMA user_version``.
 
     Only a file without the schema takes a write lock: reading an existing file (the
     every-minute alarm scan) must not queue behind its writers. A new file's directory entry
     is fsynced (and that many parent folders' entries), so a crash cannot lose the file.
+    ``migrations`` run after the schema, in its transaction, whenever the version changes:
+    each brings a table of an older shape up to date and does nothing to a current one.
     """
     is_new = not path.exists()
     connection = open_database(path, settings)
     try:
         if connection.execute("PRAGMA user_version").fetchone()[0] != version:
-            # executescript commits an open transaction first: the script brings its own.
-            connection.executescript(
-                f"BEGIN IMMEDIATE; {schema} PRAGMA user_version = {version}; COMMIT;"
-            )
+            # executescript commits an open transaction first: the script brings its own,
+            # and leaves it open for the migrations; the version is set as the last step.
+            connection.executescript(f"BEGIN IMMEDIATE; {schema}")
+            for migrate in migrations:
+                migrate(connection)
+            connection.execute(f"PRAGMA user_version = {version}")
+            connection.execute("COMMIT")
     except sqlite3.Error as exc:
         if connection.in_transaction:
             connection.execute("ROLLBACK")
@@ -221,10 +227,17 @@ class SqliteStore:
     EXISTS`` statements) is applied once, under a write lock, and marked by ``user_version``.
     """
 
-    def __init__(self, path: Path, settings: Settings, schema: str) -> None:
+    def __init__(
+        self,
+        path: Path,
+        settings: Settings,
+        schema: str,
+        migrations: Sequence[Callable[[sqlite3.Connection], None]] = (),
+    ) -> None:
         self.path = path
         self.settings = settings
         self._schema = schema
+        self._migrations = tuple(migrations)
         self._connection: sqlite3.Connection | None = None
         self._lock = threading.RLock()
 
@@ -237,6 +250,7 @@ class SqliteStore:
                 self._schema,
                 version=schema_version(self._schema),
                 what="store",
+                migrations=self._migrations,
             )
         return self._connection
 

@@ -81,7 +81,7 @@ class ScriptLibrary:
 @dataclass(frozen=True, slots=True)
 class WakeRecord:
     agent_id: str
-    task_id: str
+    task_id: str | None
     command_id: str
     played: bool
 
@@ -96,7 +96,14 @@ class ScriptedAgentRuntime:
     _parts_played: dict[str, int] = field(default_factory=dict)
     _changesets: dict[str, str] = field(default_factory=dict)
 
-    async def wake(self, agent_id: str, task: TaskState, command: Command) -> None:
+    async def wake(self, agent_id: str, task: TaskState | None, command: Command) -> None:
+        from rhumbatron.queues.wake_consumer import is_reaction_wake
+
+        if task is None or is_reaction_wake(command):
+            # A reaction's wake tells the agent about a fact; a scripted agent plays Task
+            # scripts only, so it notes the wake (an external agent acts on it).
+            self.wakes.append(WakeRecord(agent_id, command.task_id, command.command_id, False))
+            return
         admitted = task.status is TaskStatus.ASSIGNED and task.agent_id == agent_id
         running = task.status is TaskStatus.RUNNING and task.agent_id == agent_id
         if task.script is None and (admitted or running):
@@ -228,7 +235,7 @@ class AgentRuntimes:
     #: The tenant owning a project (the composition root's ``project_tenant``).
     tenant_of: Callable[[str], str | None] = lambda _project_id: None
 
-    async def wake(self, agent_id: str, task: TaskState, command: Command) -> None:
+    async def wake(self, agent_id: str, task: TaskState | None, command: Command) -> None:
         record = self.registry.get(agent_id)
         if record is not None and record.kind is AgentKind.WEBHOOK:
             tenant = self.tenant_of(command.project_id)

@@ -51,8 +51,9 @@ class WebhookDeliveryError(MessagingError):
     """
 
 
-def wake_body(agent_id: str, task: TaskState, command: Command) -> bytes:
-    """The signed JSON body of a wake: sorted keys, compact, UTF-8."""
+def wake_body(agent_id: str, task: TaskState | None, command: Command) -> bytes:
+    """The signed JSON body of a wake: sorted keys, compact, UTF-8. A reaction's wake about
+    no Task has ``taskId`` and ``taskStatus`` null, and says the event's ``eventKind``."""
     payload = command.payload
     if not isinstance(payload, AgentWake):
         raise EnvelopeError(
@@ -65,12 +66,14 @@ def wake_body(agent_id: str, task: TaskState, command: Command) -> bytes:
         "attempt": command.attempt,
         "projectId": command.project_id,
         "changeId": command.change_id,
-        "taskId": task.task_id,
+        "taskId": command.task_id if task is None else task.task_id,
         "agentId": agent_id,
         "reason": payload.reason,
         "eventId": payload.event_id,
-        "taskStatus": task.status.value,
+        "taskStatus": None if task is None else task.status.value,
     }
+    if payload.event_kind is not None:
+        body["eventKind"] = payload.event_kind
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
@@ -94,7 +97,7 @@ class WebhookAgentRuntime:
         self._client = client
         self._owns_client = client is None
 
-    async def wake(self, agent_id: str, task: TaskState, command: Command) -> None:
+    async def wake(self, agent_id: str, task: TaskState | None, command: Command) -> None:
         """POST the signed wake to the Agent's URL; return on 2xx, raise otherwise."""
         record = self._webhook_agent(agent_id, command)
         assert record.url is not None  # a webhook row always has one (register_webhook)

@@ -39,6 +39,7 @@ from rhumbatron.api.errors import (
 )
 from rhumbatron.api.lifecycle_routes import lifecycle_router
 from rhumbatron.api.replay_routes import replay_router
+from rhumbatron.api.schedule_routes import schedule_router
 from rhumbatron.api.schemas import (
     DeadLetterDetail,
     DeadLetterPageBody,
@@ -327,6 +328,7 @@ def create_api(app: Rhumbatron, auth: Authenticator, *, manage_runtime: bool = T
     api.include_router(lifecycle_router(app, _principal, _streams_ready))
     api.include_router(replay_router(app, _principal))
     api.include_router(subscription_router(app, _principal))
+    api.include_router(schedule_router(app, _principal))
     api.include_router(consumers_router(app, _principal))
     return api
 

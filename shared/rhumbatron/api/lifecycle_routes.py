@@ -99,7 +99,8 @@ from rhumbatron.errors import DomainError
 from rhumbatron.lifecycle.commands import lifecycle_command
 from rhumbatron.lifecycle.requests import PromotionConflictError, qualified_task_id
 from rhumbatron.operator import ProjectNotFoundError
-from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
+from rhumbatron.protocol import Event, stream_index
+from rhumbatron.protocol.ids import EVENT_ID_PATTERN, PROJECT_ID_PATTERN
 from rhumbatron.runtime.bootstrap import Rhumbatron
 from rhumbatron.runtime.settings import ANY_TENANT
 
@@ -177,6 +178,7 @@ _ACCEPTED = {
 
 # Path parameters, as the client names them.
 _ProjectId = Annotated[str, Path(alias="projectId", pattern=PROJECT_ID_PATTERN.pattern)]
+_EventId = Annotated[str, Path(alias="eventId", pattern=EVENT_ID_PATTERN.pattern)]
 _ChangeId = Annotated[str, Path(alias="changeId", pattern=KEY_ID)]
 _TaskId = Annotated[str, Path(alias="taskId", pattern=KEY_ID)]
 _AppName = Annotated[str, Path(alias="appName", pattern=PROJECT_ID_PATTERN.pattern)]
@@ -446,6 +448,45 @@ def lifecycle_router(
         view = app.router().projector.view(project_id)
         latest = view.snapshot(latest=limit)["latestEvents"]
         return FeedBody.model_validate({"projectId": project_id, "items": latest})
+
+    @router.get(
+        "/projects/{projectId}/events/{eventId}",
+        response_model=dict[str, Any],
+        summary="One event of a project, whole",
+        responses=_errors(
+            401,
+            403,
+            404,
+            422,
+            503,
+            e404="No such project for this tenant, or no such event on its stream: not "
+            "applied by the project view yet (retry shortly), or past the stream's max age "
+            "(the S3 archive keeps events 365 days).",
+        ),
+    )
+    async def read_event(
+        principal: ProjectsReader, project_id: _ProjectId, event_id: _EventId
+    ) -> dict[str, Any]:
+        """The event as it is on the log (its wire form): what a webhook reaction's pointer
+        body links to. Found through the project view, which knows each applied event's
+        stream sequence, and read from the project's event stream."""
+        _owner(app, principal, project_id)
+        view = app.router().projector.view(project_id)
+        seq = await asyncio.to_thread(view.stream_seq_of, event_id)
+        log = await app.router().event_log()
+        raw = None if seq is None else await log.read_at(stream_index(project_id), seq)
+        if raw is None:
+            raise NotFoundError(
+                f"no event {event_id!r} of project {project_id!r} on its stream: the project "
+                "view has not applied it yet (retry shortly), or it is past the stream's max "
+                "age (`rhumbatron replay --source archive` reads the S3 archive)"
+            )
+        event = Event.parse(raw)
+        if event.event_id != event_id:  # the sequence was reused after a purge
+            raise NotFoundError(
+                f"event {event_id!r} is no longer on project {project_id!r}'s stream"
+            )
+        return event.to_wire()
 
     # -- Changes ---------------------------------------------------------------------------
 

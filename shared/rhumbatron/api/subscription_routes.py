@@ -22,7 +22,7 @@ import asyncio
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Self, TypeAlias
 
 from fastapi import APIRouter, Path, Query, Response, Security
@@ -47,6 +47,7 @@ from rhumbatron.reactions.registry import (
     AgentReaction,
     Governance,
     SubscriptionConflictError,
+    SubscriptionDisabledError,
     SubscriptionNotFoundError,
     SubscriptionRecord,
     SubscriptionRegistry,
@@ -55,13 +56,18 @@ from rhumbatron.reactions.registry import (
     WorkflowReaction,
 )
 from rhumbatron.reactions.selectors import Selector
+from rhumbatron.reactions.webhook_ledger import DeliveryStatus, WebhookDelivery
 from rhumbatron.runtime.bootstrap import Rhumbatron
 from rhumbatron.runtime.settings import ANY_TENANT
 
 __all__ = [
     "AgentReactionBody",
     "CreateSubscriptionRequest",
+    "DeliveryBody",
+    "DeliveryListBody",
+    "EndpointDisabledBody",
     "GovernanceBody",
+    "ReplaySkippedBody",
     "SubscriptionBody",
     "SubscriptionListBody",
     "UpdateSubscriptionRequest",
@@ -167,8 +173,17 @@ class UpdateSubscriptionRequest(_Wire):
     cooldown_s: int | None = Field(default=None, ge=0, le=MAX_COOLDOWN_S)
 
 
+class EndpointDisabledBody(_Wire):
+    """Why the platform disabled a webhook subscription: its endpoint answered 410 Gone
+    (``gone``), or failed every attempt through the disable window (``failing``)."""
+
+    reason: Literal["gone", "failing"]
+    detail: str
+    disabled_at: datetime
+
+
 class SubscriptionBody(_Wire):
-    """A subscription."""
+    """A subscription; ``endpointDisabled`` is set while the platform has it disabled."""
 
     subscription_id: str
     tenant_id: str
@@ -178,6 +193,7 @@ class SubscriptionBody(_Wire):
     governance: GovernanceBody
     created_at: datetime
     updated_at: datetime
+    endpoint_disabled: EndpointDisabledBody | None = None
 
     @classmethod
     def of(cls, record: SubscriptionRecord, *, generated_secret: str | None = None) -> Self:
@@ -206,6 +222,13 @@ class SubscriptionBody(_Wire):
             ),
             created_at=record.created_at,
             updated_at=record.updated_at,
+            endpoint_disabled=None
+            if record.endpoint_disabled is None
+            else EndpointDisabledBody(
+                reason=record.endpoint_disabled.reason,
+                detail=record.endpoint_disabled.detail,
+                disabled_at=record.endpoint_disabled.disabled_at,
+            ),
         )
 
 
@@ -213,6 +236,54 @@ class SubscriptionListBody(_Wire):
     """Subscriptions by tenant, then name."""
 
     items: list[SubscriptionBody]
+
+
+class DeliveryBody(_Wire):
+    """One webhook delivery: ``webhookId`` is the key the receiver dedupes on."""
+
+    webhook_id: str
+    event_id: str
+    kind: str = Field(description="The event's kind.")
+    status: DeliveryStatus = Field(
+        description="delivered; retrying (nextAttemptAt says when); dead (a dead letter is "
+        "open: Retry or Dismiss it); skipped (kept while the endpoint was disabled: replay it)."
+    )
+    attempts: int
+    next_attempt_at: datetime | None = None
+    last_error: str | None = None
+    last_status_code: int | None = None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, delivery: WebhookDelivery) -> Self:
+        def at(seconds: float | None) -> datetime | None:
+            return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+
+        return cls(
+            webhook_id=delivery.delivery_key,
+            event_id=delivery.event_id,
+            kind=delivery.event_type,
+            status=delivery.status,
+            attempts=delivery.attempts,
+            next_attempt_at=at(delivery.next_attempt_at_s),
+            last_error=delivery.last_error,
+            last_status_code=delivery.last_status_code,
+            created_at=datetime.fromtimestamp(delivery.created_at_s, UTC),
+            updated_at=datetime.fromtimestamp(delivery.updated_at_s, UTC),
+        )
+
+
+class DeliveryListBody(_Wire):
+    """A webhook subscription's deliveries, newest first."""
+
+    items: list[DeliveryBody]
+
+
+class ReplaySkippedBody(_Wire):
+    """How many skipped deliveries are due again (the next sweep tick sends them)."""
+
+    replayed: int
 
 
 # -- the router --------------------------------------------------------------------------------
@@ -367,6 +438,53 @@ def subscription_router(app: Rhumbatron, principal: PrincipalDependency) -> APIR
             record = registry().delete(_tenant(principal), subscription_id)
         return SubscriptionBody.of(record)
 
+    @router.get(
+        "/subscriptions/{subscriptionId}/deliveries",
+        response_model=DeliveryListBody,
+        summary="List a webhook subscription's deliveries",
+        responses=_errors(401, 403, 404, 422, 503, e404=_NOT_FOUND),
+    )
+    async def list_deliveries(
+        principal: Reader,
+        subscription_id: _SubscriptionId,
+        status: Annotated[
+            list[DeliveryStatus] | None, Query(description="Only these statuses (repeatable).")
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    ) -> DeliveryListBody:
+        """Each delivery of the webhook with its attempts, next retry and last error,
+        newest first."""
+        with _refused():
+            deliveries = registry().deliveries(
+                _tenant(principal), subscription_id, statuses=status or (), limit=limit
+            )
+        return DeliveryListBody(items=[DeliveryBody.of(d) for d in deliveries])
+
+    @router.post(
+        "/subscriptions/{subscriptionId}/deliveries/replay",
+        response_model=ReplaySkippedBody,
+        summary="Replay the deliveries skipped while the endpoint was disabled",
+        responses=_errors(
+            401,
+            403,
+            404,
+            409,
+            422,
+            503,
+            e404=_NOT_FOUND,
+            e409="The subscription is disabled: enable it first.",
+        ),
+    )
+    async def replay_skipped(
+        principal: Writer, subscription_id: _SubscriptionId
+    ) -> ReplaySkippedBody:
+        """Makes every skipped delivery due now, each with a fresh retry schedule; the
+        sweep's next webhook retry pass sends them through the admission gate."""
+        with _refused():
+            replayed = registry().replay_skipped(_tenant(principal), subscription_id)
+        _log.info("api: %d skipped deliveries of %s due again", replayed, subscription_id)
+        return ReplaySkippedBody(replayed=replayed)
+
     return router
 
 
@@ -413,6 +531,8 @@ def _refused() -> Iterator[None]:
         raise NotFoundError(str(exc)) from None
     except SubscriptionConflictError as exc:
         raise ConflictError(str(exc), code="subscription_exists", field="name") from None
+    except SubscriptionDisabledError as exc:
+        raise ConflictError(str(exc), code="subscription_disabled", field="enabled") from None
     except SubscriptionRegistryError as exc:
         raise InvalidRequestError(str(exc), field=_wire_field(exc.field)) from None
     except UnsafeWebhookUrlError as exc:

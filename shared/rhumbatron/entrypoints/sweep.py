@@ -11,7 +11,10 @@ also drains the dead-letter queue into ``dead_letters`` each tick, and on the 5-
 (release-sweep) ticks closes the command letters of ended Changes. At its end every tick
 records the open dead letters per queue and kind, the day's Clef-flash calls, the
 dead-letter poll's commands and a heartbeat (``sweep_heartbeat``, which the template's
-heartbeat alarm watches; :mod:`rhumbatron.metrics.operational`).
+heartbeat alarm watches; :mod:`rhumbatron.metrics.operational`). Each tick also fires the
+time events (:mod:`rhumbatron.reactions.schedules`): its own ``schedule.fired`` in the clock
+project, and one for each user schedule due at its minute; a schedule that cannot fire is
+reported in the summary and fires at a later tick, without failing this one.
 
 The sweep is the router's correctness path: with every nudge lost, each event is still
 applied within 8 minutes. A tick must end within its minute, so the run stops fetching
@@ -130,6 +133,10 @@ async def _handle(
     # Locally the workflows run in this process: a run cut short by a crash resumes here.
     resume_running = getattr(lifecycle.engine, "resume_running", None)
     resumed: list[str] = await resume_running() if resume_running is not None else []
+    # Time events: the tick's own schedule.fired, and the user schedules due at its minute.
+    fired, fire_failures = _fire_schedules(app, now)
+    # Webhook reactions whose retry is due (the delivery ledger's schedule).
+    webhook_retries = await _retry_webhooks(app, should_stop)
     # The router asks before each consume and does not say whether it stopped: time being up
     # now is what the summary can honestly report.
     out_of_time = should_stop is not None and should_stop()
@@ -155,10 +162,47 @@ async def _handle(
             "failed": dict(housekeeping.failed),
         },
         "workflows_resumed": resumed,
+        "schedules_fired": fired,
+        "schedules_failed": fire_failures,
+        "webhook_retries": webhook_retries,
         "dead_letters_open": open_letters,
         "clef_flash_calls_today": clef_flash_calls,
         "out_of_time": out_of_time,
     }
+
+
+def _fire_schedules(app: Rhumbatron, at: datetime) -> tuple[list[str], dict[str, str]]:
+    """Fire the schedules due at the tick of ``at``; return the IDs fired and those that
+    failed (ID -> why).
+
+    Never raises: time events are one part of the tick, and the rest (the metrics, the
+    heartbeat) must still be recorded. A schedule that did not fire fires at a later tick,
+    for its latest due time then.
+    """
+    from rhumbatron.reactions.schedules import fire_due_schedules
+
+    try:
+        report = fire_due_schedules(app, at)
+    except Exception as exc:  # any failure, a bad setting included: the tick goes on
+        _log.exception("sweep could not fire the schedules of %s", at.isoformat())
+        return [], {"*": f"{type(exc).__name__}: {exc}"}
+    return [fire.schedule_id for fire in report.fired], dict(report.failed)
+
+
+async def _retry_webhooks(
+    app: Rhumbatron, should_stop: Callable[[], bool] | None
+) -> dict[str, object]:
+    """One webhook retry pass (bounded in count and by ``should_stop``); what it did.
+
+    Never raises, like the schedules: a pass that failed leaves its deliveries due, and the
+    next tick retries them.
+    """
+    try:
+        report = await app.webhook_retrier().run(should_stop=should_stop)
+    except Exception as exc:  # the product file busy, a bad setting: the tick goes on
+        _log.exception("sweep could not run the webhook retry pass")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return report.as_dict()
 
 
 def _record_tick_metrics(app: Rhumbatron, letters: PollReport) -> tuple[int, int]:

@@ -2,8 +2,9 @@
 
 In the cloud each role is a function woken by a schedule, an alarm or a nudge. Locally (the
 demo, the end-to-end tests) :class:`LocalLoop` plays them in rounds: the outbox publisher
-drains every actor, the router runs its four subscriptions on every stream, and each queue's
-consumer polls its queue with its handler — the dead-letter queue included. A round that moves
+drains every actor, the router runs its subscriptions on every stream, each queue's
+consumer polls its queue with its handler — the dead-letter queue included — and the webhook
+retry pass sends the webhook retries that are due. A round that moves
 nothing means the system is quiet; a command waiting for a delayed redelivery (a retry, a
 conflict review) is not lost, the next round after its delay picks it up.
 """
@@ -34,10 +35,11 @@ class RoundReport:
     published: int = 0
     routed: int = 0
     handled: dict[str, int] = field(default_factory=dict)
+    webhooks_retried: int = 0
 
     @property
     def moved(self) -> int:
-        return self.published + self.routed + sum(self.handled.values())
+        return self.published + self.routed + sum(self.handled.values()) + self.webhooks_retried
 
 
 @dataclass
@@ -69,6 +71,7 @@ class LocalLoop:
             touched = poll.done + poll.retried + poll.failed + poll.dead_lettered + poll.expired
             if touched:
                 report.handled[queue] = touched
+        report.webhooks_retried = (await app.webhook_retrier().run()).sent
         self.rounds.append(report)
         return report
 

@@ -125,6 +125,19 @@ class EventLogClient:
             stream, subscription.value, info.num_pending or 0, info.num_ack_pending or 0
         )
 
+    async def read_at(self, stream_index: int, stream_seq: int) -> bytes | None:
+        """The record stored at ``stream_seq`` of stream ``stream_index``; None when the
+        stream no longer holds it (its max age, or a purge)."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            message = await self.nc.jetstream().get_msg(
+                event_stream_name(stream_index), seq=stream_seq
+            )
+        except NotFoundError:
+            return None
+        return bytes(message.data or b"")
+
     async def close(self) -> None:
         for puller in self._pullers.values():
             await puller.close()

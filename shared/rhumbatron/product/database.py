@@ -11,8 +11,10 @@ from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.agents.registry import AGENTS_SCHEMA
 from rhumbatron.indexing.indexer import PROJECT_INDEXES_SCHEMA
 from rhumbatron.metrics.platform_metrics import PLATFORM_METRICS_SCHEMA
-from rhumbatron.product.dead_letters import DEAD_LETTERS_SCHEMA
+from rhumbatron.product.dead_letters import DEAD_LETTERS_SCHEMA, migrate_dead_letters
 from rhumbatron.reactions.registry import SUBSCRIPTIONS_SCHEMA
+from rhumbatron.reactions.schedules import SCHEDULES_SCHEMA
+from rhumbatron.reactions.store import REACTIONS_SCHEMA
 from rhumbatron.router.claims import CLAIMS_SCHEMA
 from rhumbatron.runtime.settings import Settings
 
@@ -45,5 +47,8 @@ class ProductDatabase(SqliteStore):
             + PROJECT_INDEXES_SCHEMA
             + AGENTS_SCHEMA
             + CHANGE_REQUESTS_SCHEMA
-            + SUBSCRIPTIONS_SCHEMA,
+            + SUBSCRIPTIONS_SCHEMA
+            + SCHEDULES_SCHEMA
+            + REACTIONS_SCHEMA,
+            migrations=(migrate_dead_letters,),
         )

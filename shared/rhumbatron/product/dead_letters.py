@@ -1,9 +1,12 @@
 """Dead letters: what an operator must see because delivery gave up.
 
-Two kinds share the table. A ``command`` letter (the command plane's dead-letter queue) is
+Three kinds share the table. A ``command`` letter (the command plane's dead-letter queue) is
 unique on ``command_id``. A ``poison_event`` letter is an Event a router subscription failed
 to apply 5 times; it is unique on ``(consumer, event_id)`` and can only be dismissed
-(spec: poison-batch.ts). The functions here run inside the caller's transaction unless they
+(spec: poison-batch.ts). A ``reaction`` letter is a webhook delivery whose retry schedule ran
+out (seed 002: a reaction that keeps failing parks with its event); its ``event_id`` is the
+delivery key ``<eventId>:<subscriptionId>`` under the consumer ``reactions``, and a Retry
+sends it once more. The functions here run inside the caller's transaction unless they
 say otherwise.
 """
 
@@ -25,19 +28,24 @@ __all__ = [
     "claim_retry",
     "close_command_dead_letter",
     "close_dead_letters_of_change",
+    "close_reaction_dead_letter",
     "command_dead_letter_id",
     "dismiss_dead_letter",
     "get_dead_letter",
     "list_dead_letters",
+    "migrate_dead_letters",
     "poison_dead_letter_id",
+    "reaction_dead_letter_id",
     "record_command_dead_letter",
     "record_poison_event",
+    "record_reaction_dead_letter",
 ]
 
 
 class DeadLetterKind(StrEnum):
     COMMAND = "command"
     POISON_EVENT = "poison_event"
+    REACTION = "reaction"
 
 
 class DeadLetterStatus(StrEnum):
@@ -49,7 +57,7 @@ class Resolution(StrEnum):
     """Why a letter closed."""
 
     DISMISSED = "dismissed"  # an operator dismissed it
-    SUCCEEDED = "succeeded"  # the same command succeeded later
+    SUCCEEDED = "succeeded"  # the same command (or webhook delivery) succeeded later
     SUPERSEDED = "superseded"  # a later change.settle of the same Change ran
     ENDED = "ended"  # the 5-minute sweep closed it: its Change ended
 
@@ -57,7 +65,7 @@ class Resolution(StrEnum):
 DEAD_LETTERS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS dead_letters (
     dead_letter_id TEXT PRIMARY KEY,
-    kind           TEXT NOT NULL CHECK (kind IN ('command', 'poison_event')),
+    kind           TEXT NOT NULL CHECK (kind IN ('command', 'poison_event', 'reaction')),
     tenant_id      TEXT,
     project_id     TEXT,
     change_id      TEXT,
@@ -167,6 +175,27 @@ def record_poison_event(
         ).rowcount
         == 1
     )
+
+
+def migrate_dead_letters(connection: sqlite3.Connection) -> None:
+    """Bring a ``dead_letters`` table made before ``reaction`` letters existed up to date.
+
+    Its ``kind`` CHECK listed two kinds, and SQLite cannot alter a CHECK: the table is copied
+    into a new one of the current shape, inside the caller's (schema) transaction.
+    """
+    row = connection.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'dead_letters'"
+    ).fetchone()
+    if row is None or "'reaction'" in row[0]:
+        return
+    connection.execute("ALTER TABLE dead_letters RENAME TO dead_letters_before_reactions")
+    for index in ("dead_letters_open", "dead_letters_change"):
+        connection.execute(f"DROP INDEX IF EXISTS {index}")
+    for statement in DEAD_LETTERS_SCHEMA.split(";"):
+        if statement.strip():
+            connection.execute(statement)
+    connection.execute("INSERT INTO dead_letters SELECT * FROM dead_letters_before_reactions")
+    connection.execute("DROP TABLE dead_letters_before_reactions")
 
 
 def get_dead_letter(connection: sqlite3.Connection, dead_letter_id: str) -> DeadLetter:
@@ -356,3 +385,64 @@ def close_dead_letters_of_change(
         "WHERE change_id = ? AND status = 'open' AND kind = 'command'",
         (resolution.value, now_s, change_id),
     ).rowcount
+
+
+# -- reaction letters (webhook deliveries whose retries ran out) -------------------------------
+
+#: The consumer a reaction letter names: the reactions subscription.
+REACTIONS_CONSUMER = "reactions"
+
+
+def reaction_dead_letter_id(delivery_key: str) -> str:
+    """``dl_`` + 24 hex characters derived from the delivery key: one letter per delivery."""
+    return poison_dead_letter_id(REACTIONS_CONSUMER, delivery_key)
+
+
+def record_reaction_dead_letter(
+    connection: sqlite3.Connection,
+    *,
+    delivery_key: str,
+    tenant_id: str,
+    project_id: str,
+    attempts: int,
+    reason: str,
+    body: str,
+    now_s: float,
+) -> DeadLetter:
+    """Open the delivery's letter, or open it again with the new attempt count and reason
+    when a Retry failed too (the same letter: one per delivery)."""
+    connection.execute(
+        "INSERT INTO dead_letters (dead_letter_id, kind, tenant_id, project_id, consumer, "
+        "event_id, attempt, reason, body, created_at_s) "
+        "VALUES (?, 'reaction', ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (dead_letter_id) DO UPDATE SET status = 'open', resolution = NULL, "
+        "closed_at_s = NULL, attempt = excluded.attempt, reason = excluded.reason, "
+        "updated_at_s = ?",
+        (
+            reaction_dead_letter_id(delivery_key),
+            tenant_id,
+            project_id,
+            REACTIONS_CONSUMER,
+            delivery_key,
+            attempts,
+            reason,
+            body,
+            now_s,
+            now_s,
+        ),
+    )
+    return get_dead_letter(connection, reaction_dead_letter_id(delivery_key))
+
+
+def close_reaction_dead_letter(
+    connection: sqlite3.Connection, delivery_key: str, resolution: Resolution, *, now_s: float
+) -> bool:
+    """Close the open letter of the delivery (it was delivered after a Retry)."""
+    return (
+        connection.execute(
+            "UPDATE dead_letters SET status = 'closed', resolution = ?, closed_at_s = ? "
+            "WHERE dead_letter_id = ? AND status = 'open'",
+            (resolution.value, now_s, reaction_dead_letter_id(delivery_key)),
+        ).rowcount
+        == 1
+    )

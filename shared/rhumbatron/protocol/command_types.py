@@ -42,6 +42,8 @@ class AgentWake(Payload):
     agent_id: str = Field(min_length=1)
     reason: str = Field(min_length=1)
     event_id: str | None = None
+    #: The kind of the event a reaction's wake answers (``reason`` = ``reaction:<sub>``).
+    event_kind: str | None = None
 
 
 class ChangeDispatch(Payload):

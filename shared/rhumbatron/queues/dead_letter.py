@@ -283,9 +283,10 @@ def open_letter_counts(connection: sqlite3.Connection) -> dict[tuple[str, str], 
 
     A command letter's queue is the queue its command failed on; a poison-event letter has
     none, and the subscription that gave up on the event stands in for it (as on the local
-    dashboard). The zeros cover the queues that move their failures here and the four
-    subscriptions, so a graph or an alarm reads "none open" rather than "no data"; a pair
-    outside them (an undecodable body from another queue) appears when it has letters.
+    dashboard); so does ``reactions`` for a webhook delivery's letter. The zeros cover the
+    queues that move their failures here, the subscriptions and the webhook deliveries, so a
+    graph or an alarm reads "none open" rather than "no data"; a pair outside them (an
+    undecodable body from another queue) appears when it has letters.
     """
     counts = {
         (queue, "command"): 0
@@ -293,6 +294,8 @@ def open_letter_counts(connection: sqlite3.Connection) -> dict[tuple[str, str], 
         if row.dead_letter_queue == DEAD_LETTER_QUEUE
     }
     counts.update({(subscription.value, "poison_event"): 0 for subscription in Subscription})
+    # Webhook deliveries whose retries ran out (the reactions' delivery ledger).
+    counts[(Subscription.REACTIONS.value, "reaction")] = 0
     rows = connection.execute(
         "SELECT COALESCE(queue, consumer, '-'), kind, COUNT(*) FROM dead_letters "
         "WHERE status = 'open' GROUP BY 1, 2"

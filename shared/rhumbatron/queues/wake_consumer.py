@@ -10,10 +10,14 @@ It checks relevance again before any agent work, because a wake can outlive its 
   first handling failed after the admission: then the Agent gets the wake it missed; one held
   by another Agent is stale; over the 8-agent
   limit the Task stays ready and the router dispatches again when a slot frees;
-* a router wake (``cmd_<event>_<task>``) for the Agent that holds the Task → relevant.
+* a router wake (``cmd_<event>_<task>``) for the Agent that holds the Task → relevant;
+* a reaction's wake (``reason = reaction:<subscriptionId>``, seed 002: a subscription wakes an
+  agent about a fact) → relevant whatever its Task, if any, is doing — unless its Change was
+  cancelled since (cascade cancel: work caused by a cancelled Change's facts is dropped; a
+  reaction to ``change.cancelled`` itself still goes).
 
-A relevant wake goes to the Agent's runtime (:class:`AgentRuntime`; the scripted and webhook
-agents arrive with the lifecycle).
+A relevant wake goes to the Agent's runtime (:class:`AgentRuntime`: the scripted and webhook
+agents), with the Task it names (None for a reaction's wake about no Task).
 """
 
 from __future__ import annotations
@@ -25,16 +29,23 @@ from typing import TYPE_CHECKING, Protocol
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.domain.agents import Admission
-from rhumbatron.domain.changes import TERMINAL_STATUSES
+from rhumbatron.domain.changes import TERMINAL_STATUSES, ChangeStatus
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.tasks import TaskState, TaskStatus
 from rhumbatron.messaging.queue_consumer import Delivery, Retry
+from rhumbatron.protocol.command_types import AgentWake
 from rhumbatron.protocol.envelopes import Command
 
 if TYPE_CHECKING:
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
-__all__ = ["FALSE_WAKEUP_METRIC", "AgentRuntime", "WakeConsumer", "WakeOutcome"]
+__all__ = [
+    "FALSE_WAKEUP_METRIC",
+    "AgentRuntime",
+    "WakeConsumer",
+    "WakeOutcome",
+    "is_reaction_wake",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -49,9 +60,12 @@ class WakeOutcome(StrEnum):
 
 
 class AgentRuntime(Protocol):
-    """Runs an Agent on its Task (scripted locally, a webhook for an external agent)."""
+    """Runs an Agent on its Task (scripted locally, a webhook for an external agent).
 
-    async def wake(self, agent_id: str, task: TaskState, command: Command) -> None: ...
+    ``task`` is the Task the wake names; None only for a reaction's wake that names none.
+    """
+
+    async def wake(self, agent_id: str, task: TaskState | None, command: Command) -> None: ...
 
 
 @dataclass
@@ -73,9 +87,10 @@ class WakeConsumer:
         if outcome is WakeOutcome.STALE:
             self._count_false_wakeup(command)
         elif outcome is WakeOutcome.DELIVERED:
-            assert command.task_id is not None and command.change_id is not None
-            task = self._shard(command).task_state(command.task_id)
-            assert task is not None
+            task = None
+            if command.task_id is not None and command.change_id is not None:
+                task = self._shard(command).task_state(command.task_id)
+            assert task is not None or is_reaction_wake(command)
             await self.runtime.wake(_agent_of(command), task, command)
         return None
 
@@ -84,6 +99,8 @@ class WakeConsumer:
         return self.app.resource_shard(command.project_id, change_resource_key(command.change_id))
 
     def _decide(self, command: Command) -> WakeOutcome:
+        if is_reaction_wake(command):
+            return self._decide_reaction(command)
         if command.change_id is None or command.task_id is None:
             _log.warning("wake %s names no Task; nothing to wake for", command.command_id)
             return WakeOutcome.STALE
@@ -117,6 +134,18 @@ class WakeConsumer:
         )
         return WakeOutcome.DELIVERED if holds else WakeOutcome.STALE
 
+    def _decide_reaction(self, command: Command) -> WakeOutcome:
+        """A reaction's wake is relevant unless its Change was cancelled (cascade cancel)."""
+        if command.change_id is None:
+            return WakeOutcome.DELIVERED
+        change = self._shard(command).change_state(command.change_id)
+        payload = command.payload
+        assert isinstance(payload, AgentWake)
+        cancelled = change is not None and change.status == ChangeStatus.CANCELLED
+        if cancelled and payload.event_kind != "change.cancelled":
+            return WakeOutcome.STALE
+        return WakeOutcome.DELIVERED
+
     def _count_false_wakeup(self, command: Command) -> None:
         from rhumbatron.metrics import MetricsRecorder
 
@@ -124,6 +153,14 @@ class WakeConsumer:
         recorder = MetricsRecorder(app.product().connection, app.metrics_sink, app.clock)
         recorder.record_one(FALSE_WAKEUP_METRIC, 1.0)
         _log.info("stale wake %s: counted as a false wakeup", command.command_id)
+
+
+def is_reaction_wake(command: Command) -> bool:
+    """Whether ``command`` is an agent reaction's wake (``reason = reaction:<sub>``)."""
+    from rhumbatron.reactions.deliveries import REACTION_REASON_PREFIX
+
+    payload = command.payload
+    return isinstance(payload, AgentWake) and payload.reason.startswith(REACTION_REASON_PREFIX)
 
 
 def _agent_of(command: Command) -> str:

@@ -21,9 +21,11 @@ from rhumbatron.reactions.deliveries import ReactionEffects
 
 if TYPE_CHECKING:
     from rhumbatron.reactions.ports import SubscriptionSource
+    from rhumbatron.reactions.webhook_ledger import Disablement
+    from rhumbatron.reactions.webhook_retries import WebhookRetrier
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
-__all__ = ["LazyHttpClient", "no_reactions", "reactions_for"]
+__all__ = ["LazyHttpClient", "no_reactions", "reactions_for", "webhook_retrier_for"]
 
 
 @dataclass
@@ -42,6 +44,25 @@ class LazyHttpClient:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def webhook_retrier_for(
+    app: Rhumbatron, *, http: LazyHttpClient | None = None, limits: ReactionSettings | None = None
+) -> WebhookRetrier:
+    """The webhook retry pass of ``app``: its product database, registry and shards."""
+    from rhumbatron.reactions.registry import SubscriptionRegistry
+    from rhumbatron.reactions.webhook_retries import WebhookRetrier
+
+    return WebhookRetrier(
+        product=app.product(),
+        registry=SubscriptionRegistry(app.product(), app.settings, app.clock),
+        http=http or LazyHttpClient(),
+        facts=ShardFacts(app.resource_shard, app.clock),
+        settings=app.settings,
+        clock=app.clock,
+        metrics_sink=app.metrics_sink,
+        limits=limits or ReactionSettings(),
+    )
 
 
 def reactions_for(
@@ -82,6 +103,12 @@ class _Unbound:
     def budget_exceeded(self, event: Event, *, subscription_id: str, limit: int, day: str) -> None:
         raise ConfigurationError(
             f"no reaction registry is bound to this router; cannot record {event.event_id}"
+        )
+
+    def reaction_disabled(self, disablement: Disablement) -> None:
+        raise ConfigurationError(
+            "no reaction registry is bound to this router; cannot record the disabling of "
+            f"{disablement.subscription_id}"
         )
 
 

@@ -6,8 +6,10 @@ them; they are read from the same ``RHUMBATRON_*`` environment variables.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rhumbatron.reactions.webhook_ledger import RetryPolicy
 
 __all__ = ["ReactionSettings"]
 
@@ -46,9 +48,47 @@ class ReactionSettings(BaseSettings):
         gt=0,
         description="An in-flight slot whose holder died is freed after this long.",
     )
+    reaction_webhook_retry_schedule_s: tuple[float, ...] = Field(
+        # DECISIONS "Webhook signature": 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, then a dead letter.
+        default=(5.0, 300.0, 1_800.0, 7_200.0, 18_000.0, 36_000.0),
+        min_length=1,
+        description="After a webhook's first failed attempt, the waits before each retry (one "
+        "per retry); when the last retry fails too, the delivery becomes a dead letter.",
+    )
+    reaction_webhook_disable_after_s: float = Field(
+        default=5 * 24 * 3600.0,
+        gt=0,
+        description="A webhook subscription whose endpoint failed every attempt for this long "
+        "is disabled (reaction.disabled); one that answers 410 Gone is disabled at once.",
+    )
+    reaction_webhook_retry_batch: int = Field(
+        default=100,
+        ge=1,
+        description="Webhook retries one sweep tick sends at most; the rest wait for the next.",
+    )
+    reaction_history_days: int = Field(
+        default=14,
+        ge=1,
+        description="Days the reactions' bookkeeping (finished deliveries, suppressions, cause "
+        "chains, admissions) is kept; the daily housekeeping deletes older rows.",
+    )
     reaction_event_link: str = Field(
         default="/projects/{projectId}/events/{eventId}",
         min_length=1,
         description="Where a webhook receiver fetches the event its pointer names (a template "
         "of {projectId} and {eventId}).",
     )
+
+    @field_validator("reaction_webhook_retry_schedule_s")
+    @classmethod
+    def _positive_waits(cls, schedule: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not wait > 0 for wait in schedule):
+            raise ValueError(f"every retry wait must be over 0 s, got {list(schedule)}")
+        return schedule
+
+    @property
+    def webhook_retry_policy(self) -> RetryPolicy:
+        """The webhook ledger's retry schedule and disable window."""
+        return RetryPolicy(
+            self.reaction_webhook_retry_schedule_s, self.reaction_webhook_disable_after_s
+        )

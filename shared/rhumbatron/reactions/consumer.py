@@ -10,14 +10,17 @@ and, for each, in order:
    records ``budget.exceeded`` once a day, counts ``reaction_refused``) and the in-flight cap
    (a refusal sends the event back to the stream: the cursor lags, nothing is lost);
 3. the **reaction** (``deliveries``): a signed pointer-only webhook, a workflow start or an
-   agent wake.
+   agent wake. A webhook is tried once here; its outcome goes to the delivery ledger
+   (``webhook_ledger``), which owns its retries, its dead letter and its endpoint's health,
+   so a failing receiver never holds the stream.
 
 **Claims.** The event is leased under ``reactions`` like the causal router's leases, and each
 ``(event, subscription)`` delivery under its own key ``<eventId>:<subscriptionId>``, both in
 the product database with the gate's tables. A delivery done is never repeated; when one of
 an event's subscriptions fails, the event fails (the router counts it, retries it after the
 nack delay and dead-letters it on the 5th failure) and its redelivery runs only the
-deliveries not yet done.
+deliveries not yet done (a workflow start or a wake that failed; a webhook's failure is the
+ledger's to retry).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import httpx
@@ -43,8 +46,8 @@ from rhumbatron.reactions.deliveries import (
     ReactionEffects,
     agent_command_id,
     agent_wake_command,
+    attempt_webhook,
     pointer_body,
-    post_webhook,
     webhook_id,
     workflow_input,
     workflow_instance_id,
@@ -66,7 +69,13 @@ from rhumbatron.reactions.ports import (
     SubscriptionLike,
     SubscriptionSource,
 )
-from rhumbatron.reactions.store import ensure_reactions_schema
+from rhumbatron.reactions.webhook_ledger import (
+    Attempt,
+    Disablement,
+    mark_disablement_recorded,
+    record_attempt,
+    record_skipped,
+)
 from rhumbatron.router.claims import claim_leases, complete_claims, release_claims
 from rhumbatron.router.records import APPLIED, DUPLICATE, Record, RecordOutcome
 from rhumbatron.runtime.clock import Clock, utc_day
@@ -88,6 +97,7 @@ __all__ = [
     "Reactions",
     "ReactionsConsumer",
     "ShardFacts",
+    "record_disablement",
 ]
 
 _log = logging.getLogger(__name__)
@@ -131,6 +141,28 @@ class ShardFacts:
         fact = ctx.fact("budget.exceeded", payload)
         shard.transact(lambda db: Transition(facts=(fact,)))
 
+    def reaction_disabled(self, disablement: Disablement) -> None:
+        project_id = disablement.project_id
+        shard = self.resource_shard(project_id, project_admin_key(project_id))
+        caller = Caller(disablement.tenant_id, _ACTOR, disablement.delivery_key)
+        ctx = FactContext(caller, project_id, self.clock.now())
+        failing_since = (
+            None
+            if disablement.failing_since_s is None
+            else datetime.fromtimestamp(disablement.failing_since_s, UTC).isoformat()
+        )
+        payload = {
+            "subscriptionId": disablement.subscription_id,
+            "name": disablement.name,
+            "reason": disablement.reason,
+            "deliveryKey": disablement.delivery_key,
+            "lastError": disablement.detail,
+            "failingSince": failing_since,
+            "statusCode": disablement.status_code,
+        }
+        fact = ctx.fact("reaction.disabled", payload)
+        shard.transact(lambda db: Transition(facts=(fact,)))
+
 
 @dataclass
 class Reactions:
@@ -151,6 +183,8 @@ class _Plan:
     chain: CauseChain
     run: bool = False
     over_budget: tuple[int, str] | None = None  # (limit, day) when this refusal records a fact
+    attempt: Attempt | None = None  # a webhook's outcome, for the ledger
+    body: bytes = b""  # a webhook's pointer body
 
 
 @dataclass
@@ -164,12 +198,8 @@ class ReactionsConsumer:
     reactions: Reactions
     lease_s: float
     subscription: Subscription = Subscription.REACTIONS
-    _schema_ready: bool = False
 
     async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
-        if not self._schema_ready:
-            await asyncio.to_thread(ensure_reactions_schema, self.product)
-            self._schema_ready = True
         events = [r.event for r in records if r.event is not None]
         # One transaction opens the batch (chains, leases) and one settles it: an event no
         # subscription matches costs no transaction of its own.
@@ -234,7 +264,11 @@ class ReactionsConsumer:
             if not plan.run:
                 continue
             error = await self._run(event, plan, now)
-            await asyncio.to_thread(self._settle_delivery, plan.key, error is None, run.now_s)
+            disabled = await asyncio.to_thread(
+                self._settle_delivery, event, plan, error is None, run.now_s
+            )
+            if disabled is not None:
+                await record_disablement(self.reactions.facts, self.product, disabled)
             if error is not None:
                 failures.append(f"{plan.key}: {error}")
         if failures:
@@ -267,7 +301,8 @@ class ReactionsConsumer:
                     continue
                 plan = _Plan(subscription, key, chain)
                 plans.append(plan)
-                if not subscription.governance.enabled:
+                kept = subscription.endpoint_disabled is not None
+                if not subscription.governance.enabled and not kept:
                     complete_claims(db, _CONSUMER, [key], now_s=now_s)
                     continue
                 guard = self._guard(
@@ -284,6 +319,17 @@ class ReactionsConsumer:
                         now_s=now_s,
                         points=points,
                     )
+                    continue
+                if not subscription.governance.enabled:
+                    # Its endpoint is disabled: kept (a webhook's), for a replay once enabled.
+                    if subscription.reaction.kind == "webhook":
+                        record_skipped(
+                            db,
+                            **_delivery_of(event, subscription, key),
+                            body=self._body(event),
+                            now_s=now_s,
+                        )
+                    complete_claims(db, _CONSUMER, [key], now_s=now_s)
                     continue
                 decision = admit(
                     db,
@@ -400,19 +446,18 @@ class ReactionsConsumer:
         try:
             match reaction.kind:
                 case "webhook":
-                    hook = reaction
-                    await post_webhook(
+                    # Whatever the answer, the ledger takes it from here (its retries).
+                    plan.body = self._body(event)
+                    plan.attempt = await attempt_webhook(
                         effects.http(),
-                        url=hook.url,
-                        secrets=list(hook.secrets),
+                        reaction,
                         msg_id=plan.key,
-                        body=pointer_body(
-                            event, link_template=self.reactions.limits.reaction_event_link
-                        ),
+                        body=plan.body,
                         timestamp=int(now.timestamp()),
-                        allowed_hosts=self.settings.webhook_allowed_hosts,
-                        timeout_s=hook.timeout_s or self.settings.webhook_timeout_s,
+                        settings=self.settings,
                     )
+                    if not plan.attempt.ok:
+                        return None
                 case "workflow":
                     flow = reaction
                     try:
@@ -487,13 +532,30 @@ class ReactionsConsumer:
             complete_claims(db, _CONSUMER, done, now_s=now_s)
             release_claims(db, _CONSUMER, undone)
 
-    def _settle_delivery(self, key: str, done: bool, now_s: float) -> None:
+    def _settle_delivery(
+        self, event: Event, plan: _Plan, done: bool, now_s: float
+    ) -> Disablement | None:
+        key = plan.key
+        disabled = None
         with self.product.transaction() as db:
             release(db, [key])
             if done:
                 complete_claims(db, _CONSUMER, [key], now_s=now_s)
             else:
                 release_claims(db, _CONSUMER, [key])
+            if done and plan.attempt is not None:
+                disabled = record_attempt(
+                    db,
+                    **_delivery_of(event, plan.subscription, key),
+                    body=plan.body,
+                    attempt=plan.attempt,
+                    now_s=now_s,
+                    policy=self.reactions.limits.webhook_retry_policy,
+                )
+        return disabled
+
+    def _body(self, event: Event) -> bytes:
+        return pointer_body(event, link_template=self.reactions.limits.reaction_event_link)
 
     def _unclaim_budget_fact(self, tenant_id: str, day: str, key: str) -> None:
         with self.product.transaction() as db:
@@ -513,6 +575,46 @@ class ReactionsConsumer:
 class _Leases:
     fresh: frozenset[str]
     held: frozenset[str]
+
+
+def _delivery_of(event: Event, subscription: SubscriptionLike, key: str) -> dict[str, str]:
+    """A webhook delivery's identity, as the ledger records it."""
+    return {
+        "delivery_key": key,
+        "tenant_id": event.tenant_id,
+        "project_id": event.project_id,
+        "event_id": event.event_id,
+        "event_type": event.event_type,
+        "subscription_id": subscription.subscription_id,
+    }
+
+
+async def record_disablement(
+    facts: FactSink, product: ProductDatabase, disablement: Disablement
+) -> None:
+    """Write the ``reaction.disabled`` fact of ``disablement`` and mark it written; a failure
+    leaves it unmarked, and the next retry pass writes it (it never fails the caller)."""
+    try:
+        await asyncio.to_thread(facts.reaction_disabled, disablement)
+    except RhumbatronError as exc:
+        _log.error(
+            "cannot record reaction.disabled for %s yet (%s); the next retry pass will",
+            disablement.subscription_id,
+            exc,
+        )
+        return
+
+    def mark() -> None:
+        with product.transaction() as db:
+            mark_disablement_recorded(db, disablement)
+
+    await asyncio.to_thread(mark)
+    _log.warning(
+        "webhook subscription %s (%s) disabled: %s",
+        disablement.subscription_id,
+        disablement.name,
+        disablement.detail,
+    )
 
 
 def _cause_keys(event_id: str, subscription_id: str) -> list[str]:

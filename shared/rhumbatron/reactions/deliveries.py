@@ -33,16 +33,21 @@ import httpx
 
 from rhumbatron.agents.signing import signed_headers
 from rhumbatron.agents.url_safety import check_webhook_url, display_url
-from rhumbatron.errors import MessagingError
+from rhumbatron.errors import MessagingError, RhumbatronError
 from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.reactions.kinds import KIND_GRAMMAR
+from rhumbatron.reactions.ports import WebhookReactionLike
+from rhumbatron.reactions.webhook_ledger import Attempt
+from rhumbatron.runtime.settings import Settings
 from rhumbatron.workflows.engine import INSTANCE_ID_PATTERN, WorkflowEngine, WorkflowStart
 
 __all__ = [
+    "REACTION_REASON_PREFIX",
     "ReactionDeliveryError",
     "ReactionEffects",
     "agent_command_id",
     "agent_wake_command",
+    "attempt_webhook",
     "pointer_body",
     "post_webhook",
     "webhook_id",
@@ -50,6 +55,8 @@ __all__ = [
     "workflow_instance_id",
 ]
 
+#: An agent reaction's wake says ``reason = reaction:<subscriptionId>``.
+REACTION_REASON_PREFIX = "reaction:"
 _COMMAND_ID = re.compile(r"^cmd_[A-Za-z0-9_.:\-]{1,200}$")
 _DIGEST_HEX = 24
 #: Characters of a refusing answer quoted in the error (and so in a dead letter).
@@ -57,8 +64,12 @@ _ANSWER_QUOTE_CHARS = 200
 
 
 class ReactionDeliveryError(MessagingError):
-    """A webhook reaction was not taken (non-2xx, timeout, connection error): the record
-    fails, the router counts it and retries it, and dead-letters it on the 5th failure."""
+    """A webhook reaction was not taken: ``status_code`` is the receiver's non-2xx answer, or
+    None for a timeout or a connection error. The delivery ledger retries it."""
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
 
 
 def _digest(subscription_id: str) -> str:
@@ -124,9 +135,9 @@ async def post_webhook(
     timestamp: int,
     allowed_hosts: Sequence[str],
     timeout_s: float,
-) -> None:
-    """Check the URL again (SSRF, at send), sign with every secret, POST; raise
-    :class:`ReactionDeliveryError` unless the answer is 2xx. A redirect is a refusal."""
+) -> int:
+    """Check the URL again (SSRF, at send), sign with every secret, POST; return the 2xx
+    status, or raise :class:`ReactionDeliveryError`. A redirect is a refusal."""
     # getaddrinfo blocks: the check runs off the event loop.
     await asyncio.to_thread(check_webhook_url, url, allowed_hosts)
     headers = signed_headers(secrets, msg_id, timestamp, body)
@@ -139,18 +150,46 @@ async def post_webhook(
             )
     except (TimeoutError, httpx.TimeoutException):
         raise ReactionDeliveryError(
-            f"{what} got no answer within {timeout_s} s (RHUMBATRON_WEBHOOK_TIMEOUT_S); the "
-            "router retries it"
+            f"{what} got no answer within {timeout_s} s (RHUMBATRON_WEBHOOK_TIMEOUT_S)"
         ) from None
     except httpx.HTTPError as exc:
-        raise ReactionDeliveryError(
-            f"{what} failed: {type(exc).__name__}: {exc}; the router retries it"
-        ) from exc
+        raise ReactionDeliveryError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
     if not response.is_success:
         quote = response.text[:_ANSWER_QUOTE_CHARS]
         raise ReactionDeliveryError(
-            f"{what} was answered {response.status_code}, not 2xx: {quote!r}; the router retries it"
+            f"{what} was answered {response.status_code}, not 2xx: {quote!r}",
+            status_code=response.status_code,
         )
+    return response.status_code
+
+
+async def attempt_webhook(
+    client: httpx.AsyncClient,
+    reaction: WebhookReactionLike,
+    *,
+    msg_id: str,
+    body: bytes,
+    timestamp: int,
+    settings: Settings,
+) -> Attempt:
+    """One signed POST of a webhook reaction, as the delivery ledger records it: never
+    raises for the receiver's or the URL's sake (a refused URL, a timeout, a non-2xx)."""
+    try:
+        status = await post_webhook(
+            client,
+            url=reaction.url,
+            secrets=list(reaction.secrets),
+            msg_id=msg_id,
+            body=body,
+            timestamp=timestamp,
+            allowed_hosts=settings.webhook_allowed_hosts,
+            timeout_s=reaction.timeout_s or settings.webhook_timeout_s,
+        )
+    except ReactionDeliveryError as exc:
+        return Attempt(ok=False, status_code=exc.status_code, error=str(exc))
+    except RhumbatronError as exc:  # an unsafe URL at send, a secret that does not parse
+        return Attempt(ok=False, error=f"{type(exc).__name__}: {exc}")
+    return Attempt(ok=True, status_code=status)
 
 
 def workflow_input(event: Event, subscription_id: str) -> dict[str, Any]:
@@ -176,8 +215,9 @@ def agent_wake_command(event: Event, subscription_id: str, agent_id: str, now: d
         created_at=now,
         payload={
             "agentId": agent_id,
-            "reason": f"reaction:{subscription_id}",
+            "reason": f"{REACTION_REASON_PREFIX}{subscription_id}",
             "eventId": event.event_id,
+            "eventKind": event.event_type,
         },
     )
 

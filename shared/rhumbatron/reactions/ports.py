@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Literal, Protocol
 
 from rhumbatron.protocol.envelopes import Event
+from rhumbatron.reactions.webhook_ledger import Disablement
 
 __all__ = [
     "AgentReactionLike",
@@ -90,12 +91,19 @@ class SubscriptionLike(Protocol):
     @property
     def governance(self) -> GovernanceLike: ...
 
+    @property
+    def endpoint_disabled(self) -> object | None:
+        """Set when the platform disabled the subscription for a failing endpoint: its
+        matches are kept as skipped deliveries (a webhook's), to be replayed."""
+        ...
+
 
 class SubscriptionSource(Protocol):
     """The registry as the consumer asks it: the tenant's subscriptions matching an event."""
 
     def matching(self, tenant_id: str, event: Event) -> Sequence[SubscriptionLike]:
-        """Every enabled subscription of ``tenant_id`` whose selector matches ``event``."""
+        """Every enabled subscription of ``tenant_id`` whose selector matches ``event``, and
+        every one disabled for a failing endpoint (``endpoint_disabled``)."""
         ...
 
 
@@ -112,4 +120,8 @@ class FactSink(Protocol):
         day: str,
     ) -> None:
         """Record that the tenant of ``event`` ran out of its daily reaction budget."""
+        ...
+
+    def reaction_disabled(self, disablement: Disablement) -> None:
+        """Record that a webhook subscription was disabled (``reaction.disabled``)."""
         ...

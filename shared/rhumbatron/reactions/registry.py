@@ -26,8 +26,9 @@ import json
 import re
 import sqlite3
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Self, TypeAlias
 
 from pydantic import (
@@ -47,6 +48,12 @@ from rhumbatron.agents.url_safety import check_webhook_url
 from rhumbatron.errors import RhumbatronError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.reactions.selectors import Selector, event_selector_matches
+from rhumbatron.reactions.webhook_ledger import (
+    DeliveryStatus,
+    WebhookDelivery,
+    list_deliveries,
+    replay_skipped,
+)
 from rhumbatron.runtime.clock import Clock
 from rhumbatron.runtime.settings import Settings
 
@@ -57,10 +64,12 @@ __all__ = [
     "SUBSCRIPTION_NAME_PATTERN",
     "WORKFLOW_NAME_PATTERN",
     "AgentReaction",
+    "EndpointDisabled",
     "Governance",
     "Reaction",
     "SubscriptionConflictError",
     "SubscriptionCreated",
+    "SubscriptionDisabledError",
     "SubscriptionNotFoundError",
     "SubscriptionRecord",
     "SubscriptionRegistry",
@@ -82,7 +91,29 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     updated_at      TEXT NOT NULL,
     UNIQUE (tenant_id, name)
 );
+CREATE TABLE IF NOT EXISTS subscription_disablements (
+    subscription_id  TEXT PRIMARY KEY,
+    reason           TEXT NOT NULL CHECK (reason IN ('gone', 'failing')),
+    detail           TEXT NOT NULL,
+    delivery_key     TEXT NOT NULL,
+    status_code      INTEGER,
+    failing_since_s  REAL,
+    disabled_at_s    REAL NOT NULL,
+    fact_recorded    INTEGER NOT NULL DEFAULT 0 CHECK (fact_recorded IN (0, 1))
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS subscription_endpoint_health (
+    subscription_id  TEXT PRIMARY KEY,
+    failing_since_s  REAL NOT NULL,
+    failures         INTEGER NOT NULL
+) WITHOUT ROWID;
 """
+
+#: Every read of a record: the row, and why its endpoint was disabled, if it was.
+_SELECT = (
+    "SELECT s.*, d.reason AS disabled_reason, d.detail AS disabled_detail, "
+    "d.disabled_at_s AS disabled_at_s FROM subscriptions s "
+    "LEFT JOIN subscription_disablements d USING (subscription_id)"
+)
 
 #: ``sub_`` and 32 hex digits (a UUID4 without dashes).
 SUBSCRIPTION_ID_PATTERN = r"^sub_[0-9a-f]{32}$"
@@ -110,6 +141,10 @@ class SubscriptionRegistryError(RhumbatronError, ValueError):
 
 class SubscriptionConflictError(SubscriptionRegistryError):
     """The tenant has a subscription of that name with other content."""
+
+
+class SubscriptionDisabledError(SubscriptionRegistryError):
+    """The subscription is disabled, and the action needs it enabled."""
 
 
 class SubscriptionNotFoundError(SubscriptionRegistryError, LookupError):
@@ -189,8 +224,18 @@ class Governance(_Frozen):
     enabled: bool = True
 
 
+class EndpointDisabled(_Frozen):
+    """Why the platform disabled a webhook subscription: its endpoint answered 410 Gone
+    (``gone``), or kept failing through the disable window (``failing``). Enabling the
+    subscription again clears it."""
+
+    reason: Literal["gone", "failing"]
+    detail: str
+    disabled_at: AwareDatetime
+
+
 class SubscriptionRecord(_Frozen):
-    """One ``subscriptions`` row."""
+    """One ``subscriptions`` row, with ``endpoint_disabled`` when the platform disabled it."""
 
     subscription_id: str = Field(pattern=SUBSCRIPTION_ID_PATTERN)
     tenant_id: str = Field(min_length=1, max_length=64)
@@ -200,6 +245,7 @@ class SubscriptionRecord(_Frozen):
     governance: Governance
     created_at: AwareDatetime
     updated_at: AwareDatetime
+    endpoint_disabled: EndpointDisabled | None = None
 
     @model_validator(mode="after")
     def _webhook_is_signed(self) -> Self:
@@ -307,7 +353,7 @@ class SubscriptionRegistry:
     def get(self, tenant_id: str | None, subscription_id: str) -> SubscriptionRecord | None:
         """The subscription, if ``tenant_id`` owns it (None: any tenant's); else None."""
         row = self._store.connection.execute(
-            "SELECT * FROM subscriptions WHERE subscription_id = ?", (subscription_id,)
+            _SELECT + " WHERE subscription_id = ?", (subscription_id,)
         ).fetchone()
         if row is None or tenant_id not in (None, row["tenant_id"]):
             return None
@@ -325,7 +371,7 @@ class SubscriptionRegistry:
             clauses.append("enabled = 1")
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._store.connection.execute(
-            f"SELECT * FROM subscriptions{where} ORDER BY tenant_id, name", values
+            f"{_SELECT}{where} ORDER BY tenant_id, name", values
         ).fetchall()
         return [_record(row) for row in rows]
 
@@ -351,6 +397,18 @@ class SubscriptionRegistry:
                     else cooldown_s,
                 }
             )
+            if enabled is not None and current.endpoint_disabled is not None:
+                # An operator's word replaces the platform's: enabled again, or disabled by
+                # a person (then its deliveries are no longer kept as skipped).
+                connection.execute(
+                    "DELETE FROM subscription_disablements WHERE subscription_id = ?",
+                    (subscription_id,),
+                )
+                connection.execute(
+                    "DELETE FROM subscription_endpoint_health WHERE subscription_id = ?",
+                    (subscription_id,),
+                )
+                current = current.model_copy(update={"endpoint_disabled": None})
             if governance == current.governance:
                 return current
             updated = current.model_copy(
@@ -373,13 +431,49 @@ class SubscriptionRegistry:
         :class:`SubscriptionNotFoundError` when the tenant has no such subscription."""
         with self._store.transaction() as connection:
             current = self._owned(connection, tenant_id, subscription_id)
-            connection.execute(
-                "DELETE FROM subscriptions WHERE subscription_id = ?", (subscription_id,)
-            )
+            for table in (
+                "subscriptions",
+                "subscription_disablements",
+                "subscription_endpoint_health",
+            ):
+                connection.execute(
+                    f"DELETE FROM {table} WHERE subscription_id = ?", (subscription_id,)
+                )
             return current
 
+    def deliveries(
+        self,
+        tenant_id: str | None,
+        subscription_id: str,
+        *,
+        statuses: Sequence[DeliveryStatus] = (),
+        limit: int = 100,
+    ) -> builtins.list[WebhookDelivery]:
+        """The webhook deliveries of the tenant's subscription, newest first (see
+        :mod:`~rhumbatron.reactions.webhook_ledger`)."""
+        connection = self._store.connection
+        self._owned(connection, tenant_id, subscription_id)
+        return list_deliveries(connection, subscription_id, statuses=statuses, limit=limit)
+
+    def replay_skipped(self, tenant_id: str | None, subscription_id: str) -> int:
+        """Make the deliveries kept while the subscription's endpoint was disabled due now;
+        return how many. The sweep's webhook retry pass sends them, through the admission
+        gate. Raises :class:`SubscriptionDisabledError` while the subscription is disabled."""
+        with self._store.transaction() as connection:
+            current = self._owned(connection, tenant_id, subscription_id)
+            if not current.governance.enabled:
+                raise SubscriptionDisabledError(
+                    f"subscription {subscription_id} is disabled; enable it first (PATCH "
+                    "/subscriptions/{id} with enabled=true, or `rhumbatron subscriptions "
+                    "enable`), then replay its skipped deliveries",
+                    field="governance.enabled",
+                )
+            return replay_skipped(connection, subscription_id, now_s=self._clock.now().timestamp())
+
     def matching(self, tenant_id: str, event: Event) -> builtins.list[SubscriptionRecord]:
-        """The tenant's enabled subscriptions whose selector matches ``event``, by name.
+        """The tenant's enabled subscriptions whose selector matches ``event``, by name, and
+        those the platform disabled for a failing endpoint (``endpoint_disabled``): the
+        consumer keeps their deliveries as skipped, to be replayed once they are enabled.
 
         A fact of another tenant matches none of them (fail closed: a tenant never reacts to
         another's facts). The cooldown is not applied here: the consumer knows when each
@@ -389,8 +483,9 @@ class SubscriptionRegistry:
             return []
         return [
             record
-            for record in self.list(tenant_id, enabled_only=True)
-            if event_selector_matches(record.selector, event)
+            for record in self.list(tenant_id)
+            if (record.governance.enabled or record.endpoint_disabled is not None)
+            and event_selector_matches(record.selector, event)
         ]
 
     def _check_webhook(self, reaction: WebhookReaction) -> None:
@@ -420,7 +515,7 @@ class SubscriptionRegistry:
         self, connection: sqlite3.Connection, tenant_id: str | None, subscription_id: str
     ) -> SubscriptionRecord:
         row = connection.execute(
-            "SELECT * FROM subscriptions WHERE subscription_id = ?", (subscription_id,)
+            _SELECT + " WHERE subscription_id = ?", (subscription_id,)
         ).fetchone()
         if row is None or tenant_id not in (None, row["tenant_id"]):
             raise SubscriptionNotFoundError(
@@ -482,7 +577,7 @@ def _read_by_name(
     connection: sqlite3.Connection, tenant_id: str, name: str
 ) -> SubscriptionRecord | None:
     row = connection.execute(
-        "SELECT * FROM subscriptions WHERE tenant_id = ? AND name = ?", (tenant_id, name)
+        _SELECT + " WHERE tenant_id = ? AND name = ?", (tenant_id, name)
     ).fetchone()
     return None if row is None else _record(row)
 
@@ -498,4 +593,10 @@ def _record(row: sqlite3.Row) -> SubscriptionRecord:
         "created_at": datetime.fromisoformat(row["created_at"]),
         "updated_at": datetime.fromisoformat(row["updated_at"]),
     }
+    if row["disabled_reason"] is not None:
+        raw["endpoint_disabled"] = {
+            "reason": row["disabled_reason"],
+            "detail": row["disabled_detail"],
+            "disabled_at": datetime.fromtimestamp(row["disabled_at_s"], UTC),
+        }
     return SubscriptionRecord.model_validate(raw)

@@ -1,4 +1,5 @@
-"""The reactions' tables in the product database: suppressions, causes, fires, the gate.
+"""The reactions' tables in the product database: suppressions, causes, fires, the gate, and
+the webhook delivery ledger.
 
 Everything the guards and the gate decide across streams and processes lives in the one
 product file, so a decision and its bookkeeping commit in one transaction.
@@ -6,14 +7,15 @@ product file, so a decision and its bookkeeping commit in one transaction.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sqlite3
 
-if TYPE_CHECKING:
-    from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.reactions.webhook_ledger import WEBHOOK_LEDGER_SCHEMA, prune_deliveries
 
-__all__ = ["REACTIONS_SCHEMA", "ensure_reactions_schema"]
+__all__ = ["REACTIONS_SCHEMA", "prune_reaction_history"]
 
-REACTIONS_SCHEMA = """
+REACTIONS_SCHEMA = (
+    WEBHOOK_LEDGER_SCHEMA
+    + """
 CREATE TABLE IF NOT EXISTS reaction_suppressions (
     delivery_key     TEXT PRIMARY KEY,
     tenant_id        TEXT NOT NULL,
@@ -60,17 +62,33 @@ CREATE TABLE IF NOT EXISTS reaction_budget_facts (
     PRIMARY KEY (tenant_id, day)
 ) WITHOUT ROWID;
 """
+)
 
 
-def ensure_reactions_schema(store: SqliteStore) -> None:
-    """Create the reactions' tables in ``store`` (idempotent).
+#: The bookkeeping that ages out: its table, key, and the column saying when it was written.
+_AGING: tuple[tuple[str, str, str], ...] = (
+    ("reaction_suppressions", "delivery_key", "recorded_at_s"),
+    ("reaction_causes", "cause_key", "recorded_at_s"),
+    ("reaction_admissions", "delivery_key", "admitted_at_s"),
+)
 
-    The product database applies its own schema when it opens; until it lists these tables
-    (``REACTIONS_SCHEMA``), the consumer adds them here, statement by statement inside one
-    transaction (not ``executescript``, which would commit another thread's transaction on
-    the shared connection).
+
+def prune_reaction_history(db: sqlite3.Connection, *, before_s: float, limit: int) -> int:
+    """Delete at most ``limit`` rows of the reactions' bookkeeping written before
+    ``before_s`` (inside the caller's transaction); return how many.
+
+    Finished webhook deliveries go (skipped ones and those with an open letter stay); so do
+    suppressions, cause chains and admissions — none is read past a day or a chain's life.
+    The one row per subscription of ``reaction_fires`` (its cooldown) and the in-flight
+    slots (each freed by its lease) are kept.
     """
-    with store.transaction() as db:
-        for statement in REACTIONS_SCHEMA.split(";"):
-            if statement.strip():
-                db.execute(statement)
+    left = limit - prune_deliveries(db, before_s=before_s, limit=limit)
+    for table, key, written_at in _AGING:
+        if left <= 0:
+            break
+        left -= db.execute(
+            f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} "
+            f"WHERE {written_at} < ? LIMIT ?)",
+            (before_s, left),
+        ).rowcount
+    return limit - left

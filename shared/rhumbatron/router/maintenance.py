@@ -3,7 +3,9 @@
 At the daily maintenance tick (04:17 UTC) at most ``processed_events_prune_cap`` (5,000)
 ``processed_events`` rows older than 14 days are deleted, across every file that holds claims:
 the 8 router stream files, the product database and the project views. The project views'
-feed rows age out with the same cap. Where the archive store has no lifecycle rule (moto
+feed rows age out with the same cap, and so does the reactions' bookkeeping older than
+``reaction_history_days`` (finished webhook deliveries, suppressions, cause chains,
+admissions). Where the archive store has no lifecycle rule (moto
 locally) the same tick deletes archive objects older than 365 days, in a bounded pass.
 """
 
@@ -14,6 +16,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.reactions.config import ReactionSettings
+from rhumbatron.reactions.store import prune_reaction_history
 from rhumbatron.router.claims import prune_claims
 from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
 
@@ -84,6 +88,13 @@ async def run_daily_maintenance(router: EventRouter, sweep: SweepReport, now: da
         router, now_s=now.timestamp()
     )
     sweep.pruned_metric_rows = prune_lag_metrics(router, now_s=now.timestamp())
+    limits = router.reactions.limits if router.reactions is not None else ReactionSettings()
+    with router.product.transaction() as db:
+        sweep.pruned_reaction_rows = prune_reaction_history(
+            db,
+            before_s=now.timestamp() - limits.reaction_history_days * _DAY_S,
+            limit=router.settings.processed_events_prune_cap,
+        )
     if router.settings.archive_expiry_pass:
         from rhumbatron.archive import expire_archive
 

@@ -145,6 +145,14 @@ class ProjectView(SqliteStore):
         with self.transaction() as db:
             complete_claims(db, PROJECTOR, event_ids, now_s=now_s)
 
+    def stream_seq_of(self, event_id: str) -> int | None:
+        """Where an applied event of the feed sits on its project's stream (None: not
+        applied yet, or aged out of the feed)."""
+        row = self.connection.execute(
+            "SELECT stream_seq FROM project_events WHERE event_id = ?", (event_id,)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
     def prune_feed(self, *, older_than_s: float, limit: int) -> int:
         """Delete at most ``limit`` feed rows applied before ``older_than_s``."""
         with self.transaction() as db:

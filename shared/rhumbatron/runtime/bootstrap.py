@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from rhumbatron.protocol.envelopes import Command
     from rhumbatron.reactions.assembly import LazyHttpClient
     from rhumbatron.reactions.consumer import Reactions
+    from rhumbatron.reactions.webhook_retries import WebhookRetrier
     from rhumbatron.router.event_router import EventRouter
     from rhumbatron.router.handlers import CausalRouting
 
@@ -324,6 +325,14 @@ class Rhumbatron:
             self._reaction_http = LazyHttpClient()
         registry = SubscriptionRegistry(self.product(), self.settings, self.clock)
         return reactions_for(self, registry, http=self._reaction_http)
+
+    def webhook_retrier(self) -> WebhookRetrier:
+        """The webhook retry pass over the delivery ledger (run once per sweep tick)."""
+        from rhumbatron.reactions.assembly import LazyHttpClient, webhook_retrier_for
+
+        if self._reaction_http is None:
+            self._reaction_http = LazyHttpClient()
+        return webhook_retrier_for(self, http=self._reaction_http)
 
     def lifecycle(self) -> Lifecycle:
         """The Change lifecycle's parts: causal rules, integration module, workflows,
