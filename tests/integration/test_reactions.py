@@ -32,7 +32,7 @@ from rhumbatron.protocol.ids import event_stream_subject
 from rhumbatron.queues.wake_consumer import WakeConsumer, WakeOutcome
 from rhumbatron.reactions.assembly import LazyHttpClient, reactions_for
 from rhumbatron.reactions.config import ReactionSettings
-from rhumbatron.reactions.consumer import ReactionsConsumer
+from rhumbatron.reactions.consumer import REFUSED_METRIC, ReactionsConsumer
 from rhumbatron.reactions.deliveries import (
     ReactionEffects,
     agent_command_id,
@@ -465,17 +465,21 @@ async def test_a_full_in_flight_cap_leaves_the_event_on_the_stream(
                 lease_s=30,
             )
         assert taken.admitted
-        await world.publish(task_completed(clock, "t2"))
+        await world.publish(*[task_completed(clock, t) for t in ("t2", "t3", "t4")])
 
-        # WHEN the reactions consume the next event, and again once the slot has expired
+        # WHEN the reactions consume the next events, and again once the slot has expired
         queued = await world.react()
+        refusals = metric_counts(world.app.product().connection, MetricBinding.METRICS)
         clock.advance(31)
         later = await world.react()
 
-        # THEN it waited on the stream (retried, not failed, not skipped), then was delivered
-        assert (queued.retried, queued.failed) == (1, 0)
-        assert later.applied == 1
-        assert [body["subject"]["id"] for _, body in receiver.received] == ["t1", "t2"]
+        # THEN they waited on the stream (retried, not failed, not skipped): the first met the
+        # full cap and the rest of the batch was left untouched behind it; then all were
+        # delivered, in stream order
+        assert (queued.retried, queued.failed) == (3, 0)
+        assert refusals.get(REFUSED_METRIC) == 1
+        assert later.applied == 3
+        assert [body["subject"]["id"] for _, body in receiver.received] == ["t1", "t2", "t3", "t4"]
         assert world.suppressed() == []
     finally:
         await world.app.close()

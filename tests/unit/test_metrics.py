@@ -8,6 +8,7 @@ import io
 import json
 import re
 import sqlite3
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 import rhumbatron.metrics as metrics_package
-from rhumbatron.actors.storage import open_database
+from rhumbatron.actors.storage import SqliteStore, open_database
 from rhumbatron.errors import ActorError
 from rhumbatron.metrics import (
     ANALYTICS_METRICS,
@@ -545,3 +546,40 @@ def test_the_public_api_is_exactly_all() -> None:
         and name != "annotations"
     }
     assert public == set(metrics_package.__all__)
+
+
+def test_a_recorder_on_a_store_waits_for_another_threads_transaction(tmp_path: Path) -> None:
+    # GIVEN a recorder on a store whose one connection another thread holds in a transaction
+    # (overlapping sweeps: one writes claims while another records its lag)
+    settings = Settings(state_dir=tmp_path / "state")
+    store = SqliteStore(tmp_path / "product.sqlite", settings, PLATFORM_METRICS_SCHEMA)
+    sink = RecordingSink()
+    recorder = MetricsRecorder(store, sink, ManualClock())
+    holding, release = threading.Event(), threading.Event()
+    recorded: list[int] = []
+    failures: list[BaseException] = []
+
+    def hold() -> None:
+        with store.transaction():
+            holding.set()
+            release.wait(10)
+
+    def record() -> None:
+        try:
+            recorded.append(recorder.record([DataPoint("consumer_num_pending", 3)]))
+        except BaseException as exc:
+            failures.append(exc)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    # WHEN the recorder records meanwhile, and the other transaction then commits
+    writer = threading.Thread(target=record)
+    writer.start()
+    release.set()
+    holder.join(10)
+    writer.join(10)
+    # THEN the record waited its turn and committed (it did not meet the open transaction)
+    assert failures == [] and recorded == [1]
+    assert [p.name for p in sink.points(MetricBinding.METRICS)] == ["consumer_num_pending"]
+    store.close()

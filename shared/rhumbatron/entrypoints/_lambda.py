@@ -203,6 +203,6 @@ def record_metrics(app: Rhumbatron, points: Sequence[DataPoint], *, what: str) -
     from rhumbatron.metrics import MetricsRecorder
 
     try:
-        MetricsRecorder(app.product().connection, app.metrics_sink, app.clock).record(points)
+        MetricsRecorder(app.product(), app.metrics_sink, app.clock).record(points)
     except (RhumbatronError, sqlite3.Error, OSError) as exc:
         _log.warning("cannot record %s metrics: %s: %s", what, type(exc).__name__, exc)

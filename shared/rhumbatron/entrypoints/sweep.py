@@ -232,7 +232,7 @@ def _record_tick_metrics(app: Rhumbatron, letters: PollReport) -> tuple[int, int
         *commands_handled_points(letters),
         sweep_heartbeat_point(),
     ]
-    MetricsRecorder(app.product().connection, app.metrics_sink, app.clock).record(points)
+    MetricsRecorder(app.product(), app.metrics_sink, app.clock).record(points)
     return sum(counts.values()), calls
 
 

@@ -65,7 +65,7 @@ class Lifecycle:
 
     @cached_property
     def metrics(self) -> MetricsRecorder:
-        return MetricsRecorder(self.app.product().connection, self.app.metrics_sink, self.app.clock)
+        return MetricsRecorder(self.app.product(), self.app.metrics_sink, self.app.clock)
 
     @cached_property
     def cap(self) -> CommandCap:

@@ -152,9 +152,7 @@ class IntegrationModule:
             4,
             what,
         )
-        recorder = MetricsRecorder(
-            self.app.product().connection, self.app.metrics_sink, self.app.clock
-        )
+        recorder = MetricsRecorder(self.app.product(), self.app.metrics_sink, self.app.clock)
         recorder.record_one(BOUNDED_EXHAUSTED_METRIC, 1.0)
 
     # -- projects ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rhumbatron.actors.storage import sqlite_error, write_transaction
+from rhumbatron.actors.storage import SqliteStore, sqlite_error, write_transaction
 from rhumbatron.metrics.emf import MetricsSink
 from rhumbatron.metrics.platform_metrics import DataPoint, MetricBinding, insert_points
 from rhumbatron.runtime.clock import Clock
@@ -39,8 +39,11 @@ def _database_path(connection: sqlite3.Connection) -> Path:
 class MetricsRecorder:
     """Writes ``METRICS`` rows in their own short transaction, then emits them to the sink.
 
-    ``connection`` is an open connection, or a factory called once, at the first
-    :meth:`record` (nothing is opened at construction: cold starts pay for it). A connection
+    ``connection`` is a :class:`~rhumbatron.actors.storage.SqliteStore` (the product
+    database: each record then takes the store's transaction, and its lock, so it never meets
+    another thread's open transaction on the shared connection), an open connection, or a
+    factory called once, at the first :meth:`record` (nothing is opened at construction:
+    cold starts pay for it). A connection
     the recorder opened itself is closed by :meth:`close`; one passed in stays the caller's.
     The connection should be in autocommit mode (``isolation_level=None``, as
     :func:`~rhumbatron.actors.storage.open_database` opens it) with the
@@ -49,15 +52,18 @@ class MetricsRecorder:
 
     def __init__(
         self,
-        connection: Callable[[], sqlite3.Connection] | sqlite3.Connection,
+        connection: SqliteStore | Callable[[], sqlite3.Connection] | sqlite3.Connection,
         sink: MetricsSink,
         clock: Clock,
     ) -> None:
-        if isinstance(connection, sqlite3.Connection):
-            self._connection: sqlite3.Connection | None = connection
-            self._factory: Callable[[], sqlite3.Connection] | None = None
+        self._store: SqliteStore | None = None
+        self._connection: sqlite3.Connection | None = None
+        self._factory: Callable[[], sqlite3.Connection] | None = None
+        if isinstance(connection, SqliteStore):
+            self._store = connection
+        elif isinstance(connection, sqlite3.Connection):
+            self._connection = connection
         else:
-            self._connection = None
             self._factory = connection
         self._sink = sink
         self._clock = clock
@@ -79,15 +85,14 @@ class MetricsRecorder:
         """
         if not points:
             return 0
-        connection = self._open()
-        path = _database_path(connection)
         now_s = self._clock.now().timestamp()
-        with write_transaction(connection, path):
-            try:
-                written = insert_points(connection, MetricBinding.METRICS, points, now_s=now_s)
-            except sqlite3.Error as exc:
-                # Re-raised as a Rhumbatron error; write_transaction rolls back on the way out.
-                raise sqlite_error(exc, path, "cannot write METRICS rows") from exc
+        if self._store is not None:
+            with self._store.transaction() as connection:
+                written = _insert(connection, self._store.path, points, now_s)
+        else:
+            connection = self._open()
+            with write_transaction(connection, _database_path(connection)):
+                written = _insert(connection, _database_path(connection), points, now_s)
         # Only after COMMIT: an emitted point must be one the table kept.
         self._sink.emit(MetricBinding.METRICS, written)
         return len(written)
@@ -103,6 +108,16 @@ class MetricsRecorder:
         if self._factory is not None and self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+def _insert(
+    connection: sqlite3.Connection, path: Path, points: Sequence[DataPoint], now_s: float
+) -> tuple[DataPoint, ...]:
+    try:
+        return insert_points(connection, MetricBinding.METRICS, points, now_s=now_s)
+    except sqlite3.Error as exc:
+        # Re-raised as a Rhumbatron error; the transaction rolls back on the way out.
+        raise sqlite_error(exc, path, "cannot write METRICS rows") from exc
 
 
 def record_event_points(

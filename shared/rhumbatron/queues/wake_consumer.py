@@ -150,7 +150,7 @@ class WakeConsumer:
         from rhumbatron.metrics import MetricsRecorder
 
         app = self.app
-        recorder = MetricsRecorder(app.product().connection, app.metrics_sink, app.clock)
+        recorder = MetricsRecorder(app.product(), app.metrics_sink, app.clock)
         recorder.record_one(FALSE_WAKEUP_METRIC, 1.0)
         _log.info("stale wake %s: counted as a false wakeup", command.command_id)
 

@@ -77,7 +77,7 @@ from rhumbatron.reactions.webhook_ledger import (
     record_skipped,
 )
 from rhumbatron.router.claims import claim_leases, complete_claims, release_claims
-from rhumbatron.router.records import APPLIED, DUPLICATE, Record, RecordOutcome
+from rhumbatron.router.records import APPLIED, DUPLICATE, Outcome, Record, RecordOutcome
 from rhumbatron.runtime.clock import Clock, utc_day
 
 if TYPE_CHECKING:
@@ -111,6 +111,8 @@ FIRED_METRIC = "reaction_fired"
 #: The facts the reactions write themselves.
 _ACTOR = "system:reactions"
 _CONSUMER = Subscription.REACTIONS.value
+#: Words of the retry outcome of an event the in-flight cap sent back.
+_IN_FLIGHT_FULL = "in-flight cap"
 
 
 class NoSubscriptions:
@@ -214,11 +216,19 @@ class ReactionsConsumer:
         done: list[str] = []
         try:
             # One event after the other: the gate's in-flight count then means what it says.
+            # Once the cap is full, the rest of the batch waits on the stream untouched: no
+            # decision, no metric per event, and no later event overtaking an earlier one.
+            cap_full: RecordOutcome | None = None
             for event in fresh:
+                if cap_full is not None:
+                    outcomes[event.event_id] = cap_full
+                    continue
                 outcome = await self._react_fresh(event, run)
                 outcomes[event.event_id] = outcome
                 if outcome in (APPLIED, DUPLICATE):
                     done.append(event.event_id)
+                elif outcome.outcome is Outcome.RETRY and _IN_FLIGHT_FULL in outcome.reason:
+                    cap_full = outcome
         finally:
             # Whatever did not finish is released for the redelivery; a delivery done stays
             # done under its own claim, so nothing runs twice.
@@ -275,7 +285,7 @@ class ReactionsConsumer:
             return RecordOutcome.failed("; ".join(failures))
         if refused_in_flight:
             return RecordOutcome.retry(
-                f"the in-flight cap of tenant {event.tenant_id!r} is full "
+                f"the {_IN_FLIGHT_FULL} of tenant {event.tenant_id!r} is full "
                 f"({self.reactions.limits.reaction_in_flight_cap}, "
                 "RHUMBATRON_REACTION_IN_FLIGHT_CAP); the event waits on the stream"
             )

@@ -81,4 +81,4 @@ def freshness_gauge(product: ProductDatabase, sink: MetricsSink, clock: Clock) -
     database (as the lag points), opened at the first point, not at construction."""
     from rhumbatron.metrics.recorder import MetricsRecorder
 
-    return FreshnessGauge(MetricsRecorder(lambda: product.connection, sink, clock), clock)
+    return FreshnessGauge(MetricsRecorder(product, sink, clock), clock)

@@ -30,4 +30,4 @@ async def record_lag(router: EventRouter, sweep: SweepReport) -> None:
         sweep.outbox_backlog = router.outbox_backlog()
         for state in ("pending", "retry_wait", "failed"):
             points.append(DataPoint(f"outbox_{state}", sweep.outbox_backlog.get(state, 0)))
-    MetricsRecorder(router.product.connection, router.metrics_sink, router.clock).record(points)
+    MetricsRecorder(router.product, router.metrics_sink, router.clock).record(points)
