@@ -407,3 +407,45 @@ async def test_a_workflow_engine_outage_holds_only_the_workflow_reaction_which_r
             await world.app.close()
     finally:
         server.stop()
+
+
+async def test_an_agent_is_woken_once_per_event_however_many_wakes_name_it(world: World) -> None:
+    # GIVEN agent-9 holding t1, the causal router's own wake about a fact of t1, and two
+    # subscriptions that also wake agent-9 on that fact
+    held_task(world, "t1", "agent-9")
+    wake_on(world, "task.started", "agent-9")
+    world.registry.create(
+        TENANT,
+        "wake-again",
+        Selector.create(["task.*"]),
+        AgentReaction(agent_id="agent-9"),
+        Governance(cooldown_s=0),
+    )
+    event = task_started(world.clock, "t1", "agent-9")
+    router_wake = Command.create(
+        command_id=f"cmd_{event.event_id}_t1",
+        command_type="agent.wake",
+        project_id=PROJECT,
+        change_id=CHANGE,
+        task_id="t1",
+        created_at=world.clock.now(),
+        payload={"agentId": "agent-9", "reason": "changeset_overlap", "eventId": event.event_id},
+    )
+    await world.app.lifecycle().sender.send(router_wake)
+    await world.publish(event)
+    await world.react()
+    assert await wakes_waiting(world) == 3
+
+    # WHEN the wake consumer takes the three wakes
+    agents = RecordingAgents()
+    consumer = WakeConsumer(world.app, agents)
+    queues = await world.app.queue_runtime()
+    await queues.poll("agent-wakeups", consumer, max_fetches=3)
+
+    # THEN the agent was activated once: the router's wake went, both reactions' collapsed
+    assert [outcome for _, outcome in consumer.outcomes] == [
+        WakeOutcome.DELIVERED,
+        WakeOutcome.DUPLICATE,
+        WakeOutcome.DUPLICATE,
+    ]
+    assert agents.woken == [("agent-9", "t1")]

@@ -26,6 +26,7 @@ from rhumbatron.domain.project import project_admin_key
 from rhumbatron.errors import DeadLetterClosedError, DeadLetterError
 from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
+from rhumbatron.queues.dead_letter import open_letter_counts
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.registry import SubscriptionRegistryError
 from rhumbatron.reactions.webhook_ledger import DeliveryStatus, WebhookDelivery
@@ -204,6 +205,8 @@ async def test_a_webhook_whose_retries_run_out_becomes_a_dead_letter_an_operator
     assert letter.event_id == f"{event.event_id}:{sub}"
     assert "failed 7 times" in letter.reason and "503" in letter.reason
     assert len(receiver.requests) == 7
+    # … and it is counted where the dashboards read open letters
+    assert open_letter_counts(world.app.product().connection)[("reactions", "reaction")] == 1
 
     # WHEN an operator retries it (twice: a double click), and the next pass runs
     outcome = await operator.retry_dead_letter(world.app, letter.dead_letter_id, tenant_id=TENANT)

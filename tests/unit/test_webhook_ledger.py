@@ -22,6 +22,7 @@ from rhumbatron.product.dead_letters import (
     migrate_dead_letters,
     reaction_dead_letter_id,
 )
+from rhumbatron.queues.wake_consumer import AGENT_EVENT_WAKES_SCHEMA
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.registry import SUBSCRIPTIONS_SCHEMA
 from rhumbatron.reactions.store import REACTIONS_SCHEMA, prune_reaction_history
@@ -57,7 +58,7 @@ def db(tmp_path: Path) -> Iterator[sqlite3.Connection]:
     store = SqliteStore(
         tmp_path / "product.sqlite",
         settings,
-        DEAD_LETTERS_SCHEMA + SUBSCRIPTIONS_SCHEMA + REACTIONS_SCHEMA,
+        DEAD_LETTERS_SCHEMA + SUBSCRIPTIONS_SCHEMA + REACTIONS_SCHEMA + AGENT_EVENT_WAKES_SCHEMA,
     )
     connection = store.connection
     for sub, name in ((SUB, "hook"), (OTHER, "other")):
@@ -334,12 +335,18 @@ def test_the_reactions_history_ages_out_within_the_cap(db: sqlite3.Connection) -
         db.execute(
             "INSERT INTO reaction_admissions VALUES (?, 'acme', '2027-01-15', ?)", (f"a-{tag}", at)
         )
+        db.execute("INSERT INTO agent_event_wakes VALUES ('a7', ?, 'cmd', ?)", (f"e-{tag}", at))
     first_attempt(db, 1, OK)
     # WHEN the history before T0+1000 is pruned with a cap of 3, then with room
     capped = prune_reaction_history(db, before_s=T0 + 1_000, limit=3)
     rest = prune_reaction_history(db, before_s=T0 + 1_000, limit=100)
     # THEN the cap held, and in the end only the fresh rows are left
-    assert (capped, rest) == (3, 1)
-    for table in ("reaction_suppressions", "reaction_causes", "reaction_admissions"):
+    assert (capped, rest) == (3, 2)
+    for table in (
+        "reaction_suppressions",
+        "reaction_causes",
+        "reaction_admissions",
+        "agent_event_wakes",
+    ):
         assert db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 1
     assert db.execute("SELECT COUNT(*) FROM webhook_deliveries").fetchone()[0] == 0

@@ -12,6 +12,7 @@ from rhumbatron.agents.registry import AGENTS_SCHEMA
 from rhumbatron.indexing.indexer import PROJECT_INDEXES_SCHEMA
 from rhumbatron.metrics.platform_metrics import PLATFORM_METRICS_SCHEMA
 from rhumbatron.product.dead_letters import DEAD_LETTERS_SCHEMA, migrate_dead_letters
+from rhumbatron.queues.wake_consumer import AGENT_EVENT_WAKES_SCHEMA
 from rhumbatron.reactions.registry import SUBSCRIPTIONS_SCHEMA
 from rhumbatron.reactions.schedules import SCHEDULES_SCHEMA
 from rhumbatron.reactions.store import REACTIONS_SCHEMA
@@ -49,6 +50,7 @@ class ProductDatabase(SqliteStore):
             + CHANGE_REQUESTS_SCHEMA
             + SUBSCRIPTIONS_SCHEMA
             + SCHEDULES_SCHEMA
-            + REACTIONS_SCHEMA,
+            + REACTIONS_SCHEMA
+            + AGENT_EVENT_WAKES_SCHEMA,
             migrations=(migrate_dead_letters,),
         )

@@ -14,7 +14,15 @@ It checks relevance again before any agent work, because a wake can outlive its 
 * a reaction's wake (``reason = reaction:<subscriptionId>``, seed 002: a subscription wakes an
   agent about a fact) → relevant whatever its Task, if any, is doing — unless its Change was
   cancelled since (cascade cancel: work caused by a cancelled Change's facts is dropped; a
-  reaction to ``change.cancelled`` itself still goes).
+  reaction to ``change.cancelled`` itself still goes), or the agent was already woken about
+  that event (below).
+
+**One wake per (agent, event).** Every delivered wake that names its event is recorded under
+``(agentId, eventId)`` (``agent_event_wakes``, in the product database). A reaction's wake
+for a pair already recorded by another wake — a second subscription, or the causal router's
+own wake about the same fact — is a duplicate: the agent is activated once per event (seed
+002's one-pass collapse). A redelivery of the same wake is not a second one. A router wake
+is never collapsed: it carries its Task's lifecycle.
 
 A relevant wake goes to the Agent's runtime (:class:`AgentRuntime`: the scripted and webhook
 agents), with the Task it names (None for a reaction's wake about no Task).
@@ -40,6 +48,7 @@ if TYPE_CHECKING:
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [
+    "AGENT_EVENT_WAKES_SCHEMA",
     "FALSE_WAKEUP_METRIC",
     "AgentRuntime",
     "WakeConsumer",
@@ -50,6 +59,17 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 FALSE_WAKEUP_METRIC = "agent_false_wakeup"
+
+#: The wakes delivered, by (agent, event): a reaction's wake for a pair taken is a duplicate.
+AGENT_EVENT_WAKES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS agent_event_wakes (
+    agent_id    TEXT NOT NULL,
+    event_id    TEXT NOT NULL,
+    command_id  TEXT NOT NULL,
+    woken_at_s  REAL NOT NULL,
+    PRIMARY KEY (agent_id, event_id)
+) WITHOUT ROWID;
+"""
 
 
 class WakeOutcome(StrEnum):
@@ -87,6 +107,7 @@ class WakeConsumer:
         if outcome is WakeOutcome.STALE:
             self._count_false_wakeup(command)
         elif outcome is WakeOutcome.DELIVERED:
+            self._record_wake(command)
             task = None
             if command.task_id is not None and command.change_id is not None:
                 task = self._shard(command).task_state(command.task_id)
@@ -135,16 +156,44 @@ class WakeConsumer:
         return WakeOutcome.DELIVERED if holds else WakeOutcome.STALE
 
     def _decide_reaction(self, command: Command) -> WakeOutcome:
-        """A reaction's wake is relevant unless its Change was cancelled (cascade cancel)."""
-        if command.change_id is None:
-            return WakeOutcome.DELIVERED
-        change = self._shard(command).change_state(command.change_id)
+        """A reaction's wake is relevant unless its Change was cancelled (cascade cancel), or
+        another wake already woke the agent about the same event."""
         payload = command.payload
         assert isinstance(payload, AgentWake)
-        cancelled = change is not None and change.status == ChangeStatus.CANCELLED
-        if cancelled and payload.event_kind != "change.cancelled":
-            return WakeOutcome.STALE
+        if command.change_id is not None:
+            change = self._shard(command).change_state(command.change_id)
+            cancelled = change is not None and change.status == ChangeStatus.CANCELLED
+            if cancelled and payload.event_kind != "change.cancelled":
+                return WakeOutcome.STALE
+        if payload.event_id is not None:
+            row = (
+                self.app.product()
+                .connection.execute(
+                    "SELECT command_id FROM agent_event_wakes WHERE agent_id = ? AND event_id = ?",
+                    (payload.agent_id, payload.event_id),
+                )
+                .fetchone()
+            )
+            if row is not None and row[0] != command.command_id:
+                return WakeOutcome.DUPLICATE
         return WakeOutcome.DELIVERED
+
+    def _record_wake(self, command: Command) -> None:
+        """Record a delivered wake under its (agent, event); the first wake keeps the pair."""
+        payload = command.payload
+        if not isinstance(payload, AgentWake) or payload.event_id is None:
+            return
+        with self.app.product().transaction() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO agent_event_wakes (agent_id, event_id, command_id, "
+                "woken_at_s) VALUES (?, ?, ?, ?)",
+                (
+                    payload.agent_id,
+                    payload.event_id,
+                    command.command_id,
+                    self.app.clock.now().timestamp(),
+                ),
+            )
 
     def _count_false_wakeup(self, command: Command) -> None:
         from rhumbatron.metrics import MetricsRecorder

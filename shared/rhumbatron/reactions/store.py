@@ -71,6 +71,9 @@ _AGING: tuple[tuple[str, str, str], ...] = (
     ("reaction_causes", "cause_key", "recorded_at_s"),
     ("reaction_admissions", "delivery_key", "admitted_at_s"),
 )
+#: The wake consumer's (agent, event) record ages out with them (a wake older than the
+#: history cannot be redelivered any more).
+_AGING_WAKES = ("agent_event_wakes", "woken_at_s")
 
 
 def prune_reaction_history(db: sqlite3.Connection, *, before_s: float, limit: int) -> int:
@@ -89,6 +92,13 @@ def prune_reaction_history(db: sqlite3.Connection, *, before_s: float, limit: in
         left -= db.execute(
             f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} "
             f"WHERE {written_at} < ? LIMIT ?)",
+            (before_s, left),
+        ).rowcount
+    if left > 0:
+        table, written_at = _AGING_WAKES
+        left -= db.execute(
+            f"DELETE FROM {table} WHERE (agent_id, event_id) IN (SELECT agent_id, event_id "
+            f"FROM {table} WHERE {written_at} < ? LIMIT ?)",
             (before_s, left),
         ).rowcount
     return limit - left
