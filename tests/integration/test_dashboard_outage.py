@@ -1,0 +1,42 @@
+"""The dashboard while NATS is down (S0-057): it lags rather than erroring — the panels read
+from files still answer, with the outbox backlog growing, and a panel that needs NATS says
+it is unavailable instead of blanking the page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.dashboard.summary import collect_summary
+from rhumbatron.domain.facts import Caller
+from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.runtime.settings import load_settings
+
+pytestmark = pytest.mark.integration
+
+
+async def test_with_nats_down_the_dashboard_shows_the_backlog_and_marks_the_lag_unavailable(
+    tmp_path: Path, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN a runtime whose NATS has gone away, with a fact waiting in an outbox
+    settings = load_settings(
+        state_dir=tmp_path / "state", nats_url=nats_server.url, nats_connect_timeout_s=0.5
+    )
+    app = bootstrap(settings, clock=ManualClock(), alarms=RecordingAlarmSink())
+    app.project_root("acme-shop").create_project(Caller("acme", "user:ann", "c1"), name="Shop")
+    nats_server.stop()
+    try:
+        # WHEN the dashboard's summary is read
+        summary = await collect_summary(app, stats=None)
+
+        # THEN it answers: the backlog shows the fact not yet published (the dashboard lags),
+        # the dead letters read as usual, and the lag and command panels say NATS is down
+        assert summary["outbox"]["pending"] == 1
+        assert summary["deadLetters"]["open"] == 0 and summary["deadLetters"]["letters"] == []
+        assert "error" in summary["lags"] and "error" in summary["commands"]
+    finally:
+        await app.close()
