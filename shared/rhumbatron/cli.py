@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -460,28 +460,49 @@ def _subscriptions(args: argparse.Namespace) -> int:
     database, as a platform operator: every tenant's, or ``--tenant``'s; list a webhook's
     deliveries and replay its skipped ones. Exit status: 2 no such subscription, 3 the name
     holds other content (or a replay of a disabled one), 1 an invalid file or value."""
-    from pydantic import ValidationError
-
-    from rhumbatron.errors import RhumbatronError
     from rhumbatron.reactions.registry import (
         SubscriptionConflictError,
         SubscriptionDisabledError,
         SubscriptionNotFoundError,
         SubscriptionRegistry,
     )
+
+    return _registry_command(
+        "subscriptions",
+        "subscription",
+        lambda app: _subscription_action(
+            SubscriptionRegistry(app.product(), app.settings, app.clock), args
+        ),
+        not_found=(SubscriptionNotFoundError,),
+        cannot=(SubscriptionConflictError, SubscriptionDisabledError),
+    )
+
+
+def _registry_command(
+    command: str,
+    what: str,
+    act: Callable[[Rhumbatron], int],
+    *,
+    not_found: tuple[type[Exception], ...],
+    cannot: tuple[type[Exception], ...],
+) -> int:
+    """Run ``act`` on a runtime of the local state (subscriptions, schedules), answering its
+    refusals with the exit statuses: 2 not found, 3 cannot, 1 an invalid value or anything
+    else."""
+    from pydantic import ValidationError
+
+    from rhumbatron.errors import RhumbatronError
     from rhumbatron.runtime.bootstrap import bootstrap
 
-    command = "subscriptions"
     try:
         app = bootstrap()
         try:
-            registry = SubscriptionRegistry(app.product(), app.settings, app.clock)
-            return _subscription_action(registry, args)
+            return act(app)
         finally:
             app.product().close()
-    except SubscriptionNotFoundError as exc:
+    except not_found as exc:
         return _fail(EXIT_NOT_FOUND, str(exc), command=command)
-    except (SubscriptionConflictError, SubscriptionDisabledError) as exc:
+    except cannot as exc:
         return _fail(EXIT_CANNOT, str(exc), command=command)
     except ValidationError as exc:
         # Location and message only: pydantic's own text quotes the input, maybe a secret.
@@ -489,7 +510,7 @@ def _subscriptions(args: argparse.Namespace) -> int:
             ".".join(str(part) for part in error["loc"]) + ": " + error["msg"]
             for error in exc.errors(include_url=False)
         )
-        return _fail(EXIT_ERROR, f"invalid subscription: {problems}", command=command)
+        return _fail(EXIT_ERROR, f"invalid {what}: {problems}", command=command)
     except RhumbatronError as exc:
         return _fail(EXIT_ERROR, str(exc), command=command)
 
@@ -636,36 +657,21 @@ def _schedules(args: argparse.Namespace) -> int:
     """List, show, create, enable, disable or delete schedules in the local product database,
     as a platform operator: every tenant's, or ``--tenant``'s. Exit status: 2 no such
     schedule, 3 the name holds other content, 1 an invalid file or value."""
-    from pydantic import ValidationError
-
-    from rhumbatron.errors import RhumbatronError
     from rhumbatron.reactions.schedules import (
         ScheduleConflictError,
         ScheduleNotFoundError,
         ScheduleRegistry,
     )
-    from rhumbatron.runtime.bootstrap import bootstrap
 
-    command = "schedules"
-    try:
-        app = bootstrap()
-        try:
-            registry = ScheduleRegistry(app.product(), app.clock, project_tenant=app.project_tenant)
-            return _schedule_action(registry, args)
-        finally:
-            app.product().close()
-    except ScheduleNotFoundError as exc:
-        return _fail(EXIT_NOT_FOUND, str(exc), command=command)
-    except ScheduleConflictError as exc:
-        return _fail(EXIT_CANNOT, str(exc), command=command)
-    except ValidationError as exc:
-        problems = "; ".join(
-            ".".join(str(part) for part in error["loc"]) + ": " + error["msg"]
-            for error in exc.errors(include_url=False)
-        )
-        return _fail(EXIT_ERROR, f"invalid schedule: {problems}", command=command)
-    except RhumbatronError as exc:
-        return _fail(EXIT_ERROR, str(exc), command=command)
+    return _registry_command(
+        "schedules",
+        "schedule",
+        lambda app: _schedule_action(
+            ScheduleRegistry(app.product(), app.clock, project_tenant=app.project_tenant), args
+        ),
+        not_found=(ScheduleNotFoundError,),
+        cannot=(ScheduleConflictError,),
+    )
 
 
 def _schedule_action(registry: ScheduleRegistry, args: argparse.Namespace) -> int:

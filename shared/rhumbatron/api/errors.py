@@ -316,12 +316,17 @@ _HEADERS: dict[int, dict[str, Any]] = {
 }
 
 
-def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The OpenAPI ``responses`` entries of ``statuses``, each with :class:`ErrorResponse`."""
+def error_responses(*statuses: int, **meaning: str) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` entries of ``statuses``, each with :class:`ErrorResponse`.
+
+    ``meaning`` gives an operation its own wording of a status (``e404="No such ..."``):
+    the shared descriptions speak of dead letters.
+    """
+    wording = {int(key.removeprefix("e")): text for key, text in meaning.items()}
     return {
         status: {
             "model": ErrorResponse,
-            "description": _DESCRIPTIONS[status],
+            "description": wording.get(status, _DESCRIPTIONS[status]),
             **({"headers": _HEADERS[status]} if status in _HEADERS else {}),
         }
         for status in statuses

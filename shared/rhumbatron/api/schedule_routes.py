@@ -19,7 +19,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Literal, Self
 
 from fastapi import APIRouter, Path, Query, Response, Security
 from pydantic import BaseModel, ConfigDict, Field
@@ -141,15 +141,6 @@ _NOT_FOUND = "No such schedule for this tenant (another tenant's is not found ei
 _ScheduleId = Annotated[str, Path(alias="scheduleId", pattern=SCHEDULE_ID_PATTERN)]
 
 
-def _errors(*statuses: int, **meaning: str) -> dict[int | str, dict[str, Any]]:
-    """:func:`error_responses` with this operation's own wording (``e404="..."``)."""
-    responses = error_responses(*statuses)
-    for key, text in meaning.items():
-        status = int(key.removeprefix("e"))
-        responses[status] = {**responses[status], "description": text}
-    return responses
-
-
 def schedule_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRouter:
     """The ``/schedules`` routes over ``app``; ``principal`` is the API's dependency that
     authenticates the bearer token and checks the operation's scopes (``app._principal``)."""
@@ -172,7 +163,7 @@ def schedule_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRoute
         summary="Create a schedule",
         responses={
             200: {"model": ScheduleBody, "description": "The same schedule existed."},
-            **_errors(
+            **error_responses(
                 401,
                 403,
                 409,
@@ -213,7 +204,7 @@ def schedule_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRoute
         "/schedules",
         response_model=ScheduleListBody,
         summary="List schedules",
-        responses=_errors(401, 403, 422, 503),
+        responses=error_responses(401, 403, 422, 503),
     )
     async def list_schedules(
         principal: Reader,
@@ -230,7 +221,7 @@ def schedule_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRoute
         "/schedules/{scheduleId}",
         response_model=ScheduleBody,
         summary="Read a schedule",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NOT_FOUND),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NOT_FOUND),
     )
     async def read_schedule(principal: Reader, schedule_id: _ScheduleId) -> ScheduleBody:
         """Its timing, project, state and latest fire."""
@@ -244,7 +235,7 @@ def schedule_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRoute
         "/schedules/{scheduleId}",
         response_model=ScheduleBody,
         summary="Enable or disable a schedule",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NOT_FOUND),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NOT_FOUND),
     )
     async def update_schedule(
         principal: Writer, schedule_id: _ScheduleId, body: UpdateScheduleRequest
@@ -260,7 +251,7 @@ def schedule_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRoute
         "/schedules/{scheduleId}",
         response_model=ScheduleBody,
         summary="Delete a schedule",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NOT_FOUND),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NOT_FOUND),
     )
     async def delete_schedule(principal: Writer, schedule_id: _ScheduleId) -> ScheduleBody:
         """Deletes the schedule (and the record of its fires) and answers what it was; it

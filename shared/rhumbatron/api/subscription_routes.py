@@ -23,7 +23,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, Self, TypeAlias
+from typing import Annotated, Literal, Self, TypeAlias
 
 from fastapi import APIRouter, Path, Query, Response, Security
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -292,15 +292,6 @@ _NOT_FOUND = "No such subscription for this tenant (another tenant's is not foun
 _SubscriptionId = Annotated[str, Path(alias="subscriptionId", pattern=SUBSCRIPTION_ID_PATTERN)]
 
 
-def _errors(*statuses: int, **meaning: str) -> dict[int | str, dict[str, Any]]:
-    """:func:`error_responses` with this operation's own wording (``e404="..."``)."""
-    responses = error_responses(*statuses)
-    for key, text in meaning.items():
-        status = int(key.removeprefix("e"))
-        responses[status] = {**responses[status], "description": text}
-    return responses
-
-
 def subscription_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRouter:
     """The ``/subscriptions`` routes over ``app``; ``principal`` is the API's dependency that
     authenticates the bearer token and checks the operation's scopes (``app._principal``)."""
@@ -320,7 +311,7 @@ def subscription_router(app: Rhumbatron, principal: PrincipalDependency) -> APIR
         summary="Create a subscription",
         responses={
             200: {"model": SubscriptionBody, "description": "The same subscription existed."},
-            **_errors(
+            **error_responses(
                 401,
                 403,
                 409,
@@ -375,7 +366,7 @@ def subscription_router(app: Rhumbatron, principal: PrincipalDependency) -> APIR
         "/subscriptions",
         response_model=SubscriptionListBody,
         summary="List subscriptions",
-        responses=_errors(401, 403, 422, 503),
+        responses=error_responses(401, 403, 422, 503),
     )
     async def list_subscriptions(
         principal: Reader,
@@ -391,7 +382,7 @@ def subscription_router(app: Rhumbatron, principal: PrincipalDependency) -> APIR
         "/subscriptions/{subscriptionId}",
         response_model=SubscriptionBody,
         summary="Read a subscription",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NOT_FOUND),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NOT_FOUND),
     )
     async def read_subscription(
         principal: Reader, subscription_id: _SubscriptionId
@@ -408,7 +399,7 @@ def subscription_router(app: Rhumbatron, principal: PrincipalDependency) -> APIR
         "/subscriptions/{subscriptionId}",
         response_model=SubscriptionBody,
         summary="Enable, disable or change the cooldown of a subscription",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NOT_FOUND),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NOT_FOUND),
     )
     async def update_subscription(
         principal: Writer, subscription_id: _SubscriptionId, body: UpdateSubscriptionRequest
@@ -428,7 +419,7 @@ def subscription_router(app: Rhumbatron, principal: PrincipalDependency) -> APIR
         "/subscriptions/{subscriptionId}",
         response_model=SubscriptionBody,
         summary="Delete a subscription",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NOT_FOUND),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NOT_FOUND),
     )
     async def delete_subscription(
         principal: Writer, subscription_id: _SubscriptionId
@@ -442,7 +433,7 @@ def subscription_router(app: Rhumbatron, principal: PrincipalDependency) -> APIR
         "/subscriptions/{subscriptionId}/deliveries",
         response_model=DeliveryListBody,
         summary="List a webhook subscription's deliveries",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NOT_FOUND),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NOT_FOUND),
     )
     async def list_deliveries(
         principal: Reader,
@@ -464,7 +455,7 @@ def subscription_router(app: Rhumbatron, principal: PrincipalDependency) -> APIR
         "/subscriptions/{subscriptionId}/deliveries/replay",
         response_model=ReplaySkippedBody,
         summary="Replay the deliveries skipped while the endpoint was disabled",
-        responses=_errors(
+        responses=error_responses(
             401,
             403,
             404,

@@ -183,22 +183,14 @@ def record_attempt(
     A redelivered event that finds its delivery already recorded changes nothing (the
     consumer's claim and this key agree: one row per delivery).
     """
-    inserted = db.execute(
-        "INSERT OR IGNORE INTO webhook_deliveries (delivery_key, tenant_id, project_id, "
-        "event_id, event_type, subscription_id, body, status, attempts, created_at_s, "
-        "updated_at_s) VALUES (?, ?, ?, ?, ?, ?, ?, 'retrying', 0, ?, ?)",
-        (
-            delivery_key,
-            tenant_id,
-            project_id,
-            event_id,
-            event_type,
-            subscription_id,
-            body.decode("utf-8"),
-            now_s,
-            now_s,
-        ),
-    ).rowcount
+    inserted = _insert(
+        db,
+        (delivery_key, tenant_id, project_id, event_id, event_type, subscription_id),
+        body=body,
+        status=DeliveryStatus.RETRYING,
+        last_error=None,
+        now_s=now_s,
+    )
     if not inserted:
         return None
     return _after_attempt(db, get_delivery(db, delivery_key), attempt, now_s=now_s, policy=policy)
@@ -217,22 +209,35 @@ def record_skipped(
     now_s: float,
 ) -> None:
     """Keep a delivery matched while its endpoint is disabled, to replay it later."""
-    db.execute(
-        "INSERT OR IGNORE INTO webhook_deliveries (delivery_key, tenant_id, project_id, "
-        "event_id, event_type, subscription_id, body, status, attempts, last_error, "
-        "created_at_s, updated_at_s) VALUES (?, ?, ?, ?, ?, ?, ?, 'skipped', 0, ?, ?, ?)",
-        (
-            delivery_key,
-            tenant_id,
-            project_id,
-            event_id,
-            event_type,
-            subscription_id,
-            body.decode("utf-8"),
-            "not sent: the subscription's endpoint is disabled",
-            now_s,
-            now_s,
-        ),
+    _insert(
+        db,
+        (delivery_key, tenant_id, project_id, event_id, event_type, subscription_id),
+        body=body,
+        status=DeliveryStatus.SKIPPED,
+        last_error="not sent: the subscription's endpoint is disabled",
+        now_s=now_s,
+    )
+
+
+def _insert(
+    db: sqlite3.Connection,
+    identity: tuple[str, str, str, str, str, str],
+    *,
+    body: bytes,
+    status: DeliveryStatus,
+    last_error: str | None,
+    now_s: float,
+) -> bool:
+    """A new row with no attempt made: ``identity`` is (delivery key, tenant, project,
+    event, event type, subscription). False when the delivery is recorded already."""
+    return (
+        db.execute(
+            "INSERT OR IGNORE INTO webhook_deliveries (delivery_key, tenant_id, project_id, "
+            "event_id, event_type, subscription_id, body, status, attempts, last_error, "
+            "created_at_s, updated_at_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
+            (*identity, body.decode("utf-8"), status.value, last_error, now_s, now_s),
+        ).rowcount
+        == 1
     )
 
 
