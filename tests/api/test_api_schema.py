@@ -112,6 +112,7 @@ def test_every_operation_answers_fuzzed_requests_as_documented(served_api: str) 
         "POST /projects/{projectId}/changes/{changeId}/tasks/{taskId}/intents",
         "POST /projects/{projectId}/changes/{changeId}/tasks/{taskId}/claims",
         "DELETE /projects/{projectId}/changes/{changeId}/tasks/{taskId}/claims",
+        "POST /projects/{projectId}/changes/{changeId}/tasks/{taskId}/challenges",
         "POST /projects/{projectId}/changes/{changeId}/tasks/{taskId}/changesets",
         "POST /projects/{projectId}/changes/{changeId}/tasks/{taskId}/complete",
         "POST /projects/{projectId}/changes/{changeId}/tasks/{taskId}/fail",

@@ -30,6 +30,7 @@ from rhumbatron.domain.facts import Caller
 from rhumbatron.lifecycle.local_loop import LocalLoop
 from rhumbatron.lifecycle.requests import qualified_task_id
 from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.protocol import Event
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
 from rhumbatron.runtime.settings import load_settings
@@ -626,12 +627,89 @@ async def test_an_external_agent_reports_its_task_through_the_callbacks(
     }
 
 
+async def test_an_agent_challenges_another_agents_claim_once(
+    api: httpx.AsyncClient, lifecycle_app: Rhumbatron
+) -> None:
+    # GIVEN a Change whose t1 builder-a holds, with its claim on src/app.py, and whose t2
+    # builder-b holds
+    await provision(api, lifecycle_app)
+    change_id = (await create_change(api))["changeId"]
+    admit(lifecycle_app, change_id, "t1", "builder-a")
+    admit(lifecycle_app, change_id, "t2", "builder-b")
+    t1, t2 = task_path(change_id, "t1"), task_path(change_id, "t2")
+    headers = bearer(AGENT)
+    claim = {"agentId": "builder-a", "resource": "src/app.py"}
+    assert (await api.post(f"{t1}/claims", json=claim, headers=headers)).status_code == 200
+    request = {
+        "agentId": "builder-b",
+        "challengeId": "chl-1",
+        "resource": "src/app.py",
+        "targetAgentId": "builder-a",
+        "reason": "it breaks the checkout",
+    }
+
+    # WHEN builder-b challenges builder-a's claim, twice (a retried request)
+    first = await api.post(f"{t2}/challenges", json=request, headers=headers)
+    again = await api.post(f"{t2}/challenges", json=request, headers=headers)
+
+    # THEN both answer the challenge as created
+    assert (first.status_code, again.status_code) == (200, 200), first.text
+    assert first.json() == again.json() == {**request, "taskId": f"{change_id}.t2"}
+    # AND challenge.created is in the resource's shard once: by builder-b, about its Change
+    shard = lifecycle_app.resource_shard(PROJECT, "src/app.py")
+    rows = shard.connection.execute(
+        "SELECT envelope FROM outbox WHERE event_type = 'challenge.created'"
+    ).fetchall()
+    (event,) = [Event.parse(bytes(row[0])) for row in rows]
+    assert (event.actor, event.resource, event.change_id) == (
+        "agent:builder-b",
+        "src/app.py",
+        change_id,
+    )
+    assert event.payload.model_dump(mode="json", by_alias=True) == {
+        "challengeId": "chl-1",
+        "agentId": "builder-b",
+        "targetAgentId": "builder-a",
+        "reason": "it breaks the checkout",
+    }
+    # WHEN the ID is reused for another challenge THEN 409, and nothing more is written
+    reused = await api.post(
+        f"{t2}/challenges", json={**request, "reason": "something else"}, headers=headers
+    )
+    assert (reused.status_code, error_of(reused)["code"]) == (409, "challenge_refused")
+    # WHEN an agent challenges from a Task it does not hold THEN 409
+    not_its = await api.post(
+        f"{t1}/challenges", json={**request, "challengeId": "chl-2"}, headers=headers
+    )
+    assert (not_its.status_code, error_of(not_its)["code"]) == (409, "not_holder")
+    count = shard.connection.execute(
+        "SELECT COUNT(*) FROM outbox WHERE event_type = 'challenge.created'"
+    ).fetchone()[0]
+    assert count == 1
+
+
 @pytest.mark.parametrize(
     ("action", "body", "field"),
     [
         ("start", {"agentId": "has space"}, "agentId"),
         ("intents", {"agentId": "builder-a", "intentId": "i1", "paths": []}, "paths"),
         ("claims", {"agentId": "builder-a", "resource": "a\nb"}, "resource"),
+        (
+            "challenges",
+            {"agentId": "builder-a", "challengeId": "c1", "resource": "a", "reason": "  "},
+            "reason",
+        ),
+        (
+            "challenges",
+            {
+                "agentId": "builder-a",
+                "challengeId": "c1",
+                "resource": "a",
+                "targetAgentId": "builder-a",
+                "reason": "r",
+            },
+            "targetAgentId",
+        ),
         ("changesets", {"agentId": "builder-a", "changesetId": "c1", "files": {}}, "files"),
         (
             "changesets",
@@ -968,6 +1046,11 @@ PROJECT_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", f"{_TASK}/intents", {"agentId": "builder-a", "intentId": "i1", "paths": ["a"]}),
     ("POST", f"{_TASK}/claims", {"agentId": "builder-a", "resource": "a"}),
     ("DELETE", f"{_TASK}/claims?agentId=builder-a&resource=a", None),
+    (
+        "POST",
+        f"{_TASK}/challenges",
+        {"agentId": "builder-a", "challengeId": "c1", "resource": "a", "reason": "r"},
+    ),
     (
         "POST",
         f"{_TASK}/changesets",

@@ -365,7 +365,10 @@ def test_every_event_lands_on_the_projects_stream_in_outbox_order(demo: Demo) ->
         "change.completed": 1,
     }.items():
         assert by_type[kind] == count, kind
-    assert f"  {PROJECT_STREAM}: {len(events)} events: app.provisioned 1, " in printed
+    woke = by_type["agent.woke"]
+    assert f"  {PROJECT_STREAM}: {len(events)} events: agent.woke {woke}, app.provisioned 1, " in (
+        printed
+    )
     assert "  EVENTS_07: empty" in printed
 
 

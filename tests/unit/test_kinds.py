@@ -1,7 +1,7 @@
 """The kind grammar (spec "Coverage grows by grammar", S2-033, S2-034, S2-036, S2-095): every
 kind is ``<subject>.<verb>`` with its subject, triggerability and payload model, ``rhumbatron
 kinds`` lists them, and the review rule holds both ways: every fact a transition can emit is
-registered, and every registered kind has an emitter (the known gaps are listed, by name).
+registered, and every registered kind has an emitter.
 
 The emitters are found by reading the package's source: every ``<ctx>.fact(<type>, ...)`` call.
 A type given as an f-string (``f"change.{target.value}"``) is expanded from the domain table
@@ -65,20 +65,6 @@ FAMILIES: dict[str, frozenset[str]] = {
 PASS_THROUGH: dict[tuple[str, str], str] = {
     ("domain/changes.py", "append_change_events"): "replays recorded Change facts (the "
     "scenario runner); it refuses any type that is not a registered Change Event",
-}
-
-#: Registered kinds that no transition emits yet: gaps for the lead, not hidden. Closing one
-#: (or opening a new one) fails the test until this list says so.
-KNOWN_GAPS: dict[str, str] = {
-    "agent.woke": "read by the project view and analytics; no transition records a wake",
-    "model.routed": "read by analytics; nothing that chooses a model records it",
-    "task.blocked": "a Task moves to blocked without it (record_task_status; the dead-letter "
-    "rule records task.failed instead)",
-    "change.settled": "a settle pass moves the Change with move_change, which records "
-    "change.status_changed or the terminal fact",
-    "promotion.requested": "an approval goes straight to record_promotion "
-    "(promotion.completed); no transition records the request",
-    "challenge.created": "no transition creates a challenge yet; the causal router reacts to it",
 }
 
 #: Kinds about a resource whose registry entry does not require ``resource`` (the flag means
@@ -218,17 +204,12 @@ def test_every_f_string_family_is_used_and_expands_to_registered_kinds(scan: Sca
         assert names <= set(EVENT_TYPES), (family, sorted(names - set(EVENT_TYPES)))
 
 
-def test_every_registered_kind_has_an_emitter_but_the_known_gaps(scan: Scan) -> None:
+def test_every_registered_kind_has_an_emitter(scan: Scan) -> None:
     # GIVEN the registered kinds
     # WHEN those that no transition emits are collected
     without_emitter = set(EVENT_TYPES) - scan.emitted
-    # THEN they are exactly the known gaps: a new gap fails, and so does a closed one
-    new_gaps = sorted(without_emitter - set(KNOWN_GAPS))
-    closed_gaps = sorted(set(KNOWN_GAPS) - without_emitter)
-    assert new_gaps == [], f"registered kinds without an emitter (add one): {new_gaps}"
-    assert closed_gaps == [], (
-        f"these now have an emitter; remove them from KNOWN_GAPS: {closed_gaps}"
-    )
+    # THEN there is none: a kind nothing can emit is dead weight, or a transition forgot it
+    assert sorted(without_emitter) == [], "registered kinds without an emitter (add one)"
 
 
 def test_the_scan_sees_the_emitters_it_is_meant_to_see(scan: Scan) -> None:

@@ -448,8 +448,12 @@ def test_a_promotion_moves_the_change_to_releasing_once(shard: ResourceShard) ->
         CALLER, change_id=CHANGE, candidate_id=candidate_id, expected_generation=0
     )
     # THEN the Change is releasing (promoted_at set) with promotion.completed, once
-    assert (first.events_added, again.events_added) == (2, 0)
-    assert outbox_types(shard)[before:] == ["change.status_changed", "promotion.completed"]
+    assert (first.events_added, again.events_added) == (3, 0)
+    assert outbox_types(shard)[before:] == [
+        "promotion.requested",
+        "change.status_changed",
+        "promotion.completed",
+    ]
     state = shard.change_state(CHANGE)
     assert state is not None and state.status == "releasing" and state.promoted_at
     assert outbox(shard)[-1].event_id == stable_event_id(

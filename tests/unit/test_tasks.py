@@ -166,8 +166,14 @@ def test_a_dead_letter_blocks_a_ready_or_assigned_task_and_records_task_failed(
     assert row["blocked_limit"] == DEAD_LETTER_LIMIT
     assert row["reason"] == REASON
     assert row["agent_id"] == "agent-7"
-    # AND task.failed is recorded with a stable ID keyed by command and attempt (S0-203)
-    (fact,) = transition.facts
+    # AND task.failed is recorded with a stable ID keyed by command and attempt (S0-203),
+    # then task.blocked under the same key
+    fact, blocked = transition.facts
+    assert (blocked.event_type, blocked.event_id) == (
+        "task.blocked",
+        stable_event_id(CHANGE, "task.blocked", TASK, "dead_letter:cmd_wake_tsk-1:1"),
+    )
+    assert blocked.payload.model_dump() == {"reason": REASON, "blocked_limit": "dead_letter"}
     assert fact.event_type == "task.failed"
     assert fact.event_id == stable_event_id(
         CHANGE, "task.failed", TASK, "dead_letter:cmd_wake_tsk-1:1"

@@ -14,7 +14,12 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from rhumbatron.actors.actor import Actor, ActorKind, ActorRef, TransactResult
-from rhumbatron.domain.agents import Admission, admit_agent
+from rhumbatron.domain.agents import (
+    Admission,
+    admit_agent,
+    record_agent_woke,
+    record_model_routed,
+)
 from rhumbatron.domain.candidates import (
     CandidateState,
     CandidateStatus,
@@ -31,6 +36,7 @@ from rhumbatron.domain.changes import (
     append_change_events,
     create_change,
     move_change,
+    settle_change,
 )
 from rhumbatron.domain.changesets import Changeset, propose_changeset
 from rhumbatron.domain.facts import Caller, FactContext
@@ -43,9 +49,11 @@ from rhumbatron.domain.releases import (
     start_release,
 )
 from rhumbatron.domain.resources import (
+    Challenge,
     Claim,
     Intent,
     acquire_claim,
+    create_challenge,
     declare_intent,
     expire_claims,
     release_claim,
@@ -61,7 +69,7 @@ from rhumbatron.domain.tasks import (
     start_task,
 )
 from rhumbatron.domain.transition import Transition, combine
-from rhumbatron.protocol.envelopes import Command
+from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.protocol.ids import resource_shard_index
 
 __all__ = ["ResourceShard", "change_resource_key"]
@@ -73,8 +81,8 @@ def change_resource_key(change_id: str) -> str:
 
 
 class ResourceShard(Actor):
-    """One resource shard of a project: claims, intents, Change status and attention reason,
-    the Tasks of its Changes, and its outbox."""
+    """One resource shard of a project: claims, intents, challenges, Change status and
+    attention reason, the Tasks of its Changes, and its outbox."""
 
     KIND = ActorKind.RESOURCE_SHARD
     STATE_SCHEMA = """
@@ -91,6 +99,15 @@ class ResourceShard(Actor):
         paths      TEXT NOT NULL,
         summary    TEXT NOT NULL,
         updated_at TEXT NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS challenges (
+        challenge_id    TEXT PRIMARY KEY,
+        agent_id        TEXT NOT NULL,
+        resource        TEXT NOT NULL,
+        target_agent_id TEXT,
+        reason          TEXT NOT NULL,
+        change_id       TEXT,
+        created_at      TEXT NOT NULL
     );
     CREATE TABLE IF NOT EXISTS changes (
         change_id         TEXT PRIMARY KEY,
@@ -167,6 +184,7 @@ class ResourceShard(Actor):
         {
             "claims",
             "intents",
+            "challenges",
             "changes",
             "tasks",
             "changesets",
@@ -230,6 +248,37 @@ class ResourceShard(Actor):
                 change_id=change_id,
             )
         )
+
+    # -- challenges ------------------------------------------------------------------------
+    def create_challenge(
+        self,
+        caller: Caller,
+        *,
+        agent_id: str,
+        resource: str,
+        target_agent_id: str | None,
+        reason: str,
+        challenge_id: str,
+        change_id: str | None = None,
+    ) -> TransactResult:
+        """``challenge.created``, once per ``challenge_id`` (see
+        :func:`~rhumbatron.domain.resources.create_challenge`); this shard must own
+        ``resource``."""
+        return self.transact(
+            lambda db: create_challenge(
+                _challenge(db, challenge_id),
+                self._ctx(caller),
+                challenge_id=challenge_id,
+                agent_id=agent_id,
+                resource=resource,
+                target_agent_id=target_agent_id,
+                reason=reason,
+                change_id=change_id,
+            )
+        )
+
+    def challenge(self, challenge_id: str) -> Challenge | None:
+        return _challenge(self.connection, challenge_id)
 
     # -- changes ---------------------------------------------------------------------------
     def append_change_events(
@@ -329,6 +378,54 @@ class ResourceShard(Actor):
         self.transact(decide)
         return decided[0]
 
+    def record_agent_woke(
+        self,
+        caller: Caller,
+        *,
+        change_id: str,
+        task_id: str | None,
+        agent_id: str,
+        key: str,
+        false_wakeup: bool = False,
+    ) -> TransactResult:
+        """``agent.woke`` (see :func:`~rhumbatron.domain.agents.record_agent_woke`): once
+        per ``key``, and only for a Change this shard holds."""
+        return self.transact(
+            lambda db: record_agent_woke(
+                _change(db, change_id),
+                self._ctx(caller),
+                change_id=change_id,
+                task_id=task_id,
+                agent_id=agent_id,
+                key=key,
+                false_wakeup=false_wakeup,
+            )
+        )
+
+    def record_model_routed(
+        self,
+        caller: Caller,
+        *,
+        change_id: str,
+        task_id: str | None,
+        model: str,
+        purpose: str,
+        key: str,
+    ) -> TransactResult:
+        """``model.routed`` (see :func:`~rhumbatron.domain.agents.record_model_routed`):
+        once per ``key``, and only for a Change this shard holds."""
+        return self.transact(
+            lambda db: record_model_routed(
+                _change(db, change_id),
+                self._ctx(caller),
+                change_id=change_id,
+                task_id=task_id,
+                model=model,
+                purpose=purpose,
+                key=key,
+            )
+        )
+
     def task_state(self, task_id: str) -> TaskState | None:
         return _task(self.connection, task_id)
 
@@ -373,6 +470,29 @@ class ResourceShard(Actor):
         return self.transact(
             lambda db: move_change(
                 _change(db, change_id), self._ctx(caller), to=to, reason=reason, key=key
+            )
+        )
+
+    def settle_change(
+        self,
+        caller: Caller,
+        *,
+        change_id: str,
+        from_status: ChangeStatus | str,
+        to: ChangeStatus | str,
+        reason: str,
+        key: str,
+    ) -> TransactResult:
+        """A settle pass's decision: ``change.settled`` and, when ``to`` differs, the move,
+        in one transaction (see :func:`~rhumbatron.domain.changes.settle_change`)."""
+        return self.transact(
+            lambda db: settle_change(
+                _change(db, change_id),
+                self._ctx(caller),
+                from_status=from_status,
+                to=to,
+                reason=reason,
+                key=key,
             )
         )
 
@@ -517,14 +637,20 @@ class ResourceShard(Actor):
     def record_promotion(
         self, caller: Caller, *, change_id: str, candidate_id: str, expected_generation: int
     ) -> TransactResult:
-        """The Change's Candidate was promoted: ``awaiting_approval → releasing`` with
-        ``promotion.completed`` (once per Candidate)."""
+        """The Change's Candidate was promoted: ``promotion.requested``, then
+        ``awaiting_approval → releasing`` with ``promotion.completed`` (once per Candidate)."""
 
         def decide(db: sqlite3.Connection) -> Transition:
             change = _change(db, change_id)
             if change is not None and change.status != ChangeStatus.AWAITING_APPROVAL.value:
                 return Transition()  # moved already (a repeat, or the router's effect)
             ctx = self._ctx(caller)
+            requested = _promotion_requested(
+                ctx,
+                change_id=change_id,
+                candidate_id=candidate_id,
+                expected_generation=expected_generation,
+            )
             moved = move_change(
                 change, ctx, to=ChangeStatus.RELEASING, reason="promoted", key=candidate_id
             )
@@ -538,7 +664,7 @@ class ResourceShard(Actor):
                 change_id=change_id,
                 key=candidate_id,
             )
-            return combine(moved, Transition(facts=(fact,)))
+            return combine(Transition(facts=(requested,)), moved, Transition(facts=(fact,)))
 
         return self.transact(decide)
 
@@ -552,11 +678,19 @@ class ResourceShard(Actor):
         reason: str,
     ) -> TransactResult:
         """``decidePromotion`` refused the Candidate (canonical moved past its base):
-        ``promotion.rejected``, once per Candidate and expected generation. The Change does
-        not move: canonical.advanced sends it back to verifying and recomposes it."""
+        ``promotion.requested`` and ``promotion.rejected``, once per Candidate and expected
+        generation. The Change does not move: canonical.advanced sends it back to verifying
+        and recomposes it."""
 
         def decide(db: sqlite3.Connection) -> Transition:
-            fact = self._ctx(caller).fact(
+            ctx = self._ctx(caller)
+            requested = _promotion_requested(
+                ctx,
+                change_id=change_id,
+                candidate_id=candidate_id,
+                expected_generation=expected_generation,
+            )
+            fact = ctx.fact(
                 "promotion.rejected",
                 {
                     "candidateId": candidate_id,
@@ -567,7 +701,7 @@ class ResourceShard(Actor):
                 change_id=change_id,
                 key=f"{candidate_id}:{expected_generation}",
             )
-            return Transition(facts=(fact,))
+            return Transition(facts=(requested, fact))
 
         return self.transact(decide)
 
@@ -684,6 +818,21 @@ class ResourceShard(Actor):
         return FactContext(caller, self.ref.project_id, self.clock.now())
 
 
+def _promotion_requested(
+    ctx: FactContext, *, change_id: str, candidate_id: str, expected_generation: int
+) -> Event:
+    """``promotion.requested``: an approval asked for ``candidate_id`` on
+    ``expected_generation``. Keyed by both, so the approval that is promoted and the one that
+    is refused each record it once, and a repeat (or the router's effect finishing an
+    interrupted approval) adds nothing."""
+    return ctx.fact(
+        "promotion.requested",
+        {"candidateId": candidate_id, "expectedGeneration": expected_generation},
+        change_id=change_id,
+        key=f"{candidate_id}:{expected_generation}",
+    )
+
+
 def _claim_from(row: sqlite3.Row) -> Claim:
     return Claim(
         resource=row["resource"],
@@ -709,6 +858,20 @@ def _intent(db: sqlite3.Connection, intent_id: str) -> Intent | None:
         return None
     return Intent(
         row["intent_id"], row["agent_id"], tuple(json.loads(row["paths"])), row["summary"]
+    )
+
+
+def _challenge(db: sqlite3.Connection, challenge_id: str) -> Challenge | None:
+    row = db.execute("SELECT * FROM challenges WHERE challenge_id = ?", (challenge_id,)).fetchone()
+    if row is None:
+        return None
+    return Challenge(
+        challenge_id=row["challenge_id"],
+        agent_id=row["agent_id"],
+        resource=row["resource"],
+        target_agent_id=row["target_agent_id"],
+        reason=row["reason"],
+        change_id=row["change_id"],
     )
 
 

@@ -67,6 +67,8 @@ from rhumbatron.api.lifecycle_schemas import (
     AgentBody,
     CandidateBody,
     CandidateListBody,
+    ChallengeBody,
+    ChallengeRequest,
     ChangeBody,
     ChangeListBody,
     ChangesetBody,
@@ -158,16 +160,6 @@ class ForbiddenError(ApiError):
 # -- OpenAPI -----------------------------------------------------------------------------------
 
 
-def _errors(*statuses: int, **meaning: str) -> dict[int | str, dict[str, Any]]:
-    """:func:`error_responses` with this operation's own wording (``e404="..."``): the
-    shared descriptions speak of dead letters."""
-    responses = error_responses(*statuses)
-    for key, text in meaning.items():
-        status = int(key.removeprefix("e"))
-        responses[status] = {**responses[status], "description": text}
-    return responses
-
-
 _NO_PROJECT = "No such project for this tenant (another tenant's project is not found either)."
 _NO_CHANGE = "No such project, or no such Change in it, for this tenant."
 _NO_TASK = "No such project, Change or Task for this tenant."
@@ -227,7 +219,7 @@ def lifecycle_router(
         summary="Provision a project",
         responses={
             202: _ACCEPTED,
-            **_errors(
+            **error_responses(
                 401,
                 403,
                 409,
@@ -272,7 +264,7 @@ def lifecycle_router(
         "/projects/{projectId}",
         response_model=ProjectBody,
         summary="Read a project",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NO_PROJECT),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NO_PROJECT),
     )
     async def read_project(principal: ProjectsReader, project_id: _ProjectId) -> ProjectBody:
         """Its name, owner, status (active, archived, deleted), canonical generation and
@@ -287,7 +279,7 @@ def lifecycle_router(
         summary="Clean up an archived project",
         responses={
             202: _ACCEPTED,
-            **_errors(
+            **error_responses(
                 401,
                 403,
                 404,
@@ -328,7 +320,7 @@ def lifecycle_router(
         "/projects/{projectId}/archive",
         response_model=ProjectBody,
         summary="Archive a project",
-        responses=_errors(
+        responses=error_responses(
             401,
             403,
             404,
@@ -362,7 +354,7 @@ def lifecycle_router(
         summary="Provision an app of the project",
         responses={
             202: _ACCEPTED,
-            **_errors(
+            **error_responses(
                 401,
                 403,
                 404,
@@ -394,7 +386,7 @@ def lifecycle_router(
         response_model=AcceptedCommandBody,
         status_code=202,
         summary="Remove an app of the project",
-        responses={202: _ACCEPTED, **_errors(401, 403, 404, 422, 503, e404=_NO_PROJECT)},
+        responses={202: _ACCEPTED, **error_responses(401, 403, 404, 422, 503, e404=_NO_PROJECT)},
     )
     async def remove_app(
         request: Request,
@@ -422,7 +414,7 @@ def lifecycle_router(
         "/projects/{projectId}/view",
         response_model=ProjectViewBody,
         summary="The dashboard's view of a project",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NO_PROJECT),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NO_PROJECT),
     )
     async def project_view(principal: ProjectsReader, project_id: _ProjectId) -> ProjectViewBody:
         """Changes and Tasks by state, active Agents, Candidates and the latest events, as
@@ -436,7 +428,7 @@ def lifecycle_router(
         "/projects/{projectId}/feed",
         response_model=FeedBody,
         summary="A project's latest events",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NO_PROJECT),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NO_PROJECT),
     )
     async def project_feed(
         principal: ProjectsReader,
@@ -453,7 +445,7 @@ def lifecycle_router(
         "/projects/{projectId}/events/{eventId}",
         response_model=dict[str, Any],
         summary="One event of a project, whole",
-        responses=_errors(
+        responses=error_responses(
             401,
             403,
             404,
@@ -501,7 +493,7 @@ def lifecycle_router(
                 "description": "The same clientRequestId was seen in this project: the first "
                 "Change, unchanged.",
             },
-            **_errors(
+            **error_responses(
                 401,
                 403,
                 404,
@@ -551,7 +543,7 @@ def lifecycle_router(
         "/projects/{projectId}/changes",
         response_model=ChangeListBody,
         summary="List a project's Changes",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NO_PROJECT),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NO_PROJECT),
     )
     async def list_changes(
         principal: ChangesReader,
@@ -570,7 +562,7 @@ def lifecycle_router(
         "/projects/{projectId}/changes/{changeId}",
         response_model=ChangeBody,
         summary="Read a Change",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NO_CHANGE),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NO_CHANGE),
     )
     async def read_change(
         principal: ChangesReader, project_id: _ProjectId, change_id: _ChangeId
@@ -583,7 +575,7 @@ def lifecycle_router(
         "/projects/{projectId}/changes/{changeId}/tasks",
         response_model=TaskListBody,
         summary="List a Change's Tasks",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NO_CHANGE),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NO_CHANGE),
     )
     async def list_tasks(
         principal: ChangesReader, project_id: _ProjectId, change_id: _ChangeId
@@ -596,7 +588,7 @@ def lifecycle_router(
         "/projects/{projectId}/changes/{changeId}/approve",
         response_model=CandidateBody,
         summary="Approve a Change: promote its verified Candidate",
-        responses=_errors(
+        responses=error_responses(
             401,
             403,
             404,
@@ -630,7 +622,7 @@ def lifecycle_router(
         "/projects/{projectId}/changes/{changeId}/decline",
         response_model=ChangeBody,
         summary="Decline a Change awaiting approval",
-        responses=_errors(
+        responses=error_responses(
             401,
             403,
             404,
@@ -663,7 +655,7 @@ def lifecycle_router(
         "/projects/{projectId}/changes/{changeId}/cancel",
         response_model=ChangeBody,
         summary="Cancel a Change",
-        responses=_errors(
+        responses=error_responses(
             401,
             403,
             404,
@@ -696,7 +688,7 @@ def lifecycle_router(
         "/projects/{projectId}/candidates",
         response_model=CandidateListBody,
         summary="List a project's Candidates",
-        responses=_errors(401, 403, 404, 422, 503, e404=_NO_PROJECT),
+        responses=error_responses(401, 403, 404, 422, 503, e404=_NO_PROJECT),
     )
     async def list_candidates(
         principal: ChangesReader, project_id: _ProjectId
@@ -712,9 +704,9 @@ def lifecycle_router(
     task_path = "/projects/{projectId}/changes/{changeId}/tasks/{taskId}"
     refusal = (
         "The Agent does not hold the Task, or the state refuses the report (another Agent's "
-        "claim, a changeset ID reused with other files, an ended Change)."
+        "claim, a changeset or challenge ID reused for something else, an ended Change)."
     )
-    agent_errors = _errors(
+    agent_errors = error_responses(
         401,
         403,
         404,
@@ -868,6 +860,44 @@ def lifecycle_router(
         return _claim_body(app, project_id, resource, agent_id)
 
     @router.post(
+        f"{task_path}/challenges",
+        response_model=ChallengeBody,
+        summary="Agent: challenge another agent's claim or intent",
+        responses=agent_errors,
+    )
+    async def create_challenge(
+        principal: AgentsWriter,
+        project_id: _ProjectId,
+        change_id: _ChangeId,
+        task_id: _TaskId,
+        body: ChallengeRequest,
+    ) -> ChallengeBody:
+        """``challenge.created`` on the resource: the Agents whose work overlaps it are
+        woken (never the challenger). The same challenge ID again is nothing; reused for
+        another challenge, 409."""
+        owner, task = reporting(principal, project_id, change_id, task_id, body.agent_id)
+        holding(task, body.agent_id)
+        with _refused("challenge_refused"):
+            app.lifecycle().callbacks.create_challenge(
+                owner,
+                project_id=project_id,
+                change_id=change_id,
+                agent_id=body.agent_id,
+                challenge_id=body.challenge_id,
+                resource=body.resource,
+                target_agent_id=body.target_agent_id,
+                reason=body.reason,
+            )
+        return ChallengeBody(
+            challenge_id=body.challenge_id,
+            agent_id=body.agent_id,
+            task_id=task.task_id,
+            resource=body.resource,
+            target_agent_id=body.target_agent_id,
+            reason=body.reason.strip(),
+        )
+
+    @router.post(
         f"{task_path}/changesets",
         response_model=ChangesetBody,
         summary="Agent: propose a changeset",
@@ -960,7 +990,7 @@ def lifecycle_router(
         summary="Register an agent",
         responses={
             200: {"model": AgentBody, "description": "The agent was registered already."},
-            **_errors(
+            **error_responses(
                 401,
                 403,
                 409,

@@ -18,7 +18,14 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from rhumbatron.agents.registry import AgentKind, AgentRecord
@@ -42,6 +49,8 @@ __all__ = [
     "AgentBody",
     "CandidateBody",
     "CandidateListBody",
+    "ChallengeBody",
+    "ChallengeRequest",
     "ChangeBody",
     "ChangeListBody",
     "ChangeSummary",
@@ -71,7 +80,7 @@ __all__ = [
     "ViewCandidate",
 ]
 
-#: Client request, Task, Change, intent and changeset IDs: the command ID's alphabet.
+#: Client request, Task, Change, intent, challenge and changeset IDs: the command ID's alphabet.
 KEY_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 #: The agent registry's alphabet (``AGENT_ID_PATTERN``), anchored for a JSON schema.
 AGENT_ID = r"^[A-Za-z0-9._-]{1,100}$"
@@ -412,6 +421,42 @@ class ClaimBody(_Wire):
     agent_id: str
     held: bool
     expires_at: datetime | None = None
+
+
+class ChallengeRequest(_Wire):
+    """The Agent objects to another Agent's claim or intent on a resource (``targetAgentId``
+    omitted: whoever holds it or means to touch it), and why."""
+
+    agent_id: str = Field(pattern=AGENT_ID)
+    challenge_id: str = Field(pattern=KEY_ID)
+    resource: str = Field(pattern=RESOURCE)
+    target_agent_id: str | None = Field(default=None, pattern=AGENT_ID)
+    reason: str = Field(min_length=1, max_length=1000)
+
+    @field_validator("target_agent_id")
+    @classmethod
+    def _not_itself(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and value == info.data.get("agent_id"):
+            raise ValueError("an agent cannot challenge itself; name another agent or none")
+        return value
+
+    @field_validator("reason")
+    @classmethod
+    def _said(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("a challenge needs a reason that says something")
+        return value
+
+
+class ChallengeBody(_Wire):
+    """The challenge as created."""
+
+    challenge_id: str
+    agent_id: str
+    task_id: str
+    resource: str
+    target_agent_id: str | None
+    reason: str
 
 
 class ChangesetRequest(_Wire):

@@ -24,7 +24,11 @@ The rules of the answer (spec "Causal routing", DECISIONS "Caps and causal routi
   reuses the decision (source ``cached``). Each decision also yields a ``model_route`` data
   point for the ``METRICS`` binding, recorded through the caller's
   :class:`~rhumbatron.metrics.MetricsRecorder` when one is given and always returned on the
-  decision (see :attr:`ClefFlashDecision.point`).
+  decision (see :attr:`ClefFlashDecision.point`);
+* a decision says whether the model was really asked (:attr:`ClefFlashDecision.asked_model`:
+  a call was made and counted, whatever came back), also when it is reused from the store, so
+  the router can record ``model.routed`` in the Agent's Change once per question even if its
+  first attempt died after the call.
 
 The ``anthropic`` SDK is imported at the first question, not at import time: a cold start of
 a router that never meets a prefix overlap does not pay for it.
@@ -74,6 +78,9 @@ DEPLOYMENT_SCOPE = "*"
 #: Where a decision came from. ``model`` and ``low_confidence`` are fresh model answers (the
 #: second one abstains); the others asked no model, or reused an earlier answer.
 DecisionSource = Literal["model", "cached", "no_key", "cap_reached", "error", "low_confidence"]
+#: The first sources of a decision for which a call was made (and counted): the model was
+#: asked, whether it answered, answered unusably, or failed (``error``).
+_ASKED_SOURCES = frozenset({"model", "low_confidence", "error"})
 
 _TOOL_NAME = "decide_wake"
 
@@ -121,7 +128,8 @@ class ClefFlashDecision:
 
     ``verdict`` is ``wake`` or ``skip`` (the model was at least the threshold sure) or
     ``abstain`` (it was not, or it was not asked). ``probability`` is the model's, or None
-    when no model answered. :attr:`wakes` is what the router acts on.
+    when no model answered. :attr:`wakes` is what the router acts on. ``asked_model``: a
+    call to ``model`` was made for this decision (true on a reuse of such a decision too).
     """
 
     event_id: str
@@ -132,6 +140,7 @@ class ClefFlashDecision:
     source: DecisionSource
     model: str
     point: DataPoint
+    asked_model: bool = False
 
     @property
     def wakes(self) -> bool:
@@ -392,6 +401,7 @@ class ClefFlash:
             source=source,
             model=stored.model,
             point=point,
+            asked_model=stored.source in _ASKED_SOURCES,
         )
 
 

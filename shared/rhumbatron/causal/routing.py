@@ -9,6 +9,11 @@ lifecycle. Every step is idempotent per Event: the same plan, the same command I
 duplicate window drops a repeat), recorded Clef-flash decisions, a cap that counts a command ID
 once — so a redelivered Event causes nothing twice.
 
+A Clef-flash question that was really asked of the model (not an abstention for want of a key,
+nor a wake past the daily cap) records ``model.routed`` (the model, purpose ``clef_flash``) in
+the Change of the Agent it was about, keyed by the Event's ID: the question is asked on that
+Agent's behalf, and most resource Events (claims, challenges) name no Change of their own.
+
 Outcomes per Event: applied; retried when NATS or a file is unavailable (nothing is the
 Event's fault); failed when planning or applying it raised otherwise (counted, a poison letter
 on the 5th).
@@ -20,9 +25,10 @@ import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rhumbatron.causal.rules import (
+    ActiveAgent,
     ClefQuestion,
     PlannedCommand,
     RoutingWorld,
@@ -30,6 +36,7 @@ from rhumbatron.causal.rules import (
     plan_for,
     wake_command,
 )
+from rhumbatron.domain.agents import CLEF_FLASH_PURPOSE
 from rhumbatron.errors import ActorError, MessagingError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.router.records import APPLIED, RecordOutcome
@@ -40,7 +47,7 @@ if TYPE_CHECKING:
     from rhumbatron.causal.command_cap import CommandCap
     from rhumbatron.messaging.commands import CommandBus
 
-__all__ = ["EffectSink", "RoutedEvent", "RuleBasedRouting", "WakeDecider"]
+__all__ = ["EffectSink", "ModelRouteLog", "RoutedEvent", "RuleBasedRouting", "WakeDecider"]
 
 _log = logging.getLogger(__name__)
 
@@ -49,6 +56,16 @@ class WakeDecider(Protocol):
     """Clef-flash: answers a prefix-overlap question."""
 
     async def ask(self, question: ClefQuestion) -> ClefFlashDecision: ...
+
+
+@runtime_checkable
+class ModelRouteLog(Protocol):
+    """Where ``model.routed`` is recorded (:class:`~rhumbatron.causal.world.ShardWorld`:
+    in the Change's shard, once per Event and Task)."""
+
+    def record_model_routed(
+        self, event: Event, agent: ActiveAgent, *, model: str, purpose: str
+    ) -> None: ...
 
 
 class EffectSink(Protocol):
@@ -80,6 +97,8 @@ class RuleBasedRouting:
     cap: CommandCap
     effects: EffectSink
     routed: list[RoutedEvent] | None = None
+    #: Where ``model.routed`` goes; None: the world, when it records them (ShardWorld does).
+    model_routes: ModelRouteLog | None = None
 
     async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
         outcomes: dict[str, RecordOutcome] = {}
@@ -103,6 +122,8 @@ class RuleBasedRouting:
         for question in plan.questions:
             decision = await self.clef_flash.ask(question)
             decisions.append((question.agent.agent_id, str(decision.verdict)))
+            if decision.asked_model:
+                self._record_model_routed(question, decision.model)
             if decision.wakes:
                 commands.append(wake_command(event, question.agent, now=now, reason="clef_flash"))
         sent: list[str] = []
@@ -128,4 +149,13 @@ class RuleBasedRouting:
                     tuple(dropped),
                     tuple(decisions),
                 )
+            )
+
+    def _record_model_routed(self, question: ClefQuestion, model: str) -> None:
+        """``model.routed`` for a question the model was asked. A failure raises: the Event
+        is retried, its decision is reused (nothing is asked twice) and recorded then."""
+        log = self.model_routes if self.model_routes is not None else self.world
+        if isinstance(log, ModelRouteLog):
+            log.record_model_routed(
+                question.event, question.agent, model=model, purpose=CLEF_FLASH_PURPOSE
             )

@@ -3,7 +3,9 @@
 An *active agent* holds an ``assigned`` or ``running`` Task; its resources are the paths of
 its declared intents and the resources it has claimed, across the project's shards. The
 8-agent limit is per Change (DECISIONS): a ready Task waits at the limit when its Change has
-``max_active_agents_per_change`` agents active. Reads only: the rules never write.
+``max_active_agents_per_change`` agents active. The rules only read; routing records one
+thing through it: ``model.routed``, in the shard of the asked-about Agent's Change
+(:class:`~rhumbatron.causal.routing.ModelRouteLog`).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from typing import TYPE_CHECKING
 
 from rhumbatron.actors.actor import ActorKind, ActorRef
 from rhumbatron.causal.rules import ActiveAgent
+from rhumbatron.domain.facts import Caller
 
 if TYPE_CHECKING:
+    from rhumbatron.protocol.envelopes import Event
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = ["ShardWorld"]
@@ -27,7 +31,8 @@ _ACTIVE = ("assigned", "running")
 
 @dataclass
 class ShardWorld:
-    """Answers :class:`~rhumbatron.causal.rules.RoutingWorld` from the shard files."""
+    """Answers :class:`~rhumbatron.causal.rules.RoutingWorld` from the shard files, and
+    records ``model.routed`` (a :class:`~rhumbatron.causal.routing.ModelRouteLog`)."""
 
     app: Rhumbatron
     max_active_agents_per_change: int = 8
@@ -92,3 +97,23 @@ class ShardWorld:
         # Asked after a task.completed / task.failed committed: its slot is already free, so
         # the Change was at the limit when the freed agent still counted.
         return counts.get("ready", 0) > 0 and active + 1 >= self.max_active_agents_per_change
+
+    def record_model_routed(
+        self, event: Event, agent: ActiveAgent, *, model: str, purpose: str
+    ) -> None:
+        """``model.routed`` in the shard of ``agent``'s Change, on behalf of its Task, keyed
+        by ``event``'s ID: a redelivered Event records it once."""
+        from rhumbatron.actors.resource_shard import change_resource_key
+
+        shard = self.app.resource_shard(event.project_id, change_resource_key(agent.change_id))
+        caller = Caller(
+            event.tenant_id, "system:causal-router", event.event_id, caused_by=event.event_id
+        )
+        shard.record_model_routed(
+            caller,
+            change_id=agent.change_id,
+            task_id=agent.task_id,
+            model=model,
+            purpose=purpose,
+            key=event.event_id,
+        )

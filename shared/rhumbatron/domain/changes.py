@@ -23,7 +23,14 @@ from types import MappingProxyType
 from typing import Any
 
 from rhumbatron.domain.facts import FactContext
-from rhumbatron.domain.transition import Insert, Transition, Update, Upsert, parse_state
+from rhumbatron.domain.transition import (
+    Insert,
+    Transition,
+    Update,
+    Upsert,
+    combine,
+    parse_state,
+)
 from rhumbatron.errors import DomainError
 from rhumbatron.protocol.event_types import EVENT_TYPES
 
@@ -39,6 +46,7 @@ __all__ = [
     "check_work_graph",
     "create_change",
     "move_change",
+    "settle_change",
 ]
 
 
@@ -280,6 +288,40 @@ def move_change(
     return Transition(
         patch=(Update("changes", {"change_id": current.change_id}, values),), facts=(fact,)
     )
+
+
+def settle_change(
+    current: ChangeState | None,
+    ctx: FactContext,
+    *,
+    from_status: ChangeStatus | str,
+    to: ChangeStatus | str,
+    reason: str,
+    key: str,
+) -> Transition:
+    """A settle pass's decision about a Change it read in ``from_status``: ``change.settled``
+    (from, to, reason), with the move to ``to`` when it differs.
+
+    The move is :func:`move_change`'s, with its own fact (``change.status_changed`` or the
+    terminal ``change.<state>``) under its usual key; ``change.settled`` records the
+    decision itself, keyed by ``key`` (the settle command's ID), so a redelivered settle
+    writes it once. ``to == from_status`` is a decision that leaves the Change where it is
+    (the pass re-drove its work). A Change that is no longer in ``from_status`` (it moved
+    since the pass read it) or that this shard does not know is left alone: the pass
+    decided about a state that is gone, and a later settle decides again.
+    """
+    source = parse_state(ChangeStatus, from_status)
+    target = parse_state(ChangeStatus, to)
+    if current is None or current.status != source.value:
+        return Transition()
+    moved = move_change(current, ctx, to=target, reason=reason)
+    settled = ctx.fact(
+        "change.settled",
+        {"fromStatus": source.value, "toStatus": target.value, "reason": reason},
+        change_id=current.change_id,
+        key=key,
+    )
+    return combine(moved, Transition(facts=(settled,)))
 
 
 def append_change_events(

@@ -1,7 +1,8 @@
-"""The resource shard aggregate: claims and intents on a project's resources.
+"""The resource shard aggregate: claims, intents and challenges on a project's resources.
 
-Claims and intents are the shard's own transactions: their facts get IDs minted inside the
-transaction. A resource key (``file:src/app.py``) lives in exactly one shard of its project.
+Claims, intents and challenges are the shard's own transactions: their facts get IDs minted
+inside the transaction. A resource key (``file:src/app.py``) lives in exactly one shard of its
+project.
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from rhumbatron.domain.facts import FactContext
-from rhumbatron.domain.transition import Delete, Transition, Upsert
+from rhumbatron.domain.transition import Delete, Insert, Transition, Upsert
 from rhumbatron.errors import DomainError
 from rhumbatron.protocol.ids import new_event_id
 
 __all__ = [
+    "Challenge",
     "Claim",
     "Intent",
     "acquire_claim",
+    "create_challenge",
     "declare_intent",
     "expire_claims",
     "release_claim",
@@ -43,6 +46,19 @@ class Intent:
     agent_id: str
     paths: tuple[str, ...]
     summary: str
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """An Agent's objection to another's claim or intent on a resource (one ``challenges``
+    row). ``target_agent_id`` None: whoever holds or means to touch the resource."""
+
+    challenge_id: str
+    agent_id: str
+    resource: str
+    target_agent_id: str | None
+    reason: str
+    change_id: str | None = None
 
 
 def _claim_row(claim: Claim) -> dict[str, object]:
@@ -148,6 +164,64 @@ def declare_intent(
         resource=paths[0] if len(paths) == 1 else _common_prefix(paths),
     )
     return Transition(patch=(Upsert("intents", row, key=("intent_id",)),), facts=(fact,))
+
+
+def create_challenge(
+    current: Challenge | None,
+    ctx: FactContext,
+    *,
+    challenge_id: str,
+    agent_id: str,
+    resource: str,
+    target_agent_id: str | None,
+    reason: str,
+    change_id: str | None = None,
+) -> Transition:
+    """``agent_id`` challenges ``target_agent_id``'s claim or intent on ``resource``
+    (``challenge.created``, a resource Event: the causal router wakes the active Agents whose
+    resources overlap it, never its author).
+
+    Idempotent on ``challenge_id``: the same challenge again is nothing; the ID reused for
+    another challenge is refused. An Agent cannot challenge itself, and a challenge needs a
+    reason.
+    """
+    challenge = Challenge(
+        challenge_id, agent_id, resource, target_agent_id, reason.strip(), change_id
+    )
+    if current is not None:
+        if current == challenge:
+            return Transition()
+        raise DomainError(
+            f"challenge {challenge_id!r} already exists (by agent {current.agent_id!r} on "
+            f"{current.resource!r}); use a new challenge ID for another challenge"
+        )
+    if not challenge.reason:
+        raise DomainError(f"challenge {challenge_id!r} needs a reason; say what is wrong")
+    if not resource:
+        raise DomainError(f"challenge {challenge_id!r} names no resource")
+    if target_agent_id == agent_id:
+        raise DomainError(f"agent {agent_id!r} cannot challenge itself; name another agent or none")
+    row = {
+        "challenge_id": challenge_id,
+        "agent_id": agent_id,
+        "resource": resource,
+        "target_agent_id": target_agent_id,
+        "reason": challenge.reason,
+        "change_id": change_id,
+        "created_at": ctx.now.astimezone(UTC).isoformat(),
+    }
+    fact = ctx.fact(
+        "challenge.created",
+        {
+            "challengeId": challenge_id,
+            "agentId": agent_id,
+            "targetAgentId": target_agent_id,
+            "reason": challenge.reason,
+        },
+        change_id=change_id,
+        resource=resource,
+    )
+    return Transition(patch=(Insert("challenges", row),), facts=(fact,))
 
 
 def _common_prefix(paths: tuple[str, ...]) -> str:

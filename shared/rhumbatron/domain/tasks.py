@@ -7,10 +7,13 @@ Tasks form a dependency graph: a ``planned`` Task becomes ``ready`` in the trans
 completes the last Task it depends on, and the completion of the last Task of the graph moves
 the Change to ``verifying`` with ``verification.started`` (work graph completed).
 
+Every move to ``blocked`` records ``task.blocked`` (the reason and the limit) in the
+transaction that blocks the Task.
+
 The dead-letter rule (workers/event-router/src/dead-letter.ts): a dead-lettered command whose
 Task is **ready or assigned** blocks that Task with ``blocked_limit = dead_letter`` and records
-``task.failed``; a command **without a Task**, or whose Task **runs**, puts the reason on the
-Change instead. Only a blocked Task records ``task.failed``.
+``task.failed`` (and ``task.blocked``); a command **without a Task**, or whose Task **runs**,
+puts the reason on the Change instead. Only a blocked Task records ``task.failed``.
 """
 
 from __future__ import annotations
@@ -130,10 +133,11 @@ def record_task_status(
     """Create the Task or move it to ``status``.
 
     Moving to ``ready`` records ``task.ready``; moving to ``assigned`` records
-    ``task.assigned`` (it needs the Agent). Other moves only write the row: their facts
-    (completed, failed, blocked) belong to the lifecycle steps that decide them. The facts
-    get stable IDs over ``(change, type, task, key)``: a retried step writes them once, and a
-    Task that becomes ready a second time needs a new ``key``.
+    ``task.assigned`` (it needs the Agent); moving to ``blocked`` records ``task.blocked``
+    with the reason and ``blocked_limit`` (it needs a reason). Other moves only write the
+    row: their facts (completed, failed) belong to the lifecycle steps that decide them. The
+    facts get stable IDs over ``(change, type, task, key)``: a retried step writes them once,
+    and a Task that becomes ready (or blocked) a second time needs a new ``key``.
 
     Recording the state the Task already has changes nothing. A completed or failed Task
     cannot move, and a Task cannot change its Change; both raise :class:`DomainError`.
@@ -151,6 +155,11 @@ def record_task_status(
     agent = agent_id if agent_id is not None else (current.agent_id if current else None)
     if target in _WITH_AGENT and agent is None:
         raise DomainError(f"task {task_id!r} cannot be {target} without an agent_id")
+    moves = current is None or current.status is not target
+    if moves and target is TaskStatus.BLOCKED and not reason.strip():
+        raise DomainError(
+            f"task {task_id!r} cannot be blocked without a reason; say what it waits for"
+        )
     task = replace(
         current or TaskState(task_id=task_id, change_id=change_id, status=target),
         status=target,
@@ -162,7 +171,7 @@ def record_task_status(
     if task == current:
         return Transition()
     facts: tuple[Event, ...] = ()
-    if current is None or current.status is not target:
+    if moves:
         if target is TaskStatus.READY:
             facts = (ctx.fact("task.ready", {}, change_id=change_id, task_id=task_id, key=key),)
         elif target is TaskStatus.ASSIGNED:
@@ -170,7 +179,20 @@ def record_task_status(
             facts = (
                 ctx.fact("task.assigned", payload, change_id=change_id, task_id=task_id, key=key),
             )
+        elif target is TaskStatus.BLOCKED:
+            facts = (_blocked_fact(task, ctx, key=key),)
     return Transition(patch=(Upsert("tasks", _row(task, ctx), key=("task_id",)),), facts=facts)
+
+
+def _blocked_fact(task: TaskState, ctx: FactContext, *, key: str | None) -> Event:
+    """``task.blocked`` of ``task`` (already in its blocked state): why, and which limit."""
+    return ctx.fact(
+        "task.blocked",
+        {"reason": task.reason, "blockedLimit": task.blocked_limit},
+        change_id=task.change_id,
+        task_id=task.task_id,
+        key=key,
+    )
 
 
 def dead_letter_fact_key(command: Command) -> str:
@@ -194,7 +216,9 @@ def dead_letter_outcome(
     and ``change`` its Change, both read from the shard that owns the Change.
 
     * A **ready or assigned** Task becomes ``blocked`` with ``blocked_limit = dead_letter``
-      and records ``task.failed`` (stable ID, key :func:`dead_letter_fact_key`).
+      and records ``task.failed`` then ``task.blocked`` (stable IDs, key
+      :func:`dead_letter_fact_key`): the failure frees the Agent's slot and asks
+      ``change.settle``; the block is the Task's state, which the project view keeps.
     * A Task **already blocked by a dead letter** is left as it is: this is a redelivery of a
       letter already applied (or a second letter of the same Task), and applying it again
       must not move the reason elsewhere.
@@ -225,7 +249,8 @@ def dead_letter_outcome(
             key=dead_letter_fact_key(command),
         )
         return Transition(
-            patch=(Upsert("tasks", _row(blocked, ctx), key=("task_id",)),), facts=(fact,)
+            patch=(Upsert("tasks", _row(blocked, ctx), key=("task_id",)),),
+            facts=(fact, _blocked_fact(blocked, ctx, key=dead_letter_fact_key(command))),
         )
     if (
         task is not None

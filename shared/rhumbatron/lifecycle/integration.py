@@ -339,7 +339,17 @@ class IntegrationModule:
     async def settle_change(self, command: Command, delivery: Delivery) -> Retry | None:
         """Decide the state of a Change that cannot move on its own, then close its open
         dead letters as ``superseded`` — unless a Task still waits, blocked by its dead
-        letter, for an operator's Retry."""
+        letter, for an operator's Retry.
+
+        Each decision that acts records ``change.settled`` (from, to, reason; keyed by the
+        settle command's ID, so a redelivery records it once) in the transaction of the move:
+        an open Change with a failed Task fails (with ``change.failed``); an open Change
+        whose lost wakes are sent again, or a verifying one that gets a ``candidate.create``,
+        stays where it is (``from == to``), recorded after the send. A pass that finds
+        nothing to do (Agents still at work, nothing ready, an ended Change) records nothing:
+        the sweep settles a quiet Change every few minutes for hours, and ``change.settled``
+        can trigger reactions.
+        """
         from rhumbatron.queues.dead_letter import supersede_letters_of_change
 
         project_id, change_id = command.project_id, _change_of(command)
@@ -352,20 +362,35 @@ class IntegrationModule:
         waits_for_operator = any(
             t.status is TaskStatus.BLOCKED and t.blocked_limit == DEAD_LETTER_LIMIT for t in tasks
         )
+
+        def settled(status: ChangeStatus, to: ChangeStatus, reason: str) -> None:
+            shard.settle_change(
+                caller,
+                change_id=change_id,
+                from_status=status,
+                to=to,
+                reason=reason,
+                key=command.command_id,
+            )
+
         if change.status == ChangeStatus.OPEN.value:
             failed = [t for t in tasks if t.status is TaskStatus.FAILED]
             if failed:
                 reasons = "; ".join(f"{t.task_id}: {t.reason}" for t in failed)
-                shard.move_change(
-                    caller, change_id=change_id, to=ChangeStatus.FAILED, reason=reasons
-                )
+                settled(ChangeStatus.OPEN, ChangeStatus.FAILED, reasons)
                 waits_for_operator = False
             elif not any(t.active for t in tasks):
                 # A settle re-drives wakes that were lost (sent, but never admitted): its own
                 # send round (the minute it was queued for) keeps JetStream from dropping
                 # them as repeats of the first ones, and a redelivered settle sends the same.
                 minute = int(command.created_at.timestamp() // 60)
-                await self.dispatch(project_id, change_id, send_round=minute)
+                woken = await self.dispatch(project_id, change_id, send_round=minute)
+                if woken:
+                    settled(
+                        ChangeStatus.OPEN,
+                        ChangeStatus.OPEN,
+                        f"no agent at work; woke {len(woken)} ready task(s) again",
+                    )
         elif change.status == ChangeStatus.VERIFYING.value and not any(
             c.open for c in shard.candidates(change_id=change_id)
         ):
@@ -377,7 +402,12 @@ class IntegrationModule:
                 now=self.app.clock.now(),
                 payload={"reason": "settle"},
             )
-            await self.sender.send(compose)
+            sent = await self.sender.send(compose)
+            settled(
+                ChangeStatus.VERIFYING,
+                ChangeStatus.VERIFYING,
+                f"no open candidate; candidate.create to compose one: {sent.outcome}",
+            )
         if not waits_for_operator:
             supersede_letters_of_change(self.app, change_id, self.app.clock.now().timestamp())
         return None

@@ -1,5 +1,5 @@
 """What people and agents ask of the lifecycle: create a Change, approve or decline it, and
-the agent callbacks (intent, claims, changeset, started, completed, failed).
+the agent callbacks (intent, claims, challenge, changeset, started, completed, failed).
 
 The API's routes and the scripted agent both call these, so an external agent reporting
 through HTTP and a local one playing a sample script take the same path. Each call is one
@@ -255,6 +255,32 @@ class AgentCallbacks:
     ) -> None:
         self.app.resource_shard(project_id, resource).release_claim(
             self._caller(tenant_id, agent_id, resource), resource=resource, agent_id=agent_id
+        )
+
+    def create_challenge(
+        self,
+        tenant_id: str,
+        *,
+        project_id: str,
+        change_id: str,
+        agent_id: str,
+        challenge_id: str,
+        resource: str,
+        target_agent_id: str | None,
+        reason: str,
+    ) -> None:
+        """``challenge.created`` in the shard of ``resource``: ``agent_id`` objects to
+        ``target_agent_id``'s claim or intent on it (None: whoever holds or means to touch
+        it). The router wakes the active Agents whose resources overlap it. The same
+        challenge again is nothing; its ID reused for another challenge is refused."""
+        self.app.resource_shard(project_id, resource).create_challenge(
+            self._caller(tenant_id, agent_id, challenge_id),
+            agent_id=agent_id,
+            resource=resource,
+            target_agent_id=target_agent_id,
+            reason=reason,
+            challenge_id=challenge_id,
+            change_id=change_id,
         )
 
     def propose_changeset(

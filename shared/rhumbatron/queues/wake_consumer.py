@@ -26,6 +26,15 @@ is never collapsed: it carries its Task's lifecycle.
 
 A relevant wake goes to the Agent's runtime (:class:`AgentRuntime`: the scripted and webhook
 agents), with the Task it names (None for a reaction's wake about no Task).
+
+**agent.woke.** A wake that names a Change records ``agent.woke`` in the Change's shard: a
+delivered wake just before the runtime gets it (so the Change's history reads woke, started,
+completed, and the project view's active Agent is never revived by a late fact), a stale one
+with ``falseWakeup: true`` next to the ``agent_false_wakeup`` count (the project view ignores
+those). Its key is :func:`~rhumbatron.domain.agents.woke_fact_key` (command, attempt, Agent):
+a redelivered message records it once. A duplicate or a wake held at the 8-agent limit woke
+nobody and records nothing; nor does a wake about no Change, or a Change the shard does not
+know (``agent.woke`` is a Change Event).
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
-from rhumbatron.domain.agents import Admission
+from rhumbatron.domain.agents import Admission, woke_fact_key
 from rhumbatron.domain.changes import TERMINAL_STATUSES, ChangeStatus
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.tasks import TaskState, TaskStatus
@@ -106,8 +115,10 @@ class WakeConsumer:
         self.outcomes.append((command.command_id, outcome))
         if outcome is WakeOutcome.STALE:
             self._count_false_wakeup(command)
+            self._record_woke(command, false_wakeup=True)
         elif outcome is WakeOutcome.DELIVERED:
             self._record_wake(command)
+            self._record_woke(command, false_wakeup=False)
             task = None
             if command.task_id is not None and command.change_id is not None:
                 task = self._shard(command).task_state(command.task_id)
@@ -194,6 +205,28 @@ class WakeConsumer:
                     self.app.clock.now().timestamp(),
                 ),
             )
+
+    def _record_woke(self, command: Command, *, false_wakeup: bool) -> None:
+        """``agent.woke`` in the Change's shard, once per wake message (module docstring)."""
+        if command.change_id is None:
+            return  # a reaction's wake about no Change: agent.woke is a Change Event
+        agent = _agent_of(command)
+        payload = command.payload
+        tenant = self.app.project_tenant(command.project_id) or "unknown"
+        caller = Caller(
+            tenant,
+            f"agent:{agent}",
+            f"{command.command_id}:{command.attempt}",
+            caused_by=payload.event_id if isinstance(payload, AgentWake) else None,
+        )
+        self._shard(command).record_agent_woke(
+            caller,
+            change_id=command.change_id,
+            task_id=command.task_id,
+            agent_id=agent,
+            key=woke_fact_key(command, agent),
+            false_wakeup=false_wakeup,
+        )
 
     def _count_false_wakeup(self, command: Command) -> None:
         from rhumbatron.metrics import MetricsRecorder
