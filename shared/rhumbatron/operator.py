@@ -199,10 +199,14 @@ def dismiss_dead_letter(app: Rhumbatron, dead_letter_id: str, *, tenant_id: str)
     Raises :class:`DeadLetterNotFoundError` (unknown, or another tenant's) and
     :class:`~rhumbatron.errors.DeadLetterClosedError` (already closed).
     """
+    from rhumbatron.reactions.webhook_ledger import park_dead
+
     now_s = app.clock.now().timestamp()
     with app.product().transaction() as db:
-        _letter_of(db, dead_letter_id, tenant_id)
+        before = _letter_of(db, dead_letter_id, tenant_id)
         letter = dead_letters.dismiss_dead_letter(db, dead_letter_id, now_s=now_s)
+        if before.kind is DeadLetterKind.REACTION and before.event_id is not None:
+            park_dead(db, before.event_id, now_s=now_s)
     _log.info("dead letter %s dismissed (tenant %s)", dead_letter_id, tenant_id)
     return letter
 
@@ -362,8 +366,12 @@ def _ready_the_blocked_task(app: Rhumbatron, command: Command, tenant_id: str) -
     and the wake consumer admits an Agent only to a ready Task. The move is keyed on the
     attempt (``task.ready`` key ``retry:<attempt>``), so a repeated Retry moves it once; a Task
     in any other state is left alone."""
+    from rhumbatron.queues.wake_consumer import is_reaction_wake
+
     if command.command_type != "agent.wake" or not command.task_id or not command.change_id:
         return
+    if is_reaction_wake(command):
+        return  # its Task is the event's, not one its dead letter blocked
     from rhumbatron.actors.resource_shard import change_resource_key
     from rhumbatron.domain.facts import Caller
 

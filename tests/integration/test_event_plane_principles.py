@@ -20,20 +20,23 @@ import boto3
 import pytest
 from botocore.config import Config
 
+from rhumbatron import operator
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.agents.registry import AgentRegistry
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.tasks import TaskState
 from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.messaging.queue_consumer import Delivery
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.protocol import Event
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.ids import event_stream_name
+from rhumbatron.queues.dead_letter import DeadLetterConsumer
 from rhumbatron.queues.wake_consumer import WakeConsumer, WakeOutcome
 from rhumbatron.reactions.assembly import LazyHttpClient, reactions_for
 from rhumbatron.reactions.config import ReactionSettings
-from rhumbatron.reactions.deliveries import workflow_instance_id
+from rhumbatron.reactions.deliveries import agent_wake_command, workflow_instance_id
 from rhumbatron.reactions.guards import SuppressionReason
 from rhumbatron.reactions.registry import (
     AgentReaction,
@@ -412,7 +415,8 @@ async def test_a_workflow_engine_outage_holds_only_the_workflow_reaction_which_r
 async def test_an_agent_is_woken_once_per_event_however_many_wakes_name_it(world: World) -> None:
     # GIVEN agent-9 holding t1, the causal router's own wake about a fact of t1, and two
     # subscriptions that also wake agent-9 on that fact
-    held_task(world, "t1", "agent-9")
+    shard = held_task(world, "t1", "agent-9")
+    shard.append_change_events(SYSTEM, change_id=CHANGE, status="open", facts=())
     wake_on(world, "task.started", "agent-9")
     world.registry.create(
         TENANT,
@@ -449,3 +453,78 @@ async def test_an_agent_is_woken_once_per_event_however_many_wakes_name_it(world
         WakeOutcome.DUPLICATE,
     ]
     assert agents.woken == [("agent-9", "t1")]
+    # … and the router's wake is narrated as agent.woke, once
+    outbox = shard.connection.execute("SELECT event_type FROM outbox").fetchall()
+    assert [row[0] for row in outbox].count("agent.woke") == 1
+
+
+async def test_a_dead_lettered_reaction_wake_never_blocks_the_task_it_names(
+    world: World,
+) -> None:
+    # GIVEN agent-9 holding t1, and a reaction's wake of another agent about t1's fact that
+    # ran out of deliveries (its agent's webhook kept failing)
+    shard = held_task(world, "t1", "agent-9")
+    event = task_started(world.clock, "t1", "agent-9")
+    wake = agent_wake_command(event, "sub_" + "e" * 32, "reviewer-bot", world.clock.now())
+    delivery = Delivery("agent-wakeups", 7, 4, 4, {"Rhumbatron-Origin-Queue": "agent-wakeups"})
+
+    # WHEN the dead-letter consumer records it
+    await DeadLetterConsumer(world.app)(wake, delivery)
+
+    # THEN the letter is there, and t1 is still agent-9's, assigned: nothing blocked or failed
+    page = operator.list_dead_letters(world.app, tenant_id=TENANT)
+    assert [letter.command_id for letter in page.letters] == [wake.command_id]
+    task = shard.task_state("t1")
+    assert task is not None and (task.status.value, task.agent_id) == ("assigned", "agent-9")
+
+
+async def test_a_redelivered_reaction_wake_still_collapses_into_the_wake_that_went_first(
+    world: World,
+) -> None:
+    # GIVEN agent-9 holding t1, woken by the router about a fact of t1
+    held_task(world, "t1", "agent-9")
+    event = task_started(world.clock, "t1", "agent-9")
+    router_wake = Command.create(
+        command_id=f"cmd_{event.event_id}_t1",
+        command_type="agent.wake",
+        project_id=PROJECT,
+        change_id=CHANGE,
+        task_id="t1",
+        created_at=world.clock.now(),
+        payload={"agentId": "agent-9", "reason": "changeset_overlap", "eventId": event.event_id},
+    )
+    agents = RecordingAgents()
+    consumer = WakeConsumer(world.app, agents)
+    await consumer(router_wake, Delivery("agent-wakeups", 1, 1, 4, {}))
+
+    # WHEN a reaction's wake about the same fact arrives on its second delivery (its first
+    # failed before it was recorded)
+    reaction_wake = agent_wake_command(event, "sub_" + "f" * 32, "agent-9", world.clock.now())
+    await consumer(reaction_wake, Delivery("agent-wakeups", 2, 2, 4, {}))
+
+    # THEN it is still a duplicate: a redelivery is no reason to wake the agent twice
+    assert [outcome for _, outcome in consumer.outcomes] == [
+        WakeOutcome.DELIVERED,
+        WakeOutcome.DUPLICATE,
+    ]
+    assert agents.woken == [("agent-9", "t1")]
+
+
+async def test_a_reaction_wake_shows_no_agent_active_on_the_task_it_names(world: World) -> None:
+    # GIVEN an open Change whose t1 agent-9 holds, and a reaction's wake of reviewer-bot
+    # about t1's fact
+    shard = held_task(world, "t1", "agent-9")
+    shard.append_change_events(SYSTEM, change_id=CHANGE, status="open", facts=())
+    event = task_started(world.clock, "t1", "agent-9")
+    wake = agent_wake_command(event, "sub_" + "a" * 32, "reviewer-bot", world.clock.now())
+    agents = RecordingAgents()
+    consumer = WakeConsumer(world.app, agents)
+
+    # WHEN the wake consumer delivers it
+    await consumer(wake, Delivery("agent-wakeups", 1, 1, 4, {}))
+
+    # THEN reviewer-bot got it, and no agent.woke says it works on t1 (the project view
+    # would show it active there, and nothing would ever clear that)
+    assert agents.woken == [("reviewer-bot", "t1")]
+    outbox = shard.connection.execute("SELECT event_type FROM outbox").fetchall()
+    assert "agent.woke" not in [row[0] for row in outbox]

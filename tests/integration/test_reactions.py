@@ -614,3 +614,49 @@ def test_the_reaction_ids_are_stable_and_fit_their_targets() -> None:
     assert commands[0] == f"cmd_{event_id}_s1"
     assert commands[1].startswith(f"cmd_{event_id}_h")
     assert workflow_instance_id(event_id, odd_sub) == instances[2]
+
+
+async def test_one_tenants_full_in_flight_cap_does_not_hold_another_tenants_events(
+    tmp_path: Path, settings: Settings, clock: ManualClock, receiver: Receiver
+) -> None:
+    # GIVEN two tenants' webhook subscriptions, and tenant acme's cap of 1 taken elsewhere
+    clock.set(START)
+    limits = ReactionSettings(reaction_in_flight_cap=1, reaction_in_flight_lease_s=30)
+    world = make_world(tmp_path, settings, clock, limits=limits)
+    await world.app.ensure_streams()
+    try:
+        world.subscribe("hook", webhook(receiver.url))
+        world.registry.create(
+            "globex",
+            "hook",
+            Selector.create(["task.completed"]),
+            webhook(receiver.url),
+            Governance(cooldown_s=0),
+        )
+        with world.app.product().transaction() as db:
+            admit(
+                db,
+                tenant_id=TENANT,
+                delivery_key="evt_other:sub_other",
+                day="2026-03-02",
+                now_s=clock.now().timestamp(),
+                daily_budget=100,
+                in_flight_cap=1,
+                lease_s=30,
+            )
+        globex = Caller("globex", "system:test", "corr-g")
+        await world.publish(
+            task_completed(clock, "t1"),
+            task_completed(clock, "g1", caller=globex),
+            task_completed(clock, "t2"),
+            task_completed(clock, "g2", caller=globex),
+        )
+
+        # WHEN the reactions consume the batch
+        report = await world.react()
+
+        # THEN acme's events wait on the stream, and globex's are delivered meanwhile
+        assert (report.retried, report.applied) == (2, 2)
+        assert [body["subject"]["id"] for _, body in receiver.received] == ["g1", "g2"]
+    finally:
+        await world.app.close()

@@ -28,8 +28,9 @@ from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
 from rhumbatron.queues.dead_letter import open_letter_counts
 from rhumbatron.reactions.config import ReactionSettings
+from rhumbatron.reactions.consumer import ShardFacts
 from rhumbatron.reactions.registry import SubscriptionRegistryError
-from rhumbatron.reactions.webhook_ledger import DeliveryStatus, WebhookDelivery
+from rhumbatron.reactions.webhook_ledger import DeliveryStatus, Disablement, WebhookDelivery
 from rhumbatron.reactions.webhook_retries import RETRIED_METRIC, WebhookRetrier
 from rhumbatron.runtime.clock import ManualClock
 from rhumbatron.runtime.settings import Settings
@@ -440,3 +441,25 @@ async def test_the_cli_lists_deliveries_replays_skipped_ones_and_retries_a_lette
     assert [(d["status"], d["attempts"], d["lastStatusCode"]) for d in due] == [
         ("retrying", 0, 410)
     ]
+
+
+def test_a_disablement_recorded_twice_is_one_reaction_disabled_fact(world: World) -> None:
+    # GIVEN a disablement whose fact a crash kept from being marked as written
+    disablement = Disablement(
+        subscription_id="sub_" + "c" * 32,
+        tenant_id=TENANT,
+        project_id=PROJECT,
+        name="hook",
+        reason="gone",
+        detail="the endpoint answered 410 Gone",
+        delivery_key="evt_" + "d" * 32 + ":sub_" + "c" * 32,
+        status_code=410,
+        failing_since_s=START.timestamp(),
+        disabled_at_s=START.timestamp() + 1,
+    )
+    facts = ShardFacts(world.app.resource_shard, world.clock)
+    # WHEN it is written twice (the consumer, then a retry pass that found it owed)
+    facts.reaction_disabled(disablement)
+    facts.reaction_disabled(disablement)
+    # THEN the outbox holds one reaction.disabled: its ID is derived from the disablement
+    assert outbox_kinds(world).count("reaction.disabled") == 1

@@ -367,3 +367,24 @@ def test_the_public_api_is_what_all_says() -> None:
     }
     assert public <= set(receiver_module.__all__)
     assert all(hasattr(receiver_module, name) for name in receiver_module.__all__)
+
+
+def test_a_receiver_that_remembers_the_whole_schedule_flags_a_late_retry_as_a_duplicate(
+    clock: ManualClock,
+) -> None:
+    # GIVEN two receivers that took the same delivery: one remembering IDs for the retry
+    # schedule (about 17.6 h), one for the tolerance window only
+    event = task_completed(clock)
+    long_memory = WebhookReceiver([NEW], clock=clock, remember_s=63_305)
+    short_memory = WebhookReceiver([NEW], clock=clock)
+    first = delivery(clock, event=event)
+    long_memory.verify(*first)
+    short_memory.verify(*first)
+
+    # WHEN the sender's retry comes 30 min later (its third attempt)
+    clock.advance(minutes=30)
+    retry = delivery(clock, event=event)
+
+    # THEN only the receiver that still remembers the ID flags it as a duplicate
+    assert long_memory.verify(*retry).duplicate is True
+    assert short_memory.verify(*retry).duplicate is False

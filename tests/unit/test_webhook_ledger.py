@@ -18,6 +18,7 @@ from rhumbatron.product.dead_letters import (
     DEAD_LETTERS_SCHEMA,
     DeadLetterKind,
     DeadLetterStatus,
+    claim_retry,
     list_dead_letters,
     migrate_dead_letters,
     reaction_dead_letter_id,
@@ -33,6 +34,7 @@ from rhumbatron.reactions.webhook_ledger import (
     claim_due,
     get_delivery,
     list_deliveries,
+    park_dead,
     prune_deliveries,
     rearm_for_retry,
     record_attempt,
@@ -256,7 +258,9 @@ def test_a_claimed_delivery_is_leased_so_an_overlapping_pass_does_not_take_it(
     assert [d.delivery_key for d in third] == [key]
 
 
-def test_pruning_deletes_only_old_finished_deliveries(db: sqlite3.Connection) -> None:
+def test_pruning_deletes_old_delivered_and_skipped_deliveries_but_not_open_letters(
+    db: sqlite3.Connection,
+) -> None:
     # GIVEN an old delivered one, an old dead one with an open letter, an old skipped one
     # and a fresh delivered one
     policy = RetryPolicy(schedule_s=(5.0,), disable_after_s=10**9)
@@ -267,10 +271,11 @@ def test_pruning_deletes_only_old_finished_deliveries(db: sqlite3.Connection) ->
     fresh = first_attempt(db, 4, OK, now_s=T0 + 10_000, policy=policy)
     # WHEN deliveries untouched since before T0+1000 are pruned
     pruned = prune_deliveries(db, before_s=T0 + 1_000, limit=100)
-    # THEN only the delivered one went: the dead one's letter is open, the skipped one waits
-    assert pruned == 1
+    # THEN the delivered and the skipped one went (a skipped delivery is replayable for the
+    # history's window, not forever); the dead one stays while its letter is open
+    assert pruned == 2
     kept = {row[0] for row in db.execute("SELECT delivery_key FROM webhook_deliveries")}
-    assert delivered not in kept and {dead, fresh} <= kept and len(kept) == 3
+    assert delivered not in kept and kept == {dead, fresh}
 
 
 def test_a_dead_letters_table_of_the_older_shape_takes_reaction_letters_after_migrating(
@@ -350,3 +355,39 @@ def test_the_reactions_history_ages_out_within_the_cap(db: sqlite3.Connection) -
     ):
         assert db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 1
     assert db.execute("SELECT COUNT(*) FROM webhook_deliveries").fetchone()[0] == 0
+
+
+def test_a_letter_reopened_after_a_replay_can_be_retried_again(db: sqlite3.Connection) -> None:
+    # GIVEN a delivery dead after 2 attempts whose letter an operator retried (attempt 3
+    # reserved), which then met a 410 (skipped), was replayed, and died again after 2
+    policy = RetryPolicy(schedule_s=(5.0,), disable_after_s=10**9)
+    key = first_attempt(db, 1, FAILED, policy=policy)
+    retry_due(db, FAILED, now_s=T0 + 5, policy=policy)
+    letter_id = reaction_dead_letter_id(key)
+    claim_retry(db, letter_id, now_s=T0 + 10)
+    rearm_for_retry(db, key, now_s=T0 + 10)
+    retry_due(db, GONE, now_s=T0 + 10, policy=policy)
+    db.execute("UPDATE subscriptions SET enabled = 1")  # an operator enabled it again
+    replay_skipped(db, SUB, now_s=T0 + 20)
+    retry_due(db, FAILED, now_s=T0 + 20, policy=policy)
+    retry_due(db, FAILED, now_s=T0 + 25, policy=policy)
+    assert get_delivery(db, key).status is DeliveryStatus.DEAD
+
+    # WHEN an operator retries the reopened letter
+    letter, won = claim_retry(db, letter_id, now_s=T0 + 30)
+
+    # THEN this Retry is a new one (the old reservation went with the reopening)
+    assert won and (letter.attempt, letter.retried_attempt) == (2, 3)
+
+
+def test_a_dismissed_letter_withdraws_the_retry_it_had_made_due(db: sqlite3.Connection) -> None:
+    # GIVEN a dead delivery that an operator's Retry made due again
+    policy = RetryPolicy(schedule_s=(5.0,), disable_after_s=10**9)
+    key = first_attempt(db, 1, FAILED, policy=policy)
+    retry_due(db, FAILED, now_s=T0 + 5, policy=policy)
+    rearm_for_retry(db, key, now_s=T0 + 10)
+    # WHEN the letter is dismissed before the retry pass runs
+    park_dead(db, key, now_s=T0 + 11)
+    # THEN nothing is due: the delivery is dead again and the letter stays closed
+    assert claim_due(db, now_s=T0 + 100, limit=10, lease_s=90) == []
+    assert get_delivery(db, key).status is DeliveryStatus.DEAD

@@ -41,14 +41,20 @@ class FactContext:
         key: str | None = None,
         resource: str | None = None,
         canonical_generation: int | None = None,
+        event_id: str | None = None,
     ) -> Event:
         """An Event of ``event_type`` with the ID its type prescribes.
 
         Change Events get ``stable_event_id(change, type, task, key)``; the actor's own
-        Events get a fresh ID, minted here, inside the transaction.
+        Events get a fresh ID, minted here, inside the transaction — unless the caller gives
+        ``event_id``: an observer's fact that must carry the same ID on every attempt (a
+        schedule's fire, a disablement), so the outbox and JetStream drop a repeat.
         """
         spec = EVENT_TYPES.get(event_type)
-        if spec is not None and spec.id_kind is EventIdKind.STABLE:
+        if event_id is not None:
+            if spec is not None and spec.id_kind is EventIdKind.STABLE:
+                raise ValueError(f"{event_type} takes its stable ID from its Change, not event_id")
+        elif spec is not None and spec.id_kind is EventIdKind.STABLE:
             if change_id is None:
                 raise ValueError(f"{event_type} needs a change_id for its stable ID")
             event_id = stable_event_id(change_id, event_type, task_id, key)

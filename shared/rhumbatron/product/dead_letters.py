@@ -410,14 +410,15 @@ def record_reaction_dead_letter(
     now_s: float,
 ) -> DeadLetter:
     """Open the delivery's letter, or open it again with the new attempt count and reason
-    when a Retry failed too (the same letter: one per delivery)."""
+    when a Retry failed too (the same letter: one per delivery). Reopening clears the Retry
+    it reserved, so the next Retry is one again."""
     connection.execute(
         "INSERT INTO dead_letters (dead_letter_id, kind, tenant_id, project_id, consumer, "
         "event_id, attempt, reason, body, created_at_s) "
         "VALUES (?, 'reaction', ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (dead_letter_id) DO UPDATE SET status = 'open', resolution = NULL, "
         "closed_at_s = NULL, attempt = excluded.attempt, reason = excluded.reason, "
-        "updated_at_s = ?",
+        "retried_attempt = NULL, retried_at_s = NULL, updated_at_s = ?",
         (
             reaction_dead_letter_id(delivery_key),
             tenant_id,

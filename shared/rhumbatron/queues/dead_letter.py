@@ -54,6 +54,7 @@ from rhumbatron.product.dead_letters import (
     record_command_dead_letter,
 )
 from rhumbatron.protocol.envelopes import Command
+from rhumbatron.queues.wake_consumer import is_reaction_wake
 
 if TYPE_CHECKING:
     from rhumbatron.messaging.queue_consumer import Delivery, PollReport
@@ -157,9 +158,11 @@ class DeadLetterConsumer:
             "recorded" if written else "already recorded",
             reason,
         )
-        if command.change_id is not None:
+        if command.change_id is not None and not is_reaction_wake(command):
             # Applied again on a redelivery too: the letter may have committed before a
-            # crash that lost the outcome, and the outcome is idempotent.
+            # crash that lost the outcome, and the outcome is idempotent. A reaction's wake
+            # names the Change and Task of the event it answers, which are not its own work:
+            # its letter alone records the failure (it never blocks another agent's Task).
             self._mark_task_or_change(command, tenant_id, reason)
 
     def _mark_task_or_change(self, command: Command, tenant_id: str | None, reason: str) -> None:

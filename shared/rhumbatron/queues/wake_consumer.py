@@ -33,8 +33,9 @@ completed, and the project view's active Agent is never revived by a late fact),
 with ``falseWakeup: true`` next to the ``agent_false_wakeup`` count (the project view ignores
 those). Its key is :func:`~rhumbatron.domain.agents.woke_fact_key` (command, attempt, Agent):
 a redelivered message records it once. A duplicate or a wake held at the 8-agent limit woke
-nobody and records nothing; nor does a wake about no Change, or a Change the shard does not
-know (``agent.woke`` is a Change Event).
+nobody and records nothing; nor does a wake about no Change, a Change the shard does not
+know (``agent.woke`` is a Change Event), or a reaction's wake (it tells the agent about a
+fact; it is no work on the Task it names, which the project view would show it active on).
 """
 
 from __future__ import annotations
@@ -108,17 +109,22 @@ class WakeConsumer:
 
     async def __call__(self, command: Command, delivery: Delivery) -> Retry | None:
         outcome = self._decide(command)
-        if outcome is WakeOutcome.DUPLICATE and delivery.delivered > 1:
+        reaction = is_reaction_wake(command)
+        if outcome is WakeOutcome.DUPLICATE and delivery.delivered > 1 and not reaction:
             # The same message again, not a second wake: the delivery that admitted the
             # Agent failed after the admission, so the Agent never got its wake. Deliver it.
             outcome = WakeOutcome.DELIVERED
         self.outcomes.append((command.command_id, outcome))
         if outcome is WakeOutcome.STALE:
             self._count_false_wakeup(command)
-            self._record_woke(command, false_wakeup=True)
+            if not reaction:
+                self._record_woke(command, false_wakeup=True)
         elif outcome is WakeOutcome.DELIVERED:
             self._record_wake(command)
-            self._record_woke(command, false_wakeup=False)
+            if not reaction:
+                # A reaction's wake is about a fact, not work on the Task it names: it must
+                # not show the agent active there (the project view reads agent.woke so).
+                self._record_woke(command, false_wakeup=False)
             task = None
             if command.task_id is not None and command.change_id is not None:
                 task = self._shard(command).task_state(command.task_id)

@@ -41,6 +41,7 @@ from rhumbatron.errors import ConfigurationError, DomainError, RhumbatronError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import DataPoint, MetricBinding, insert_points
 from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import stable_event_id
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.deliveries import (
     ReactionEffects,
@@ -162,7 +163,15 @@ class ShardFacts:
             "failingSince": failing_since,
             "statusCode": disablement.status_code,
         }
-        fact = ctx.fact("reaction.disabled", payload)
+        # One fact per disablement, however many times it is written (a crash before its
+        # flag was set, or the consumer and a retry pass both finding it owed).
+        event_id = stable_event_id(
+            disablement.subscription_id,
+            "reaction.disabled",
+            None,
+            repr(disablement.disabled_at_s),
+        )
+        fact = ctx.fact("reaction.disabled", payload, event_id=event_id)
         shard.transact(lambda db: Transition(facts=(fact,)))
 
 
@@ -186,6 +195,7 @@ class _Plan:
     run: bool = False
     over_budget: tuple[int, str] | None = None  # (limit, day) when this refusal records a fact
     attempt: Attempt | None = None  # a webhook's outcome, for the ledger
+    fired: bool = False  # the reaction was taken (a 2xx, a workflow started, a wake sent)
     body: bytes = b""  # a webhook's pointer body
 
 
@@ -216,19 +226,20 @@ class ReactionsConsumer:
         done: list[str] = []
         try:
             # One event after the other: the gate's in-flight count then means what it says.
-            # Once the cap is full, the rest of the batch waits on the stream untouched: no
-            # decision, no metric per event, and no later event overtaking an earlier one.
-            cap_full: RecordOutcome | None = None
+            # Once a tenant's cap is full, the rest of its events in the batch wait on the
+            # stream untouched: no decision, no metric per event, and no later event of it
+            # overtaking an earlier one. Other tenants' events go on.
+            cap_full: dict[str, RecordOutcome] = {}
             for event in fresh:
-                if cap_full is not None:
-                    outcomes[event.event_id] = cap_full
+                if event.tenant_id in cap_full:
+                    outcomes[event.event_id] = cap_full[event.tenant_id]
                     continue
                 outcome = await self._react_fresh(event, run)
                 outcomes[event.event_id] = outcome
                 if outcome in (APPLIED, DUPLICATE):
                     done.append(event.event_id)
                 elif outcome.outcome is Outcome.RETRY and _IN_FLIGHT_FULL in outcome.reason:
-                    cap_full = outcome
+                    cap_full[event.tenant_id] = outcome
         finally:
             # Whatever did not finish is released for the redelivery; a delivery done stays
             # done under its own claim, so nothing runs twice.
@@ -264,7 +275,7 @@ class ReactionsConsumer:
         if not matching:
             return APPLIED
         now = self.clock.now()
-        plans, refused_in_flight = await asyncio.to_thread(self._decide, event, matching, now)
+        plans, refused_in_flight, held = await asyncio.to_thread(self._decide, event, matching, now)
         failures: list[str] = []
         for plan in plans:
             if plan.over_budget is not None:
@@ -279,6 +290,10 @@ class ReactionsConsumer:
             )
             if disabled is not None:
                 await record_disablement(self.reactions.facts, self.product, disabled)
+            if plan.fired:
+                # Counted once the delivery is settled: a metric that failed to write must
+                # not leave a delivery that happened unrecorded (and so sent again).
+                await asyncio.to_thread(self._fired, event, plan, now.timestamp())
             if error is not None:
                 failures.append(f"{plan.key}: {error}")
         if failures:
@@ -289,17 +304,24 @@ class ReactionsConsumer:
                 f"({self.reactions.limits.reaction_in_flight_cap}, "
                 "RHUMBATRON_REACTION_IN_FLIGHT_CAP); the event waits on the stream"
             )
+        if held:
+            return RecordOutcome.retry(
+                f"a delivery of {event.event_id} is held by another run whose lease has not "
+                "expired; the event waits on the stream"
+            )
         return APPLIED
 
     # -- decisions (one product transaction) -----------------------------------------------
     def _decide(
         self, event: Event, matching: list[SubscriptionLike], now: datetime
-    ) -> tuple[list[_Plan], bool]:
+    ) -> tuple[list[_Plan], bool, bool]:
+        """Each matching subscription's fate; and whether the in-flight cap sent the event
+        back, and whether another run holds one of its deliveries."""
         limits = self.reactions.limits
         now_s, day = now.timestamp(), utc_day(now)
         plans: list[_Plan] = []
         points: list[DataPoint] = []
-        refused_in_flight = False
+        refused_in_flight = held = False
         with self.product.transaction() as db:
             chain = cause_chain(db, event)
             keys = [webhook_id(event.event_id, s.subscription_id) for s in matching]
@@ -307,7 +329,7 @@ class ReactionsConsumer:
             for subscription, key in zip(matching, keys, strict=True):
                 if key not in leases.fresh:
                     # Done by an earlier attempt, or held by a live run: either way not ours.
-                    refused_in_flight |= key in leases.held
+                    held |= key in leases.held
                     continue
                 plan = _Plan(subscription, key, chain)
                 plans.append(plan)
@@ -391,7 +413,7 @@ class ReactionsConsumer:
             written = insert_points(db, MetricBinding.METRICS, points, now_s=now_s)
         if written:
             self.metrics_sink.emit(MetricBinding.METRICS, written)
-        return plans, refused_in_flight
+        return plans, refused_in_flight, held
 
     def _guard(
         self,
@@ -492,7 +514,7 @@ class ReactionsConsumer:
         except (RhumbatronError, httpx.HTTPError) as exc:
             _log.warning("reaction %s failed: %s", plan.key, exc)
             return f"{type(exc).__name__}: {exc}"
-        await asyncio.to_thread(self._fired, event, plan, now.timestamp())
+        plan.fired = True
         return None
 
     def _no_workflow(self, event: Event, plan: _Plan, why: str, now: datetime) -> None:

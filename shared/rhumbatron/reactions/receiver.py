@@ -24,10 +24,14 @@ holds only the old one rejects everything until it is given the new one
 after the receiver took it, say) under the same ``webhook-id`` with a new timestamp and so a
 new signature: that one is accepted as a *duplicate* (``ReceivedWebhook.duplicate``). The
 receiver answers it 2xx and does not act on it again — otherwise a receiver that was merely
-slow would refuse every retry until the delivery became a dead letter.
+slow would refuse every retry until the delivery became a dead letter. Retries come 5 s,
+5 min, 30 min, 2 h, 5 h and 10 h apart: a receiver flags them only while it remembers the ID
+(``remember_s``, by default the tolerance window). Give it the whole schedule (63,305 s,
+about 17.6 h), or dedupe on ``webhook-id`` in the receiver's own durable store.
 
-**The seen set.** The IDs accepted are remembered until their timestamp leaves the tolerance
-window — from then on a replay of those bytes fails the timestamp check anyway — and at most
+**The seen set.** The IDs accepted are remembered for ``remember_s`` past their timestamp
+(at least the tolerance window — after it a replay of those bytes fails the timestamp check
+anyway) and at most
 ``seen_capacity`` of them: when it is full the ID that would be forgotten soonest goes first
 (a warning is logged; size it above the deliveries expected in one window). A receiver whose
 own processing fails after :meth:`~WebhookReceiver.verify` calls
@@ -206,6 +210,7 @@ class WebhookReceiver:
         clock: Clock,
         tolerance_s: int = DEFAULT_TOLERANCE_S,
         seen_capacity: int = DEFAULT_SEEN_CAPACITY,
+        remember_s: int | None = None,
     ) -> None:
         if tolerance_s < 1:
             raise ConfigurationError(
@@ -219,6 +224,8 @@ class WebhookReceiver:
             )
         self._clock = clock
         self._tolerance_s = tolerance_s
+        # An ID forgotten within the tolerance would let a replay through.
+        self._remember_s = max(tolerance_s, remember_s or 0)
         self._lock = threading.Lock()
         self._secrets = _checked(secrets)
         self._seen = _SeenIds(seen_capacity)
@@ -263,7 +270,7 @@ class WebhookReceiver:
         with self._lock:
             now_s = int(now.timestamp())
             self._seen.prune(now_s)
-            until_s = timestamp + self._tolerance_s
+            until_s = timestamp + self._remember_s
             seen_until = self._seen.until(webhook_id)
             if seen_until is not None and seen_until != until_s:
                 # The sender's retry (a new timestamp, a new signature) of a delivery this

@@ -448,11 +448,11 @@ def schedule_fired_event(
     due = _minute(scheduled_at)
     caller = Caller(tenant_id, _ACTOR, f"schedule:{schedule_id}:{_minute_key(due)}")
     payload = {"scheduleId": schedule_id, "name": name, "mode": mode, "scheduledAt": due}
-    fact = FactContext(caller, project_id, now).fact("schedule.fired", payload)
-    # The registry mints schedule.fired IDs at random, like every actor's fact; a fire's ID
-    # must instead be the same on every attempt of its tick, so the outbox's INSERT OR IGNORE
-    # and JetStream's duplicate window drop a repeat. Re-validated whole, not patched.
-    return Event.parse({**fact.to_wire(), "eventId": schedule_event_id(schedule_id, due)})
+    # A fire's ID is the same on every attempt of its tick, so the outbox's INSERT OR IGNORE
+    # and JetStream's duplicate window drop a repeat.
+    return FactContext(caller, project_id, now).fact(
+        "schedule.fired", payload, event_id=schedule_event_id(schedule_id, due)
+    )
 
 
 def fire_due_schedules(

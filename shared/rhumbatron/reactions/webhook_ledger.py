@@ -51,6 +51,7 @@ __all__ = [
     "get_delivery",
     "list_deliveries",
     "mark_disablement_recorded",
+    "park_dead",
     "prune_deliveries",
     "rearm_for_retry",
     "record_attempt",
@@ -336,11 +337,16 @@ def _after_attempt(
         status, next_at = DeliveryStatus.DEAD, None
     else:
         status, next_at = DeliveryStatus.RETRYING, now_s + policy.schedule_s[attempts - 1]
-    db.execute(
+    moved = db.execute(
         "UPDATE webhook_deliveries SET status = ?, attempts = ?, next_attempt_at_s = ?, "
-        "last_error = ?, last_status_code = ?, updated_at_s = ? WHERE delivery_key = ?",
+        "last_error = ?, last_status_code = ?, updated_at_s = ? "
+        "WHERE delivery_key = ? AND status = 'retrying'",
         (status.value, attempts, next_at, error, attempt.status_code, now_s, key),
-    )
+    ).rowcount
+    if not moved:
+        # Set aside while the attempt was out (its endpoint disabled, or an operator's
+        # Dismiss): the failure changes nothing more.
+        return None
     if status is DeliveryStatus.DEAD:
         record_reaction_dead_letter(
             db,
@@ -506,6 +512,16 @@ def replay_skipped(db: sqlite3.Connection, subscription_id: str, *, now_s: float
     ).rowcount
 
 
+def park_dead(db: sqlite3.Connection, delivery_key: str, *, now_s: float) -> None:
+    """An operator dismissed the delivery's letter: a Retry it had made due is withdrawn, so
+    nothing is sent and the letter stays closed."""
+    db.execute(
+        "UPDATE webhook_deliveries SET status = 'dead', next_attempt_at_s = NULL, "
+        "updated_at_s = ? WHERE delivery_key = ? AND status = 'retrying'",
+        (now_s, delivery_key),
+    )
+
+
 def rearm_for_retry(db: sqlite3.Connection, delivery_key: str, *, now_s: float) -> WebhookDelivery:
     """An operator's Retry of a dead delivery: one more attempt, due now (a failure makes it
     dead again at once, and reopens its letter)."""
@@ -518,12 +534,15 @@ def rearm_for_retry(db: sqlite3.Connection, delivery_key: str, *, now_s: float) 
 
 
 def prune_deliveries(db: sqlite3.Connection, *, before_s: float, limit: int) -> int:
-    """Delete at most ``limit`` finished deliveries (delivered, or dead with a closed
-    letter) last touched before ``before_s``; skipped and open ones stay."""
+    """Delete at most ``limit`` deliveries last touched before ``before_s``: delivered,
+    skipped (a replay window as long as the history: a subscription that stays disabled must
+    not grow the file without bound), or dead with a closed letter. Retries due and open
+    letters stay."""
     return db.execute(
         "DELETE FROM webhook_deliveries WHERE delivery_key IN ("
         "SELECT delivery_key FROM webhook_deliveries WHERE updated_at_s < ? AND ("
-        "status = 'delivered' OR (status = 'dead' AND NOT EXISTS (SELECT 1 FROM dead_letters "
+        "status IN ('delivered', 'skipped') OR (status = 'dead' AND NOT EXISTS ("
+        "SELECT 1 FROM dead_letters "
         "WHERE consumer = 'reactions' AND event_id = delivery_key AND status = 'open'))) "
         "LIMIT ?)",
         (before_s, limit),

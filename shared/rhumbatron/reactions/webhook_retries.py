@@ -5,8 +5,9 @@ most ``reaction_webhook_retry_batch`` due deliveries (oldest due first), and for
 
 * its subscription deleted, or turned off → the delivery is set aside as ``skipped``;
 * the admission gate: a retry was charged to the budget when it was first admitted, so the
-  budget only stops a replayed skipped delivery (skipped again, to be replayed another day);
-  a full in-flight cap gives the rest of the batch back for the next tick;
+  budget only stops a replayed delivery that was never admitted (skipped again, to be
+  replayed another day); a tenant whose in-flight cap is full has its deliveries given back
+  for the next tick, and the other tenants' go on;
 * one signed POST with the subscription's current URL and secrets (a rotation applies to
   retries too) and the same ``webhook-id``; the ledger records the outcome.
 
@@ -103,22 +104,25 @@ class WebhookRetrier:
         now_s = self.clock.now().timestamp()
         lease_s = self.settings.webhook_timeout_s + 60.0
         due = await asyncio.to_thread(self._claim, now_s, lease_s)
+        # A tenant whose in-flight cap is full waits for the next pass; the others go on.
+        full: set[str] = set()
         for index, delivery in enumerate(due):
             if should_stop is not None and should_stop():
                 # Given back as due now: the next pass takes them first.
                 await asyncio.to_thread(self._give_back, due[index:], now_s)
                 report.deferred += len(due) - index
                 break
-            if not await self._retry(delivery, report):
-                await asyncio.to_thread(self._give_back, due[index + 1 :], now_s)
-                report.deferred += len(due) - index
-                break
+            if delivery.tenant_id in full or not await self._retry(delivery, report):
+                full.add(delivery.tenant_id)
+                await asyncio.to_thread(self._give_back, [delivery], now_s)
+                report.deferred += 1
         if report.sent or report.dead:
             _log.info("webhook retry pass: %s", report.as_dict())
         return report
 
     async def _retry(self, delivery: WebhookDelivery, report: RetryPassReport) -> bool:
-        """Retry one delivery; False when the in-flight cap is full (stop the pass)."""
+        """Retry one delivery; False when its tenant's in-flight cap is full (the caller
+        gives it back)."""
         now = self.clock.now()
         now_s = now.timestamp()
         key = delivery.delivery_key
@@ -135,7 +139,6 @@ class WebhookRetrier:
             return True
         admitted = await asyncio.to_thread(self._admit, delivery, now_s, utc_day(now))
         if admitted is Admission.IN_FLIGHT_FULL:
-            await asyncio.to_thread(self._give_back, [delivery], now_s)
             return False
         if admitted is Admission.OVER_BUDGET:
             why = (
