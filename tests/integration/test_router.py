@@ -36,6 +36,7 @@ pytestmark = pytest.mark.integration
 CALLER = Caller("acme", "system:test", correlation_id="corr-router")
 PROJECTOR = Subscription.PROJECT_VIEW_PROJECTOR
 CAUSAL = Subscription.CAUSAL_ROUTER
+REACTIONS = Subscription.REACTIONS
 START = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)  # minute of day 600 -> stream 0
 
 
@@ -159,8 +160,9 @@ async def test_each_stream_gets_four_durable_explicit_ack_pull_consumers_at_firs
     # WHEN the sweep visits stream 0
     await app.router().sweep(now=sweep_minute(0))
 
-    # THEN stream 0 has exactly the four durable pull consumers, explicit ack, 5-minute ack
-    # wait; stream 1 has none yet (each is created at its first read)
+    # THEN stream 0 has exactly the five durable pull consumers, explicit ack, 5-minute ack
+    # wait; stream 1 has only reactions, which every tick reads on every stream (the others
+    # are created at their first read there)
     names = sorted([c.name async for c in _consumers(js, event_stream_name(0))])
     assert names == sorted(s.value for s in Subscription)
     for subscription in Subscription:
@@ -169,7 +171,7 @@ async def test_each_stream_gets_four_durable_explicit_ack_pull_consumers_at_firs
         assert info.config.ack_policy == AckPolicy.EXPLICIT
         assert info.config.ack_wait == 300
         assert info.config.deliver_subject is None  # a pull consumer
-    assert [c async for c in _consumers(js, event_stream_name(1))] == []
+    assert [c.name async for c in _consumers(js, event_stream_name(1))] == [REACTIONS.value]
 
 
 async def _consumers(js: Any, stream: str) -> AsyncIterator[Any]:

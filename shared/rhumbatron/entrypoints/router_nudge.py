@@ -35,12 +35,13 @@ from rhumbatron.runtime import event_loop
 from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
 
 if TYPE_CHECKING:
-    from rhumbatron.router.event_router import RunReport
+    from rhumbatron.router.event_router import RunReport, SubscriptionReport
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [
     "InvocationContext",
     "NudgeRouter",
+    "counts_of",
     "handle",
     "parse_invocation",
     "reset_for_tests",
@@ -119,6 +120,11 @@ async def _handle(
     return {"job": "nudge", **run_summary(report), "out_of_time": out_of_time}
 
 
+def counts_of(report: SubscriptionReport) -> dict[str, int]:
+    """One subscription's counts of a run, as JSON-able data."""
+    return {count: getattr(report, count) for count in _COUNTS}
+
+
 def run_summary(report: RunReport) -> dict[str, Any]:
     """A run's counts as JSON-able data: per subscription, and totals over them."""
     from rhumbatron.protocol.ids import event_stream_name
@@ -126,9 +132,6 @@ def run_summary(report: RunReport) -> dict[str, Any]:
     return {
         "stream_index": report.stream_index,
         "stream": event_stream_name(report.stream_index),
-        "subscriptions": {
-            name: {count: getattr(sub, count) for count in _COUNTS}
-            for name, sub in report.subscriptions.items()
-        },
+        "subscriptions": {name: counts_of(sub) for name, sub in report.subscriptions.items()},
         "totals": {count: report.total(count) for count in _COUNTS},
     }

@@ -240,7 +240,7 @@ def sweep_summary(report: SweepReport) -> dict[str, Any]:
     """A sweep tick as JSON-able data: the run, the tick's kind and its housekeeping."""
     # Imported here: the nudge role's module reads the stream count from the settings module,
     # whose pydantic-settings import the sweep's cold start need not pay before its first tick.
-    from rhumbatron.entrypoints.router_nudge import run_summary
+    from rhumbatron.entrypoints.router_nudge import counts_of, run_summary
 
     return {
         **run_summary(report.run),
@@ -263,7 +263,12 @@ def sweep_summary(report: SweepReport) -> dict[str, Any]:
         "pruned_claims": report.pruned_claims,
         "pruned_feed_rows": report.pruned_feed_rows,
         "pruned_metric_rows": report.pruned_metric_rows,
+        "pruned_reaction_rows": report.pruned_reaction_rows,
         "archive_objects_expired": report.archive_objects_expired,
+        # the reactions batch of every other stream (the tick's own is under subscriptions)
+        "reactions_elsewhere": {
+            stream: counts_of(sub) for stream, sub in report.reactions_elsewhere.items()
+        },
         # capacity warnings the router raised at its first sweep in this process
         "warnings": list(report.warnings),
     }

@@ -4,10 +4,11 @@ A **nudge** for stream N runs ``project-view-projector`` then ``causal-router``,
 consumes each. A **sweep tick** (the start of every minute) visits stream
 ``minute-of-day mod 8`` and runs the same two, then the ``audit-archiver`` batch(es), then —
 on a tick that is neither the daily maintenance tick nor a release-sweep tick — the
-``analytics-projector`` batch(es); every sweep tick ends with one ``reactions`` batch (the
-reactions run in the sweep only, so an event storm waits on the stream instead of
-stampeding, issue #7). The sweep is the correctness path: with nudges off every
-event is still applied, 8 minutes later at most.
+``analytics-projector`` batch(es); every sweep tick ends with one ``reactions`` batch on
+each of the 8 streams (the reactions run in the sweep only, a batch per stream a minute, so
+an event storm waits on the stream instead of stampeding, and a reaction follows its fact
+within a minute; issue #7). The sweep is the correctness path: with nudges off every event
+is still applied, 8 minutes later at most.
 
 For every fetched record the router settles one outcome (see ``records``): ack, nack (after
 the delay, or at once for a deferral), or — on the 5th failure of the same event for the same
@@ -116,6 +117,8 @@ class SweepReport:
     archive_objects_expired: int = 0
     archive_objects: list[tuple[str, int]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: The reactions batch of every other stream, by stream name.
+    reactions_elsewhere: dict[str, SubscriptionReport] = field(default_factory=dict)
 
 
 def tick_kind(settings: Settings, now: datetime) -> tuple[int, bool, bool]:
@@ -281,7 +284,8 @@ class EventRouter:
                     settings.analytics_batch_size,
                 )
             )
-        # One reactions batch per tick: the gate decides, the stream buffers the rest.
+        # One reactions batch per tick and stream (this one here, the others below): the
+        # gate decides, the streams buffer the rest.
         plan.append((Subscription.REACTIONS, 1, settings.router_fetch_max_records))
         archiver = self.handler(stream_index, Subscription.AUDIT_ARCHIVER)
         assert isinstance(archiver, AuditArchiver)
@@ -300,6 +304,18 @@ class EventRouter:
             warnings=warnings,
         )
         del archiver.objects_written[:archived_before]
+        # The other streams' reactions too: a reaction follows its fact within a minute
+        # (not the 8 a stream waits for its own tick), and each cursor moves a batch a minute.
+        for other in range(EVENT_STREAM_COUNT):
+            if other == stream_index or (should_stop is not None and should_stop()):
+                continue
+            sweep.reactions_elsewhere[event_stream_name(other)] = await self.consume(
+                self._run_context(other),
+                Subscription.REACTIONS,
+                consumes=1,
+                batch=settings.router_fetch_max_records,
+                should_stop=should_stop,
+            )
         if maintenance:
             from rhumbatron.router.maintenance import run_daily_maintenance
 

@@ -68,7 +68,7 @@ def prune_processed_events(router: EventRouter, *, now_s: float) -> tuple[int, i
 def prune_lag_metrics(router: EventRouter, *, now_s: float) -> int:
     """Delete METRICS rows older than ``lag_metrics_retention_days``, at most the cap.
 
-    Every tick writes 67 lag and backlog points (96,480 a day); the dashboards read
+    Every tick writes 83 lag and backlog points (119,520 a day); the dashboards read
     CloudWatch in the cloud, so the table keeps a window, not a history. EVENT_METRICS rows
     (one per lifecycle Event) are the analytics themselves and are kept.
     """
