@@ -8,6 +8,7 @@
      ├── EnvelopeError               an Event or Command failed validation at the edge
      │    └── UnknownTypeError       the type is not in EVENT_TYPES / COMMAND_TYPES
      ├── DomainError                 a transition is not legal from the current state
+     ├── RegistryError               a subscription or schedule that cannot be stored as asked
      ├── ActorError                  an actor file could not be opened or written
      │    ├── ActorBusyError         another writer held the file past the busy timeout
      │    └── OutboxError            an Event could not be written to the outbox
@@ -39,6 +40,7 @@ __all__ = [
     "MessagingError",
     "NatsUnavailableError",
     "OutboxError",
+    "RegistryError",
     "RhumbatronError",
     "StreamConfigError",
     "UnknownTypeError",
@@ -68,6 +70,15 @@ class UnknownTypeError(EnvelopeError):
 
 class DomainError(RhumbatronError):
     """A state transition that is not legal from the current state."""
+
+
+class RegistryError(RhumbatronError, ValueError):
+    """A registry record (a subscription, a schedule) that cannot be created or changed; the
+    message names the value. ``field`` names the record field at fault, when there is one."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ActorError(RhumbatronError):

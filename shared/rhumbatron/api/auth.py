@@ -101,6 +101,12 @@ class Principal:
     tenant_id: str
     scopes: frozenset[str]
 
+    @property
+    def tenant_scope(self) -> str | None:
+        """The tenant whose records the caller sees; None (every tenant's) for a platform
+        token."""
+        return None if self.tenant_id == ANY_TENANT else self.tenant_id
+
 
 class Authenticator(ABC):
     """Turns a bearer token into a :class:`Principal`."""

@@ -113,6 +113,7 @@ __all__ = [
     "PrincipalDependency",
     "StreamsReady",
     "lifecycle_router",
+    "own_tenant",
 ]
 
 _log = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ def lifecycle_router(
     ) -> AcceptedCommandBody:
         """Queues ``project.provision`` (``cmd_provision_<projectId>``) for the caller's
         tenant. Provisioning the same project again with the same name is harmless."""
-        tenant = _own_tenant(principal, "create a project")
+        tenant = own_tenant(principal, "create a project")
         owner = app.project_tenant(body.project_id)
         if owner is not None and owner != tenant:
             raise ConflictError(
@@ -1008,7 +1009,7 @@ def lifecycle_router(
     ) -> AgentBody:
         """Registers (201) or updates (200) an agent of the caller's tenant. The answer
         shows no secret, except one this registration generated: it is shown once."""
-        tenant = _own_tenant(principal, "register an agent")
+        tenant = own_tenant(principal, "register an agent")
         registry = app.lifecycle().registry
         before = registry.get(body.agent_id)
         if before is not None and before.tenant_id != tenant:
@@ -1044,7 +1045,7 @@ def lifecycle_router(
 # -- helpers -----------------------------------------------------------------------------------
 
 
-def _own_tenant(principal: Principal, doing: str) -> str:
+def own_tenant(principal: Principal, doing: str) -> str:
     """The caller's tenant, which will own what it creates; a platform token owns nothing."""
     if principal.tenant_id == ANY_TENANT:
         raise ForbiddenError(

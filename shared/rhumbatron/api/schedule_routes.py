@@ -29,9 +29,9 @@ from rhumbatron.api.auth import SCOPE_AGENTS_READ, SCOPE_AGENTS_WRITE, Principal
 from rhumbatron.api.errors import InvalidRequestError, error_responses
 from rhumbatron.api.lifecycle_routes import (
     ConflictError,
-    ForbiddenError,
     NotFoundError,
     PrincipalDependency,
+    own_tenant,
 )
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
 from rhumbatron.reactions.schedules import (
@@ -47,7 +47,6 @@ from rhumbatron.reactions.schedules import (
     ScheduleTiming,
 )
 from rhumbatron.runtime.bootstrap import Rhumbatron
-from rhumbatron.runtime.settings import ANY_TENANT
 
 __all__ = [
     "CreateScheduleRequest",
@@ -180,12 +179,7 @@ def schedule_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRoute
         principal: Writer, body: CreateScheduleRequest, response: Response
     ) -> ScheduleBody:
         """Creates (201) the caller's tenant's schedule, or answers the same one (200)."""
-        if principal.tenant_id == ANY_TENANT:
-            raise ForbiddenError(
-                f"a platform token (tenant {ANY_TENANT!r}) acts for every tenant and owns "
-                "nothing; use a tenant's token to create a schedule",
-                code="tenant_required",
-            )
+        own_tenant(principal, "create a schedule")
         schedules = registry()
         with _refused():
             timing = ScheduleTiming.of(body.mode, every_minutes=body.every_minutes, at=body.at)
@@ -214,7 +208,7 @@ def schedule_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRoute
     ) -> ScheduleListBody:
         """The caller's tenant's schedules (every tenant's for a platform token)."""
         schedules = registry()
-        records = schedules.list(_tenant(principal), enabled_only=enabled_only)
+        records = schedules.list(principal.tenant_scope, enabled_only=enabled_only)
         return ScheduleListBody(items=[shown(r, schedules) for r in records])
 
     @router.get(
@@ -226,7 +220,7 @@ def schedule_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRoute
     async def read_schedule(principal: Reader, schedule_id: _ScheduleId) -> ScheduleBody:
         """Its timing, project, state and latest fire."""
         schedules = registry()
-        record = schedules.get(_tenant(principal), schedule_id)
+        record = schedules.get(principal.tenant_scope, schedule_id)
         if record is None:
             raise NotFoundError(f"no schedule {schedule_id!r}; GET /schedules lists them")
         return shown(record, schedules)
@@ -244,7 +238,7 @@ def schedule_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRoute
         project do not change: delete and create instead."""
         schedules = registry()
         with _refused():
-            record = schedules.set_enabled(_tenant(principal), schedule_id, body.enabled)
+            record = schedules.set_enabled(principal.tenant_scope, schedule_id, body.enabled)
         return shown(record, schedules)
 
     @router.delete(
@@ -257,18 +251,13 @@ def schedule_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRoute
         """Deletes the schedule (and the record of its fires) and answers what it was; it
         fires no more."""
         with _refused():
-            record = registry().delete(_tenant(principal), schedule_id)
+            record = registry().delete(principal.tenant_scope, schedule_id)
         return ScheduleBody.of(record)
 
     return router
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def _tenant(principal: Principal) -> str | None:
-    """The tenant whose schedules the caller sees; None (all) for a platform token."""
-    return None if principal.tenant_id == ANY_TENANT else principal.tenant_id
 
 
 @contextmanager

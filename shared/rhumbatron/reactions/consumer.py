@@ -78,7 +78,7 @@ from rhumbatron.reactions.webhook_ledger import (
     record_skipped,
 )
 from rhumbatron.router.claims import claim_leases, complete_claims, release_claims
-from rhumbatron.router.records import APPLIED, DUPLICATE, Outcome, Record, RecordOutcome
+from rhumbatron.router.records import APPLIED, DUPLICATE, Record, RecordOutcome
 from rhumbatron.runtime.clock import Clock, utc_day
 
 if TYPE_CHECKING:
@@ -112,8 +112,6 @@ FIRED_METRIC = "reaction_fired"
 #: The facts the reactions write themselves.
 _ACTOR = "system:reactions"
 _CONSUMER = Subscription.REACTIONS.value
-#: Words of the retry outcome of an event the in-flight cap sent back.
-_IN_FLIGHT_FULL = "in-flight cap"
 
 
 class NoSubscriptions:
@@ -234,11 +232,11 @@ class ReactionsConsumer:
                 if event.tenant_id in cap_full:
                     outcomes[event.event_id] = cap_full[event.tenant_id]
                     continue
-                outcome = await self._react_fresh(event, run)
+                outcome, refused_in_flight = await self._react_fresh(event, run)
                 outcomes[event.event_id] = outcome
                 if outcome in (APPLIED, DUPLICATE):
                     done.append(event.event_id)
-                elif outcome.outcome is Outcome.RETRY and _IN_FLIGHT_FULL in outcome.reason:
+                elif refused_in_flight:
                     cap_full[event.tenant_id] = outcome
         finally:
             # Whatever did not finish is released for the redelivery; a delivery done stays
@@ -270,10 +268,11 @@ class ReactionsConsumer:
             complete_claims(db, _CONSUMER, [r.key for r in records], now_s=run.now_s)
 
     # -- one event -----------------------------------------------------------------------
-    async def _react_fresh(self, event: Event, run: RunContext) -> RecordOutcome:
+    async def _react_fresh(self, event: Event, run: RunContext) -> tuple[RecordOutcome, bool]:
+        """The event's outcome, and whether the tenant's in-flight cap sent it back."""
         matching = list(self.reactions.registry.matching(event.tenant_id, event))
         if not matching:
-            return APPLIED
+            return APPLIED, False
         now = self.clock.now()
         plans, refused_in_flight, held = await asyncio.to_thread(self._decide, event, matching, now)
         failures: list[str] = []
@@ -297,19 +296,19 @@ class ReactionsConsumer:
             if error is not None:
                 failures.append(f"{plan.key}: {error}")
         if failures:
-            return RecordOutcome.failed("; ".join(failures))
+            return RecordOutcome.failed("; ".join(failures)), False
         if refused_in_flight:
             return RecordOutcome.retry(
-                f"the {_IN_FLIGHT_FULL} of tenant {event.tenant_id!r} is full "
+                f"the in-flight cap of tenant {event.tenant_id!r} is full "
                 f"({self.reactions.limits.reaction_in_flight_cap}, "
                 "RHUMBATRON_REACTION_IN_FLIGHT_CAP); the event waits on the stream"
-            )
+            ), True
         if held:
             return RecordOutcome.retry(
                 f"a delivery of {event.event_id} is held by another run whose lease has not "
                 "expired; the event waits on the stream"
-            )
-        return APPLIED
+            ), False
+        return APPLIED, False
 
     # -- decisions (one product transaction) -----------------------------------------------
     def _decide(

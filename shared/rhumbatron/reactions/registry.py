@@ -45,7 +45,7 @@ from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.agents.registry import AGENT_ID_PATTERN, MAX_SECRETS, AgentRegistry
 from rhumbatron.agents.signing import generate_secret, parse_secret
 from rhumbatron.agents.url_safety import check_webhook_url
-from rhumbatron.errors import RhumbatronError
+from rhumbatron.errors import RegistryError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.reactions.selectors import Selector, event_selector_matches
 from rhumbatron.reactions.webhook_ledger import (
@@ -128,15 +128,8 @@ MAX_COOLDOWN_S = 365 * 24 * 3600
 _NAME = re.compile(SUBSCRIPTION_NAME_PATTERN)
 
 
-class SubscriptionRegistryError(RhumbatronError, ValueError):
-    """A subscription that cannot be created or changed; the message names the value.
-
-    ``field`` names the record field at fault (``reaction.agent_id``), when there is one.
-    """
-
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
+class SubscriptionRegistryError(RegistryError):
+    """A subscription that cannot be created or changed (``field``: ``reaction.agent_id``)."""
 
 
 class SubscriptionConflictError(SubscriptionRegistryError):

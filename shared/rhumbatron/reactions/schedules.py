@@ -41,7 +41,7 @@ from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import project_admin_key
 from rhumbatron.domain.transition import Transition
-from rhumbatron.errors import RhumbatronError
+from rhumbatron.errors import RegistryError, RhumbatronError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN, stable_event_id
 from rhumbatron.reactions.registry import SUBSCRIPTION_NAME_PATTERN
@@ -151,15 +151,8 @@ class ScheduleSettings(BaseSettings):
     )
 
 
-class ScheduleRegistryError(RhumbatronError, ValueError):
-    """A schedule that cannot be created or changed; the message names the value.
-
-    ``field`` names the record field at fault (``every_minutes``), when there is one.
-    """
-
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
+class ScheduleRegistryError(RegistryError):
+    """A schedule that cannot be created or changed (``field``: ``every_minutes``)."""
 
 
 class ScheduleConflictError(ScheduleRegistryError):
