@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -92,7 +93,9 @@ async def make_app(
 ) -> AsyncIterator[AppFactory]:
     """Builds runtimes on the test's nats-server and state dir, with its own bucket."""
     apps: list[Rhumbatron] = []
-    bucket = f"evidence-{id(apps):x}"
+    # A fresh name per test: an id() can come back once its object is gone, and the moto
+    # server (one per module) would hand the next test the last one's archive objects.
+    bucket = f"evidence-{uuid.uuid4().hex[:20]}"
     clock.set(START)
 
     async def build(nudge: InProcessNudge | None = None, **overrides: Any) -> Rhumbatron:
