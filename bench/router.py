@@ -63,7 +63,7 @@ from rhumbatron.protocol.ids import (
     stable_event_id,
     stream_index,
 )
-from rhumbatron.router.handlers import RunContext
+from rhumbatron.router.handlers import NoCausalRules, RunContext
 from rhumbatron.router.nudge import InProcessNudge
 from rhumbatron.router.project_view import ProjectView
 from rhumbatron.router.records import Outcome, Record
@@ -622,7 +622,7 @@ async def latency_run(
     """
     settings = load_settings(state_dir=state_dir, nats_url=url, network_filesystem=False)
     nudge = InProcessNudge()
-    app = bootstrap(settings, nudge=nudge)
+    app = bootstrap(settings, nudge=nudge, causal_routing=NoCausalRules())
     loop = asyncio.get_running_loop()
     commits = _ViewCommits()
     project_ids = _latency_projects(projects)

@@ -495,3 +495,43 @@ def test_opening_an_actor_file_another_writer_holds_is_an_actor_busy_error(
     root = ProjectRoot(ref, settings, clock=clock)
     root.create_project(CALLER, name="Acme")
     root.close()
+
+
+def test_the_publish_lock_admits_one_publisher_per_actor_through_any_handle(
+    offline_app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN an actor, and a second handle on the same file (another process's view of it)
+    shard = offline_app.resource_shard(PROJECT, change_resource_key("c1"))
+    other = ResourceShard(shard.ref, offline_app.settings, clock=clock)
+    try:
+        # WHEN one publisher holds the actor's publish lock
+        with shard.publish_lock() as held:
+            assert held
+            # THEN a second publisher is refused at once, through this handle or the other
+            with shard.publish_lock() as again, other.publish_lock() as elsewhere:
+                assert (again, elsewhere) == (False, False)
+        # AND once it lets go, the next publisher gets it, again and again
+        for _ in range(3):
+            with other.publish_lock() as held_by_other:
+                assert held_by_other
+        with shard.publish_lock() as held_again:
+            assert held_again
+    finally:
+        other.close()
+
+
+def test_closing_an_actor_handle_gives_up_a_publish_lock_it_still_held(
+    offline_app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN a handle whose publisher took the lock and never let go (its caller died)
+    shard = offline_app.resource_shard(PROJECT, change_resource_key("c1"))
+    holder = ResourceShard(shard.ref, offline_app.settings, clock=clock)
+    lock = holder.publish_lock()
+    assert lock.__enter__()
+    # WHEN that handle is closed
+    holder.close()
+    # THEN another publisher can take the actor's lock
+    with shard.publish_lock() as held:
+        assert held
+    # AND the dead caller's late exit is harmless
+    lock.__exit__(None, None, None)

@@ -8,6 +8,7 @@ decision that raises leaves neither state nor outbox row behind.
 
 from __future__ import annotations
 
+import fcntl
 import re
 import sqlite3
 import threading
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
 from rhumbatron.actors.alarms import ALARM_SCHEMA, AlarmSink, NoAlarmSink, set_alarm
 from rhumbatron.actors.outbox import OUTBOX_SCHEMA, append_facts
@@ -128,6 +129,8 @@ class Actor:
         # The publisher commits on a worker thread; the lock keeps one transaction of this
         # process on the actor's connection at a time.
         self._lock = threading.RLock()
+        self._publish_lock_file: IO[bytes] | None = None
+        self._publishing = threading.Lock()
 
     # -- connection ------------------------------------------------------------------------
     @property
@@ -150,6 +153,46 @@ class Actor:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
+            if self._publish_lock_file is not None:
+                self._publish_lock_file.close()  # releases a lock a crashed caller left
+                self._publish_lock_file = None
+
+    # -- the publish lock ------------------------------------------------------------------
+    @contextmanager
+    def publish_lock(self) -> Iterator[bool]:
+        """Try to become this actor's only publisher; yields whether it did (never waits).
+
+        An exclusive ``flock`` on ``<actor file>.publish.lock`` keeps out publishers of
+        other processes and of other handles on the same file (each opens its own lock
+        file); a second caller through this same handle is refused too. The lock file stays
+        open between calls: under load an alarm fires per event, and creating and opening
+        the file each time cost more than the publish of a single row.
+        """
+        if not self._publishing.acquire(blocking=False):
+            yield False
+            return
+        try:
+            handle = self._open_publish_lock()
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                acquired = False
+            else:
+                acquired = True
+            try:
+                yield acquired
+            finally:
+                if acquired and not handle.closed:  # close() has already released it
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+        finally:
+            self._publishing.release()
+
+    def _open_publish_lock(self) -> IO[bytes]:
+        if self._publish_lock_file is None:
+            lock_path = self.path.with_suffix(".publish.lock")
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            self._publish_lock_file = lock_path.open("ab")
+        return self._publish_lock_file
 
     def __enter__(self) -> Actor:
         return self

@@ -20,10 +20,8 @@ outage never turns events into ``failed`` rows.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import random
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -128,7 +126,7 @@ class OutboxPublisher:
         counted in the same commit that marks the rows published (one fsync per fire, not
         two). Every other outcome writes what it implies in a transaction of its own.
         """
-        with _publish_lock(actor) as acquired:
+        with actor.publish_lock() as acquired:
             if not acquired:
                 return PublishReport(actor.ref.key, busy=True)
             now = self._clock.now()
@@ -146,7 +144,7 @@ class OutboxPublisher:
 
     async def publish_due(self, actor: Actor) -> PublishReport:
         """Send the due rows of every project in ``actor``'s outbox (at most 100 each)."""
-        with _publish_lock(actor) as acquired:
+        with actor.publish_lock() as acquired:
             if not acquired:
                 # another publisher is on this actor right now (F8)
                 return PublishReport(actor.ref.key, busy=True)
@@ -340,23 +338,6 @@ class OutboxPublisher:
         if missing:
             return f"stored envelope lacks this row's {', '.join(missing)}; the row is damaged"
         return None
-
-
-@contextmanager
-def _publish_lock(actor: Actor) -> Iterator[bool]:
-    """An exclusive, non-blocking lock on ``<actor file>.publish.lock`` (one publisher a time)."""
-    lock_path = actor.path.with_suffix(".publish.lock")
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def requeue_failed_rows(actor: Actor, event_ids: Sequence[str] | None = None) -> int:

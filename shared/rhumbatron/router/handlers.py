@@ -161,13 +161,11 @@ class ProjectViewProjector:
                 continue
             run.apply_calls_left -= 1
             calls.append((self.view(project_id), group))
-        # Each project is its own file: their commits (and fsyncs) run side by side on
-        # worker threads, and the event loop keeps publishing and acking meanwhile.
-        results = await asyncio.gather(
-            *(asyncio.to_thread(self._apply, view, group, run.now_s) for view, group in calls)
-        )
-        for result in results:
-            outcomes.update(result)
+        # The projects' commits (and fsyncs) run one after another on ONE worker thread, so
+        # the event loop keeps publishing and acking meanwhile. One thread per project was
+        # slower: ten threads and the loop fight over the GIL (measured in
+        # docs/performance.md, "Router fixes made").
+        outcomes.update(await asyncio.to_thread(self._apply_all, calls, run.now_s))
         if self.freshness is not None:
             applied = [
                 r.event
@@ -177,7 +175,18 @@ class ProjectViewProjector:
                 and r.key in outcomes
                 and outcomes[r.key].outcome is Outcome.APPLIED
             ]
-            self.freshness.observe(event_stream_name(run.stream_index), applied)
+            # Its commit (an fsync on the product database) runs off the event loop too.
+            await asyncio.to_thread(
+                self.freshness.observe, event_stream_name(run.stream_index), applied
+            )
+        return outcomes
+
+    def _apply_all(
+        self, calls: list[tuple[ProjectView, list[Record]]], now_s: float
+    ) -> dict[str, RecordOutcome]:
+        outcomes: dict[str, RecordOutcome] = {}
+        for view, group in calls:
+            outcomes.update(self._apply(view, group, now_s))
         return outcomes
 
     def _apply(
