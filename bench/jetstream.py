@@ -25,6 +25,7 @@ from rhumbatron.actors.publisher import PublishReport
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.sender import (
     EventSender,
+    FastBatchAck,
     JetStreamSender,
     OutgoingMessage,
     StoredMessage,
@@ -130,6 +131,16 @@ class TimedSender(SenderWrapper):
         finally:
             self.seconds += time.perf_counter() - started
 
+    async def send_fast_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> FastBatchAck:
+        """Send a fast-ingest batch through the wrapped sender, timing it."""
+        started = time.perf_counter()
+        try:
+            return await self.inner.send_fast_batch(stream, messages)
+        finally:
+            self.seconds += time.perf_counter() - started
+
 
 async def measure(
     events: int, server_cpu: ServerCpu, run: Callable[[], Awaitable[float | None]]
@@ -209,13 +220,19 @@ async def raw_pipelined(
 
 
 def run_settings(
-    state_dir: Path, nats_url: str, rows_per_project: int = 100, concurrency: int | None = None
+    state_dir: Path,
+    nats_url: str,
+    rows_per_project: int = 100,
+    concurrency: int | None = None,
+    batch_mode: str | None = None,
 ) -> Settings:
-    """The package's defaults (WAL, synchronous=FULL, atomic batches, 100 rows per project,
-    ``publish_concurrency`` 4) unless a variant overrides one."""
+    """The package's defaults (WAL, synchronous=FULL, ``publish_batch_mode`` auto, 100 rows
+    per project, ``publish_concurrency`` 16) unless a variant overrides one."""
     overrides: dict[str, object] = {"publish_max_rows_per_project": rows_per_project}
     if concurrency is not None:
         overrides["publish_concurrency"] = concurrency
+    if batch_mode is not None:
+        overrides["publish_batch_mode"] = batch_mode
     return load_settings(
         state_dir=state_dir, nats_url=nats_url, network_filesystem=False, **overrides
     )
@@ -230,6 +247,7 @@ async def publish_due_run(
     *,
     concurrency: int | None = None,
     rows_per_project: int = 100,
+    batch_mode: str | None = None,
     profile: cProfile.Profile | None = None,
 ) -> RunResult:
     """Drain a fresh copy of the workload's outboxes the way the system does; time it.
@@ -240,9 +258,12 @@ async def publish_due_run(
     at once (the package default unless ``concurrency`` overrides it), an actor again while
     the 100-row cap left rows due. Actor files are opened before the clock starts (a warm
     container has them open); the publisher shares the benchmark's NATS connection.
-    ``profile`` (cProfile) covers the timed part only.
+    ``batch_mode`` overrides ``publish_batch_mode``. ``profile`` (cProfile) covers the timed
+    part only.
     """
-    settings = run_settings(copy_state(workload, work_dir), nats_url, rows_per_project, concurrency)
+    settings = run_settings(
+        copy_state(workload, work_dir), nats_url, rows_per_project, concurrency, batch_mode
+    )
     sender = TimedSender(JetStreamSender(nc, ack_timeout_s=settings.publish_ack_timeout_s))
     sink = RecordingAlarmSink()
     app = bootstrap(settings, sender=sender, alarms=sink)

@@ -199,6 +199,7 @@ async def read_streams(nats_url: str) -> dict[str, dict[str, Any]]:
                     "duplicateWindowSeconds": config.duplicate_window,
                     "replicas": config.num_replicas,
                     "allowAtomic": bool(config.allow_atomic),
+                    "allowBatched": bool(config.allow_batched),
                 },
                 "messages": info.state.messages,
                 "byType": dict(sorted(Counter(e["eventType"] for e in events).items())),

@@ -144,7 +144,7 @@ def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
     env["RHUMBATRON_STATE_DIR"] = str(settings.state_dir)
     env["RHUMBATRON_NATS_URL"] = settings.nats_url
     env["RHUMBATRON_JOURNAL_MODE"] = settings.journal_mode
-    env["RHUMBATRON_ATOMIC_BATCH_PUBLISH"] = str(settings.atomic_batch_publish).lower()
+    env["RHUMBATRON_PUBLISH_BATCH_MODE"] = settings.publish_batch_mode
     for name, value in extra.items():
         env[f"RHUMBATRON_{name.upper()}"] = value
     return env

@@ -383,6 +383,7 @@ def test_the_demo_reports_stream_settings_as_jetstream_has_them(demo: Demo) -> N
             "duplicateWindowSeconds": 2 * 3600,
             "replicas": 1,
             "allowAtomic": True,
+            "allowBatched": True,
         }
 
 

@@ -8,6 +8,7 @@ import random
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import nats
 import pytest
@@ -34,6 +35,7 @@ from rhumbatron.messaging.testing import SenderWrapper
 from rhumbatron.protocol import Event, stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron
 from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.runtime.settings import Settings, load_settings
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +50,16 @@ class Stored:
     subject: str
     msg_id: str | None
     data: bytes
+
+
+@pytest.fixture
+def settings(tmp_path: Path, nats_server: NatsServerProcess) -> Settings:
+    """Atomic batches: these tests inject faults into the publisher's atomic batches and
+    read the per-row stream positions they record. Fast-ingest batches have their own tests
+    (tests/integration/test_fast_batches.py, and every mode in tests/faults F5-F7)."""
+    return load_settings(
+        state_dir=tmp_path / "state", nats_url=nats_server.url, publish_batch_mode="atomic"
+    )
 
 
 @pytest_asyncio.fixture

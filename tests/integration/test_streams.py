@@ -15,7 +15,7 @@ from nats.js.client import JetStreamContext
 
 from rhumbatron.errors import StreamConfigError
 from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.messaging.streams import COMMAND_STREAM, ensure_streams
+from rhumbatron.messaging.streams import COMMAND_STREAM, ensure_streams, wanted_streams
 from rhumbatron.protocol import QUEUES
 from rhumbatron.runtime.settings import Settings, load_settings
 
@@ -54,6 +54,7 @@ async def test_ensure_streams_creates_the_eight_event_streams_as_the_spec_says(
         assert config.max_age == 7 * DAY_S
         assert config.duplicate_window == 2 * 3600
         assert config.allow_atomic is True
+        assert config.allow_batched is True
         assert config.num_replicas == 1
 
 
@@ -96,6 +97,21 @@ async def test_a_stream_with_another_duplicate_window_is_updated(
     # THEN each stream is updated in place, naming the difference
     assert report.updated == {name: ["duplicate_window"] for name in ALL_STREAMS}
     assert {c.duplicate_window for c in (await configs(js)).values()} == {2 * 3600}
+
+
+async def test_event_streams_made_before_fast_batches_are_updated_to_allow_them(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    # GIVEN the event streams as an older version made them, without fast-ingest batches
+    for config in wanted_streams(settings):
+        config.allow_batched = None
+        await js.add_stream(config)
+    # WHEN start-up ensures them
+    report = await ensure_streams(js, settings)
+    # THEN each event stream is updated in place to allow them; COMMANDS never needed them
+    assert report.updated == {name: ["allow_batched"] for name in EVENT_STREAMS}
+    found = await configs(js)
+    assert all(found[name].allow_batched for name in EVENT_STREAMS)
 
 
 async def test_a_stream_missing_a_subject_gets_it_back(

@@ -15,7 +15,12 @@ from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import ActorError
-from rhumbatron.messaging.sender import OutgoingMessage, SendRefusedError, StoredMessage
+from rhumbatron.messaging.sender import (
+    FastBatchAck,
+    OutgoingMessage,
+    SendRefusedError,
+    StoredMessage,
+)
 from rhumbatron.messaging.testing import MemorySender, SenderWrapper
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock, utc_day
@@ -43,6 +48,13 @@ class RefuseFirstRowOnce(SenderWrapper):
         if self.refusals_left:
             raise SendRefusedError("batch refused by the test server")
         return await self.inner.send_batch(stream, messages)
+
+    async def send_fast_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> FastBatchAck:
+        if self.refusals_left:
+            raise SendRefusedError("fast batch refused by the test server")
+        return await self.inner.send_fast_batch(stream, messages)
 
 
 def runtime(tmp_path: Path, clock: ManualClock, sender: object) -> Rhumbatron:

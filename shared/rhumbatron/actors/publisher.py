@@ -52,7 +52,13 @@ from rhumbatron.runtime.clock import Clock, SystemClock
 from rhumbatron.runtime.faults import crash_point
 from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings
 
-__all__ = ["OutboxPublisher", "PublishReport", "prune_published_rows", "requeue_failed_rows"]
+__all__ = [
+    "OutboxPublisher",
+    "PublishReport",
+    "prune_published_rows",
+    "publish_batch_mode",
+    "requeue_failed_rows",
+]
 
 
 @dataclass
@@ -98,6 +104,16 @@ class _Stop(Exception):
         self.stored = stored or []
 
 
+def publish_batch_mode(settings: Settings) -> str:
+    """The batch kind ``publish_batch_mode`` resolves to: ``auto`` is ``atomic`` where the
+    deployment promises ``sync_interval: always`` (``require_durable_jetstream``), where one
+    fsync per atomic batch beats one per message, and ``fast`` elsewhere, where a
+    fast-ingest batch skips the atomic batch's staging on the server."""
+    if settings.publish_batch_mode == "auto":
+        return "atomic" if settings.require_durable_jetstream else "fast"
+    return settings.publish_batch_mode
+
+
 class OutboxPublisher:
     """Publishes actors' outbox rows. One instance per process; actors are passed per call."""
 
@@ -116,6 +132,7 @@ class OutboxPublisher:
         self._nudge = nudge or NoNudge()
         self._rng = rng or random.Random()
         self._guard = AlarmGuard(settings.alarm_max_fires_per_day)
+        self._batch_mode = publish_batch_mode(settings)
         bindings = settings.producer_bindings
         self._bindings = frozenset(range(EVENT_STREAM_COUNT) if bindings is None else bindings)
 
@@ -219,18 +236,20 @@ class OutboxPublisher:
         ]
         stored: list[tuple[int, int | None]] = []
         lost_connection = False
-        if self._settings.atomic_batch_publish and len(messages) >= 2:
+        if len(messages) >= 2:
             try:
-                results = await self._sender.send_batch(stream, messages)
-                stored = [(row.seq, r.sequence) for row, r in zip(sendable, results, strict=True)]
+                stored = await self._send_batch(stream, sendable, messages)
             except NatsUnavailableError:
                 raise _Stop from None
             except SendRefusedError:
                 stored = []  # refused whole or ack lost: fall back to one by one below
-        if not stored:
-            stored, lost_connection = await self._send_one_by_one(
-                actor, stream, sendable, messages, report
+        if len(stored) < len(sendable):
+            # What a batch did not store goes one by one: a row the server refuses now waits
+            # for its retry, and the rows behind it wait with it.
+            more, lost_connection = await self._send_one_by_one(
+                actor, stream, sendable[len(stored) :], messages[len(stored) :], report
             )
+            stored += more
         if stored:
             report.published += len(stored)
             if stream_index not in report.nudged:
@@ -238,6 +257,22 @@ class OutboxPublisher:
         if lost_connection:
             raise _Stop(stored)
         return stored
+
+    async def _send_batch(
+        self, stream: str, rows: Sequence[OutboxRow], messages: Sequence[OutgoingMessage]
+    ) -> list[tuple[int, int | None]]:
+        """Send the rows as one batch of the configured kind; ``(seq, stream_seq)`` of the
+        rows it stored, always a prefix of ``rows`` ([] in ``off`` mode)."""
+        if self._batch_mode == "atomic":
+            results = await self._sender.send_batch(stream, messages)
+            return [(row.seq, r.sequence) for row, r in zip(rows, results, strict=True)]
+        if self._batch_mode == "fast":
+            ack = await self._sender.send_fast_batch(stream, messages)
+            kept = rows[: ack.stored]
+            # The PubAck names the position of the last row only; the others stay unknown
+            # (another publisher's messages may sit between them on the stream).
+            return [(row.seq, ack.last_sequence if row is kept[-1] else None) for row in kept]
+        return []
 
     async def _send_one_by_one(
         self,

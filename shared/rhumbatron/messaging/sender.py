@@ -1,31 +1,45 @@
-"""Sending Events to JetStream: one message, or an atomic batch of one project's rows.
+"""Sending Events to JetStream: one message, or a batch of one project's rows.
 
-nats-py has no batch API, so :class:`JetStreamSender` writes the atomic-batch headers itself
-(``Nats-Batch-Id``, ``Nats-Batch-Sequence``, ``Nats-Batch-Commit``) and asks for the commit's
-PubAck. A batch is stored contiguously, all or nothing, with one fsync. JetStream rejects a
-whole batch whose message IDs include one it already stored (error 10201): the caller then
-re-sends the rows one by one, and the duplicate window drops those already stored.
+nats-py has no batch API, so :class:`JetStreamSender` speaks both of JetStream's batch
+protocols itself:
+
+* **Atomic batch** (``allow_atomic``): the ``Nats-Batch-Id``, ``Nats-Batch-Sequence`` and
+  ``Nats-Batch-Commit`` headers, and the commit's PubAck. A batch is stored contiguously, all
+  or nothing, with one fsync: the fast choice where the server syncs every write. JetStream
+  rejects a whole batch whose message IDs include one it already stored (error 10201): the
+  caller then re-sends the rows one by one, and the duplicate window drops those already
+  stored.
+* **Fast-ingest batch** (``allow_batched``, nats-server 2.14+): every message carries a reply
+  subject ``<batch inbox>.<flow>.fail.<n>.<operation>.$FI``; the server stores each as it
+  arrives, acks every ``flow`` messages and answers the last with the batch's PubAck. In the
+  ``fail`` gap mode a message lost on the way ends the batch: nothing after it is stored, and
+  the PubAck counts the stored prefix. The duplicate window drops a repeated message ID
+  silently. There is no staging and no commit cost on the server: the fast choice where the
+  server syncs periodically.
 
 The acks of nats-py's publishes have no timeout of their own; every wait here has one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rhumbatron.errors import MessagingError, NatsUnavailableError
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
+    from nats.aio.msg import Msg
 
 __all__ = [
     "HEADER_ALLOWANCE_BYTES",
     "BatchRejectedError",
     "EventSender",
+    "FastBatchAck",
     "JetStreamSender",
     "OutgoingMessage",
     "SendRefusedError",
@@ -57,6 +71,16 @@ class StoredMessage:
     duplicate: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class FastBatchAck:
+    """What JetStream kept of a fast-ingest batch: its first ``stored`` messages (stored, or
+    dropped by the duplicate window as repeats), the last of them at ``last_sequence``."""
+
+    stream: str
+    stored: int
+    last_sequence: int
+
+
 class SendRefusedError(MessagingError):
     """A server answered and refused (or did not ack in time while connected): an attempt."""
 
@@ -83,6 +107,17 @@ class EventSender(Protocol):
     async def send_batch(
         self, stream: str, messages: Sequence[OutgoingMessage]
     ) -> list[StoredMessage]: ...
+
+    async def send_fast_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> FastBatchAck: ...
+
+
+#: Messages between the server's flow acks that a fast batch asks for (the server may ask
+#: for fewer), and how many flow windows may be unacknowledged before the sender waits.
+FAST_BATCH_FLOW = 100
+FAST_BATCH_WINDOWS = 2
+_FAST_START, _FAST_APPEND, _FAST_COMMIT = 0, 1, 2
 
 
 class JetStreamSender:
@@ -160,6 +195,123 @@ class JetStreamSender:
         return [
             StoredMessage(answer["stream"], final - (last - index)) for index in range(1, last + 1)
         ]
+
+    async def send_fast_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> FastBatchAck:
+        """Publish ``messages`` as one fast-ingest batch; return how many of them JetStream
+        kept, in order from the first.
+
+        A message lost on the way (or refused) ends the batch there: the messages after it
+        are not stored, and the caller sends them again. Raises :class:`BatchRejectedError`
+        when the server refuses the batch itself (the stream does not allow fast batches,
+        too many batches in flight), :class:`SendRefusedError` when its PubAck does not come
+        in time, and :class:`NatsUnavailableError` when the connection is lost.
+        """
+        from nats.errors import Error as NatsError
+
+        if len(messages) < 2:
+            raise ValueError("a fast batch needs at least two messages; use send()")
+        # The batch ID is the inbox's second token; the server reads the reply from the right.
+        inbox = self._nc.new_inbox()
+        replies: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def on_reply(msg: Msg) -> None:
+            replies.put_nowait(msg)
+
+        what = f"fast batch of {len(messages)} messages"
+        flow, acked = FAST_BATCH_FLOW, 0
+        deadline = asyncio.get_running_loop().time() + self._ack_timeout_s
+        try:
+            subscription = await self._nc.subscribe(f"{inbox}.>", cb=on_reply)
+            try:
+                for number, message in enumerate(messages, start=1):
+                    while number > 1 and acked + flow * FAST_BATCH_WINDOWS <= number:
+                        # The server asked for fewer messages per ack than we have in flight.
+                        answer = await self._next_reply(replies, deadline, what)
+                        if (final := self._fast_final(answer, what)) is not None:
+                            return final
+                        acked, flow = self._fast_flow(answer, acked, flow)
+                    operation = (
+                        _FAST_START
+                        if number == 1
+                        else _FAST_COMMIT
+                        if number == len(messages)
+                        else _FAST_APPEND
+                    )
+                    await self._nc.publish(
+                        message.subject,
+                        message.data,
+                        reply=f"{inbox}.{FAST_BATCH_FLOW}.fail.{number}.{operation}.$FI",
+                        headers={"Nats-Msg-Id": message.message_id},
+                    )
+                    if number == 1:
+                        # The first answer says the batch exists (or why it cannot).
+                        answer = await self._next_reply(replies, deadline, what)
+                        if (final := self._fast_final(answer, what)) is not None:
+                            return final
+                        acked, flow = self._fast_flow(answer, acked, flow)
+                while True:
+                    answer = await self._next_reply(replies, deadline, what)
+                    if (final := self._fast_final(answer, what)) is not None:
+                        return final
+                    acked, flow = self._fast_flow(answer, acked, flow)
+            finally:
+                if self._nc.is_connected:
+                    await subscription.unsubscribe()
+        except NatsError as exc:
+            raise self._classify(exc, what) from exc
+
+    async def _next_reply(
+        self, replies: asyncio.Queue[Msg], deadline: float, what: str
+    ) -> dict[str, Any]:
+        """The next JSON answer on the batch's inbox; a status without a body (no stream
+        took a message: its subject is bound to none) is skipped, as the gap that follows
+        it ends the batch."""
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            if not self._nc.is_connected:
+                raise NatsUnavailableError(f"{what}: NATS connection lost")
+            try:
+                msg = await asyncio.wait_for(replies.get(), max(left, 0.0))
+            except TimeoutError:
+                raise SendRefusedError(
+                    f"{what}: no PubAck within {self._ack_timeout_s:g} s"
+                ) from None
+            if not msg.data:
+                continue
+            try:
+                answer = json.loads(msg.data)
+            except json.JSONDecodeError as exc:
+                raise SendRefusedError(f"{what}: unreadable answer {msg.data[:200]!r}") from exc
+            if isinstance(answer, dict):
+                return answer
+
+    @staticmethod
+    def _fast_final(answer: dict[str, Any], what: str) -> FastBatchAck | None:
+        """The batch's PubAck, if ``answer`` is it (None: a flow event); raises for a batch
+        the server refused whole."""
+        if "type" in answer:
+            return None
+        if "error" in answer:
+            error = answer["error"]
+            raise BatchRejectedError(
+                f"JetStream refused the {what}: {error.get('description')} "
+                f"(code {error.get('err_code')})",
+                error.get("err_code"),
+            )
+        try:
+            return FastBatchAck(str(answer["stream"]), int(answer["count"]), int(answer["seq"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SendRefusedError(f"{what}: unexpected PubAck {answer!r}") from exc
+
+    @staticmethod
+    def _fast_flow(answer: dict[str, Any], acked: int, flow: int) -> tuple[int, int]:
+        """Apply a flow event: an ack moves the acknowledged mark and may set a new flow; a
+        gap or a message's error is only news (the PubAck that follows counts what was kept)."""
+        if answer.get("type") == "ack":
+            return max(acked, int(answer.get("seq", acked))), int(answer.get("msgs") or flow)
+        return acked, flow
 
     @staticmethod
     def _batch_headers(message: OutgoingMessage, batch_id: str, sequence: int) -> dict[str, str]:

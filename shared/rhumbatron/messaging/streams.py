@@ -1,7 +1,8 @@
 """The streams Rhumbatron needs, and ``ensure_streams`` that creates or reconciles them.
 
 * ``EVENTS_00`` … ``EVENTS_07`` on ``events.00`` … ``events.07``: limits retention, file
-  storage, max age 7 days, a 2-hour duplicate window, atomic batch publish allowed.
+  storage, max age 7 days, a 2-hour duplicate window, atomic and fast-ingest batch publish
+  allowed.
 * ``COMMANDS`` on ``cmd.<queue>``: work-queue retention, max age 14 days, 2-hour window.
 
 Running :func:`ensure_streams` again changes nothing. A stream that exists with other
@@ -44,6 +45,7 @@ _MANAGED = (
     "duplicate_window",
     "num_replicas",
     "allow_atomic",
+    "allow_batched",
 )
 
 
@@ -66,6 +68,7 @@ def wanted_streams(settings: Settings) -> list[StreamConfig]:
             duplicate_window=settings.duplicate_window_s,
             num_replicas=settings.stream_replicas,
             allow_atomic=True,
+            allow_batched=True,
         )
         for index in range(EVENT_STREAM_COUNT)
     ]
@@ -96,7 +99,7 @@ def _normalised(config: StreamConfig, name: str) -> Any:
         return sorted(value or [])
     if name in ("max_age", "duplicate_window"):
         return round(float(value or 0), 3)
-    if name == "allow_atomic":
+    if name in ("allow_atomic", "allow_batched"):
         return bool(value)
     if name == "num_replicas":
         return value or 1

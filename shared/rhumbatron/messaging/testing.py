@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from rhumbatron.messaging.sender import (
     EventSender,
+    FastBatchAck,
     OutgoingMessage,
     SendRefusedError,
     StoredMessage,
@@ -38,13 +39,19 @@ class MemorySender:
     ) -> list[StoredMessage]:
         return [await self.send(stream, message) for message in messages]
 
+    async def send_fast_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> FastBatchAck:
+        stored = await self.send_batch(stream, messages)
+        return FastBatchAck(stream, len(stored), stored[-1].sequence)
+
 
 @dataclass
 class RefusingSender(MemorySender):
     """A server that answers and refuses every send: each call is one counted attempt.
 
     ``attempted`` lists the message ID of each refused send, and ``"batch"`` for each
-    refused atomic batch.
+    refused batch (atomic or fast).
     """
 
     reason: str = "refused by the test server"
@@ -63,6 +70,12 @@ class RefusingSender(MemorySender):
     ) -> list[StoredMessage]:
         self.attempted.append("batch")
         raise SendRefusedError(f"batch of {len(messages)}: {self.reason}")
+
+    async def send_fast_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> FastBatchAck:
+        self.attempted.append("batch")
+        raise SendRefusedError(f"fast batch of {len(messages)}: {self.reason}")
 
 
 class SenderWrapper:
@@ -86,3 +99,8 @@ class SenderWrapper:
         self, stream: str, messages: Sequence[OutgoingMessage]
     ) -> list[StoredMessage]:
         return await self.inner.send_batch(stream, messages)
+
+    async def send_fast_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> FastBatchAck:
+        return await self.inner.send_fast_batch(stream, messages)

@@ -123,8 +123,14 @@ class Settings(BaseSettings):
         description="Actors published at once by one process (order is per actor, so safe). "
         "16 halves the commit-to-stream latency of 4 at 500 events/s (docs/performance.md).",
     )
-    atomic_batch_publish: bool = Field(
-        default=True, description="Send a project's due rows as one JetStream atomic batch."
+    publish_batch_mode: Literal["auto", "atomic", "fast", "off"] = Field(
+        default="auto",
+        description="How a project's due rows go to JetStream. atomic: one all-or-nothing "
+        "batch stored with one fsync (best where the server syncs every write); fast: a "
+        "fast-ingest batch, each row stored as it arrives and nothing after a lost one "
+        "(best where the server syncs periodically); off: one publish per row, each awaiting "
+        "its PubAck. auto: atomic when require_durable_jetstream (sync_interval: always), "
+        "else fast. Measured in docs/performance.md.",
     )
     outbox_backoff_initial_s: float = Field(default=1.0, gt=0)
     outbox_backoff_max_s: float = Field(default=300.0, gt=0)
