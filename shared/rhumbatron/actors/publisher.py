@@ -6,11 +6,15 @@ Per call and per project, at most 100 due rows are sent, in outbox order, to
 
 * only a *prefix* of a project's rows is ever sent: a row waiting out its backoff blocks the
   rows behind it (see :func:`~rhumbatron.actors.outbox.due_rows`);
-* a prefix of two or more rows goes as one JetStream atomic batch — stored contiguously,
-  all or nothing — so no later row can land while an earlier one is missing;
-* if the batch is refused (or its ack is lost), the same rows are sent one at a time, each
-  waiting for its PubAck; the duplicate window drops rows already stored, and the first row
-  that fails stops the project for this call.
+* a prefix of two or more rows goes as one batch of the kind :func:`publish_batch_mode`
+  picks: a JetStream *atomic* batch (stored contiguously, all or nothing, one fsync — where
+  the server syncs every write) or a *fast-ingest* batch (stored in order; a row lost on the
+  way ends the batch there, so no later row lands while an earlier one is missing — where
+  the server syncs periodically and an atomic batch's staging costs more than it saves);
+* what a batch did not store (all of it when refused or its ack is lost; the rows after
+  the gap of a fast batch) is sent one at a time, each waiting for its PubAck; the duplicate
+  window drops rows already stored, and the first row that fails stops the project for this
+  call.
 
 Attempts: only a send that reached a server and was refused (or timed out while connected)
 counts. With no server reachable nothing is counted and rows stay ``pending``, so a long
