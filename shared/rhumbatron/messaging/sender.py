@@ -182,12 +182,7 @@ class JetStreamSender:
         except json.JSONDecodeError as exc:
             raise SendRefusedError(f"unreadable batch ack {reply.data[:200]!r}") from exc
         if "error" in answer:
-            error = answer["error"]
-            raise BatchRejectedError(
-                f"JetStream refused the atomic batch: {error.get('description')} "
-                f"(code {error.get('err_code')})",
-                error.get("err_code"),
-            )
+            raise self._batch_refused(answer["error"], "atomic batch")
         if answer.get("count") != last:
             raise SendRefusedError(f"batch ack counts {answer.get('count')} of {last} messages")
         final = int(answer["seq"])
@@ -294,16 +289,20 @@ class JetStreamSender:
         if "type" in answer:
             return None
         if "error" in answer:
-            error = answer["error"]
-            raise BatchRejectedError(
-                f"JetStream refused the {what}: {error.get('description')} "
-                f"(code {error.get('err_code')})",
-                error.get("err_code"),
-            )
+            raise JetStreamSender._batch_refused(answer["error"], what)
         try:
             return FastBatchAck(str(answer["stream"]), int(answer["count"]), int(answer["seq"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise SendRefusedError(f"{what}: unexpected PubAck {answer!r}") from exc
+
+    @staticmethod
+    def _batch_refused(error: dict[str, Any], what: str) -> BatchRejectedError:
+        """The error for a batch JetStream refused whole, with its description and code."""
+        return BatchRejectedError(
+            f"JetStream refused the {what}: {error.get('description')} "
+            f"(code {error.get('err_code')})",
+            error.get("err_code"),
+        )
 
     @staticmethod
     def _fast_flow(answer: dict[str, Any], acked: int, flow: int) -> tuple[int, int]:
