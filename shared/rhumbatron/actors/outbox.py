@@ -205,10 +205,10 @@ def due_rows(
         )
     ]
     result: dict[str, list[OutboxRow]] = {}
+    cursor = connection.cursor()
+    cursor.row_factory = None  # plain tuples: from_sql reads by position
     for project in projects:
         rows: list[OutboxRow] = []
-        cursor = connection.cursor()
-        cursor.row_factory = None  # plain tuples: from_sql reads by position
         for sql_row in cursor.execute(
             f"SELECT {_ROW_COLUMNS} FROM outbox "
             "WHERE project_id = ? AND state IN ('pending', 'retry_wait') ORDER BY seq LIMIT ?",
