@@ -53,3 +53,19 @@ def test_a_proved_row_names_at_least_one_test() -> None:
         if _ROW.match(line) and "| proved |" in line and not _TEST_REF.search(line)
     ]
     assert unproved == []
+
+
+_SUMMARY = re.compile(r"^Summary: (.+)\.$", re.MULTILINE)
+_STATUS = re.compile(r"^\| S[02]-\d{3} \|[^|]*\| ([a-z ]+?) \|", re.MULTILINE)
+
+
+def test_the_summary_line_counts_the_rows_by_status() -> None:
+    # GIVEN the page's one summary line ("Summary: 80 adapted, 10 not applicable, 292 proved.")
+    text = CONFORMANCE.read_text()
+    (summary,) = _SUMMARY.findall(text)
+    said = {status: int(count) for count, status in re.findall(r"(\d+) ([a-z ]+?)(?:,|$)", summary)}
+    # THEN each count is the number of rows with that status, and no status is left out
+    counted: dict[str, int] = {}
+    for status in _STATUS.findall(text):
+        counted[status] = counted.get(status, 0) + 1
+    assert said == counted
