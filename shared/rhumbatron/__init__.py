@@ -6,3 +6,10 @@ All logic lives in this package; the Lambda handlers in ``functions/`` only wire
 """
 
 __version__ = "0.1.0"
+
+from rhumbatron.redaction import install_log_redaction as _install_log_redaction
+
+# httpx logs every request line with its full URL at INFO, and webhook URLs are chosen by
+# tenants (user info and query may hold credentials): every process that imports the package
+# logs them redacted. Standard library only, so no cold-start cost to speak of.
+_install_log_redaction()

@@ -7,6 +7,7 @@
      │    └── UnsafeStorageError     WAL on a network filesystem, a non-durable JetStream, ...
      ├── EnvelopeError               an Event or Command failed validation at the edge
      │    └── UnknownTypeError       the type is not in EVENT_TYPES / COMMAND_TYPES
+     ├── UnsafePathError             a name from input would lead outside the state root
      ├── DomainError                 a transition is not legal from the current state
      ├── RegistryError               a subscription or schedule that cannot be stored as asked
      ├── ActorError                  an actor file could not be opened or written
@@ -44,6 +45,7 @@ __all__ = [
     "RhumbatronError",
     "StreamConfigError",
     "UnknownTypeError",
+    "UnsafePathError",
     "UnsafeStorageError",
 ]
 
@@ -66,6 +68,12 @@ class EnvelopeError(RhumbatronError, ValueError):
 
 class UnknownTypeError(EnvelopeError):
     """An Event or Command type outside the closed registry."""
+
+
+class UnsafePathError(RhumbatronError, ValueError):
+    """A file or directory named from input would resolve outside the root it belongs under
+    (``../``, an absolute part, a symlink out); nothing was created. The message names the
+    part and the root."""
 
 
 class DomainError(RhumbatronError):

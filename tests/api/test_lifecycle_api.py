@@ -476,7 +476,7 @@ async def test_a_malformed_change_is_422_naming_the_field(
     assert says in error["message"]
 
 
-async def test_a_change_naming_another_tenants_agent_is_refused(
+async def test_a_change_naming_an_agent_id_another_tenant_uses_names_its_own_agent(
     api: httpx.AsyncClient, lifecycle_app: Rhumbatron
 ) -> None:
     # GIVEN an agent registered by tenant B
@@ -485,13 +485,11 @@ async def test_a_change_naming_another_tenants_agent_is_refused(
     )
     assert registered.status_code == 201, registered.text
     await provision(api, lifecycle_app)
-    # WHEN tenant A plans a Task for it THEN 422: its wakes would reach tenant B
+    # WHEN tenant A plans a Task for the same agent ID THEN the Change is created: the ID
+    # names tenant A's agent (agent IDs are per tenant), and nothing tells A of B's
     answer = await api.post(f"/projects/{PROJECT}/changes", json=change_request(), headers=AUTH)
-    assert answer.status_code == 422, answer.text
-    error = error_of(answer)
-    assert error["field"] == "tasks"
-    assert "not one of this tenant's agents" in error["message"]
-    assert OTHER_TENANT not in error["message"]
+    assert answer.status_code == 201, answer.text
+    assert OTHER_TENANT not in answer.text
 
 
 async def test_approving_a_change_not_awaiting_approval_is_409(
@@ -736,7 +734,7 @@ async def test_a_malformed_callback_is_422_naming_the_field(
     assert error_of(answer)["field"] == field
 
 
-async def test_callbacks_for_unknown_tasks_and_foreign_agents_are_refused(
+async def test_callbacks_for_unknown_tasks_and_unknown_agents_are_refused(
     api: httpx.AsyncClient, lifecycle_app: Rhumbatron
 ) -> None:
     # GIVEN a Change, and an agent registered by tenant B
@@ -751,11 +749,17 @@ async def test_callbacks_for_unknown_tasks_and_foreign_agents_are_refused(
         f"{task_path(change_id, 't9')}/start", json={"agentId": "builder-a"}, headers=AUTH
     )
     assert (unknown.status_code, error_of(unknown)["code"]) == (404, "not_found")
-    # WHEN tenant A's token reports as tenant B's agent THEN 403
+    # WHEN tenant A's token reports as an agent only tenant B has THEN the answer is the one
+    # for an agent nobody registered: tenant A's "intruder" does not hold the Task
     foreign = await api.post(
         f"{task_path(change_id, 't1')}/start", json={"agentId": "intruder"}, headers=AUTH
     )
-    assert (foreign.status_code, error_of(foreign)["code"]) == (403, "agent_forbidden")
+    nobody = await api.post(
+        f"{task_path(change_id, 't1')}/start", json={"agentId": "nobody-1"}, headers=AUTH
+    )
+    assert foreign.status_code == nobody.status_code == 409, foreign.text
+    assert error_of(foreign)["code"] == error_of(nobody)["code"]
+    assert OTHER_TENANT not in foreign.text
     # WHEN an agent that was not admitted starts the Task THEN 409, saying so
     early = await api.post(
         f"{task_path(change_id, 't1')}/start", json={"agentId": "builder-a"}, headers=AUTH
@@ -778,7 +782,7 @@ async def test_a_webhook_agent_is_registered_with_a_secret_shown_once(
     assert (first.status_code, again.status_code) == (201, 200), first.text
     secret = first.json()["secret"]
     assert secret.startswith("whsec_")
-    record = lifecycle_app.lifecycle().registry.get("reviewer-1")
+    record = lifecycle_app.lifecycle().registry.get(TENANT, "reviewer-1")
     assert record is not None
     assert secret == record.secrets[0]
     assert again.json()["secret"] is None
@@ -838,8 +842,8 @@ async def test_a_registration_that_cannot_be_done_is_refused_naming_the_field(
     assert _SECRET not in answer.text
 
 
-async def test_an_agent_id_of_another_tenant_cannot_be_taken_over(
-    api: httpx.AsyncClient,
+async def test_another_tenant_registers_its_own_agent_of_the_same_id(
+    api: httpx.AsyncClient, lifecycle_app: Rhumbatron
 ) -> None:
     mine = await api.post("/agents", json={"agentId": "r1", "kind": "scripted"}, headers=AUTH)
     assert mine.status_code == 201
@@ -848,10 +852,12 @@ async def test_an_agent_id_of_another_tenant_cannot_be_taken_over(
         json={"agentId": "r1", "kind": "webhook", "url": "http://127.0.0.1/"},
         headers=bearer(OTHER),
     )
-    assert theirs.status_code == 409
-    error = error_of(theirs)
-    assert (error["code"], error["field"]) == ("agent_id_unavailable", "agentId")
-    assert TENANT not in error["message"]
+    # THEN tenant B has its own r1 (201, as for a fresh ID), and tenant A's is untouched
+    assert theirs.status_code == 201, theirs.text
+    assert theirs.json()["tenantId"] == OTHER_TENANT and TENANT not in theirs.text
+    registry = lifecycle_app.lifecycle().registry
+    record = registry.get(TENANT, "r1")
+    assert record is not None and (record.kind.value, record.url) == ("scripted", None)
     platform = await api.post(
         "/agents", json={"agentId": "r2", "kind": "scripted"}, headers=bearer(PLATFORM)
     )

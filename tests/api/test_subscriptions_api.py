@@ -165,8 +165,8 @@ def test_an_agent_reaction_names_an_agent_of_the_callers_tenant(
 ) -> None:
     # GIVEN an agent of the tenant and one of another tenant
     registry = runtime.lifecycle().registry
-    registry.register_scripted("reviewer", TENANT)
-    registry.register_scripted("their-reviewer", OTHER_TENANT)
+    registry.register_scripted(TENANT, "reviewer")
+    registry.register_scripted(OTHER_TENANT, "their-reviewer")
     agent = {**_workflow("review"), "reaction": {"kind": "agent", "agentId": "reviewer"}}
     # WHEN the tenant subscribes its agent, then the other tenant's
     mine = _create(client, agent)

@@ -47,6 +47,7 @@ from integration.test_reactions import (
     make_world,
     webhook,
 )
+from project_roots import ensure_project_roots
 from rhumbatron.agents.signing import verify
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import project_admin_key
@@ -201,6 +202,7 @@ def storm_events(clock: ManualClock, project: str) -> list[Event]:
 async def publish_as_the_publisher(world: World, events: list[Event]) -> None:
     """Send one project's events as the outbox publisher does: atomic batches of 100 with
     ``Nats-Msg-Id`` = the event ID, through the real sender."""
+    ensure_project_roots(world.app, events)
     sender = JetStreamSender(
         await world.app.nats(), ack_timeout_s=world.app.settings.publish_ack_timeout_s
     )

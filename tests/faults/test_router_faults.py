@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from project_roots import ensure_project_roots
 from rhumbatron.archive import ArchiveReader
 from rhumbatron.errors import DeadLetterClosedError
 from rhumbatron.local.nats_server import NatsServerProcess
@@ -154,9 +155,11 @@ def make_events(projects: list[str], count: int, *, start: int = 0) -> list[Even
     ]
 
 
-async def publish(nc: Any, events: list[Event]) -> None:
-    """Publish ``events`` as the outbox publisher does; every one must be new to the stream."""
-    js = nc.jetstream()
+async def publish(app: Rhumbatron, events: list[Event], *, nc: Any = None) -> None:
+    """Publish ``events`` as the outbox publisher does (on ``nc``, else the app's connection),
+    their projects created first; every one must be new to the stream."""
+    ensure_project_roots(app, events)
+    js = (nc or await app.nats()).jetstream()
     for event in events:
         ack = await js.publish(
             event_stream_subject(stream_index(event.project_id)),
@@ -338,7 +341,7 @@ async def test_router_killed_mid_batch_loses_and_doubles_no_effect(
     app = stack.app(routed=routed)
     try:
         await app.ensure_streams()
-        await publish(await app.nats(), events)
+        await publish(app, events)
 
         # WHEN a router process consumes the subscription and is killed at the crash point
         crashed = run_worker(
@@ -445,7 +448,7 @@ async def test_redelivery_seen_before_the_dead_runs_lease_expires_is_not_acked_a
     app = stack.app(routed=routed)
     try:
         await app.ensure_streams()
-        await publish(await app.nats(), events)
+        await publish(app, events)
         crashed = run_worker(
             ["route", "consume", str(index), subscription.value, f"--routed-log={routed.path}"],
             stack.env(crash_at="after_claim"),
@@ -540,10 +543,10 @@ async def test_poison_records_are_dead_lettered_on_the_fifth_failure_and_the_str
     try:
         await app.ensure_streams()
         nc = await app.nats()
-        await publish(nc, good[:5])
+        await publish(app, good[:5])
         not_json_seq = await publish_raw(nc, index, not_json, message_id=None)
         await publish_raw(nc, index, unknown, message_id=unknown_id)
-        await publish(nc, good[5:])
+        await publish(app, good[5:])
         poison = {f"seq:{not_json_seq}": not_json, unknown_id: unknown}
         router = app.router()
         minute = sweep_minute(stack.settings, index)
@@ -642,7 +645,7 @@ async def test_router_resumes_consuming_by_itself_after_nats_server_restarts_und
     try:
         await app.ensure_streams()
         nc = await app.nats()
-        await publish(nc, before)
+        await publish(app, before)
         router = app.router()
         first = await router.nudge(index)
         assert first.subscriptions[PROJECTOR.value].applied == 10
@@ -669,7 +672,7 @@ async def test_router_resumes_consuming_by_itself_after_nats_server_restarts_und
         durable_nats.start()
         other = await connect_nats(stack.settings, name="fault-test-publisher")
         try:
-            await publish(other, after)
+            await publish(app, after, nc=other)
         finally:
             await other.close()
         # ... and the router's client reconnects by itself (nats-py, bounded here)
@@ -723,7 +726,7 @@ async def test_the_same_nudge_delivered_twice_at_once_applies_each_event_once(
     app = stack.app(routed=routed)
     try:
         await app.ensure_streams()
-        await publish(await app.nats(), events)
+        await publish(app, events)
 
         # WHEN the router-nudge for that stream is delivered twice, and both run at once:
         # two composition roots with their own connections, or two processes

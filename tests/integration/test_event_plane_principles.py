@@ -105,7 +105,7 @@ def held_task(world: World, task: str, agent: str) -> ResourceShard:
         SYSTEM, change_id=CHANGE, task_id=task, status="assigned", agent_id=agent
     )
     AgentRegistry(world.app.product(), world.app.settings, world.clock).register_scripted(
-        agent, TENANT
+        TENANT, agent
     )
     return shard
 
@@ -265,7 +265,7 @@ async def test_a_spent_budget_runs_no_reaction_of_any_kind(
     await world.app.ensure_streams()
     try:
         AgentRegistry(world.app.product(), world.app.settings, clock).register_scripted(
-            "agent-9", TENANT
+            TENANT, "agent-9"
         )
         subs = {
             world.subscribe("hook", webhook(receiver.url)),

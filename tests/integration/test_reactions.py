@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from project_roots import ensure_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.agents.registry import AgentRegistry
 from rhumbatron.agents.signing import verify
@@ -61,6 +62,10 @@ pytestmark = pytest.mark.integration
 TENANT = "acme"
 PROJECT = "proj-react"
 STREAM = stream_index(PROJECT)
+#: Another tenant's project on the same stream (a project has one tenant).
+OTHER_PROJECT = next(
+    p for p in (f"proj-globex-{n}" for n in range(100)) if stream_index(p) == STREAM
+)
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 START = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 
@@ -122,6 +127,7 @@ class World:
     wakes: list[str] = field(default_factory=list)
 
     async def publish(self, *events: Event, msg_id_suffix: str = "") -> None:
+        ensure_project_roots(self.app, events)
         js = (await self.app.nats()).jetstream()
         for event in events:
             await js.publish(
@@ -192,11 +198,16 @@ async def world(tmp_path: Path, settings: Settings, clock: ManualClock) -> Async
 
 
 def task_completed(
-    clock: ManualClock, task: str, *, caller: Caller | None = None, change: str = "chg-1"
+    clock: ManualClock,
+    task: str,
+    *,
+    caller: Caller | None = None,
+    change: str = "chg-1",
+    project: str = PROJECT,
 ) -> Event:
-    ctx = FactContext(caller or Caller(TENANT, "system:test", "corr-1"), PROJECT, clock.now())
+    ctx = FactContext(caller or Caller(TENANT, "system:test", "corr-1"), project, clock.now())
     return ctx.fact(
-        "task.completed", {"agentId": "agent-7"}, change_id=f"{PROJECT}-{change}", task_id=task
+        "task.completed", {"agentId": "agent-7"}, change_id=f"{project}-{change}", task_id=task
     )
 
 
@@ -334,7 +345,7 @@ async def test_a_chain_runs_on_through_events_no_subscription_matches(
 async def test_an_agent_never_wakes_on_its_own_writes(world: World) -> None:
     # GIVEN an agent reaction for agent-7, and a fact agent-7 wrote itself
     AgentRegistry(world.app.product(), world.app.settings, world.clock).register_scripted(
-        "agent-7", TENANT
+        TENANT, "agent-7"
     )
     world.subscribe("wake", AgentReaction(agent_id="agent-7"))
     own = task_completed(world.clock, "t1", caller=Caller(TENANT, "agent:agent-7", "corr-a"))
@@ -488,22 +499,29 @@ async def test_a_full_in_flight_cap_leaves_the_event_on_the_stream(
 # -- workflow and agent reactions ----------------------------------------------------------------
 
 
+def triage_engine(
+    tmp_path: Path, settings: Settings, clock: ManualClock, runs: list[str]
+) -> InProcessEngine:
+    """An in-process engine that knows workflow "triage": one step noting its event ID."""
+
+    async def step(input: Any, state: dict[str, Any]) -> None:
+        runs.append(str(input["eventId"]))
+
+    return InProcessEngine(
+        tmp_path / "wf.sqlite",
+        load_settings(state_dir=tmp_path / "wf", nats_url=settings.nats_url),
+        clock,
+        {"triage": WorkflowDefinition("triage", (("note", step),))},
+    )
+
+
 async def test_a_workflow_reaction_starts_once_per_event_and_subscription(
     tmp_path: Path, settings: Settings, clock: ManualClock
 ) -> None:
     # GIVEN an engine that knows workflow "triage" and a subscription that starts it
     clock.set(START)
     runs: list[str] = []
-
-    async def step(input: Any, state: dict[str, Any]) -> None:
-        runs.append(str(input["eventId"]))
-
-    engine = InProcessEngine(
-        tmp_path / "wf.sqlite",
-        load_settings(state_dir=tmp_path / "wf", nats_url=settings.nats_url),
-        clock,
-        {"triage": WorkflowDefinition("triage", (("note", step),))},
-    )
+    engine = triage_engine(tmp_path, settings, clock, runs)
     world = make_world(tmp_path, settings, clock, engine=engine)
     await world.app.ensure_streams()
     try:
@@ -529,6 +547,38 @@ async def test_a_workflow_reaction_starts_once_per_event_and_subscription(
         assert "nowhere" in skipped.detail
     finally:
         engine.close()
+
+
+async def test_a_redelivery_that_finds_its_workflow_already_started_is_a_success(
+    tmp_path: Path, settings: Settings, clock: ManualClock
+) -> None:
+    # GIVEN a workflow reaction whose instance a previous delivery already started: that
+    # process died after the start and before its claim was done, so the claim does not
+    # dedupe the redelivery, and only the engine's AlreadyStarted can (S2-121)
+    clock.set(START)
+    runs: list[str] = []
+    engine = triage_engine(tmp_path, settings, clock, runs)
+    world = make_world(tmp_path, settings, clock, engine=engine)
+    await world.app.ensure_streams()
+    try:
+        sub = world.subscribe("triage", WorkflowReaction(workflow="triage"))
+        event = task_completed(clock, "t1")
+        first = await engine.start(
+            "triage", workflow_instance_id(event.event_id, sub), {"eventId": event.event_id}
+        )
+        assert first.started
+        await world.publish(event)
+
+        # WHEN the event is delivered to the reactions
+        report = await world.react()
+
+        # THEN the start finds the instance and is taken as done: applied, not failed or
+        # retried, and the workflow ran once, not twice
+        assert (report.applied, report.failed, report.retried) == (1, 0, 0)
+        assert runs == [event.event_id]
+        assert world.suppressed() == []
+    finally:
+        engine.close()
         await world.app.close()
 
 
@@ -537,7 +587,7 @@ async def test_an_agent_reaction_sends_one_agent_wake_through_the_command_path(
 ) -> None:
     # GIVEN an agent reaction for an agent of the tenant
     AgentRegistry(world.app.product(), world.app.settings, world.clock).register_scripted(
-        "agent-9", TENANT
+        TENANT, "agent-9"
     )
     sub = world.subscribe("wake", AgentReaction(agent_id="agent-9"))
     event = task_completed(world.clock, "t1")
@@ -565,7 +615,7 @@ async def test_an_agent_reaction_sends_one_agent_wake_through_the_command_path(
 async def test_an_agent_reaction_about_no_task_it_holds_reaches_the_agent(world: World) -> None:
     # GIVEN a scripted agent woken by a subscription on task.completed (a Task it never held)
     AgentRegistry(world.app.product(), world.app.settings, world.clock).register_scripted(
-        "agent-9", TENANT
+        TENANT, "agent-9"
     )
     world.subscribe("wake", AgentReaction(agent_id="agent-9"))
     await world.publish(task_completed(world.clock, "t1"))
@@ -647,9 +697,9 @@ async def test_one_tenants_full_in_flight_cap_does_not_hold_another_tenants_even
         globex = Caller("globex", "system:test", "corr-g")
         await world.publish(
             task_completed(clock, "t1"),
-            task_completed(clock, "g1", caller=globex),
+            task_completed(clock, "g1", caller=globex, project=OTHER_PROJECT),
             task_completed(clock, "t2"),
-            task_completed(clock, "g2", caller=globex),
+            task_completed(clock, "g2", caller=globex, project=OTHER_PROJECT),
         )
 
         # WHEN the reactions consume the batch

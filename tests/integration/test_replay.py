@@ -235,7 +235,7 @@ async def test_a_dry_run_changes_no_file_and_leaves_no_consumer(
     # THEN each would apply every event; no file was created or written; no consumer exists
     assert [counts(r) for r in reports] == [{"scanned": 6, "would_apply": 6}] * 5
     assert files_under(state_dir) == before
-    assert not (state_dir / "projects" / project).exists()
+    assert not (state_dir / "projects" / project / "view.sqlite").exists()
     assert await consumer_names(app, 0) == []
 
 

@@ -16,6 +16,7 @@ import pytest_asyncio
 from nats.js.api import AckPolicy
 from nats.js.errors import NotFoundError
 
+from project_roots import ensure_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.archive import ArchiveReader
 from rhumbatron.domain.facts import Caller, FactContext
@@ -119,7 +120,9 @@ async def make_app(
 
 
 async def publish(app: Rhumbatron, events: list[Event]) -> None:
-    """Put events on their streams as the outbox publisher does (Nats-Msg-Id = event ID)."""
+    """Put events on their streams as the outbox publisher does (Nats-Msg-Id = event ID),
+    their projects created first (the router checks an event's tenant against its root)."""
+    ensure_project_roots(app, events)
     js = (await app.nats()).jetstream()
     for event in events:
         subject = event_stream_subject(stream_index(event.project_id))
@@ -151,7 +154,7 @@ def view_count(app: Rhumbatron, project_id: str, table: str = "project_events") 
     return int(view.connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 
 
-async def test_each_stream_gets_four_durable_explicit_ack_pull_consumers_at_first_read(
+async def test_each_stream_gets_the_specs_four_durable_consumers_and_reactions_at_first_read(
     make_app: AppFactory,
 ) -> None:
     # GIVEN streams and no reader yet
@@ -163,11 +166,19 @@ async def test_each_stream_gets_four_durable_explicit_ack_pull_consumers_at_firs
     # WHEN the sweep visits stream 0
     await app.router().sweep(now=sweep_minute(0))
 
-    # THEN stream 0 has exactly the five durable pull consumers, explicit ack, 5-minute ack
+    # THEN stream 0 has exactly the spec's four durable pull consumers (S0-097) and the
+    # reactions' (seed 002: every reaction is one more cursor), explicit ack, 5-minute ack
     # wait; stream 1 has only reactions, which every tick reads on every stream (the others
-    # are created at their first read there)
+    # are created at their first read there). The names are the spec's, written out: taken
+    # from the project's own enum they would prove nothing.
     names = sorted([c.name async for c in _consumers(js, event_stream_name(0))])
-    assert names == sorted(s.value for s in Subscription)
+    assert names == [
+        "analytics-projector",
+        "audit-archiver",
+        "causal-router",
+        "project-view-projector",
+        "reactions",
+    ]
     for subscription in Subscription:
         info = await js.consumer_info(event_stream_name(0), subscription.value)
         assert info.config.durable_name == subscription.value
@@ -263,7 +274,9 @@ async def test_the_same_batch_delivered_again_applies_nothing_and_is_acked(
     log = await router.event_log()
     messages = await log.fetch(0, PROJECTOR, 100)
     run = router._run_context(0)
-    first = await router.projector.handle(decode_records(messages), run)
+    first = await router.projector.handle(
+        decode_records(messages, 0, router.project_owners, require_owner=False), run
+    )
     assert first[event.event_id].outcome.value == "applied"
     await messages[0].nak()  # JetStream delivers the same message again (at least once)
 
@@ -550,7 +563,8 @@ async def test_the_daily_tick_prunes_claims_older_than_14_days_up_to_the_cap(
 async def test_every_sweep_records_consumer_lag_and_outbox_backlog_as_metrics(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
-    # GIVEN an actor with an unpublished outbox row and a stream with unread events
+    # GIVEN two actors with an unpublished outbox row each (one project created here, the
+    # other when its events were put on stream 0) and a stream with unread events
     app = await make_app()
     (project,) = projects_on_stream(3, 1)
     app.project_root(project).create_project(CALLER, name="Backlog")
@@ -563,7 +577,7 @@ async def test_every_sweep_records_consumer_lag_and_outbox_backlog_as_metrics(
     assert len(sweep.lags) == 40
     unread = {(lag.stream, lag.consumer): lag.num_pending for lag in sweep.lags}
     assert unread[(event_stream_name(0), PROJECTOR.value)] == 3
-    assert sweep.outbox_backlog["pending"] == 1
+    assert sweep.outbox_backlog["pending"] == 2
     counts = metric_counts(app.product().connection, MetricBinding.METRICS)
     assert counts["consumer_num_pending"] == 40
     assert counts["consumer_num_ack_pending"] == 40

@@ -1,7 +1,8 @@
 """The webhook agent runtime against a real HTTP receiver on loopback: a wake arrives signed
 and verifies, a secret rotation keeps receivers on either secret working, and every way of
 not taking a wake (non-2xx, redirect, timeout, refused connection, unsafe URL, unknown or
-scripted agent) raises, so the agent-wakeups queue retries it and dead-letters it at last."""
+scripted agent, another tenant's agent) raises, so the agent-wakeups queue retries it and
+dead-letters it at last."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 AGENT = "reviewer-1"
 EVENT_ID = "evt_" + "ab" * 16
 TASK = TaskState(task_id="t1", change_id="c1", status=TaskStatus.ASSIGNED, agent_id=AGENT)
+#: The tenant owning each project: the wake's agent is looked up in its tenant.
+TENANT_OF = {"acme-web": "acme"}
 
 
 @dataclass
@@ -142,7 +145,7 @@ def receiver(clock: ManualClock, settings: Settings) -> Iterator[Receiver]:
 async def runtime(
     registry: AgentRegistry, settings: Settings, clock: ManualClock
 ) -> AsyncIterator[WebhookAgentRuntime]:
-    agents = WebhookAgentRuntime(registry, settings, clock)
+    agents = WebhookAgentRuntime(registry, settings, clock, tenant_of=TENANT_OF.get)
     yield agents
     await agents.aclose()
 
@@ -164,7 +167,7 @@ async def test_a_wake_arrives_signed_and_verifies_with_the_registered_secret(
     registry: AgentRegistry, runtime: WebhookAgentRuntime, receiver: Receiver
 ) -> None:
     # GIVEN a webhook agent whose receiver holds the registered secret
-    record = registry.register_webhook(AGENT, "acme", receiver.url)
+    record = registry.register_webhook("acme", AGENT, receiver.url)
     receiver.secrets = list(record.secrets)
     command = wake()
 
@@ -198,7 +201,7 @@ async def test_a_wake_arrives_signed_and_verifies_with_the_registered_secret(
 async def test_a_retry_keeps_the_webhook_id_so_the_receiver_can_dedupe(
     registry: AgentRegistry, runtime: WebhookAgentRuntime, receiver: Receiver, clock: ManualClock
 ) -> None:
-    receiver.secrets = list(registry.register_webhook(AGENT, "acme", receiver.url).secrets)
+    receiver.secrets = list(registry.register_webhook("acme", AGENT, receiver.url).secrets)
     # WHEN the same wake is delivered again as attempt 2, 30 s later
     await runtime.wake(AGENT, TASK, wake(attempt=1))
     clock.advance(30)
@@ -215,8 +218,8 @@ async def test_during_a_rotation_receivers_on_the_old_or_the_new_secret_both_ver
     registry: AgentRegistry, runtime: WebhookAgentRuntime, receiver: Receiver
 ) -> None:
     # GIVEN an agent whose secret is being rotated
-    (old,) = registry.register_webhook(AGENT, "acme", receiver.url).secrets
-    new = registry.rotate_secret(AGENT)
+    (old,) = registry.register_webhook("acme", AGENT, receiver.url).secrets
+    new = registry.rotate_secret("acme", AGENT)
 
     # WHEN a receiver still holding only the OLD secret is woken
     receiver.secrets = [old]
@@ -229,7 +232,7 @@ async def test_during_a_rotation_receivers_on_the_old_or_the_new_secret_both_ver
     assert [r.refused for r in receiver.requests] == [None, None]
 
     # AND once the old secret is dropped, a receiver still on it refuses: the wake fails
-    registry.drop_old_secret(AGENT)
+    registry.drop_old_secret("acme", AGENT)
     receiver.secrets = [old]
     with pytest.raises(WebhookDeliveryError, match="answered 401"):
         await runtime.wake(AGENT, TASK, wake(attempt=3))
@@ -241,7 +244,7 @@ async def test_a_500_answer_raises_a_delivery_error_quoting_the_answer(
     registry: AgentRegistry, runtime: WebhookAgentRuntime, receiver: Receiver
 ) -> None:
     # GIVEN a receiver that answers 500 with a long body
-    receiver.secrets = list(registry.register_webhook(AGENT, "acme", receiver.url).secrets)
+    receiver.secrets = list(registry.register_webhook("acme", AGENT, receiver.url).secrets)
     receiver.status = 500
     receiver.answer = b"database down " + b"x" * 1000
     # WHEN the agent is woken
@@ -259,7 +262,7 @@ async def test_a_redirect_is_not_followed(
     registry: AgentRegistry, runtime: WebhookAgentRuntime, receiver: Receiver
 ) -> None:
     # GIVEN a receiver that redirects elsewhere
-    receiver.secrets = list(registry.register_webhook(AGENT, "acme", receiver.url).secrets)
+    receiver.secrets = list(registry.register_webhook("acme", AGENT, receiver.url).secrets)
     receiver.status = 307
     receiver.location = receiver.url.replace("/wake", "/elsewhere")
     # WHEN the agent is woken
@@ -277,7 +280,7 @@ async def test_a_receiver_that_never_answers_raises_a_delivery_error_after_the_t
         silent.bind(("127.0.0.1", 0))
         silent.listen(1)
         port = silent.getsockname()[1]
-        registry.register_webhook(AGENT, "acme", f"http://127.0.0.1:{port}/wake")
+        registry.register_webhook("acme", AGENT, f"http://127.0.0.1:{port}/wake")
         # WHEN the agent is woken
         with pytest.raises(WebhookDeliveryError, match=r"no answer within 0\.5 s"):
             await runtime.wake(AGENT, TASK, wake())
@@ -290,7 +293,7 @@ async def test_a_refused_connection_raises_a_delivery_error(
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    registry.register_webhook(AGENT, "acme", f"http://127.0.0.1:{port}/wake")
+    registry.register_webhook("acme", AGENT, f"http://127.0.0.1:{port}/wake")
     # WHEN / THEN the wake raises a delivery error naming the failure
     with pytest.raises(WebhookDeliveryError, match="ConnectError"):
         await runtime.wake(AGENT, TASK, wake())
@@ -299,11 +302,13 @@ async def test_a_refused_connection_raises_a_delivery_error(
 async def test_an_unregistered_or_scripted_agent_raises(
     registry: AgentRegistry, runtime: WebhookAgentRuntime, receiver: Receiver
 ) -> None:
-    # WHEN an agent nobody registered is woken
-    with pytest.raises(AgentNotFoundError, match="'ghost', which is not registered"):
+    # GIVEN another tenant's webhook agent "ghost"
+    registry.register_webhook("globex", "ghost", receiver.url)
+    # WHEN an agent the project's tenant never registered is woken
+    with pytest.raises(AgentNotFoundError, match="'ghost', which the tenant \\('acme'\\)"):
         await runtime.wake("ghost", TASK, wake(agent="ghost"))
     # AND a scripted agent is woken through the webhook runtime
-    registry.register_scripted("script-1", "acme")
+    registry.register_scripted("acme", "script-1")
     with pytest.raises(AgentRegistryError, match="registered as scripted"):
         await runtime.wake("script-1", TASK, wake(agent="script-1"))
     # THEN nothing was sent
@@ -319,14 +324,14 @@ async def test_a_loopback_url_is_refused_at_registration_and_at_send_without_the
     strict_store = SqliteStore(tmp_path / "strict.sqlite", strict, AGENTS_SCHEMA)
     try:
         with pytest.raises(UnsafeWebhookUrlError, match="loopback"):
-            AgentRegistry(strict_store, strict, clock).register_webhook(AGENT, "acme", receiver.url)
+            AgentRegistry(strict_store, strict, clock).register_webhook("acme", AGENT, receiver.url)
     finally:
         strict_store.close()
 
     # GIVEN the agent registered while 127.0.0.1 was allowed
-    receiver.secrets = list(registry.register_webhook(AGENT, "acme", receiver.url).secrets)
+    receiver.secrets = list(registry.register_webhook("acme", AGENT, receiver.url).secrets)
     # WHEN a runtime whose settings no longer allow it sends the wake
-    agents = WebhookAgentRuntime(registry, strict, clock)
+    agents = WebhookAgentRuntime(registry, strict, clock, tenant_of=TENANT_OF.get)
     try:
         with pytest.raises(UnsafeWebhookUrlError, match="RHUMBATRON_WEBHOOK_ALLOWED_HOSTS"):
             await agents.wake(AGENT, TASK, wake())
@@ -338,8 +343,8 @@ async def test_a_loopback_url_is_refused_at_registration_and_at_send_without_the
 
 async def test_a_metadata_url_is_refused_even_with_the_allow_list(registry: AgentRegistry) -> None:
     with pytest.raises(UnsafeWebhookUrlError, match="cloud metadata"):
-        registry.register_webhook(AGENT, "acme", "http://169.254.169.254/latest/meta-data/")
-    assert registry.get(AGENT) is None
+        registry.register_webhook("acme", AGENT, "http://169.254.169.254/latest/meta-data/")
+    assert registry.get("acme", AGENT) is None
 
 
 async def test_credentials_in_the_url_stay_out_of_the_delivery_error(
@@ -347,7 +352,7 @@ async def test_credentials_in_the_url_stay_out_of_the_delivery_error(
 ) -> None:
     # GIVEN a URL carrying a password and a token (the error ends up in a dead letter)
     url = receiver.url.replace("http://", "http://bot:hunter2@") + "?token=s3cr3t"
-    receiver.secrets = list(registry.register_webhook(AGENT, "acme", url).secrets)
+    receiver.secrets = list(registry.register_webhook("acme", AGENT, url).secrets)
     receiver.status = 503
     # WHEN the wake is refused
     with pytest.raises(WebhookDeliveryError) as caught:

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from project_roots import ensure_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.agents.signing import generate_secret, signed_headers
 from rhumbatron.domain.facts import Caller, FactContext
@@ -54,6 +55,7 @@ class World:
     http: LazyHttpClient
 
     async def publish(self, *events: Event) -> None:
+        ensure_project_roots(self.app, events)
         js = (await self.app.nats()).jetstream()
         for event in events:
             await js.publish(

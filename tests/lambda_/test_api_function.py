@@ -54,6 +54,8 @@ def lambda_env(
         "RHUMBATRON_API_JWT_ISSUER": ISSUER,
         "RHUMBATRON_API_JWT_AUDIENCE": AUDIENCE,
         "RHUMBATRON_API_JWT_TENANT_CLAIM": "tenant",
+        # The sample events' tokens live until 2100, so that a local invoke works any day.
+        "RHUMBATRON_API_JWT_MAX_LIFETIME_S": "3000000000",
         "RHUMBATRON_NATS_CONNECT_TIMEOUT_S": "0.5",
         "POWERTOOLS_SERVICE_NAME": "api",
     }.items():

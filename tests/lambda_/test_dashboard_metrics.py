@@ -34,6 +34,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from project_roots import ensure_project_roots
 from rhumbatron.causal.clef_flash import ClefFlash
 from rhumbatron.causal.store import CausalStore
 from rhumbatron.domain.facts import Caller, FactContext
@@ -375,6 +376,7 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emitted]:
                 woke = FactContext(CALLER, nudged, datetime.now(UTC)).fact(
                     "agent.woke", {"agentId": "agent-1"}, change_id="chg-1"
                 )
+                ensure_project_roots(app, [woke])
                 js = (await app.nats()).jetstream()
                 await js.publish(
                     event_stream_subject(NUDGED_STREAM),

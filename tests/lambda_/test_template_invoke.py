@@ -70,6 +70,8 @@ SAMPLE_JWT = {
     "RHUMBATRON_API_JWT_SECRET": "rhumbatron-sample-jwt-secret-for-local-invokes-only",
     "RHUMBATRON_API_JWT_ISSUER": "https://auth.rhumbatron.example/",
     "RHUMBATRON_API_JWT_AUDIENCE": "rhumbatron-api",
+    # The sample events' tokens live until 2100, so that a local invoke works any day.
+    "RHUMBATRON_API_JWT_MAX_LIFETIME_S": "3000000000",
 }
 
 

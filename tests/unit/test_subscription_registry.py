@@ -294,8 +294,8 @@ def test_an_agent_reaction_needs_an_agent_of_the_same_tenant(
 ) -> None:
     # GIVEN an agent of acme and an agent of another tenant
     agents = AgentRegistry(store, settings, clock)
-    agents.register_scripted("reviewer", TENANT)
-    agents.register_scripted("their-reviewer", OTHER)
+    agents.register_scripted(TENANT, "reviewer")
+    agents.register_scripted(OTHER, "their-reviewer")
     # WHEN acme subscribes its own agent, the other tenant's, and one never registered
     mine = registry.create(TENANT, "review", _on_failures(), AgentReaction(agent_id="reviewer"))
     # THEN only its own is taken; the others are refused alike, naming the agent

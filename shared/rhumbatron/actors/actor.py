@@ -24,6 +24,7 @@ from rhumbatron.actors.outbox import OUTBOX_SCHEMA, append_facts
 from rhumbatron.actors.storage import open_with_schema, schema_version, write_transaction
 from rhumbatron.domain.transition import Delete, Insert, Mutation, Transition, Update, Upsert
 from rhumbatron.errors import ActorError, DomainError
+from rhumbatron.paths import path_under
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
 from rhumbatron.runtime.clock import Clock, SystemClock
 from rhumbatron.runtime.faults import crash_point
@@ -50,7 +51,7 @@ class ActorRef:
     shard: int | None = None
 
     def __post_init__(self) -> None:
-        if not PROJECT_ID_PATTERN.match(self.project_id):
+        if not PROJECT_ID_PATTERN.fullmatch(self.project_id):
             raise ActorError(
                 f"project id {self.project_id!r} is not valid: use 1-64 letters, digits, "
                 "'_' or '-', starting with a letter or digit"
@@ -90,7 +91,7 @@ class ActorRef:
     def path(self, state_dir: Path) -> Path:
         """``<state>/projects/<project>/root.sqlite`` or ``…/shard-<NN>.sqlite``."""
         name = "root.sqlite" if self.shard is None else f"shard-{self.shard:02d}.sqlite"
-        return state_dir / "projects" / self.project_id / name
+        return path_under(state_dir / "projects", self.project_id, name)
 
 
 @dataclass(frozen=True, slots=True)

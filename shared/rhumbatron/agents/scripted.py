@@ -226,24 +226,19 @@ def _parts(
 
 @dataclass
 class AgentRuntimes:
-    """The wake consumer's :class:`AgentRuntime`: a registered webhook agent gets a signed
-    HTTP wake; every other agent is played by the scripted runtime."""
+    """The wake consumer's :class:`AgentRuntime`: a webhook agent registered by the tenant of
+    the command's project gets a signed HTTP wake; every other agent is played by the
+    scripted runtime. Another tenant's agent of the same ID is never looked at."""
 
     registry: AgentRegistry
     scripted: AgentRuntime
     webhook: AgentRuntime
     #: The tenant owning a project (the composition root's ``project_tenant``).
-    tenant_of: Callable[[str], str | None] = lambda _project_id: None
+    tenant_of: Callable[[str], str | None]
 
     async def wake(self, agent_id: str, task: TaskState | None, command: Command) -> None:
-        record = self.registry.get(agent_id)
-        if record is not None and record.kind is AgentKind.WEBHOOK:
-            tenant = self.tenant_of(command.project_id)
-            if tenant is not None and record.tenant_id != tenant:
-                raise DomainError(
-                    f"agent {agent_id!r} belongs to another tenant than project "
-                    f"{command.project_id!r}; a wake never leaves its tenant"
-                )
+        tenant = self.tenant_of(command.project_id)
+        record = None if tenant is None else self.registry.get(tenant, agent_id)
         runtime = (
             self.webhook
             if record is not None and record.kind is AgentKind.WEBHOOK

@@ -8,12 +8,16 @@ receiver can drop a wake it already took.
 
 The body points at the work (IDs and the Task's status) and embeds no event payload: the
 Agent reads what it needs through the API, with its own credentials.
+
+The Agent woken is the one of the command's project's tenant (``tenant_of``): an agent ID
+is a tenant's own, so a wake never reaches another tenant's Agent of the same ID.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -80,8 +84,10 @@ def wake_body(agent_id: str, task: TaskState | None, command: Command) -> bytes:
 class WebhookAgentRuntime:
     """An :class:`~rhumbatron.queues.wake_consumer.AgentRuntime` for webhook Agents.
 
-    ``client`` is an :class:`httpx.AsyncClient` to reuse (the caller closes it); without one
-    the runtime makes its own on first use and :meth:`aclose` closes it.
+    ``tenant_of`` names the tenant owning a project (the composition root's
+    ``project_tenant``): the Agent woken is that tenant's. ``client`` is an
+    :class:`httpx.AsyncClient` to reuse (the caller closes it); without one the runtime makes
+    its own on first use and :meth:`aclose` closes it.
     """
 
     def __init__(
@@ -90,8 +96,11 @@ class WebhookAgentRuntime:
         settings: Settings,
         clock: Clock,
         client: httpx.AsyncClient | None = None,
+        *,
+        tenant_of: Callable[[str], str | None],
     ) -> None:
         self._registry = registry
+        self._tenant_of = tenant_of
         self._settings = settings
         self._clock = clock
         self._client = client
@@ -117,11 +126,13 @@ class WebhookAgentRuntime:
             self._client = None
 
     def _webhook_agent(self, agent_id: str, command: Command) -> AgentRecord:
-        record = self._registry.get(agent_id)
+        tenant = self._tenant_of(command.project_id)
+        record = None if tenant is None else self._registry.get(tenant, agent_id)
         if record is None:
             raise AgentNotFoundError(
-                f"wake {command.command_id} is for agent {agent_id!r}, which is not registered; "
-                "register it as a webhook agent (AgentRegistry.register_webhook)"
+                f"wake {command.command_id} is for agent {agent_id!r}, which the tenant "
+                f"({tenant!r}) of project {command.project_id!r} has not registered; register "
+                "it as a webhook agent (AgentRegistry.register_webhook)"
             )
         if record.kind is not AgentKind.WEBHOOK:
             raise AgentRegistryError(

@@ -29,6 +29,7 @@ from rhumbatron.api.auth import (
     Authenticator,
     Principal,
 )
+from rhumbatron.api.body_limit import BodyLimit
 from rhumbatron.api.consumers_routes import consumers_router
 from rhumbatron.api.errors import (
     AuthenticationError,
@@ -324,6 +325,8 @@ def create_api(app: Rhumbatron, auth: Authenticator, *, manage_runtime: bool = T
     api.state.streams_ready = False
     api.state.retry_after_s = app.settings.api_retry_after_s
     install_error_handlers(api)
+    # Outside every route: a body over the limit is refused before anything reads it.
+    api.add_middleware(BodyLimit, max_bytes=app.settings.api_max_body_bytes)
     api.include_router(router)
     api.include_router(lifecycle_router(app, _principal, _streams_ready))
     api.include_router(replay_router(app, _principal))

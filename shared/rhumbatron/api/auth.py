@@ -10,7 +10,8 @@ each record.
 * :class:`JwtAuth` — the cloud: a JWT signed with HS256 (a shared secret) or RS256 (a
   public key, or a JWKS URL), checked for ``exp``, ``iss`` and ``aud``. The tenant is the
   ``tenant`` claim (``api_jwt_tenant_claim``); scopes come from ``scope`` (space-separated)
-  or ``scp`` (a list, or space-separated). Time is the runtime's clock, not the machine's,
+  or ``scp`` (a list, or space-separated). ``iat`` may not be in the future, and a token may
+  live at most ``api_jwt_max_lifetime_s``. Time is the runtime's clock, not the machine's,
   so tests move it.
 """
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from rhumbatron.api.errors import AuthenticationError, UnavailableError
+from rhumbatron.api.errors import AuthenticationError, PlatformRequiredError, UnavailableError
 from rhumbatron.errors import ConfigurationError
 from rhumbatron.runtime.settings import ANY_TENANT, ApiTokenGrant
 
@@ -53,6 +54,7 @@ __all__ = [
     "Principal",
     "StaticTokenAuth",
     "authenticator_from_settings",
+    "platform_only",
 ]
 
 SCOPE_DEAD_LETTERS_READ: Final = "dead-letters:read"
@@ -155,6 +157,7 @@ class JwtAuth(Authenticator):
         jwks_url: str | None = None,
         tenant_claim: str = "tenant",
         leeway_s: float = 30.0,
+        max_lifetime_s: float = 86_400.0,
     ) -> None:
         sources = [s for s in (secret, public_key, jwks_url) if s is not None]
         if len(sources) != 1:
@@ -166,6 +169,7 @@ class JwtAuth(Authenticator):
         self._audience = audience
         self._tenant_claim = tenant_claim
         self._leeway_s = leeway_s
+        self._max_lifetime_s = max_lifetime_s
         # One algorithm per key, pinned: a token cannot pick "none", or HS256 with the
         # public key as its secret (the algorithm-confusion attack).
         self._algorithm: Literal["HS256", "RS256"] = "HS256" if secret is not None else "RS256"
@@ -193,6 +197,7 @@ class JwtAuth(Authenticator):
             jwks_url=settings.api_jwt_jwks_url,
             tenant_claim=settings.api_jwt_tenant_claim,
             leeway_s=settings.api_jwt_leeway_s,
+            max_lifetime_s=settings.api_jwt_max_lifetime_s,
         )
 
     def authenticate(self, token: str) -> Principal:
@@ -238,14 +243,24 @@ class JwtAuth(Authenticator):
             raise AuthenticationError(
                 f"the bearer token expired at {_iso(exp)}; get a new one", code="token_expired"
             )
-        if "nbf" in claims:
-            nbf = _epoch(claims["nbf"])
-            if nbf is None:
-                raise AuthenticationError(
-                    f"the bearer token's nbf={claims['nbf']!r:.40} is not a time"
-                )
-            if now + self._leeway_s < nbf:
-                raise AuthenticationError(f"the bearer token is not valid before {_iso(nbf)}")
+        nbf = _time_claim(claims, "nbf")
+        if nbf is not None and now + self._leeway_s < nbf:
+            raise AuthenticationError(f"the bearer token is not valid before {_iso(nbf)}")
+        iat = _time_claim(claims, "iat")
+        if iat is not None and now + self._leeway_s < iat:
+            raise AuthenticationError(
+                f"the bearer token was issued at {_iso(iat)}, in the future; check the "
+                "issuer's clock"
+            )
+        # A token minted to live for ever is a stolen token that never dies: the lifetime is
+        # bounded from now, and from its issue when it says when that was.
+        start = now if iat is None else min(now, iat)
+        if exp - start > self._max_lifetime_s + self._leeway_s:
+            raise AuthenticationError(
+                f"the bearer token's lifetime ({_iso(start)} to {_iso(exp)}) is longer than the "
+                f"{self._max_lifetime_s:.0f} s this API accepts "
+                "(RHUMBATRON_API_JWT_MAX_LIFETIME_S); get a shorter-lived token"
+            )
 
     def _tenant(self, claims: Mapping[str, Any]) -> str:
         tenant = claims.get(self._tenant_claim)
@@ -260,6 +275,16 @@ class JwtAuth(Authenticator):
                 f"the bearer token's {self._tenant_claim!r} claim {tenant!r} names no tenant"
             )
         return tenant
+
+
+def _time_claim(claims: Mapping[str, Any], name: str) -> float | None:
+    """An optional time claim (``nbf``, ``iat``) as epoch seconds; 401 when it is not a time."""
+    if name not in claims:
+        return None
+    seconds = _epoch(claims[name])
+    if seconds is None:
+        raise AuthenticationError(f"the bearer token's {name}={claims[name]!r:.40} is not a time")
+    return seconds
 
 
 def _epoch(value: object) -> float | None:
@@ -292,6 +317,15 @@ def _scopes(claims: Mapping[str, Any]) -> frozenset[str]:
     else:
         names = []
     return frozenset(names) & SCOPES
+
+
+def platform_only(principal: Principal, doing: str) -> Principal:
+    """``principal`` when it is a platform principal (tenant ``*``); a tenant-bound token
+    gets 403 ``platform_required`` whatever its scopes: a scope says what a caller may do,
+    not over whose records."""
+    if principal.tenant_scope is not None:
+        raise PlatformRequiredError(doing, tenant=principal.tenant_id)
+    return principal
 
 
 def authenticator_from_settings(settings: Settings, clock: Clock) -> Authenticator:

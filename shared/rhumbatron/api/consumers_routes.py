@@ -19,7 +19,7 @@ from fastapi import APIRouter, Security
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from rhumbatron.api.auth import SCOPE_CONSUMERS_READ, Principal
+from rhumbatron.api.auth import SCOPE_CONSUMERS_READ, Principal, platform_only
 from rhumbatron.api.errors import error_responses
 from rhumbatron.api.lifecycle_routes import PrincipalDependency
 from rhumbatron.errors import NatsUnavailableError
@@ -84,11 +84,19 @@ def consumers_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRout
         "/consumers",
         response_model=ConsumersBody,
         summary="List every durable consumer with its lag",
-        responses=error_responses(401, 403, 503),
+        responses=error_responses(
+            401,
+            403,
+            503,
+            e403="The token lacks consumers:read, or is not a platform token (tenant '*'): "
+            "the counts span every tenant.",
+        ),
     )
     async def list_consumers(principal: Reader) -> ConsumersBody:
         """Every event stream × subscription consumer, then every command queue's, each with
-        ``numPending``, ``numAckPending`` and its last delivery, as JetStream reports them."""
+        ``numPending``, ``numAckPending`` and its last delivery, as JetStream reports them.
+        Only a platform token may read them: they count every tenant's records."""
+        platform_only(principal, "the consumers' lag")
         from nats.errors import Error as NatsError
 
         nc = await app.nats()

@@ -6,9 +6,12 @@ Every error answer has the body ``{"error": {"code", "message", "field"}}``
 =====  ==========================================================================
 401    no bearer token, an expired one, or one that does not verify
        (``WWW-Authenticate: Bearer``, with ``error="invalid_token"`` for a bad one)
-403    the token lacks the operation's scope; the message names it
+403    the token lacks the operation's scope; the message names it; or a tenant-bound
+       token asked for a platform route (``platform_required``)
 404    no such dead letter or project for this tenant, or no such route
 409    the dead letter is already closed; a poison event cannot be retried
+413    the body is over ``api_max_body_bytes`` (1 MiB), declared or streamed
+       (``payload_too_large``, answered by :mod:`rhumbatron.api.body_limit`)
 422    the request is invalid; ``field`` names the first bad field
 503    NATS is down, or the product file is busy or full (``Retry-After``)
 =====  ==========================================================================
@@ -23,6 +26,7 @@ The API's own errors (:class:`ApiError` and below) extend the package hierarchy 
      └── ApiError                  an HTTP answer with a status, a code and maybe a field
           ├── AuthenticationError  401
           ├── PermissionDeniedError 403
+          ├── PlatformRequiredError 403 (a tenant token on a platform route)
           ├── InvalidRequestError  422
           └── UnavailableError     503
 """
@@ -52,6 +56,7 @@ from rhumbatron.errors import (
     RhumbatronError,
 )
 from rhumbatron.operator import ProjectNotFoundError
+from rhumbatron.redaction import describe_input
 
 __all__ = [
     "ApiError",
@@ -60,6 +65,7 @@ __all__ = [
     "ErrorResponse",
     "InvalidRequestError",
     "PermissionDeniedError",
+    "PlatformRequiredError",
     "UnavailableError",
     "error_responses",
     "install_error_handlers",
@@ -138,6 +144,21 @@ class PermissionDeniedError(ApiError):
             headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{scope}"'},
         )
         self.scope = scope
+
+
+class PlatformRequiredError(ApiError):
+    """403: a platform route (its data spans every tenant) asked by a tenant-bound token."""
+
+    status_code = 403
+    default_code = "platform_required"
+
+    def __init__(self, doing: str, *, tenant: str) -> None:
+        super().__init__(
+            f"{doing} spans every tenant, so it needs a platform token (tenant '*'); this "
+            f"token is bound to tenant {tenant!r}. Ask a platform operator.",
+            # RFC 6750 §3.1: the request needs higher privileges than the token carries.
+            headers={"WWW-Authenticate": 'Bearer error="insufficient_scope"'},
+        )
 
 
 class InvalidRequestError(ApiError):
@@ -227,18 +248,23 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     """FastAPI's 422, in our model: ``field`` names the first bad field as the client sent
-    it (``limit``, ``command.payload``), ``message`` lists every problem."""
+    it (``limit``, ``command.payload``), ``message`` lists every problem, quoting a value only
+    where :func:`~rhumbatron.redaction.describe_input` allows."""
     assert isinstance(exc, RequestValidationError)
     problems: list[str] = []
     first: str | None = None
     for err in exc.errors():
-        where = _field_name(err.get("loc", ()))
+        loc = err.get("loc", ())
+        where = _field_name(loc)
         first = first or where
         message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         if err.get("type") == "missing":
             problems.append(f"{where} is missing")
-        else:
-            problems.append(f"{where}={_short(err.get('input'))}: {message}")
+            continue
+        # Never the value of a secret, nor a whole object: a model-level error's input is the
+        # request itself, secrets and all (issue #21).
+        quoted = describe_input(loc, err.get("input"))
+        problems.append(f"{where}: {message}" if quoted is None else f"{where}={quoted}: {message}")
     return _answer(
         422,
         "invalid_request",
@@ -254,11 +280,6 @@ def _field_name(loc: Sequence[Any]) -> str:
     if not parts or (len(loc) == 2 and isinstance(loc[1], int)):
         return "body"  # the body as a whole: missing, or not JSON (the loc ends in an offset)
     return ".".join(parts)
-
-
-def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -10,6 +10,8 @@ Tenancy fails closed: every route under ``/projects/{projectId}`` first finds th
 owner, and a project that does not exist and a project of another tenant are the same 404.
 A platform token (tenant ``*``) may act on every tenant's projects, as the facts' tenant is
 always the project's owner; it owns nothing, so it cannot create a project or an agent.
+Agent IDs are a tenant's own too: a Change, a callback and a registration consult only the
+tenant's agents, so no answer says whether another tenant has an agent of some ID.
 
 Commands go to the integration queue with IDs that are stable per request, so a client
 retrying a request within JetStream's 2-hour window is answered ``duplicate: true`` and
@@ -152,7 +154,7 @@ class ConflictError(ApiError):
 
 class ForbiddenError(ApiError):
     """403: the caller may not do this whatever its scopes (a platform token creating what
-    only a tenant can own, an agent of another tenant)."""
+    only a tenant can own)."""
 
     status_code = 403
     default_code = "forbidden"
@@ -503,8 +505,8 @@ def lifecycle_router(
                 503,
                 e404=_NO_PROJECT,
                 e409="The project is not active.",
-                e422="The request is invalid (a cycle in the tasks, an agent of another "
-                "tenant, ...); `field` names the first bad field.",
+                e422="The request is invalid (a cycle in the tasks, ...); `field` names the "
+                "first bad field.",
             ),
         },
     )
@@ -519,16 +521,9 @@ def lifecycle_router(
         nothing, whatever else the repeat says."""
         owner = _owner(app, principal, project_id)
         _active(app, project_id, "request a change")
+        # A Task's agent ID names an Agent of this tenant only (the wake looks it up in the
+        # project's tenant): no other tenant's registry is consulted, so none is revealed.
         lifecycle = app.lifecycle()
-        for task in body.tasks:
-            record = lifecycle.registry.get(task.agent_id)
-            if record is not None and record.tenant_id != owner:
-                # Its wakes would go to another tenant's URL, with this tenant's Task IDs.
-                raise InvalidRequestError(
-                    f"agent {task.agent_id!r} of task {task.task_id!r} is not one of this "
-                    "tenant's agents; choose another agent ID",
-                    field="tasks",
-                )
         with _refused(invalid_field="tasks"):
             created = lifecycle.requests.create_change(
                 _caller(principal, owner, body.client_request_id),
@@ -714,7 +709,7 @@ def lifecycle_router(
         409,
         422,
         503,
-        e403="The token lacks agents:write, or the agent belongs to another tenant.",
+        e403="The token lacks agents:write.",
         e404=_NO_TASK,
         e409=refusal,
     )
@@ -723,17 +718,14 @@ def lifecycle_router(
         principal: Principal, project_id: str, change_id: str, task_id: str, agent_id: str
     ) -> tuple[str, TaskState]:
         """The project's owner and the Task (named as planned, ``t1``, or as its wake names
-        it, ``<changeId>.t1``), once the caller may report on it as ``agent_id``."""
+        it, ``<changeId>.t1``), once the caller may report on it as ``agent_id``. The
+        agent ID is the project's tenant's: another tenant's agent of that ID is never
+        consulted, so a caller learns nothing of it (the Task's holder is checked later)."""
         owner = _owner(app, principal, project_id)
         shard, _ = _change(app, project_id, change_id)
         task = shard.task_state(qualified_task_id(change_id, task_id))
         if task is None or task.change_id != change_id:
             raise NotFoundError(f"no task {task_id!r} in change {change_id!r}")
-        record = app.lifecycle().registry.get(agent_id)
-        if record is not None and record.tenant_id != owner:
-            raise ForbiddenError(
-                f"agent {agent_id!r} is not one of this tenant's agents", code="agent_forbidden"
-            )
         return owner, task
 
     def holding(task: TaskState, agent_id: str) -> None:
@@ -994,11 +986,9 @@ def lifecycle_router(
             **error_responses(
                 401,
                 403,
-                409,
                 422,
                 503,
                 e403="The token lacks agents:write, or is a platform token (owns no agent).",
-                e409="The agent ID is another tenant's.",
                 e422="The request is invalid (an unsafe URL, a malformed secret, ...); "
                 "`field` names the first bad field.",
             ),
@@ -1007,13 +997,13 @@ def lifecycle_router(
     async def register_agent(
         principal: AgentsWriter, body: RegisterAgentRequest, response: Response
     ) -> AgentBody:
-        """Registers (201) or updates (200) an agent of the caller's tenant. The answer
-        shows no secret, except one this registration generated: it is shown once."""
+        """Registers (201) or updates (200) an agent of the caller's tenant. Agent IDs are
+        the tenant's own: another tenant's agent of the same ID is neither seen nor changed.
+        The answer shows no secret, except one this registration generated: it is shown
+        once."""
         tenant = own_tenant(principal, "register an agent")
         registry = app.lifecycle().registry
-        before = registry.get(body.agent_id)
-        if before is not None and before.tenant_id != tenant:
-            raise _agent_taken(body.agent_id)
+        before = registry.get(tenant, body.agent_id)
         generated = False
         if body.kind is AgentKind.WEBHOOK:
             assert body.url is not None  # the request model requires it
@@ -1025,13 +1015,13 @@ def lifecycle_router(
                 # on the loop (usually from the resolver's cache: it was just asked).
                 await asyncio.to_thread(check_webhook_url, body.url, allowed)
             with _invalid(field="agentId"):
-                record = registry.register_webhook(body.agent_id, tenant, body.url, body.secrets)
+                record = registry.register_webhook(tenant, body.agent_id, body.url, body.secrets)
             generated = body.secrets is None and (
                 before is None or before.kind is not AgentKind.WEBHOOK
             )
         else:
             with _invalid(field="agentId"):
-                record = registry.register_scripted(body.agent_id, tenant)
+                record = registry.register_scripted(tenant, body.agent_id)
         response.status_code = 201 if before is None else 200
         return AgentBody.of(
             record,
@@ -1139,19 +1129,10 @@ def _claim_body(app: Rhumbatron, project_id: str, resource: str, agent_id: str) 
     return ClaimBody(resource=resource, agent_id=agent_id, held=False)
 
 
-def _agent_taken(agent_id: str) -> ApiError:
-    return ConflictError(
-        f"agent ID {agent_id!r} is not available; choose another agent ID",
-        code="agent_id_unavailable",
-        field="agentId",
-    )
-
-
 @contextmanager
 def _invalid(*, field: str) -> Iterator[None]:
-    """The registry's refusals: an unsafe URL or a bad secret is the request's fault (422);
-    an agent ID another tenant took meanwhile is 409 — without naming that tenant, which the
-    registry's message does."""
+    """The registry's refusals: an unsafe URL, a bad secret or agent ID is the request's
+    fault (422)."""
     try:
         yield
     except WebhookSecretError as exc:
@@ -1159,13 +1140,6 @@ def _invalid(*, field: str) -> Iterator[None]:
     except UnsafeWebhookUrlError as exc:
         raise InvalidRequestError(str(exc), field="url") from None
     except AgentRegistryError as exc:
-        if "registered for tenant" in str(exc):
-            _log.info("api: agent registration refused: %s", exc)
-            raise ConflictError(
-                "the agent ID is not available; choose another agent ID",
-                code="agent_id_unavailable",
-                field="agentId",
-            ) from None
         raise InvalidRequestError(str(exc), field=field) from None
 
 

@@ -35,6 +35,7 @@ from rhumbatron.domain.changesets import MAX_CHANGESET_BYTES, Changeset
 from rhumbatron.domain.releases import ReleaseState, ReleaseStatus
 from rhumbatron.domain.tasks import TaskState, TaskStatus
 from rhumbatron.lifecycle.world import LocatedCandidate
+from rhumbatron.protocol import values
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
 from rhumbatron.runtime.clock import parse_timestamp
 
@@ -83,7 +84,7 @@ __all__ = [
 #: Client request, Task, Change, intent, challenge and changeset IDs: the command ID's alphabet.
 KEY_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 #: The agent registry's alphabet (``AGENT_ID_PATTERN``), anchored for a JSON schema.
-AGENT_ID = r"^[A-Za-z0-9._-]{1,100}$"
+AGENT_ID = values.AGENT_ID
 #: A Task ID as planned: the library qualifies it as ``<changeId>.<taskId>``, which must still
 #: fit an Event's 128-character task ID.
 TASK_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$"
@@ -525,7 +526,7 @@ class FailTaskRequest(_Wire):
 
 def _check_file_path(path: str) -> None:
     """The changeset rule: relative, ``/``-separated, never climbing out with ``..``."""
-    if not _RESOURCE_RE.match(path):
+    if not _RESOURCE_RE.fullmatch(path):
         raise ValueError(f"file path {path[:80]!r} must be one line of 1 to 1024 characters")
     if path.startswith("/") or ".." in path.split("/") or "\\" in path:
         raise ValueError(f"file path {path[:80]!r} must be relative, use '/', and not climb '..'")

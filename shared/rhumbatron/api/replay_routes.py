@@ -16,13 +16,14 @@ platform's operators.
 # annotations against the module's globals only.
 
 import logging
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Literal, Self
 
 from fastapi import APIRouter, Security
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from rhumbatron.api.auth import SCOPE_REPLAY_WRITE, Principal
+from rhumbatron.api.auth import SCOPE_REPLAY_WRITE, Principal, platform_only
 from rhumbatron.api.errors import ApiError, InvalidRequestError, UnavailableError, error_responses
 from rhumbatron.api.lifecycle_routes import PrincipalDependency
 from rhumbatron.errors import ArchiveError
@@ -55,12 +56,28 @@ class ReplayRequest(_Wire):
     stream: int | None = Field(
         default=None, ge=0, le=EVENT_STREAM_COUNT - 1, description="The event stream's index."
     )
-    to_seq: int | None = Field(default=None, ge=1, description="Rewind from this sequence.")
+    to_seq: int | None = Field(
+        default=None, ge=1, le=2**63 - 1, description="Rewind from this sequence."
+    )
     to_time: AwareDatetime | None = Field(
         default=None, description="Rewind from the first event stored at or after this time."
     )
     start: AwareDatetime | None = Field(default=None, description="Archive range start.")
     end: AwareDatetime | None = Field(default=None, description="Archive range end (excluded).")
+
+    @field_validator("to_time", "start", "end")
+    @classmethod
+    def _in_utc_range(cls, value: datetime | None) -> datetime | None:
+        # 9999-12-31T23:59:59-05:00 is a valid ISO time with no UTC equivalent: the archive
+        # reader's arithmetic would raise OverflowError (a 500) far from here.
+        if value is None:
+            return None
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError(
+                f"{value.isoformat()} has no UTC equivalent between years 1 and 9999"
+            ) from None
 
     @model_validator(mode="after")
     def _fits_source(self) -> Self:
@@ -132,7 +149,15 @@ class ArchiveDamagedError(ApiError):
     default_code = "archive_damaged"
 
 
-_RESPONSES = error_responses(401, 403, 409, 422, 503)
+_RESPONSES = error_responses(
+    401,
+    403,
+    409,
+    422,
+    503,
+    e403="The token lacks replay:write, or is not a platform token (tenant '*'): a replay "
+    "reads every tenant's events of a stream.",
+)
 _RESPONSES[409] = {**_RESPONSES[409], "description": "An archive object of the range is damaged."}
 
 
@@ -151,7 +176,9 @@ def replay_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRouter:
     async def replay(principal: Replayer, body: ReplayRequest) -> ReplayBody:
         """Re-drives ``subscription`` through its claims: only events it never applied take
         effect, so asking again (or while the router consumes) has no second effect. With
-        ``dryRun`` nothing changes and the answer counts what would apply."""
+        ``dryRun`` nothing changes and the answer counts what would apply. Only a platform
+        token may replay: a stream holds every tenant's events."""
+        platform_only(principal, "a replay of a stream")
         # Imported here: the router and the archive reader are no part of the API's cold start.
         from rhumbatron.archive import ArchiveUnavailableError
         from rhumbatron.router.replay import ReplayError, run_replay

@@ -39,6 +39,7 @@ from rhumbatron.api.lifecycle_routes import (
     PrincipalDependency,
     own_tenant,
 )
+from rhumbatron.protocol.values import AGENT_ID
 from rhumbatron.reactions.registry import (
     MAX_COOLDOWN_S,
     SUBSCRIPTION_ID_PATTERN,
@@ -79,7 +80,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 #: The agent registry's alphabet, anchored for a JSON schema.
-_AGENT_ID = r"^[A-Za-z0-9._-]{1,100}$"
+_AGENT_ID = AGENT_ID
 
 
 # -- bodies ------------------------------------------------------------------------------------

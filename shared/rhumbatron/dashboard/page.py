@@ -77,6 +77,9 @@ _PAGE = """<!doctype html>
   <h1>Rhumbatron <small>local dashboard: the CloudWatch dashboard's panels, live</small></h1>
   <span id="status" data-state="loading">loading...</span>
 </header>
+<p class="note" id="local-token-note">This page carries the API token of every tenant
+  (a platform token), and any program on this machine can read it from here: serve it on
+  loopback only, for one developer. In the cloud there is no such page.</p>
 <main>
   <section id="panel-lag" class="panel wide">
     <h2>Consumer lag</h2>

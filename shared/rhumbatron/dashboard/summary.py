@@ -257,7 +257,7 @@ def project_ids(app: Rhumbatron) -> list[str]:
     return sorted(
         path.parent.name
         for path in projects.glob("*/view.sqlite")
-        if PROJECT_ID_PATTERN.match(path.parent.name)
+        if PROJECT_ID_PATTERN.fullmatch(path.parent.name)
     )
 
 

@@ -23,6 +23,7 @@ from rhumbatron.actors.storage import (
     write_transaction,
 )
 from rhumbatron.errors import DomainError
+from rhumbatron.paths import path_under
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
 from rhumbatron.runtime.clock import Clock, SystemClock
 from rhumbatron.runtime.settings import Settings
@@ -88,7 +89,7 @@ def index_path(settings: Settings, project_id: str) -> Path:
             f"project ID {project_id!r} cannot name an index file: it must match "
             f"{PROJECT_ID_PATTERN.pattern} (no path separators, no '..'); use the Project's ID"
         )
-    return settings.state_dir / "indexes" / f"{project_id}.sqlite"
+    return path_under(settings.state_dir / "indexes", f"{project_id}.sqlite")
 
 
 @dataclass

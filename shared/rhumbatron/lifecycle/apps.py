@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rhumbatron.errors import RhumbatronError
+from rhumbatron.paths import path_under
 
 __all__ = ["AppDeployer", "AppProvisioner", "AppProvisioningError", "LocalApps"]
 
@@ -50,15 +51,16 @@ class LocalApps:
                 f"attempt {attempt} (the local provisioner is set to fail until attempt "
                 f"{first_good}); an operator's Retry sends the next attempt"
             )
-        (self.root / project_id / app_name).mkdir(parents=True, exist_ok=True)
+        path_under(self.root, project_id, app_name).mkdir(parents=True, exist_ok=True)
 
     async def deploy(
         self, project_id: str, app_name: str, generation: int, files: Mapping[str, str]
     ) -> Path:
-        target = self.root / project_id / app_name / f"generation-{generation}.json"
+        app_dir = path_under(self.root, project_id, app_name)
+        target = app_dir / f"generation-{generation}.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(".partial")
         partial.write_text(json.dumps(dict(files), sort_keys=True), encoding="utf-8")
         partial.replace(target)
-        (self.root / project_id / app_name / "live.txt").write_text(f"{generation}\n")
+        (app_dir / "live.txt").write_text(f"{generation}\n")
         return target

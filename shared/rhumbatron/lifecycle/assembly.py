@@ -183,7 +183,9 @@ class Lifecycle:
 
     @cached_property
     def webhook(self) -> WebhookAgentRuntime:
-        return WebhookAgentRuntime(self.registry, self.app.settings, self.app.clock)
+        return WebhookAgentRuntime(
+            self.registry, self.app.settings, self.app.clock, tenant_of=self.app.project_tenant
+        )
 
     @cached_property
     def wake_consumer(self) -> WakeConsumer:

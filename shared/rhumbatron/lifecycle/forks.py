@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from rhumbatron.paths import path_under
+
 __all__ = ["ForkStore"]
 
 
@@ -20,7 +22,8 @@ class ForkStore:
     root: Path
 
     def path(self, project_id: str, candidate_id: str) -> Path:
-        return self.root / project_id / f"{candidate_id}.json"
+        """The fork's file; refuses a name that would lead outside ``root``."""
+        return path_under(self.root, project_id, f"{candidate_id}.json")
 
     def write(self, project_id: str, candidate_id: str, files: dict[str, str]) -> Path:
         path = self.path(project_id, candidate_id)
@@ -39,8 +42,11 @@ class ForkStore:
 
     def forks(self, project_id: str | None = None) -> list[tuple[str, str]]:
         """``(project, candidate)`` of every fork, sorted."""
-        pattern = f"{project_id}/*.json" if project_id else "*/*.json"
-        return sorted((p.parent.name, p.stem) for p in self.root.glob(pattern))
+        if not project_id:
+            found = self.root.glob("*/*.json")
+        else:
+            found = path_under(self.root, project_id).glob("*.json")
+        return sorted((p.parent.name, p.stem) for p in found)
 
     def delete(self, project_id: str, candidate_id: str) -> bool:
         path = self.path(project_id, candidate_id)
@@ -51,4 +57,4 @@ class ForkStore:
 
     def has_forks(self, project_id: str) -> bool:
         """Whether any fork of ``project_id`` is left."""
-        return any((self.root / project_id).glob("*.json"))
+        return any(path_under(self.root, project_id).glob("*.json"))

@@ -253,8 +253,10 @@ def _command(
 
 
 def _id_part(value: str) -> str:
-    """``value`` if it fits a command ID as is; else a digest of it, still stable per value
-    (release and Change IDs may hold any character and be long)."""
+    """``value`` if it fits a command ID as is; else a digest of it, still stable per value.
+    Identifiers are at most 128 characters of the command ID's alphabet
+    (:data:`~rhumbatron.protocol.values.Identifier`), so a digest is for state written
+    before they were checked."""
     if _SAFE_ID_PART.fullmatch(value):
         return value
     return "h" + hashlib.sha256(value.encode("utf-8")).hexdigest()[:32]

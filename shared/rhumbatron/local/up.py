@@ -411,6 +411,13 @@ def main(argv: list[str] | None = None) -> int:
     # nats-py logs every failed reconnect with a traceback; the roles' ticks say it once each.
     logging.getLogger("nats").setLevel(logging.CRITICAL)
     try:
+        # The environment's settings are checked before anything starts or is created: a bad
+        # RHUMBATRON_API_TOKENS is one line, not a traceback from inside the stack.
+        load_settings()
+    except RhumbatronError as exc:
+        print(f"rhumbatron up: {exc}", file=sys.stderr)
+        return 1
+    try:
         asyncio.run(run_up(args.root, api_port=args.port, duration_s=args.duration))
     except KeyboardInterrupt:
         # uvicorn stops on Ctrl-C and raises it again; the operator asked for the stop.

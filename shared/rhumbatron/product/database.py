@@ -8,7 +8,7 @@ to the metric rows they guard, so a claim and its data point commit together.
 from __future__ import annotations
 
 from rhumbatron.actors.storage import SqliteStore
-from rhumbatron.agents.registry import AGENTS_SCHEMA
+from rhumbatron.agents.registry import AGENTS_SCHEMA, migrate_agents
 from rhumbatron.indexing.indexer import PROJECT_INDEXES_SCHEMA
 from rhumbatron.metrics.platform_metrics import PLATFORM_METRICS_SCHEMA
 from rhumbatron.product.dead_letters import DEAD_LETTERS_SCHEMA, migrate_dead_letters
@@ -52,5 +52,5 @@ class ProductDatabase(SqliteStore):
             + SCHEDULES_SCHEMA
             + REACTIONS_SCHEMA
             + AGENT_EVENT_WAKES_SCHEMA,
-            migrations=(migrate_dead_letters,),
+            migrations=(migrate_dead_letters, migrate_agents),
         )

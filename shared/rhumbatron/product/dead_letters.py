@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from rhumbatron.errors import DeadLetterClosedError, DeadLetterNotFoundError
+from rhumbatron.protocol.values import MAX_ATTEMPT
 
 __all__ = [
     "DEAD_LETTERS_SCHEMA",
@@ -349,6 +350,11 @@ def claim_retry(
             f"dead letter {dead_letter_id} is already closed ({letter.resolution})"
         )
     attempt = (letter.attempt or 1) + 1
+    if attempt > MAX_ATTEMPT:
+        raise DeadLetterError(
+            f"dead letter {dead_letter_id} was attempt {letter.attempt}, the most a command "
+            f"may have ({MAX_ATTEMPT}); it can only be dismissed"
+        )
     won = (
         connection.execute(
             "UPDATE dead_letters SET retried_attempt = ?, retried_at_s = ? "

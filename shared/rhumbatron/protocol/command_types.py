@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Annotated
 
 from pydantic import Field
 
+from rhumbatron.protocol.ids import EVENT_ID_PATTERN
 from rhumbatron.protocol.payloads import Payload
+from rhumbatron.protocol.values import MAX_WIRE_INTEGER, AgentId, Generation, Identifier, NameId
 
 __all__ = ["COMMAND_TYPES", "QUEUES", "CommandTypeSpec", "command_type_spec"]
 
@@ -38,12 +41,18 @@ class CommandTypeSpec:
     counts_toward_change_cap: bool = False
 
 
+#: A promoted generation: 1 and up (0 is the empty canonical of a new project).
+_Promoted = Annotated[int, Field(ge=1, le=MAX_WIRE_INTEGER)]
+#: Free text a person reads (a reason): one paragraph, not a document.
+_Text = Annotated[str, Field(min_length=1, max_length=1000)]
+
+
 class AgentWake(Payload):
-    agent_id: str = Field(min_length=1)
-    reason: str = Field(min_length=1)
-    event_id: str | None = None
+    agent_id: AgentId
+    reason: _Text
+    event_id: str | None = Field(default=None, pattern=EVENT_ID_PATTERN.pattern)
     #: The kind of the event a reaction's wake answers (``reason`` = ``reaction:<sub>``).
-    event_kind: str | None = None
+    event_kind: str | None = Field(default=None, max_length=64)
 
 
 class ChangeDispatch(Payload):
@@ -51,17 +60,17 @@ class ChangeDispatch(Payload):
 
 
 class CandidateCreate(Payload):
-    base_generation: int | None = Field(default=None, ge=0)
+    base_generation: Generation | None = None
     reason: str = "work_graph_completed"
 
 
 class ChangeSettle(Payload):
-    reason: str = Field(min_length=1)
+    reason: _Text
 
 
 class CandidatesRecompose(Payload):
-    generation: int = Field(ge=1)
-    stale_candidate_ids: tuple[str, ...] = ()
+    generation: _Promoted
+    stale_candidate_ids: tuple[Identifier, ...] = Field(default=(), max_length=1000)
 
 
 class ForksSweep(Payload):
@@ -73,35 +82,37 @@ class ProjectCleanup(Payload):
 
 
 class ReleaseRecover(Payload):
-    release_id: str = Field(min_length=1)
+    release_id: Identifier
 
 
 class ProjectProvision(Payload):
     name: str = Field(min_length=1, max_length=200)
-    tenant_id: str = Field(min_length=1)
+    tenant_id: str = Field(min_length=1, max_length=64)
 
 
 class AppProvision(Payload):
-    app_name: str = Field(min_length=1)
+    #: It names the app's directory (``<state>/apps/<project>/<app>``): one safe component.
+    app_name: NameId
 
 
 class AppRemove(Payload):
-    app_name: str = Field(min_length=1)
+    app_name: NameId
 
 
 class VerificationStart(Payload):
-    candidate_id: str = Field(min_length=1)
+    #: It names the Candidate's fork file (``<state>/forks/<project>/<candidate>.json``).
+    candidate_id: Identifier
 
 
 class ReleaseStart(Payload):
-    release_id: str = Field(min_length=1)
-    generation: int = Field(ge=1)
-    candidate_id: str | None = None
-    app_name: str | None = None
+    release_id: Identifier
+    generation: _Promoted
+    candidate_id: Identifier | None = None
+    app_name: NameId | None = None
 
 
 class IndexBuild(Payload):
-    generation: int | None = Field(default=None, ge=0)
+    generation: Generation | None = None
     reason: str = "promotion"
 
 

@@ -32,10 +32,12 @@ from rhumbatron.protocol.command_types import COMMAND_TYPES, CommandTypeSpec
 from rhumbatron.protocol.event_types import EVENT_TYPES, EventTypeSpec
 from rhumbatron.protocol.ids import EVENT_ID_PATTERN, PROJECT_ID_PATTERN
 from rhumbatron.protocol.payloads import WIRE_MODEL_CONFIG, Payload
+from rhumbatron.protocol.values import IDENTIFIER, MAX_ATTEMPT, MAX_WIRE_INTEGER
+from rhumbatron.redaction import describe_input
 
 __all__ = ["Command", "Event", "format_timestamp"]
 
-_ACTOR_PATTERN = r"^(agent|user|system|workflow|operator):[^\s]{1,200}$"
+_ACTOR_PATTERN = r"^(agent|user|system|workflow|operator):[^\s\x00-\x1f\x7f]{1,200}$"
 _COMMAND_ID_PATTERN = r"^cmd_[A-Za-z0-9_.:\-]{1,200}$"
 _UNREADABLE_PAYLOAD = "cannot read the payload"
 
@@ -59,11 +61,6 @@ def _utc(value: datetime) -> datetime:
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
 
 
-def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _describe(kind: str, exc: ValidationError) -> str:
     problems = []
     for err in exc.errors(include_url=False):
@@ -77,8 +74,9 @@ def _describe(kind: str, exc: ValidationError) -> str:
         )
         if err["type"] == "missing":
             problems.append(f"{where} is missing")
-        else:
-            problems.append(f"{where}={_short(err.get('input'))}: {message}")
+            continue
+        quoted = describe_input(err["loc"], err.get("input"))
+        problems.append(f"{where}: {message}" if quoted is None else f"{where}={quoted}: {message}")
     return f"invalid {kind}: " + "; ".join(problems)
 
 
@@ -162,11 +160,13 @@ class Event(_Envelope):
     event_version: StrictInt = Field(ge=1)
     tenant_id: str = Field(min_length=1, max_length=64)
     project_id: str = Field(pattern=PROJECT_ID_PATTERN.pattern)
-    change_id: str | None = Field(default=None, min_length=1, max_length=128)
-    task_id: str | None = Field(default=None, min_length=1, max_length=128)
+    # Change and Task IDs are keys (claims, stable Event IDs, shard choice): the identifier
+    # alphabet, so neither can carry the stable ID's unit separator or a line break.
+    change_id: str | None = Field(default=None, pattern=IDENTIFIER)
+    task_id: str | None = Field(default=None, pattern=IDENTIFIER)
     actor: str = Field(pattern=_ACTOR_PATTERN)
     resource: str | None = Field(default=None, min_length=1, max_length=1024)
-    canonical_generation: StrictInt | None = Field(default=None, ge=0)
+    canonical_generation: StrictInt | None = Field(default=None, ge=0, le=MAX_WIRE_INTEGER)
     caused_by: str | None = Field(default=None, min_length=1, max_length=256)
     correlation_id: str = Field(min_length=1, max_length=256)
     timestamp: datetime
@@ -234,9 +234,10 @@ class Command(_Envelope):
     command_id: str = Field(pattern=_COMMAND_ID_PATTERN)
     command_type: str
     project_id: str = Field(pattern=PROJECT_ID_PATTERN.pattern)
-    change_id: str | None = Field(default=None, min_length=1, max_length=128)
-    task_id: str | None = Field(default=None, min_length=1, max_length=128)
-    attempt: StrictInt = Field(default=1, ge=1)
+    change_id: str | None = Field(default=None, pattern=IDENTIFIER)
+    task_id: str | None = Field(default=None, pattern=IDENTIFIER)
+    # Bounded: the dead-letter consumer stores it, and a Retry sends attempt + 1.
+    attempt: StrictInt = Field(default=1, ge=1, le=MAX_ATTEMPT)
     created_at: datetime
     deadline: datetime | None = None
     payload: SerializeAsAny[Payload]

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import Field
 
 from rhumbatron.protocol.payloads import Payload
+from rhumbatron.protocol.values import MAX_WIRE_INTEGER, AgentId, Generation, Identifier, NameId
 
 __all__ = ["EVENT_TYPES", "EventIdKind", "EventTypeSpec", "Owner", "event_type_spec"]
 
@@ -68,16 +69,16 @@ class ProjectCreated(Payload):
 
 
 class ArtifactPromoted(Payload):
-    artifact_id: str = Field(min_length=1)
-    candidate_id: str = Field(min_length=1)
-    generation: int = Field(ge=1)
+    artifact_id: Identifier
+    candidate_id: Identifier
+    generation: int = Field(ge=1, le=MAX_WIRE_INTEGER)
 
 
 class CanonicalAdvanced(Payload):
-    generation: int = Field(ge=1)
-    previous_generation: int = Field(ge=0)
-    candidate_id: str = Field(min_length=1)
-    change_ids: tuple[str, ...] = ()
+    generation: int = Field(ge=1, le=MAX_WIRE_INTEGER)
+    previous_generation: Generation
+    candidate_id: Identifier
+    change_ids: tuple[Identifier, ...] = ()
 
 
 class ProjectStatusChanged(Payload):
@@ -87,7 +88,7 @@ class ProjectStatusChanged(Payload):
 
 
 class AppFact(Payload):
-    app_name: str = Field(min_length=1)
+    app_name: NameId
     reason: str = ""
 
 
@@ -97,49 +98,49 @@ ClaimMode = Literal["exclusive", "shared"]
 
 
 class ClaimAcquired(Payload):
-    claim_id: str = Field(min_length=1)
-    agent_id: str = Field(min_length=1)
+    claim_id: Identifier
+    agent_id: AgentId
     mode: ClaimMode = "exclusive"
     expires_at: datetime
 
 
 class ClaimReleased(Payload):
-    claim_id: str = Field(min_length=1)
-    agent_id: str = Field(min_length=1)
+    claim_id: Identifier
+    agent_id: AgentId
 
 
 class ClaimExpired(Payload):
-    claim_id: str = Field(min_length=1)
-    agent_id: str = Field(min_length=1)
+    claim_id: Identifier
+    agent_id: AgentId
     expired_at: datetime
 
 
 class IntentDeclared(Payload):
-    intent_id: str = Field(min_length=1)
-    agent_id: str = Field(min_length=1)
+    intent_id: Identifier
+    agent_id: AgentId
     paths: tuple[str, ...] = Field(min_length=1)
     summary: str = ""
 
 
 class IntentChanged(Payload):
-    intent_id: str = Field(min_length=1)
-    agent_id: str = Field(min_length=1)
+    intent_id: Identifier
+    agent_id: AgentId
     paths: tuple[str, ...] = Field(min_length=1)
     summary: str = ""
 
 
 class ChallengeCreated(Payload):
-    challenge_id: str = Field(min_length=1)
-    agent_id: str = Field(min_length=1)
-    target_agent_id: str | None = None
+    challenge_id: Identifier
+    agent_id: AgentId
+    target_agent_id: AgentId | None = None
     reason: str = Field(min_length=1)
 
 
 class ChangesetProposed(Payload):
-    changeset_id: str = Field(min_length=1)
-    agent_id: str = Field(min_length=1)
+    changeset_id: Identifier
+    agent_id: AgentId
     paths: tuple[str, ...] = Field(min_length=1)
-    base_generation: int = Field(ge=0)
+    base_generation: Generation
 
 
 # Change lifecycle -----------------------------------------------------------------------------
@@ -152,7 +153,7 @@ class ChangeCreated(Payload):
 
 
 class ChangePlanned(Payload):
-    task_ids: tuple[str, ...] = Field(min_length=1)
+    task_ids: tuple[Identifier, ...] = Field(min_length=1)
 
 
 class ChangeStatusChanged(Payload):
@@ -174,21 +175,21 @@ class TaskReady(Payload):
 
 
 class TaskAssigned(Payload):
-    agent_id: str = Field(min_length=1)
+    agent_id: AgentId
 
 
 class TaskStarted(Payload):
-    agent_id: str = Field(min_length=1)
+    agent_id: AgentId
 
 
 class TaskCompleted(Payload):
-    agent_id: str = Field(min_length=1)
-    changeset_id: str | None = None
+    agent_id: AgentId
+    changeset_id: Identifier | None = None
 
 
 class TaskFailed(Payload):
     reason: str = Field(min_length=1)
-    agent_id: str | None = None
+    agent_id: AgentId | None = None
     blocked_limit: str | None = None
 
 
@@ -198,7 +199,7 @@ class TaskBlocked(Payload):
 
 
 class AgentWoke(Payload):
-    agent_id: str = Field(min_length=1)
+    agent_id: AgentId
     false_wakeup: bool = False
 
 
@@ -212,34 +213,34 @@ class VerificationStarted(Payload):
 
 
 class CandidateCreated(Payload):
-    candidate_id: str = Field(min_length=1)
-    base_generation: int = Field(ge=0)
+    candidate_id: Identifier
+    base_generation: Generation
     composition_key: str = Field(min_length=1)
-    changeset_ids: tuple[str, ...] = ()
+    changeset_ids: tuple[Identifier, ...] = ()
 
 
 class CandidateDecided(Payload):
     """verified / rejected / stale / promoted: the type name carries the decision."""
 
-    candidate_id: str = Field(min_length=1)
+    candidate_id: Identifier
     reason: str = ""
 
 
 class PromotionRequested(Payload):
-    candidate_id: str = Field(min_length=1)
-    expected_generation: int = Field(ge=0)
+    candidate_id: Identifier
+    expected_generation: Generation
 
 
 class PromotionDecided(Payload):
-    candidate_id: str = Field(min_length=1)
-    expected_generation: int = Field(ge=0)
+    candidate_id: Identifier
+    expected_generation: Generation
     outcome: Literal["promoted", "already_promoted", "rejected"]
     reason: str = ""
 
 
 class ReleaseFact(Payload):
-    release_id: str = Field(min_length=1)
-    generation: int = Field(ge=1)
+    release_id: Identifier
+    generation: int = Field(ge=1, le=MAX_WIRE_INTEGER)
     reason: str = ""
 
 
@@ -251,7 +252,7 @@ class BudgetExceeded(Payload):
     ``event_id`` was skipped. Recorded once per tenant and UTC day, at the first refusal."""
 
     budget: Literal["reactions_per_day"] = "reactions_per_day"
-    limit: int = Field(ge=0)
+    limit: Generation
     day: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
     subscription_id: str = Field(min_length=1)
     event_id: str = Field(min_length=1)

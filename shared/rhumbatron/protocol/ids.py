@@ -10,6 +10,7 @@ import hashlib
 import re
 import uuid
 
+from rhumbatron.protocol.values import NAME_ID
 from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
 
 __all__ = [
@@ -26,8 +27,10 @@ __all__ = [
 
 #: ``evt_`` + 32 lowercase hex characters, for stable and actor-minted IDs alike.
 EVENT_ID_PATTERN = re.compile(r"^evt_[0-9a-f]{32}$")
-#: Project IDs name files and NATS headers: a conservative alphabet, 1–64 characters.
-PROJECT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+#: Project IDs name files and NATS headers: a conservative alphabet, 1–64 characters
+#: (:data:`~rhumbatron.protocol.values.NameId`). Match with ``fullmatch``: Python's ``$``
+#: also matches before a final newline.
+PROJECT_ID_PATTERN = re.compile(NAME_ID)
 
 _FNV32_OFFSET_BASIS = 0x811C9DC5
 _FNV32_PRIME = 0x01000193

@@ -403,10 +403,14 @@ def _payload_fields(model: type[Payload]) -> tuple[PayloadField, ...]:
 
 
 def _options(annotation: Any) -> tuple[Any, ...]:
-    """The non-None members of a union (``str | None`` → ``str``), or the annotation."""
+    """The non-None members of a union (``str | None`` → ``str``), or the annotation; an
+    ``Annotated`` member (``AgentId | None``) counts as its base type."""
+    members = (annotation,)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return tuple(a for a in typing.get_args(annotation) if a is not type(None))
-    return (annotation,)
+        members = tuple(a for a in typing.get_args(annotation) if a is not type(None))
+    return tuple(
+        typing.get_args(m)[0] if typing.get_origin(m) is typing.Annotated else m for m in members
+    )
 
 
 def _is_scalar_option(option: Any) -> bool:

@@ -494,10 +494,8 @@ class SubscriptionRegistry:
             )
 
     def _check_agent(self, reaction: AgentReaction, tenant_id: str) -> None:
-        agent = self._agents.get(reaction.agent_id)
-        # One answer for "no such agent" and "another tenant's": the caller learns nothing of
-        # other tenants' agent IDs.
-        if agent is None or agent.tenant_id != tenant_id:
+        # Only this tenant's agents are looked at: the answer says nothing of other tenants'.
+        if self._agents.get(tenant_id, reaction.agent_id) is None:
             raise SubscriptionRegistryError(
                 f"agent {reaction.agent_id!r} is not one of tenant {tenant_id!r}'s agents; "
                 "register it first (POST /agents), or name one of yours",

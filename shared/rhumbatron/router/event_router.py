@@ -13,7 +13,9 @@ is still applied, 8 minutes later at most.
 For every fetched record the router settles one outcome (see ``records``): ack, nack (after
 the delay, or at once for a deferral), or — on the 5th failure of the same event for the same
 subscription — a ``poison_event`` dead letter, the event marked processed, and an ack, so one
-bad record never dams its stream.
+bad record never dams its stream. A record that is not its project's (another project's
+stream, a tenant that is not the project's root's; for the reactions, a project without a root
+here) is such a failure too, seen by no subscription (``records``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ from rhumbatron.router.handlers import (
     RecordHandler,
     RunContext,
 )
-from rhumbatron.router.records import Outcome, Record, RecordOutcome, decode_records
+from rhumbatron.router.records import (
+    Outcome,
+    ProjectOwners,
+    Record,
+    RecordOutcome,
+    decode_records,
+)
 from rhumbatron.router.stream_state import StreamState
 from rhumbatron.runtime.clock import Clock
 from rhumbatron.runtime.event_loop import run_together
@@ -149,6 +157,9 @@ class EventRouter:
     archive_writer: Callable[[], ArchiveWriter]
     s3: Callable[[], S3Client]
     metrics_sink: MetricsSink
+    #: Each project's tenant from its root actor (``Rhumbatron.project_tenant``): an event
+    #: is applied only if its tenant is its project's (``records``).
+    project_owners: ProjectOwners
     causal_routing: CausalRouting = field(default_factory=NoCausalRules)
     outbox_backlog: Callable[[], dict[str, int]] | None = None
     reactions: Reactions | None = None
@@ -379,7 +390,13 @@ class EventRouter:
                 if not messages:
                     break
                 report.fetched += len(messages)
-                await self._settle_batch(run, subscription, decode_records(messages), report)
+                records = decode_records(
+                    messages,
+                    run.stream_index,
+                    self.project_owners,
+                    require_owner=subscription is Subscription.REACTIONS,
+                )
+                await self._settle_batch(run, subscription, records, report)
                 if len(messages) < batch:
                     break
             if log.nc.is_connected:

@@ -23,6 +23,7 @@ from typing import Any
 
 from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.paths import path_under
 from rhumbatron.protocol.envelopes import Event, format_timestamp
 from rhumbatron.router.claims import CLAIMS_SCHEMA, claim_events
 from rhumbatron.router.records import APPLIED, DUPLICATE, Record, RecordOutcome
@@ -102,7 +103,7 @@ class ProjectView(SqliteStore):
 
     def __init__(self, settings: Settings, project_id: str) -> None:
         super().__init__(
-            settings.state_dir / "projects" / project_id / "view.sqlite",
+            path_under(settings.state_dir / "projects", project_id, "view.sqlite"),
             settings,
             CLAIMS_SCHEMA + _VIEW_SCHEMA,
         )

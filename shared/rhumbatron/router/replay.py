@@ -366,7 +366,13 @@ async def _read_replay_consumer(
             if not messages:
                 break
             await max(messages, key=_seq).ack()
-            records = [r for r in decode_records(messages) if r.stream_seq <= report.last_seq]
+            decoded = decode_records(
+                messages,
+                stream_index,
+                router.project_owners,
+                require_owner=subscription is Subscription.REACTIONS,
+            )
+            records = [r for r in decoded if r.stream_seq <= report.last_seq]
             if records and first_batch:
                 # Where the read really began: the first event at the time asked, or the
                 # stream's first one when the sequence asked has already expired.

@@ -297,6 +297,7 @@ class Rhumbatron:
         """The process's event router."""
         if self._router is None:
             from rhumbatron.router.event_router import EventRouter
+            from rhumbatron.router.records import ProjectOwners
 
             self._router = EventRouter(
                 settings=self.settings,
@@ -306,6 +307,7 @@ class Rhumbatron:
                 archive_writer=self.archive_writer,
                 s3=self.s3,
                 metrics_sink=self.metrics_sink,
+                project_owners=ProjectOwners(self.project_tenant),
                 causal_routing=self._causal_routing or self.lifecycle().routing,
                 reactions=self._reactions(),
                 outbox_backlog=self.outbox_backlog,

@@ -7,6 +7,7 @@ that cannot work raises :class:`~rhumbatron.errors.ConfigurationError` naming th
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -19,9 +20,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from rhumbatron.errors import ConfigurationError
+from rhumbatron.redaction import describe_input
 
 __all__ = ["EVENT_STREAM_COUNT", "Settings", "load_settings"]
 
@@ -265,6 +267,18 @@ class Settings(BaseSettings):
     api_jwt_leeway_s: float = Field(
         default=30.0, ge=0, le=300, description="Clock skew allowed on exp, nbf and iat."
     )
+    api_jwt_max_lifetime_s: float = Field(
+        default=86_400.0,
+        gt=0,
+        description="The longest a JWT may live: its exp may be at most this far after now "
+        "(and after its iat); a token minted for longer is refused (401).",
+    )
+    api_max_body_bytes: int = Field(
+        default=1_048_576,
+        ge=1,
+        description="The largest request body the API reads (1 MiB); a larger one is answered "
+        "413 before it is read whole.",
+    )
     api_retry_after_s: int = Field(
         default=5, ge=1, description="Retry-After of a 503 (NATS down, product file busy or full)."
     )
@@ -507,6 +521,18 @@ def load_settings(**overrides: object) -> Settings:
     except ValidationError as exc:
         problems = "; ".join(_describe(err) for err in exc.errors(include_url=False))
         raise ConfigurationError(f"invalid settings: {problems}") from exc
+    except SettingsError as exc:
+        # An environment value of a structured setting that is not JSON: pydantic-settings
+        # names the field in its own words, and never the variable.
+        field = _SETTINGS_ERROR_FIELD.search(str(exc))
+        name = "RHUMBATRON_" + field.group(1).upper() if field else "a RHUMBATRON_ variable"
+        raise ConfigurationError(
+            f"invalid settings: {name} is not valid JSON; give it as a JSON value (see "
+            "docs/operations.md for its form)"
+        ) from None
+
+
+_SETTINGS_ERROR_FIELD = re.compile(r'field "(\w+)"')
 
 
 def _describe(err: Any) -> str:
@@ -514,4 +540,6 @@ def _describe(err: Any) -> str:
     if not err["loc"]:
         return message  # a rule across settings: the message names each one
     name = "RHUMBATRON_" + "_".join(str(part) for part in err["loc"]).upper()
-    return f"{name}={err.get('input')!r}: {message}"
+    # Never a token's or a secret's value, nor a whole object (api_tokens holds tokens).
+    quoted = describe_input(err["loc"], err.get("input"))
+    return f"{name}: {message}" if quoted is None else f"{name}={quoted}: {message}"
