@@ -458,6 +458,47 @@ async def test_an_agent_is_woken_once_per_event_however_many_wakes_name_it(world
     assert [row[0] for row in outbox].count("agent.woke") == 1
 
 
+async def test_a_router_wake_after_a_reaction_wake_for_the_same_event_wakes_the_agent_once(
+    world: World,
+) -> None:
+    # GIVEN agent-9 holding t1, and a subscription that wakes agent-9 on t1's fact; the
+    # reaction's wake is queued first, the causal router's own wake about the same fact after
+    shard = held_task(world, "t1", "agent-9")
+    shard.append_change_events(SYSTEM, change_id=CHANGE, status="open", facts=())
+    wake_on(world, "task.started", "agent-9")
+    event = task_started(world.clock, "t1", "agent-9")
+    await world.publish(event)
+    await world.react()
+    router_wake = Command.create(
+        command_id=f"cmd_{event.event_id}_t1",
+        command_type="agent.wake",
+        project_id=PROJECT,
+        change_id=CHANGE,
+        task_id="t1",
+        created_at=world.clock.now(),
+        payload={"agentId": "agent-9", "reason": "changeset_overlap", "eventId": event.event_id},
+    )
+    await world.app.lifecycle().sender.send(router_wake)
+    assert await wakes_waiting(world) == 2
+
+    # WHEN the wake consumer takes both, in that order
+    agents = RecordingAgents()
+    consumer = WakeConsumer(world.app, agents)
+    queues = await world.app.queue_runtime()
+    await queues.poll("agent-wakeups", consumer, max_fetches=2)
+
+    # THEN the agent was activated once (S2-010 in both orders): the reaction's wake went,
+    # the router's joined it
+    assert [outcome for _, outcome in consumer.outcomes] == [
+        WakeOutcome.DELIVERED,
+        WakeOutcome.JOINED,
+    ]
+    assert len(agents.woken) == 1
+    # … and the router's wake still brought its Task's lifecycle: agent.woke, once
+    outbox = shard.connection.execute("SELECT event_type FROM outbox").fetchall()
+    assert [row[0] for row in outbox].count("agent.woke") == 1
+
+
 async def test_a_dead_lettered_reaction_wake_never_blocks_the_task_it_names(
     world: World,
 ) -> None:

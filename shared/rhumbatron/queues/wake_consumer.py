@@ -21,8 +21,11 @@ It checks relevance again before any agent work, because a wake can outlive its 
 ``(agentId, eventId)`` (``agent_event_wakes``, in the product database). A reaction's wake
 for a pair already recorded by another wake — a second subscription, or the causal router's
 own wake about the same fact — is a duplicate: the agent is activated once per event (seed
-002's one-pass collapse). A redelivery of the same wake is not a second one. A router wake
-is never collapsed: it carries its Task's lifecycle.
+002's one-pass collapse). A redelivery of the same wake is not a second one. The causal
+router's wake for a pair a reaction's wake already took **joins** that activation, in the
+other order (DECISIONS "One activation per (agent, event)"): it carries its Task's lifecycle,
+so it records ``agent.woke`` for the Task, but the agent, already woken about that event, is
+not woken a second time.
 
 A relevant wake goes to the Agent's runtime (:class:`AgentRuntime`: the scripted and webhook
 agents), with the Task it names (None for a reaction's wake about no Task).
@@ -87,6 +90,9 @@ class WakeOutcome(StrEnum):
     DUPLICATE = "duplicate"
     STALE = "stale"
     AT_LIMIT = "at_limit"
+    #: A router wake whose (agent, event) a reaction's wake already activated: its Task's
+    #: agent.woke is recorded, the agent is not woken again.
+    JOINED = "joined"
 
 
 class AgentRuntime(Protocol):
@@ -114,11 +120,15 @@ class WakeConsumer:
             # The same message again, not a second wake: the delivery that admitted the
             # Agent failed after the admission, so the Agent never got its wake. Deliver it.
             outcome = WakeOutcome.DELIVERED
+        if outcome is WakeOutcome.DELIVERED and not reaction and self._pair_taken(command):
+            outcome = WakeOutcome.JOINED
         self.outcomes.append((command.command_id, outcome))
         if outcome is WakeOutcome.STALE:
             self._count_false_wakeup(command)
             if not reaction:
                 self._record_woke(command, false_wakeup=True)
+        elif outcome is WakeOutcome.JOINED:
+            self._record_woke(command, false_wakeup=False)
         elif outcome is WakeOutcome.DELIVERED:
             self._record_wake(command)
             if not reaction:
@@ -182,18 +192,25 @@ class WakeConsumer:
             cancelled = change is not None and change.status == ChangeStatus.CANCELLED
             if cancelled and payload.event_kind != "change.cancelled":
                 return WakeOutcome.STALE
-        if payload.event_id is not None:
-            row = (
-                self.app.product()
-                .connection.execute(
-                    "SELECT command_id FROM agent_event_wakes WHERE agent_id = ? AND event_id = ?",
-                    (payload.agent_id, payload.event_id),
-                )
-                .fetchone()
-            )
-            if row is not None and row[0] != command.command_id:
-                return WakeOutcome.DUPLICATE
+        if self._pair_taken(command):
+            return WakeOutcome.DUPLICATE
         return WakeOutcome.DELIVERED
+
+    def _pair_taken(self, command: Command) -> bool:
+        """Whether another wake (not a redelivery of this one) already activated the agent
+        about this wake's event."""
+        payload = command.payload
+        if not isinstance(payload, AgentWake) or payload.event_id is None:
+            return False
+        row = (
+            self.app.product()
+            .connection.execute(
+                "SELECT command_id FROM agent_event_wakes WHERE agent_id = ? AND event_id = ?",
+                (payload.agent_id, payload.event_id),
+            )
+            .fetchone()
+        )
+        return row is not None and row[0] != command.command_id
 
     def _record_wake(self, command: Command) -> None:
         """Record a delivered wake under its (agent, event); the first wake keeps the pair."""

@@ -13,9 +13,11 @@ is still applied, 8 minutes later at most.
 For every fetched record the router settles one outcome (see ``records``): ack, nack (after
 the delay, or at once for a deferral), or — on the 5th failure of the same event for the same
 subscription — a ``poison_event`` dead letter, the event marked processed, and an ack, so one
-bad record never dams its stream. A record that is not its project's (another project's
-stream, a tenant that is not the project's root's; for the reactions, a project without a root
-here) is such a failure too, seen by no subscription (``records``).
+bad record never dams its stream. A record that is not its project's — on another project's
+stream, with a tenant that is not its project root's, or of a project with no root here — is
+such a failure too, and no subscription ever sees it: anyone with publish rights on NATS can
+put a record on a stream, and the router is the last line before a forged tenant makes another
+tenant's subscriptions react (issue #21, ``records``). Its dead letter carries no tenant.
 """
 
 from __future__ import annotations
@@ -157,8 +159,9 @@ class EventRouter:
     archive_writer: Callable[[], ArchiveWriter]
     s3: Callable[[], S3Client]
     metrics_sink: MetricsSink
-    #: Each project's tenant from its root actor (``Rhumbatron.project_tenant``): an event
-    #: is applied only if its tenant is its project's (``records``).
+    #: Each project's tenant from its root actor (``Rhumbatron.project_tenant``, wired in by
+    #: the composition root): a record is seen only if it sits on its project's stream and
+    #: carries its project's tenant (``records``).
     project_owners: ProjectOwners
     causal_routing: CausalRouting = field(default_factory=NoCausalRules)
     outbox_backlog: Callable[[], dict[str, int]] | None = None
@@ -390,12 +393,7 @@ class EventRouter:
                 if not messages:
                     break
                 report.fetched += len(messages)
-                records = decode_records(
-                    messages,
-                    run.stream_index,
-                    self.project_owners,
-                    require_owner=subscription is Subscription.REACTIONS,
-                )
+                records = decode_records(messages, run.stream_index, self.project_owners)
                 await self._settle_batch(run, subscription, records, report)
                 if len(messages) < batch:
                     break

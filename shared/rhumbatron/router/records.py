@@ -13,18 +13,20 @@ Every record gets its own outcome (JetStream acknowledges per message):
   makes it a dead letter, marks it processed and acks it.
 
 Decoding also checks that an event is its project's (issue #21, ../shared/RELIABILITY.md
-B11): it must sit on its project's stream, and its ``tenantId`` must be the tenant of its
-project's root actor. Anyone with publish rights on NATS could put anything on a stream, and
-the router is the last line: a forged tenant would otherwise make another tenant's
-subscriptions react, and an event on another project's stream would be applied out of its
-project's order. Such a record is refused like one that does not decode: no subscription sees
-it (``event`` is None), and its dead letter is filed under no tenant.
+B11): it must sit on its project's stream (``stream_index(projectId)`` is the stream it was
+read from), and its ``tenantId`` must be the tenant of its project's root actor. Anyone with
+publish rights on NATS could put anything on a stream, and the router is the last line: a
+forged tenant would otherwise make another tenant's subscriptions react, and an event on
+another project's stream would be applied to its project's view out of its project's order.
+An event of a project that has no root here is refused too (fail closed): nothing can vouch
+for its tenant, and this deployment's outbox never publishes for a project it has not
+created. Such a record is refused like one that does not decode — ``FAILED``, counted, and a
+``poison_event`` dead letter on the 5th failure — and no subscription sees it (``event`` is
+None), so its dead letter is filed under no tenant, least of all the one it claims.
 
-A project with no root here cannot have its tenant checked. The reactions act for a tenant,
-so they refuse such an event (``require_owner``); the projector, the causal router, the
-archiver and analytics apply it as before (a view, a command or an archive object of that
-project, which no tenant owns here), so a view or an archive rebuilt before the actor files
-are restored still fills.
+The owners are cached for the process (a project's tenant never changes, roots are never
+deleted): after a project's first record, checking one costs one dict lookup. A mismatch
+against a cached owner is read again from the root before the record is refused.
 """
 
 from __future__ import annotations
@@ -41,7 +43,14 @@ from rhumbatron.protocol.ids import event_stream_name, stream_index
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
-__all__ = ["Outcome", "ProjectOwners", "Record", "RecordOutcome", "decode_records"]
+__all__ = [
+    "Outcome",
+    "ProjectOwners",
+    "ProjectTenant",
+    "Record",
+    "RecordOutcome",
+    "decode_records",
+]
 
 
 class Outcome(StrEnum):
@@ -92,54 +101,62 @@ class Record:
         return (self.msg.data or b"").decode("utf-8", errors="replace")
 
 
+#: The port to the project roots: a project's tenant as its root actor says, None when the
+#: project has no root here (``Rhumbatron.project_tenant``, wired in by the composition root).
+ProjectTenant = Callable[[str], "str | None"]
+
+
 @dataclass
 class ProjectOwners:
-    """The tenant owning each project, as its root actor says (``lookup``: None when the
-    project has no root here). A project's tenant never changes, so an answer is kept for the
-    process; an unknown project is asked again each time (its root may be created later)."""
+    """The tenant owning each project, and the project's stream, kept for the process.
 
-    lookup: Callable[[str], str | None]
-    _known: dict[str, str] = field(default_factory=dict)
+    A project's tenant never changes and a root is never deleted, so an answer of ``lookup``
+    is kept; a project without a root is asked again each time (its root may be created
+    later, and such records are rare: they are refused)."""
 
-    def owner(self, project_id: str, *, fresh: bool = False) -> str | None:
+    lookup: ProjectTenant
+    _known: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def home(self, project_id: str, *, fresh: bool = False) -> tuple[str, int] | None:
+        """``(tenant, stream index)`` of ``project_id``, or None when it has no root here;
+        ``fresh`` reads the root again instead of the cache."""
         if not fresh and (known := self._known.get(project_id)) is not None:
             return known
         owner = self.lookup(project_id)
-        if owner is not None:
-            self._known[project_id] = owner
-        return owner
+        if owner is None:
+            return None
+        known = self._known[project_id] = (owner, stream_index(project_id))
+        return known
 
 
-def _refusal(
-    event: Event, read_from: int, owners: ProjectOwners, require_owner: bool
-) -> str | None:
+def _refusal(event: Event, read_from: int, owners: ProjectOwners) -> str | None:
     """Why ``event`` read from stream ``read_from`` is not its project's, or None."""
-    home = stream_index(event.project_id)
-    if home != read_from:
+    home = owners.home(event.project_id)
+    if home is not None and home == (event.tenant_id, read_from):
+        return None  # the hot path: one dict lookup
+    stream = stream_index(event.project_id)
+    if stream != read_from:
         return (
-            f"event {event.event_id} of project {event.project_id!r} sits on "
-            f"{event_stream_name(read_from)}, but the project's stream is "
-            f"{event_stream_name(home)}; it was not published by this deployment's outbox"
+            f"event {event.event_id} of project {event.project_id} sits on "
+            f"{event_stream_name(read_from)}, but project {event.project_id}'s stream is "
+            f"{event_stream_name(stream)}; this deployment's outbox did not publish it there"
         )
-    if owners.owner(event.project_id) == event.tenant_id:
-        return None
-    owner = owners.owner(event.project_id, fresh=True)  # a cached owner is checked again
-    if owner is None and not require_owner:
-        return None
-    if owner is None:
+    if home is not None:
+        home = owners.home(event.project_id, fresh=True)  # a cached owner is read again
+    if home is None:
         return (
-            f"event {event.event_id} names project {event.project_id!r}, which has no project "
-            f"root here, so its tenant {event.tenant_id!r} cannot be verified for a reaction"
+            f"event {event.event_id} claims tenant {event.tenant_id!r}, but project "
+            f"{event.project_id} has no project root here, so nothing vouches for its tenant"
         )
-    if owner != event.tenant_id:
+    if home[0] != event.tenant_id:
         return (
-            f"event {event.event_id} of project {event.project_id!r} claims tenant "
-            f"{event.tenant_id!r}, but the project belongs to tenant {owner!r}"
+            f"event {event.event_id} of project {event.project_id} claims tenant "
+            f"{event.tenant_id!r}, but {event.project_id} belongs to tenant {home[0]!r}"
         )
     return None
 
 
-def _decode(msg: Msg, read_from: int, owners: ProjectOwners, require_owner: bool) -> Record:
+def _decode(msg: Msg, read_from: int, owners: ProjectOwners) -> Record:
     metadata = msg.metadata
     seq = metadata.sequence.stream
     header_id = (msg.headers or {}).get("Nats-Msg-Id")
@@ -148,16 +165,14 @@ def _decode(msg: Msg, read_from: int, owners: ProjectOwners, require_owner: bool
     except EnvelopeError as exc:
         key = header_id or f"seq:{seq}"
         return Record(msg, seq, metadata.num_delivered, key, None, f"undecodable record: {exc}")
-    refused = _refusal(event, read_from, owners, require_owner)
+    refused = _refusal(event, read_from, owners)
     if refused is not None:
         return Record(msg, seq, metadata.num_delivered, event.event_id, None, refused)
     return Record(msg, seq, metadata.num_delivered, event.event_id, event, None)
 
 
-def decode_records(
-    messages: list[Msg], read_from: int, owners: ProjectOwners, *, require_owner: bool
-) -> list[Record]:
+def decode_records(messages: list[Msg], read_from: int, owners: ProjectOwners) -> list[Record]:
     """Decode every message read from stream ``read_from``; one that does not decode, or
-    that is not its project's (its stream, its root's tenant; with ``require_owner`` a root
-    at all), becomes a record with an error."""
-    return [_decode(msg, read_from, owners, require_owner) for msg in messages]
+    that is not its project's (its stream, its root's tenant, a root at all), becomes a
+    record with an error and no event."""
+    return [_decode(msg, read_from, owners) for msg in messages]

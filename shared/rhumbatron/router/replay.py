@@ -366,12 +366,7 @@ async def _read_replay_consumer(
             if not messages:
                 break
             await max(messages, key=_seq).ack()
-            decoded = decode_records(
-                messages,
-                stream_index,
-                router.project_owners,
-                require_owner=subscription is Subscription.REACTIONS,
-            )
+            decoded = decode_records(messages, stream_index, router.project_owners)
             records = [r for r in decoded if r.stream_seq <= report.last_seq]
             if records and first_batch:
                 # Where the read really began: the first event at the time asked, or the
