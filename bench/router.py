@@ -67,7 +67,7 @@ from rhumbatron.router.handlers import NoCausalRules, RunContext
 from rhumbatron.router.nudge import InProcessNudge
 from rhumbatron.router.project_view import ProjectView
 from rhumbatron.router.records import Outcome, Record
-from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings, load_settings
 
 if TYPE_CHECKING:
@@ -186,6 +186,15 @@ def _task_ready(project: str, number: int, now: datetime) -> tuple[str, bytes]:
         task_id=f"task-{number:06d}",
     )
     return event.event_id, event.to_json()
+
+
+def _create_project_roots(app: Rhumbatron, projects: Sequence[str]) -> None:
+    """The project roots of the synthetic events' projects, for the caller's tenant (not
+    timed): the router refuses an event whose project has no root (issue #21)."""
+    for project in projects:
+        if app.project_tenant(project) is None:
+            owner = Caller(_CALLER_TENANT, "system:bench", f"corr-root-{project}")
+            app.project_root(project).create_project(owner, name=project)
 
 
 def build_router_workload(
@@ -314,6 +323,7 @@ async def projector_run(
     settings = load_settings(state_dir=state_dir, nats_url=url, network_filesystem=False)
     app = bootstrap(settings)
     router = app.router()
+    _create_project_roots(app, workload.projects)
     nc = await app.nats()
     await _create_consumer(nc, settings, _PROJECTOR.value)
     views = [router.projector.view(p) for p in workload.projects]
@@ -693,6 +703,8 @@ async def latency_run(
     try:
         await app.ensure_streams()
         router = app.router()
+        # Their project.created events go out with the warm-up, whose times are dropped.
+        _create_project_roots(app, project_ids)
         for project in project_ids:
             router.projector.view(project).connection.set_trace_callback(commits.tracer())
         writer.start()

@@ -772,7 +772,10 @@ def _schedules_parser(sub: Any) -> None:
 
 
 def _api(args: argparse.Namespace) -> int:
-    """Serve the operator API with uvicorn until interrupted."""
+    """Serve the operator API with uvicorn until interrupted. Exit status 1 (``EXIT_ERROR``),
+    with one line on stderr naming the variable, when a setting cannot work (a
+    ``RHUMBATRON_API_TOKENS`` that is not a JSON object of grants, ...): checked before any
+    port is bound."""
     try:
         import uvicorn
     except ImportError:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from project_roots import ensure_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.api import StaticTokenAuth, create_api
 from rhumbatron.domain.facts import Caller, FactContext
@@ -98,6 +99,9 @@ def history() -> list[Event]:
 
 
 async def publish(app: Rhumbatron, events: list[Event]) -> None:
+    """Put events on the stream, their projects created first (the router refuses an event
+    whose project has no root, or whose tenant is not its root's)."""
+    ensure_project_roots(app, events)
     js = (await app.nats()).jetstream()
     for event in events:
         await js.publish(

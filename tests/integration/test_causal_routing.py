@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from project_roots import ensure_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.causal.clef_flash import ClefFlash
@@ -128,6 +129,7 @@ async def test_the_router_sends_what_the_rules_decide_and_a_prefix_overlap_wakes
     app = wiring.app
     given_an_agent_working_on_src_auth(app)
     batch = events()
+    ensure_project_roots(app, batch)  # the router refuses an event of a project with no root
     js = (await app.nats()).jetstream()
     subject = event_stream_subject(stream_index(PROJECT))
     for event in batch:

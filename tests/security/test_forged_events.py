@@ -5,7 +5,8 @@ A probe with publish rights on NATS put an event of tenant B's project carrying
 event of project A put on project B's stream was applied to A's view. The router is the last
 line: it checks every record against its project's root actor and its project's stream, and
 refuses what does not fit like a record that does not decode — the 5th failure makes it a
-``poison_event`` dead letter filed under no tenant, and no subscription ever sees it.
+``poison_event`` dead letter filed under no tenant, and no subscription ever sees it. An event
+of a project that has no root here is refused too (fail closed).
 
 Real nats-server, real SQLite files, the reactions world of ``integration/test_reactions``.
 """
@@ -34,9 +35,11 @@ from integration.test_reactions import (
 )
 from rhumbatron.domain.facts import Caller
 from rhumbatron.messaging.event_log import Subscription
-from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
 from rhumbatron.router.event_router import SubscriptionReport
 from rhumbatron.router.handlers import RunContext
+from rhumbatron.router.records import ProjectOwners
 from rhumbatron.runtime.clock import ManualClock
 from rhumbatron.runtime.settings import Settings
 
@@ -44,8 +47,10 @@ __all__ = ["receiver"]  # the webhook receiver fixture, used by name
 
 pytestmark = pytest.mark.integration
 
-OWNER = "globex"  # the tenant that owns OTHER_PROJECT
+OWNER = "globex"  # tenant B: it owns OTHER_PROJECT; TENANT ("acme") is tenant A
 ENOUGH = 5  # the spec's 5th failure makes the dead letter
+#: A project this deployment never created, on the same stream.
+NOWHERE = next(p for p in (f"proj-nowhere-{n}" for n in range(100)) if stream_index(p) == STREAM)
 
 
 @pytest_asyncio.fixture
@@ -53,15 +58,29 @@ async def world(tmp_path: Path, settings: Settings, clock: ManualClock) -> Async
     clock.set(START)
     built = make_world(tmp_path, settings, clock)
     await built.app.ensure_streams()
-    # Tenant globex's project, on the same stream as acme's.
-    owner = Caller(OWNER, "user:gina", "corr-globex")
-    built.app.project_root(OTHER_PROJECT).create_project(owner, name="Globex web")
+    # Both projects exist, as the API creates them: acme's, and globex's on the same stream.
+    built.app.project_root(PROJECT).create_project(
+        Caller(TENANT, "user:ann", "corr-acme"), name="Acme web"
+    )
+    built.app.project_root(OTHER_PROJECT).create_project(
+        Caller(OWNER, "user:gina", "corr-globex"), name="Globex web"
+    )
     yield built
     await built.app.close()
 
 
+async def _put(world: World, stream: int, *events: Event) -> None:
+    """Events put on ``stream`` by hand, as anyone with publish rights on NATS could."""
+    js = (await world.app.nats()).jetstream()
+    for event in events:
+        await js.publish(
+            event_stream_subject(stream), event.to_json(), headers={"Nats-Msg-Id": event.event_id}
+        )
+
+
 async def _consume(world: World, subscription: Subscription, stream: int) -> SubscriptionReport:
-    """One consume of ``subscription`` on ``stream`` that fetched something (bounded)."""
+    """One consume of ``subscription`` on ``stream`` that fetched something. A record nacked a
+    moment ago can trail the consumer by a moment: this bounds that wait instead of sleeping."""
     router = world.app.router()
     report = SubscriptionReport()
     for _ in range(200):
@@ -72,117 +91,144 @@ async def _consume(world: World, subscription: Subscription, stream: int) -> Sub
     return report
 
 
+async def _consume_until_dead(
+    world: World, subscription: Subscription, stream: int
+) -> list[SubscriptionReport]:
+    return [await _consume(world, subscription, stream) for _ in range(ENOUGH)]
+
+
 def _letters(world: World) -> list[sqlite3.Row]:
     connection = world.app.product().connection
     return list(
         connection.execute(
-            "SELECT kind, consumer, tenant_id, project_id, reason FROM dead_letters "
+            "SELECT consumer, event_id, tenant_id, project_id, stream, reason FROM dead_letters "
             "WHERE kind = 'poison_event' ORDER BY consumer"
         )
     )
 
 
-def _view_events(world: World, project: str) -> int:
+def _view_events(world: World, project: str) -> list[str]:
     view = world.app.router().projector.view(project)
-    return int(view.connection.execute("SELECT COUNT(*) FROM project_events").fetchone()[0])
+    return [row[0] for row in view.connection.execute("SELECT event_id FROM project_events")]
 
 
 async def test_an_event_claiming_another_tenant_reaches_no_subscription_of_that_tenant(
     world: World, receiver: Receiver
 ) -> None:
-    # GIVEN acme's webhook subscription to task.completed, and globex's project
+    # GIVEN acme's webhook subscription to task.completed, and globex's project on the stream
     world.subscribe("hook", webhook(receiver.url))
-    # WHEN an event of globex's project that says tenantId "acme" is put on the stream
+    # WHEN an event of globex's project that says tenantId "acme" is put on its stream
     forged = task_completed(
         world.clock, "t1", caller=Caller(TENANT, "system:x", "c"), project=OTHER_PROJECT
     )
-    await world.publish(forged)
-    reports = [await _consume(world, Subscription.REACTIONS, STREAM) for _ in range(ENOUGH)]
-    projector = [
-        await _consume(world, Subscription.PROJECT_VIEW_PROJECTOR, STREAM) for _ in range(ENOUGH)
-    ]
-    # THEN no reaction was taken for acme: the receiver saw nothing
+    await _put(world, STREAM, forged)
+    reactions = await _consume_until_dead(world, Subscription.REACTIONS, STREAM)
+    projector = await _consume_until_dead(world, Subscription.PROJECT_VIEW_PROJECTOR, STREAM)
+    # THEN no reaction was taken for acme: nothing matched, nothing was delivered
     assert receiver.received == []
-    assert [r.failed for r in reports] == [1] * ENOUGH
-    assert reports[-1].dead_lettered == 1
+    assert [(r.applied, r.failed) for r in reactions] == [(0, 1)] * ENOUGH
+    assert [r.dead_lettered for r in reactions] == [0, 0, 0, 0, 1]
     # AND globex's view did not change
     assert [p.applied for p in projector] == [0] * ENOUGH
-    assert _view_events(world, OTHER_PROJECT) == 0
-    # AND each subscription filed one poison letter, naming the mismatch, under no tenant
+    assert _view_events(world, OTHER_PROJECT) == []
+    # AND each subscription filed exactly one poison letter naming the mismatch, under no
+    # tenant (least of all the forged one) and no project
     letters = _letters(world)
-    assert [row["consumer"] for row in letters] == ["project-view-projector", "reactions"]
+    assert [(row["consumer"], row["event_id"]) for row in letters] == [
+        ("project-view-projector", forged.event_id),
+        ("reactions", forged.event_id),
+    ]
     for row in letters:
         assert row["tenant_id"] is None and row["project_id"] is None
-        assert f"claims tenant {TENANT!r}" in row["reason"]
-        assert f"belongs to tenant {OWNER!r}" in row["reason"]
+        assert row["reason"] == (
+            f"event {forged.event_id} of project {OTHER_PROJECT} claims tenant {TENANT!r}, "
+            f"but {OTHER_PROJECT} belongs to tenant {OWNER!r}"
+        )
 
 
 async def test_an_event_on_another_projects_stream_is_not_applied(world: World) -> None:
-    # GIVEN acme's project, and an event of it put on a stream that is not its own
+    # GIVEN an event of acme's project, put on a stream that is not the project's
     event = task_completed(world.clock, "t1")
-    world.app.project_root(PROJECT).create_project(
-        Caller(TENANT, "user:ann", "c"), name="Acme web"
-    )
     elsewhere = (STREAM + 1) % 8
-    js = (await world.app.nats()).jetstream()
-    await js.publish(
-        event_stream_subject(elsewhere), event.to_json(), headers={"Nats-Msg-Id": event.event_id}
-    )
+    await _put(world, elsewhere, event)
     # WHEN the projector reads that stream until the 5th failure
-    reports = [
-        await _consume(world, Subscription.PROJECT_VIEW_PROJECTOR, elsewhere)
-        for _ in range(ENOUGH)
-    ]
+    reports = await _consume_until_dead(world, Subscription.PROJECT_VIEW_PROJECTOR, elsewhere)
     # THEN it was never applied to the project's view
-    assert [r.applied for r in reports] == [0] * ENOUGH
-    assert _view_events(world, PROJECT) == 0
-    # AND its poison letter names both streams
+    assert [(r.applied, r.failed) for r in reports] == [(0, 1)] * ENOUGH
+    assert reports[-1].dead_lettered == 1
+    assert _view_events(world, PROJECT) == []
+    # AND its one poison letter, filed under the stream read, names both streams
     (letter,) = _letters(world)
-    assert event_stream_name(elsewhere) in letter["reason"]
-    assert f"the project's stream is {event_stream_name(STREAM)}" in letter["reason"]
+    assert letter["stream"] == event_stream_name(elsewhere)
+    assert letter["tenant_id"] is None
+    assert (
+        f"sits on {event_stream_name(elsewhere)}, but project {PROJECT}'s stream is "
+        f"{event_stream_name(STREAM)}"
+    ) in letter["reason"]
 
 
-async def test_a_reaction_to_a_project_without_a_root_is_refused_with_its_reason(
+async def test_an_event_of_a_project_without_a_root_is_refused_with_its_reason(
     world: World, receiver: Receiver
 ) -> None:
     # GIVEN acme's subscription, and an event of a project this deployment never created,
-    # put on the stream by hand (World.publish would create its root)
+    # on the stream that project would have
     world.subscribe("hook", webhook(receiver.url))
-    nowhere = next(
-        p for p in (f"proj-nowhere-{n}" for n in range(100)) if _stream_of(p) == STREAM
-    )
-    event = task_completed(world.clock, "t1", project=nowhere)
-    js = (await world.app.nats()).jetstream()
-    await js.publish(
-        event_stream_subject(STREAM), event.to_json(), headers={"Nats-Msg-Id": event.event_id}
-    )
-    # WHEN the reactions read it until the 5th failure
-    for _ in range(ENOUGH):
-        await _consume(world, Subscription.REACTIONS, STREAM)
-    # THEN nothing was delivered, and the letter says why
+    event = task_completed(world.clock, "t1", project=NOWHERE)
+    await _put(world, STREAM, event)
+    # WHEN the reactions and the projector read it until the 5th failure
+    reactions = await _consume_until_dead(world, Subscription.REACTIONS, STREAM)
+    projector = await _consume_until_dead(world, Subscription.PROJECT_VIEW_PROJECTOR, STREAM)
+    # THEN nothing was delivered and nothing applied
     assert receiver.received == []
-    (letter,) = _letters(world)
-    assert f"{nowhere!r}, which has no project root here" in letter["reason"]
+    assert [r.applied for r in reactions + projector] == [0] * 2 * ENOUGH
+    assert _view_events(world, NOWHERE) == []
+    # AND each letter says why, under no tenant
+    letters = _letters(world)
+    assert [row["consumer"] for row in letters] == ["project-view-projector", "reactions"]
+    for row in letters:
+        assert row["tenant_id"] is None
+        assert row["reason"] == (
+            f"event {event.event_id} claims tenant {TENANT!r}, but project {NOWHERE} has no "
+            "project root here, so nothing vouches for its tenant"
+        )
 
 
-async def test_a_genuine_event_of_the_same_projects_still_reacts_and_applies(
+async def test_a_genuine_event_of_the_same_project_still_reacts_and_applies(
     world: World, receiver: Receiver
 ) -> None:
-    # GIVEN acme's subscription, and an event of acme's own project
+    # GIVEN acme's subscription, and in one batch a genuine event of acme's project beside a
+    # forged one of the same project that claims globex
     world.subscribe("hook", webhook(receiver.url))
-    event = task_completed(world.clock, "t1")
-    await world.publish(event)  # creates acme's project root for it
-    # WHEN the reactions and the projector read it
+    genuine = task_completed(world.clock, "t1")
+    forged = task_completed(world.clock, "t2", caller=Caller(OWNER, "system:x", "c"))
+    await _put(world, STREAM, genuine, forged)
+    # WHEN the reactions and the projector read the batch
     reacted = await _consume(world, Subscription.REACTIONS, STREAM)
     applied = await _consume(world, Subscription.PROJECT_VIEW_PROJECTOR, STREAM)
-    # THEN it was delivered and applied, and no letter was written
-    assert (reacted.applied, reacted.failed) == (1, 0)
+    # THEN the genuine event was delivered and applied, and only the forged one failed
+    assert (reacted.fetched, reacted.applied, reacted.failed) == (2, 1, 1)
     assert [body["subject"]["id"] for _, body in receiver.received] == ["t1"]
-    assert (applied.applied, applied.failed) == (1, 0)
-    assert _letters(world) == []
+    assert (applied.fetched, applied.applied, applied.failed) == (2, 1, 1)
+    assert _view_events(world, PROJECT) == [genuine.event_id]
+    assert _letters(world) == []  # one failure is not a dead letter
 
 
-def _stream_of(project: str) -> int:
-    from rhumbatron.protocol.ids import stream_index
+def test_a_projects_owner_is_read_from_its_root_once() -> None:
+    # GIVEN the port to the project roots, which counts its reads
+    reads: list[str] = []
+    roots = {PROJECT: TENANT}
 
-    return stream_index(project)
+    def project_tenant(project_id: str) -> str | None:
+        reads.append(project_id)
+        return roots.get(project_id)
+
+    owners = ProjectOwners(project_tenant)
+    # WHEN a project's records are checked again and again, and one of an unknown project
+    for _ in range(3):
+        assert owners.home(PROJECT) == (TENANT, STREAM)
+        assert owners.home(NOWHERE) is None
+    # THEN the known project's root was read once; the unknown one is asked each time (its
+    # root may be created later), and a fresh read goes to the root
+    assert reads == [PROJECT, NOWHERE, NOWHERE, NOWHERE]
+    assert owners.home(PROJECT, fresh=True) == (TENANT, STREAM)
+    assert reads.count(PROJECT) == 2

@@ -21,7 +21,7 @@ import hashlib
 import hmac
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -54,7 +54,7 @@ __all__ = [
     "Principal",
     "StaticTokenAuth",
     "authenticator_from_settings",
-    "platform_only",
+    "platform_principal",
 ]
 
 SCOPE_DEAD_LETTERS_READ: Final = "dead-letters:read"
@@ -319,13 +319,27 @@ def _scopes(claims: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(names) & SCOPES
 
 
-def platform_only(principal: Principal, doing: str) -> Principal:
-    """``principal`` when it is a platform principal (tenant ``*``); a tenant-bound token
-    gets 403 ``platform_required`` whatever its scopes: a scope says what a caller may do,
-    not over whose records."""
-    if principal.tenant_scope is not None:
-        raise PlatformRequiredError(doing, tenant=principal.tenant_id)
-    return principal
+def platform_principal(
+    principal: Callable[..., Awaitable[Principal]], *, scope: str, doing: str
+) -> Callable[..., Awaitable[Principal]]:
+    """A FastAPI dependency for a platform route: the caller that ``principal`` (the API's
+    authenticating dependency) admits with ``scope``, when it is a platform principal
+    (tenant ``*``). A tenant-bound token gets 403 ``platform_required`` whatever its scopes:
+    a scope says what a caller may do, not over whose records, and ``doing`` (what the
+    route reads) spans every tenant. It runs before the body is read, so a tenant's request
+    is refused before any part of it is looked at."""
+    from fastapi import Security
+
+    # A default, not Annotated[...]: the annotations of this module are strings (postponed),
+    # and FastAPI resolves them against the module's globals, where `principal` is not.
+    async def platform(
+        caller: Principal = Security(principal, scopes=[scope]),  # noqa: B008
+    ) -> Principal:
+        if caller.tenant_scope is not None:
+            raise PlatformRequiredError(doing, tenant=caller.tenant_id)
+        return caller
+
+    return platform
 
 
 def authenticator_from_settings(settings: Settings, clock: Clock) -> Authenticator:

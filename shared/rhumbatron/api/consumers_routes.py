@@ -15,11 +15,11 @@ yet is listed too, with ``exists: false``.
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Security
+from fastapi import APIRouter, Depends
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from rhumbatron.api.auth import SCOPE_CONSUMERS_READ, Principal, platform_only
+from rhumbatron.api.auth import SCOPE_CONSUMERS_READ, Principal, platform_principal
 from rhumbatron.api.errors import error_responses
 from rhumbatron.api.lifecycle_routes import PrincipalDependency
 from rhumbatron.errors import NatsUnavailableError
@@ -77,7 +77,13 @@ class ConsumersBody(_Wire):
 def consumers_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRouter:
     """The consumers route over ``app``; ``principal`` is the API's authenticating dependency
     (``app._principal``), so the route answers 401 / 403 like every other."""
-    Reader = Annotated[Principal, Security(principal, scopes=[SCOPE_CONSUMERS_READ])]
+    # A platform token only: the counts span every tenant's records.
+    Reader = Annotated[
+        Principal,
+        Depends(
+            platform_principal(principal, scope=SCOPE_CONSUMERS_READ, doing="the consumers' lag")
+        ),
+    ]
     router = APIRouter()
 
     @router.get(
@@ -96,7 +102,6 @@ def consumers_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRout
         """Every event stream × subscription consumer, then every command queue's, each with
         ``numPending``, ``numAckPending`` and its last delivery, as JetStream reports them.
         Only a platform token may read them: they count every tenant's records."""
-        platform_only(principal, "the consumers' lag")
         from nats.errors import Error as NatsError
 
         nc = await app.nats()

@@ -19,11 +19,11 @@ import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Literal, Self
 
-from fastapi import APIRouter, Security
+from fastapi import APIRouter, Depends
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from rhumbatron.api.auth import SCOPE_REPLAY_WRITE, Principal, platform_only
+from rhumbatron.api.auth import SCOPE_REPLAY_WRITE, Principal, platform_principal
 from rhumbatron.api.errors import ApiError, InvalidRequestError, UnavailableError, error_responses
 from rhumbatron.api.lifecycle_routes import PrincipalDependency
 from rhumbatron.errors import ArchiveError
@@ -164,7 +164,13 @@ _RESPONSES[409] = {**_RESPONSES[409], "description": "An archive object of the r
 def replay_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRouter:
     """The replay route over ``app``; ``principal`` is the API's authenticating dependency
     (``app._principal``), so the route answers 401 / 403 like every other."""
-    Replayer = Annotated[Principal, Security(principal, scopes=[SCOPE_REPLAY_WRITE])]
+    # A platform token only: a stream holds every tenant's events.
+    Replayer = Annotated[
+        Principal,
+        Depends(
+            platform_principal(principal, scope=SCOPE_REPLAY_WRITE, doing="a replay of a stream")
+        ),
+    ]
     router = APIRouter()
 
     @router.post(
@@ -178,7 +184,6 @@ def replay_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRouter:
         effect, so asking again (or while the router consumes) has no second effect. With
         ``dryRun`` nothing changes and the answer counts what would apply. Only a platform
         token may replay: a stream holds every tenant's events."""
-        platform_only(principal, "a replay of a stream")
         # Imported here: the router and the archive reader are no part of the API's cold start.
         from rhumbatron.archive import ArchiveUnavailableError
         from rhumbatron.router.replay import ReplayError, run_replay

@@ -31,6 +31,10 @@ One process, one event loop:
 
 The API has a runtime of its own, as its own process would have; the dashboard reads
 through it. It runs until Ctrl-C, or for ``duration_s``.
+
+Exit status: 0 stopped (Ctrl-C, or the duration ran out); 1 a setting that cannot work (a
+``RHUMBATRON_API_TOKENS`` that is not JSON, ...), said in one line naming the variable and
+checked before anything starts, is created or binds a port; or the stack failed to start.
 """
 
 from __future__ import annotations

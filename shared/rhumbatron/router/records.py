@@ -103,7 +103,7 @@ class Record:
 
 #: The port to the project roots: a project's tenant as its root actor says, None when the
 #: project has no root here (``Rhumbatron.project_tenant``, wired in by the composition root).
-ProjectTenant = Callable[[str], "str | None"]
+ProjectTenant = Callable[[str], str | None]
 
 
 @dataclass

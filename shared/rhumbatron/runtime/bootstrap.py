@@ -377,7 +377,11 @@ class Rhumbatron:
         ref = ProjectRoot.ref_for(project_id)
         if not ref.path(self.settings.state_dir).exists():
             return None
-        state = self.project_root(project_id).state()
+        # A visit: a root opened only to read its tenant is closed again, so a router that
+        # checks the events of thousands of projects does not hold a file open for each.
+        with self._visiting(ref) as root:
+            assert isinstance(root, ProjectRoot)
+            state = root.state()
         return None if state is None else state.tenant_id
 
     # -- alarms ------------------------------------------------------------------------------
