@@ -412,6 +412,19 @@ async def test_a_workflow_engine_outage_holds_only_the_workflow_reaction_which_r
         server.stop()
 
 
+def causal_wake(world: World, event: Event, task: str, agent: str) -> Command:
+    """The causal router's own wake of ``agent`` about ``event`` on ``task`` (an overlap)."""
+    return Command.create(
+        command_id=f"cmd_{event.event_id}_{task}",
+        command_type="agent.wake",
+        project_id=PROJECT,
+        change_id=CHANGE,
+        task_id=task,
+        created_at=world.clock.now(),
+        payload={"agentId": agent, "reason": "changeset_overlap", "eventId": event.event_id},
+    )
+
+
 async def test_an_agent_is_woken_once_per_event_however_many_wakes_name_it(world: World) -> None:
     # GIVEN agent-9 holding t1, the causal router's own wake about a fact of t1, and two
     # subscriptions that also wake agent-9 on that fact
@@ -426,15 +439,7 @@ async def test_an_agent_is_woken_once_per_event_however_many_wakes_name_it(world
         Governance(cooldown_s=0),
     )
     event = task_started(world.clock, "t1", "agent-9")
-    router_wake = Command.create(
-        command_id=f"cmd_{event.event_id}_t1",
-        command_type="agent.wake",
-        project_id=PROJECT,
-        change_id=CHANGE,
-        task_id="t1",
-        created_at=world.clock.now(),
-        payload={"agentId": "agent-9", "reason": "changeset_overlap", "eventId": event.event_id},
-    )
+    router_wake = causal_wake(world, event, "t1", "agent-9")
     await world.app.lifecycle().sender.send(router_wake)
     await world.publish(event)
     await world.react()
@@ -469,15 +474,7 @@ async def test_a_router_wake_after_a_reaction_wake_for_the_same_event_wakes_the_
     event = task_started(world.clock, "t1", "agent-9")
     await world.publish(event)
     await world.react()
-    router_wake = Command.create(
-        command_id=f"cmd_{event.event_id}_t1",
-        command_type="agent.wake",
-        project_id=PROJECT,
-        change_id=CHANGE,
-        task_id="t1",
-        created_at=world.clock.now(),
-        payload={"agentId": "agent-9", "reason": "changeset_overlap", "eventId": event.event_id},
-    )
+    router_wake = causal_wake(world, event, "t1", "agent-9")
     await world.app.lifecycle().sender.send(router_wake)
     assert await wakes_waiting(world) == 2
 
@@ -525,15 +522,7 @@ async def test_a_redelivered_reaction_wake_still_collapses_into_the_wake_that_we
     # GIVEN agent-9 holding t1, woken by the router about a fact of t1
     held_task(world, "t1", "agent-9")
     event = task_started(world.clock, "t1", "agent-9")
-    router_wake = Command.create(
-        command_id=f"cmd_{event.event_id}_t1",
-        command_type="agent.wake",
-        project_id=PROJECT,
-        change_id=CHANGE,
-        task_id="t1",
-        created_at=world.clock.now(),
-        payload={"agentId": "agent-9", "reason": "changeset_overlap", "eventId": event.event_id},
-    )
+    router_wake = causal_wake(world, event, "t1", "agent-9")
     agents = RecordingAgents()
     consumer = WakeConsumer(world.app, agents)
     await consumer(router_wake, Delivery("agent-wakeups", 1, 1, 4, {}))
