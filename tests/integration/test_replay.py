@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from project_roots import restore_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import MetricBinding, metric_counts
@@ -260,15 +261,19 @@ async def test_an_archive_range_replayed_into_fresh_state_applies_all_then_nothi
     await publish(app, [e for p in inside for e in history(p, START)])
     await publish(app, history(outside, START + timedelta(days=3)))
     await app.router().drain()
-    # AND a runtime on a fresh state directory (same bucket): no view, no claim, no metric
+    # AND a runtime on a fresh state directory (same bucket): no view, no claim, no metric;
+    # only the project roots restored, as before any rebuild (the router checks each event's
+    # tenant against its project's root)
     fresh = await make_app(state_dir=tmp_path / "fresh")
+    restore_project_roots(app, fresh, [*inside, outside])
+    views = tmp_path / "fresh" / "projects"
     day = {"start": START - timedelta(hours=1), "end": START + timedelta(days=1)}
 
     # WHEN the first day of the archive is replayed into the fresh projector: dry, then real
     dry = await replay_archive(
         fresh, stream_index=None, subscription=PROJECTOR, dry_run=True, **day
     )
-    assert not (tmp_path / "fresh" / "projects").exists()
+    assert list(views.rglob("view.sqlite")) == []
     real = await replay_archive(
         fresh, stream_index=None, subscription=PROJECTOR, dry_run=False, **day
     )
@@ -284,7 +289,7 @@ async def test_an_archive_range_replayed_into_fresh_state_applies_all_then_nothi
         for table in ("view_changes", "view_tasks", "view_agents"):  # their first 4 columns
             assert [r[:4] for r in rebuilt[table]] == [r[:4] for r in live[table]]
         assert {r[0] for r in rebuilt["project_events"]} == {r[0] for r in live["project_events"]}
-    assert not (tmp_path / "fresh" / "projects" / outside).exists()
+    assert not (views / outside / "view.sqlite").exists()
 
     # WHEN the same range is replayed again
     again = await replay_archive(

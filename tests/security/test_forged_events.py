@@ -8,14 +8,22 @@ refuses what does not fit like a record that does not decode — the 5th failure
 ``poison_event`` dead letter filed under no tenant, and no subscription ever sees it. An event
 of a project that has no root here is refused too (fail closed).
 
-Real nats-server, real SQLite files, the reactions world of ``integration/test_reactions``.
+The same check guards the replays (a rewind of the stream, and the archive, which may hold
+events archived before the check), and a root that cannot be read now (a busy file) retries
+its records instead of failing them or the batch.
+
+Real nats-server, real SQLite files, moto's S3 server, the reactions world of
+``integration/test_reactions``.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -33,13 +41,18 @@ from integration.test_reactions import (
     task_completed,
     webhook,
 )
-from rhumbatron.domain.facts import Caller
+from rhumbatron.actors.project_root import ProjectRoot
+from rhumbatron.archive import ArchiveReader, ArchiveWriter
+from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
 from rhumbatron.router.event_router import SubscriptionReport
 from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.records import ProjectOwners
+from rhumbatron.router.replay import replay_archive, rewind
 from rhumbatron.runtime.clock import ManualClock
 from rhumbatron.runtime.settings import Settings
 
@@ -53,18 +66,37 @@ ENOUGH = 5  # the spec's 5th failure makes the dead letter
 NOWHERE = next(p for p in (f"proj-nowhere-{n}" for n in range(100)) if stream_index(p) == STREAM)
 
 
-@pytest_asyncio.fixture
-async def world(tmp_path: Path, settings: Settings, clock: ManualClock) -> AsyncIterator[World]:
+async def _build(
+    tmp_path: Path, settings: Settings, clock: ManualClock, s3: S3ServerProcess, **overrides: Any
+) -> World:
+    """The reactions world with its own bucket, and both projects created, as the API
+    creates them: acme's, and globex's on the same stream."""
     clock.set(START)
-    built = make_world(tmp_path, settings, clock)
+    bucket = f"evidence-{uuid.uuid4().hex[:20]}"
+    built = make_world(
+        tmp_path,
+        settings,
+        clock,
+        s3_endpoint_url=s3.endpoint_url,
+        evidence_bucket=bucket,
+        **overrides,
+    )
+    built.app.s3().create_bucket(Bucket=bucket)
     await built.app.ensure_streams()
-    # Both projects exist, as the API creates them: acme's, and globex's on the same stream.
     built.app.project_root(PROJECT).create_project(
         Caller(TENANT, "user:ann", "corr-acme"), name="Acme web"
     )
     built.app.project_root(OTHER_PROJECT).create_project(
         Caller(OWNER, "user:gina", "corr-globex"), name="Globex web"
     )
+    return built
+
+
+@pytest_asyncio.fixture
+async def world(
+    tmp_path: Path, settings: Settings, clock: ManualClock, s3_server: S3ServerProcess
+) -> AsyncIterator[World]:
+    built = await _build(tmp_path, settings, clock, s3_server)
     yield built
     await built.app.close()
 
@@ -112,15 +144,27 @@ def _view_events(world: World, project: str) -> list[str]:
     return [row[0] for row in view.connection.execute("SELECT event_id FROM project_events")]
 
 
+def _forged(world: World, task: str) -> Event:
+    """An event of globex's project that says tenantId "acme"."""
+    return task_completed(
+        world.clock, task, caller=Caller(TENANT, "system:x", "c"), project=OTHER_PROJECT
+    )
+
+
+def _mismatch(event: Event) -> str:
+    return (
+        f"event {event.event_id} of project {OTHER_PROJECT} claims tenant {TENANT!r}, "
+        f"but {OTHER_PROJECT} belongs to tenant {OWNER!r}"
+    )
+
+
 async def test_an_event_claiming_another_tenant_reaches_no_subscription_of_that_tenant(
     world: World, receiver: Receiver
 ) -> None:
     # GIVEN acme's webhook subscription to task.completed, and globex's project on the stream
     world.subscribe("hook", webhook(receiver.url))
     # WHEN an event of globex's project that says tenantId "acme" is put on its stream
-    forged = task_completed(
-        world.clock, "t1", caller=Caller(TENANT, "system:x", "c"), project=OTHER_PROJECT
-    )
+    forged = _forged(world, "t1")
     await _put(world, STREAM, forged)
     reactions = await _consume_until_dead(world, Subscription.REACTIONS, STREAM)
     projector = await _consume_until_dead(world, Subscription.PROJECT_VIEW_PROJECTOR, STREAM)
@@ -140,10 +184,7 @@ async def test_an_event_claiming_another_tenant_reaches_no_subscription_of_that_
     ]
     for row in letters:
         assert row["tenant_id"] is None and row["project_id"] is None
-        assert row["reason"] == (
-            f"event {forged.event_id} of project {OTHER_PROJECT} claims tenant {TENANT!r}, "
-            f"but {OTHER_PROJECT} belongs to tenant {OWNER!r}"
-        )
+        assert row["reason"] == _mismatch(forged)
 
 
 async def test_an_event_on_another_projects_stream_is_not_applied(world: World) -> None:
@@ -211,6 +252,120 @@ async def test_a_genuine_event_of_the_same_project_still_reacts_and_applies(
     assert (applied.fetched, applied.applied, applied.failed) == (2, 1, 1)
     assert _view_events(world, PROJECT) == [genuine.event_id]
     assert _letters(world) == []  # one failure is not a dead letter
+
+
+async def test_a_forged_event_reaches_neither_the_causal_router_nor_the_archive(
+    world: World,
+) -> None:
+    # GIVEN an event of globex's project that says tenantId "acme": a failed task, which the
+    # causal router would answer with a change.settle command
+    ctx = FactContext(Caller(TENANT, "system:x", "c"), OTHER_PROJECT, world.clock.now())
+    forged = ctx.fact(
+        "task.failed", {"reason": "boom"}, change_id=f"{OTHER_PROJECT}-chg-1", task_id="t1"
+    )
+    await _put(world, STREAM, forged)
+    # WHEN the causal router and the audit-archiver read it until the 5th failure
+    causal = await _consume_until_dead(world, Subscription.CAUSAL_ROUTER, STREAM)
+    archiver = await _consume_until_dead(world, Subscription.AUDIT_ARCHIVER, STREAM)
+    # THEN no command was sent and nothing was archived
+    assert [(r.applied, r.failed) for r in causal + archiver] == [(0, 1)] * 2 * ENOUGH
+    js = (await world.app.nats()).jetstream()
+    assert (await js.stream_info(COMMAND_STREAM)).state.messages == 0
+    reader = ArchiveReader(world.app.s3(), world.app.settings.evidence_bucket)
+    assert list(reader.list_objects()) == []
+    # AND each filed its poison letter naming the mismatch, under no tenant
+    letters = _letters(world)
+    assert [row["consumer"] for row in letters] == ["audit-archiver", "causal-router"]
+    assert {(row["tenant_id"], row["reason"]) for row in letters} == {(None, _mismatch(forged))}
+
+
+async def test_a_rewind_refuses_a_forged_event_and_files_no_dead_letter(
+    world: World, receiver: Receiver
+) -> None:
+    # GIVEN acme's subscription, and a genuine event of acme's project and a forged one of
+    # globex's that claims acme on their stream, never read by the live cursor
+    world.subscribe("hook", webhook(receiver.url))
+    genuine, forged = task_completed(world.clock, "t1"), _forged(world, "t2")
+    await _put(world, STREAM, genuine, forged)
+    # WHEN an operator rewinds the reactions to the stream's start
+    report = await rewind(
+        world.app,
+        stream_index=STREAM,
+        subscription=Subscription.REACTIONS,
+        to_seq=1,
+        dry_run=False,
+    )
+    # THEN only the genuine event was delivered; the forged one is reported with its reason
+    assert (report.scanned, report.applied, report.failed) == (2, 1, 1)
+    assert report.errors == [f"{forged.event_id}: {_mismatch(forged)}"]
+    assert [body["subject"]["id"] for _, body in receiver.received] == ["t1"]
+    # AND a replay leaves the dead letters to the live cursor
+    assert _letters(world) == []
+
+
+async def test_an_archive_replay_refuses_a_forged_event_archived_before_the_check(
+    world: World, receiver: Receiver
+) -> None:
+    # GIVEN acme's subscription, and in the archive of the projects' stream a genuine event
+    # beside a forged one (as an archiver wrote every event it read before this check, or
+    # as anyone with write rights on the bucket could)
+    world.subscribe("hook", webhook(receiver.url))
+    genuine, forged = task_completed(world.clock, "t1"), _forged(world, "t2")
+    writer = ArchiveWriter(world.app.s3(), world.app.settings.evidence_bucket)
+    writer.write_batch(STREAM, [genuine, forged])
+    # WHEN the archive range is replayed into the reactions
+    report = await replay_archive(
+        world.app,
+        stream_index=STREAM,
+        subscription=Subscription.REACTIONS,
+        start=START - timedelta(hours=1),
+        end=START + timedelta(hours=1),
+        dry_run=False,
+    )
+    # THEN only the genuine event was delivered; the forged one is reported with its reason
+    assert (report.scanned, report.applied, report.failed) == (2, 1, 1)
+    assert report.errors == [f"{forged.event_id}: {_mismatch(forged)}"]
+    assert [body["subject"]["id"] for _, body in receiver.received] == ["t1"]
+
+
+async def test_a_root_that_cannot_be_read_now_retries_its_record_and_fails_nothing(
+    tmp_path: Path, settings: Settings, clock: ManualClock, s3_server: S3ServerProcess
+) -> None:
+    # GIVEN the deployed journal mode (EFS: DELETE, where a writer blocks readers), and
+    # globex's root held by a writer past the busy timeout
+    world = await _build(
+        tmp_path, settings, clock, s3_server, journal_mode="DELETE", sqlite_busy_timeout_ms=50
+    )
+    try:
+        root = ProjectRoot.ref_for(OTHER_PROJECT).path(world.app.settings.state_dir)
+        holder = sqlite3.connect(root, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        # AND a genuine event of each project on their stream
+        acme = task_completed(world.clock, "t1")
+        globex = task_completed(
+            world.clock, "t2", caller=Caller(OWNER, "system:x", "c"), project=OTHER_PROJECT
+        )
+        await _put(world, STREAM, acme, globex)
+        # WHEN the projector reads the stream more often than the failures allowed
+        reports = [
+            await _consume(world, Subscription.PROJECT_VIEW_PROJECTOR, STREAM)
+            for _ in range(ENOUGH + 1)
+        ]
+        # THEN acme's event applied at once; globex's was retried each time, never failed
+        assert [(r.applied, r.retried, r.failed) for r in reports] == [(1, 1, 0)] + [
+            (0, 1, 0)
+        ] * ENOUGH
+        state = world.app.router().stream_state(STREAM).connection
+        assert state.execute("SELECT COUNT(*) FROM k2_batch_failures").fetchone()[0] == 0
+        assert _letters(world) == []
+        # AND once the root is free, globex's event applies
+        holder.execute("ROLLBACK")
+        holder.close()
+        freed = await _consume(world, Subscription.PROJECT_VIEW_PROJECTOR, STREAM)
+        assert (freed.applied, freed.failed) == (1, 0)
+        assert _view_events(world, OTHER_PROJECT) == [globex.event_id]
+    finally:
+        await world.app.close()
 
 
 def test_a_projects_owner_is_read_from_its_root_once() -> None:

@@ -17,7 +17,8 @@ bad record never dams its stream. A record that is not its project's — on anot
 stream, with a tenant that is not its project root's, or of a project with no root here — is
 such a failure too, and no subscription ever sees it: anyone with publish rights on NATS can
 put a record on a stream, and the router is the last line before a forged tenant makes another
-tenant's subscriptions react (issue #21, ``records``). Its dead letter carries no tenant.
+tenant's subscriptions react (issue #21, ``records``). Its dead letter carries no tenant. A
+record whose project root cannot be read now is retried, uncounted, like a busy view file.
 """
 
 from __future__ import annotations
@@ -424,6 +425,8 @@ class EventRouter:
             outcome = outcomes.get(record.key)
             if record.error is not None:
                 outcome = RecordOutcome.failed(record.error)
+            elif record.retry is not None:
+                outcome = RecordOutcome.retry(record.retry)
             assert outcome is not None, f"{subscription} gave no outcome for {record.key}"
             report.count(outcome.outcome)
             crash_point(self.settings.crash_at, "before_ack")

@@ -8,9 +8,9 @@ Every record gets its own outcome (JetStream acknowledges per message):
 * ``RETRY`` — something outside the event failed (S3 down, a busy file): claim released,
   nacked after the nack delay, no failure counted, so an outage never dead-letters good
   events.
-* ``FAILED`` — the event itself could not be applied (it does not decode, or applying it
-  raised): claim released, failure counted, nacked after the nack delay; the 5th failure
-  makes it a dead letter, marks it processed and acks it.
+* ``FAILED`` — the event itself could not be applied (it does not decode, it is not its
+  project's, or applying it raised): claim released, failure counted, nacked after the nack
+  delay; the 5th failure makes it a dead letter, marks it processed and acks it.
 
 Decoding also checks that an event is its project's (issue #21, ../shared/RELIABILITY.md
 B11): it must sit on its project's stream (``stream_index(projectId)`` is the stream it was
@@ -26,17 +26,25 @@ None), so its dead letter is filed under no tenant, least of all the one it clai
 
 The owners are cached for the process (a project's tenant never changes, roots are never
 deleted): after a project's first record, checking one costs one dict lookup. A mismatch
-against a cached owner is read again from the root before the record is refused.
+against a cached owner is read again from the root before the record is refused. A root that
+cannot be read now (held by a writer past the busy timeout, as on EFS's rollback journal)
+is not the event's fault: its record is retried (``retry``), uncounted, and the rest of the
+batch goes on.
+
+Every path that hands records to a subscription checks them here: the live consume and the
+rewind (:func:`decode_records`), and the archive replay (:func:`checked_record`) — an archive
+may hold events archived before this check, and the bucket has writers of its own.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from rhumbatron.errors import EnvelopeError
+from rhumbatron.errors import EnvelopeError, RhumbatronError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 
@@ -49,6 +57,7 @@ __all__ = [
     "ProjectTenant",
     "Record",
     "RecordOutcome",
+    "checked_record",
     "decode_records",
 ]
 
@@ -82,7 +91,9 @@ DEFERRED = RecordOutcome(Outcome.DEFERRED)
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One fetched message: its stream position, its key, and its Event or decode error.
+    """One fetched message: its stream position, its key, and its Event — or, with no
+    Event, why not: ``error`` (it does not decode or is not its project's: a failure) or
+    ``retry`` (its project's root could not be read now: not the event's fault).
 
     ``key`` identifies the record for claims, failure counts and dead letters: the event
     ID, or for a record that does not decode the ``Nats-Msg-Id`` it was published with,
@@ -95,6 +106,7 @@ class Record:
     key: str
     event: Event | None
     error: str | None
+    retry: str | None = None
 
     @property
     def body(self) -> str:
@@ -156,6 +168,31 @@ def _refusal(event: Event, read_from: int, owners: ProjectOwners) -> str | None:
     return None
 
 
+def checked_record(
+    msg: Msg,
+    stream_seq: int,
+    delivered: int,
+    event: Event,
+    *,
+    read_from: int,
+    owners: ProjectOwners,
+) -> Record:
+    """The record of ``event``, read from stream ``read_from``: with its Event when it is its
+    project's, else with no Event and the reason it is refused (``error``) — or, when its
+    project's root cannot be read now, the reason to retry it (``retry``)."""
+    try:
+        refused = _refusal(event, read_from, owners)
+    except (RhumbatronError, sqlite3.Error) as exc:
+        retry = (
+            f"cannot read the root of project {event.project_id} to check the tenant of "
+            f"event {event.event_id}: {type(exc).__name__}: {exc}"
+        )
+        return Record(msg, stream_seq, delivered, event.event_id, None, None, retry)
+    if refused is not None:
+        return Record(msg, stream_seq, delivered, event.event_id, None, refused)
+    return Record(msg, stream_seq, delivered, event.event_id, event, None)
+
+
 def _decode(msg: Msg, read_from: int, owners: ProjectOwners) -> Record:
     metadata = msg.metadata
     seq = metadata.sequence.stream
@@ -165,14 +202,13 @@ def _decode(msg: Msg, read_from: int, owners: ProjectOwners) -> Record:
     except EnvelopeError as exc:
         key = header_id or f"seq:{seq}"
         return Record(msg, seq, metadata.num_delivered, key, None, f"undecodable record: {exc}")
-    refused = _refusal(event, read_from, owners)
-    if refused is not None:
-        return Record(msg, seq, metadata.num_delivered, event.event_id, None, refused)
-    return Record(msg, seq, metadata.num_delivered, event.event_id, event, None)
+    return checked_record(
+        msg, seq, metadata.num_delivered, event, read_from=read_from, owners=owners
+    )
 
 
 def decode_records(messages: list[Msg], read_from: int, owners: ProjectOwners) -> list[Record]:
     """Decode every message read from stream ``read_from``; one that does not decode, or
     that is not its project's (its stream, its root's tenant, a root at all), becomes a
-    record with an error and no event."""
+    record with an error and no event (see :func:`checked_record`)."""
     return [_decode(msg, read_from, owners) for msg in messages]

@@ -40,7 +40,10 @@ events it finds unclaimed; their IDs are stable, but JetStream drops a repeat on
 its duplicate window — dry-run first.
 
 A replay never writes dead letters or failure counts: those belong to the live cursor. A
-record that fails is reported (with its reason) and left to the live path.
+record that fails is reported (with its reason) and left to the live path. Both replays check
+every record as the live router does (``records``, issue #21): one that is not its project's
+(another project's stream, a tenant not its root's, no root here) is reported failed and no
+handler sees it — an archive may hold events archived before that check.
 """
 
 from __future__ import annotations
@@ -63,7 +66,13 @@ from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
 from rhumbatron.router.event_router import EventRouter
 from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.project_view import ProjectView
-from rhumbatron.router.records import Outcome, Record, decode_records
+from rhumbatron.router.records import (
+    Outcome,
+    ProjectOwners,
+    Record,
+    checked_record,
+    decode_records,
+)
 from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
 
 if TYPE_CHECKING:
@@ -250,7 +259,11 @@ async def replay_archive(
             chunk = await asyncio.to_thread(_take, events, batch)
             if not chunk:
                 break
-            records = [_archived_record(index, e) for e in chunk if start <= e.timestamp < end]
+            records = [
+                _archived_record(index, e, router.project_owners)
+                for e in chunk
+                if start <= e.timestamp < end
+            ]
             if records:
                 await _replay_batch(router, index, subscription, records, report)
     return report
@@ -417,8 +430,10 @@ def _take(events: Iterator[Event], count: int) -> list[Event]:
     return list(itertools.islice(events, count))
 
 
-def _archived_record(stream_index: int, event: Event) -> Record:
-    """A record for an archived event, shaped as a fetched one for the handlers.
+def _archived_record(stream_index: int, event: Event, owners: ProjectOwners) -> Record:
+    """A record for an archived event, shaped as a fetched one for the handlers, and checked
+    as a fetched one is (its project's stream and tenant): the archive may hold events
+    archived before that check, and the bucket has writers of its own.
 
     Handlers read a record's event, key and sequence, never its message (only the live
     router acks); the message carries the body, so a report can show it.
@@ -431,7 +446,7 @@ def _archived_record(stream_index: int, event: Event) -> Record:
         data=event.to_json(),
         headers={"Nats-Msg-Id": event.event_id},
     )
-    return Record(msg, 0, 1, event.event_id, event, None)
+    return checked_record(msg, 0, 1, event, read_from=stream_index, owners=owners)
 
 
 # -- one batch ---------------------------------------------------------------------------------
@@ -450,6 +465,8 @@ async def _replay_batch(
     for record in records:
         if record.error is not None:
             report._failed(record.key, record.error)
+        elif record.retry is not None:
+            report._retried(record.key, record.retry)
         elif record.key in seen:
             # The same event stored twice (published again under another message ID):
             # the first copy stands for both, the second is its duplicate.
