@@ -15,7 +15,13 @@ from pydantic import Field
 
 from rhumbatron.protocol.ids import EVENT_ID_PATTERN
 from rhumbatron.protocol.payloads import Payload
-from rhumbatron.protocol.values import MAX_WIRE_INTEGER, AgentId, Generation, Identifier, NameId
+from rhumbatron.protocol.values import (
+    AgentId,
+    Generation,
+    Identifier,
+    NameId,
+    PromotedGeneration,
+)
 
 __all__ = ["COMMAND_TYPES", "QUEUES", "CommandTypeSpec", "command_type_spec"]
 
@@ -41,8 +47,6 @@ class CommandTypeSpec:
     counts_toward_change_cap: bool = False
 
 
-#: A promoted generation: 1 and up (0 is the empty canonical of a new project).
-_Promoted = Annotated[int, Field(ge=1, le=MAX_WIRE_INTEGER)]
 #: Free text a person reads (a reason): one paragraph, not a document.
 _Text = Annotated[str, Field(min_length=1, max_length=1000)]
 
@@ -69,7 +73,7 @@ class ChangeSettle(Payload):
 
 
 class CandidatesRecompose(Payload):
-    generation: _Promoted
+    generation: PromotedGeneration
     stale_candidate_ids: tuple[Identifier, ...] = Field(default=(), max_length=1000)
 
 
@@ -106,7 +110,7 @@ class VerificationStart(Payload):
 
 class ReleaseStart(Payload):
     release_id: Identifier
-    generation: _Promoted
+    generation: PromotedGeneration
     candidate_id: Identifier | None = None
     app_name: NameId | None = None
 

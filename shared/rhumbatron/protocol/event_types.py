@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field
 
 from rhumbatron.protocol.payloads import Payload
-from rhumbatron.protocol.values import MAX_WIRE_INTEGER, AgentId, Generation, Identifier, NameId
+from rhumbatron.protocol.values import AgentId, Generation, Identifier, NameId, PromotedGeneration
 
 __all__ = ["EVENT_TYPES", "EventIdKind", "EventTypeSpec", "Owner", "event_type_spec"]
 
@@ -71,11 +71,11 @@ class ProjectCreated(Payload):
 class ArtifactPromoted(Payload):
     artifact_id: Identifier
     candidate_id: Identifier
-    generation: int = Field(ge=1, le=MAX_WIRE_INTEGER)
+    generation: PromotedGeneration
 
 
 class CanonicalAdvanced(Payload):
-    generation: int = Field(ge=1, le=MAX_WIRE_INTEGER)
+    generation: PromotedGeneration
     previous_generation: Generation
     candidate_id: Identifier
     change_ids: tuple[Identifier, ...] = ()
@@ -240,7 +240,7 @@ class PromotionDecided(Payload):
 
 class ReleaseFact(Payload):
     release_id: Identifier
-    generation: int = Field(ge=1, le=MAX_WIRE_INTEGER)
+    generation: PromotedGeneration
     reason: str = ""
 
 

@@ -32,7 +32,6 @@ bounded where they are parsed instead, by :data:`MAX_WIRE_INTEGER`.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Final
 
 from pydantic import Field
@@ -48,7 +47,7 @@ __all__ = [
     "Generation",
     "Identifier",
     "NameId",
-    "is_identifier",
+    "PromotedGeneration",
 ]
 
 #: Change, Task, Candidate, release, claim, intent, challenge and changeset IDs, and the keys
@@ -73,12 +72,6 @@ AgentId = Annotated[str, Field(pattern=AGENT_ID)]
 NameId = Annotated[str, Field(pattern=NAME_ID)]
 #: A canonical generation, or a count like it, as stored in SQLite.
 Generation = Annotated[int, Field(ge=0, le=MAX_WIRE_INTEGER)]
+#: A promoted generation: 1 and up (0 is the empty canonical of a new project).
+PromotedGeneration = Annotated[int, Field(ge=1, le=MAX_WIRE_INTEGER)]
 Attempt = Annotated[int, Field(ge=1, le=MAX_ATTEMPT)]
-
-# Without the anchors, for ``fullmatch``: Python's ``$`` also matches before a final newline.
-_IDENTIFIER_RE = re.compile(IDENTIFIER.removeprefix("^").removesuffix("$"))
-
-
-def is_identifier(value: str) -> bool:
-    """Whether ``value`` is an :data:`Identifier`."""
-    return _IDENTIFIER_RE.fullmatch(value) is not None
