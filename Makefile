@@ -4,8 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
+MUTATION_STAMP := $(VENV)/.installed-mutation
 
-.PHONY: venv demo up test lint sam-check bench clean
+.PHONY: venv demo up test lint sam-check bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,7 +62,7 @@ sam-check: $(SAM_STAMP)
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check shared functions tests bench
+	$(BIN)/ruff check shared functions tests bench mutation
 	$(BIN)/mypy
 	$(BIN)/cfn-lint template.yaml infra/*.yaml
 
@@ -74,5 +75,15 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.run
 
+# Mutation testing needs the `mutation` extra (mutmut); `make test` does not.
+$(MUTATION_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install --quiet -e '.[dev,mutation]'
+	touch $(MUTATION_STAMP)
+
+## Mutation testing of the core (hours; not part of `make test`): prints the kill rate per
+## package and writes mutation/results.json. `make mutation PKG=router` runs one package.
+mutation: $(MUTATION_STAMP)
+	$(BIN)/python -m mutation.run $(if $(PKG),--package $(PKG))
+
 clean:
-	rm -rf .rhumbatron .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .mutation .rhumbatron .pytest_cache .mypy_cache .ruff_cache

@@ -3,6 +3,7 @@ Clef-flash through its store (no API key: it abstains, and an abstention wakes).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,9 +22,11 @@ from rhumbatron.causal.rules import StateEffect
 from rhumbatron.causal.store import CausalStore
 from rhumbatron.causal.world import ShardWorld
 from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.errors import ActorError
 from rhumbatron.messaging.streams import COMMAND_STREAM
-from rhumbatron.protocol import Event, stream_index
+from rhumbatron.protocol import Command, Event, stream_index
 from rhumbatron.protocol.ids import event_stream_subject
+from rhumbatron.router.records import RecordOutcome
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
 from rhumbatron.runtime.settings import Settings, load_settings
@@ -157,6 +160,11 @@ async def test_the_router_sends_what_the_rules_decide_and_a_prefix_overlap_wakes
         "cmd.integration": 2,
         "cmd.indexing": 1,
     }
+    # AND the wake Clef-flash caused says so, for the agent's own Change and Task
+    stored = [Command.parse((await js.get_msg(COMMAND_STREAM, seq)).data) for seq in range(1, 6)]
+    (wake,) = [c for c in stored if c.command_id == f"cmd_{intent.event_id}_t1"]
+    assert (wake.change_id, wake.task_id) == ("c1", "t1")
+    assert wake.payload.model_dump(by_alias=True)["reason"] == "clef_flash"
 
 
 async def test_routing_the_same_events_again_sends_nothing_twice(wiring: Wiring) -> None:
@@ -195,5 +203,72 @@ async def test_the_change_cap_drops_commands_past_it_and_counts_them(
         # THEN the first was sent, the second's change.settle dropped by the cap
         assert w.routed[0].sent == (f"cmd_{first.event_id}_dispatch",)
         assert w.routed[1].dropped_by_cap == (f"cmd_{second.event_id}_settle",)
+    finally:
+        await w.app.close()
+
+
+@dataclass
+class BrokenLifecycle:
+    """A lifecycle whose every effect raises ``error``."""
+
+    error: Exception
+
+    async def apply(self, event: Event, effect: StateEffect) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome"),
+    [
+        (ActorError("the change shard is busy"), RecordOutcome.retry),
+        (ValueError("no candidate cand-1"), RecordOutcome.failed),
+    ],
+    ids=["an actor that is busy: retried", "anything else: failed, and logged"],
+)
+async def test_an_effect_that_raises_retries_or_fails_the_event_saying_why(
+    wiring: Wiring,
+    caplog: pytest.LogCaptureFixture,
+    error: Exception,
+    outcome: Any,
+) -> None:
+    # GIVEN a promotion whose effect the lifecycle cannot apply
+    wiring.routing.effects = BrokenLifecycle(error)
+    (advanced,) = events()[2:]
+    # WHEN it is routed
+    with caplog.at_level(logging.ERROR, logger="rhumbatron.causal.routing"):
+        outcomes = await wiring.routing.route([advanced])
+    # THEN its outcome names the error; only a failure is logged as one
+    assert outcomes == {advanced.event_id: outcome(f"{type(error).__name__}: {error}")}
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    failed = outcome == RecordOutcome.failed
+    assert logged == ([f"routing {advanced.event_id} failed"] if failed else [])
+
+
+async def test_a_wake_dropped_by_one_changes_cap_does_not_stop_the_next_changes(
+    settings: Settings, clock: ManualClock
+) -> None:
+    # GIVEN agents of two Changes, and Change c1 already at a cap of one command a day
+    clock.set(NOW)
+    w = await wire(settings, clock, change_command_cap_per_day=1)
+    try:
+        for change, task_id, agent in (("c1", "t1", "a1"), ("c2", "t5", "a2")):
+            shard = w.app.resource_shard(PROJECT, change_resource_key(change))
+            shard.record_task_status(SYSTEM, change_id=change, task_id=task_id, status="ready")
+            shard.record_task_status(
+                SYSTEM, change_id=change, task_id=task_id, status="assigned", agent_id=agent
+            )
+        assert w.routing.cap.admit("c1", "agent.wake", NOW)
+        (advanced,) = events()[2:]
+        # WHEN the promotion wakes both agents
+        await w.routing.route([advanced])
+        # THEN c1's wake is dropped and c2's still goes out, under the rule that sent it
+        (routed,) = w.routed
+        assert routed.rule == "canonical.advanced"
+        assert routed.dropped_by_cap == (f"cmd_{advanced.event_id}_t1",)
+        assert set(routed.sent) == {
+            f"cmd_{advanced.event_id}_t5",
+            f"cmd_{advanced.event_id}_recompose",
+            "cmd_index_acme-web_2",
+        }
     finally:
         await w.app.close()

@@ -60,6 +60,14 @@ def kinds(world: RoutingWorld, event: Event) -> list[tuple[str, str]]:
         ("docs/readme.md", ["src/app.py"], Overlap.NONE),
         ("src/app.py", ["docs/", "src/app.py", "src/"], Overlap.EXACT),
         ("src/app.py", [], Overlap.NONE),
+        # a path with no folder is a resource of one segment, not an empty one
+        ("README.md", ["README.md"], Overlap.EXACT),
+        # only a colon before the first slash starts a scheme
+        ("file:src/a:b.py", ["src/a:b.py"], Overlap.EXACT),
+        ("src/a:b.py", ["b.py"], Overlap.NONE),
+        # a resource with no segment overlaps nothing, not everything
+        (".", ["src/app.py"], Overlap.NONE),
+        ("src/app.py", ["./"], Overlap.NONE),
     ],
 )
 def test_overlap_is_exact_by_prefix_at_a_segment_boundary_or_none(
@@ -198,3 +206,134 @@ def test_planning_the_same_event_twice_gives_the_same_command_ids() -> None:
     first = [c.command.command_id for c in plan_for(event, World(agents=agents), now=NOW).commands]
     again = [c.command.command_id for c in plan_for(event, World(agents=agents), now=NOW).commands]
     assert first == again == [f"cmd_{event.event_id}_t1"]
+
+
+def test_a_wake_names_the_agents_change_and_task_and_why_it_woke() -> None:
+    # GIVEN two active agents on two Changes, and a promotion that belongs to no Change
+    agents = [ActiveAgent("a1", "c1", "t1"), ActiveAgent("a2", "c2", "t9")]
+    event = fact(
+        "canonical.advanced", {"generation": 4, "previousGeneration": 3, "candidateId": "cand-1"}
+    )
+    # WHEN it is planned
+    wakes = [c.command for c in plan_for(event, World(agents=agents), now=NOW).commands[:2]]
+    # THEN each wake carries its own agent's Change and Task, the reason and the cause
+    assert [(w.change_id, w.task_id) for w in wakes] == [("c1", "t1"), ("c2", "t9")]
+    assert [w.payload.model_dump(by_alias=True) for w in wakes] == [
+        {
+            "agentId": "a1",
+            "reason": "canonical_advanced",
+            "eventId": event.event_id,
+            "eventKind": None,
+        },
+        {
+            "agentId": "a2",
+            "reason": "canonical_advanced",
+            "eventId": event.event_id,
+            "eventKind": None,
+        },
+    ]
+
+
+def test_an_overlap_wake_is_for_the_agents_change_not_the_writers() -> None:
+    # GIVEN a resource fact written for Change cw, overlapping an agent of Change c1
+    agent = ActiveAgent("reader", "c1", "t1", ("src/app.py",))
+    event = fact(
+        "claim.released", {"claimId": "k1", "agentId": "w"}, resource="src/app.py", change_id="cw"
+    )
+    # WHEN it is planned
+    plan = plan_for(event, World(agents=[agent]), now=NOW)
+    # THEN the plan is this event's, and the wake is the reader's, saying why
+    assert (plan.event_id, plan.rule) == (event.event_id, "claim.released: resource overlap")
+    (wake,) = [c.command for c in plan.commands]
+    assert (wake.change_id, wake.task_id) == ("c1", "t1")
+    assert wake.payload.model_dump(by_alias=True)["reason"] == "exact_resource_overlap"
+
+
+def test_the_author_is_skipped_and_the_agents_after_it_still_wake() -> None:
+    # GIVEN the author of a resource fact listed before another agent on the same file
+    agents = [
+        ActiveAgent("writer", "c1", "t1", ("src/app.py",)),
+        ActiveAgent("reader", "c1", "t2", ("src/app.py",)),
+    ]
+    author = Caller("acme", "agent:writer", correlation_id="corr-rules")
+    event = fact(
+        "intent.changed",
+        {"intentId": "i1", "agentId": "writer", "paths": ["src/app.py"]},
+        by=author,
+        resource="src/app.py",
+    )
+    plan = plan_for(event, World(agents=agents), now=NOW)
+    assert [c.command.task_id for c in plan.commands] == ["t2"]
+
+
+def test_the_index_build_asks_for_the_generation_because_of_a_promotion_and_no_change() -> None:
+    # GIVEN a promotion fact that names the Change whose Candidate was promoted
+    event = fact(
+        "artifact.promoted",
+        {"artifactId": "art-1", "candidateId": "cand-1", "generation": 4},
+        change_id="c1",
+    )
+    (build,) = [c.command for c in plan_for(event, World(), now=NOW).commands]
+    # THEN the build belongs to the project's generation, not to that Change
+    assert build.command_type == "index.build"
+    assert build.change_id is None
+    assert build.payload.model_dump(by_alias=True) == {"generation": 4, "reason": "promotion"}
+
+
+def reasons(world: RoutingWorld, event: Event) -> list[tuple[str, object]]:
+    plan = plan_for(event, world, now=NOW)
+    return [
+        (p.command.command_type, p.command.payload.model_dump().get("reason"))
+        for p in plan.commands
+    ]
+
+
+def test_each_rule_names_itself_and_says_why_it_sends_each_command() -> None:
+    # GIVEN one fact for each rule of the flowchart
+    ready = fact("task.ready", {}, change_id="c1", task_id="t1")
+    created = fact(
+        "change.created", {"title": "t", "clientRequestId": "r", "requestedBy": "u"}, change_id="c1"
+    )
+    planned = fact("change.planned", {"taskIds": ["t1"]}, change_id="c1")
+    completed = fact("task.completed", {"agentId": "a1"}, change_id="c1", task_id="t1")
+    verified = fact("verification.started", {"reason": "work_graph_completed"}, change_id="c1")
+    # THEN each plan is its event's, under its rule's name
+    expected_rules = {
+        ready: "task.ready: the dispatcher already sent the wake",
+        created: "informational: no action",
+        planned: "change.planned",
+    }
+    for event, rule in expected_rules.items():
+        plan = plan_for(event, World(ready={"c1"}), now=NOW)
+        assert (plan.event_id, plan.rule) == (event.event_id, rule)
+    # AND each command says why it was sent
+    assert reasons(World(), planned) == [("change.dispatch", "change_planned")]
+    assert reasons(World(ready={"c1"}), completed) == [("change.dispatch", "task_completed")]
+    assert reasons(World(at_limit={"c1"}), completed) == [("change.dispatch", "agent_slot_freed")]
+    assert reasons(World(), verified) == [("candidate.create", "work_graph_completed")]
+    # AND every command a Change's fact causes belongs to that Change
+    failed = fact("task.failed", {"reason": "red"}, change_id="c1", task_id="t2")
+    for event in (planned, completed, verified, failed):
+        commands = plan_for(event, World(ready={"c1"}), now=NOW).commands
+        assert commands and {c.command.change_id for c in commands} == {"c1"}
+
+
+def test_a_promotion_hands_the_lifecycle_the_generation_and_the_changes_it_carried() -> None:
+    event = fact(
+        "canonical.advanced",
+        {"generation": 4, "previousGeneration": 3, "candidateId": "cand-1", "changeIds": ["c1"]},
+    )
+    (effect,) = plan_for(event, World(), now=NOW).effects
+    assert effect.detail == {
+        "promoted_candidate_id": "cand-1",
+        "generation": 4,
+        "change_ids": ["c1"],
+    }
+    # a promotion that names no Change hands on an empty list, not a missing key
+    bare = fact(
+        "canonical.advanced",
+        {"generation": 5, "previousGeneration": 4, "candidateId": "cand-2"},
+        key="bare",
+    )
+    (bare_effect,) = plan_for(bare, World(), now=NOW).effects
+    assert bare_effect.detail["change_ids"] == []

@@ -70,3 +70,32 @@ def test_ready_tasks_and_the_8_agent_limit_are_per_change(app: Rhumbatron) -> No
     assert not world.has_ready_tasks(PROJECT, "never-written")
     assert not world.waits_at_agent_limit(PROJECT, "never-written")
     assert sorted((app.settings.state_dir / "projects" / PROJECT).glob("*.sqlite")) == files
+
+
+def test_an_active_agent_with_no_intent_or_claim_is_active_on_nothing(app: Rhumbatron) -> None:
+    # GIVEN an agent running a Task that declared no intent and holds no claim
+    task(app, "c1", "t1", "running", agent="quiet")
+    # WHEN the world is asked
+    (agent,) = ShardWorld(app).active_agents(PROJECT)
+    # THEN it is active, on no resource: no resource fact can overlap it
+    assert (agent.agent_id, agent.task_id, agent.resources) == ("quiet", "t1", ())
+
+
+@pytest.mark.parametrize(
+    ("running", "ready", "waits"),
+    [
+        (7, 1, True),  # with the agent just freed, the Change was at 8: a ready Task waited
+        (6, 1, False),  # the freed agent made 7: the dispatcher had a slot all along
+        (8, 0, False),  # at the limit, but nothing is ready to wait
+    ],
+)
+def test_a_ready_task_waits_only_when_the_freed_agent_made_eight(
+    app: Rhumbatron, running: int, ready: int, waits: bool
+) -> None:
+    # GIVEN a Change with `running` agents at work (the freed one already gone) and `ready` Tasks
+    for n in range(running):
+        task(app, "c1", f"r{n}", "running", agent=f"agent-{n}")
+    for n in range(ready):
+        task(app, "c1", f"w{n}", "ready")
+    # THEN a ready Task waited at the 8-agent limit exactly when running + 1 reaches 8
+    assert ShardWorld(app).waits_at_agent_limit(PROJECT, "c1") is waits

@@ -8,6 +8,7 @@ request it received, so the tests can read what really went over the wire.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,13 +19,15 @@ import httpx2
 import pytest
 
 from rhumbatron.causal.clef_flash import (
+    _SYSTEM_PROMPT,
     DECIDE_WAKE_TOOL,
     DEPLOYMENT_SCOPE,
     MODEL_ROUTE_METRIC,
     ClefFlash,
     ClefFlashDecision,
+    calls_on,
 )
-from rhumbatron.causal.store import CausalStore
+from rhumbatron.causal.store import CausalStore, StoredDecision
 from rhumbatron.metrics import MetricBinding, MetricsRecorder, RecordingSink, recent_points
 from rhumbatron.product.database import ProductDatabase
 from rhumbatron.protocol.envelopes import Event
@@ -82,8 +85,11 @@ class FakeMessagesApi:
     decision: str = "wake"
     probability: float = 0.9
     status: int = 200
+    error_message: str = "Overloaded"
     raise_timeout: bool = False
     refuse: bool = False
+    # When set, the response's content blocks instead of the one decide_wake call.
+    content: list[dict[str, Any]] | None = None
     requests: list[httpx2.Request] = field(default_factory=list)
 
     def __call__(self, request: httpx2.Request) -> httpx2.Response:
@@ -92,12 +98,14 @@ class FakeMessagesApi:
             raise httpx2.ReadTimeout("read timed out", request=request)
         headers = {"request-id": f"req_{len(self.requests)}"}
         if self.status != 200:
-            body = {"type": "error", "error": {"type": "api_error", "message": "Overloaded"}}
+            body = {"type": "error", "error": {"type": "api_error", "message": self.error_message}}
             return httpx2.Response(self.status, json=body, headers=headers)
         model = json.loads(request.content)["model"]
         body = message_json(self.decision, self.probability, model)
         if self.refuse:
             body["content"], body["stop_reason"] = [], "refusal"
+        if self.content is not None:
+            body["content"] = self.content
         return httpx2.Response(200, json=body, headers=headers)
 
     def body(self, index: int = -1) -> dict[str, Any]:
@@ -259,6 +267,83 @@ async def test_answer_without_the_tool_abstains(make_harness: Callable[..., Harn
     assert "refusal" in decision.reason
 
 
+def tool_call(tool_input: object) -> dict[str, Any]:
+    return {"type": "tool_use", "id": "toolu_01", "name": "decide_wake", "input": tool_input}
+
+
+@pytest.mark.parametrize(
+    ("tool_input", "problem"),
+    [
+        (
+            {"decision": "wake", "probability": 2, "reason": "r"},
+            "probability: Input should be less than or equal to 1",
+        ),
+        ("yes", "input: Input should be a valid dictionary or instance of _WakeAnswer"),
+        (
+            {"decision": "maybe"},
+            "decision: Input should be 'wake' or 'skip'; probability: Field required",
+        ),
+    ],
+)
+async def test_a_tool_call_with_a_bad_input_abstains_naming_each_field(
+    make_harness: Callable[..., Harness], tool_input: dict[str, object], problem: str
+) -> None:
+    # GIVEN the model calls decide_wake with an input outside its schema
+    h = make_harness()
+    h.api.content = [tool_call(tool_input)]
+    decision = await decide(h)
+    # THEN Clef-flash abstains (wakes) and says which fields were wrong
+    assert (decision.verdict, decision.source) == ("abstain", "error")
+    assert decision.reason == f"unusable answer: decide_wake input invalid ({problem})"
+
+
+async def test_the_tool_call_is_found_after_other_blocks(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN a response that says something before it calls the tool
+    h = make_harness()
+    h.api.content = [
+        {"type": "text", "text": "Let me think."},
+        tool_call({"decision": "skip", "probability": 0.95, "reason": "unrelated"}),
+    ]
+    decision = await decide(h)
+    assert (decision.verdict, decision.source, decision.reason) == ("skip", "model", "unrelated")
+
+
+async def test_the_question_is_the_event_and_the_agent_as_sorted_json(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN a resource fact that overlaps an agent's resources by prefix
+    h = make_harness()
+    event = resource_event()
+    # WHEN Clef-flash asks the model
+    await decide(h, event)
+    # THEN the request carries the system prompt and one user message: the event and the
+    # agent as JSON with sorted keys (paths quoted, never prose), within the timeout
+    body = h.api.body()
+    assert body["system"] == _SYSTEM_PROMPT
+    question = {
+        "agent": {"agent_id": "agent-1", "resources": list(AGENT_RESOURCES)},
+        "event": {
+            "actor": "agent:other",
+            "change_id": "chg-1",
+            "payload": {
+                "agent_id": "other",
+                "intent_id": "i-1",
+                "paths": ["src/auth/"],
+                "summary": "",
+            },
+            "resource": "src/auth/",
+            "task_id": "tsk-2",
+            "type": "intent.declared",
+        },
+        "question": "Should this agent wake up because of this event?",
+    }
+    assert body["messages"] == [{"role": "user", "content": json.dumps(question, sort_keys=True)}]
+    timeout = h.api.requests[-1].extensions["timeout"]
+    assert timeout["read"] == h.store.settings.clef_flash_timeout_s
+
+
 async def test_no_api_key_abstains_without_any_http_call(
     make_harness: Callable[..., Harness],
 ) -> None:
@@ -372,6 +457,19 @@ async def test_tenant_scope_gives_each_tenant_its_own_cap(
     assert h.store.calls(day, "tenant:acme") == 1
     assert h.store.calls(day, "tenant:globex") == 1
     assert h.store.calls(day, DEPLOYMENT_SCOPE) == 0
+
+
+async def test_the_calls_of_a_day_are_summed_over_every_scope(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN one call for acme and one for globex, each in its own tenant scope
+    h = make_harness(clef_flash_max_calls_per_day=5, clef_flash_cap_scope="tenant")
+    await decide(h, resource_event(1, tenant="acme"))
+    await decide(h, resource_event(2, tenant="globex"))
+    # THEN the sweep's calls-per-day gauge counts both, and nothing on another day
+    today = utc_day(h.clock.now())
+    assert calls_on(h.store, today) == 2
+    assert calls_on(h.store, "2026-02-28") == 0
 
 
 async def test_deployment_scope_shares_one_cap_across_tenants(
@@ -493,3 +591,144 @@ async def test_ask_takes_the_rules_clef_question(make_harness: Callable[..., Har
     decision = await h.clef.ask(ClefQuestion(resource_event(11), agent))
     assert (decision.agent_id, decision.source) == ("agent-3", "model")
     assert json.loads(h.api.body()["messages"][0]["content"])["agent"]["agent_id"] == "agent-3"
+
+
+async def test_asking_again_returns_the_stored_decision_with_its_one_metric_point(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN a decision the model made for (event, agent-1)
+    h = make_harness()
+    h.api.decision, h.api.probability = "skip", 0.9
+    event = resource_event()
+    first = await decide(h, event)
+    # WHEN the same question comes again (a redelivered event)
+    again = await decide(h, event)
+    # THEN nothing is asked, and the answer is the stored one, marked cached
+    assert len(h.api.requests) == 1
+    assert (again.verdict, again.source, again.reason) == ("skip", "cached", "r")
+    assert (again.event_id, again.agent_id, again.model) == (event.event_id, "agent-1", first.model)
+    # AND its metric point is the first one's: same dimensions, same idempotency key
+    assert again.point.dimensions == {
+        "route": "clef_flash",
+        "verdict": "skip",
+        "source": "model",
+        "model": h.store.settings.clef_flash_model,
+    }
+    assert again.point.event_id == first.point.event_id == f"{event.event_id}#agent-1"
+    assert again.point.project_id is None
+    assert first.point.project_id == "acme-web"
+
+
+async def test_waking_without_asking_says_why(make_harness: Callable[..., Harness]) -> None:
+    no_key = await decide(make_harness(clef_flash_api_key=None))
+    capped = make_harness(clef_flash_max_calls_per_day=0)
+    at_cap = await decide(capped)
+    assert (no_key.source, no_key.reason) == ("no_key", "no API key")
+    assert (at_cap.source, at_cap.reason) == ("cap_reached", "daily Clef-flash cap reached")
+
+
+async def test_the_decisions_of_one_event_are_read_back_whole(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN decisions about two events, one each
+    h = make_harness()
+    first, second = resource_event(1), resource_event(2)
+    await decide(h, first)
+    h.clock.advance(seconds=1)
+    await decide(h, second)
+    # WHEN one event's decisions are read
+    (stored,) = h.store.decisions(first.event_id)
+    # THEN only its decision comes back, with every field it was written with
+    assert (stored.event_id, stored.agent_id, stored.verdict) == (first.event_id, "agent-1", "wake")
+    assert (stored.source, stored.model, stored.tenant_id) == (
+        "model",
+        h.store.settings.clef_flash_model,
+        "acme",
+    )
+    assert stored.decided_at_s == datetime(2026, 3, 1, 12, 0, tzinfo=UTC).timestamp()
+    assert [d.event_id for d in h.store.decisions()] == [first.event_id, second.event_id]
+
+
+async def test_a_question_about_an_expired_claim_sends_its_expiry_as_json(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN a claim.expired fact: its payload holds a datetime
+    h = make_harness()
+    expired = Event.parse(
+        {
+            **json.loads(resource_event().to_json()),
+            "eventType": "claim.expired",
+            "payload": {"claimId": "k1", "agentId": "other", "expiredAt": "2026-01-01T00:05:00Z"},
+        }
+    )
+    # WHEN Clef-flash asks about it
+    decision = await decide(h, expired)
+    # THEN the question went out, with the expiry written as JSON text
+    assert decision.source == "model"
+    question = json.loads(h.api.body()["messages"][0]["content"])
+    assert question["event"]["payload"]["expired_at"] == "2026-01-01T00:05:00Z"
+
+
+async def test_closing_twice_is_harmless(make_harness: Callable[..., Harness]) -> None:
+    # GIVEN a Clef-flash that has asked the model (its SDK client is open)
+    h = make_harness()
+    await decide(h)
+    # WHEN it is closed twice (a warm process shuts down after an earlier close)
+    await h.clef.close()
+    await h.clef.close()
+
+
+async def test_a_decision_without_a_tenant_reads_back_without_one(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # A row written before decisions carried their tenant reads back as no tenant, not "None".
+    h = make_harness()
+    h.store.record_decision(
+        StoredDecision("evt_" + "1" * 32, "agent-1", "wake", 0.9, "r", "model", "m", None, 1.0)
+    )
+    (stored,) = h.store.decisions()
+    assert stored.tenant_id is None
+
+
+async def test_each_wake_without_the_models_word_is_logged_as_a_warning_saying_why(
+    make_harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN three questions: past the daily cap, an unusable answer, and an API failure
+    event = resource_event()
+    capped = make_harness(clef_flash_max_calls_per_day=0)
+    unusable = make_harness()
+    unusable.api.refuse = True
+    failing = make_harness()
+    failing.api.status = 529
+    # WHEN each is decided
+    with caplog.at_level(logging.WARNING, logger="rhumbatron.causal.clef_flash"):
+        for h in (capped, unusable, failing):
+            await decide(h, event)
+    # THEN each wake is one WARNING naming the event and why, the operator's trail
+    day = utc_day(capped.clock.now())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings[0] == (
+        f"Clef-flash cap of 0 calls per UTC day reached for scope {DEPLOYMENT_SCOPE} on {day}: "
+        f"waking agent agent-1 for event {event.event_id} without asking"
+    )
+    assert warnings[1] == (
+        f"Clef-flash answer unusable for event {event.event_id}: no decide_wake tool call in "
+        "the response (stop_reason='refusal')"
+    )
+    assert warnings[2] == (
+        f"Clef-flash call for event {event.event_id}, agent agent-1 failed (OverloadedError: "
+        "Error code: 529 - {'type': 'error', 'error': {'type': 'api_error', 'message': "
+        "'Overloaded'}}): abstaining, which wakes"
+    )
+    assert len(warnings) == 3
+
+
+async def test_a_long_api_error_is_kept_as_its_first_500_characters(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness()
+    h.api.status, h.api.error_message = 500, "x" * 2_000
+    decision = await decide(h)
+    assert decision.source == "error"
+    assert len(decision.reason) == 500
+    assert decision.reason.startswith("InternalServerError: Error code: 500")

@@ -160,15 +160,16 @@ def test_a_dropped_command_is_logged_as_an_error_and_counted(
         # THEN one ERROR names the Change, the type and the cap
         errors = [r for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1
-        message = errors[0].getMessage()
-        assert "chg-7" in message
-        assert "candidate.create" in message
-        assert "1 commands per Change" in message
+        assert errors[0].getMessage() == (
+            "dropped candidate.create command cmd_x_2 of Change chg-7: the cap of 1 commands "
+            f"per Change per UTC day is reached for {utc_day(NOON)}; the Change is likely "
+            "looping, inspect its events"
+        )
         # AND it is counted in the store and as a METRICS point
         assert cap.count("chg-7", utc_day(NOON)).dropped == 1
         points = recent_points(product.connection, DROPPED_METRIC)
-        assert [(p.binding, p.dimensions["command_type"]) for p in points] == [
-            (MetricBinding.METRICS, "candidate.create")
+        assert [(p.binding, p.dimensions["command_type"], p.event_id) for p in points] == [
+            (MetricBinding.METRICS, "candidate.create", "cmd_x_2")
         ]
         assert [p.name for p in sink.points()] == [DROPPED_METRIC]
     finally:
@@ -208,6 +209,18 @@ def test_admit_command_reads_the_envelope(
 
     assert cap.admit_command(wake(1), NOON)
     assert not cap.admit_command(wake(2), NOON)
+    # a redelivered envelope is the same command: its first answer again, nothing counted
+    assert cap.admit_command(wake(1), NOON)
+    assert cap.count("chg-1", utc_day(NOON)) == CommandCount(admitted=1, dropped=1)
+
+
+def test_a_drop_is_one_data_point_keyed_by_its_command() -> None:
+    point = CommandCap.dropped_point("agent.wake", "cmd_tsk1_ready")
+    assert (point.name, point.dimensions, point.event_id) == (
+        DROPPED_METRIC,
+        {"command_type": "agent.wake"},
+        "cmd_tsk1_ready",
+    )
 
 
 def test_an_unknown_command_type_is_refused(
@@ -252,3 +265,26 @@ def test_two_concurrent_admitters_never_exceed_the_cap(
     assert failures == []
     assert sum(admitted) == 50
     assert routers[0].count("chg-1", utc_day(NOON)) == CommandCount(admitted=50, dropped=70)
+
+
+def test_a_drop_without_a_command_id_says_so(
+    make_settings: Callable[..., Settings],
+    stores: list[CausalStore],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cap = cap_for(make_settings(change_command_cap_per_day=1), stores)
+    assert cap.admit("chg-1", "change.settle", NOON)
+    with caplog.at_level(logging.ERROR, logger="rhumbatron.causal.command_cap"):
+        assert not cap.admit("chg-1", "change.settle", NOON)
+    (error,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert error.startswith("dropped change.settle command (no id) of Change chg-1:")
+
+
+def test_a_change_never_counted_has_a_zero_count_in_the_causal_file(
+    make_settings: Callable[..., Settings], stores: list[CausalStore]
+) -> None:
+    settings = make_settings()
+    cap = cap_for(settings, stores)
+    assert cap.count("chg-never", utc_day(NOON)) == CommandCount(admitted=0, dropped=0)
+    # the counts live in the causal store's own file, which operators back up by name
+    assert (settings.state_dir / "causal.sqlite").is_file()

@@ -135,15 +135,17 @@ def _command(
     payload: dict[str, Any],
     *,
     now: datetime,
-    change_id: str | None = None,
+    change_id: str | None,
     task_id: str | None = None,
 ) -> PlannedCommand:
+    # ``change_id`` is always given: None means "no Change" (a project's index build), so it
+    # cannot also mean "the fact's Change" (a promotion fact may name one).
     spec = COMMAND_TYPES[command_type]
     command = Command.create(
         command_id=command_id,
         command_type=command_type,
         project_id=event.project_id,
-        change_id=change_id if change_id is not None else event.change_id,
+        change_id=change_id,
         task_id=task_id,
         created_at=now,
         payload=payload,
@@ -179,7 +181,12 @@ def _index_build(event: Event, generation: int, *, now: datetime) -> PlannedComm
 
 def _dispatch(event: Event, reason: str, *, now: datetime) -> PlannedCommand:
     return _command(
-        "change.dispatch", f"cmd_{event.event_id}_dispatch", event, {"reason": reason}, now=now
+        "change.dispatch",
+        f"cmd_{event.event_id}_dispatch",
+        event,
+        {"reason": reason},
+        now=now,
+        change_id=event.change_id,
     )
 
 
@@ -206,6 +213,7 @@ def plan_for(event: Event, world: RoutingWorld, *, now: datetime) -> RoutingPlan
                     event,
                     {"reason": f"task {event.task_id} failed: {payload.get('reason', '')}"},
                     now=now,
+                    change_id=event.change_id,
                 )
             )
         # The freed agent slot: dispatch again when a ready Task waits at the limit; after a
@@ -226,6 +234,7 @@ def plan_for(event: Event, world: RoutingWorld, *, now: datetime) -> RoutingPlan
                     event,
                     {"reason": "work_graph_completed"},
                     now=now,
+                    change_id=event.change_id,
                 )
             )
     elif kind == "canonical.advanced":

@@ -1,0 +1,599 @@
+"""``python -m mutation.run [--package NAME ...]``: mutation testing of the core; kill rates.
+
+For each package this
+
+1. lays out a workspace ``.mutation/<package>/`` that mutmut understands (mutmut looks for the
+   code under ``src/``; ours lives under ``shared/``, so ``src`` is a link to it), with a
+   ``pyproject.toml`` holding the mutmut settings and the repository's pytest settings;
+2. runs ``mutmut run`` there: every function of the package is mutated, and each mutant runs
+   the tests that reach it, stopping at the first failure;
+3. re-checks each survivor in a fresh interpreter with the mutant switched on before anything
+   is imported. mutmut forks its workers from a process that has already imported the package,
+   so code that runs while a module is imported (the event and command catalogues are built
+   by helper functions) never sees the mutant there; a fresh process does;
+4. prints, per package, the mutants killed, the survivors shown equivalent (one line each in
+   ``mutation/equivalent.txt``, or by the one rule applied here: a mutant that only changes
+   the case of SQL keywords, tables or columns, which SQLite reads in any case), the
+   survivors left, and the kill rate
+   ``(killed + equivalent) / mutants``. Every survivor not on the list is printed with its diff
+   to ``.mutation/<package>/survivors.txt``; an entry of the list that names no survivor any
+   more is reported as stale.
+
+It may take hours for the whole core; ``--package`` runs one. Results are resumable: mutmut
+keeps its verdicts in the workspace, and a second run tests only what changed.
+``--report`` prints the table from what is there without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKSPACES = ROOT / ".mutation"
+EQUIVALENT_LIST = Path(__file__).resolve().parent / "equivalent.txt"
+RESULTS = Path(__file__).resolve().parent / "results.json"
+CONFORMANCE = ROOT / "docs" / "conformance.md"
+_TABLE_BEGIN = "<!-- mutation-table:begin -->"
+_TABLE_END = "<!-- mutation-table:end -->"
+
+# The packages the issue names as the core, in dependency order.
+CORE_PACKAGES = ("protocol", "actors", "messaging", "router", "queues", "causal", "reactions")
+
+# What mutmut copies beside the mutated package: the tests read these by path.
+_ALSO_COPY = ("docs", "functions", "samplefiles", "events", "template.yaml")
+
+# Tests that run the original tree in a subprocess (the cold-import measurements, the demo)
+# never see a mutant, so they only cost time; this tool's own tests are about the tool.
+_NEVER_SELECTED = (
+    "tests/unit/test_import_hygiene.py",
+    "tests/integration/test_demo.py",
+    "tests/unit/test_mutation_tool.py",
+)
+
+_UNIT = ("tests/unit",)
+_ALL_FAST_AND_REAL = ("tests/unit", "tests/security", "tests/integration", "tests/api")
+
+# mutmut's exit codes (mutmut.stats.status_by_exit_code): the ones that mean "a test noticed".
+_KILLED_CODES = frozenset({1, 3, 36, 24, -24, 152, 255, 37})
+_SURVIVED_CODES = frozenset({0, 5, 33})
+_TIMEOUT = 36
+
+
+@dataclass(frozen=True, slots=True)
+class PackagePlan:
+    """Which tests run against one package's mutants."""
+
+    name: str
+    tests: tuple[str, ...]
+    # Run in a fresh process for each survivor: small, and they must reach the import-time
+    # tables the package builds.
+    recheck: tuple[str, ...]
+
+
+PLANS: dict[str, PackagePlan] = {
+    "protocol": PackagePlan(
+        "protocol",
+        tests=(*_UNIT, "tests/security/test_identifiers.py"),
+        # Fastest first: -x stops at the first failing test.
+        recheck=(
+            "tests/unit/test_catalogues.py",
+            "tests/unit/test_envelope_messages.py",
+            "tests/unit/test_kinds.py",
+            "tests/unit/test_ids.py",
+            "tests/unit/test_spec_numbers.py",
+            "tests/unit/test_envelopes.py",
+        ),
+    ),
+    "causal": PackagePlan(
+        "causal",
+        tests=(
+            *_UNIT,
+            "tests/integration/test_causal_routing.py",
+            "tests/integration/test_event_plane_principles.py",
+            "tests/security/test_forged_events.py",
+        ),
+        recheck=(
+            "tests/unit/test_causal_rules.py",
+            "tests/unit/test_causal_world.py",
+            "tests/unit/test_clef_flash.py",
+            "tests/unit/test_command_cap.py",
+            "tests/integration/test_causal_routing.py",
+        ),
+    ),
+    "queues": PackagePlan(
+        "queues",
+        tests=(
+            *_UNIT,
+            "tests/integration/test_dead_letter_consumer.py",
+            "tests/integration/test_wake_consumer.py",
+            "tests/integration/test_queue_consumer.py",
+            "tests/integration/test_cli_dead_letters.py",
+            "tests/integration/test_lifecycle_housekeeping.py",
+            "tests/integration/test_event_plane_principles.py",
+            "tests/api/test_dead_letters_api.py",
+        ),
+        recheck=(
+            *_UNIT,
+            "tests/integration/test_dead_letter_consumer.py",
+            "tests/integration/test_wake_consumer.py",
+        ),
+    ),
+    **{
+        name: PackagePlan(name, tests=_ALL_FAST_AND_REAL, recheck=_UNIT)
+        for name in CORE_PACKAGES
+        if name not in {"protocol", "causal", "queues"}
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EquivalentMutant:
+    """One line of ``equivalent.txt``: a mutant no test can kill, and why."""
+
+    name: str
+    reason: str
+
+
+@dataclass(slots=True)
+class PackageResult:
+    """The verdicts of one package's mutants."""
+
+    package: str
+    killed: set[str] = field(default_factory=set)
+    survived: set[str] = field(default_factory=set)
+    not_checked: set[str] = field(default_factory=set)
+    equivalent: set[str] = field(default_factory=set)
+
+    @property
+    def total(self) -> int:
+        return len(self.killed) + len(self.survived) + len(self.not_checked)
+
+    @property
+    def left(self) -> set[str]:
+        """Survivors not shown equivalent: each needs a test or a line in the list."""
+        return self.survived - self.equivalent
+
+    @property
+    def kill_rate(self) -> float:
+        """(killed + shown equivalent) / every mutant; 0 when nothing was generated."""
+        if self.total == 0:
+            return 0.0
+        return (len(self.killed) + len(self.survived & self.equivalent)) / self.total
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "mutants": self.total,
+            "killed": len(self.killed),
+            "equivalent": len(self.survived & self.equivalent),
+            "survived": len(self.left),
+            "not_checked": len(self.not_checked),
+            "kill_rate": round(self.kill_rate, 4),
+        }
+
+
+class MutationError(Exception):
+    """The mutation run could not be set up or finished; the message says what to do."""
+
+
+def read_equivalent_list(path: Path = EQUIVALENT_LIST) -> dict[str, EquivalentMutant]:
+    """Parse ``equivalent.txt``: ``<mutant name> <reason>`` per line, ``#`` comments.
+
+    Raises :class:`MutationError` naming the line for an entry without a reason or a name
+    that is not a mutmut mutant name, or for a mutant listed twice.
+    """
+    entries: dict[str, EquivalentMutant] = {}
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, reason = line.partition(" ")
+        reason = reason.strip()
+        if "__mutmut_" not in name or not name.startswith("rhumbatron."):
+            raise MutationError(f"{path.name}:{number}: {name!r} is not a mutmut mutant name")
+        if not reason:
+            raise MutationError(f"{path.name}:{number}: {name} gives no reason it is equivalent")
+        if name in entries:
+            raise MutationError(f"{path.name}:{number}: {name} is listed twice")
+        entries[name] = EquivalentMutant(name, reason)
+    return entries
+
+
+def package_of(mutant_name: str) -> str:
+    """``rhumbatron.router.records.x_f__mutmut_3`` → ``router``."""
+    parts = mutant_name.split(".")
+    if len(parts) < 3 or parts[0] != "rhumbatron":
+        raise MutationError(f"{mutant_name!r} is not a mutant of the rhumbatron package")
+    return parts[1]
+
+
+def classify(
+    package: str,
+    exit_codes: dict[str, int | None],
+    recheck_codes: dict[str, int],
+    equivalent: Iterable[str],
+) -> PackageResult:
+    """Sort one package's mutants into killed, survived and not checked.
+
+    ``exit_codes`` are mutmut's verdicts; ``recheck_codes`` those of the fresh-process
+    re-check, which can only turn a survivor into a kill.
+    """
+    result = PackageResult(package)
+    for name, code in exit_codes.items():
+        if code in _KILLED_CODES or recheck_codes.get(name) in _KILLED_CODES:
+            result.killed.add(name)
+        elif code in _SURVIVED_CODES:
+            result.survived.add(name)
+        else:
+            result.not_checked.add(name)
+    result.equivalent = {name for name in equivalent if package_of(name) == package}
+    return result
+
+
+def stale_entries(results: Sequence[PackageResult]) -> list[str]:
+    """Entries of the list that name no current survivor: the code or the tests moved on."""
+    stale: list[str] = []
+    for result in results:
+        stale.extend(sorted(result.equivalent - result.survived))
+    return stale
+
+
+def format_table(results: Sequence[PackageResult]) -> str:
+    """The kill rate per package, as a Markdown table."""
+    return table_of_recorded({r.package: r.as_json() for r in results})
+
+
+def table_of_recorded(recorded: dict[str, dict[str, object]]) -> str:
+    """The Markdown table of ``results.json``, in the core's order: what ``docs/conformance.md``
+    shows under "Mutation testing"."""
+    lines = [
+        "| package | mutants | killed | equivalent | survived | not checked | kill rate |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for package in sorted(recorded, key=CORE_PACKAGES.index):
+        j = recorded[package]
+        rate = float(str(j["kill_rate"]))
+        lines.append(
+            f"| {package} | {j['mutants']} | {j['killed']} | {j['equivalent']} | "
+            f"{j['survived']} | {j['not_checked']} | {rate:.1%} |"
+        )
+    return "\n".join(lines)
+
+
+# --- the workspace -----------------------------------------------------------------------
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    # JSON strings and lists of strings are valid TOML basic strings and arrays.
+    return json.dumps(value)
+
+
+def workspace_config(plan: PackagePlan, pytest_options: dict[str, object]) -> str:
+    """The workspace's ``pyproject.toml``: mutmut's settings and the repository's pytest ones."""
+    selection = list(plan.tests)
+    for path in _NEVER_SELECTED:
+        selection += ["--ignore", path]
+    mutmut = {
+        "source_paths": ["src/rhumbatron"],
+        "only_mutate": [f"src/rhumbatron/{plan.name}/*"],
+        "also_copy": list(_ALSO_COPY),
+        "pytest_add_cli_args_test_selection": selection,
+        "pytest_add_cli_args": ["-p", "no:cacheprovider"],
+        "use_git_change_detection": False,
+    }
+    pytest_ini = {k: v for k, v in pytest_options.items() if k != "testpaths"}
+    lines = ["# Written by mutation/run.py; edit PLANS there, not this file.", "[tool.mutmut]"]
+    lines += [f"{key} = {_toml_value(value)}" for key, value in mutmut.items()]
+    lines += ["", "[tool.pytest.ini_options]"]
+    lines += [f"{key} = {_toml_value(value)}" for key, value in pytest_ini.items()]
+    return "\n".join(lines) + "\n"
+
+
+def prepare_workspace(plan: PackagePlan) -> Path:
+    """Create (or refresh) ``.mutation/<package>/`` and return it."""
+    workspace = WORKSPACES / plan.name
+    workspace.mkdir(parents=True, exist_ok=True)
+    links = {"src": ROOT / "shared", "tests": ROOT / "tests"}
+    links |= {name: ROOT / name for name in _ALSO_COPY}
+    for name, target in links.items():
+        link = workspace / name
+        if link.is_symlink() or link.exists():
+            if link.resolve() == target.resolve():
+                continue
+            link.unlink()
+        link.symlink_to(target)
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    options = pyproject["tool"]["pytest"]["ini_options"]
+    (workspace / "pyproject.toml").write_text(workspace_config(plan, options), encoding="utf-8")
+    return workspace
+
+
+def _mutmut(workspace: Path, *args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
+    mutmut = Path(sys.executable).parent / "mutmut"
+    if not mutmut.exists():
+        raise MutationError(f"{mutmut} is missing: run `make mutation`, which installs mutmut")
+    return subprocess.run(
+        [str(mutmut), *args], cwd=workspace, text=True, capture_output=capture, check=False
+    )
+
+
+def _read_meta(workspace: Path, package: str) -> dict[str, tuple[int | None, str]]:
+    """Every mutant's verdict and the hash of the function it mutates."""
+    found: dict[str, tuple[int | None, str]] = {}
+    package_dir = workspace / "mutants" / "src" / "rhumbatron" / package
+    for meta_path in sorted(package_dir.rglob("*.py.meta")):
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        hashes: dict[str, str] = meta["hash_by_function_name"]
+        for name, code in meta["exit_code_by_key"].items():
+            function = name.rpartition(".")[2].partition("__mutmut_")[0]
+            found[name] = (code, hashes.get(function, ""))
+    return found
+
+
+def recheck_survivors(
+    workspace: Path,
+    plan: PackagePlan,
+    survivors: Sequence[str],
+    *,
+    previous: dict[str, int],
+    hashes: dict[str, str],
+    max_children: int,
+) -> dict[str, int]:
+    """Run the plan's re-check tests for each survivor in a fresh interpreter, mutant on.
+
+    Verdicts are saved to ``recheck.json`` as they arrive, so an interrupted run resumes.
+    """
+    codes = dict(previous)
+    todo = [name for name in survivors if name not in codes]
+    if not todo:
+        return codes
+    # A re-check that fails for another reason would count every survivor as killed: the
+    # tests must pass with no mutant on, and fail when every mutated function raises.
+    started = time.monotonic()
+    if (clean := _run_recheck(workspace, plan, "")) != 0:
+        raise MutationError(
+            f"the re-check tests of {plan.name} ({', '.join(plan.recheck)}) fail with no mutant "
+            f"on (exit {clean}): run them in {workspace / 'mutants'} to see why"
+        )
+    if _run_recheck(workspace, plan, "fail") == 0:
+        raise MutationError(
+            f"the re-check tests of {plan.name} pass even when every mutated function raises: "
+            "they do not import the workspace's mutated package"
+        )
+    # A mutant that loops forever is killed by the clock, as mutmut's own timeouts are.
+    timeout_s = max(60.0, 10 * (time.monotonic() - started))
+    saved = workspace / "recheck.json"
+    with ThreadPoolExecutor(max_workers=max_children) as pool:
+        futures = {
+            pool.submit(_run_recheck, workspace, plan, name, timeout_s=timeout_s): name
+            for name in todo
+        }
+        for done, future in enumerate(as_completed(futures), start=1):
+            name = futures[future]
+            codes[name] = future.result()
+            verdict = "killed" if codes[name] in _KILLED_CODES else "survived"
+            print(f"  re-check {done}/{len(todo)} {name}: {verdict}", flush=True)
+            record = {n: [c, hashes.get(n, "")] for n, c in codes.items()}
+            saved.write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
+    return codes
+
+
+def _run_recheck(workspace: Path, plan: PackagePlan, mutant: str, *, timeout_s: float = 900) -> int:
+    """0 when the re-check tests pass with ``mutant`` on, 1 when one fails, 36 on a timeout.
+
+    A collection error counts as a failure: the clean run passed, so only the mutant can
+    have broken the import.
+    """
+    env = dict(os.environ)
+    # Before the editable install's path: the mutated copy is the one imported.
+    env["PYTHONPATH"] = str((workspace / "mutants" / "src").resolve())
+    env["MUTANT_UNDER_TEST"] = mutant
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+    try:
+        finished = subprocess.run(
+            [*command, "--rootdir=.", *plan.recheck],
+            cwd=workspace / "mutants",
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return _TIMEOUT
+    return 0 if finished.returncode == 0 else 1
+
+
+def _load_recheck(workspace: Path, hashes: dict[str, str]) -> dict[str, int]:
+    """Kills of an earlier re-check, for mutants whose function has not changed.
+
+    Only kills are kept: a survivor is re-checked on every run, since a test added since may
+    kill it.
+    """
+    path = workspace / "recheck.json"
+    if not path.exists():
+        return {}
+    saved: dict[str, list[object]] = json.loads(path.read_text(encoding="utf-8"))
+    return {
+        name: int(str(code))
+        for name, (code, function_hash) in saved.items()
+        if hashes.get(name) == function_hash and int(str(code)) != 0
+    }
+
+
+def write_survivors(workspace: Path, result: PackageResult) -> Path:
+    """Every survivor not shown equivalent, with its diff, for triage."""
+    path = workspace / "survivors.txt"
+    cached = workspace / "diffs.json"
+    diffs: dict[str, list[str]] = (
+        json.loads(cached.read_text(encoding="utf-8")) if cached.exists() else {}
+    )
+    parts = [diffs.get(name, [f"# {name}: (no diff recorded)"])[0] for name in sorted(result.left)]
+    path.write_text("\n\n".join(parts) + "\n", encoding="utf-8")
+    return path
+
+
+def run_package(plan: PackagePlan, *, max_children: int, report_only: bool) -> PackageResult:
+    """Run (or only read) one package's mutation testing and classify its mutants."""
+    workspace = prepare_workspace(plan)
+    if not report_only:
+        print(f"== mutmut over rhumbatron/{plan.name} (workspace {workspace})", flush=True)
+        finished = _mutmut(workspace, "run", "--max-children", str(max_children))
+        if finished.returncode != 0:
+            raise MutationError(
+                f"mutmut run over {plan.name} exited {finished.returncode}; its output above "
+                f"says why (a failing clean run of {', '.join(plan.tests)} is the usual cause)"
+            )
+    meta = _read_meta(workspace, plan.name)
+    if not meta:
+        raise MutationError(
+            f"no mutmut results for {plan.name} in {workspace}: run without --report first"
+        )
+    codes = {name: code for name, (code, _) in meta.items()}
+    hashes = {name: function_hash for name, (_, function_hash) in meta.items()}
+    recheck = _load_recheck(workspace, hashes)
+    survivors = sorted(name for name, code in codes.items() if code in _SURVIVED_CODES)
+    diffs = mutant_diffs(workspace, survivors, hashes)
+    sql_case = {name for name in survivors if is_sql_case_change(diffs[name])}
+    if not report_only:
+        recheck = recheck_survivors(
+            workspace,
+            plan,
+            [name for name in survivors if name not in sql_case],
+            previous=recheck,
+            hashes=hashes,
+            max_children=max_children,
+        )
+    return classify(plan.name, codes, recheck, [*read_equivalent_list(), *sql_case])
+
+
+def mutant_diffs(workspace: Path, names: Sequence[str], hashes: dict[str, str]) -> dict[str, str]:
+    """``mutmut show`` of each mutant, cached in the workspace by the function's hash."""
+    path = workspace / "diffs.json"
+    cached: dict[str, list[str]] = (
+        json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    )
+    diffs: dict[str, str] = {}
+    for name in names:
+        entry = cached.get(name)
+        if entry is not None and entry[1] == hashes.get(name, ""):
+            diffs[name] = entry[0]
+            continue
+        shown = _mutmut(workspace, "show", name, capture=True)
+        diffs[name] = shown.stdout.strip() or f"# {name}: (no diff: {shown.stderr.strip()})"
+        cached[name] = [diffs[name], hashes.get(name, "")]
+    path.write_text(json.dumps(cached, indent=1, sort_keys=True), encoding="utf-8")
+    return diffs
+
+
+# The first string literal of a line, and what makes it SQL: its characters are those of SQL
+# without quoted values, and it holds an upper-case keyword or a list of columns.
+_FIRST_LITERAL = re.compile(r"""^[^"']*[rf]?(["'])(?P<text>.*?)\1""")
+_SQL_CHARACTERS = re.compile(r"^[\w\s,().?=*<>!+-]*$")
+_SQL_KEYWORD = re.compile(
+    r"\b(?:SELECT|INSERT|UPDATE|DELETE|CREATE|WITH|FROM|WHERE|ORDER BY|GROUP BY|VALUES|SET"
+    r"|ON CONFLICT|AND|LIMIT|JOIN|RETURNING|COALESCE|SUM|COUNT|MAX|MIN)\b"
+)
+_COLUMN_LIST = re.compile(r"\w+\s*,\s*\w+")
+
+
+def _is_sql_literal(line: str) -> bool:
+    found = _FIRST_LITERAL.match(line)
+    if found is None:
+        return False
+    text = found.group("text")
+    return bool(
+        _SQL_CHARACTERS.match(text) and (_SQL_KEYWORD.search(text) or _COLUMN_LIST.search(text))
+    )
+
+
+def is_sql_case_change(diff: str) -> bool:
+    """The mutant only changes the case of SQL keywords, tables and columns: equivalent.
+
+    SQLite reads keywords and identifiers without regard to case. A changed line whose first
+    string is not SQL (a message), or whose SQL holds a quoted value ('open'), does not qualify.
+    """
+    lines = diff.splitlines()
+    removed = [line[1:] for line in lines if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:] for line in lines if line.startswith("+") and not line.startswith("+++")]
+    if not removed or len(removed) != len(added):
+        return False
+    changed = [(old, new) for old, new in zip(removed, added, strict=True) if old != new]
+    return bool(changed) and all(
+        old.lower() == new.lower() and _is_sql_literal(old) for old, new in changed
+    )
+
+
+def write_docs_table(recorded: dict[str, dict[str, object]], page: Path = CONFORMANCE) -> None:
+    """Replace the table between the markers of ``docs/conformance.md`` with the recorded one."""
+    text = page.read_text(encoding="utf-8")
+    head, found, rest = text.partition(_TABLE_BEGIN)
+    _, found_end, tail = rest.partition(_TABLE_END)
+    if not (found and found_end):
+        raise MutationError(f"{page} has no {_TABLE_BEGIN} ... {_TABLE_END} block for the table")
+    table = table_of_recorded(recorded)
+    page.write_text(f"{head}{_TABLE_BEGIN}\n{table}\n{_TABLE_END}{tail}", encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m mutation.run", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--package",
+        action="append",
+        choices=CORE_PACKAGES,
+        help="a core package to run (repeatable); default: every one of them",
+    )
+    parser.add_argument(
+        "--max-children",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="mutants tested at once (default: the number of cores)",
+    )
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="print the kill rates from the last run without running anything",
+    )
+    args = parser.parse_args(argv)
+    packages = args.package or list(CORE_PACKAGES)
+    results: list[PackageResult] = []
+    try:
+        for name in packages:
+            result = run_package(
+                PLANS[name], max_children=args.max_children, report_only=args.report
+            )
+            results.append(result)
+            survivors = write_survivors(WORKSPACES / name, result)
+            print(f"  {name}: {len(result.left)} survivors left, listed with diffs in {survivors}")
+    except MutationError as exc:
+        print(f"mutation: {exc}", file=sys.stderr)
+        return 2
+    print()
+    print(format_table(results))
+    recorded = json.loads(RESULTS.read_text(encoding="utf-8")) if RESULTS.exists() else {}
+    recorded |= {r.package: r.as_json() for r in results}
+    RESULTS.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_docs_table(recorded)
+    for name in stale_entries(results):
+        print(f"stale: {name} is listed as equivalent but is no survivor now; remove its line")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,179 @@
+"""``make mutation``'s bookkeeping (mutation/run.py): the list of equivalent mutants, the kill
+rate, stale entries and the workspace's settings. The mutation run itself takes hours and is
+not part of ``make test``; this is the logic its figures rest on."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mutation_run", ROOT / "mutation" / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while being built
+    spec.loader.exec_module(module)
+    return module
+
+
+tool = _load_tool()
+P = "rhumbatron.protocol.ids"
+
+
+def test_the_committed_list_of_equivalent_mutants_parses_and_names_core_packages() -> None:
+    entries = tool.read_equivalent_list()
+    assert {tool.package_of(name) for name in entries} <= set(tool.CORE_PACKAGES)
+    assert all(entry.reason for entry in entries.values())
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        (f"{P}.x_fnv1a32__mutmut_4", "gives no reason"),
+        ("fnv1a32 is fine", "is not a mutmut mutant name"),
+        (f"{P}.x_fnv1a32__mutmut_4 same codec\n{P}.x_fnv1a32__mutmut_4 again", "listed twice"),
+    ],
+)
+def test_a_bad_line_of_the_list_is_refused_naming_its_line(
+    tmp_path: Path, line: str, problem: str
+) -> None:
+    listed = tmp_path / "equivalent.txt"
+    listed.write_text(f"# a comment\n\n{line}\n")
+    with pytest.raises(tool.MutationError, match=problem) as caught:
+        tool.read_equivalent_list(listed)
+    assert "equivalent.txt:3" in str(caught.value) or "equivalent.txt:4" in str(caught.value)
+
+
+def test_the_kill_rate_counts_kills_rechecked_kills_and_listed_survivors_only() -> None:
+    # GIVEN ten mutants: 6 killed by mutmut, 1 killed only in the fresh-process re-check,
+    # 2 survivors of which one is listed as equivalent, and 1 mutmut never got to
+    codes: dict[str, int | None] = {f"{P}.x_f__mutmut_{n}": 1 for n in range(1, 7)}
+    codes |= {f"{P}.x_f__mutmut_7": 0, f"{P}.x_f__mutmut_8": 0, f"{P}.x_f__mutmut_9": 33}
+    codes |= {f"{P}.x_f__mutmut_10": None}
+    recheck = {f"{P}.x_f__mutmut_7": 1, f"{P}.x_f__mutmut_8": 0, f"{P}.x_f__mutmut_9": 0}
+    listed = [f"{P}.x_f__mutmut_8", "rhumbatron.router.records.x_g__mutmut_1"]
+    # WHEN they are classified
+    result = tool.classify("protocol", codes, recheck, listed)
+    # THEN (6 + 1 killed + 1 equivalent) of 10, and the survivor left is the unlisted one
+    assert result.kill_rate == pytest.approx(0.8)
+    assert result.left == {f"{P}.x_f__mutmut_9"}
+    assert result.as_json() == {
+        "mutants": 10,
+        "killed": 7,
+        "equivalent": 1,
+        "survived": 1,
+        "not_checked": 1,
+        "kill_rate": 0.8,
+    }
+    assert "| protocol | 10 | 7 | 1 | 1 | 1 | 80.0% |" in tool.format_table([result])
+
+
+def test_a_listed_mutant_that_no_longer_survives_is_stale() -> None:
+    codes: dict[str, int | None] = {f"{P}.x_f__mutmut_1": 1, f"{P}.x_f__mutmut_2": 0}
+    listed = [f"{P}.x_f__mutmut_1", f"{P}.x_f__mutmut_2", f"{P}.x_gone__mutmut_1"]
+    result = tool.classify("protocol", codes, {}, listed)
+    assert tool.stale_entries([result]) == [f"{P}.x_f__mutmut_1", f"{P}.x_gone__mutmut_1"]
+    # a stale line never raises the kill rate: only survivors can be shown equivalent
+    assert result.kill_rate == pytest.approx(1.0)
+
+
+def test_the_workspace_settings_read_back_as_mutmut_and_pytest_see_them() -> None:
+    plan = tool.PLANS["router"]
+    pytest_options = {"addopts": "-ra", "timeout": 120, "markers": ["a: b"], "testpaths": ["x"]}
+    written = tomllib.loads(tool.workspace_config(plan, pytest_options))
+    mutmut = written["tool"]["mutmut"]
+    assert mutmut["source_paths"] == ["src/rhumbatron"]
+    assert mutmut["only_mutate"] == ["src/rhumbatron/router/*"]
+    assert mutmut["pytest_add_cli_args_test_selection"][: len(plan.tests)] == list(plan.tests)
+    assert "tests/integration/test_demo.py" in mutmut["pytest_add_cli_args_test_selection"]
+    assert written["tool"]["pytest"]["ini_options"] == {
+        "addopts": "-ra",
+        "timeout": 120,
+        "markers": ["a: b"],
+    }
+
+
+def test_every_core_package_has_a_plan_whose_tests_exist() -> None:
+    assert set(tool.PLANS) == set(tool.CORE_PACKAGES)
+    for plan in tool.PLANS.values():
+        for path in (*plan.tests, *plan.recheck):
+            assert (ROOT / path).exists(), f"{plan.name}: {path} does not exist"
+
+
+def test_the_table_here_is_the_recorded_kill_rates() -> None:
+    # GIVEN the kill rates the last `make mutation` runs recorded
+    recorded = json.loads((ROOT / "mutation" / "results.json").read_text())
+    # THEN docs/conformance.md shows exactly them, package by package
+    page = (ROOT / "docs" / "conformance.md").read_text()
+    shown = page.split("<!-- mutation-table:begin -->")[1].split("<!-- mutation-table:end -->")[0]
+    assert shown.strip() == tool.table_of_recorded(recorded)
+    assert set(recorded) <= set(tool.CORE_PACKAGES)
+
+
+@pytest.mark.parametrize(
+    ("removed", "added", "equivalent"),
+    [
+        pytest.param(
+            '        for row in db.execute("SELECT agent_id, paths FROM intents"):',
+            '        for row in db.execute("select agent_id, paths from intents"):',
+            True,
+            id="keywords lower-cased",
+        ),
+        pytest.param(
+            '                "WHERE status IN (?, ?) AND agent_id IS NOT NULL ORDER BY task_id",',
+            '                "WHERE STATUS IN (?, ?) AND AGENT_ID IS NOT NULL ORDER BY TASK_ID",',
+            True,
+            id="columns upper-cased",
+        ),
+        pytest.param(
+            "        \"SELECT COUNT(*) FROM outbox WHERE state = 'pending'\",",
+            "        \"SELECT COUNT(*) FROM OUTBOX WHERE STATE = 'PENDING'\",",
+            False,
+            id="a quoted SQL value changes what matches",
+        ),
+        pytest.param(
+            '        raise ValueError(f"no row FROM {table}")',
+            '        raise ValueError(f"NO ROW FROM {TABLE}")',
+            False,
+            id="a message that mentions FROM is no SQL",
+        ),
+        pytest.param(
+            '        "SELECT agent_id FROM claims WHERE day = ?", (day,)',
+            '        "SELECT agent_id FROM claims WHERE day = ?", None',
+            False,
+            id="not a case change",
+        ),
+    ],
+)
+def test_only_a_case_change_of_sql_is_equivalent_by_rule(
+    removed: str, added: str, equivalent: bool
+) -> None:
+    diff = f"# m: survived\n--- a.py\n+++ a.py\n@@ -1,1 +1,1 @@\n-{removed}\n+{added}\n"
+    assert tool.is_sql_case_change(diff) is equivalent
+
+
+def test_a_continued_column_list_is_sql_but_a_short_message_is_not() -> None:
+    def diff(removed: str, added: str) -> str:
+        return f"--- a.py\n+++ a.py\n-{removed}\n+{added}\n"
+
+    assert tool.is_sql_case_change(
+        diff(
+            '            "tenant_id, decided_at_s FROM clef_flash_decisions "',
+            '            "TENANT_ID, DECIDED_AT_S FROM CLEF_FLASH_DECISIONS "',
+        )
+    )
+    assert tool.is_sql_case_change(
+        diff('    "probability, reason, source) "', '    "PROBABILITY, REASON, SOURCE) "')
+    )
+    assert not tool.is_sql_case_change(
+        diff('            reason="no API key",', '            reason="NO API KEY",')
+    )
