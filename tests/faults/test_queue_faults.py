@@ -30,6 +30,7 @@ from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.settings import Settings, load_settings
+from server_counts import settles_to, wait_for
 
 from .worker import CommandEffects, run_worker, start_worker, worker_env
 
@@ -111,34 +112,6 @@ async def consumer_backlog(app: Rhumbatron) -> tuple[int, int]:
     js = (await app.nats()).jetstream()
     info = await js.consumer_info(COMMAND_STREAM, consumer_name(QUEUE))
     return int(info.num_pending or 0), int(info.num_ack_pending or 0)
-
-
-async def wait_for(check: Callable[[], Awaitable[bool]], *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)  # polling server state with a deadline, not a fixed wait
-
-
-async def settles_to(read: Callable[[], Awaitable[object]], expected: object) -> None:
-    """Assert that the server's count reaches ``expected`` within a bound.
-
-    An ack is flushed to the server before a poll returns, but the server applies it on the
-    consumer's own goroutine: a work-queue message leaves the stream a moment later.
-    """
-    last: object = None
-
-    async def reached() -> bool:
-        nonlocal last
-        last = await read()
-        return last == expected
-
-    try:
-        await wait_for(reached, timeout_s=5.0, what=f"{expected!r}")
-    except AssertionError:
-        assert last == expected  # pytest shows the difference
-        raise
 
 
 async def poll_until(
