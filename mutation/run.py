@@ -123,16 +123,42 @@ PLANS: dict[str, PackagePlan] = {
             "tests/integration/test_event_plane_principles.py",
             "tests/api/test_dead_letters_api.py",
         ),
+        # No import-time tables here: the re-check only has to cover the queues' own tests.
         recheck=(
-            *_UNIT,
+            "tests/unit/test_open_letter_counts.py",
+            "tests/unit/test_known_gap_emitters.py",
             "tests/integration/test_dead_letter_consumer.py",
             "tests/integration/test_wake_consumer.py",
+            "tests/integration/test_event_plane_principles.py",
+        ),
+    ),
+    "messaging": PackagePlan(
+        "messaging",
+        tests=(
+            *_UNIT,
+            "tests/integration/test_connection.py",
+            "tests/integration/test_consumers.py",
+            "tests/integration/test_durability.py",
+            "tests/integration/test_fast_batches.py",
+            "tests/integration/test_housekeeping_send.py",
+            "tests/integration/test_lambda_nudge.py",
+            "tests/integration/test_publisher.py",
+            "tests/integration/test_queue_consumer.py",
+            "tests/integration/test_streams.py",
+            "tests/lambda_/test_queue_worker.py",
+        ),
+        # The stream and consumer tables are built at import time.
+        recheck=(
+            "tests/unit/test_spec_numbers.py",
+            "tests/integration/test_streams.py",
+            "tests/integration/test_consumers.py",
+            "tests/integration/test_queue_consumer.py",
         ),
     ),
     **{
         name: PackagePlan(name, tests=_ALL_FAST_AND_REAL, recheck=_UNIT)
         for name in CORE_PACKAGES
-        if name not in {"protocol", "causal", "queues"}
+        if name not in {"protocol", "causal", "queues", "messaging"}
     },
 }
 
@@ -500,9 +526,10 @@ def mutant_diffs(workspace: Path, names: Sequence[str], hashes: dict[str, str]) 
     return diffs
 
 
-# The first string literal of a line, and what makes it SQL: its characters are those of SQL
-# without quoted values, and it holds an upper-case keyword or a list of columns.
+# The first string literal of a line, and what makes it SQL: outside its quoted values, its
+# characters are those of SQL, and it holds an upper-case keyword or a list of columns.
 _FIRST_LITERAL = re.compile(r"""^[^"']*[rf]?(["'])(?P<text>.*?)\1""")
+_SQL_VALUE = re.compile(r"'[^']*'")
 _SQL_CHARACTERS = re.compile(r"^[\w\s,().?=*<>!+-]*$")
 _SQL_KEYWORD = re.compile(
     r"\b(?:SELECT|INSERT|UPDATE|DELETE|CREATE|WITH|FROM|WHERE|ORDER BY|GROUP BY|VALUES|SET"
@@ -515,17 +542,23 @@ def _is_sql_literal(line: str) -> bool:
     found = _FIRST_LITERAL.match(line)
     if found is None:
         return False
-    text = found.group("text")
+    text = _SQL_VALUE.sub("?", found.group("text"))
     return bool(
         _SQL_CHARACTERS.match(text) and (_SQL_KEYWORD.search(text) or _COLUMN_LIST.search(text))
     )
 
 
+def _sql_values(line: str) -> list[str]:
+    found = _FIRST_LITERAL.match(line)
+    return _SQL_VALUE.findall(found.group("text")) if found is not None else []
+
+
 def is_sql_case_change(diff: str) -> bool:
     """The mutant only changes the case of SQL keywords, tables and columns: equivalent.
 
-    SQLite reads keywords and identifiers without regard to case. A changed line whose first
-    string is not SQL (a message), or whose SQL holds a quoted value ('open'), does not qualify.
+    SQLite reads keywords and identifiers without regard to case, but not its quoted values:
+    a changed line whose first string is not SQL (a message), or whose quoted values ('open')
+    changed, does not qualify.
     """
     lines = diff.splitlines()
     removed = [line[1:] for line in lines if line.startswith("-") and not line.startswith("---")]
@@ -534,7 +567,8 @@ def is_sql_case_change(diff: str) -> bool:
         return False
     changed = [(old, new) for old, new in zip(removed, added, strict=True) if old != new]
     return bool(changed) and all(
-        old.lower() == new.lower() and _is_sql_literal(old) for old, new in changed
+        old.lower() == new.lower() and _is_sql_literal(old) and _sql_values(old) == _sql_values(new)
+        for old, new in changed
     )
 
 

@@ -7,6 +7,8 @@ its origin queue, with the retry delay set to 0 so the runtime's nak redelivers 
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from rhumbatron.messaging.commands import (
 )
 from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.messaging.queue_consumer import Delivery, QueueConsumerRuntime, Retry
-from rhumbatron.messaging.streams import COMMAND_STREAM
+from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.product.database import ProductDatabase
 from rhumbatron.product.dead_letters import (
     DeadLetter,
@@ -47,7 +49,10 @@ from rhumbatron.queues import (
     run_dead_letter_consumer,
     supersede_letters_of_change,
 )
-from rhumbatron.queues.dead_letter import undecodable_dead_letter_id
+from rhumbatron.queues.dead_letter import (
+    record_undecodable_command,
+    undecodable_dead_letter_id,
+)
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
 from rhumbatron.runtime.settings import Settings, load_settings
@@ -183,6 +188,26 @@ async def pending_of(app: Rhumbatron, queue: str) -> tuple[int, int]:
 
 def bare_runtime(app: Rhumbatron, nc: Any, bus: Any) -> QueueConsumerRuntime:
     return QueueConsumerRuntime(nc, app.settings, app.clock, bus)
+
+
+def dead_letter_delivery(headers: dict[str, str] | None = None, seq: int = 9) -> Delivery:
+    """A delivery of the dead-letter queue, for calling the consumer directly."""
+    return Delivery(DEAD_LETTER_QUEUE, seq, delivered=1, max_deliveries=5, headers=headers or {})
+
+
+def consumer_log(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    """What the dead-letter consumer told the operator, in order."""
+    return [
+        (record.levelno, record.getMessage())
+        for record in caplog.records
+        if record.name == "rhumbatron.queues.dead_letter"
+    ]
+
+
+def shard_path(settings: Settings, change_id: str) -> Path:
+    return ResourceShard.ref_for(
+        PROJECT, change_resource_key(change_id), settings.resource_shard_count
+    ).path(settings.state_dir)
 
 
 # --------------------------------------------------------------------------- F13
@@ -465,6 +490,13 @@ def status_by_change(app: Rhumbatron) -> dict[str | None, set[tuple[str, str | N
     return out
 
 
+def closed_at(app: Rhumbatron) -> set[float | None]:
+    """When the closed letters were closed."""
+    return {
+        letter.closed_at_s for letter in letters(app) if letter.status is DeadLetterStatus.CLOSED
+    }
+
+
 async def test_the_sweep_closes_the_command_letters_of_ended_changes(
     app: Rhumbatron, clock: ManualClock, settings: Settings
 ) -> None:
@@ -506,6 +538,8 @@ async def test_the_sweep_closes_the_command_letters_of_ended_changes(
     assert statuses["chg-unknown"] == {("open", None)}
     assert statuses["chg-completed"] == {("closed", "ended"), ("open", None)}
     assert unknown_shard.exists() is shard_existed
+    # AND each closed at the sweep's time
+    assert closed_at(app) == {clock.now().timestamp()}
     # AND a second pass has nothing left to close
     assert close_letters_of_ended_changes(app, now_s=clock.now().timestamp()) == 0
 
@@ -523,6 +557,71 @@ async def test_the_ended_change_closure_looks_up_at_most_limit_changes_per_pass(
     assert close_letters_of_ended_changes(app, now_s=now_s, limit=1) == 0
 
 
+async def test_the_ended_change_closure_looks_up_100_changes_per_pass_by_default(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN 101 ended Changes with an open letter each
+    given_project(app)
+    for n in range(101):
+        given_change(app, f"chg-{n}", "completed")
+        given_letter(app, clock, f"chg-{n}", f"cmd_settle_{n}")
+    now_s = clock.now().timestamp()
+    # THEN a pass closes 100 of them, and the next the last one
+    assert close_letters_of_ended_changes(app, now_s=now_s) == 100
+    assert close_letters_of_ended_changes(app, now_s=now_s) == 1
+
+
+async def test_a_letter_of_a_change_its_shard_does_not_hold_stays_open(
+    app: Rhumbatron, clock: ManualClock, settings: Settings
+) -> None:
+    # GIVEN an ended Change, and a letter of another Change that would live in the same
+    # shard file but was never recorded there
+    given_project(app)
+    given_change(app, CHANGE, "completed")
+    sibling = next(
+        f"chg-{n}"
+        for n in range(1000)
+        if f"chg-{n}" != CHANGE and shard_path(settings, f"chg-{n}") == shard_path(settings, CHANGE)
+    )
+    given_letter(app, clock, sibling, "cmd_settle_sibling")
+    # WHEN the closure runs
+    closed = close_letters_of_ended_changes(app, now_s=clock.now().timestamp())
+    # THEN the sibling's letter stays open: a Change the shard does not know has not ended
+    assert closed == 0
+    assert status_by_change(app) == {sibling: {("open", None)}}
+
+
+async def test_a_change_whose_shard_cannot_be_read_keeps_its_letter_open_and_is_logged(
+    app: Rhumbatron, clock: ManualClock, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a letter of a Change whose shard file is not a database, next to an ended one
+    given_project(app)
+    given_change(app, "chg-ended", "completed")
+    given_letter(app, clock, "chg-ended", "cmd_settle_ended")
+    garbled = next(
+        f"chg-g{n}"
+        for n in range(1000)
+        if shard_path(settings, f"chg-g{n}") != shard_path(settings, "chg-ended")
+    )
+    shard_path(settings, garbled).parent.mkdir(parents=True, exist_ok=True)
+    shard_path(settings, garbled).write_bytes(b"this is not a database" * 100)
+    given_letter(app, clock, garbled, "cmd_settle_garbled")
+    caplog.set_level(logging.ERROR, logger="rhumbatron.queues.dead_letter")
+    # WHEN the closure runs
+    closed = close_letters_of_ended_changes(app, now_s=clock.now().timestamp())
+    # THEN the ended Change's letter closed; the unreadable one waits for the next pass
+    assert closed == 1
+    assert status_by_change(app)[garbled] == {("open", None)}
+    # AND the log names the Change, its project and the error
+    assert consumer_log(caplog) == [
+        (
+            logging.ERROR,
+            f"cannot read change {garbled} of acme-web: cannot open the actor file on "
+            f"{shard_path(settings, garbled)}: file is not a database",
+        )
+    ]
+
+
 async def test_a_later_settle_supersedes_the_open_command_letters_of_its_change(
     app: Rhumbatron, clock: ManualClock
 ) -> None:
@@ -538,6 +637,7 @@ async def test_a_later_settle_supersedes_the_open_command_letters_of_its_change(
     statuses = status_by_change(app)
     assert statuses[CHANGE] == {("closed", "superseded")}
     assert statuses["chg-other"] == {("open", None)}
+    assert closed_at(app) == {clock.now().timestamp()}
     assert supersede_letters_of_change(app, CHANGE, clock.now().timestamp()) == 0
 
 
@@ -566,3 +666,184 @@ async def test_headers_of_the_origin_queue_name_the_letter(
         "change.settle cmd_settle_chg-1 failed on verification after 4 deliveries: "
         "TimeoutError: workflow start"
     )
+
+
+async def test_a_command_put_here_without_origin_headers_is_named_by_its_own_queue(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN a change.settle put on the dead-letter queue with none of the origin's headers
+    given_project(app)
+    given_change(app)
+    await (await app.command_bus()).send(DEAD_LETTER_QUEUE, settle(clock))
+    # WHEN the consumer runs
+    await run_dead_letter_consumer(app)
+    # THEN the letter names the command's own queue, and says no error and no count is known
+    (letter,) = letters(app)
+    assert letter.queue == "integration"
+    assert letter.reason == (
+        "change.settle cmd_settle_chg-1 failed on integration: no error was recorded"
+    )
+
+
+# --------------------------------------------------------------------------- the operator's log
+
+
+async def test_the_log_says_once_a_letter_is_recorded_and_its_task_blocked(
+    app: Rhumbatron, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a ready Task, and its wake's letter delivered twice (the first ack lost)
+    given_project(app)
+    given_change(app)
+    given_task(app, TaskStatus.READY)
+    delivery = dead_letter_delivery(
+        {
+            ORIGIN_QUEUE_HEADER: "agent-wakeups",
+            DELIVERIES_HEADER: "4",
+            LAST_ERROR_HEADER: "RuntimeError: boom",
+        }
+    )
+    caplog.set_level(logging.INFO, logger="rhumbatron.queues.dead_letter")
+    consumer = DeadLetterConsumer(app)
+    # WHEN the consumer handles both deliveries
+    await consumer(wake(clock), delivery)
+    await consumer(wake(clock), delivery)
+    # THEN the log tells the letter recorded, the Task blocked, then the letter already there
+    reason = (
+        "agent.wake cmd_tsk-1_ready failed on agent-wakeups after 4 deliveries: RuntimeError: boom"
+    )
+    assert consumer_log(caplog) == [
+        (logging.WARNING, f"dead letter of cmd_tsk-1_ready (attempt 1) recorded: {reason}"),
+        (logging.WARNING, "task tsk-1 of change chg-1 blocked (dead_letter) by cmd_tsk-1_ready"),
+        (logging.WARNING, f"dead letter of cmd_tsk-1_ready (attempt 1) already recorded: {reason}"),
+    ]
+
+
+async def test_a_letter_of_a_change_no_shard_holds_is_all_there_is_and_the_log_says_so(
+    app: Rhumbatron, clock: ManualClock, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a project whose shards never held chg-nowhere
+    given_project(app)
+    assert not shard_path(settings, "chg-nowhere").exists()
+    caplog.set_level(logging.WARNING, logger="rhumbatron.queues.dead_letter")
+    # WHEN the letter of its change.settle arrives
+    await DeadLetterConsumer(app)(settle(clock, change_id="chg-nowhere"), dead_letter_delivery())
+    # THEN the letter is written, no shard file is created to find that out, and the log says
+    # the letter alone records the failure
+    assert [letter.change_id for letter in letters(app)] == ["chg-nowhere"]
+    assert not shard_path(settings, "chg-nowhere").exists()
+    assert consumer_log(caplog)[1:] == [
+        (
+            logging.WARNING,
+            "dead letter of cmd_settle_chg-nowhere: change chg-nowhere of acme-web is not in "
+            "any shard; the letter alone records it",
+        )
+    ]
+
+
+async def test_a_change_whose_project_has_no_root_is_not_marked_and_the_log_says_why(
+    app: Rhumbatron, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a Change in a shard of a project whose root actor is gone
+    given_change(app)
+    caplog.set_level(logging.WARNING, logger="rhumbatron.queues.dead_letter")
+    # WHEN the letter of its change.settle arrives
+    await DeadLetterConsumer(app)(settle(clock), dead_letter_delivery())
+    # THEN the letter is written without a tenant, the Change is left as it was (a fact needs
+    # its tenant), and the log says why
+    (letter,) = letters(app)
+    assert letter.tenant_id is None
+    assert shard(app).change_reason(CHANGE) == ""
+    assert consumer_log(caplog)[1:] == [
+        (
+            logging.ERROR,
+            "dead letter of cmd_settle_chg-1: project acme-web has no root actor, so change "
+            "chg-1 cannot be marked; the letter alone records it",
+        )
+    ]
+
+
+# --------------------------------------------------------------------------- undecodable bodies
+
+
+def test_an_undecodable_letter_is_keyed_by_24_hex_digits_of_its_origin() -> None:
+    # The key is dl_ + 24 hex digits of SHA-256 over where the body was first seen
+    key = undecodable_dead_letter_id("integration", 7)
+    assert re.fullmatch(r"dl_[0-9a-f]{24}", key)
+    assert key == undecodable_dead_letter_id("integration", 7)
+    assert len({key, undecodable_dead_letter_id("integration", 8)}) == 2
+    assert len({key, undecodable_dead_letter_id("release", 7)}) == 2
+
+
+async def test_an_undecodable_letter_is_written_once_and_the_second_write_says_so(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    def record() -> bool:
+        with app.product().transaction() as db:
+            return record_undecodable_command(
+                db,
+                queue="integration",
+                stream_seq=7,
+                reason="not a Command",
+                body="junk",
+                now_s=clock.now().timestamp(),
+            )
+
+    assert record() is True
+    assert record() is False
+    assert len(letters(app)) == 1
+
+
+async def test_a_body_put_here_some_other_way_is_keyed_by_its_place_on_the_dead_letter_queue(
+    app: Rhumbatron, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a body that is not a Command, published on the dead-letter subject without the
+    # runtime's message ID, with the error its sender saw
+    js = (await app.nats()).jetstream()
+    ack = await js.publish(
+        command_subject(DEAD_LETTER_QUEUE),
+        b"junk \xfe",
+        headers={LAST_ERROR_HEADER: "ValueError: cannot parse"},
+    )
+    caplog.set_level(logging.INFO, logger="rhumbatron.queues.dead_letter")
+    # WHEN the dead-letter consumer runs
+    report = await run_dead_letter_consumer(app)
+    # THEN it recorded a letter keyed by the dead-letter queue and its sequence there, with
+    # the sender's error, and acked it
+    assert report.done == 1
+    (letter,) = letters(app)
+    assert letter.dead_letter_id == undecodable_dead_letter_id(DEAD_LETTER_QUEUE, ack.seq)
+    assert (letter.queue, letter.stream_seq, letter.body) == (
+        DEAD_LETTER_QUEUE,
+        ack.seq,
+        "junk \\xfe",
+    )
+    assert letter.reason == (
+        f"undecodable body from {DEAD_LETTER_QUEUE} (seq {ack.seq}): ValueError: cannot parse"
+    )
+    await settles_to(lambda: commands_state(app), (0, ack.seq))
+    # AND a second delivery of the same body finds the letter already there
+    delivery = dead_letter_delivery({LAST_ERROR_HEADER: "ValueError: cannot parse"}, ack.seq)
+    await DeadLetterConsumer(app).on_undecodable(b"junk \xfe", delivery, "decode failed")
+    assert len(letters(app)) == 1
+    assert consumer_log(caplog) == [
+        (
+            logging.WARNING,
+            f"dead letter of an undecodable body from {DEAD_LETTER_QUEUE} seq {ack.seq} {outcome}",
+        )
+        for outcome in ("recorded", "already recorded")
+    ]
+
+
+async def test_the_dead_letter_consumer_takes_nothing_once_time_is_up(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN a command waiting on the dead-letter queue
+    given_project(app)
+    given_change(app)
+    await (await app.command_bus()).send(DEAD_LETTER_QUEUE, settle(clock))
+    # WHEN the consumer runs with no time left
+    report = await run_dead_letter_consumer(app, should_stop=lambda: True)
+    # THEN it fetched nothing, and the command still waits for the next run
+    assert (report.fetched, report.done) == (0, 0)
+    assert letters(app) == []
+    assert await held_by_subject(app) == {command_subject(DEAD_LETTER_QUEUE): 1}

@@ -491,9 +491,14 @@ async def test_a_router_wake_after_a_reaction_wake_for_the_same_event_wakes_the_
         WakeOutcome.JOINED,
     ]
     assert len(agents.woken) == 1
-    # … and the router's wake still brought its Task's lifecycle: agent.woke, once
-    outbox = shard.connection.execute("SELECT event_type FROM outbox").fetchall()
-    assert [row[0] for row in outbox].count("agent.woke") == 1
+    # … and the router's wake still brought its Task's lifecycle: agent.woke, once, a real
+    # wakeup (not a false one)
+    outbox = shard.connection.execute(
+        "SELECT envelope FROM outbox WHERE event_type = 'agent.woke'"
+    ).fetchall()
+    (woke,) = [Event.parse(bytes(row[0])) for row in outbox]
+    assert woke.payload.model_dump(by_alias=True)["falseWakeup"] is False
+    assert woke.caused_by == event.event_id
 
 
 async def test_a_dead_lettered_reaction_wake_never_blocks_the_task_it_names(

@@ -3,6 +3,8 @@ assigns once, a duplicate ready wake does nothing, a stale wake counts as a fals
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -14,9 +16,12 @@ from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.tasks import TaskState
+from rhumbatron.messaging.queue_consumer import Delivery
 from rhumbatron.metrics import MetricBinding, metric_counts
-from rhumbatron.protocol.envelopes import Command
+from rhumbatron.metrics.platform_metrics import recent_points
+from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.queues.wake_consumer import FALSE_WAKEUP_METRIC, WakeConsumer, WakeOutcome
+from rhumbatron.reactions.deliveries import REACTION_REASON_PREFIX
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
 from rhumbatron.runtime.settings import Settings, load_settings
@@ -30,10 +35,12 @@ NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 
 @dataclass
 class RecordingAgents:
-    woken: list[tuple[str, str]] = field(default_factory=list)
+    woken: list[tuple[str, str | None]] = field(default_factory=list)
+    tasks: list[TaskState | None] = field(default_factory=list)
 
-    async def wake(self, agent_id: str, task: TaskState, command: Command) -> None:
-        self.woken.append((agent_id, task.task_id))
+    async def wake(self, agent_id: str, task: TaskState | None, command: Command) -> None:
+        self.woken.append((agent_id, task.task_id if task is not None else None))
+        self.tasks.append(task)
 
 
 @pytest_asyncio.fixture
@@ -65,6 +72,16 @@ def wake(command_id: str, change: str, task_id: str, agent: str) -> Command:
         created_at=NOW,
         payload={"agentId": agent, "reason": "test"},
     )
+
+
+def first_delivery() -> Delivery:
+    """A first delivery on agent-wakeups, for calling the consumer directly."""
+    return Delivery("agent-wakeups", stream_seq=1, delivered=1, max_deliveries=4, headers={})
+
+
+def outbox(app: Rhumbatron, change: str) -> list[Event]:
+    rows = shard(app, change).connection.execute("SELECT envelope FROM outbox ORDER BY seq")
+    return [Event.parse(bytes(row[0])) for row in rows]
 
 
 async def run(app: Rhumbatron, agents: RecordingAgents, *commands: Command) -> WakeConsumer:
@@ -120,6 +137,9 @@ async def test_a_wake_for_a_task_another_agent_holds_is_stale_and_counted(
     assert agents.woken == [("a1", "t1")]
     counts = metric_counts(app.product().connection, MetricBinding.METRICS)
     assert counts[FALSE_WAKEUP_METRIC] == 2
+    # … each a count of one
+    points = recent_points(app.product().connection, FALSE_WAKEUP_METRIC)
+    assert [point.value for point in points] == [1.0, 1.0]
 
 
 async def test_a_router_wake_reaches_the_agent_that_holds_the_task(app: Rhumbatron) -> None:
@@ -160,3 +180,152 @@ async def test_at_the_8_agent_limit_a_ready_task_stays_ready(app: Rhumbatron) ->
     task = shard(app, "c1").task_state("t9")
     assert task is not None and task.status == "ready"
     assert agents.woken == []
+
+
+async def test_the_limit_of_active_agents_per_change_is_the_consumers_setting(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN a consumer that admits one agent per Change, and one agent running on c1
+    ready_task(app, "c1", "busy")
+    shard(app, "c1").record_task_status(
+        SYSTEM, change_id="c1", task_id="busy", status="running", agent_id="a0"
+    )
+    ready_task(app, "c1", "t2")
+    agents = RecordingAgents()
+    consumer = WakeConsumer(app, agents, max_active_agents_per_change=1)
+    # WHEN another Task's ready wake arrives
+    await consumer(wake("cmd_t2_ready", "c1", "t2", "a2"), first_delivery())
+    # THEN it waits at the limit, its Task still ready
+    assert consumer.outcomes == [("cmd_t2_ready", WakeOutcome.AT_LIMIT)]
+    task = shard(app, "c1").task_state("t2")
+    assert task is not None and task.status == "ready"
+
+
+async def test_an_admission_is_recorded_under_the_projects_tenant(app: Rhumbatron) -> None:
+    shard(app, "c1").append_change_events(SYSTEM, change_id="c1", status="running", facts=())
+    ready_task(app, "c1", "t1")
+    await WakeConsumer(app, RecordingAgents())(
+        wake("cmd_t1_ready", "c1", "t1", "a1"), first_delivery()
+    )
+    facts = outbox(app, "c1")
+    assert {(e.event_type, e.tenant_id) for e in facts if e.actor == "agent:a1"} == {
+        ("task.assigned", "acme"),
+        ("agent.woke", "acme"),
+    }
+
+
+async def test_a_wake_in_a_project_whose_root_is_gone_records_its_facts_as_tenant_unknown(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN a ready Task in a project that has shards but no root actor
+    orphan = app.resource_shard("orphan-web", change_resource_key("c1"))
+    orphan.record_task_status(SYSTEM, change_id="c1", task_id="t1", status="ready")
+    orphan.append_change_events(SYSTEM, change_id="c1", status="running", facts=())
+    command = wake("cmd_t1_ready", "c1", "t1", "a1").model_copy(update={"project_id": "orphan-web"})
+    agents = RecordingAgents()
+    # WHEN its wake arrives
+    await WakeConsumer(app, agents)(command, first_delivery())
+    # THEN the agent runs, and its facts say no tenant could be read (the router will refuse
+    # them: a project without a root is refused on every subscription)
+    assert agents.woken == [("a1", "t1")]
+    rows = orphan.connection.execute("SELECT envelope FROM outbox ORDER BY seq").fetchall()
+    facts = [Event.parse(bytes(row[0])) for row in rows]
+    assert {(e.event_type, e.tenant_id) for e in facts if e.actor == "agent:a1"} == {
+        ("task.assigned", "unknown"),
+        ("agent.woke", "unknown"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("change_id", "task_id"), [("c1", None), (None, None)], ids=["no task", "nothing"]
+)
+async def test_a_router_wake_that_names_no_task_is_stale_and_logged(
+    app: Rhumbatron,
+    caplog: pytest.LogCaptureFixture,
+    change_id: str | None,
+    task_id: str | None,
+) -> None:
+    ready_task(app, "c1", "t1")
+    command = Command.create(
+        command_id="cmd_evt_q",
+        command_type="agent.wake",
+        project_id=PROJECT,
+        change_id=change_id,
+        task_id=task_id,
+        created_at=NOW,
+        payload={"agentId": "a1", "reason": "test"},
+    )
+    caplog.set_level(logging.INFO, logger="rhumbatron.queues.wake_consumer")
+    agents = RecordingAgents()
+    consumer = WakeConsumer(app, agents)
+    await consumer(command, first_delivery())
+    assert consumer.outcomes == [("cmd_evt_q", WakeOutcome.STALE)]
+    assert agents.woken == []
+    assert [r.getMessage() for r in caplog.records if r.name.endswith("wake_consumer")] == [
+        "wake cmd_evt_q names no Task; nothing to wake for",
+        "stale wake cmd_evt_q: counted as a false wakeup",
+    ]
+
+
+def reaction_wake(change_id: str | None, event_kind: str, task_id: str | None = None) -> Command:
+    """A subscription's wake of agent a1 about an event of ``change_id``."""
+    return Command.create(
+        command_id=f"cmd_reaction_{event_kind.replace('.', '_')}",
+        command_type="agent.wake",
+        project_id=PROJECT,
+        change_id=change_id,
+        task_id=task_id,
+        created_at=NOW,
+        payload={
+            "agentId": "a1",
+            "reason": f"{REACTION_REASON_PREFIX}sub_{'a' * 32}",
+            "eventId": "evt_" + "c" * 32,
+            "eventKind": event_kind,
+        },
+    )
+
+
+@pytest.mark.parametrize("task_id", [None, "t1"], ids=["no task", "a task but no change"])
+async def test_a_reaction_wake_about_no_change_reaches_the_agent_without_a_task(
+    app: Rhumbatron, task_id: str | None
+) -> None:
+    # A Task is found in its Change's shard: without a Change there is none to hand over
+    agents = RecordingAgents()
+    consumer = WakeConsumer(app, agents)
+    await consumer(reaction_wake(None, "project.created", task_id), first_delivery())
+    assert [o for _, o in consumer.outcomes] == [WakeOutcome.DELIVERED]
+    assert agents.woken == [("a1", None)]
+    assert agents.tasks == [None]
+
+
+async def test_after_a_cancel_only_a_reaction_to_the_cancellation_itself_still_goes(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN a cancelled Change
+    shard(app, "c1").append_change_events(SYSTEM, change_id="c1", status="cancelled", facts=())
+    agents = RecordingAgents()
+    consumer = WakeConsumer(app, agents)
+    # WHEN a reaction's wake about change.cancelled, and one about an earlier fact, arrive
+    await consumer(reaction_wake("c1", "change.cancelled"), first_delivery())
+    await consumer(reaction_wake("c1", "task.completed"), first_delivery())
+    # THEN the first goes; the second is dropped with the work the Change caused
+    assert [o for _, o in consumer.outcomes] == [WakeOutcome.DELIVERED, WakeOutcome.STALE]
+    assert agents.woken == [("a1", None)]
+
+
+async def test_a_command_that_is_no_wake_fails_and_names_itself(app: Rhumbatron) -> None:
+    # GIVEN a change.settle sent to agent-wakeups by mistake
+    ready_task(app, "c1", "t1")
+    command = Command.create(
+        command_id="cmd_settle_c1",
+        command_type="change.settle",
+        project_id=PROJECT,
+        change_id="c1",
+        task_id="t1",
+        created_at=NOW,
+        payload={"reason": "quiet"},
+    )
+    # THEN handling it fails (a retry, then a dead letter) with a reason that names it
+    message = "cmd_settle_c1 is a change.settle, not an agent.wake: only wakes belong on "
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}agent-wakeups$"):
+        await WakeConsumer(app, RecordingAgents())(command, first_delivery())

@@ -141,6 +141,12 @@ def test_the_table_here_is_the_recorded_kill_rates() -> None:
             id="a quoted SQL value changes what matches",
         ),
         pytest.param(
+            "        \"AND kind = 'command' AND change_id IS NOT NULL \"",
+            "        \"and kind = 'command' and change_id is not null \"",
+            True,
+            id="keywords around a quoted value that stays the same",
+        ),
+        pytest.param(
             '        raise ValueError(f"no row FROM {table}")',
             '        raise ValueError(f"NO ROW FROM {TABLE}")',
             False,

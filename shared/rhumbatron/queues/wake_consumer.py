@@ -234,13 +234,12 @@ class WakeConsumer:
         if command.change_id is None:
             return  # a reaction's wake about no Change: agent.woke is a Change Event
         agent = _agent_of(command)
-        payload = command.payload
         tenant = self.app.project_tenant(command.project_id) or "unknown"
         caller = Caller(
             tenant,
             f"agent:{agent}",
             f"{command.command_id}:{command.attempt}",
-            caused_by=payload.event_id if isinstance(payload, AgentWake) else None,
+            caused_by=_wake_of(command).event_id,
         )
         self._shard(command).record_agent_woke(
             caller,
@@ -268,5 +267,17 @@ def is_reaction_wake(command: Command) -> bool:
     return isinstance(payload, AgentWake) and payload.reason.startswith(REACTION_REASON_PREFIX)
 
 
+def _wake_of(command: Command) -> AgentWake:
+    """The wake's payload: agent-wakeups carries nothing else (a command of another type sent
+    there fails every delivery and ends as a dead letter that names it)."""
+    payload = command.payload
+    if not isinstance(payload, AgentWake):
+        raise TypeError(
+            f"{command.command_id} is a {command.command_type}, not an agent.wake: only wakes "
+            "belong on agent-wakeups"
+        )
+    return payload
+
+
 def _agent_of(command: Command) -> str:
-    return str(command.payload.model_dump()["agent_id"])
+    return _wake_of(command).agent_id
