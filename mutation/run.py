@@ -53,6 +53,10 @@ CORE_PACKAGES = ("protocol", "actors", "messaging", "router", "queues", "causal"
 # What mutmut copies beside the mutated package: the tests read these by path.
 _ALSO_COPY = ("docs", "functions", "samplefiles", "events", "template.yaml")
 
+# Test doubles shipped in a core package for every suite to share: code the tests run on,
+# not code under test, so they are never mutated (nor counted from an older run).
+TEST_DOUBLES = ("rhumbatron/messaging/testing.py",)
+
 # Tests that run the original tree in a subprocess (the cold-import measurements, the demo)
 # never see a mutant, so they only cost time; this tool's own tests are about the tool.
 _NEVER_SELECTED = (
@@ -62,7 +66,6 @@ _NEVER_SELECTED = (
 )
 
 _UNIT = ("tests/unit",)
-_ALL_FAST_AND_REAL = ("tests/unit", "tests/security", "tests/integration", "tests/api")
 
 # mutmut's exit codes (mutmut.stats.status_by_exit_code): the ones that mean "a test noticed".
 _KILLED_CODES = frozenset({1, 3, 36, 24, -24, 152, 255, 37})
@@ -155,11 +158,79 @@ PLANS: dict[str, PackagePlan] = {
             "tests/integration/test_queue_consumer.py",
         ),
     ),
-    **{
-        name: PackagePlan(name, tests=_ALL_FAST_AND_REAL, recheck=_UNIT)
-        for name in CORE_PACKAGES
-        if name not in {"protocol", "causal", "queues", "messaging"}
-    },
+    "actors": PackagePlan(
+        "actors",
+        tests=(
+            *_UNIT,
+            "tests/integration/test_publisher.py",
+            "tests/integration/test_fast_batches.py",
+            "tests/integration/test_lambda_nudge.py",
+            "tests/integration/test_lifecycle_housekeeping.py",
+            "tests/integration/test_time_events.py",
+            "tests/api/test_lifecycle_api.py",
+            "tests/security/test_identifiers.py",
+            "tests/lambda_/test_outbox_publisher_handler.py",
+        ),
+        recheck=(
+            "tests/unit/test_actors.py",
+            "tests/unit/test_alarms.py",
+            "tests/unit/test_alarm_fires.py",
+            "tests/unit/test_outbox_states.py",
+            "tests/unit/test_lifecycle_shard.py",
+            "tests/unit/test_settings_and_storage.py",
+            "tests/integration/test_publisher.py",
+        ),
+    ),
+    "router": PackagePlan(
+        "router",
+        tests=(
+            *_UNIT,
+            "tests/integration/test_router.py",
+            "tests/integration/test_replay.py",
+            "tests/integration/test_archive.py",
+            "tests/integration/test_consumers.py",
+            "tests/integration/test_dashboard_outage.py",
+            "tests/integration/test_causal_routing.py",
+            "tests/integration/test_event_plane_principles.py",
+            "tests/integration/test_cli_replay.py",
+            "tests/security/test_forged_events.py",
+            "tests/api/test_replay_api.py",
+            "tests/lambda_/test_router_handlers.py",
+        ),
+        recheck=(
+            "tests/unit/test_project_view.py",
+            "tests/unit/test_project_index.py",
+            "tests/unit/test_freshness.py",
+            "tests/integration/test_router.py",
+            "tests/integration/test_replay.py",
+        ),
+    ),
+    "reactions": PackagePlan(
+        "reactions",
+        tests=(
+            *_UNIT,
+            "tests/integration/test_reactions.py",
+            "tests/integration/test_time_events.py",
+            "tests/integration/test_webhook_agent.py",
+            "tests/integration/test_webhook_receiver.py",
+            "tests/integration/test_webhook_retries.py",
+            "tests/integration/test_step_functions_engine.py",
+            "tests/integration/test_event_plane_principles.py",
+            "tests/api/test_subscriptions_api.py",
+            "tests/api/test_schedules_api.py",
+        ),
+        recheck=(
+            "tests/unit/test_subscription_registry.py",
+            "tests/unit/test_selectors.py",
+            "tests/unit/test_webhook_ledger.py",
+            "tests/unit/test_webhook_signing.py",
+            "tests/unit/test_webhook_url_safety.py",
+            "tests/unit/test_receiver.py",
+            "tests/unit/test_schedules.py",
+            "tests/unit/test_workflow_engine.py",
+            "tests/integration/test_reactions.py",
+        ),
+    ),
 }
 
 
@@ -316,6 +387,7 @@ def workspace_config(plan: PackagePlan, pytest_options: dict[str, object]) -> st
     mutmut = {
         "source_paths": ["src/rhumbatron"],
         "only_mutate": [f"src/rhumbatron/{plan.name}/*"],
+        "do_not_mutate": [f"src/{path}" for path in TEST_DOUBLES],
         "also_copy": list(_ALSO_COPY),
         "pytest_add_cli_args_test_selection": selection,
         "pytest_add_cli_args": ["-p", "no:cacheprovider"],
@@ -361,7 +433,10 @@ def _read_meta(workspace: Path, package: str) -> dict[str, tuple[int | None, str
     """Every mutant's verdict and the hash of the function it mutates."""
     found: dict[str, tuple[int | None, str]] = {}
     package_dir = workspace / "mutants" / "src" / "rhumbatron" / package
+    doubles = {workspace / "mutants" / "src" / f"{path}.meta" for path in TEST_DOUBLES}
     for meta_path in sorted(package_dir.rglob("*.py.meta")):
+        if meta_path in doubles:
+            continue
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         hashes: dict[str, str] = meta["hash_by_function_name"]
         for name, code in meta["exit_code_by_key"].items():

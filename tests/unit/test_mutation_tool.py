@@ -102,6 +102,24 @@ def test_the_workspace_settings_read_back_as_mutmut_and_pytest_see_them() -> Non
     }
 
 
+def test_shared_test_doubles_are_neither_mutated_nor_counted(tmp_path: Path) -> None:
+    # GIVEN a workspace whose earlier run mutated the messaging test doubles too
+    package_dir = tmp_path / "mutants" / "src" / "rhumbatron" / "messaging"
+    package_dir.mkdir(parents=True)
+    for module in ("sender", "testing"):
+        meta = {
+            "exit_code_by_key": {f"rhumbatron.messaging.{module}.x_f__mutmut_1": 0},
+            "hash_by_function_name": {"x_f": "h"},
+        }
+        (package_dir / f"{module}.py.meta").write_text(json.dumps(meta))
+    # THEN only the code under test is counted, and no new run mutates the doubles
+    assert set(tool._read_meta(tmp_path, "messaging")) == {
+        "rhumbatron.messaging.sender.x_f__mutmut_1"
+    }
+    written = tomllib.loads(tool.workspace_config(tool.PLANS["messaging"], {}))
+    assert written["tool"]["mutmut"]["do_not_mutate"] == ["src/rhumbatron/messaging/testing.py"]
+
+
 def test_every_core_package_has_a_plan_whose_tests_exist() -> None:
     assert set(tool.PLANS) == set(tool.CORE_PACKAGES)
     for plan in tool.PLANS.values():
