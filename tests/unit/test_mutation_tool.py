@@ -86,6 +86,19 @@ def test_a_listed_mutant_that_no_longer_survives_is_stale() -> None:
     assert result.kill_rate == pytest.approx(1.0)
 
 
+def test_a_mutant_equivalent_by_the_sql_rule_is_neither_stale_nor_killed_by_a_re_check() -> None:
+    # GIVEN two SQL case changes mutmut could not kill, one with a re-check "kill" recorded by
+    # an older run (a real-server test that failed once under load)
+    codes: dict[str, int | None] = {f"{P}.x_f__mutmut_1": 0, f"{P}.x_f__mutmut_2": 0}
+    by_rule = [f"{P}.x_f__mutmut_1", f"{P}.x_f__mutmut_2"]
+    result = tool.classify("protocol", codes, {f"{P}.x_f__mutmut_1": 1}, [], by_rule=by_rule)
+    # THEN both count as equivalent, none as killed, and the list has no stale line
+    assert result.as_json()["equivalent"] == 2
+    assert result.killed == set()
+    assert result.left == set()
+    assert tool.stale_entries([result]) == []
+
+
 def test_the_workspace_settings_read_back_as_mutmut_and_pytest_see_them() -> None:
     plan = tool.PLANS["router"]
     pytest_options = {"addopts": "-ra", "timeout": 120, "markers": ["a: b"], "testpaths": ["x"]}
@@ -118,6 +131,41 @@ def test_shared_test_doubles_are_neither_mutated_nor_counted(tmp_path: Path) -> 
     }
     written = tomllib.loads(tool.workspace_config(tool.PLANS["messaging"], {}))
     assert written["tool"]["mutmut"]["do_not_mutate"] == ["src/rhumbatron/messaging/testing.py"]
+
+
+def test_the_survivors_file_lists_every_survivor_left_with_its_diff(tmp_path: Path) -> None:
+    # GIVEN a package with one survivor shown equivalent and two left, one without a diff
+    result = tool.PackageResult(
+        "queues",
+        survived={
+            "rhumbatron.queues.a.x_f__mutmut_2",
+            "rhumbatron.queues.a.x_f__mutmut_1",
+            "rhumbatron.queues.a.x_g__mutmut_1",
+        },
+        equivalent={"rhumbatron.queues.a.x_g__mutmut_1"},
+    )
+    diff = "# rhumbatron.queues.a.x_f__mutmut_1: survived\n--- a.py\n+++ a.py\n-x = 1\n+x = 2"
+    (tmp_path / "diffs.json").write_text(
+        json.dumps({"rhumbatron.queues.a.x_f__mutmut_1": [diff, "h"]})
+    )
+    # WHEN it is written
+    path = tool.write_survivors(tmp_path, result, out_dir=tmp_path / "survivors")
+    # THEN it lists the two left, sorted, one with its diff; and reads back as those names
+    assert path == tmp_path / "survivors" / "queues.txt"
+    text = path.read_text()
+    assert text.startswith("# 2 surviving mutants of rhumbatron/queues not shown equivalent")
+    assert "-x = 1\n+x = 2" in text
+    assert tool.listed_survivors(path) == [
+        "rhumbatron.queues.a.x_f__mutmut_1",
+        "rhumbatron.queues.a.x_f__mutmut_2",
+    ]
+
+
+def test_the_committed_survivors_are_the_recorded_survivors() -> None:
+    recorded = json.loads((ROOT / "mutation" / "results.json").read_text())
+    for package, figures in recorded.items():
+        listed = tool.listed_survivors(ROOT / "mutation" / "survivors" / f"{package}.txt")
+        assert len(listed) == figures["survived"], package
 
 
 def test_every_core_package_has_a_plan_whose_tests_exist() -> None:
