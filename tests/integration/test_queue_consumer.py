@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import time
 import uuid
@@ -615,6 +616,33 @@ async def test_a_retry_on_the_last_delivery_goes_to_the_dead_letter_queue(
     letter = await (await js_of(app)).get_last_msg(COMMAND_STREAM, "cmd.dead-letter")
     assert (letter.headers or {})[LAST_ERROR_HEADER] == "still waiting for a review"
     assert Command.parse(letter.data or b"").command_id == command.command_id
+
+
+async def test_the_dead_letter_queue_logs_a_message_whose_retries_ran_out_then_terminates_it(
+    make_app: AppFactory, tap: AckTap, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a letter on the dead-letter queue, its retry delay set to 0 (a test override),
+    # and a handler that cannot record it
+    app = await make_app(queue_retry_delay_s={DEAD_LETTER_QUEUE: 0.0})
+    [command] = await send_commands(app, DEAD_LETTER_QUEUE, 1)
+    runtime = await app.queue_runtime()
+
+    async def failing(command: Command, delivery: Delivery) -> None:
+        raise RuntimeError("the letter cannot be written")
+
+    # WHEN the queue is polled until the message has left it
+    caplog.set_level(logging.ERROR, logger="rhumbatron.messaging.queue_consumer")
+    await poll_until(runtime, DEAD_LETTER_QUEUE, failing, queue_gone(app, DEAD_LETTER_QUEUE))
+
+    # THEN after its last retry (1 + 5 deliveries) one error names the message, its
+    # deliveries and the reason, and the message was terminated
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert logged == [
+        f"dead-letter gives up on {command.command_id} after 6 deliveries: "
+        "RuntimeError: the letter cannot be written"
+    ]
+    acks = await tap.seen(app, consumer="q-dead-letter")
+    assert [a.kind for a in acks][-1] == "+TERM"
 
 
 async def test_an_expired_command_is_acked_without_running(
