@@ -1054,6 +1054,32 @@ async def without_subject(app: Rhumbatron, queue: str) -> None:
     await js.update_stream(config)
 
 
+async def test_a_workflow_start_whose_send_succeeds_starts_nothing_directly(
+    app: Rhumbatron, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a verification queue that takes commands
+    lifecycle = app.lifecycle()
+    candidate_id = "cand_" + "0" * 32
+    start = lifecycle_command(
+        "verification.start",
+        verify_command_id(candidate_id),
+        project_id="acme-shop",
+        change_id="chg_sent",
+        now=app.clock.now(),
+        payload={"candidateId": candidate_id},
+    )
+
+    # WHEN the producer sends its workflow start command
+    sent = await lifecycle.sender.start_workflow(start)
+
+    # THEN the command waits on its queue, and the producer started no instance: only the
+    # consumer's delivery starts it
+    assert sent.outcome == "sent"
+    assert await stored_on(app, "verification") == 1
+    assert workflow_rows(app) == {}
+    assert "directly" not in caplog.text
+
+
 async def test_a_workflow_start_whose_send_fails_starts_directly_and_a_later_delivery_finds_it(
     app: Rhumbatron, caplog: pytest.LogCaptureFixture
 ) -> None:
