@@ -492,6 +492,29 @@ async def test_creating_a_change_twice_for_one_client_request_returns_the_first_
     assert third.created and third.change_id != first.change_id
 
 
+async def test_one_client_request_id_in_two_projects_creates_a_change_in_each(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN two active projects
+    provision(app, "acme-shop")
+    provision(app, "acme-blog")
+    requests = app.lifecycle().requests
+
+    # WHEN each gets a Change with the same client request ID (the key is per project)
+    shop = requests.create_change(
+        USER, project_id="acme-shop", client_request_id="req-7", title="Gift", tasks=one_task()
+    )
+    blog = requests.create_change(
+        USER, project_id="acme-blog", client_request_id="req-7", title="Post", tasks=one_task()
+    )
+
+    # THEN both are created, each a Change of its own project
+    assert shop.created and blog.created
+    assert shop.change_id != blog.change_id
+    assert [c.change_id for c in app.lifecycle().world.changes("acme-shop")] == [shop.change_id]
+    assert [c.change_id for c in app.lifecycle().world.changes("acme-blog")] == [blog.change_id]
+
+
 async def read_project_events(app: Rhumbatron, project_id: str) -> list[Event]:
     """Every Event of ``project_id`` on its stream, in stream order."""
     js = (await app.nats()).jetstream()
