@@ -379,7 +379,9 @@ async def test_the_fifth_failure_makes_a_poison_dead_letter_and_acks_it(
 
     await until(nudge, lambda r: r.subscriptions[CAUSAL.value].dead_lettered > 0)
 
-    # THEN the 5th failure wrote one dead letter per subscription, and the record is acked
+    # THEN the 5th failure (counted per subscription, not before) wrote one dead letter per
+    # subscription, and the record is acked
+    assert sum(r.subscriptions[CAUSAL.value].failed for r in reports) == 5
     dead = sum(r.subscriptions[PROJECTOR.value].dead_lettered for r in reports)
     assert dead == 1
     rows = (
