@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -618,6 +619,16 @@ async def test_every_sweep_records_consumer_lag_and_outbox_backlog_as_metrics(
     assert counts["consumer_num_pending"] == 40
     assert counts["consumer_num_ack_pending"] == 40
     assert counts["outbox_pending"] == 1
+    # AND each consumer's point names its stream and consumer: the lag is read per consumer
+    points = app.product().connection.execute(
+        "SELECT dimensions, value FROM platform_metrics WHERE name = 'consumer_num_pending'"
+    )
+    pending = {
+        (d["stream"], d["consumer"]): value
+        for d, value in ((json.loads(row[0]), row[1]) for row in points)
+    }
+    assert len(pending) == 40
+    assert pending[(event_stream_name(0), PROJECTOR.value)] == 3
 
 
 async def test_the_daily_tick_drops_lag_points_older_than_30_days_and_keeps_event_metrics(
