@@ -636,7 +636,11 @@ async def test_the_dead_letter_queue_logs_a_message_whose_retries_ran_out_then_t
 
     # THEN after its last retry (1 + 5 deliveries) one error names the message, its
     # deliveries and the reason, and the message was terminated
-    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    logged = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "rhumbatron.messaging.queue_consumer" and r.levelno >= logging.ERROR
+    ]
     assert logged == [
         f"dead-letter gives up on {command.command_id} after 6 deliveries: "
         "RuntimeError: the letter cannot be written"
