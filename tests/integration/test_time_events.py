@@ -243,3 +243,11 @@ async def test_a_subscription_on_one_schedules_fires_reacts_with_a_webhook(
     assert body["eventId"] == event_id and body["kind"] == "schedule.fired"
     assert body["subject"] == {"type": "schedule", "id": wanted.schedule_id}
     assert body["projectId"] == PROJECT
+    # AND the fact it points to names its schedule: ID, name and mode
+    facts = {event.event_id: event for _, event in await fired_on_stream(app, PROJECT)}
+    payload = facts[event_id].to_wire()["payload"]
+    assert (payload["scheduleId"], payload["name"], payload["mode"]) == (
+        wanted.schedule_id,
+        "wanted",
+        "daily",
+    )
