@@ -492,6 +492,29 @@ async def test_creating_a_change_twice_for_one_client_request_returns_the_first_
     assert third.created and third.change_id != first.change_id
 
 
+async def test_one_client_request_id_in_two_projects_creates_a_change_in_each(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN two active projects
+    provision(app, "acme-shop")
+    provision(app, "acme-blog")
+    requests = app.lifecycle().requests
+
+    # WHEN each gets a Change with the same client request ID (the key is per project)
+    shop = requests.create_change(
+        USER, project_id="acme-shop", client_request_id="req-7", title="Gift", tasks=one_task()
+    )
+    blog = requests.create_change(
+        USER, project_id="acme-blog", client_request_id="req-7", title="Post", tasks=one_task()
+    )
+
+    # THEN both are created, each a Change of its own project
+    assert shop.created and blog.created
+    assert shop.change_id != blog.change_id
+    assert [c.change_id for c in app.lifecycle().world.changes("acme-shop")] == [shop.change_id]
+    assert [c.change_id for c in app.lifecycle().world.changes("acme-blog")] == [blog.change_id]
+
+
 async def read_project_events(app: Rhumbatron, project_id: str) -> list[Event]:
     """Every Event of ``project_id`` on its stream, in stream order."""
     js = (await app.nats()).jetstream()
@@ -1052,6 +1075,32 @@ async def without_subject(app: Rhumbatron, queue: str) -> None:
     config = (await js.stream_info(COMMAND_STREAM)).config
     config.subjects = [s for s in config.subjects or [] if s != command_subject(queue)]
     await js.update_stream(config)
+
+
+async def test_a_workflow_start_whose_send_succeeds_starts_nothing_directly(
+    app: Rhumbatron, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a verification queue that takes commands
+    lifecycle = app.lifecycle()
+    candidate_id = "cand_" + "0" * 32
+    start = lifecycle_command(
+        "verification.start",
+        verify_command_id(candidate_id),
+        project_id="acme-shop",
+        change_id="chg_sent",
+        now=app.clock.now(),
+        payload={"candidateId": candidate_id},
+    )
+
+    # WHEN the producer sends its workflow start command
+    sent = await lifecycle.sender.start_workflow(start)
+
+    # THEN the command waits on its queue, and the producer started no instance: only the
+    # consumer's delivery starts it
+    assert sent.outcome == "sent"
+    assert await stored_on(app, "verification") == 1
+    assert workflow_rows(app) == {}
+    assert "directly" not in caplog.text
 
 
 async def test_a_workflow_start_whose_send_fails_starts_directly_and_a_later_delivery_finds_it(

@@ -418,10 +418,12 @@ async def test_past_the_clef_flash_cap_a_prefix_overlap_wakes_without_asking(
 
 @dataclass
 class Deliveries:
-    """Wraps a queue's real handler and records each delivery's number and outcome."""
+    """Wraps a queue's real handler and records each delivery's number and outcome, and the
+    delay each retry asked for."""
 
     handler: CommandHandler
     seen: list[tuple[str, int, str]] = field(default_factory=list)
+    delays: list[tuple[str, float]] = field(default_factory=list)
 
     async def __call__(self, command: Command, delivery: Delivery) -> Retry | None:
         try:
@@ -431,10 +433,15 @@ class Deliveries:
             raise
         done = "retry" if outcome is not None else "done"
         self.seen.append((command.command_id, delivery.delivered, done))
+        if outcome is not None:
+            self.delays.append((command.command_id, outcome.delay_s))
         return outcome
 
     def of(self, command_id: str) -> list[tuple[int, str]]:
         return [(n, outcome) for c, n, outcome in self.seen if c == command_id]
+
+    def delays_of(self, command_id: str) -> list[float]:
+        return [delay for c, delay in self.delays if c == command_id]
 
 
 def watch(queue: str) -> tuple[support.Wrap, list[Deliveries]]:
@@ -454,8 +461,9 @@ async def test_a_candidate_waiting_for_a_conflict_review_asks_again_and_composes
     make_app: AppFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN two Changes whose work touches the same file, and verification not running, so
-    # the first Candidate stays created (its conflict review never ends)
-    app = make_app()
+    # the first Candidate stays created (its conflict review never ends); a conflict review
+    # delay of its own (the spec's 45 s, lowered; the more-work delay differs)
+    app = make_app(integration_more_work_delay_s=0.06, conflict_review_delay_s=0.07)
     await app.ensure_streams()
     lifecycle = app.lifecycle()
     lifecycle.scripts = ScriptLibrary.from_mapping(
@@ -493,6 +501,7 @@ async def test_a_candidate_waiting_for_a_conflict_review_asks_again_and_composes
         [(1, "done")],
         [(1, "retry"), (2, "retry"), (3, "retry"), (4, "done")],
     ]
+    assert watched[0].delays_of(creates[1]) == [0.07] * 3
     assert "composes anyway on its last delivery" in caplog.text
     statuses = [
         [c.status for c in shard_of(app, PROJECT, change).candidates(change_id=change)]
@@ -512,8 +521,9 @@ async def test_a_candidate_waiting_for_a_conflict_review_asks_again_and_composes
 async def test_a_bounded_forks_sweep_with_more_work_asks_again_and_is_acked_on_its_4th(
     make_app: AppFactory,
 ) -> None:
-    # GIVEN more abandoned forks (their Candidates are gone) than four deliveries delete
-    app = make_app()
+    # GIVEN more abandoned forks (their Candidates are gone) than four deliveries delete, and
+    # a more-work delay of its own (the spec's 10 s, lowered; the conflict review's differs)
+    app = make_app(integration_more_work_delay_s=0.06, conflict_review_delay_s=0.07)
     await app.ensure_streams()
     lifecycle = app.lifecycle()
     forks = 4 * FORKS_PER_DELIVERY + 1
@@ -531,9 +541,10 @@ async def test_a_bounded_forks_sweep_with_more_work_asks_again_and_is_acked_on_i
     )
     await quiet(app)
 
-    # THEN each delivery deleted its bound and asked for another; the 4th was acknowledged
-    # with work left, counted as bounded_command_exhausted
+    # THEN each delivery deleted its bound and asked for another after the more-work delay;
+    # the 4th was acknowledged with work left, counted as bounded_command_exhausted
     assert watched[0].of("cmd_sweep_1") == [(1, "retry"), (2, "retry"), (3, "retry"), (4, "done")]
+    assert watched[0].delays_of("cmd_sweep_1") == [0.06] * 3
     assert len(lifecycle.forks.forks(PROJECT)) == forks - 4 * FORKS_PER_DELIVERY
     assert metric_counts(app.product().connection)[BOUNDED_EXHAUSTED_METRIC] == 1
     assert await stored_on(app, "integration") == 0

@@ -437,6 +437,44 @@ async def test_a_retry_that_fails_again_updates_and_reopens_the_same_letter(
     await settles_to(lambda: commands_state(app), (0, last_seq))
 
 
+async def test_a_redelivered_letter_an_operator_dismissed_meanwhile_stays_dismissed(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN a change.settle that failed on every delivery, on the dead-letter queue
+    given_project(app)
+    given_change(app)
+    await drive_to_dead_letter(app, settle(clock), "integration")
+    bus = await app.command_bus()
+    consumer = DeadLetterConsumer(app)
+
+    async def dismissed_before_the_redelivery(command: Command, delivery: Delivery) -> Retry | None:
+        await consumer(command, delivery)
+        if delivery.delivered > 1:
+            return None
+        # The first ack is lost, and an operator dismisses the letter before it comes back
+        (letter,) = letters(app)
+        with app.product().transaction() as db:
+            dismiss_dead_letter(db, letter.dead_letter_id, now_s=clock.now().timestamp())
+        clock.advance(60)
+        return Retry(0.0, "ack lost")
+
+    # WHEN the same dead-letter message (the same attempt) is delivered again
+    runtime = bare_runtime(app, bus.nc, bus)
+    try:
+        await runtime.poll(DEAD_LETTER_QUEUE, dismissed_before_the_redelivery)
+        await runtime.poll(DEAD_LETTER_QUEUE, dismissed_before_the_redelivery)
+    finally:
+        await runtime.close()
+
+    # THEN the letter is written once, keyed by its command: the redelivery changes nothing,
+    # and the letter stays dismissed (only a later attempt opens it again)
+    (letter,) = letters(app)
+    assert letter.attempt == 1
+    assert letter.status is DeadLetterStatus.CLOSED
+    assert letter.resolution == "dismissed"
+    assert letter.updated_at_s == clock.now().timestamp() - 60
+
+
 async def test_a_letter_that_cannot_be_written_is_retried_not_lost(
     app: Rhumbatron, clock: ManualClock
 ) -> None:

@@ -389,6 +389,51 @@ async def test_the_depth_cap_stops_a_chain_of_reactions(
         await world.app.close()
 
 
+async def test_an_agent_reaction_gets_the_depth_cap_and_the_cooldown_too(
+    tmp_path: Path, settings: Settings, clock: ManualClock
+) -> None:
+    # GIVEN a depth cap of 1, and an agent reaction with a 60 s cooldown
+    clock.set(START)
+    world = make_world(tmp_path, settings, clock, limits=ReactionSettings(reaction_depth_cap=1))
+    await world.app.ensure_streams()
+    try:
+        AgentRegistry(world.app.product(), world.app.settings, world.clock).register_scripted(
+            TENANT, "agent-9"
+        )
+        agent = world.subscribe("wake", AgentReaction(agent_id="agent-9"), cooldown_s=60)
+        hook = world.subscribe("hook", webhook("http://127.0.0.1:9/unused"))
+        first = task_completed(clock, "t1")
+        await world.publish(first)
+        await world.react()
+
+        # WHEN a second match comes 10 s later, and then one that the webhook's reaction
+        # caused (one hop deep), after the cooldown
+        clock.advance(10)
+        second = task_completed(clock, "t2")
+        await world.publish(second)
+        await world.react()
+        clock.advance(60)
+        caller = Caller(TENANT, "user:hook", correlation_id=f"{first.event_id}:{hook}")
+        deep = task_completed(clock, "t3", caller=caller)
+        await world.publish(deep)
+        await world.react()
+
+        # THEN the agent was woken once: the second by its cooldown, the third by the depth
+        # cap, as a webhook reaction would be
+        agent_reasons = {
+            s.event_id: s.reason for s in world.suppressed() if s.subscription_id == agent
+        }
+        assert agent_reasons == {
+            second.event_id: SuppressionReason.COOLDOWN,
+            deep.event_id: SuppressionReason.DEPTH,
+        }
+        js = (await world.app.nats()).jetstream()
+        info = await js.stream_info(COMMAND_STREAM, subjects_filter="cmd.agent-wakeups")
+        assert (info.state.subjects or {}).get("cmd.agent-wakeups") == 1
+    finally:
+        await world.app.close()
+
+
 async def test_a_cooldown_suppresses_a_second_fire_inside_the_window(
     world: World, receiver: Receiver
 ) -> None:
@@ -397,16 +442,17 @@ async def test_a_cooldown_suppresses_a_second_fire_inside_the_window(
     await world.publish(task_completed(world.clock, "t1"))
     await world.react()
 
-    # WHEN a second match comes 10 s later, and a third 61 s after the first
-    world.clock.advance(10)
+    # WHEN a second match comes 59 s later, and a third 60 s after the first
+    world.clock.advance(59)
     second = task_completed(world.clock, "t2")
     await world.publish(second)
     await world.react()
-    world.clock.advance(51)
+    world.clock.advance(1)
     await world.publish(task_completed(world.clock, "t3"))
     await world.react()
 
-    # THEN the second is suppressed by the cooldown, the third delivered
+    # THEN the second is suppressed by the cooldown (it lasts the whole 60 s), the third,
+    # at its end, delivered
     assert [body["subject"]["id"] for _, body in receiver.received] == ["t1", "t3"]
     (suppression,) = world.suppressed()
     assert (suppression.reason, suppression.event_id) == (

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -379,7 +380,9 @@ async def test_the_fifth_failure_makes_a_poison_dead_letter_and_acks_it(
 
     await until(nudge, lambda r: r.subscriptions[CAUSAL.value].dead_lettered > 0)
 
-    # THEN the 5th failure wrote one dead letter per subscription, and the record is acked
+    # THEN the 5th failure (counted per subscription, not before) wrote one dead letter per
+    # subscription, and the record is acked
+    assert sum(r.subscriptions[CAUSAL.value].failed for r in reports) == 5
     dead = sum(r.subscriptions[PROJECTOR.value].dead_lettered for r in reports)
     assert dead == 1
     rows = (
@@ -558,6 +561,42 @@ async def test_the_daily_tick_prunes_claims_older_than_14_days_up_to_the_cap(
     assert left == 12 - 4
 
 
+async def test_a_claim_is_kept_until_it_is_14_days_old_and_pruned_after(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN events applied by the projector and the causal router at 04:18 UTC, a minute
+    # after a daily tick
+    app = await make_app()
+    (project,) = projects_on_stream(1, 1)
+    applied_at = clock.now().replace(hour=4, minute=18, second=0, microsecond=0) + timedelta(days=1)
+    clock.set(applied_at)
+    await publish(app, lifecycle(project, clock.now()))
+    await app.router().nudge(1)
+    count = "SELECT COUNT(*) FROM processed_events"
+    stream_claims = app.router().stream_state(1).connection
+    view_claims = app.router().projector.view(project).connection
+    claims = stream_claims.execute(count).fetchone()[0] + view_claims.execute(count).fetchone()[0]
+    assert claims == 12
+
+    # WHEN the daily tick runs 14 days later, when the claims are a minute short of 14 days
+    tick = applied_at + timedelta(days=14, minutes=-1)
+    clock.set(tick)
+    kept = await app.router().sweep(now=tick)
+
+    # THEN none is pruned: a claim is kept 14 days
+    assert kept.maintenance
+    assert kept.pruned_claims == 0
+
+    # WHEN the next day's tick runs, the claims a day older
+    tick += timedelta(days=1)
+    clock.set(tick)
+    pruned = await app.router().sweep(now=tick)
+
+    # THEN every one of them is pruned
+    assert pruned.maintenance
+    assert pruned.pruned_claims == claims
+
+
 async def test_every_sweep_records_consumer_lag_and_outbox_backlog_as_metrics(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
@@ -580,6 +619,16 @@ async def test_every_sweep_records_consumer_lag_and_outbox_backlog_as_metrics(
     assert counts["consumer_num_pending"] == 40
     assert counts["consumer_num_ack_pending"] == 40
     assert counts["outbox_pending"] == 1
+    # AND each consumer's point names its stream and consumer: the lag is read per consumer
+    points = app.product().connection.execute(
+        "SELECT dimensions, value FROM platform_metrics WHERE name = 'consumer_num_pending'"
+    )
+    pending = {
+        (d["stream"], d["consumer"]): value
+        for d, value in ((json.loads(row[0]), row[1]) for row in points)
+    }
+    assert len(pending) == 40
+    assert pending[(event_stream_name(0), PROJECTOR.value)] == 3
 
 
 async def test_the_daily_tick_drops_lag_points_older_than_30_days_and_keeps_event_metrics(

@@ -163,6 +163,22 @@ async def test_a_user_schedule_fires_at_its_due_time_and_not_before(
     assert event.to_wire()["payload"]["name"] == "every-5"
 
 
+async def test_a_schedule_created_exactly_on_a_due_time_fires_for_it(
+    app: Rhumbatron, clock: ManualClock, schedules: ScheduleRegistry
+) -> None:
+    # GIVEN an every-5-minutes schedule created at 10:05:00 sharp, one of its due times
+    clock.set(at(10, 5))
+    record = schedules.create(
+        TENANT, "on-time", PROJECT, ScheduleTiming.of("interval", every_minutes=5)
+    ).record
+    # WHEN the 10:05 tick runs
+    due = await tick(app, clock, at(10, 5))
+    # THEN the schedule fired for 10:05: a due time at its creation is one of its own
+    assert due["schedules_fired"] == [SWEEP_SCHEDULE_ID, record.schedule_id]
+    [(_, event)] = await fired_on_stream(app, PROJECT)
+    assert scheduled_at(event) == "2026-03-02T10:05:00Z"
+
+
 async def test_a_repeated_tick_stores_no_second_fact_even_when_it_lost_its_fire_record(
     app: Rhumbatron, clock: ManualClock, schedules: ScheduleRegistry
 ) -> None:
@@ -227,3 +243,11 @@ async def test_a_subscription_on_one_schedules_fires_reacts_with_a_webhook(
     assert body["eventId"] == event_id and body["kind"] == "schedule.fired"
     assert body["subject"] == {"type": "schedule", "id": wanted.schedule_id}
     assert body["projectId"] == PROJECT
+    # AND the fact it points to names its schedule: ID, name and mode
+    facts = {event.event_id: event for _, event in await fired_on_stream(app, PROJECT)}
+    payload = facts[event_id].to_wire()["payload"]
+    assert (payload["scheduleId"], payload["name"], payload["mode"]) == (
+        wanted.schedule_id,
+        "wanted",
+        "daily",
+    )

@@ -410,6 +410,33 @@ async def test_the_retry_pass_respects_the_in_flight_cap_and_leaves_the_rest_due
         await world.app.close()
 
 
+async def test_the_retry_of_an_admitted_delivery_is_not_charged_against_the_budget_again(
+    tmp_path: Path, settings: Settings, clock: ManualClock, receiver: ScriptedReceiver
+) -> None:
+    # GIVEN a tenant's daily budget of 1, spent by a delivery its receiver refused
+    clock.set(START)
+    limits = ReactionSettings(reaction_daily_budget=1)
+    world = make_world(tmp_path, settings, clock, limits=limits)
+    await world.app.ensure_streams()
+    try:
+        sub = world.subscribe("hook", webhook(receiver.url))
+        receiver.answers(500)
+        await world.publish(task_completed(clock, "t1"))
+        first = await world.react()
+        assert first.applied == 1
+        clock.advance(5)
+
+        # WHEN the retry pass runs the same day
+        report = await retrier(world, limits).run()
+
+        # THEN the retry is the same delivery, already charged: it is sent and delivered
+        assert (report.sent, report.delivered) == (1, 1)
+        assert [answer for _, _, answer in receiver.requests] == [500, ACCEPT]
+        assert delivery(world, sub).status is DeliveryStatus.DELIVERED
+    finally:
+        await world.app.close()
+
+
 async def test_the_cli_lists_deliveries_replays_skipped_ones_and_retries_a_letter(
     world: World,
     receiver: ScriptedReceiver,

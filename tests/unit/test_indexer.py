@@ -5,7 +5,7 @@ every failure is recorded in project_indexes and raised for the queue's retries.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -171,6 +171,24 @@ async def test_a_failing_build_is_recorded_and_raised_for_a_retry(
     assert status.error == "OSError: canonical store unreachable"
     assert status.attempts == 2
     assert indexer.ready_generation(PROJECT) is None
+
+
+async def test_a_build_failing_on_its_last_delivery_is_recorded_too(
+    indexer: Indexer, source: CanonicalFiles
+) -> None:
+    # GIVEN a canonical source that cannot be read
+    source.broken = OSError("canonical store unreachable")
+    # WHEN index.build is delivered 1 + 3 times, the last with no retry left
+    deliveries = [replace(DELIVERY, delivered=n) for n in range(1, 5)]
+    for delivery in deliveries:
+        with pytest.raises(OSError, match="unreachable"):
+            await indexer(build(generation=1), delivery)
+    # THEN the last delivery's failure is recorded as well: the row is what remains
+    assert deliveries[-1].is_last
+    status = indexer.status(PROJECT)
+    assert status is not None
+    assert status.status is IndexState.FAILED
+    assert status.attempts == 4
 
 
 async def test_a_build_after_a_failure_succeeds_and_clears_it(
