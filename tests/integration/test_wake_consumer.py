@@ -43,6 +43,13 @@ class RecordingAgents:
         self.tasks.append(task)
 
 
+class UnreachableAgents:
+    """An agents' runtime that cannot be reached."""
+
+    async def wake(self, agent_id: str, task: TaskState | None, command: Command) -> None:
+        raise ConnectionError(f"agent {agent_id} unreachable")
+
+
 @pytest_asyncio.fixture
 async def app(settings: Settings, clock: ManualClock) -> AsyncIterator[Rhumbatron]:
     clock.set(NOW)
@@ -117,6 +124,47 @@ async def test_a_ready_wake_admits_the_agent_once_and_a_repeat_is_a_duplicate(
         .fetchone()[0]
     )
     assert assigned == 1
+
+
+async def test_a_ready_wake_redelivered_after_its_ack_was_lost_wakes_nobody_again(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN a ready wake the agent got, whose ack was then lost
+    ready_task(app, "c1", "t1")
+    agents = RecordingAgents()
+    consumer = WakeConsumer(app, agents)
+    command = wake("cmd_t1_ready", "c1", "t1", "a1")
+    await consumer(command, first_delivery())
+    # WHEN JetStream delivers it again
+    again = Delivery("agent-wakeups", stream_seq=1, delivered=2, max_deliveries=4, headers={})
+    await consumer(command, again)
+    # THEN it is a duplicate: the agent was woken once (S0-220)
+    assert [o for _, o in consumer.outcomes] == [WakeOutcome.DELIVERED, WakeOutcome.DUPLICATE]
+    assert agents.woken == [("a1", "t1")]
+
+
+async def test_an_operator_retry_of_a_ready_wake_the_agent_never_got_wakes_it(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN a ready wake that admitted its agent, but whose runtime failed on every delivery
+    ready_task(app, "c1", "t1")
+    command = wake("cmd_t1_ready", "c1", "t1", "a1")
+    down = WakeConsumer(app, UnreachableAgents())
+    for delivered in range(1, 5):
+        with pytest.raises(ConnectionError):
+            await down(
+                command,
+                Delivery("agent-wakeups", 1, delivered=delivered, max_deliveries=4, headers={}),
+            )
+    task = shard(app, "c1").task_state("t1")
+    assert task is not None and (task.status, task.agent_id) == ("assigned", "a1")
+    # WHEN an operator retries its dead letter (attempt 2, a first delivery)
+    agents = RecordingAgents()
+    consumer = WakeConsumer(app, agents)
+    await consumer(command.model_copy(update={"attempt": 2}), first_delivery())
+    # THEN the agent gets the wake it never had, once
+    assert consumer.outcomes == [("cmd_t1_ready", WakeOutcome.DELIVERED)]
+    assert agents.woken == [("a1", "t1")]
 
 
 async def test_a_wake_for_a_task_another_agent_holds_is_stale_and_counted(

@@ -456,8 +456,13 @@ class RecordingAgents:
 
     app: Rhumbatron
     woken: list[tuple[str, str | None, list[str]]] = field(default_factory=list)
+    #: How many wakes fail (the runtime raises) before one goes through.
+    failures: int = 0
 
     async def wake(self, agent_id: str, task: TaskState | None, command: Command) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("runtime down")
         seen = [e.event_type for e in outbox(change_shard(self.app, command.change_id or ""))]
         self.woken.append((agent_id, task.task_id if task else None, seen))
 
@@ -479,14 +484,16 @@ async def test_a_delivered_wake_records_agent_woke_before_the_agent_runs_once(
 ) -> None:
     # GIVEN a Change with a ready Task and its dispatcher's wake
     shard = create(app, [TaskPlan("t1", "schema", AGENT)])
-    agents = RecordingAgents(app)
+    agents = RecordingAgents(app, failures=1)
     consumer = WakeConsumer(app, agents)
     command = wake("cmd_t1_ready", AGENT)
-    # WHEN the wake is handled, and the same message is redelivered
-    await consumer(command, delivery("agent-wakeups"))
+    # WHEN the wake is handled but the agents' runtime fails, and the message is redelivered
+    with pytest.raises(RuntimeError, match="runtime down"):
+        await consumer(command, delivery("agent-wakeups"))
     await consumer(command, delivery("agent-wakeups", delivered=2))
-    # THEN the Agent was admitted and got both deliveries
+    # THEN the Agent was admitted, and the redelivery gave it the wake it missed
     assert [o for _, o in consumer.outcomes] == [WakeOutcome.DELIVERED] * 2
+    assert len(agents.woken) == 1
     # AND agent.woke was recorded once, for the Agent and its Task, under the wake's key
     (woke,) = outbox(shard, "agent.woke")
     assert payload(woke) == {"agentId": AGENT, "falseWakeup": False}

@@ -341,16 +341,18 @@ def test_the_reactions_history_ages_out_within_the_cap(db: sqlite3.Connection) -
             "INSERT INTO reaction_admissions VALUES (?, 'acme', '2027-01-15', ?)", (f"a-{tag}", at)
         )
         db.execute("INSERT INTO agent_event_wakes VALUES ('a7', ?, 'cmd', ?)", (f"e-{tag}", at))
+        db.execute("INSERT INTO delivered_ready_wakes VALUES (?, 'a7', ?)", (f"cmd-{tag}", at))
     first_attempt(db, 1, OK)
     # WHEN the history before T0+1000 is pruned with a cap of 3, then with room
     capped = prune_reaction_history(db, before_s=T0 + 1_000, limit=3)
     rest = prune_reaction_history(db, before_s=T0 + 1_000, limit=100)
     # THEN the cap held, and in the end only the fresh rows are left
-    assert (capped, rest) == (3, 2)
+    assert (capped, rest) == (3, 3)
     for table in (
         "reaction_suppressions",
         "reaction_causes",
         "reaction_admissions",
+        "delivered_ready_wakes",
         "agent_event_wakes",
     ):
         assert db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 1

@@ -6,10 +6,12 @@ It checks relevance again before any agent work, because a wake can outlive its 
   once and counts as a false wakeup (``agent_false_wakeup`` in METRICS);
 * a ready wake (``cmd_<task>_ready``, from the dispatcher) → ``admitAgent``: the Task is
   assigned to the Agent once. A ready wake for a Task the same Agent already holds is a
-  duplicate (nothing happens again) — unless it is a redelivery of the same message, whose
-  first handling failed after the admission: then the Agent gets the wake it missed; one held
-  by another Agent is stale; over the 8-agent
-  limit the Task stays ready and the router dispatches again when a slot frees;
+  duplicate (nothing happens again) — unless the Agent never got it: a handling that failed
+  after the admission (the runtime raised, the function stopped) leaves no record in
+  ``delivered_ready_wakes``, so the redelivery, or an operator's Retry of its dead letter,
+  gives the Agent the wake it missed. A wake is recorded there once the runtime took it: a
+  redelivery after a lost ack is a duplicate. One held by another Agent is stale; over the
+  8-agent limit the Task stays ready and the router dispatches again when a slot frees;
 * a router wake (``cmd_<event>_<task>``) for the Agent that holds the Task → relevant;
 * a reaction's wake (``reason = reaction:<subscriptionId>``, seed 002: a subscription wakes an
   agent about a fact) → relevant whatever its Task, if any, is doing — unless its Change was
@@ -74,6 +76,9 @@ _log = logging.getLogger(__name__)
 FALSE_WAKEUP_METRIC = "agent_false_wakeup"
 
 #: The wakes delivered, by (agent, event): a reaction's wake for a pair taken is a duplicate.
+#: And the ready wakes the agents' runtime took, by command: a ready wake for a Task its Agent
+#: already holds is a duplicate once its runtime took it (both age out with the reactions'
+#: history: a wake that old is never redelivered).
 AGENT_EVENT_WAKES_SCHEMA = """
 CREATE TABLE IF NOT EXISTS agent_event_wakes (
     agent_id    TEXT NOT NULL,
@@ -81,6 +86,11 @@ CREATE TABLE IF NOT EXISTS agent_event_wakes (
     command_id  TEXT NOT NULL,
     woken_at_s  REAL NOT NULL,
     PRIMARY KEY (agent_id, event_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS delivered_ready_wakes (
+    command_id      TEXT NOT NULL PRIMARY KEY,
+    agent_id        TEXT NOT NULL,
+    delivered_at_s  REAL NOT NULL
 ) WITHOUT ROWID;
 """
 
@@ -116,9 +126,9 @@ class WakeConsumer:
     async def __call__(self, command: Command, delivery: Delivery) -> Retry | None:
         outcome = self._decide(command)
         reaction = is_reaction_wake(command)
-        if outcome is WakeOutcome.DUPLICATE and delivery.delivered > 1 and not reaction:
-            # The same message again, not a second wake: the delivery that admitted the
-            # Agent failed after the admission, so the Agent never got its wake. Deliver it.
+        if outcome is WakeOutcome.DUPLICATE and not reaction and not self._runtime_took(command):
+            # The handling that admitted the Agent failed before its runtime took the wake
+            # (the ack was not lost: the work was). Deliver the wake it missed.
             outcome = WakeOutcome.DELIVERED
         if outcome is WakeOutcome.DELIVERED and not reaction and self._pair_taken(command):
             outcome = WakeOutcome.JOINED
@@ -140,6 +150,8 @@ class WakeConsumer:
                 task = self._shard(command).task_state(command.task_id)
             assert task is not None or is_reaction_wake(command)
             await self.runtime.wake(_agent_of(command), task, command)
+            if not reaction:
+                self._record_runtime_took(command)
         return None
 
     def _shard(self, command: Command) -> ResourceShard:
@@ -227,6 +239,26 @@ class WakeConsumer:
                     command.command_id,
                     self.app.clock.now().timestamp(),
                 ),
+            )
+
+    def _runtime_took(self, command: Command) -> bool:
+        """Whether the agents' runtime already took this (ready) wake."""
+        row = (
+            self.app.product()
+            .connection.execute(
+                "SELECT 1 FROM delivered_ready_wakes WHERE command_id = ?", (command.command_id,)
+            )
+            .fetchone()
+        )
+        return row is not None
+
+    def _record_runtime_took(self, command: Command) -> None:
+        """After the runtime returned: a later delivery of this wake is a duplicate."""
+        with self.app.product().transaction() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO delivered_ready_wakes (command_id, agent_id, "
+                "delivered_at_s) VALUES (?, ?, ?)",
+                (command.command_id, _agent_of(command), self.app.clock.now().timestamp()),
             )
 
     def _record_woke(self, command: Command, *, false_wakeup: bool) -> None:

@@ -70,6 +70,8 @@ _AGING: tuple[tuple[str, str, str], ...] = (
     ("reaction_suppressions", "delivery_key", "recorded_at_s"),
     ("reaction_causes", "cause_key", "recorded_at_s"),
     ("reaction_admissions", "delivery_key", "admitted_at_s"),
+    # The ready wakes the agents' runtime took (the wake consumer's duplicate check).
+    ("delivered_ready_wakes", "command_id", "delivered_at_s"),
 )
 #: The wake consumer's (agent, event) record ages out with them (a wake older than the
 #: history cannot be redelivered any more).
