@@ -336,6 +336,26 @@ async def test_the_apply_cap_defers_events_without_counting_a_failure(
     )
 
 
+async def test_the_apply_cap_holds_across_the_fetches_of_one_run(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN four projects with two events each on one stream, fetches of 4 records and a
+    #   cap of 2 apply calls per run
+    app = await make_app(router_apply_calls_per_run=2, router_fetch_max_records=4)
+    projects = projects_on_stream(0, 4)
+    for project in projects:
+        await publish(app, lifecycle(project, clock.now())[:2])
+
+    # WHEN one nudge runs (two fetches: the first two projects, then the last two)
+    report = await app.router().nudge(0)
+
+    # THEN the first fetch spent the run's two calls and the second fetch applied nothing
+    projector = report.subscriptions[PROJECTOR.value]
+    assert (projector.consumes, projector.fetched) == (2, 8)
+    assert (projector.applied, projector.deferred) == (4, 4)
+    assert [view_count(app, p) for p in projects] == [2, 2, 0, 0]
+
+
 async def test_a_failing_record_is_counted_and_redelivered_only_after_the_nack_delay(
     make_app: AppFactory,
 ) -> None:
@@ -435,6 +455,31 @@ async def test_a_housekeeping_tick_runs_no_analytics_batch(make_app: AppFactory)
         Subscription.ANALYTICS_PROJECTOR.value,
         Subscription.REACTIONS.value,
     ]
+
+
+async def test_a_sweep_tick_runs_one_archiver_and_one_analytics_batch_of_at_most_100(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN 250 mapped events waiting on one stream
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, wakes(project, clock.now(), 250))
+
+    # WHEN one ordinary sweep tick visits that stream
+    sweep = await app.router().sweep(now=sweep_minute(0))
+
+    # THEN the archiver and the analytics projector each ran one batch of 100
+    for name in (Subscription.AUDIT_ARCHIVER, Subscription.ANALYTICS_PROJECTOR):
+        sub = sweep.run.subscriptions[name.value]
+        assert (sub.consumes, sub.fetched, sub.applied) == (1, 100, 100)
+    # AND that batch became one archive object and 100 EVENT_METRICS points
+    assert [count for _, count in sweep.archive_objects] == [100]
+    counts = metric_counts(app.product().connection, MetricBinding.EVENT_METRICS)
+    assert counts["agent_wakeup"] == 100
+    # AND the other 150 wait on the stream for the next ticks
+    lag = (await app.router().event_log()).lag
+    assert (await lag(0, Subscription.AUDIT_ARCHIVER)).num_pending == 150
+    assert (await lag(0, Subscription.ANALYTICS_PROJECTOR)).num_pending == 150
 
 
 async def test_with_nudges_off_eight_sweeps_apply_archive_and_count_every_event(
