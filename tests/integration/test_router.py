@@ -423,6 +423,41 @@ async def test_the_fifth_failure_makes_a_poison_dead_letter_and_acks_it(
     assert (lag.num_pending, lag.num_ack_pending) == (0, 0)
 
 
+async def test_an_event_dead_lettered_on_its_fifth_failure_is_marked_processed(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a decodable event whose project view refuses it, redelivered at once after a nack
+    app = await make_app(router_nak_delay_s=0)
+    (project,) = projects_on_stream(0, 1)
+    view = app.router().projector.view(project)
+    view.connection.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-bad' "
+        "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+    bad = FactContext(CALLER, project, clock.now()).fact(
+        "task.ready", {}, change_id=f"{project}-c", task_id="t-bad"
+    )
+    await publish(app, [bad])
+    # AND nudges ran until its 5th failure made the projector's dead letter
+    await until(
+        lambda: app.router().nudge(0),
+        lambda r: r.subscriptions[PROJECTOR.value].dead_lettered > 0,
+    )
+
+    # WHEN the view would now take it, and the same event arrives again
+    view.connection.execute("DROP TRIGGER refuse")
+    await publish_raw(app, 0, bad.to_json(), msg_id=f"{bad.event_id}-again")
+    report = await until(
+        lambda: app.router().nudge(0), lambda r: r.subscriptions[PROJECTOR.value].fetched > 0
+    )
+
+    # THEN the projector takes it as processed: a duplicate, acked, never applied
+    projector = report.subscriptions[PROJECTOR.value]
+    assert (projector.duplicates, projector.applied, projector.failed) == (1, 0, 0)
+    assert view_count(app, project) == 0
+    assert (await (await app.router().event_log()).lag(0, PROJECTOR)).num_ack_pending == 0
+
+
 def test_the_sweep_visits_the_minute_of_day_mod_8_and_skips_analytics_on_housekeeping_ticks() -> (
     None
 ):
@@ -601,6 +636,40 @@ async def test_the_daily_tick_prunes_claims_older_than_14_days_up_to_the_cap(
     left = app.router().stream_state(1).connection.execute(old, (cutoff,)).fetchone()[0]
     left += app.router().projector.view(project).connection.execute(old, (cutoff,)).fetchone()[0]
     assert left == 12 - 4
+
+
+async def test_the_daily_tick_prunes_claims_just_older_than_14_days_and_keeps_younger_ones(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN one project's events claimed 14 days and an hour before the 04:17 UTC tick,
+    #   and another project's claimed 14 days less an hour before it
+    app = await make_app()
+    tick = datetime(2026, 3, 17, 4, 17, tzinfo=UTC)
+    older, younger = projects_on_stream(1, 2)
+    ages = {older: timedelta(days=14, hours=1), younger: timedelta(days=14, hours=-1)}
+    for project, age in ages.items():
+        clock.set(tick - age)
+        await publish(app, lifecycle(project, clock.now()))
+        await app.router().nudge(1)
+
+    # WHEN the 04:17 UTC tick runs
+    clock.set(tick)
+    sweep = await app.router().sweep(now=tick)
+
+    # THEN the older project's 12 claims (projector and causal router) went, its 6 feed rows
+    #   too, and every claim and feed row of the younger project stayed
+    assert sweep.maintenance
+    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (12, 6)
+    claims = "SELECT COUNT(*) FROM processed_events"
+    stream = app.router().stream_state(1).connection
+    views = {p: app.router().projector.view(p).connection for p in (older, younger)}
+    assert views[older].execute(claims).fetchone()[0] == 0
+    assert views[younger].execute(claims).fetchone()[0] == 6
+    assert view_count(app, younger) == 6
+    younger_ids = [r[0] for r in views[younger].execute("SELECT event_id FROM processed_events")]
+    marks = ",".join("?" * len(younger_ids))
+    causal = f"SELECT COUNT(*) FROM processed_events WHERE consumer = ? AND event_id IN ({marks})"
+    assert stream.execute(causal, (CAUSAL.value, *younger_ids)).fetchone()[0] == 6
 
 
 async def test_every_sweep_records_consumer_lag_and_outbox_backlog_as_metrics(
