@@ -293,6 +293,14 @@ async def test_a_quiet_open_change_is_settled_at_the_next_release_sweep_tick(
     lost_wake, lost_task = open_change(app, project, "req-lost-wake")
     failed, failed_task = open_change(app, project, "req-failed")
     fail_task(app, project, failed, failed_task)
+    # AND, in another project, a Change whose Task an Agent holds and one whose Candidate is
+    # being verified: both quiet since 10:04, and both can move on their own
+    other = "acme-api"
+    new_project(app, other)
+    held, held_task = open_change(app, other, "req-held")
+    take_task(app, other, held, held_task)
+    verifying = verifying_change(app, other, "req-verifying", {"src/v.py": "V = 1\n"})
+    compose(app, other, verifying)
 
     # WHEN the 10:12 tick runs (not a release-sweep minute)
     clock.set(at(10, 12))
@@ -310,7 +318,7 @@ async def test_a_quiet_open_change_is_settled_at_the_next_release_sweep_tick(
     clock.set(at(10, 14))
     summary = await tick(app)
 
-    # THEN change.settle went out for the two quiet Changes only
+    # THEN change.settle went out for the two quiet Changes that cannot move on their own only
     assert summary["release_sweep"] is True
     assert housekeeping_sent(summary) == {"change.settle": 2}
 
@@ -327,6 +335,7 @@ async def test_a_quiet_open_change_is_settled_at_the_next_release_sweep_tick(
     assert failed_change is not None and "the build does not compile" in failed_change.reason
     # AND the others are still open
     assert [status_of(app, project, c) for c in (lost_wake, too_fresh, too_old)] == ["open"] * 3
+    assert [status_of(app, other, c) for c in (held, verifying)] == ["open", "verifying"]
 
     # WHEN the agent-wakeups queue runs
     await run_queue(app, "agent-wakeups")
