@@ -37,6 +37,8 @@ from rhumbatron.lifecycle.requests import qualified_task_id
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.queue_consumer import PollReport
+from rhumbatron.product.dead_letters import list_dead_letters, record_command_dead_letter
+from rhumbatron.protocol import Command
 from rhumbatron.queues.wake_consumer import WakeOutcome
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
@@ -374,6 +376,82 @@ async def test_a_change_open_for_hours_is_quiet_from_its_last_task_move(
     # THEN it was settled, and failed
     assert housekeeping_sent(summary) == {"change.settle": 1}
     assert status_of(app, project, long_running) == "failed"
+
+
+def given_letter(app: Rhumbatron, project_id: str, change_id: str, command: Command) -> None:
+    """The open dead letter of ``command`` (what the dead-letter consumer writes)."""
+    with app.product().transaction() as db:
+        record_command_dead_letter(
+            db,
+            command_id=command.command_id,
+            command_type=command.command_type,
+            queue="agent-wakeups",
+            attempt=command.attempt,
+            reason="boom",
+            body=command.to_json().decode(),
+            now_s=app.clock.now().timestamp(),
+            tenant_id=TENANT,
+            project_id=project_id,
+            change_id=change_id,
+            task_id=command.task_id,
+        )
+
+
+def letter_states(app: Rhumbatron) -> dict[str | None, tuple[str, str | None]]:
+    """``(status, resolution)`` of each Change's one letter."""
+    return {
+        letter.change_id: (letter.status, letter.resolution)
+        for letter in list_dead_letters(app.product().connection, status=None)
+    }
+
+
+async def test_a_settle_supersedes_its_changes_letters_unless_a_task_waits_for_a_retry(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN at 10:04 a Change whose Task failed and a letter of one of its commands, and a
+    # Change whose ready Task's wake was dead-lettered (the Task waits for an operator's Retry)
+    project = "acme-web"
+    clock.set(at(10, 4))
+    new_project(app, project)
+    failed, failed_task = open_change(app, project, "req-failed")
+    fail_task(app, project, failed, failed_task)
+    stale = lifecycle_command(
+        "agent.wake",
+        "cmd_failed_wake_again",
+        project_id=project,
+        change_id=failed,
+        task_id=failed_task,
+        now=clock.now(),
+        payload={"agentId": AGENT, "reason": "task_ready"},
+    )
+    given_letter(app, project, failed, stale)
+    blocked, blocked_task = open_change(app, project, "req-blocked")
+    wake = lifecycle_command(
+        "agent.wake",
+        ready_wake_id(blocked_task),
+        project_id=project,
+        change_id=blocked,
+        task_id=blocked_task,
+        now=clock.now(),
+        payload={"agentId": AGENT, "reason": "task_ready"},
+    )
+    change_shard(app, project, blocked).block_task_for_dead_letter(OPS, command=wake, reason="boom")
+    given_letter(app, project, blocked, wake)
+
+    # WHEN the 10:14 release-sweep tick settles both and the integration queue runs
+    clock.set(at(10, 14))
+    summary = await tick(app)
+    await run_queue(app, "integration")
+
+    # THEN the settle of the failed Change superseded its letter
+    assert housekeeping_sent(summary) == {"change.settle": 2}
+    assert status_of(app, project, failed) == "failed"
+    states = letter_states(app)
+    assert states[failed] == ("closed", "superseded")
+    # AND the letter whose Task waits for a Retry stays open, its Task still blocked
+    assert states[blocked] == ("open", None)
+    task = change_shard(app, project, blocked).task_state(blocked_task)
+    assert task is not None and task.status is TaskStatus.BLOCKED
 
 
 async def test_changes_still_releasing_45_minutes_after_promotion_are_recovered_ten_a_tick(
