@@ -454,6 +454,44 @@ async def test_a_settle_supersedes_its_changes_letters_unless_a_task_waits_for_a
     assert task is not None and task.status is TaskStatus.BLOCKED
 
 
+async def test_the_release_sweep_tick_closes_the_letters_of_ended_changes_and_others_do_not(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN at 10:12 a completed Change with an open letter of one of its commands
+    project = "acme-web"
+    clock.set(at(10, 12))
+    new_project(app, project)
+    done = "chg-done"
+    change_shard(app, project, done).append_change_events(
+        OPS, change_id=done, status="completed", facts=()
+    )
+    late = lifecycle_command(
+        "change.settle",
+        "cmd_settle_done",
+        project_id=project,
+        change_id=done,
+        now=clock.now(),
+        payload={"reason": "quiet"},
+    )
+    given_letter(app, project, done, late)
+
+    # WHEN the 10:13 tick runs (not a release-sweep minute)
+    clock.set(at(10, 13))
+    quiet_minute = await tick(app)
+    # THEN the letter stays open
+    assert quiet_minute["release_sweep"] is False
+    assert quiet_minute["letters_closed_as_ended"] == 0
+    assert letter_states(app)[done] == ("open", None)
+
+    # WHEN the 10:14 release-sweep tick runs
+    clock.set(at(10, 14))
+    summary = await tick(app)
+    # THEN it closed the letter as ended
+    assert summary["release_sweep"] is True
+    assert summary["letters_closed_as_ended"] == 1
+    assert letter_states(app)[done] == ("closed", "ended")
+
+
 async def test_changes_still_releasing_45_minutes_after_promotion_are_recovered_ten_a_tick(
     app: Rhumbatron, clock: ManualClock
 ) -> None:
