@@ -436,7 +436,7 @@ async def test_a_spent_budget_records_budget_exceeded_once_and_skips_the_reactio
 
         # THEN one is delivered, two skipped (not retried), and budget.exceeded recorded once
         assert report.applied == 3
-        assert len(receiver.received) == 1
+        assert [body["subject"]["id"] for _, body in receiver.received] == ["t0"]
         assert [s.reason for s in world.suppressed()] == [SuppressionReason.BUDGET] * 2
         shard = world.app.resource_shard(PROJECT, project_admin_key(PROJECT))
         facts = shard.connection.execute(
@@ -449,6 +449,25 @@ async def test_a_spent_budget_records_budget_exceeded_once_and_skips_the_reactio
         assert fact["actor"] == "system:reactions"
         counts = metric_counts(world.app.product().connection, MetricBinding.METRICS)
         assert counts["reaction_refused"] == 2
+
+        # WHEN another tenant's event arrives the same day, then acme's the next UTC day
+        world.registry.create(
+            "globex",
+            "hook",
+            Selector.create(["task.completed"]),
+            webhook(receiver.url),
+            Governance(cooldown_s=0),
+        )
+        globex = Caller("globex", "system:test", "corr-g")
+        await world.publish(task_completed(clock, "g1", caller=globex, project=OTHER_PROJECT))
+        await world.react()
+        clock.set(datetime(2026, 3, 3, 0, 0, tzinfo=UTC))
+        await world.publish(task_completed(clock, "t9"))
+        await world.react()
+
+        # THEN both are delivered: the budget is per tenant and per UTC day
+        assert [body["subject"]["id"] for _, body in receiver.received] == ["t0", "g1", "t9"]
+        assert len(world.suppressed()) == 2
     finally:
         await world.app.close()
 
