@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,7 +54,7 @@ from rhumbatron.router.handlers import RunContext
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
 from rhumbatron.runtime.settings import Settings, load_settings
-from rhumbatron.workflows.engine import check_instance_id
+from rhumbatron.workflows.engine import WorkflowEngineError, WorkflowStart, check_instance_id
 from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
 
 pytestmark = pytest.mark.integration
@@ -519,19 +519,28 @@ async def test_a_full_in_flight_cap_leaves_the_event_on_the_stream(
 # -- workflow and agent reactions ----------------------------------------------------------------
 
 
-def triage_engine(
-    tmp_path: Path, settings: Settings, clock: ManualClock, runs: list[str]
-) -> InProcessEngine:
-    """An in-process engine that knows workflow "triage": one step noting its event ID."""
+def note_run(runs: list[str]) -> Callable[[Any, dict[str, Any]], Awaitable[None]]:
+    """A workflow step noting the event ID of its input."""
 
     async def step(input: Any, state: dict[str, Any]) -> None:
         runs.append(str(input["eventId"]))
 
-    return InProcessEngine(
+    return step
+
+
+def triage_engine(
+    tmp_path: Path,
+    settings: Settings,
+    clock: ManualClock,
+    runs: list[str],
+    engine: type[InProcessEngine] = InProcessEngine,
+) -> InProcessEngine:
+    """An in-process engine that knows workflow "triage": one step noting its event ID."""
+    return engine(
         tmp_path / "wf.sqlite",
         load_settings(state_dir=tmp_path / "wf", nats_url=settings.nats_url),
         clock,
-        {"triage": WorkflowDefinition("triage", (("note", step),))},
+        {"triage": WorkflowDefinition("triage", (("note", note_run(runs)),))},
     )
 
 
@@ -595,6 +604,51 @@ async def test_a_redelivery_that_finds_its_workflow_already_started_is_a_success
         # THEN the start finds the instance and is taken as done: applied, not failed or
         # retried, and the workflow ran once, not twice
         assert (report.applied, report.failed, report.retried) == (1, 0, 0)
+        assert runs == [event.event_id]
+        assert world.suppressed() == []
+    finally:
+        engine.close()
+        await world.app.close()
+
+
+class EngineDownOnce(InProcessEngine):
+    """The in-process engine, unreachable for the first start it is asked for."""
+
+    failures_left = 1
+
+    async def start(
+        self, workflow: str, instance_id: str, input: Mapping[str, Any]
+    ) -> WorkflowStart:
+        if self.failures_left:
+            self.failures_left -= 1
+            raise WorkflowEngineError("the engine is unreachable")
+        return await super().start(workflow, instance_id, input)
+
+
+async def test_a_retried_delivery_is_charged_once_and_not_held_by_its_own_cooldown(
+    tmp_path: Path, settings: Settings, clock: ManualClock
+) -> None:
+    # GIVEN a daily budget of one reaction, and a workflow reaction with a 60 s cooldown
+    #   whose first start fails (the engine is down), so its event comes back at once
+    clock.set(START)
+    runs: list[str] = []
+    engine = triage_engine(tmp_path, settings, clock, runs, engine=EngineDownOnce)
+    limits = ReactionSettings(reaction_daily_budget=1)
+    world = make_world(tmp_path, settings, clock, limits=limits, engine=engine)
+    await world.app.ensure_streams()
+    try:
+        world.subscribe("triage", WorkflowReaction(workflow="triage"), cooldown_s=60)
+        event = task_completed(clock, "t1")
+        await world.publish(event)
+
+        # WHEN the reactions consume it, and its redelivery 10 s later
+        failed = await world.react()
+        clock.advance(10)
+        retried = await world.react()
+
+        # THEN the retry of the same delivery was admitted: neither over the budget it was
+        # already charged for nor inside the cooldown its own first attempt started
+        assert (failed.failed, retried.applied) == (1, 1)
         assert runs == [event.event_id]
         assert world.suppressed() == []
     finally:
