@@ -38,7 +38,7 @@ from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.queue_consumer import PollReport
 from rhumbatron.product.dead_letters import list_dead_letters, record_command_dead_letter
-from rhumbatron.protocol import Command
+from rhumbatron.protocol import Command, Event
 from rhumbatron.queues.wake_consumer import WakeOutcome
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
@@ -553,6 +553,50 @@ async def test_changes_still_releasing_45_minutes_after_promotion_are_recovered_
     # THEN the four left were recovered
     assert housekeeping_sent(second) == {"release.recover": 4}
     assert [status_of(app, project, c) for c in cheap] == ["completed"] * 12
+
+
+async def test_after_canonical_advanced_only_candidates_on_an_earlier_base_go_stale(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN C awaiting approval with a verified Candidate on generation 0; then X approved
+    #   (canonical advances to generation 1); then B awaiting approval with a verified
+    #   Candidate already on generation 1
+    project = "acme-web"
+    new_project(app, project)
+    earlier = verifying_change(app, project, "req-c", {"src/c.py": "C = 1\n"})
+    earlier_candidate = compose(app, project, earlier)
+    verify(app, project, earlier_candidate)
+    promoted, promoted_candidate = promoted_change(app, project, "req-x")
+    current = verifying_change(app, project, "req-b", {"src/b.py": "B = 1\n"})
+    current_candidate = compose(app, project, current)
+    assert (earlier_candidate.base_generation, current_candidate.base_generation) == (0, 1)
+    verify(app, project, current_candidate)
+    (advanced,) = [
+        Event.parse(bytes(row[0]))
+        for row in app.project_root(project).connection.execute(
+            "SELECT envelope FROM outbox WHERE event_type = 'canonical.advanced'"
+        )
+    ]
+
+    # WHEN the router routes canonical.advanced
+    await app.lifecycle().routing.route([advanced])
+
+    # THEN X's Candidate is promoted; C's went stale and C back to verifying; B's Candidate,
+    #   on the new base, is still verified and B still awaits approval
+    def candidate_of(change_id: str, candidate: CandidateState) -> str:
+        state = change_shard(app, project, change_id).candidate(candidate.candidate_id)
+        assert state is not None
+        return state.status.value
+
+    assert candidate_of(promoted, promoted_candidate) == "promoted"
+    assert (candidate_of(earlier, earlier_candidate), status_of(app, project, earlier)) == (
+        "stale",
+        "verifying",
+    )
+    assert (candidate_of(current, current_candidate), status_of(app, project, current)) == (
+        "verified",
+        "awaiting_approval",
+    )
 
 
 async def test_the_daily_tick_sweeps_forks_cleans_archived_projects_and_backfills_indexes(
