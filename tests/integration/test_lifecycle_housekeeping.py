@@ -32,11 +32,12 @@ from rhumbatron.domain.tasks import TaskStatus
 from rhumbatron.entrypoints import sweep
 from rhumbatron.indexing import IndexState
 from rhumbatron.lifecycle.assembly import Lifecycle
-from rhumbatron.lifecycle.commands import lifecycle_command, ready_wake_id
+from rhumbatron.lifecycle.commands import lifecycle_command, ready_wake_id, rebase_command_id
 from rhumbatron.lifecycle.requests import qualified_task_id
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
-from rhumbatron.messaging.queue_consumer import PollReport
+from rhumbatron.messaging.queue_consumer import Delivery, PollReport, Retry
+from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.product.dead_letters import list_dead_letters, record_command_dead_letter
 from rhumbatron.protocol import Command, Event
 from rhumbatron.queues.wake_consumer import WakeOutcome
@@ -597,6 +598,71 @@ async def test_after_canonical_advanced_only_candidates_on_an_earlier_base_go_st
         "verified",
         "awaiting_approval",
     )
+
+
+async def queued_command_ids(app: Rhumbatron, queue: str) -> list[str]:
+    """The IDs of the commands waiting on ``queue``, in queue order."""
+    js = (await app.nats()).jetstream()
+    info = await js.stream_info(COMMAND_STREAM)
+    first, last = info.state.first_seq or 1, info.state.last_seq or 0
+    ids = []
+    for seq in range(first, last + 1):
+        message = await js.get_msg(COMMAND_STREAM, seq)
+        if message.subject == command_subject(queue):
+            ids.append(Command.parse(message.data or b"").command_id)
+    return ids
+
+
+async def test_candidates_recompose_composes_each_stale_candidate_again_ten_a_delivery(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN eleven verifying Changes with a Candidate on generation 0, gone stale when X's
+    #   promotion advanced canonical to generation 1
+    project = "acme-web"
+    new_project(app, project)
+    stale: dict[str, CandidateState] = {}
+    for n in range(11):
+        change_id = verifying_change(app, project, f"req-s{n:02d}", {f"src/s{n}.py": "S = 1\n"})
+        stale[change_id] = compose(app, project, change_id)
+    promoted_change(app, project, "req-x")
+    (advanced,) = [
+        Event.parse(bytes(row[0]))
+        for row in app.project_root(project).connection.execute(
+            "SELECT envelope FROM outbox WHERE event_type = 'canonical.advanced'"
+        )
+    ]
+    await app.lifecycle().routing.route([advanced])
+    assert all(
+        change_shard(app, project, c).candidate(s.candidate_id).status is CandidateStatus.STALE
+        for c, s in stale.items()
+    )
+    recompose = lifecycle_command(
+        "candidates.recompose",
+        "cmd_recompose_test",
+        project_id=project,
+        now=app.clock.now(),
+        payload={"generation": 1},
+    )
+    integration = app.lifecycle().integration
+
+    # WHEN it is delivered a first time
+    first = await integration.recompose_candidates(recompose, Delivery("integration", 1, 1, 4, {}))
+
+    # THEN ten of the eleven are composed again on generation 1, and it asks for more
+    assert isinstance(first, Retry)
+    sent = await queued_command_ids(app, "verification")
+    expected = {rebase_command_id(s.candidate_id, 1): c for c, s in stale.items()}
+    assert len(sent) == len(set(sent)) == 10
+    assert set(sent) <= set(expected)
+
+    # WHEN verification composed those ten, and the command is delivered again
+    for command_id in sent:
+        compose(app, project, expected[command_id])
+    second = await integration.recompose_candidates(recompose, Delivery("integration", 1, 2, 4, {}))
+
+    # THEN the eleventh is composed again too, and it is done
+    assert second is None
+    assert sorted(await queued_command_ids(app, "verification")) == sorted(expected)
 
 
 async def test_the_daily_tick_sweeps_forks_cleans_archived_projects_and_backfills_indexes(
