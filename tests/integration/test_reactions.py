@@ -361,6 +361,28 @@ async def test_an_agent_never_wakes_on_its_own_writes(world: World) -> None:
     assert (await js.stream_info(COMMAND_STREAM)).state.messages == 0
 
 
+async def test_a_fact_a_reaction_wrote_itself_never_fires_that_reaction(
+    world: World, receiver: Receiver
+) -> None:
+    # GIVEN two webhook subscriptions, and a fact whose actor is the first reaction itself
+    own_sub = world.subscribe("own", webhook(receiver.url))
+    world.subscribe("other", webhook(receiver.url))
+    writer = Caller(TENANT, f"system:reaction:{own_sub}", "corr-own")
+    own = task_completed(world.clock, "t1", caller=writer)
+    await world.publish(own)
+
+    # WHEN the reactions consume it
+    await world.react()
+
+    # THEN only the other subscription fired; the first's suppression names itself
+    assert len(receiver.received) == 1
+    (suppression,) = world.suppressed()
+    assert (suppression.subscription_id, suppression.reason) == (
+        own_sub,
+        SuppressionReason.SELF_CAUSE,
+    )
+
+
 async def test_the_depth_cap_stops_a_chain_of_reactions(
     tmp_path: Path, settings: Settings, clock: ManualClock, receiver: Receiver
 ) -> None:
