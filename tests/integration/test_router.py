@@ -253,6 +253,13 @@ async def test_one_consume_fetches_at_most_100_records_and_a_nudge_does_two(
     lag = (await app.router().event_log()).lag
     assert (await lag(0, PROJECTOR)).num_pending == 50
 
+    # WHEN the next nudge runs
+    again = await app.router().nudge(0)
+
+    # THEN its first fetch came back short (50), which ended the run: one consume each
+    for name in (PROJECTOR.value, CAUSAL.value):
+        assert (again.subscriptions[name].consumes, again.subscriptions[name].fetched) == (1, 50)
+
 
 async def test_an_empty_fetch_is_a_normal_outcome(make_app: AppFactory) -> None:
     app = await make_app()
