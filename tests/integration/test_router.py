@@ -316,6 +316,26 @@ async def test_an_event_published_again_after_the_dedupe_window_is_applied_once(
     assert view_count(app, project) == 1
 
 
+async def test_the_same_event_twice_in_one_batch_is_applied_once(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN an event on the stream twice (re-sent under another message ID) before any run
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    event = lifecycle(project, clock.now())[0]
+    await publish(app, [event])
+    await publish_raw(app, 0, event.to_json(), msg_id=f"{event.event_id}-again")
+    # WHEN one nudge fetches both in one batch
+    report = await app.router().nudge(0)
+    # THEN no subscription failed either record, both were acked, and the view holds the
+    #   event once
+    for name in (PROJECTOR.value, CAUSAL.value):
+        sub = report.subscriptions[name]
+        assert (sub.fetched, sub.applied + sub.duplicates, sub.failed) == (2, 2, 0), name
+    assert view_count(app, project) == 1
+    assert (await (await app.router().event_log()).lag(0, PROJECTOR)).num_ack_pending == 0
+
+
 async def test_the_apply_cap_defers_events_without_counting_a_failure(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
