@@ -411,6 +411,47 @@ async def test_the_depth_cap_stops_a_chain_of_reactions(
         await world.app.close()
 
 
+async def test_an_agents_fact_on_a_reactions_wake_counts_the_wakes_hop_toward_the_depth_cap(
+    tmp_path: Path, settings: Settings, clock: ManualClock, receiver: Receiver
+) -> None:
+    # GIVEN a depth cap of 2; webhook "first" fired on e0, and e1 (its receiver's write) woke
+    #   agent-7 through agent reaction "wake": e1 is one hop deep, the wake two
+    clock.set(START)
+    world = make_world(tmp_path, settings, clock, limits=ReactionSettings(reaction_depth_cap=2))
+    await world.app.ensure_streams()
+    try:
+        AgentRegistry(world.app.product(), world.app.settings, clock).register_scripted(
+            TENANT, "agent-7"
+        )
+        first = world.subscribe("first", webhook(receiver.url))
+        e0 = task_completed(clock, "t0")
+        await world.publish(e0)
+        await world.react()
+        wake = world.subscribe("wake", AgentReaction(agent_id="agent-7"))
+        echo = Caller(TENANT, "user:hook", correlation_id=f"{e0.event_id}:{first}")
+        e1 = task_completed(clock, "t1", caller=echo)
+        await world.publish(e1)
+        await world.react()
+        third = world.subscribe("third", webhook(receiver.url))
+
+        # WHEN agent-7 writes e2 as the wake consumer has it write: caused by e1, in the
+        #   wake's correlation <commandId>:<attempt>
+        wake_id = agent_command_id(e1.event_id, wake)
+        agent = Caller(TENANT, "agent:agent-7", f"{wake_id}:1", caused_by=e1.event_id)
+        e2 = task_completed(clock, "t2", caller=agent)
+        await world.publish(e2)
+        await world.react()
+
+        # THEN e2 is two hops deep (the wake's chain, not e1's shorter one): "third" is held
+        #   back by the depth cap, with the whole chain
+        held = [s for s in world.suppressed() if s.subscription_id == third]
+        assert [(s.event_id, s.reason) for s in held] == [(e2.event_id, SuppressionReason.DEPTH)]
+        assert held[0].cause_chain.hops == (Hop(e0.event_id, first), Hop(e1.event_id, wake))
+        assert [body["subject"]["id"] for _, body in receiver.received] == ["t0"]
+    finally:
+        await world.app.close()
+
+
 async def test_a_cooldown_suppresses_a_second_fire_inside_the_window(
     world: World, receiver: Receiver
 ) -> None:
