@@ -20,6 +20,7 @@ from project_roots import ensure_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.archive import ArchiveReader
 from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.pull import ConsumerChange
@@ -32,6 +33,8 @@ from rhumbatron.router.records import decode_records
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
 from rhumbatron.runtime.settings import Settings, load_settings
+
+from .test_queue_consumer import AckTap
 
 pytestmark = pytest.mark.integration
 
@@ -117,6 +120,14 @@ async def make_app(
     yield build
     for app in apps:
         await app.close()
+
+
+@pytest_asyncio.fixture
+async def acks(nats_server: NatsServerProcess) -> AsyncIterator[AckTap]:
+    """The acks stream 0's consumers send, as nats-server receives them."""
+    tap = await AckTap.open(nats_server.url, event_stream_name(0))
+    yield tap
+    await tap.close()
 
 
 async def publish(app: Rhumbatron, events: list[Event]) -> None:
@@ -384,7 +395,7 @@ async def test_the_apply_cap_holds_across_the_fetches_of_one_run(
 
 
 async def test_a_failing_record_is_counted_and_redelivered_only_after_the_nack_delay(
-    make_app: AppFactory,
+    make_app: AppFactory, acks: AckTap
 ) -> None:
     # GIVEN a record that does not decode, between two good events
     app = await make_app()
@@ -407,6 +418,8 @@ async def test_a_failing_record_is_counted_and_redelivered_only_after_the_nack_d
     again = await app.router().nudge(0)
     assert again.subscriptions[PROJECTOR.value].fetched == 0
     assert (await (await app.router().event_log()).lag(0, PROJECTOR)).num_ack_pending == 1
+    naks = [a for a in await acks.seen(app, consumer=PROJECTOR.value) if a.kind == "-NAK"]
+    assert [(a.stream_seq, a.delay_s) for a in naks] == [(2, 30.0)]
 
 
 async def test_the_fifth_failure_makes_a_poison_dead_letter_and_acks_it(
