@@ -59,10 +59,10 @@ def bucket(s3: S3Client) -> str:
     return name
 
 
-def event_at(moment: datetime, project_id: str = "acme-web") -> Event:
-    """A project.created Event that occurred at ``moment``, with a fresh ID."""
+def event_at(moment: datetime, project_id: str = "acme-web", event_id: str | None = None) -> Event:
+    """A project.created Event that occurred at ``moment``, with a fresh ID unless given."""
     return Event.create(
-        event_id=new_event_id(),
+        event_id=event_id or new_event_id(),
         event_type="project.created",
         event_version=1,
         tenant_id="acme",
@@ -97,9 +97,11 @@ def ids(events: Iterable[Event]) -> list[str]:
 def test_batch_is_filed_under_its_first_events_day_and_a_hash_of_its_ids(
     s3: S3Client, bucket: str
 ) -> None:
-    # GIVEN a batch of stream 3 whose first Event occurred 1.75 s before midnight (UTC)
-    batch = events_every_second(T0, 3)
+    # GIVEN a batch of stream 3 whose first Event occurred 1.75 s before midnight (UTC), its
+    #   Event IDs in descending order (so the sorted IDs are not the batch order)
+    batch = [event_at(T0 + timedelta(seconds=i), event_id=f"evt_{9 - i:032x}") for i in range(3)]
     assert batch[-1].timestamp.date() == date(2024, 2, 29)
+    assert sorted(ids(batch)) != ids(batch)
     # WHEN it is written
     written = ArchiveWriter(s3, bucket).write_batch(3, batch)
     # THEN its key carries the first Event's day and epoch milliseconds and the first 16 hex

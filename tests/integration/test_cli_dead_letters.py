@@ -330,6 +330,32 @@ def test_retry_sends_attempt_2_once_and_the_letter_closes_when_it_succeeds(
     assert "already closed (succeeded)" in capsys.readouterr().err
 
 
+def test_the_same_first_attempt_sent_again_later_closes_the_letter_when_it_succeeds(
+    settings: Settings,
+) -> None:
+    # GIVEN a command that failed every delivery on integration, and its open letter
+    letter_id, command = dead_lettered(settings)
+
+    # WHEN its producer sends the same command (attempt 1) again after the duplicate window
+    #   (another message ID), and the integration queue runs it successfully
+    async def send_again() -> None:
+        app = bootstrap(settings, clock=ManualClock(), alarms=RecordingAlarmSink())
+        try:
+            bus = await app.command_bus()
+            await bus.send_raw(
+                "integration", command.to_json(), message_id=f"integration:{command.command_id}:x"
+            )
+        finally:
+            await app.close()
+
+    asyncio.run(send_again())
+    report, attempts = run_integration_once(settings)
+
+    # THEN it ran once, and the letter closed as succeeded
+    assert (report.done, attempts) == (1, [1])
+    assert letter_row(settings, letter_id) == ("closed", "succeeded", None)
+
+
 def test_retry_json_is_the_http_apis_answer(
     settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:

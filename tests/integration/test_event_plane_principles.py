@@ -501,6 +501,44 @@ async def test_a_router_wake_after_a_reaction_wake_for_the_same_event_wakes_the_
     assert woke.caused_by == event.event_id
 
 
+@dataclass
+class AgentsDownOnce(RecordingAgents):
+    """The agents' runtime, unreachable for the first wake it is given."""
+
+    failures_left: int = 1
+
+    async def wake(self, agent_id: str, task: TaskState | None, command: Command) -> None:
+        if self.failures_left:
+            self.failures_left -= 1
+            raise ConnectionError(f"{agent_id} is unreachable")
+        await super().wake(agent_id, task, command)
+
+
+async def test_a_reaction_wake_redelivered_after_its_agent_failed_is_not_a_second_wake(
+    world: World,
+) -> None:
+    # GIVEN agent-9 holding t1, and a subscription's wake of agent-9 about t1's fact
+    held_task(world, "t1", "agent-9")
+    subscription = wake_on(world, "task.started", "agent-9")
+    event = task_started(world.clock, "t1", "agent-9")
+    wake = agent_wake_command(event, subscription, "agent-9", world.clock.now())
+    agents = AgentsDownOnce()
+    consumer = WakeConsumer(world.app, agents)
+    # AND its first delivery recorded the (agent, event) pair, then the agent was unreachable
+    with pytest.raises(ConnectionError):
+        await consumer(wake, Delivery("agent-wakeups", 1, 1, 4, {}))
+
+    # WHEN the same wake is delivered again
+    await consumer(wake, Delivery("agent-wakeups", 1, 2, 4, {}))
+
+    # THEN it is the same activation, not a second one: delivered to the agent this time
+    assert [outcome for _, outcome in consumer.outcomes] == [
+        WakeOutcome.DELIVERED,
+        WakeOutcome.DELIVERED,
+    ]
+    assert agents.woken == [("agent-9", "t1")]
+
+
 async def test_a_dead_lettered_reaction_wake_never_blocks_the_task_it_names(
     world: World,
 ) -> None:

@@ -32,11 +32,14 @@ from rhumbatron.domain.tasks import TaskStatus
 from rhumbatron.entrypoints import sweep
 from rhumbatron.indexing import IndexState
 from rhumbatron.lifecycle.assembly import Lifecycle
-from rhumbatron.lifecycle.commands import lifecycle_command, ready_wake_id
+from rhumbatron.lifecycle.commands import lifecycle_command, ready_wake_id, rebase_command_id
 from rhumbatron.lifecycle.requests import qualified_task_id
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
-from rhumbatron.messaging.queue_consumer import PollReport
+from rhumbatron.messaging.queue_consumer import Delivery, PollReport, Retry
+from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
+from rhumbatron.product.dead_letters import list_dead_letters, record_command_dead_letter
+from rhumbatron.protocol import Command, Event
 from rhumbatron.queues.wake_consumer import WakeOutcome
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
@@ -293,6 +296,14 @@ async def test_a_quiet_open_change_is_settled_at_the_next_release_sweep_tick(
     lost_wake, lost_task = open_change(app, project, "req-lost-wake")
     failed, failed_task = open_change(app, project, "req-failed")
     fail_task(app, project, failed, failed_task)
+    # AND, in another project, a Change whose Task an Agent holds and one whose Candidate is
+    # being verified: both quiet since 10:04, and both can move on their own
+    other = "acme-api"
+    new_project(app, other)
+    held, held_task = open_change(app, other, "req-held")
+    take_task(app, other, held, held_task)
+    verifying = verifying_change(app, other, "req-verifying", {"src/v.py": "V = 1\n"})
+    compose(app, other, verifying)
 
     # WHEN the 10:12 tick runs (not a release-sweep minute)
     clock.set(at(10, 12))
@@ -310,7 +321,7 @@ async def test_a_quiet_open_change_is_settled_at_the_next_release_sweep_tick(
     clock.set(at(10, 14))
     summary = await tick(app)
 
-    # THEN change.settle went out for the two quiet Changes only
+    # THEN change.settle went out for the two quiet Changes that cannot move on their own only
     assert summary["release_sweep"] is True
     assert housekeeping_sent(summary) == {"change.settle": 2}
 
@@ -327,6 +338,7 @@ async def test_a_quiet_open_change_is_settled_at_the_next_release_sweep_tick(
     assert failed_change is not None and "the build does not compile" in failed_change.reason
     # AND the others are still open
     assert [status_of(app, project, c) for c in (lost_wake, too_fresh, too_old)] == ["open"] * 3
+    assert [status_of(app, other, c) for c in (held, verifying)] == ["open", "verifying"]
 
     # WHEN the agent-wakeups queue runs
     await run_queue(app, "agent-wakeups")
@@ -365,6 +377,120 @@ async def test_a_change_open_for_hours_is_quiet_from_its_last_task_move(
     # THEN it was settled, and failed
     assert housekeeping_sent(summary) == {"change.settle": 1}
     assert status_of(app, project, long_running) == "failed"
+
+
+def given_letter(app: Rhumbatron, project_id: str, change_id: str, command: Command) -> None:
+    """The open dead letter of ``command`` (what the dead-letter consumer writes)."""
+    with app.product().transaction() as db:
+        record_command_dead_letter(
+            db,
+            command_id=command.command_id,
+            command_type=command.command_type,
+            queue="agent-wakeups",
+            attempt=command.attempt,
+            reason="boom",
+            body=command.to_json().decode(),
+            now_s=app.clock.now().timestamp(),
+            tenant_id=TENANT,
+            project_id=project_id,
+            change_id=change_id,
+            task_id=command.task_id,
+        )
+
+
+def letter_states(app: Rhumbatron) -> dict[str | None, tuple[str, str | None]]:
+    """``(status, resolution)`` of each Change's one letter."""
+    return {
+        letter.change_id: (letter.status, letter.resolution)
+        for letter in list_dead_letters(app.product().connection, status=None)
+    }
+
+
+async def test_a_settle_supersedes_its_changes_letters_unless_a_task_waits_for_a_retry(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN at 10:04 a Change whose Task failed and a letter of one of its commands, and a
+    # Change whose ready Task's wake was dead-lettered (the Task waits for an operator's Retry)
+    project = "acme-web"
+    clock.set(at(10, 4))
+    new_project(app, project)
+    failed, failed_task = open_change(app, project, "req-failed")
+    fail_task(app, project, failed, failed_task)
+    stale = lifecycle_command(
+        "agent.wake",
+        "cmd_failed_wake_again",
+        project_id=project,
+        change_id=failed,
+        task_id=failed_task,
+        now=clock.now(),
+        payload={"agentId": AGENT, "reason": "task_ready"},
+    )
+    given_letter(app, project, failed, stale)
+    blocked, blocked_task = open_change(app, project, "req-blocked")
+    wake = lifecycle_command(
+        "agent.wake",
+        ready_wake_id(blocked_task),
+        project_id=project,
+        change_id=blocked,
+        task_id=blocked_task,
+        now=clock.now(),
+        payload={"agentId": AGENT, "reason": "task_ready"},
+    )
+    change_shard(app, project, blocked).block_task_for_dead_letter(OPS, command=wake, reason="boom")
+    given_letter(app, project, blocked, wake)
+
+    # WHEN the 10:14 release-sweep tick settles both and the integration queue runs
+    clock.set(at(10, 14))
+    summary = await tick(app)
+    await run_queue(app, "integration")
+
+    # THEN the settle of the failed Change superseded its letter
+    assert housekeeping_sent(summary) == {"change.settle": 2}
+    assert status_of(app, project, failed) == "failed"
+    states = letter_states(app)
+    assert states[failed] == ("closed", "superseded")
+    # AND the letter whose Task waits for a Retry stays open, its Task still blocked
+    assert states[blocked] == ("open", None)
+    task = change_shard(app, project, blocked).task_state(blocked_task)
+    assert task is not None and task.status is TaskStatus.BLOCKED
+
+
+async def test_the_release_sweep_tick_closes_the_letters_of_ended_changes_and_others_do_not(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN at 10:12 a completed Change with an open letter of one of its commands
+    project = "acme-web"
+    clock.set(at(10, 12))
+    new_project(app, project)
+    done = "chg-done"
+    change_shard(app, project, done).append_change_events(
+        OPS, change_id=done, status="completed", facts=()
+    )
+    late = lifecycle_command(
+        "change.settle",
+        "cmd_settle_done",
+        project_id=project,
+        change_id=done,
+        now=clock.now(),
+        payload={"reason": "quiet"},
+    )
+    given_letter(app, project, done, late)
+
+    # WHEN the 10:13 tick runs (not a release-sweep minute)
+    clock.set(at(10, 13))
+    quiet_minute = await tick(app)
+    # THEN the letter stays open
+    assert quiet_minute["release_sweep"] is False
+    assert quiet_minute["letters_closed_as_ended"] == 0
+    assert letter_states(app)[done] == ("open", None)
+
+    # WHEN the 10:14 release-sweep tick runs
+    clock.set(at(10, 14))
+    summary = await tick(app)
+    # THEN it closed the letter as ended
+    assert summary["release_sweep"] is True
+    assert summary["letters_closed_as_ended"] == 1
+    assert letter_states(app)[done] == ("closed", "ended")
 
 
 async def test_changes_still_releasing_45_minutes_after_promotion_are_recovered_ten_a_tick(
@@ -428,6 +554,115 @@ async def test_changes_still_releasing_45_minutes_after_promotion_are_recovered_
     # THEN the four left were recovered
     assert housekeeping_sent(second) == {"release.recover": 4}
     assert [status_of(app, project, c) for c in cheap] == ["completed"] * 12
+
+
+async def test_after_canonical_advanced_only_candidates_on_an_earlier_base_go_stale(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN C awaiting approval with a verified Candidate on generation 0; then X approved
+    #   (canonical advances to generation 1); then B awaiting approval with a verified
+    #   Candidate already on generation 1
+    project = "acme-web"
+    new_project(app, project)
+    earlier = verifying_change(app, project, "req-c", {"src/c.py": "C = 1\n"})
+    earlier_candidate = compose(app, project, earlier)
+    verify(app, project, earlier_candidate)
+    promoted, promoted_candidate = promoted_change(app, project, "req-x")
+    current = verifying_change(app, project, "req-b", {"src/b.py": "B = 1\n"})
+    current_candidate = compose(app, project, current)
+    assert (earlier_candidate.base_generation, current_candidate.base_generation) == (0, 1)
+    verify(app, project, current_candidate)
+    (advanced,) = [
+        Event.parse(bytes(row[0]))
+        for row in app.project_root(project).connection.execute(
+            "SELECT envelope FROM outbox WHERE event_type = 'canonical.advanced'"
+        )
+    ]
+
+    # WHEN the router routes canonical.advanced
+    await app.lifecycle().routing.route([advanced])
+
+    # THEN X's Candidate is promoted; C's went stale and C back to verifying; B's Candidate,
+    #   on the new base, is still verified and B still awaits approval
+    def candidate_of(change_id: str, candidate: CandidateState) -> str:
+        state = change_shard(app, project, change_id).candidate(candidate.candidate_id)
+        assert state is not None
+        return state.status.value
+
+    assert candidate_of(promoted, promoted_candidate) == "promoted"
+    assert (candidate_of(earlier, earlier_candidate), status_of(app, project, earlier)) == (
+        "stale",
+        "verifying",
+    )
+    assert (candidate_of(current, current_candidate), status_of(app, project, current)) == (
+        "verified",
+        "awaiting_approval",
+    )
+
+
+async def queued_command_ids(app: Rhumbatron, queue: str) -> list[str]:
+    """The IDs of the commands waiting on ``queue``, in queue order."""
+    js = (await app.nats()).jetstream()
+    info = await js.stream_info(COMMAND_STREAM)
+    first, last = info.state.first_seq or 1, info.state.last_seq or 0
+    ids = []
+    for seq in range(first, last + 1):
+        message = await js.get_msg(COMMAND_STREAM, seq)
+        if message.subject == command_subject(queue):
+            ids.append(Command.parse(message.data or b"").command_id)
+    return ids
+
+
+async def test_candidates_recompose_composes_each_stale_candidate_again_ten_a_delivery(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN eleven verifying Changes with a Candidate on generation 0, gone stale when X's
+    #   promotion advanced canonical to generation 1
+    project = "acme-web"
+    new_project(app, project)
+    stale: dict[str, CandidateState] = {}
+    for n in range(11):
+        change_id = verifying_change(app, project, f"req-s{n:02d}", {f"src/s{n}.py": "S = 1\n"})
+        stale[change_id] = compose(app, project, change_id)
+    promoted_change(app, project, "req-x")
+    (advanced,) = [
+        Event.parse(bytes(row[0]))
+        for row in app.project_root(project).connection.execute(
+            "SELECT envelope FROM outbox WHERE event_type = 'canonical.advanced'"
+        )
+    ]
+    await app.lifecycle().routing.route([advanced])
+    assert all(
+        change_shard(app, project, c).candidate(s.candidate_id).status is CandidateStatus.STALE
+        for c, s in stale.items()
+    )
+    recompose = lifecycle_command(
+        "candidates.recompose",
+        "cmd_recompose_test",
+        project_id=project,
+        now=app.clock.now(),
+        payload={"generation": 1},
+    )
+    integration = app.lifecycle().integration
+
+    # WHEN it is delivered a first time
+    first = await integration.recompose_candidates(recompose, Delivery("integration", 1, 1, 4, {}))
+
+    # THEN ten of the eleven are composed again on generation 1, and it asks for more
+    assert isinstance(first, Retry)
+    sent = await queued_command_ids(app, "verification")
+    expected = {rebase_command_id(s.candidate_id, 1): c for c, s in stale.items()}
+    assert len(sent) == len(set(sent)) == 10
+    assert set(sent) <= set(expected)
+
+    # WHEN verification composed those ten, and the command is delivered again
+    for command_id in sent:
+        compose(app, project, expected[command_id])
+    second = await integration.recompose_candidates(recompose, Delivery("integration", 1, 2, 4, {}))
+
+    # THEN the eleventh is composed again too, and it is done
+    assert second is None
+    assert sorted(await queued_command_ids(app, "verification")) == sorted(expected)
 
 
 async def test_the_daily_tick_sweeps_forks_cleans_archived_projects_and_backfills_indexes(

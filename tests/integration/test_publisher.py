@@ -366,6 +366,35 @@ async def test_the_router_is_nudged_once_per_stream_only_after_a_run_that_sent_r
     assert nudge.nudged == [1]
 
 
+async def test_two_projects_of_one_stream_in_one_run_nudge_that_stream_once(
+    app: Rhumbatron, reader: JetStreamContext, nudge: RecordingNudge, clock: ManualClock
+) -> None:
+    # GIVEN one outbox holding rows of two projects that share stream 0
+    mobile = "acme-mobile"
+    assert stream_index(mobile) == stream_index(WEB) == 0
+    shard = app.resource_shard(WEB, change_resource_key("chg-1"))
+    for project in (WEB, mobile):
+        ctx = FactContext(CALLER, project, clock.now())
+        facts = [ctx.fact("task.ready", {}, change_id=f"{project}-chg", task_id="tsk-1")]
+        with write_transaction(shard.connection, shard.path) as db:
+            append_facts(
+                db,
+                facts,
+                owner="resource_shard",
+                project_id=project,
+                now_s=clock.now().timestamp(),
+                max_event_bytes=app.settings.max_event_bytes,
+            )
+    publisher = await app.publisher()
+    # WHEN one publish_due sends both projects' rows
+    report = await publisher.publish_due(shard)
+    # THEN both rows are on EVENTS_00 and the router was nudged once for stream 0
+    assert report.published == 2
+    assert len(await stored(reader, "EVENTS_00")) == 2
+    assert report.nudged == [0]
+    assert nudge.nudged == [0]
+
+
 # --------------------------------------------------------------------------- NATS down
 
 

@@ -86,12 +86,12 @@ class AckSeen:
     delay_s: float | None  # a -NAK's delay; None when it asked for redelivery at once
 
 
-def _parse_ack(subject: str, body: bytes) -> AckSeen | None:
+def _parse_ack(subject: str, body: bytes, stream: str = COMMAND_STREAM) -> AckSeen | None:
     # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending> (v1), or with
     # <domain>.<account hash> after ACK (v2).
     tokens = subject.split(".")
     at = 2 if len(tokens) == 9 else 4
-    if tokens[at] != COMMAND_STREAM:
+    if tokens[at] != stream:
         return None
     kind, _, rest = body.decode().partition(" ")
     kind = kind or "+ACK"  # nats.py acks with an empty body, which JetStream reads as +ACK
@@ -102,23 +102,24 @@ def _parse_ack(subject: str, body: bytes) -> AckSeen | None:
 
 
 class AckTap:
-    """A second client on the ack subjects of the COMMANDS consumers.
+    """A second client on the ack subjects of one stream's consumers (COMMANDS by default).
 
     Acks are plain core-NATS publishes to ``$JS.ACK.…`` reply subjects; JetStream's own
     subscription and this one both receive them, so the tap sees exactly what the server got.
     """
 
-    def __init__(self, nc: NATS, sub: NatsSubscription) -> None:
+    def __init__(self, nc: NATS, sub: NatsSubscription, stream: str = COMMAND_STREAM) -> None:
         self._nc = nc
         self._sub = sub
+        self._stream = stream
         self._seen: list[AckSeen] = []
 
     @classmethod
-    async def open(cls, url: str) -> AckTap:
+    async def open(cls, url: str, stream: str = COMMAND_STREAM) -> AckTap:
         nc = await nats.connect(url, name="test-ack-tap")
         sub = await nc.subscribe("$JS.ACK.>")
         await nc.flush()
-        return cls(nc, sub)
+        return cls(nc, sub, stream)
 
     async def seen(self, *senders: Rhumbatron, consumer: str | None = None) -> list[AckSeen]:
         """Every ack so far (of ``consumer``, when given). ``senders`` are flushed first, so
@@ -128,7 +129,7 @@ class AckTap:
         await self._nc.flush()
         while self._sub.pending_msgs:
             msg = await self._sub.next_msg(timeout=1)
-            ack = _parse_ack(msg.subject, msg.data)
+            ack = _parse_ack(msg.subject, msg.data, self._stream)
             if ack is not None:
                 self._seen.append(ack)
         return [a for a in self._seen if consumer is None or a.consumer == consumer]

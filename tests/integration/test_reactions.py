@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,7 +54,7 @@ from rhumbatron.router.handlers import RunContext
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
 from rhumbatron.runtime.settings import Settings, load_settings
-from rhumbatron.workflows.engine import check_instance_id
+from rhumbatron.workflows.engine import WorkflowEngineError, WorkflowStart, check_instance_id
 from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
 
 pytestmark = pytest.mark.integration
@@ -361,6 +361,28 @@ async def test_an_agent_never_wakes_on_its_own_writes(world: World) -> None:
     assert (await js.stream_info(COMMAND_STREAM)).state.messages == 0
 
 
+async def test_a_fact_a_reaction_wrote_itself_never_fires_that_reaction(
+    world: World, receiver: Receiver
+) -> None:
+    # GIVEN two webhook subscriptions, and a fact whose actor is the first reaction itself
+    own_sub = world.subscribe("own", webhook(receiver.url))
+    world.subscribe("other", webhook(receiver.url))
+    writer = Caller(TENANT, f"system:reaction:{own_sub}", "corr-own")
+    own = task_completed(world.clock, "t1", caller=writer)
+    await world.publish(own)
+
+    # WHEN the reactions consume it
+    await world.react()
+
+    # THEN only the other subscription fired; the first's suppression names itself
+    assert len(receiver.received) == 1
+    (suppression,) = world.suppressed()
+    assert (suppression.subscription_id, suppression.reason) == (
+        own_sub,
+        SuppressionReason.SELF_CAUSE,
+    )
+
+
 async def test_the_depth_cap_stops_a_chain_of_reactions(
     tmp_path: Path, settings: Settings, clock: ManualClock, receiver: Receiver
 ) -> None:
@@ -434,6 +456,47 @@ async def test_an_agent_reaction_gets_the_depth_cap_and_the_cooldown_too(
         await world.app.close()
 
 
+async def test_an_agents_fact_on_a_reactions_wake_counts_the_wakes_hop_toward_the_depth_cap(
+    tmp_path: Path, settings: Settings, clock: ManualClock, receiver: Receiver
+) -> None:
+    # GIVEN a depth cap of 2; webhook "first" fired on e0, and e1 (its receiver's write) woke
+    #   agent-7 through agent reaction "wake": e1 is one hop deep, the wake two
+    clock.set(START)
+    world = make_world(tmp_path, settings, clock, limits=ReactionSettings(reaction_depth_cap=2))
+    await world.app.ensure_streams()
+    try:
+        AgentRegistry(world.app.product(), world.app.settings, clock).register_scripted(
+            TENANT, "agent-7"
+        )
+        first = world.subscribe("first", webhook(receiver.url))
+        e0 = task_completed(clock, "t0")
+        await world.publish(e0)
+        await world.react()
+        wake = world.subscribe("wake", AgentReaction(agent_id="agent-7"))
+        echo = Caller(TENANT, "user:hook", correlation_id=f"{e0.event_id}:{first}")
+        e1 = task_completed(clock, "t1", caller=echo)
+        await world.publish(e1)
+        await world.react()
+        third = world.subscribe("third", webhook(receiver.url))
+
+        # WHEN agent-7 writes e2 as the wake consumer has it write: caused by e1, in the
+        #   wake's correlation <commandId>:<attempt>
+        wake_id = agent_command_id(e1.event_id, wake)
+        agent = Caller(TENANT, "agent:agent-7", f"{wake_id}:1", caused_by=e1.event_id)
+        e2 = task_completed(clock, "t2", caller=agent)
+        await world.publish(e2)
+        await world.react()
+
+        # THEN e2 is two hops deep (the wake's chain, not e1's shorter one): "third" is held
+        #   back by the depth cap, with the whole chain
+        held = [s for s in world.suppressed() if s.subscription_id == third]
+        assert [(s.event_id, s.reason) for s in held] == [(e2.event_id, SuppressionReason.DEPTH)]
+        assert held[0].cause_chain.hops == (Hop(e0.event_id, first), Hop(e1.event_id, wake))
+        assert [body["subject"]["id"] for _, body in receiver.received] == ["t0"]
+    finally:
+        await world.app.close()
+
+
 async def test_a_cooldown_suppresses_a_second_fire_inside_the_window(
     world: World, receiver: Receiver
 ) -> None:
@@ -442,7 +505,8 @@ async def test_a_cooldown_suppresses_a_second_fire_inside_the_window(
     await world.publish(task_completed(world.clock, "t1"))
     await world.react()
 
-    # WHEN a second match comes 59 s later, and a third 60 s after the first
+    # WHEN a second match comes 59 s later, and a third 60 s after the first (the window
+    #   is measured from the fire, not moved by a suppression)
     world.clock.advance(59)
     second = task_completed(world.clock, "t2")
     await world.publish(second)
@@ -481,7 +545,7 @@ async def test_a_spent_budget_records_budget_exceeded_once_and_skips_the_reactio
 
         # THEN one is delivered, two skipped (not retried), and budget.exceeded recorded once
         assert report.applied == 3
-        assert len(receiver.received) == 1
+        assert [body["subject"]["id"] for _, body in receiver.received] == ["t0"]
         assert [s.reason for s in world.suppressed()] == [SuppressionReason.BUDGET] * 2
         shard = world.app.resource_shard(PROJECT, project_admin_key(PROJECT))
         facts = shard.connection.execute(
@@ -494,6 +558,25 @@ async def test_a_spent_budget_records_budget_exceeded_once_and_skips_the_reactio
         assert fact["actor"] == "system:reactions"
         counts = metric_counts(world.app.product().connection, MetricBinding.METRICS)
         assert counts["reaction_refused"] == 2
+
+        # WHEN another tenant's event arrives the same day, then acme's the next UTC day
+        world.registry.create(
+            "globex",
+            "hook",
+            Selector.create(["task.completed"]),
+            webhook(receiver.url),
+            Governance(cooldown_s=0),
+        )
+        globex = Caller("globex", "system:test", "corr-g")
+        await world.publish(task_completed(clock, "g1", caller=globex, project=OTHER_PROJECT))
+        await world.react()
+        clock.set(datetime(2026, 3, 3, 0, 0, tzinfo=UTC))
+        await world.publish(task_completed(clock, "t9"))
+        await world.react()
+
+        # THEN both are delivered: the budget is per tenant and per UTC day
+        assert [body["subject"]["id"] for _, body in receiver.received] == ["t0", "g1", "t9"]
+        assert len(world.suppressed()) == 2
     finally:
         await world.app.close()
 
@@ -545,19 +628,28 @@ async def test_a_full_in_flight_cap_leaves_the_event_on_the_stream(
 # -- workflow and agent reactions ----------------------------------------------------------------
 
 
-def triage_engine(
-    tmp_path: Path, settings: Settings, clock: ManualClock, runs: list[str]
-) -> InProcessEngine:
-    """An in-process engine that knows workflow "triage": one step noting its event ID."""
+def note_run(runs: list[str]) -> Callable[[Any, dict[str, Any]], Awaitable[None]]:
+    """A workflow step noting the event ID of its input."""
 
     async def step(input: Any, state: dict[str, Any]) -> None:
         runs.append(str(input["eventId"]))
 
-    return InProcessEngine(
+    return step
+
+
+def triage_engine(
+    tmp_path: Path,
+    settings: Settings,
+    clock: ManualClock,
+    runs: list[str],
+    engine: type[InProcessEngine] = InProcessEngine,
+) -> InProcessEngine:
+    """An in-process engine that knows workflow "triage": one step noting its event ID."""
+    return engine(
         tmp_path / "wf.sqlite",
         load_settings(state_dir=tmp_path / "wf", nats_url=settings.nats_url),
         clock,
-        {"triage": WorkflowDefinition("triage", (("note", step),))},
+        {"triage": WorkflowDefinition("triage", (("note", note_run(runs)),))},
     )
 
 
@@ -621,6 +713,51 @@ async def test_a_redelivery_that_finds_its_workflow_already_started_is_a_success
         # THEN the start finds the instance and is taken as done: applied, not failed or
         # retried, and the workflow ran once, not twice
         assert (report.applied, report.failed, report.retried) == (1, 0, 0)
+        assert runs == [event.event_id]
+        assert world.suppressed() == []
+    finally:
+        engine.close()
+        await world.app.close()
+
+
+class EngineDownOnce(InProcessEngine):
+    """The in-process engine, unreachable for the first start it is asked for."""
+
+    failures_left = 1
+
+    async def start(
+        self, workflow: str, instance_id: str, input: Mapping[str, Any]
+    ) -> WorkflowStart:
+        if self.failures_left:
+            self.failures_left -= 1
+            raise WorkflowEngineError("the engine is unreachable")
+        return await super().start(workflow, instance_id, input)
+
+
+async def test_a_retried_delivery_is_charged_once_and_not_held_by_its_own_cooldown(
+    tmp_path: Path, settings: Settings, clock: ManualClock
+) -> None:
+    # GIVEN a daily budget of one reaction, and a workflow reaction with a 60 s cooldown
+    #   whose first start fails (the engine is down), so its event comes back at once
+    clock.set(START)
+    runs: list[str] = []
+    engine = triage_engine(tmp_path, settings, clock, runs, engine=EngineDownOnce)
+    limits = ReactionSettings(reaction_daily_budget=1)
+    world = make_world(tmp_path, settings, clock, limits=limits, engine=engine)
+    await world.app.ensure_streams()
+    try:
+        world.subscribe("triage", WorkflowReaction(workflow="triage"), cooldown_s=60)
+        event = task_completed(clock, "t1")
+        await world.publish(event)
+
+        # WHEN the reactions consume it, and its redelivery 10 s later
+        failed = await world.react()
+        clock.advance(10)
+        retried = await world.react()
+
+        # THEN the retry of the same delivery was admitted: neither over the budget it was
+        # already charged for nor inside the cooldown its own first attempt started
+        assert (failed.failed, retried.applied) == (1, 1)
         assert runs == [event.event_id]
         assert world.suppressed() == []
     finally:

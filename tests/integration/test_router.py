@@ -21,6 +21,7 @@ from project_roots import ensure_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.archive import ArchiveReader
 from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.pull import ConsumerChange
@@ -33,6 +34,8 @@ from rhumbatron.router.records import decode_records
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.clock import ManualClock
 from rhumbatron.runtime.settings import Settings, load_settings
+
+from .test_queue_consumer import AckTap
 
 pytestmark = pytest.mark.integration
 
@@ -118,6 +121,14 @@ async def make_app(
     yield build
     for app in apps:
         await app.close()
+
+
+@pytest_asyncio.fixture
+async def acks(nats_server: NatsServerProcess) -> AsyncIterator[AckTap]:
+    """The acks stream 0's consumers send, as nats-server receives them."""
+    tap = await AckTap.open(nats_server.url, event_stream_name(0))
+    yield tap
+    await tap.close()
 
 
 async def publish(app: Rhumbatron, events: list[Event]) -> None:
@@ -254,6 +265,13 @@ async def test_one_consume_fetches_at_most_100_records_and_a_nudge_does_two(
     lag = (await app.router().event_log()).lag
     assert (await lag(0, PROJECTOR)).num_pending == 50
 
+    # WHEN the next nudge runs
+    again = await app.router().nudge(0)
+
+    # THEN its first fetch came back short (50), which ended the run: one consume each
+    for name in (PROJECTOR.value, CAUSAL.value):
+        assert (again.subscriptions[name].consumes, again.subscriptions[name].fetched) == (1, 50)
+
 
 async def test_an_empty_fetch_is_a_normal_outcome(make_app: AppFactory) -> None:
     app = await make_app()
@@ -310,6 +328,26 @@ async def test_an_event_published_again_after_the_dedupe_window_is_applied_once(
     assert view_count(app, project) == 1
 
 
+async def test_the_same_event_twice_in_one_batch_is_applied_once(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN an event on the stream twice (re-sent under another message ID) before any run
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    event = lifecycle(project, clock.now())[0]
+    await publish(app, [event])
+    await publish_raw(app, 0, event.to_json(), msg_id=f"{event.event_id}-again")
+    # WHEN one nudge fetches both in one batch
+    report = await app.router().nudge(0)
+    # THEN no subscription failed either record, both were acked, and the view holds the
+    #   event once
+    for name in (PROJECTOR.value, CAUSAL.value):
+        sub = report.subscriptions[name]
+        assert (sub.fetched, sub.applied + sub.duplicates, sub.failed) == (2, 2, 0), name
+    assert view_count(app, project) == 1
+    assert (await (await app.router().event_log()).lag(0, PROJECTOR)).num_ack_pending == 0
+
+
 async def test_the_apply_cap_defers_events_without_counting_a_failure(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
@@ -337,8 +375,28 @@ async def test_the_apply_cap_defers_events_without_counting_a_failure(
     )
 
 
+async def test_the_apply_cap_holds_across_the_fetches_of_one_run(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN four projects with two events each on one stream, fetches of 4 records and a
+    #   cap of 2 apply calls per run
+    app = await make_app(router_apply_calls_per_run=2, router_fetch_max_records=4)
+    projects = projects_on_stream(0, 4)
+    for project in projects:
+        await publish(app, lifecycle(project, clock.now())[:2])
+
+    # WHEN one nudge runs (two fetches: the first two projects, then the last two)
+    report = await app.router().nudge(0)
+
+    # THEN the first fetch spent the run's two calls and the second fetch applied nothing
+    projector = report.subscriptions[PROJECTOR.value]
+    assert (projector.consumes, projector.fetched) == (2, 8)
+    assert (projector.applied, projector.deferred) == (4, 4)
+    assert [view_count(app, p) for p in projects] == [2, 2, 0, 0]
+
+
 async def test_a_failing_record_is_counted_and_redelivered_only_after_the_nack_delay(
-    make_app: AppFactory,
+    make_app: AppFactory, acks: AckTap
 ) -> None:
     # GIVEN a record that does not decode, between two good events
     app = await make_app()
@@ -361,6 +419,8 @@ async def test_a_failing_record_is_counted_and_redelivered_only_after_the_nack_d
     again = await app.router().nudge(0)
     assert again.subscriptions[PROJECTOR.value].fetched == 0
     assert (await (await app.router().event_log()).lag(0, PROJECTOR)).num_ack_pending == 1
+    naks = [a for a in await acks.seen(app, consumer=PROJECTOR.value) if a.kind == "-NAK"]
+    assert [(a.stream_seq, a.delay_s) for a in naks] == [(2, 30.0)]
 
 
 async def test_the_fifth_failure_makes_a_poison_dead_letter_and_acks_it(
@@ -406,6 +466,41 @@ async def test_the_fifth_failure_makes_a_poison_dead_letter_and_acks_it(
     assert (lag.num_pending, lag.num_ack_pending) == (0, 0)
 
 
+async def test_an_event_dead_lettered_on_its_fifth_failure_is_marked_processed(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a decodable event whose project view refuses it, redelivered at once after a nack
+    app = await make_app(router_nak_delay_s=0)
+    (project,) = projects_on_stream(0, 1)
+    view = app.router().projector.view(project)
+    view.connection.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-bad' "
+        "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+    bad = FactContext(CALLER, project, clock.now()).fact(
+        "task.ready", {}, change_id=f"{project}-c", task_id="t-bad"
+    )
+    await publish(app, [bad])
+    # AND nudges ran until its 5th failure made the projector's dead letter
+    await until(
+        lambda: app.router().nudge(0),
+        lambda r: r.subscriptions[PROJECTOR.value].dead_lettered > 0,
+    )
+
+    # WHEN the view would now take it, and the same event arrives again
+    view.connection.execute("DROP TRIGGER refuse")
+    await publish_raw(app, 0, bad.to_json(), msg_id=f"{bad.event_id}-again")
+    report = await until(
+        lambda: app.router().nudge(0), lambda r: r.subscriptions[PROJECTOR.value].fetched > 0
+    )
+
+    # THEN the projector takes it as processed: a duplicate, acked, never applied
+    projector = report.subscriptions[PROJECTOR.value]
+    assert (projector.duplicates, projector.applied, projector.failed) == (1, 0, 0)
+    assert view_count(app, project) == 0
+    assert (await (await app.router().event_log()).lag(0, PROJECTOR)).num_ack_pending == 0
+
+
 def test_the_sweep_visits_the_minute_of_day_mod_8_and_skips_analytics_on_housekeeping_ticks() -> (
     None
 ):
@@ -438,6 +533,31 @@ async def test_a_housekeeping_tick_runs_no_analytics_batch(make_app: AppFactory)
         Subscription.ANALYTICS_PROJECTOR.value,
         Subscription.REACTIONS.value,
     ]
+
+
+async def test_a_sweep_tick_runs_one_archiver_and_one_analytics_batch_of_at_most_100(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN 250 mapped events waiting on one stream
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, wakes(project, clock.now(), 250))
+
+    # WHEN one ordinary sweep tick visits that stream
+    sweep = await app.router().sweep(now=sweep_minute(0))
+
+    # THEN the archiver and the analytics projector each ran one batch of 100
+    for name in (Subscription.AUDIT_ARCHIVER, Subscription.ANALYTICS_PROJECTOR):
+        sub = sweep.run.subscriptions[name.value]
+        assert (sub.consumes, sub.fetched, sub.applied) == (1, 100, 100)
+    # AND that batch became one archive object and 100 EVENT_METRICS points
+    assert [count for _, count in sweep.archive_objects] == [100]
+    counts = metric_counts(app.product().connection, MetricBinding.EVENT_METRICS)
+    assert counts["agent_wakeup"] == 100
+    # AND the other 150 wait on the stream for the next ticks
+    lag = (await app.router().event_log()).lag
+    assert (await lag(0, Subscription.AUDIT_ARCHIVER)).num_pending == 150
+    assert (await lag(0, Subscription.ANALYTICS_PROJECTOR)).num_pending == 150
 
 
 async def test_with_nudges_off_eight_sweeps_apply_archive_and_count_every_event(
@@ -595,6 +715,40 @@ async def test_a_claim_is_kept_until_it_is_14_days_old_and_pruned_after(
     # THEN every one of them is pruned
     assert pruned.maintenance
     assert pruned.pruned_claims == claims
+
+
+async def test_the_daily_tick_prunes_claims_just_older_than_14_days_and_keeps_younger_ones(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN one project's events claimed 14 days and an hour before the 04:17 UTC tick,
+    #   and another project's claimed 14 days less an hour before it
+    app = await make_app()
+    tick = datetime(2026, 3, 17, 4, 17, tzinfo=UTC)
+    older, younger = projects_on_stream(1, 2)
+    ages = {older: timedelta(days=14, hours=1), younger: timedelta(days=14, hours=-1)}
+    for project, age in ages.items():
+        clock.set(tick - age)
+        await publish(app, lifecycle(project, clock.now()))
+        await app.router().nudge(1)
+
+    # WHEN the 04:17 UTC tick runs
+    clock.set(tick)
+    sweep = await app.router().sweep(now=tick)
+
+    # THEN the older project's 12 claims (projector and causal router) went, its 6 feed rows
+    #   too, and every claim and feed row of the younger project stayed
+    assert sweep.maintenance
+    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (12, 6)
+    claims = "SELECT COUNT(*) FROM processed_events"
+    stream = app.router().stream_state(1).connection
+    views = {p: app.router().projector.view(p).connection for p in (older, younger)}
+    assert views[older].execute(claims).fetchone()[0] == 0
+    assert views[younger].execute(claims).fetchone()[0] == 6
+    assert view_count(app, younger) == 6
+    younger_ids = [r[0] for r in views[younger].execute("SELECT event_id FROM processed_events")]
+    marks = ",".join("?" * len(younger_ids))
+    causal = f"SELECT COUNT(*) FROM processed_events WHERE consumer = ? AND event_id IN ({marks})"
+    assert stream.execute(causal, (CAUSAL.value, *younger_ids)).fetchone()[0] == 6
 
 
 async def test_every_sweep_records_consumer_lag_and_outbox_backlog_as_metrics(
