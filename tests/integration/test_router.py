@@ -231,7 +231,8 @@ async def test_a_nudge_runs_the_projector_then_the_causal_router_into_the_projec
     # WHEN the stream is nudged
     report = await app.router().nudge(0)
 
-    # THEN the projector ran first, then the causal router, and nothing else
+    # THEN the projector and the causal router ran (the projector started first, then the
+    # two side by side: S0-068 is adapted), and nothing else
     assert list(report.subscriptions) == [PROJECTOR.value, CAUSAL.value]
     assert report.subscriptions[PROJECTOR.value].applied == 6
     assert report.subscriptions[CAUSAL.value].applied == 6
