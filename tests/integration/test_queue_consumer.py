@@ -947,7 +947,10 @@ async def test_a_message_waiting_for_a_worker_is_marked_only_up_to_the_hold_limi
     started = asyncio.Event()
     release = asyncio.Event()
 
+    held: list[int] = []
+
     async def holding(command: Command, delivery: Delivery) -> None:
+        held.append(delivery.stream_seq)
         started.set()
         await release.wait()
 
@@ -968,7 +971,7 @@ async def test_a_message_waiting_for_a_worker_is_marked_only_up_to_the_hold_limi
 
     await poll_until(other_runtime, "integration", second, waiting_one_came_back)
     release.set()
-    await working
+    report = await working
 
     # THEN the waiting message's marks stopped at the hold limit (0.6 s / 0.3 s: at most 2),
     # and it came back to the other worker
@@ -976,6 +979,10 @@ async def test_a_message_waiting_for_a_worker_is_marked_only_up_to_the_hold_limi
     marks = [a for a in acks if a.kind == "+WPI" and a.stream_seq == third]
     assert 1 <= len(marks) <= 2
     assert third in redelivered
+    # AND the first worker, free again past the hold limit, did not start it too: it was
+    # given back (a batch is held no longer than the limit)
+    assert third not in held
+    assert report.left_for_redelivery == 1
 
 
 # =========================================================================== deadline (F23)

@@ -221,7 +221,15 @@ class QueueConsumerRuntime:
                 try:
                     await run_together(
                         *(
-                            self._work(row, waiting, handler, report, stop=stop, raw=on_undecodable)
+                            self._work(
+                                row,
+                                waiting,
+                                handler,
+                                report,
+                                stop=stop,
+                                raw=on_undecodable,
+                                held_too_long=marks.expired,
+                            )
                             for _ in range(row.concurrency)
                         )
                     )
@@ -253,10 +261,20 @@ class QueueConsumerRuntime:
         *,
         stop: Callable[[], bool],
         raw: UndecodableHandler | None,
+        held_too_long: Callable[[], bool],
     ) -> None:
-        """One of the ``concurrency`` workers of a batch: handle messages until none wait."""
+        """One of the ``concurrency`` workers of a batch: handle messages until none wait.
+
+        A message still waiting when the batch reaches the hold limit is not started: its
+        marks have stopped, so JetStream gives it to another worker (at once: it is nacked),
+        and the batch is held no longer than the limit."""
         while waiting:
-            await self._one(row, waiting.popleft(), handler, report, stop=stop, raw=raw)
+            msg = waiting.popleft()
+            if held_too_long():
+                report.left_for_redelivery += 1
+                await msg.nak()
+                continue
+            await self._one(row, msg, handler, report, stop=stop, raw=raw)
 
     async def _one(
         self,
@@ -471,6 +489,10 @@ class _Marks:
             if self._loop.time() + self._every <= self._until
             else None
         )
+
+    def expired(self) -> bool:
+        """The hold limit is reached: the waiting messages are marked no more."""
+        return self._loop.time() >= self._until
 
     def cancel(self) -> None:
         if self._timer is not None:
