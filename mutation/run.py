@@ -8,9 +8,12 @@ For each package this
 2. runs ``mutmut run`` there: every function of the package is mutated, and each mutant runs
    the tests that reach it, stopping at the first failure;
 3. re-checks each survivor in a fresh interpreter with the mutant switched on before anything
-   is imported. mutmut forks its workers from a process that has already imported the package,
-   so code that runs while a module is imported (the event and command catalogues are built
-   by helper functions) never sees the mutant there; a fresh process does;
+   is imported. mutmut forks its workers from a process that has already imported the package
+   and run the tests once, so code that runs while a module is imported (the event and command
+   catalogues are built by helper functions), or state that run left behind, never meets the
+   mutant there; a fresh process does. A survivor runs its function's covering tests (mutmut's
+   stats); one whose function runs at import, or that no test reached, also runs the plan's
+   re-check files. A kill counts when a second run repeats it;
 4. prints, per package, the mutants killed, the survivors shown equivalent (one line each in
    ``mutation/equivalent.txt``, or by the one rule applied here: a mutant that only changes
    the case of SQL keywords, tables or columns, which SQLite reads in any case), the
@@ -478,22 +481,30 @@ def recheck_survivors(
     # A re-check that fails for another reason would count every survivor as killed: the
     # tests must pass with no mutant on, and fail when every mutated function raises.
     started = time.monotonic()
-    if (clean := _run_recheck(workspace, plan, "")) != 0:
+    if (clean := _run_recheck(workspace, plan.recheck, "")) != 0:
         raise MutationError(
             f"the re-check tests of {plan.name} ({', '.join(plan.recheck)}) fail with no mutant "
             f"on (exit {clean}): run them in {workspace / 'mutants'} to see why"
         )
-    if _run_recheck(workspace, plan, "fail") == 0:
+    if _run_recheck(workspace, plan.recheck, "fail") == 0:
         raise MutationError(
             f"the re-check tests of {plan.name} pass even when every mutated function raises: "
             "they do not import the workspace's mutated package"
         )
     # A mutant that loops forever is killed by the clock, as mutmut's own timeouts are.
     timeout_s = max(60.0, 10 * (time.monotonic() - started))
+    at_import = import_time_functions(workspace)
+    covering = _covering_tests(workspace)
     saved = workspace / "recheck.json"
     with ThreadPoolExecutor(max_workers=max_children) as pool:
         futures = {
-            pool.submit(_confirmed_recheck, workspace, plan, name, timeout_s=timeout_s): name
+            pool.submit(
+                _confirmed_recheck,
+                workspace,
+                recheck_tests(name, plan, covering, at_import),
+                name,
+                timeout_s=timeout_s,
+            ): name
             for name in todo
         }
         for done, future in enumerate(as_completed(futures), start=1):
@@ -506,20 +517,96 @@ def recheck_survivors(
     return codes
 
 
-def _confirmed_recheck(workspace: Path, plan: PackagePlan, mutant: str, *, timeout_s: float) -> int:
+def function_of(mutant_name: str) -> str:
+    """``rhumbatron.router.records.x_f__mutmut_3`` → ``rhumbatron.router.records.x_f``."""
+    return mutant_name.partition("__mutmut_")[0]
+
+
+def recheck_tests(
+    mutant: str,
+    plan: PackagePlan,
+    covering: dict[str, list[str]],
+    at_import: set[str],
+) -> tuple[str, ...]:
+    """The tests a survivor is re-checked with in a fresh interpreter.
+
+    Its function's covering tests (mutmut's stats): run fresh, they meet the mutant even
+    where mutmut's forked worker reused state its parent had built (a cache, a memo). A
+    function that runs while a module is imported, or that no test reached in mutmut's
+    stats run, gets the plan's re-check files too: only they are known to reach the tables
+    built at import.
+    """
+    function = function_of(mutant)
+    tests = tuple(covering.get(function, ()))
+    if function in at_import or not tests:
+        return (*plan.recheck, *(t for t in tests if t.partition("::")[0] not in plan.recheck))
+    return tests
+
+
+def _covering_tests(workspace: Path) -> dict[str, list[str]]:
+    """mutmut's stats: the tests that called each mutated function."""
+    path = workspace / "mutants" / "mutmut-stats.json"
+    if not path.exists():
+        return {}
+    stats = json.loads(path.read_text(encoding="utf-8"))
+    return {name: sorted(tests) for name, tests in stats["tests_by_mangled_function_name"].items()}
+
+
+# Imports every module of the package in a fresh interpreter with mutmut's trampolines in
+# "stats" mode, and prints the mutated functions that ran meanwhile.
+_IMPORT_PROBE = """
+import importlib, json, pkgutil
+import rhumbatron
+from mutmut.state import state
+for module in pkgutil.walk_packages(rhumbatron.__path__, "rhumbatron."):
+    try:
+        importlib.import_module(module.name)
+    except Exception:
+        pass  # a module that cannot be imported here runs nothing at import either
+print(json.dumps(sorted(state()._stats)))
+"""
+
+
+def import_time_functions(workspace: Path) -> set[str]:
+    """The mutated functions that run while the package's modules are imported (the event
+    and command catalogues are built by such functions). mutmut's workers never see their
+    mutants there; the fresh-process re-check must reach them with the plan's files."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str((workspace / "mutants" / "src").resolve())
+    env["MUTANT_UNDER_TEST"] = "stats"
+    probe = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PROBE],
+        cwd=workspace / "mutants",
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        raise MutationError(
+            f"cannot list the functions run at import in {workspace}: {probe.stderr.strip()}"
+        )
+    return set(json.loads(probe.stdout.strip().splitlines()[-1]))
+
+
+def _confirmed_recheck(
+    workspace: Path, tests: Sequence[str], mutant: str, *, timeout_s: float
+) -> int:
     """A re-check whose kill is confirmed by a second run: a real-server test that fails once
     under load must not count a survivor as killed. A kill the second run does not repeat is
     a survivor, and is said so."""
-    code = _run_recheck(workspace, plan, mutant, timeout_s=timeout_s)
+    code = _run_recheck(workspace, tests, mutant, timeout_s=timeout_s)
     if code == 0:
         return 0
-    again = _run_recheck(workspace, plan, mutant, timeout_s=timeout_s)
+    again = _run_recheck(workspace, tests, mutant, timeout_s=timeout_s)
     if again == 0:
         print(f"  re-check {mutant}: failed once, passed again; counted as a survivor", flush=True)
     return again
 
 
-def _run_recheck(workspace: Path, plan: PackagePlan, mutant: str, *, timeout_s: float = 900) -> int:
+def _run_recheck(
+    workspace: Path, tests: Sequence[str], mutant: str, *, timeout_s: float = 900
+) -> int:
     """0 when the re-check tests pass with ``mutant`` on, 1 when one fails, 36 on a timeout.
 
     A collection error counts as a failure: the clean run passed, so only the mutant can
@@ -532,7 +619,7 @@ def _run_recheck(workspace: Path, plan: PackagePlan, mutant: str, *, timeout_s: 
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
     try:
         finished = subprocess.run(
-            [*command, "--rootdir=.", *plan.recheck],
+            [*command, "--rootdir=.", *tests],
             cwd=workspace / "mutants",
             env=env,
             capture_output=True,

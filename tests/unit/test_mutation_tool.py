@@ -168,6 +168,51 @@ def test_the_committed_survivors_are_the_recorded_survivors() -> None:
         assert len(listed) == figures["survived"], package
 
 
+def test_a_survivor_is_re_checked_with_its_covering_tests_and_the_plans_files_when_needed() -> None:
+    plan = tool.PackagePlan("protocol", tests=(), recheck=("tests/unit/test_kinds.py",))
+    covering = {
+        f"{P}.x_f": ["tests/unit/test_ids.py::test_a", "tests/unit/test_ids.py::test_b"],
+        f"{P}.x__spec": ["tests/unit/test_kinds.py::test_c", "tests/unit/test_ids.py::test_d"],
+    }
+    at_import = {f"{P}.x__spec"}
+    # a function the tests call: its covering tests, in a fresh interpreter
+    assert tool.recheck_tests(f"{P}.x_f__mutmut_3", plan, covering, at_import) == (
+        "tests/unit/test_ids.py::test_a",
+        "tests/unit/test_ids.py::test_b",
+    )
+    # run at import: the plan's files (they reach the tables), and the covering tests of
+    # other files
+    assert tool.recheck_tests(f"{P}.x__spec__mutmut_1", plan, covering, at_import) == (
+        "tests/unit/test_kinds.py",
+        "tests/unit/test_ids.py::test_d",
+    )
+    # no test reached it in mutmut's stats run: the plan's files
+    assert tool.recheck_tests(f"{P}.x_g__mutmut_1", plan, covering, at_import) == plan.recheck
+
+
+def test_the_functions_run_at_import_are_found_in_a_fresh_interpreter(tmp_path: Path) -> None:
+    # GIVEN a workspace whose package builds a table at import through a mutated function
+    package = tmp_path / "mutants" / "src" / "rhumbatron"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "tables.py").write_text(
+        "from mutmut.stats import record_trampoline_hit\n\n"
+        "def x_build():\n"
+        "    record_trampoline_hit('rhumbatron.tables.x_build')\n"
+        "    return {}\n\n"
+        "def x_later():\n"
+        "    record_trampoline_hit('rhumbatron.tables.x_later')\n\n"
+        "TABLE = x_build()\n"
+    )
+    (package / "broken.py").write_text("raise ImportError('needs a runtime')\n")
+    (tmp_path / "mutants" / "pyproject.toml").write_text(
+        '[tool.mutmut]\nsource_paths = ["src/rhumbatron"]\n'
+    )
+    # THEN only the function that ran while importing is listed (a module that cannot be
+    # imported is passed over)
+    assert tool.import_time_functions(tmp_path) == {"rhumbatron.tables.x_build"}
+
+
 def test_every_core_package_has_a_plan_whose_tests_exist() -> None:
     assert set(tool.PLANS) == set(tool.CORE_PACKAGES)
     for plan in tool.PLANS.values():
