@@ -213,6 +213,12 @@ def test_the_functions_run_at_import_are_found_in_a_fresh_interpreter(tmp_path: 
     assert tool.import_time_functions(tmp_path) == {"rhumbatron.tables.x_build"}
 
 
+def test_a_test_that_reads_the_source_text_is_deselected_where_it_would_read_mutants() -> None:
+    written = tomllib.loads(tool.workspace_config(tool.PLANS["actors"], {}))
+    selection = written["tool"]["mutmut"]["pytest_add_cli_args_test_selection"]
+    assert selection[selection.index("--deselect") + 1] == "tests/unit/test_kinds.py"
+
+
 def test_every_core_package_has_a_plan_whose_tests_exist() -> None:
     assert set(tool.PLANS) == set(tool.CORE_PACKAGES)
     for plan in tool.PLANS.values():
