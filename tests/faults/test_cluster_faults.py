@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.errors import LocalStackError
 from rhumbatron.local.nats_server import NatsServerProcess, free_port
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.protocol.ids import event_stream_name, stream_index
@@ -28,13 +29,12 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 PROJECT = "f2-cluster"
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[list[NatsServerProcess]]:
-    """Three routed nodes, JetStream fsyncing every write."""
+def _start_cluster(root: Path) -> list[NatsServerProcess]:
+    """Three routed nodes under ``root``; raises if one cannot start."""
     routes = [free_port() for _ in range(3)]
     nodes = [
         NatsServerProcess(
-            store_dir=tmp_path / f"node{i}" / "jetstream",
+            store_dir=root / f"node{i}" / "jetstream",
             sync_interval="always",
             server_name=f"node{i}",
             cluster_name="rhumbatron-f2",
@@ -43,8 +43,30 @@ def cluster(tmp_path: Path) -> Iterator[list[NatsServerProcess]]:
         )
         for i in range(3)
     ]
-    for node in nodes:
-        node.start()
+    try:
+        for node in nodes:
+            node.start()
+    except LocalStackError:
+        for node in nodes:
+            node.stop()
+        raise
+    return nodes
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[list[NatsServerProcess]]:
+    """Three routed nodes, JetStream fsyncing every write.
+
+    A free port is only free until someone takes it: the first node's outgoing route
+    connections take ephemeral ports, and one may be a later node's route port (CI saw
+    "bind: address already in use"). Such a start is tried again on fresh ports, twice."""
+    for attempt in range(3):
+        try:
+            nodes = _start_cluster(tmp_path / f"try{attempt}")
+            break
+        except LocalStackError:
+            if attempt == 2:
+                raise
     yield nodes
     for node in nodes:
         node.stop()
