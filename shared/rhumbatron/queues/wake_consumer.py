@@ -150,7 +150,7 @@ class WakeConsumer:
                 task = self._shard(command).task_state(command.task_id)
             assert task is not None or is_reaction_wake(command)
             await self.runtime.wake(_agent_of(command), task, command)
-            if not reaction:
+            if _is_ready_wake(command):
                 self._record_runtime_took(command)
         return None
 
@@ -169,7 +169,7 @@ class WakeConsumer:
         if change is not None and change.status in TERMINAL_STATUSES:
             return WakeOutcome.STALE
         agent = _agent_of(command)
-        if command.command_id == f"cmd_{command.task_id}_ready":
+        if _is_ready_wake(command):
             tenant = self.app.project_tenant(command.project_id) or "unknown"
             caller = Caller(tenant, f"agent:{agent}", f"{command.command_id}:{command.attempt}")
             admission = shard.admit_agent(
@@ -309,6 +309,11 @@ def _wake_of(command: Command) -> AgentWake:
             "belong on agent-wakeups"
         )
     return payload
+
+
+def _is_ready_wake(command: Command) -> bool:
+    """The dispatcher's wake of a ready Task (``cmd_<task>_ready``): the one that admits."""
+    return command.task_id is not None and command.command_id == f"cmd_{command.task_id}_ready"
 
 
 def _agent_of(command: Command) -> str:
