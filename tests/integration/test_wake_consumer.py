@@ -377,3 +377,19 @@ async def test_a_command_that_is_no_wake_fails_and_names_itself(app: Rhumbatron)
     message = "cmd_settle_c1 is a change.settle, not an agent.wake: only wakes belong on "
     with pytest.raises(TypeError, match=f"^{re.escape(message)}agent-wakeups$"):
         await WakeConsumer(app, RecordingAgents())(command, first_delivery())
+
+
+async def test_only_the_dispatchers_ready_wake_admits_a_router_wake_for_a_ready_task_is_stale(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN a ready Task nobody holds
+    ready_task(app, "c1", "t1")
+    agents = RecordingAgents()
+    consumer = WakeConsumer(app, agents)
+    # WHEN a router wake (not cmd_<task>_ready) names it for a1
+    await consumer(wake("cmd_evt_r_t1", "c1", "t1", "a1"), first_delivery())
+    # THEN it is stale: a router wake wakes the holder, it never admits one
+    assert consumer.outcomes == [("cmd_evt_r_t1", WakeOutcome.STALE)]
+    task = shard(app, "c1").task_state("t1")
+    assert task is not None and (task.status, task.agent_id) == ("ready", None)
+    assert agents.woken == []
