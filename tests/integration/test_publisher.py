@@ -90,6 +90,23 @@ def task_facts(count: int, prefix: str = "tsk") -> tuple[ChangeFact, ...]:
     return tuple(ChangeFact("task.ready", {}, task_id=f"{prefix}-{i:03d}") for i in range(count))
 
 
+def append_ready_tasks(
+    app: Rhumbatron, shard: Actor, project: str, task_ids: Sequence[str], clock: ManualClock
+) -> None:
+    """Append a task.ready fact of ``project`` per Task to ``shard``'s outbox, one transaction."""
+    ctx = FactContext(CALLER, project, clock.now())
+    facts = [ctx.fact("task.ready", {}, change_id=f"{project}-chg", task_id=t) for t in task_ids]
+    with write_transaction(shard.connection, shard.path) as db:
+        append_facts(
+            db,
+            facts,
+            owner="resource_shard",
+            project_id=project,
+            now_s=clock.now().timestamp(),
+            max_event_bytes=app.settings.max_event_bytes,
+        )
+
+
 async def eventually(condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
     """Wait for a condition another task makes true (a reconnect), bounded."""
     loop = asyncio.get_running_loop()
@@ -177,20 +194,7 @@ async def test_two_projects_in_one_outbox_are_capped_separately(
     #   (appended with the outbox's own append_facts, as a multi-project owner would)
     shard = app.resource_shard(WEB, change_resource_key("chg-1"))
     for project in (WEB, BILLING):
-        ctx = FactContext(CALLER, project, clock.now())
-        facts = [
-            ctx.fact("task.ready", {}, change_id=f"{project}-chg", task_id=f"tsk-{i:03d}")
-            for i in range(150)
-        ]
-        with write_transaction(shard.connection, shard.path) as db:
-            append_facts(
-                db,
-                facts,
-                owner="resource_shard",
-                project_id=project,
-                now_s=clock.now().timestamp(),
-                max_event_bytes=app.settings.max_event_bytes,
-            )
+        append_ready_tasks(app, shard, project, [f"tsk-{i:03d}" for i in range(150)], clock)
     publisher = await app.publisher()
     # WHEN publish_due runs
     first = await publisher.publish_due(shard)
@@ -374,17 +378,7 @@ async def test_two_projects_of_one_stream_in_one_run_nudge_that_stream_once(
     assert stream_index(mobile) == stream_index(WEB) == 0
     shard = app.resource_shard(WEB, change_resource_key("chg-1"))
     for project in (WEB, mobile):
-        ctx = FactContext(CALLER, project, clock.now())
-        facts = [ctx.fact("task.ready", {}, change_id=f"{project}-chg", task_id="tsk-1")]
-        with write_transaction(shard.connection, shard.path) as db:
-            append_facts(
-                db,
-                facts,
-                owner="resource_shard",
-                project_id=project,
-                now_s=clock.now().timestamp(),
-                max_event_bytes=app.settings.max_event_bytes,
-            )
+        append_ready_tasks(app, shard, project, ["tsk-1"], clock)
     publisher = await app.publisher()
     # WHEN one publish_due sends both projects' rows
     report = await publisher.publish_due(shard)

@@ -880,18 +880,17 @@ async def test_messages_waiting_for_a_worker_are_kept_alive_too(make_app: AppFac
     assert report.done == 10
 
 
+#: A 1 s ack wait, marks every 0.3 s for at most 0.6 s: the hold limit within a test's time.
+SHORT_HOLD = {"command_ack_wait_s": 1.0, "command_in_progress_s": 0.3, "command_max_hold_s": 0.6}
+
+
 async def test_after_the_hold_limit_the_marks_stop_and_the_message_is_redelivered(
     make_app: AppFactory, tap: AckTap
 ) -> None:
     # GIVEN a 1 s ack wait, marks every 0.3 s for at most 0.6 s, and a handler that holds
     # the message until the test lets it go
-    overrides = {
-        "command_ack_wait_s": 1.0,
-        "command_in_progress_s": 0.3,
-        "command_max_hold_s": 0.6,
-    }
-    app = await make_app(**overrides)
-    other = await make_app(**overrides)
+    app = await make_app(**SHORT_HOLD)
+    other = await make_app(**SHORT_HOLD)
     await send_commands(app, "integration", 1)
     started = asyncio.Event()
     release = asyncio.Event()
@@ -935,13 +934,8 @@ async def test_a_message_waiting_for_a_worker_is_marked_only_up_to_the_hold_limi
     # GIVEN a 1 s ack wait, marks every 0.3 s for at most 0.6 s, and three commands on a
     # queue of concurrency 2 whose handler holds each message until the test lets it go:
     # the third waits for a worker the whole time
-    overrides = {
-        "command_ack_wait_s": 1.0,
-        "command_in_progress_s": 0.3,
-        "command_max_hold_s": 0.6,
-    }
-    app = await make_app(**overrides)
-    other = await make_app(**overrides)
+    app = await make_app(**SHORT_HOLD)
+    other = await make_app(**SHORT_HOLD)
     await send_commands(app, "integration", 3)
     third = (await (await js_of(app)).stream_info(COMMAND_STREAM)).state.last_seq
     started = asyncio.Event()

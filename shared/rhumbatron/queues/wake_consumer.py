@@ -197,8 +197,7 @@ class WakeConsumer:
     def _decide_reaction(self, command: Command) -> WakeOutcome:
         """A reaction's wake is relevant unless its Change was cancelled (cascade cancel), or
         another wake already woke the agent about the same event."""
-        payload = command.payload
-        assert isinstance(payload, AgentWake)
+        payload = _wake_of(command)
         if command.change_id is not None:
             change = self._shard(command).change_state(command.change_id)
             cancelled = change is not None and change.status == ChangeStatus.CANCELLED
@@ -211,8 +210,8 @@ class WakeConsumer:
     def _pair_taken(self, command: Command) -> bool:
         """Whether another wake (not a redelivery of this one) already activated the agent
         about this wake's event."""
-        payload = command.payload
-        if not isinstance(payload, AgentWake) or payload.event_id is None:
+        payload = _wake_of(command)
+        if payload.event_id is None:
             return False
         row = (
             self.app.product()
@@ -226,8 +225,8 @@ class WakeConsumer:
 
     def _record_wake(self, command: Command) -> None:
         """Record a delivered wake under its (agent, event); the first wake keeps the pair."""
-        payload = command.payload
-        if not isinstance(payload, AgentWake) or payload.event_id is None:
+        payload = _wake_of(command)
+        if payload.event_id is None:
             return
         with self.app.product().transaction() as db:
             db.execute(
