@@ -75,7 +75,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.run
 
-# Mutation testing needs the `mutation` extra (mutmut); `make test` does not.
+# Mutation testing needs the `mutation` extra (mutmut), which dev also installs.
 $(MUTATION_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,mutation]'
 	touch $(MUTATION_STAMP)
