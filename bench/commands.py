@@ -44,8 +44,9 @@ from typing import TYPE_CHECKING, Any
 from bench.jetstream import BenchError, RunResult, ServerCpu, measure, raw_pipelined
 from bench.report import Figure, Ratio, format_figures, format_ratios
 from bench.workload import RawMessage
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.messaging.commands import QUEUE_CONSUMERS, command_message_id, consumer_name
+from rhumbatron.messaging.commands import command_message_id
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.messaging.pull import ensure_consumer
 from rhumbatron.messaging.queue_consumer import (
@@ -55,8 +56,8 @@ from rhumbatron.messaging.queue_consumer import (
 )
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject, ensure_streams
 from rhumbatron.protocol.envelopes import Command
+from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, consumer_name
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS

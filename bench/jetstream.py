@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from bench.workload import RawMessage, Workload, copy_state
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.publisher import PublishReport
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.sender import (
     EventSender,
@@ -32,9 +33,8 @@ from rhumbatron.messaging.sender import (
 )
 from rhumbatron.messaging.streams import ensure_streams
 from rhumbatron.messaging.testing import SenderWrapper
-from rhumbatron.protocol.ids import event_stream_name
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings, load_settings
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS

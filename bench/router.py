@@ -50,6 +50,7 @@ from bench.report import Figure, Ratio
 from bench.workload import RawMessage
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import change_resource_key
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.local.nats_server import NatsServerProcess
@@ -58,6 +59,7 @@ from rhumbatron.messaging.event_log import Subscription, consumer_config
 from rhumbatron.messaging.pull import ensure_consumer
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import (
+    EVENT_STREAM_COUNT,
     event_stream_name,
     event_stream_subject,
     stable_event_id,
@@ -68,7 +70,6 @@ from rhumbatron.router.nudge import InProcessNudge
 from rhumbatron.router.project_view import ProjectView
 from rhumbatron.router.records import Outcome, Record
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings, load_settings
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection

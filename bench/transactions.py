@@ -21,10 +21,10 @@ from rhumbatron.actors.actor import ActorKind, ActorRef
 from rhumbatron.actors.alarms import ALARM_SCHEMA
 from rhumbatron.actors.outbox import OUTBOX_SCHEMA
 from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
 from rhumbatron.protocol.ids import stable_event_id, stream_index
-from rhumbatron.runtime.settings import Settings, load_settings
 
 __all__ = ["PROJECT", "ActorWriter", "PlainWriter"]
 

@@ -16,11 +16,16 @@ from pathlib import Path
 
 from rhumbatron.actors.actor import Actor, ActorRef
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
-from rhumbatron.protocol.ids import event_stream_subject, resource_shard_index, stream_index
+from rhumbatron.protocol.ids import (
+    EVENT_STREAM_COUNT,
+    event_stream_subject,
+    resource_shard_index,
+    stream_index,
+)
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings, load_settings
 
 __all__ = ["RawMessage", "Workload", "build_workload", "copy_state"]
 

@@ -70,13 +70,13 @@ from rhumbatron import operator
 from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.agents.scripted import ScriptLibrary
 from rhumbatron.agents.signing import generate_secret
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import TaskPlan
 from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import ConfigurationError, RhumbatronError
 from rhumbatron.lifecycle.commands import lifecycle_command
 from rhumbatron.lifecycle.local_loop import LocalLoop
 from rhumbatron.lifecycle.requests import CreatedChange
-from rhumbatron.messaging.commands import QUEUE_CONSUMERS, consumer_name
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.queue_consumer import queue_row
 from rhumbatron.messaging.streams import COMMAND_STREAM
@@ -84,7 +84,8 @@ from rhumbatron.operator import ANY_TENANT, MAX_PAGE
 from rhumbatron.product.dead_letters import DeadLetter
 from rhumbatron.protocol.command_types import COMMAND_TYPES
 from rhumbatron.protocol.envelopes import Event
-from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, stream_index
+from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, consumer_name
 from rhumbatron.reactions.guards import suppressions
 from rhumbatron.reactions.receiver import LocalWebhookReceiver, WebhookReceiver
 from rhumbatron.reactions.registry import Governance, SubscriptionRegistry, WebhookReaction
@@ -92,7 +93,6 @@ from rhumbatron.reactions.selectors import Selector
 from rhumbatron.router.event_router import tick_kind
 from rhumbatron.router.replay import replay_archive
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings, load_settings
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable

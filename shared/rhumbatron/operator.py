@@ -4,7 +4,7 @@ The operator API (:mod:`rhumbatron.api`) and the CLI both call these functions; 
 holds any logic of its own. Every function takes the caller's tenant: a letter (or a
 project) of another tenant is "not found", exactly as one that does not exist, so an
 operator cannot learn what other tenants have. The tenant ``"*"``
-(:data:`~rhumbatron.runtime.settings.ANY_TENANT`) sees every tenant: a platform operator,
+(:data:`~rhumbatron.core.settings.ANY_TENANT`) sees every tenant: a platform operator,
 who also sees the letters that carry no tenant (a ``forks.sweep`` command has none).
 
 Retry (spec: "Dead-letter path"; RELIABILITY F14)
@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rhumbatron.core.settings import ANY_TENANT
 from rhumbatron.errors import (
     DeadLetterError,
     DeadLetterNotFoundError,
@@ -46,7 +47,6 @@ from rhumbatron.errors import (
 from rhumbatron.product import dead_letters
 from rhumbatron.product.dead_letters import DeadLetter, DeadLetterKind, DeadLetterStatus
 from rhumbatron.protocol.envelopes import Command
-from rhumbatron.runtime.settings import ANY_TENANT
 
 if TYPE_CHECKING:
     from rhumbatron.messaging.commands import SendResult

@@ -16,11 +16,11 @@ import pytest
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.api import StaticTokenAuth, create_api
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 from .support import PROJECT, TENANT, TOKENS
 

@@ -16,10 +16,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from rhumbatron.api import JwtAuth, StaticTokenAuth, authenticator_from_settings, create_api
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import load_settings
 from rhumbatron.errors import ConfigurationError
 from rhumbatron.runtime.bootstrap import Rhumbatron
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import load_settings
 
 from .conftest import TestClient
 from .support import OTHER_TENANT, TENANT, bearer, command, command_letter

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from rhumbatron.actors.project_root import ProjectRoot
+from rhumbatron.core.clock import ManualClock
 from rhumbatron.domain.facts import Caller
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.product.dead_letters import (
@@ -24,7 +25,6 @@ from rhumbatron.product.dead_letters import (
     get_dead_letter,
 )
 from rhumbatron.runtime.bootstrap import Rhumbatron
-from rhumbatron.runtime.clock import ManualClock
 
 from .conftest import TestClient, make_client, make_runtime
 from .support import (

@@ -26,14 +26,14 @@ import pytest_asyncio
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.agents.signing import verify
 from rhumbatron.api import StaticTokenAuth, create_api
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.lifecycle.local_loop import LocalLoop
 from rhumbatron.lifecycle.requests import qualified_task_id
 from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.protocol import Event
+from rhumbatron.protocol.envelopes import Event
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import load_settings
 
 from .support import queued
 

@@ -19,14 +19,14 @@ import pytest_asyncio
 from project_roots import ensure_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.api import StaticTokenAuth, create_api
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
-from rhumbatron.protocol import Event, stream_index
-from rhumbatron.protocol.ids import event_stream_subject
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import event_stream_subject, stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import load_settings
 
 pytestmark = pytest.mark.integration
 

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.reactions.schedules import ScheduleSettings, fire_due_schedules
 from rhumbatron.runtime.bootstrap import Rhumbatron
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 from .support import (
     OPERATOR,

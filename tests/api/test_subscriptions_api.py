@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rhumbatron.agents.signing import generate_secret
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.reactions.webhook_ledger import Attempt, RetryPolicy, record_attempt
 from rhumbatron.runtime.bootstrap import Rhumbatron
-from rhumbatron.runtime.settings import Settings, load_settings
 
 from .support import (
     OPERATOR,

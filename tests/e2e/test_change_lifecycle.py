@@ -11,14 +11,14 @@ import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.agents.scripted import ScriptLibrary
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import TaskPlan
 from rhumbatron.domain.facts import Caller
 from rhumbatron.lifecycle.commands import lifecycle_command
 from rhumbatron.lifecycle.local_loop import LocalLoop
 from rhumbatron.local.stack import LocalStack
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import load_settings
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samplefiles" / "lifecycle.json"
 FAST = {

@@ -15,6 +15,8 @@ import pytest
 from rhumbatron.actors.alarms import RecordingAlarmSink, alarm_due_at
 from rhumbatron.actors.resource_shard import ResourceShard
 from rhumbatron.actors.storage import is_network_filesystem
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import FactContext
 from rhumbatron.domain.transition import Transition, Upsert
@@ -29,8 +31,6 @@ from rhumbatron.errors import (
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import new_event_id
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 from .worker import CALLER, outbox_rows, run_worker, worker_env
 

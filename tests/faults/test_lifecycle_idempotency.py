@@ -41,6 +41,8 @@ import pytest_asyncio
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import ResourceShard
 from rhumbatron.agents.scripted import ScriptLibrary
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.agents import Admission
 from rhumbatron.domain.candidates import CandidateStatus, candidate_id_for, composition_key
 from rhumbatron.domain.changes import TaskPlan
@@ -69,8 +71,6 @@ from rhumbatron.queues.wake_consumer import WakeOutcome
 from rhumbatron.router.handlers import CausalRouting
 from rhumbatron.router.records import APPLIED, RecordOutcome
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 from rhumbatron.workflows.engine import WorkflowStatus
 
 from .worker import worker_env
@@ -987,7 +987,7 @@ async def test_a_candidate_whose_first_composition_failed_midway_is_verified_on_
 QUEUE_WORKER = """
 import asyncio, sys
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.settings import load_settings
+from rhumbatron.core.settings import load_settings
 
 async def main(queue):
     app = bootstrap(load_settings())

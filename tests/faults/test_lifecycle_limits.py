@@ -26,6 +26,7 @@ import pytest
 from rhumbatron.agents.scripted import ScriptLibrary
 from rhumbatron.causal.command_cap import DROPPED_METRIC
 from rhumbatron.causal.store import CommandCount
+from rhumbatron.core.clock import utc_day
 from rhumbatron.domain.agents import Admission
 from rhumbatron.domain.candidates import CandidateStatus
 from rhumbatron.domain.changes import TaskPlan
@@ -38,7 +39,6 @@ from rhumbatron.product.dead_letters import list_dead_letters
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.queues.wake_consumer import WakeOutcome
 from rhumbatron.runtime.bootstrap import Rhumbatron
-from rhumbatron.runtime.clock import utc_day
 
 from . import test_lifecycle_idempotency as support
 from .test_lifecycle_idempotency import (

@@ -19,6 +19,8 @@ import pytest
 from rhumbatron.actors.outbox import backoff_s
 from rhumbatron.actors.publisher import OutboxPublisher, requeue_failed_rows
 from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.connection import connect_nats
@@ -34,8 +36,6 @@ from rhumbatron.messaging.streams import ensure_streams
 from rhumbatron.messaging.testing import RefusingSender, SenderWrapper
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 from .worker import (
     CALLER,
@@ -170,9 +170,7 @@ async def test_nats_down_past_the_backoff_budget_loses_nothing_and_keeps_order(
     tmp_path: Path, durable_nats: NatsServerProcess, mode: str, kill_before_call: int
 ) -> None:
     # GIVEN three projects (three actors) with 250 outbox rows each, on a manual clock
-    settings = _settings(
-        tmp_path, durable_nats, publish_batch_mode=mode, publish_ack_timeout_s=1.0
-    )
+    settings = _settings(tmp_path, durable_nats, publish_batch_mode=mode, publish_ack_timeout_s=1.0)
     clock = ManualClock()
     nc = await connect_nats(settings)
     await ensure_streams(nc.jetstream(), settings)

@@ -49,6 +49,8 @@ from integration.test_reactions import (
 )
 from project_roots import ensure_project_roots
 from rhumbatron.agents.signing import verify
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import project_admin_key
 from rhumbatron.errors import RhumbatronError
@@ -56,16 +58,14 @@ from rhumbatron.messaging.event_log import ConsumerLag, Subscription
 from rhumbatron.messaging.sender import JetStreamSender, OutgoingMessage
 from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.product.dead_letters import list_dead_letters
-from rhumbatron.protocol import Event, stream_index
-from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.guards import Hop, SuppressionReason, suppressions
 from rhumbatron.reactions.registry import Governance
 from rhumbatron.reactions.selectors import Selector
 from rhumbatron.router.event_router import EventRouter, SubscriptionReport, tick_kind
 from rhumbatron.router.handlers import RunContext
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 

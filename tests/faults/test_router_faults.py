@@ -26,6 +26,8 @@ import pytest
 
 from project_roots import ensure_project_roots
 from rhumbatron.archive import ArchiveReader
+from rhumbatron.core.clock import Clock, ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import DeadLetterClosedError
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
@@ -48,8 +50,6 @@ from rhumbatron.protocol.ids import (
 from rhumbatron.router.event_router import EventRouter, tick_kind
 from rhumbatron.router.handlers import AuditArchiver
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import Clock, ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 from .worker import (
     RoutedLog,

@@ -44,18 +44,18 @@ from typing import Any
 
 from rhumbatron.actors.actor import Actor, ActorRef
 from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
-from rhumbatron.messaging.commands import consumer_name
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.queue_consumer import Delivery
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.protocol.queue_consumers import consumer_name
 from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.records import APPLIED, RecordOutcome
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.settings import Settings, load_settings
 
 WORKER = Path(__file__).resolve()
 CALLER = Caller("tenant-faults", "system:fault-test", "corr-faults")

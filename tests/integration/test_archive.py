@@ -29,9 +29,10 @@ from rhumbatron.archive import (
     expire_archive,
     parse_archive_key,
 )
+from rhumbatron.core.clock import ManualClock
 from rhumbatron.local.s3_server import S3ServerProcess
-from rhumbatron.protocol import Event, new_event_id
-from rhumbatron.runtime.clock import ManualClock
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import new_event_id
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

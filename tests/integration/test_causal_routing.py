@@ -21,15 +21,15 @@ from rhumbatron.causal.routing import RoutedEvent, RuleBasedRouting
 from rhumbatron.causal.rules import StateEffect
 from rhumbatron.causal.store import CausalStore
 from rhumbatron.causal.world import ShardWorld
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.errors import ActorError
 from rhumbatron.messaging.streams import COMMAND_STREAM
-from rhumbatron.protocol import Command, Event, stream_index
-from rhumbatron.protocol.ids import event_stream_subject
+from rhumbatron.protocol.envelopes import Command, Event
+from rhumbatron.protocol.ids import event_stream_subject, stream_index
 from rhumbatron.router.records import RecordOutcome
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 pytestmark = pytest.mark.integration
 

@@ -31,6 +31,8 @@ from nats.js.errors import NotFoundError
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.cli import EXIT_CANNOT, EXIT_NOT_FOUND, EXIT_UNAVAILABLE, main
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.queue_consumer import Delivery, PollReport, Retry
@@ -45,8 +47,6 @@ from rhumbatron.product.dead_letters import (
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.queues import run_dead_letter_consumer
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client as NATS
 
+from rhumbatron.core.settings import load_settings
 from rhumbatron.errors import NatsUnavailableError
 from rhumbatron.local.nats_server import NatsServerProcess, free_port
 from rhumbatron.messaging.connection import connect_nats
-from rhumbatron.runtime.settings import load_settings
 
 pytestmark = pytest.mark.integration
 

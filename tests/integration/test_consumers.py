@@ -19,19 +19,24 @@ import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.api import StaticTokenAuth, create_api
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.messaging.commands import QUEUE_CONSUMERS, consumer_name
 from rhumbatron.messaging.cursors import CursorKind, CursorLag, durable_cursors, read_cursors
 from rhumbatron.messaging.event_log import EventLogClient, Subscription
 from rhumbatron.messaging.pull import Puller, ensure_consumer
 from rhumbatron.messaging.queue_consumer import queue_consumer_config
 from rhumbatron.messaging.streams import COMMAND_STREAM
-from rhumbatron.protocol import Command, Event, stream_index
-from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
+from rhumbatron.protocol.envelopes import Command, Event
+from rhumbatron.protocol.ids import (
+    EVENT_STREAM_COUNT,
+    event_stream_name,
+    event_stream_subject,
+    stream_index,
+)
+from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, consumer_name
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, load_settings
 
 pytestmark = pytest.mark.integration
 

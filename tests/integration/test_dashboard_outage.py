@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import load_settings
 from rhumbatron.dashboard.summary import collect_summary
 from rhumbatron.domain.facts import Caller
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import load_settings
 
 pytestmark = pytest.mark.integration
 

@@ -18,16 +18,12 @@ import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.tasks import DEAD_LETTER_LIMIT, TaskStatus
 from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.messaging.commands import (
-    DEAD_LETTER_QUEUE,
-    DELIVERIES_HEADER,
-    LAST_ERROR_HEADER,
-    ORIGIN_QUEUE_HEADER,
-    consumer_name,
-)
+from rhumbatron.messaging.commands import DELIVERIES_HEADER, LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.messaging.queue_consumer import Delivery, QueueConsumerRuntime, Retry
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
@@ -42,7 +38,8 @@ from rhumbatron.product.dead_letters import (
     record_command_dead_letter,
     record_poison_event,
 )
-from rhumbatron.protocol import Command
+from rhumbatron.protocol.envelopes import Command
+from rhumbatron.protocol.queue_consumers import DEAD_LETTER_QUEUE, consumer_name
 from rhumbatron.queues import (
     DeadLetterConsumer,
     close_letters_of_ended_changes,
@@ -54,8 +51,6 @@ from rhumbatron.queues.dead_letter import (
     undecodable_dead_letter_id,
 )
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 from server_counts import settles_to
 
 pytestmark = pytest.mark.integration

@@ -23,14 +23,15 @@ from botocore.config import Config
 from rhumbatron import operator
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.agents.registry import AgentRegistry
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.tasks import TaskState
 from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.queue_consumer import Delivery
 from rhumbatron.messaging.streams import COMMAND_STREAM
-from rhumbatron.protocol import Event
-from rhumbatron.protocol.envelopes import Command
+from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.protocol.ids import event_stream_name
 from rhumbatron.queues.dead_letter import DeadLetterConsumer
 from rhumbatron.queues.wake_consumer import WakeConsumer, WakeOutcome
@@ -45,8 +46,6 @@ from rhumbatron.reactions.registry import (
     WorkflowReaction,
 )
 from rhumbatron.reactions.selectors import Selector
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
 from rhumbatron.workflows.step_functions import StepFunctionsEngine
 

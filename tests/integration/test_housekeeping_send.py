@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from rhumbatron.core.clock import ManualClock
 from rhumbatron.lifecycle.housekeeping import Housekeeper, QuietChange, ReleasingChange
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.runtime.bootstrap import Rhumbatron
-from rhumbatron.runtime.clock import ManualClock
 
 pytestmark = pytest.mark.integration
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.local.nats_server import NatsServerProcess, free_port
-from rhumbatron.protocol import stream_index
+from rhumbatron.protocol.ids import stream_index
 from rhumbatron.router.nudge import LambdaNudge
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.settings import load_settings
 
 pytestmark = pytest.mark.integration
 

@@ -24,6 +24,8 @@ import pytest_asyncio
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import ResourceShard
 from rhumbatron.agents.scripted import ScriptLibrary
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import ChangeStatus, TaskPlan
 from rhumbatron.domain.facts import Caller
@@ -39,11 +41,9 @@ from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.queue_consumer import Delivery, PollReport, Retry
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.product.dead_letters import list_dead_letters, record_command_dead_letter
-from rhumbatron.protocol import Command, Event
+from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.queues.wake_consumer import WakeOutcome
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import load_settings
 from rhumbatron.workflows.engine import WorkflowStatus
 
 pytestmark = pytest.mark.integration

@@ -20,6 +20,8 @@ from rhumbatron.actors.outbox import RowState, append_facts, counts_by_state
 from rhumbatron.actors.publisher import OutboxPublisher
 from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.actors.storage import write_transaction
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.local.nats_server import NatsServerProcess
@@ -32,10 +34,9 @@ from rhumbatron.messaging.sender import (
     StoredMessage,
 )
 from rhumbatron.messaging.testing import SenderWrapper
-from rhumbatron.protocol import Event, stream_index
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 pytestmark = pytest.mark.integration
 

@@ -31,16 +31,11 @@ from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js.api import AckPolicy, DiscardPolicy
 from nats.js.client import JetStreamContext
 
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import load_settings
 from rhumbatron.errors import MessagingError
 from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.messaging.commands import (
-    DEAD_LETTER_QUEUE,
-    DELIVERIES_HEADER,
-    LAST_ERROR_HEADER,
-    ORIGIN_QUEUE_HEADER,
-    QUEUE_CONSUMERS,
-    consumer_name,
-)
+from rhumbatron.messaging.commands import DELIVERIES_HEADER, LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.messaging.queue_consumer import (
     CommandHandler,
     Delivery,
@@ -51,9 +46,8 @@ from rhumbatron.messaging.queue_consumer import (
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.protocol.command_types import QUEUES
 from rhumbatron.protocol.envelopes import Command
+from rhumbatron.protocol.queue_consumers import DEAD_LETTER_QUEUE, QUEUE_CONSUMERS, consumer_name
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import load_settings
 
 pytestmark = pytest.mark.integration
 

@@ -23,13 +23,15 @@ from project_roots import ensure_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.agents.registry import AgentRegistry
 from rhumbatron.agents.signing import verify
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import project_admin_key
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.metrics import MetricBinding, metric_counts
-from rhumbatron.protocol import Event, stream_index
-from rhumbatron.protocol.ids import event_stream_subject
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import event_stream_subject, stream_index
 from rhumbatron.queues.wake_consumer import WakeConsumer, WakeOutcome
 from rhumbatron.reactions.assembly import LazyHttpClient, reactions_for
 from rhumbatron.reactions.config import ReactionSettings
@@ -52,8 +54,6 @@ from rhumbatron.reactions.selectors import Selector
 from rhumbatron.router.event_router import SubscriptionReport
 from rhumbatron.router.handlers import RunContext
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 from rhumbatron.workflows.engine import WorkflowEngineError, WorkflowStart, check_instance_id
 from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
 

@@ -14,6 +14,8 @@ import pytest
 
 from project_roots import restore_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.protocol.ids import event_stream_name
@@ -26,8 +28,6 @@ from rhumbatron.router.replay import (
     run_replay,
 )
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings
 
 # The router tests' helpers: the same small project history, sweep minutes and app factory.
 from . import test_router as router_tests

@@ -20,20 +20,20 @@ from nats.js.errors import NotFoundError
 from project_roots import ensure_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.archive import ArchiveReader
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.pull import ConsumerChange
 from rhumbatron.metrics import MetricBinding, metric_counts
-from rhumbatron.protocol import Event, stream_index
-from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
 from rhumbatron.router.event_router import RunReport, tick_kind
 from rhumbatron.router.nudge import InProcessNudge
 from rhumbatron.router.records import decode_records
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 from .test_queue_consumer import AckTap
 

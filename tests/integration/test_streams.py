@@ -13,11 +13,11 @@ import pytest_asyncio
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import StreamConfigError
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.streams import COMMAND_STREAM, ensure_streams, wanted_streams
-from rhumbatron.protocol import QUEUES
-from rhumbatron.runtime.settings import Settings, load_settings
+from rhumbatron.protocol.command_types import QUEUES
 
 pytestmark = pytest.mark.integration
 

@@ -14,6 +14,8 @@ import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.tasks import TaskState
 from rhumbatron.messaging.queue_consumer import Delivery
@@ -23,8 +25,6 @@ from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.queues.wake_consumer import FALSE_WAKEUP_METRIC, WakeConsumer, WakeOutcome
 from rhumbatron.reactions.deliveries import REACTION_REASON_PREFIX
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 pytestmark = pytest.mark.integration
 

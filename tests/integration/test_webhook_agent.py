@@ -28,11 +28,11 @@ from rhumbatron.agents.registry import (
 from rhumbatron.agents.signing import WebhookSignatureError, verify
 from rhumbatron.agents.url_safety import UnsafeWebhookUrlError
 from rhumbatron.agents.webhook import WebhookAgentRuntime, WebhookDeliveryError
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.tasks import TaskState, TaskStatus
 from rhumbatron.errors import MessagingError
 from rhumbatron.protocol.envelopes import Command
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 AGENT = "reviewer-1"

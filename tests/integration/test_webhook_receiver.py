@@ -16,11 +16,13 @@ import pytest_asyncio
 from project_roots import ensure_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.agents.signing import generate_secret, signed_headers
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import MetricBinding, metric_counts
-from rhumbatron.protocol import Event, stream_index
-from rhumbatron.protocol.ids import event_stream_subject
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import event_stream_subject, stream_index
 from rhumbatron.reactions.assembly import LazyHttpClient, reactions_for
 from rhumbatron.reactions.consumer import FIRED_METRIC
 from rhumbatron.reactions.receiver import (
@@ -33,8 +35,6 @@ from rhumbatron.reactions.selectors import Selector
 from rhumbatron.router.event_router import SubscriptionReport
 from rhumbatron.router.handlers import RunContext
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 pytestmark = pytest.mark.integration
 

@@ -22,6 +22,8 @@ import pytest
 from rhumbatron import operator
 from rhumbatron.agents.signing import verify
 from rhumbatron.cli import main
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings
 from rhumbatron.domain.project import project_admin_key
 from rhumbatron.errors import DeadLetterClosedError, DeadLetterError
 from rhumbatron.metrics import MetricBinding, metric_counts
@@ -32,8 +34,6 @@ from rhumbatron.reactions.consumer import ShardFacts
 from rhumbatron.reactions.registry import SubscriptionRegistryError
 from rhumbatron.reactions.webhook_ledger import DeliveryStatus, Disablement, WebhookDelivery
 from rhumbatron.reactions.webhook_retries import RETRIED_METRIC, WebhookRetrier
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings
 
 from . import test_reactions as reactions_tests
 from .test_reactions import (

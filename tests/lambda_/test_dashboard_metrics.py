@@ -37,15 +37,13 @@ import pytest
 from project_roots import ensure_project_roots
 from rhumbatron.causal.clef_flash import ClefFlash
 from rhumbatron.causal.store import CausalStore
+from rhumbatron.core.clock import SystemClock, utc_day
+from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.entrypoints import sweep
 from rhumbatron.local.invoke import Template, load_template
 from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.messaging.commands import (
-    DEAD_LETTER_QUEUE,
-    LAST_ERROR_HEADER,
-    ORIGIN_QUEUE_HEADER,
-)
+from rhumbatron.messaging.commands import LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import (
     CLEF_FLASH_CALLS_TODAY_METRIC,
@@ -55,11 +53,15 @@ from rhumbatron.metrics import (
     SWEEP_HEARTBEAT_METRIC,
 )
 from rhumbatron.protocol.envelopes import Command, Event
-from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
+from rhumbatron.protocol.ids import (
+    EVENT_STREAM_COUNT,
+    event_stream_name,
+    event_stream_subject,
+    stream_index,
+)
+from rhumbatron.protocol.queue_consumers import DEAD_LETTER_QUEUE
 from rhumbatron.router.freshness import EVENT_FRESHNESS_METRIC
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.clock import SystemClock, utc_day
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, load_settings
 
 from .support import ROOT, FakeLambdaContext, load_app, sample_event
 

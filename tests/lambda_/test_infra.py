@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 import yaml
 
+from rhumbatron.core.settings import load_settings
 from rhumbatron.local.nats_server import find_nats_server_binary, free_port
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.settings import load_settings
 
 from .support import CloudFormationLoader, Tag
 

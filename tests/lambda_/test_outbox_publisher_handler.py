@@ -19,14 +19,14 @@ import nats
 import pytest
 
 from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.core import event_loop
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.entrypoints import outbox_publisher
 from rhumbatron.errors import EnvelopeError, NatsUnavailableError
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.protocol.ids import event_stream_name, stream_index
-from rhumbatron.runtime import event_loop
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.settings import Settings, load_settings
 
 from .support import FakeLambdaContext, load_app, sample_event
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from rhumbatron.core import event_loop
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.entrypoints import router_nudge, sweep
 from rhumbatron.errors import EnvelopeError, NatsUnavailableError
@@ -30,11 +32,9 @@ from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.commands import LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.protocol.envelopes import Command
-from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, stream_index
 from rhumbatron.router.project_view import ProjectView
-from rhumbatron.runtime import event_loop
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings, load_settings
 
 from .support import FakeLambdaContext, load_app, sample_event
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 from rhumbatron.api import StaticTokenAuth, create_api, lambda_handler
 from rhumbatron.archive import ARCHIVE_PREFIX
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.entrypoints import (
     outbox_publisher,
     queue_worker,
@@ -35,9 +36,8 @@ from rhumbatron.entrypoints import (
     workflow_step,
 )
 from rhumbatron.lifecycle.workflows import LifecycleWorkflows
-from rhumbatron.messaging.commands import QUEUE_CONSUMERS
+from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.settings import Settings, load_settings
 
 from .support import CloudFormationLoader, Tag, load_app
 

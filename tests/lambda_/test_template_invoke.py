@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from rhumbatron.core.settings import load_settings
 from rhumbatron.lifecycle.forks import ForkStore
 from rhumbatron.local.invoke import (
     Invocation,
@@ -39,7 +40,6 @@ from rhumbatron.local.invoke import (
     sample_events,
 )
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.settings import load_settings
 from rhumbatron.scenario import load_scenario, run_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.candidates import CandidateStatus
 from rhumbatron.domain.changes import TaskPlan
 from rhumbatron.domain.facts import Caller
 from rhumbatron.entrypoints import workflow_step
 from rhumbatron.errors import EnvelopeError
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.settings import Settings, load_settings
 
 from .support import ROOT, FakeLambdaContext, load_app, sample_event
 

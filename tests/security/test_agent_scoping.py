@@ -26,10 +26,10 @@ import pytest
 from api.conftest import make_client, make_runtime
 from api.support import OPERATOR, OTHER_OPERATOR, OTHER_TENANT, PROJECT, TENANT, bearer
 from rhumbatron.agents.registry import AgentKind, AgentRegistry, AgentRegistryError
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings
 from rhumbatron.lifecycle.local_loop import LocalLoop
 from rhumbatron.runtime.bootstrap import Rhumbatron
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings
 
 pytestmark = pytest.mark.integration
 

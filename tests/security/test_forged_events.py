@@ -43,6 +43,8 @@ from integration.test_reactions import (
 )
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.archive import ArchiveReader, ArchiveWriter
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
@@ -53,8 +55,6 @@ from rhumbatron.router.event_router import SubscriptionReport
 from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.records import ProjectOwners
 from rhumbatron.router.replay import replay_archive, rewind
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings
 
 __all__ = ["receiver"]  # the webhook receiver fixture, used by name
 

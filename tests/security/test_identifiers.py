@@ -70,9 +70,7 @@ def _provision(app_name: str, *, attempt: int = 1) -> dict[str, Any]:
 def _everything_under(root: Path) -> set[str]:
     """Every file and directory under ``root``, but the nats-server's own store."""
     return {
-        str(p.relative_to(root))
-        for p in root.rglob("*")
-        if p.relative_to(root).parts[0] != "nats"
+        str(p.relative_to(root)) for p in root.rglob("*") if p.relative_to(root).parts[0] != "nats"
     }
 
 
@@ -113,9 +111,7 @@ def test_post_commands_refuses_an_app_name_that_climbs_out_of_the_state_dir(
 
 
 @pytest.mark.parametrize("name", ["..", "a.b", "a/b", "-x"])
-def test_the_apps_route_and_post_commands_agree_on_app_names(
-    client: TestClient, name: str
-) -> None:
+def test_the_apps_route_and_post_commands_agree_on_app_names(client: TestClient, name: str) -> None:
     # GIVEN an app name the apps route refuses (or, for a.b, one outside its alphabet)
     # WHEN it is sent both ways
     by_route = client.post(
@@ -211,9 +207,7 @@ def test_a_symlink_planted_in_the_state_dir_is_not_followed_out(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("candidate", ["../../../etc/passwd", "../x", "a/b"])
-def test_a_fork_cannot_be_read_or_deleted_outside_its_root(
-    tmp_path: Path, candidate: str
-) -> None:
+def test_a_fork_cannot_be_read_or_deleted_outside_its_root(tmp_path: Path, candidate: str) -> None:
     # GIVEN a file next to the forks' root
     forks = ForkStore(tmp_path / "state" / "forks")
     secret = tmp_path / "state" / "secret.json"
@@ -318,8 +312,27 @@ _NOT_NAMES = {
 #: Building blocks of hostile names: separators, dot runs, NUL, lookalikes, encodings.
 _HOSTILE = st.lists(
     st.sampled_from(
-        ["a", "Z", "0", ".", "..", "_", "-", ":", "/", "\\", "\x00", "\n", "%2e", "%2f",
-         "\u2024", "\uff0e", "\u2215", " ", "é"]
+        [
+            "a",
+            "Z",
+            "0",
+            ".",
+            "..",
+            "_",
+            "-",
+            ":",
+            "/",
+            "\\",
+            "\x00",
+            "\n",
+            "%2e",
+            "%2f",
+            "\u2024",
+            "\uff0e",
+            "\u2215",
+            " ",
+            "é",
+        ]
     ),
     min_size=1,
     max_size=8,
@@ -409,9 +422,9 @@ def test_every_identifier_field_of_every_command_type_has_a_name_pattern() -> No
     assert unguarded == []
     # AND the exemptions are still real fields (a renamed field must be judged again)
     fields = {
-        (t, name) for t, s in COMMAND_TYPES.items() for name, _ in _string_fields(
-            s.payload.model_json_schema()
-        )
+        (t, name)
+        for t, s in COMMAND_TYPES.items()
+        for name, _ in _string_fields(s.payload.model_json_schema())
     }
     assert set(_NOT_IDENTIFIERS) <= fields
 
@@ -465,9 +478,9 @@ _CACHED_API_PATTERNS: dict[str, str] = {}
 @pytest.fixture(autouse=True, scope="module")
 def _api_patterns_once(tmp_path_factory: pytest.TempPathFactory) -> None:
     from rhumbatron.actors.alarms import RecordingAlarmSink
+    from rhumbatron.core.clock import ManualClock
+    from rhumbatron.core.settings import load_settings
     from rhumbatron.runtime.bootstrap import bootstrap
-    from rhumbatron.runtime.clock import ManualClock
-    from rhumbatron.runtime.settings import load_settings
 
     state = tmp_path_factory.mktemp("openapi") / "state"
     app = bootstrap(

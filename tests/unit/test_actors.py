@@ -14,15 +14,16 @@ from rhumbatron.actors.actor import ActorKind, ActorRef
 from rhumbatron.actors.alarms import RecordingAlarmSink, alarm_due_at
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import create_project
 from rhumbatron.domain.transition import Insert, Transition, Update
 from rhumbatron.errors import ActorBusyError, ActorError, DomainError, EnvelopeError, OutboxError
-from rhumbatron.protocol import Event, stable_event_id
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import stable_event_id
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 CALLER = Caller("acme", "system:test", correlation_id="corr-actors")
 AGENT = Caller("acme", "agent:builder-1", correlation_id="corr-actors")

@@ -18,8 +18,8 @@ from rhumbatron.agents.registry import (
 )
 from rhumbatron.agents.signing import WebhookSecretError, generate_secret
 from rhumbatron.agents.url_safety import UnsafeWebhookUrlError
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 
 URL = "http://127.0.0.1:8123/agent"
 

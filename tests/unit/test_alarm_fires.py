@@ -12,6 +12,8 @@ from rhumbatron.actors.alarms import AlarmGuard, RecordingAlarmSink
 from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.resource_shard import change_resource_key
+from rhumbatron.core.clock import ManualClock, utc_day
+from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import ActorError
@@ -23,8 +25,6 @@ from rhumbatron.messaging.sender import (
 )
 from rhumbatron.messaging.testing import MemorySender, SenderWrapper
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock, utc_day
-from rhumbatron.runtime.settings import load_settings
 
 CALLER = Caller("acme", "system:test", "corr-fires")
 

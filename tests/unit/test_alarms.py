@@ -22,13 +22,13 @@ from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.publisher import OutboxPublisher
 from rhumbatron.actors.storage import write_transaction
+from rhumbatron.core.clock import ManualClock, utc_day
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.transition import Transition
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.testing import MemorySender, RefusingSender
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.clock import ManualClock, utc_day
-from rhumbatron.runtime.settings import Settings, load_settings
 
 CALLER = Caller("acme", "system:test", correlation_id="corr-alarms")
 PROJECT = "acme-web"

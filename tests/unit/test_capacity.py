@@ -3,8 +3,8 @@ when the streams carry more than a bounded job can keep up with."""
 
 from __future__ import annotations
 
+from rhumbatron.core.settings import load_settings
 from rhumbatron.router.capacity import capacity_warnings, ceilings
-from rhumbatron.runtime.settings import load_settings
 
 
 def test_at_the_spec_values_the_archive_keeps_up_with_144000_events_a_day() -> None:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from rhumbatron.protocol import COMMAND_TYPES, EVENT_TYPES
-from rhumbatron.protocol.command_types import _cmd
-from rhumbatron.protocol.event_types import TaskCompleted, _spec
+from rhumbatron.protocol.command_types import COMMAND_TYPES, _cmd
+from rhumbatron.protocol.event_types import EVENT_TYPES, TaskCompleted, _spec
 from unit.test_envelopes import RESOURCE_EVENTS
 
 # The causal router's flowchart (S0-0xx "causal routing"): the only facts a rule reacts to.

@@ -11,10 +11,10 @@ import pytest
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.causal.world import ShardWorld
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings
 
 SYSTEM = Caller("acme", "system:test", correlation_id="corr-world")
 PROJECT = "acme-web"

@@ -68,7 +68,7 @@ from rhumbatron.domain.tasks import (
 )
 from rhumbatron.domain.transition import Insert, Transition, Update, Upsert
 from rhumbatron.errors import DomainError
-from rhumbatron.protocol import stable_event_id
+from rhumbatron.protocol.ids import stable_event_id
 
 NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 PROJECT = "acme-web"

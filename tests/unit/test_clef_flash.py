@@ -28,11 +28,11 @@ from rhumbatron.causal.clef_flash import (
     calls_on,
 )
 from rhumbatron.causal.store import CausalStore, StoredDecision
+from rhumbatron.core.clock import ManualClock, utc_day
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.metrics import MetricBinding, MetricsRecorder, RecordingSink, recent_points
 from rhumbatron.product.database import ProductDatabase
 from rhumbatron.protocol.envelopes import Event
-from rhumbatron.runtime.clock import ManualClock, utc_day
-from rhumbatron.runtime.settings import Settings, load_settings
 
 AGENT_RESOURCES = ("src/auth/login.py",)
 

@@ -11,9 +11,9 @@ from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.storage import write_transaction
 from rhumbatron.cli import main
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import load_settings
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ import pytest
 
 from rhumbatron.causal.command_cap import DROPPED_METRIC, CommandCap
 from rhumbatron.causal.store import CausalStore, CommandCount
+from rhumbatron.core.clock import ManualClock, utc_day
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import UnknownTypeError
 from rhumbatron.metrics import MetricBinding, MetricsRecorder, RecordingSink, recent_points
 from rhumbatron.product.database import ProductDatabase
 from rhumbatron.protocol.command_types import COMMAND_TYPES
 from rhumbatron.protocol.envelopes import Command
-from rhumbatron.runtime.clock import ManualClock, utc_day
-from rhumbatron.runtime.settings import Settings, load_settings
 
 COUNTED = ("change.dispatch", "candidate.create", "change.settle", "agent.wake")
 NOT_COUNTED = ("index.build", "candidates.recompose")

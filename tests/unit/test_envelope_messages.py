@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 
 from rhumbatron.errors import EnvelopeError, UnknownTypeError
-from rhumbatron.protocol import COMMAND_TYPES, EVENT_TYPES, Command, Event
-from rhumbatron.protocol.command_types import command_type_spec
-from rhumbatron.protocol.envelopes import format_timestamp
-from rhumbatron.protocol.event_types import AgentWoke, event_type_spec
+from rhumbatron.protocol.command_types import COMMAND_TYPES, command_type_spec
+from rhumbatron.protocol.envelopes import Command, Event, format_timestamp
+from rhumbatron.protocol.event_types import EVENT_TYPES, AgentWoke, event_type_spec
 from rhumbatron.protocol.ids import resource_shard_index
 from unit.test_envelopes import _DELETE, command_fields, event_wire
 

@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from rhumbatron.errors import EnvelopeError, UnknownTypeError
-from rhumbatron.protocol import COMMAND_TYPES, EVENT_TYPES, QUEUES, Command, Event, Owner
+from rhumbatron.protocol.command_types import COMMAND_TYPES, QUEUES
+from rhumbatron.protocol.envelopes import Command, Event
+from rhumbatron.protocol.event_types import EVENT_TYPES, Owner
 
 # The spec's key fields, in its order (S0-011, S0-013).
 EVENT_KEY_FIELDS = [

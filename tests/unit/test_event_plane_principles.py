@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import rhumbatron
-from rhumbatron.protocol import EVENT_TYPES
 from rhumbatron.protocol.command_types import COMMAND_TYPES
+from rhumbatron.protocol.event_types import EVENT_TYPES
 
 PACKAGE = Path(rhumbatron.__file__).resolve().parent
 

@@ -9,11 +9,13 @@ from typing import Any, cast
 
 import pytest
 
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.metrics import MetricBinding, MetricsRecorder, RecordingSink, recent_points
 from rhumbatron.product.database import ProductDatabase
-from rhumbatron.protocol import Event, stream_index
-from rhumbatron.protocol.ids import event_stream_name
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.router.freshness import (
     EVENT_FRESHNESS_METRIC,
     FreshnessGauge,
@@ -22,8 +24,6 @@ from rhumbatron.router.freshness import (
 )
 from rhumbatron.router.handlers import ProjectViewProjector, RunContext
 from rhumbatron.router.records import Outcome, Record
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings
 
 CALLER = Caller("acme", "system:test", correlation_id="corr-fresh")
 T = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import NatsUnavailableError
 from rhumbatron.lifecycle.housekeeping import (
     PLATFORM_PROJECT_ID,
@@ -20,8 +22,6 @@ from rhumbatron.lifecycle.housekeeping import (
 )
 from rhumbatron.messaging.commands import CommandBus
 from rhumbatron.protocol.envelopes import Command
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 DAILY = datetime(2026, 11, 29, 4, 17, tzinfo=UTC)
 SWEEP = datetime(2026, 11, 29, 18, 4, tzinfo=UTC)

@@ -16,11 +16,14 @@ import re
 
 import pytest
 
-from rhumbatron.protocol import fnv1a32, new_event_id, stable_event_id, stream_index
 from rhumbatron.protocol.ids import (
     event_stream_name,
     event_stream_subject,
+    fnv1a32,
+    new_event_id,
     resource_shard_index,
+    stable_event_id,
+    stream_index,
 )
 
 

@@ -32,8 +32,15 @@ API_ONLY = ("fastapi", "starlette", "mangum", "jwt")
 #: The package's own heavy parts a role reaches only from its handler's body: the message
 #: registry (every envelope and payload model) for the roles that validate small events at
 #: the edge; the indexing and router packages for the API, whose routes do not build them.
+#: The message registry's modules (``rhumbatron.protocol.ids`` is a leaf with no models).
+MESSAGE_REGISTRY = (
+    "rhumbatron.protocol.envelopes",
+    "rhumbatron.protocol.event_types",
+    "rhumbatron.protocol.command_types",
+    "rhumbatron.protocol.payloads",
+)
 DEFERRED_PACKAGES = {
-    "queue": ("rhumbatron.protocol", "rhumbatron.runtime.bootstrap", "rhumbatron.actors"),
+    "queue": (*MESSAGE_REGISTRY, "rhumbatron.runtime.bootstrap", "rhumbatron.actors"),
     API_ROLE: ("rhumbatron.indexing", "rhumbatron.router", "rhumbatron.metrics.analytics"),
 }
 

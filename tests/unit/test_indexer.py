@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import load_settings
 from rhumbatron.errors import DomainError
 from rhumbatron.indexing import (
     PROJECT_INDEXES_SCHEMA,
@@ -20,9 +22,7 @@ from rhumbatron.indexing import (
     IndexState,
 )
 from rhumbatron.messaging.queue_consumer import Delivery, Retry
-from rhumbatron.protocol import Command
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import load_settings
+from rhumbatron.protocol.envelopes import Command
 
 PROJECT = "acme-web"
 DELIVERY = Delivery(queue="indexing", stream_seq=1, delivered=1, max_deliveries=4, headers={})

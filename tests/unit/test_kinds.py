@@ -26,7 +26,7 @@ from rhumbatron.domain.candidates import CANDIDATE_MOVES
 from rhumbatron.domain.changes import TERMINAL_STATUSES
 from rhumbatron.domain.project import PROJECT_ADMIN_MOVES
 from rhumbatron.domain.releases import ReleaseStatus
-from rhumbatron.protocol import EVENT_TYPES
+from rhumbatron.protocol.event_types import EVENT_TYPES
 from rhumbatron.reactions import kinds as kinds_module
 from rhumbatron.reactions.kinds import (
     KIND_GRAMMAR,

@@ -34,6 +34,8 @@ from rhumbatron.causal.routing import RuleBasedRouting
 from rhumbatron.causal.rules import StateEffect, plan_for
 from rhumbatron.causal.store import CausalStore
 from rhumbatron.causal.world import ShardWorld
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.agents import CLEF_FLASH_PURPOSE, Admission, woke_fact_key
 from rhumbatron.domain.candidates import CandidateStatus
 from rhumbatron.domain.changes import ChangeStatus, TaskPlan
@@ -43,12 +45,11 @@ from rhumbatron.errors import DomainError
 from rhumbatron.lifecycle.commands import lifecycle_command
 from rhumbatron.lifecycle.requests import PromotionConflictError
 from rhumbatron.messaging.queue_consumer import Delivery
-from rhumbatron.protocol import Command, Event, stable_event_id
+from rhumbatron.protocol.envelopes import Command, Event
+from rhumbatron.protocol.ids import stable_event_id
 from rhumbatron.queues.wake_consumer import WakeConsumer, WakeOutcome
 from rhumbatron.router.records import APPLIED
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 PROJECT = "acme-web"
 TENANT = "acme"

@@ -12,6 +12,8 @@ from dataclasses import replace
 import pytest
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings
 from rhumbatron.domain.agents import Admission
 from rhumbatron.domain.candidates import CandidateStatus, candidate_id_for
 from rhumbatron.domain.changes import ChangeStatus, TaskPlan
@@ -19,9 +21,8 @@ from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.tasks import DEAD_LETTER_LIMIT, WORK_GRAPH_COMPLETED, TaskStatus
 from rhumbatron.errors import DomainError
 from rhumbatron.lifecycle.requests import qualified_task_id
-from rhumbatron.protocol import Command, Event, stable_event_id
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings
+from rhumbatron.protocol.envelopes import Command, Event
+from rhumbatron.protocol.ids import stable_event_id
 
 PROJECT = "acme-web"
 CHANGE = "chg-1"

@@ -17,6 +17,8 @@ import pytest
 
 import rhumbatron.metrics as metrics_package
 from rhumbatron.actors.storage import SqliteStore, open_database
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import ActorError
 from rhumbatron.metrics import (
     ANALYTICS_METRICS,
@@ -35,10 +37,9 @@ from rhumbatron.metrics import (
     record_event_points,
     write_points,
 )
-from rhumbatron.protocol import EVENT_TYPES, Event
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.event_types import EVENT_TYPES
 from rhumbatron.protocol.ids import stable_event_id
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings
 
 SNAKE_CASE = r"^[a-z][a-z0-9_]{0,62}$"
 NOW_S = datetime(2026, 1, 1, tzinfo=UTC).timestamp()

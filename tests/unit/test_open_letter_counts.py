@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.core.settings import load_settings
 from rhumbatron.product.dead_letters import (
     DEAD_LETTERS_SCHEMA,
     command_dead_letter_id,
@@ -19,7 +20,6 @@ from rhumbatron.product.dead_letters import (
     record_reaction_dead_letter,
 )
 from rhumbatron.queues.dead_letter import open_letter_counts, record_undecodable_command
-from rhumbatron.runtime.settings import load_settings
 
 NOW_S = 1_800_000_000.0
 

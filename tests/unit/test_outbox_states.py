@@ -29,13 +29,14 @@ from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.publisher import OutboxPublisher, prune_published_rows, requeue_failed_rows
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.actors.storage import write_transaction
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
 from rhumbatron.messaging.sender import OutgoingMessage
 from rhumbatron.messaging.testing import MemorySender, RefusingSender
-from rhumbatron.protocol import Event, stable_event_id
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import stable_event_id
 
 CALLER = Caller("acme", "system:test", correlation_id="corr-outbox")
 PROJECT = "acme-web"  # stream index 0 (fnv1a32 0xc8d18fd0 mod 8)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import ActorError, DomainError
 from rhumbatron.indexing import Document, ProjectIndex
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 PROJECT = "acme-web"
 

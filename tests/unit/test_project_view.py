@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+from rhumbatron.core.settings import Settings
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.protocol import Event
+from rhumbatron.protocol.envelopes import Event
 from rhumbatron.router.project_view import PROJECTOR, ProjectView
 from rhumbatron.router.records import Outcome, Record
-from rhumbatron.runtime.settings import Settings
 
 CALLER = Caller("acme", "system:test", correlation_id="corr-view")
 NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
@@ -81,8 +81,8 @@ def test_an_event_redelivered_late_never_moves_a_row_back(offline_settings: Sett
 
 
 def test_the_projector_keeps_at_most_the_configured_views_open(tmp_path: Path) -> None:
+    from rhumbatron.core.settings import load_settings
     from rhumbatron.router.handlers import ProjectViewProjector
-    from rhumbatron.runtime.settings import load_settings
 
     settings = load_settings(state_dir=tmp_path, router_max_open_views=2)
     projector = ProjectViewProjector(settings)

@@ -20,6 +20,7 @@ from rhumbatron.agents.signing import (
     generate_secret,
     signed_headers,
 )
+from rhumbatron.core.clock import ManualClock
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.errors import ConfigurationError
 from rhumbatron.protocol.envelopes import Event
@@ -31,7 +32,6 @@ from rhumbatron.reactions.receiver import (
     WebhookReceiver,
     WebhookRejected,
 )
-from rhumbatron.runtime.clock import ManualClock
 
 START = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 OLD, NEW = generate_secret(), generate_secret()

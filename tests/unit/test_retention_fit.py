@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from rhumbatron.errors import ConfigurationError
-from rhumbatron.messaging.commands import QUEUE_CONSUMERS, QueueConsumer
-from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.retention import (
+from rhumbatron.core.retention import (
     RetentionMisfitError,
     check_retention,
     command_wait_s,
     publish_resend_span_s,
     retention_misfits,
 )
-from rhumbatron.runtime.settings import Settings, load_settings
+from rhumbatron.core.settings import Settings, load_settings
+from rhumbatron.errors import ConfigurationError
+from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, QueueConsumer
+from rhumbatron.runtime.bootstrap import bootstrap
 
 _DAY_S = 86_400
 #: "field=value (RHUMBATRON_FIELD)": how the message names each setting a rule reads.

@@ -17,9 +17,11 @@ import pytest
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.cli import EXIT_CANNOT, EXIT_ERROR, EXIT_NOT_FOUND, main
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.project import project_admin_key
-from rhumbatron.protocol import Event
+from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import EVENT_ID_PATTERN
 from rhumbatron.reactions import schedules as schedules_module
 from rhumbatron.reactions.schedules import (
@@ -37,8 +39,6 @@ from rhumbatron.reactions.schedules import (
 )
 from rhumbatron.reactions.selectors import Selector, event_selector_matches
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings
 
 TENANT, OTHER = "acme", "globex"
 PROJECT, OTHER_PROJECT = "acme-web", "globex-web"

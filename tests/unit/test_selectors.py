@@ -12,7 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.protocol import EVENT_TYPES, Event
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.event_types import EVENT_TYPES
 from rhumbatron.reactions import selectors as selectors_module
 from rhumbatron.reactions._values import same_value
 from rhumbatron.reactions.kinds import KindGrammar

@@ -14,9 +14,10 @@ from rhumbatron.actors.storage import (
     open_database,
     write_transaction,
 )
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import ActorBusyError, ConfigurationError, UnsafeStorageError
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings, load_settings
 
 
 @pytest.fixture

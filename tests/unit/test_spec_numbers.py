@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from rhumbatron.messaging.commands import QUEUE_CONSUMERS
+from rhumbatron.core.settings import Settings, load_settings
+from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.router.event_router import tick_kind
-from rhumbatron.runtime.settings import Settings, load_settings
 
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "spec-numbers.md"
 _ROW = re.compile(r"^\| (S[02]-\d{3}) \| (.+?) \| `([^`]+)` \| (.+?) \|$")
@@ -28,7 +28,7 @@ _IN_UNIT = {"_s": 1.0, "_ms": 0.001, "_min": 60.0, "_days": 86400.0}
 
 #: The numbers issue #14 names; each must have its row (a deleted row fails here).
 REQUIRED = {
-    "const.rhumbatron.runtime.settings.EVENT_STREAM_COUNT",
+    "const.rhumbatron.protocol.ids.EVENT_STREAM_COUNT",
     "settings.publish_max_rows_per_project",
     "settings.router_fetch_max_records",
     "settings.router_consumes_per_run",

@@ -19,8 +19,10 @@ from rhumbatron.agents.registry import AGENTS_SCHEMA, AgentRegistry
 from rhumbatron.agents.signing import generate_secret
 from rhumbatron.agents.url_safety import UnsafeWebhookUrlError
 from rhumbatron.cli import EXIT_CANNOT, EXIT_NOT_FOUND, main
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.protocol import Event
+from rhumbatron.protocol.envelopes import Event
 from rhumbatron.reactions.registry import (
     SUBSCRIPTIONS_SCHEMA,
     AgentReaction,
@@ -34,8 +36,6 @@ from rhumbatron.reactions.registry import (
     WorkflowReaction,
 )
 from rhumbatron.reactions.selectors import Selector
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 TENANT, OTHER = "acme", "globex"
 LOCAL_URL = "http://127.0.0.1:8123/hook"

@@ -19,7 +19,8 @@ from rhumbatron.domain.tasks import (
 )
 from rhumbatron.domain.transition import Transition, Update, Upsert
 from rhumbatron.errors import DomainError
-from rhumbatron.protocol import Command, stable_event_id
+from rhumbatron.protocol.envelopes import Command
+from rhumbatron.protocol.ids import stable_event_id
 
 NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 PROJECT = "acme-web"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.product.dead_letters import (
     DEAD_LETTERS_SCHEMA,
     DeadLetterKind,
@@ -43,7 +44,6 @@ from rhumbatron.reactions.webhook_ledger import (
     replay_skipped,
     unrecorded_disablements,
 )
-from rhumbatron.runtime.settings import Settings, load_settings
 
 SUB = "sub_" + "a" * 32
 OTHER = "sub_" + "b" * 32

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import DomainError
-from rhumbatron.protocol import Command
-from rhumbatron.runtime.clock import ManualClock
-from rhumbatron.runtime.settings import Settings
+from rhumbatron.protocol.envelopes import Command
 from rhumbatron.workflows import (
     InProcessEngine,
     StepFunction,

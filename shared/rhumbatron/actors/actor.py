@@ -22,13 +22,13 @@ from typing import IO, Any, ClassVar
 from rhumbatron.actors.alarms import ALARM_SCHEMA, AlarmSink, NoAlarmSink, set_alarm
 from rhumbatron.actors.outbox import OUTBOX_SCHEMA, append_facts
 from rhumbatron.actors.storage import open_with_schema, schema_version, write_transaction
+from rhumbatron.core.clock import Clock, SystemClock
+from rhumbatron.core.faults import crash_point
+from rhumbatron.core.settings import Settings
 from rhumbatron.domain.transition import Delete, Insert, Mutation, Transition, Update, Upsert
 from rhumbatron.errors import ActorError, DomainError
 from rhumbatron.paths import path_under
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
-from rhumbatron.runtime.clock import Clock, SystemClock
-from rhumbatron.runtime.faults import crash_point
-from rhumbatron.runtime.settings import Settings
 
 __all__ = ["Actor", "ActorKind", "ActorRef", "TransactResult"]
 

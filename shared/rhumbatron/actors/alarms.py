@@ -23,7 +23,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from rhumbatron.actors.outbox import next_due_at
-from rhumbatron.runtime.clock import utc_day
+from rhumbatron.core.clock import utc_day
 
 __all__ = [
     "ALARM_SCHEMA",

@@ -43,6 +43,9 @@ from rhumbatron.actors.outbox import (
     prune_published,
     requeue_failed,
 )
+from rhumbatron.core.clock import Clock, SystemClock
+from rhumbatron.core.faults import crash_point
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import NatsUnavailableError
 from rhumbatron.messaging.nudge import NoNudge, RouterNudge
 from rhumbatron.messaging.sender import (
@@ -51,10 +54,7 @@ from rhumbatron.messaging.sender import (
     OutgoingMessage,
     SendRefusedError,
 )
-from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
-from rhumbatron.runtime.clock import Clock, SystemClock
-from rhumbatron.runtime.faults import crash_point
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, event_stream_subject
 
 __all__ = [
     "OutboxPublisher",

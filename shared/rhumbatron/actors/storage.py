@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import ActorBusyError, ActorError, UnsafeStorageError
-from rhumbatron.runtime.settings import Settings
 
 __all__ = [
     "NETWORK_FILESYSTEMS",

@@ -29,10 +29,10 @@ from enum import StrEnum
 from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.agents.signing import generate_secret, parse_secret
 from rhumbatron.agents.url_safety import check_webhook_url
+from rhumbatron.core.clock import Clock
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import RhumbatronError
 from rhumbatron.protocol.values import AGENT_ID
-from rhumbatron.runtime.clock import Clock
-from rhumbatron.runtime.settings import Settings
 
 __all__ = [
     "AGENTS_SCHEMA",

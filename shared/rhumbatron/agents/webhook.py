@@ -31,12 +31,12 @@ from rhumbatron.agents.registry import (
 )
 from rhumbatron.agents.signing import signed_headers
 from rhumbatron.agents.url_safety import check_webhook_url, display_url
+from rhumbatron.core.clock import Clock
+from rhumbatron.core.settings import Settings
 from rhumbatron.domain.tasks import TaskState
 from rhumbatron.errors import EnvelopeError, MessagingError
 from rhumbatron.protocol.command_types import AgentWake
 from rhumbatron.protocol.envelopes import Command
-from rhumbatron.runtime.clock import Clock
-from rhumbatron.runtime.settings import Settings
 
 __all__ = ["WAKE_TYPE", "WebhookAgentRuntime", "WebhookDeliveryError", "wake_body"]
 

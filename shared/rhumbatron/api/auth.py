@@ -27,14 +27,14 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from rhumbatron.api.errors import AuthenticationError, PlatformRequiredError, UnavailableError
+from rhumbatron.core.settings import ANY_TENANT, ApiTokenGrant
 from rhumbatron.errors import ConfigurationError
-from rhumbatron.runtime.settings import ANY_TENANT, ApiTokenGrant
 
 if TYPE_CHECKING:
     from jwt import PyJWKClient
 
-    from rhumbatron.runtime.clock import Clock
-    from rhumbatron.runtime.settings import Settings
+    from rhumbatron.core.clock import Clock
+    from rhumbatron.core.settings import Settings
 
 __all__ = [
     "SCOPES",

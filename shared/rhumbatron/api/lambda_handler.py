@@ -3,7 +3,7 @@
 Built on the first invocation, from the process's runtime
 (:func:`rhumbatron.entrypoints._lambda.runtime`), and kept for the warm container's life.
 Mangum runs the app on ``asyncio.get_event_loop()``; that is set to the process's one loop
-(:mod:`rhumbatron.runtime.event_loop`) first, so the API's NATS connection is the same one,
+(:mod:`rhumbatron.core.event_loop`) first, so the API's NATS connection is the same one,
 on the same loop, from one invocation to the next.
 
 Each invocation first runs :func:`~rhumbatron.entrypoints._lambda.prepare` (connect once,
@@ -19,9 +19,9 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rhumbatron.core import event_loop
 from rhumbatron.entrypoints._lambda import prepare, runtime
 from rhumbatron.errors import RhumbatronError
-from rhumbatron.runtime import event_loop
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

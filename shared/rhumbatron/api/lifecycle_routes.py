@@ -95,6 +95,7 @@ from rhumbatron.api.lifecycle_schemas import (
     TaskBody,
     TaskListBody,
 )
+from rhumbatron.core.settings import ANY_TENANT
 from rhumbatron.domain.changes import ChangeState, ChangeStatus
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.project import project_admin_key
@@ -103,10 +104,9 @@ from rhumbatron.errors import DomainError
 from rhumbatron.lifecycle.commands import lifecycle_command
 from rhumbatron.lifecycle.requests import PromotionConflictError, qualified_task_id
 from rhumbatron.operator import ProjectNotFoundError
-from rhumbatron.protocol import Event, stream_index
-from rhumbatron.protocol.ids import EVENT_ID_PATTERN, PROJECT_ID_PATTERN
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import EVENT_ID_PATTERN, PROJECT_ID_PATTERN, stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron
-from rhumbatron.runtime.settings import ANY_TENANT
 
 __all__ = [
     "ConflictError",

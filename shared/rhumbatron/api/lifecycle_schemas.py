@@ -29,6 +29,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from rhumbatron.agents.registry import AgentKind, AgentRecord
+from rhumbatron.core.clock import parse_timestamp
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import MAX_TASKS_PER_CHANGE, ChangeState, ChangeStatus, TaskPlan
 from rhumbatron.domain.changesets import MAX_CHANGESET_BYTES, Changeset
@@ -37,7 +38,6 @@ from rhumbatron.domain.tasks import TaskState, TaskStatus
 from rhumbatron.lifecycle.world import LocatedCandidate
 from rhumbatron.protocol import values
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
-from rhumbatron.runtime.clock import parse_timestamp
 
 __all__ = [
     "AGENT_ID",

@@ -28,8 +28,8 @@ from rhumbatron.api.errors import ApiError, InvalidRequestError, UnavailableErro
 from rhumbatron.api.lifecycle_routes import PrincipalDependency
 from rhumbatron.errors import ArchiveError
 from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 from rhumbatron.runtime.bootstrap import Rhumbatron
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
 
 if TYPE_CHECKING:
     from rhumbatron.router.replay import ReplayReport

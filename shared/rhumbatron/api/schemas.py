@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from rhumbatron.messaging.commands import DEAD_LETTER_QUEUE, SendResult
+from rhumbatron.messaging.commands import SendResult
 from rhumbatron.operator import DeadLetterPage, Inspection, RetryOutcome
 from rhumbatron.product.dead_letters import (
     DeadLetter,
@@ -23,6 +23,7 @@ from rhumbatron.product.dead_letters import (
 )
 from rhumbatron.protocol.command_types import QUEUES
 from rhumbatron.protocol.envelopes import Command
+from rhumbatron.protocol.queue_consumers import DEAD_LETTER_QUEUE
 
 __all__ = [
     "DeadLetterDetail",

@@ -18,7 +18,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from rhumbatron.errors import ArchiveError
 from rhumbatron.protocol.envelopes import Event
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 
 __all__ = [
     "ARCHIVE_PREFIX",

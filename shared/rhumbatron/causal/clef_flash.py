@@ -9,14 +9,14 @@ structured input, never prose to parse.
 The rules of the answer (spec "Causal routing", DECISIONS "Caps and causal routing"):
 
 * the model says ``wake`` or ``skip`` with a probability; below
-  :attr:`~rhumbatron.runtime.settings.Settings.clef_flash_threshold` (0.7) it **abstains**,
+  :attr:`~rhumbatron.core.settings.Settings.clef_flash_threshold` (0.7) it **abstains**,
   and an abstention wakes the Agent. Exactly 0.7 does not abstain;
 * no API key → abstain; an API error, a timeout, or an answer without the tool → abstain.
   A missed wake costs a stalled Agent, a needless one costs one relevance check in the wake
   consumer, so every doubt wakes;
-* at most :attr:`~rhumbatron.runtime.settings.Settings.clef_flash_max_calls_per_day` (200)
+* at most :attr:`~rhumbatron.core.settings.Settings.clef_flash_max_calls_per_day` (200)
   calls per UTC day, per deployment or per tenant
-  (:attr:`~rhumbatron.runtime.settings.Settings.clef_flash_cap_scope`); the call is counted in
+  (:attr:`~rhumbatron.core.settings.Settings.clef_flash_cap_scope`); the call is counted in
   SQLite **before** it is made, so concurrent routers cannot exceed the cap. Past it the Agent
   wakes without a question;
 * every decision is recorded per ``(event_id, agent_id)`` in
@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from rhumbatron.causal.store import CausalStore, StoredDecision, Verdict
+from rhumbatron.core.clock import Clock, utc_day
+from rhumbatron.core.settings import Settings
 from rhumbatron.metrics.platform_metrics import DataPoint
-from rhumbatron.runtime.clock import Clock, utc_day
-from rhumbatron.runtime.settings import Settings
 
 if TYPE_CHECKING:
     import httpx2

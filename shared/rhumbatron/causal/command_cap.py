@@ -20,10 +20,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from rhumbatron.causal.store import CausalStore, CommandCount
+from rhumbatron.core.clock import utc_day
+from rhumbatron.core.settings import Settings
 from rhumbatron.metrics.platform_metrics import DataPoint
 from rhumbatron.protocol.command_types import command_type_spec
-from rhumbatron.runtime.clock import utc_day
-from rhumbatron.runtime.settings import Settings
 
 if TYPE_CHECKING:
     from rhumbatron.metrics.recorder import MetricsRecorder

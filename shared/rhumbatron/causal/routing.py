@@ -36,11 +36,11 @@ from rhumbatron.causal.rules import (
     plan_for,
     wake_command,
 )
+from rhumbatron.core.clock import Clock
 from rhumbatron.domain.agents import CLEF_FLASH_PURPOSE
 from rhumbatron.errors import ActorError, MessagingError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.router.records import APPLIED, RecordOutcome
-from rhumbatron.runtime.clock import Clock
 
 if TYPE_CHECKING:
     from rhumbatron.causal.clef_flash import ClefFlashDecision

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rhumbatron.actors.storage import SqliteStore
-from rhumbatron.runtime.settings import Settings
+from rhumbatron.core.settings import Settings
 
 __all__ = [
     "CAUSAL_SCHEMA",

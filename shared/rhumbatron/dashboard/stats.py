@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rhumbatron.actors.publisher import PublishReport
+    from rhumbatron.core.clock import Clock
     from rhumbatron.messaging.queue_consumer import PollReport
-    from rhumbatron.runtime.clock import Clock
 
 __all__ = ["LocalRunStats", "RoleStats"]
 

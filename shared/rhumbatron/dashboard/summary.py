@@ -20,13 +20,12 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rhumbatron.core.clock import utc_day
 from rhumbatron.errors import RhumbatronError
-from rhumbatron.messaging.commands import QUEUE_CONSUMERS, consumer_name
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.metrics.platform_metrics import MetricBinding
-from rhumbatron.protocol.ids import PROJECT_ID_PATTERN, event_stream_name
-from rhumbatron.runtime.clock import utc_day
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, PROJECT_ID_PATTERN, event_stream_name
+from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, consumer_name
 
 if TYPE_CHECKING:
     from rhumbatron.dashboard.stats import LocalRunStats

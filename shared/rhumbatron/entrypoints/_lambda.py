@@ -6,7 +6,7 @@ router nudge, sweep) it keeps, between invocations:
 * one :class:`~rhumbatron.runtime.bootstrap.Rhumbatron` runtime, built on first use by
   :func:`~rhumbatron.runtime.bootstrap.bootstrap` from the ``RHUMBATRON_*`` environment;
 * one NATS connection (the runtime's), on one event loop
-  (:mod:`rhumbatron.runtime.event_loop`) — never ``asyncio.run`` per call, which would
+  (:mod:`rhumbatron.core.event_loop`) — never ``asyncio.run`` per call, which would
   orphan the connection with the loop it was opened on;
 * the knowledge that the streams were ensured, so only a cold start pays for it.
 
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from rhumbatron.core import event_loop
 from rhumbatron.errors import EnvelopeError, RhumbatronError
-from rhumbatron.runtime import event_loop
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS

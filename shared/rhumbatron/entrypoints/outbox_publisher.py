@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from rhumbatron.core import event_loop
 from rhumbatron.entrypoints._lambda import (
     InvocationContext,
     deadline,
@@ -35,7 +36,6 @@ from rhumbatron.entrypoints._lambda import (
     stopper,
     validate_event,
 )
-from rhumbatron.runtime import event_loop
 
 if TYPE_CHECKING:
     from rhumbatron.actors.publisher import PublishReport

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rhumbatron.core import event_loop
 from rhumbatron.entrypoints._lambda import (
     InvocationContext,
     deadline,
@@ -44,7 +45,6 @@ from rhumbatron.entrypoints._lambda import (
     validate_event,
 )
 from rhumbatron.errors import EnvelopeError
-from rhumbatron.runtime import event_loop
 
 if TYPE_CHECKING:
     from rhumbatron.messaging.queue_consumer import PollReport
@@ -73,7 +73,7 @@ _SHAPES = (
 def _known_queue(queue: str) -> str:
     # Imported here: the queue table pulls in the whole message registry, which a cold
     # start should not pay for before the first event arrives.
-    from rhumbatron.messaging.commands import QUEUE_CONSUMERS
+    from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS
 
     if queue not in QUEUE_CONSUMERS:
         raise ValueError(f"unknown queue {queue!r}; queues are {', '.join(QUEUE_CONSUMERS)}")
@@ -199,7 +199,7 @@ async def _poll(
 ) -> dict[str, Any]:
     """Poll one queue; a failure (NATS gone midway, a consumer that cannot be created) is
     this queue's outcome, not its siblings': their handlers keep running to their acks."""
-    from rhumbatron.messaging.commands import DEAD_LETTER_QUEUE
+    from rhumbatron.protocol.queue_consumers import DEAD_LETTER_QUEUE
 
     try:
         runtime_ = await app.queue_runtime()

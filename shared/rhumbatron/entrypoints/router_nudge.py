@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rhumbatron.core import event_loop
 from rhumbatron.entrypoints._lambda import (
     InvocationContext,
     deadline,
@@ -31,8 +32,7 @@ from rhumbatron.entrypoints._lambda import (
     stopper,
     validate_event,
 )
-from rhumbatron.runtime import event_loop
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 
 if TYPE_CHECKING:
     from rhumbatron.router.event_router import RunReport, SubscriptionReport

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from rhumbatron.core import event_loop
 from rhumbatron.entrypoints._lambda import (
     InvocationContext,
     deadline,
@@ -42,7 +43,6 @@ from rhumbatron.entrypoints._lambda import (
     stopper,
     validate_event,
 )
-from rhumbatron.runtime import event_loop
 
 if TYPE_CHECKING:
     from rhumbatron.messaging.queue_consumer import PollReport
@@ -214,6 +214,7 @@ def _record_tick_metrics(app: Rhumbatron, letters: PollReport) -> tuple[int, int
     the heartbeat alarm is for.
     """
     from rhumbatron.causal.clef_flash import calls_on
+    from rhumbatron.core.clock import utc_day
     from rhumbatron.metrics import (
         MetricsRecorder,
         clef_flash_calls_point,
@@ -222,7 +223,6 @@ def _record_tick_metrics(app: Rhumbatron, letters: PollReport) -> tuple[int, int
         sweep_heartbeat_point,
     )
     from rhumbatron.queues.dead_letter import open_letter_counts
-    from rhumbatron.runtime.clock import utc_day
 
     counts = open_letter_counts(app.product().connection)
     calls = calls_on(app.lifecycle().causal_store, utc_day(app.clock.now()))

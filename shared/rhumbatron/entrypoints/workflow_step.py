@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rhumbatron.core import event_loop
 from rhumbatron.entrypoints._lambda import (
     InvocationContext,
     reset_for_tests,
@@ -34,7 +35,6 @@ from rhumbatron.entrypoints._lambda import (
     validate_event,
 )
 from rhumbatron.errors import EnvelopeError
-from rhumbatron.runtime import event_loop
 
 if TYPE_CHECKING:
     from rhumbatron.workflows.in_process import StepFunction, WorkflowDefinition

@@ -22,11 +22,11 @@ from rhumbatron.actors.storage import (
     sqlite_error,
     write_transaction,
 )
+from rhumbatron.core.clock import Clock, SystemClock
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import DomainError
 from rhumbatron.paths import path_under
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
-from rhumbatron.runtime.clock import Clock, SystemClock
-from rhumbatron.runtime.settings import Settings
 
 __all__ = ["INDEX_SCHEMA", "Document", "IndexMeta", "ProjectIndex", "SearchHit", "index_path"]
 

@@ -21,13 +21,13 @@ from enum import StrEnum
 from typing import Protocol
 
 from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.core.clock import Clock
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import DomainError
 from rhumbatron.indexing.index import Document, ProjectIndex
 from rhumbatron.messaging.queue_consumer import Delivery, Retry, queue_row
 from rhumbatron.protocol.command_types import IndexBuild
 from rhumbatron.protocol.envelopes import Command
-from rhumbatron.runtime.clock import Clock
-from rhumbatron.runtime.settings import Settings
 
 __all__ = [
     "PROJECT_INDEXES_SCHEMA",

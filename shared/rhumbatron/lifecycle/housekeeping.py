@@ -31,11 +31,11 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rhumbatron.causal.rules import PlannedCommand
+from rhumbatron.core.clock import Clock
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import RhumbatronError
 from rhumbatron.protocol.command_types import COMMAND_TYPES
 from rhumbatron.protocol.envelopes import Command, format_timestamp
-from rhumbatron.runtime.clock import Clock
-from rhumbatron.runtime.settings import Settings
 
 if TYPE_CHECKING:
     from rhumbatron.messaging.commands import CommandBus, SendResult

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 from rhumbatron.actors.actor import ActorKind, ActorRef
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.core.clock import parse_timestamp
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import ChangeState, ChangeStatus
 from rhumbatron.domain.project import project_admin_key
 from rhumbatron.domain.releases import ReleaseStatus, release_id_for
 from rhumbatron.lifecycle.housekeeping import QuietChange, ReleasingChange
-from rhumbatron.runtime.clock import parse_timestamp
 
 if TYPE_CHECKING:
     from rhumbatron.indexing import CanonicalSnapshot, Indexer

@@ -53,10 +53,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.core.settings import ANY_TENANT, load_settings
 from rhumbatron.dashboard.stats import LocalRunStats
 from rhumbatron.errors import ConfigurationError, RhumbatronError
 from rhumbatron.lifecycle.local_loop import LOOP_QUEUES
-from rhumbatron.runtime.settings import ANY_TENANT, load_settings
 
 if TYPE_CHECKING:
     from rhumbatron.runtime.bootstrap import Rhumbatron
@@ -140,7 +140,7 @@ async def run_up(
     ``api_port`` None takes a free port. ``on_ready`` is called once everything listens and
     before the roles' first tick, so a caller can configure the lifecycle first (a test's
     failing apps). ``settings_overrides`` are passed to
-    :func:`~rhumbatron.runtime.settings.load_settings` over the environment (tests shorten
+    :func:`~rhumbatron.core.settings.load_settings` over the environment (tests shorten
     the retry delays). The addresses and the token are printed to ``out`` (stdout).
     """
     from rhumbatron.api.auth import SCOPES

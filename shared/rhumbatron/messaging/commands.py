@@ -1,115 +1,39 @@
-"""Commands on the ``COMMANDS`` work-queue stream: the queue table and the command bus.
+"""Commands on the ``COMMANDS`` work-queue stream: the command bus.
 
-Each queue is one subject, ``cmd.<queue>``, read by one durable consumer, ``q-<queue>``.
-:data:`QUEUE_CONSUMERS` is the spec's table: batch size, concurrency, retries, retry delay and
-dead-letter queue of every consumer. :class:`CommandBus` sends a Command with the message ID
-``<queue>:<commandId>`` (an operator's Retry, attempt *n* > 1, adds ``:<n>`` so the 2-hour
-duplicate window cannot swallow it) and reports when JetStream dropped it as a duplicate.
+Each queue is one subject, ``cmd.<queue>``, read by one durable consumer, ``q-<queue>``
+(:data:`~rhumbatron.protocol.queue_consumers.QUEUE_CONSUMERS`). :class:`CommandBus` sends a
+Command with the message ID ``<queue>:<commandId>`` (an operator's Retry, attempt *n* > 1,
+adds ``:<n>`` so the 2-hour duplicate window cannot swallow it) and reports when JetStream
+dropped it as a duplicate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from rhumbatron.errors import MessagingError, NatsUnavailableError
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
-from rhumbatron.protocol.command_types import QUEUES
 from rhumbatron.protocol.envelopes import Command
+from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
 __all__ = [
-    "DEAD_LETTER_QUEUE",
-    "QUEUE_CONSUMERS",
+    "DELIVERIES_HEADER",
+    "LAST_ERROR_HEADER",
+    "ORIGIN_QUEUE_HEADER",
     "CommandBus",
-    "QueueConsumer",
     "SendResult",
     "command_message_id",
-    "consumer_name",
     "retry_queue_for",
 ]
 
-DEAD_LETTER_QUEUE = "dead-letter"
 #: Headers a dead-lettered command carries from its origin queue.
 ORIGIN_QUEUE_HEADER = "Rhumbatron-Origin-Queue"
 LAST_ERROR_HEADER = "Rhumbatron-Last-Error"
 DELIVERIES_HEADER = "Rhumbatron-Deliveries"
-
-
-@dataclass(frozen=True, slots=True)
-class QueueConsumer:
-    """One row of the spec's QUEUE_CONSUMERS table."""
-
-    queue: str
-    consumer_module: str
-    batch_size: int
-    concurrency: int
-    retries: int
-    retry_delay_s: float
-    dead_letter_queue: str | None
-    on_exhausted: str
-
-    @property
-    def max_deliveries(self) -> int:
-        """The first delivery plus the retries."""
-        return self.retries + 1
-
-    @property
-    def holds_dead_letters(self) -> bool:
-        """The dead-letter queue: handling a message there records the letter. It neither
-        expires a command (a late letter is still a letter) nor means the command succeeded."""
-        return self.queue == DEAD_LETTER_QUEUE
-
-
-#: The spec's table, row for row (services/core/src/consumers.ts).
-QUEUE_CONSUMERS: MappingProxyType[str, QueueConsumer] = MappingProxyType(
-    {
-        row.queue: row
-        for row in (
-            QueueConsumer(
-                "agent-wakeups", "agents", 10, 2, 3, 30.0, DEAD_LETTER_QUEUE, "dead-letter"
-            ),
-            QueueConsumer(
-                "integration", "integration", 10, 2, 3, 30.0, DEAD_LETTER_QUEUE, "dead-letter"
-            ),
-            QueueConsumer(
-                "verification", "integration", 5, 2, 3, 30.0, DEAD_LETTER_QUEUE, "dead-letter"
-            ),
-            QueueConsumer(
-                "release", "integration", 5, 2, 3, 30.0, DEAD_LETTER_QUEUE, "dead-letter"
-            ),
-            QueueConsumer(
-                "indexing",
-                "indexer",
-                1,
-                1,
-                3,
-                30.0,
-                None,
-                "the indexer records the failure in project_indexes",
-            ),
-            QueueConsumer(
-                "dead-letter",
-                "event router",
-                5,
-                1,
-                5,
-                60.0,
-                None,
-                "the consumer logs the message and terminates it",
-            ),
-        )
-    }
-)
-assert tuple(QUEUE_CONSUMERS) == QUEUES, "QUEUE_CONSUMERS must have one row per queue"
-
-
-def consumer_name(queue: str) -> str:
-    """``q-<queue>``: the durable consumer of a queue."""
-    return f"q-{queue}"
 
 
 def command_message_id(queue: str, command: Command) -> str:

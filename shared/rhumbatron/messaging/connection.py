@@ -20,7 +20,7 @@ from rhumbatron.errors import ConfigurationError, NatsUnavailableError
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
-    from rhumbatron.runtime.settings import Settings
+    from rhumbatron.core.settings import Settings
 
 __all__ = ["NATS_CREDENTIAL_SHAPES", "connect_nats", "nats_auth_options", "read_secret_string"]
 

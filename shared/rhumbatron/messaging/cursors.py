@@ -20,11 +20,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from rhumbatron.messaging.commands import QUEUE_CONSUMERS, consumer_name
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
-from rhumbatron.protocol.ids import event_stream_name
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name
+from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, consumer_name
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext

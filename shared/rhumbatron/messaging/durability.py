@@ -15,8 +15,8 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import UnsafeStorageError
-from rhumbatron.runtime.settings import Settings
 
 __all__ = ["MIN_DURABLE_REPLICAS", "check_durability", "check_stream_replicas", "read_varz"]
 

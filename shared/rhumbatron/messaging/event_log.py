@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from rhumbatron.core.settings import Settings
 from rhumbatron.messaging.pull import ConsumerChange, ConsumerGoneError, Puller, ensure_consumer
 from rhumbatron.protocol.ids import event_stream_name
-from rhumbatron.runtime.settings import Settings
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS

@@ -29,23 +29,21 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from rhumbatron.core.clock import Clock
+from rhumbatron.core.event_loop import run_together
+from rhumbatron.core.faults import crash_point
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import EnvelopeError, RhumbatronError
 from rhumbatron.messaging.commands import (
     DELIVERIES_HEADER,
     LAST_ERROR_HEADER,
     ORIGIN_QUEUE_HEADER,
-    QUEUE_CONSUMERS,
     CommandBus,
-    QueueConsumer,
-    consumer_name,
 )
 from rhumbatron.messaging.pull import ConsumerGoneError, Puller, ensure_consumer
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.protocol.envelopes import Command
-from rhumbatron.runtime.clock import Clock
-from rhumbatron.runtime.event_loop import run_together
-from rhumbatron.runtime.faults import crash_point
-from rhumbatron.runtime.settings import Settings
+from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, QueueConsumer, consumer_name
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS

@@ -15,10 +15,10 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import StreamConfigError
 from rhumbatron.protocol.command_types import QUEUES
-from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, event_stream_subject
 
 if TYPE_CHECKING:
     from nats.js.api import StreamConfig

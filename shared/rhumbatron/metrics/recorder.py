@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rhumbatron.actors.storage import SqliteStore, sqlite_error, write_transaction
+from rhumbatron.core.clock import Clock
 from rhumbatron.metrics.emf import MetricsSink
 from rhumbatron.metrics.platform_metrics import DataPoint, MetricBinding, insert_points
-from rhumbatron.runtime.clock import Clock
 
 __all__ = ["EVENT_METRICS_PER_TICK", "MetricsRecorder", "record_event_points"]
 

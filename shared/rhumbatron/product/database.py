@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.agents.registry import AGENTS_SCHEMA, migrate_agents
+from rhumbatron.core.settings import Settings
 from rhumbatron.indexing.indexer import PROJECT_INDEXES_SCHEMA
 from rhumbatron.metrics.platform_metrics import PLATFORM_METRICS_SCHEMA
 from rhumbatron.product.dead_letters import DEAD_LETTERS_SCHEMA, migrate_dead_letters
@@ -17,7 +18,6 @@ from rhumbatron.reactions.registry import SUBSCRIPTIONS_SCHEMA
 from rhumbatron.reactions.schedules import SCHEDULES_SCHEMA
 from rhumbatron.reactions.store import REACTIONS_SCHEMA
 from rhumbatron.router.claims import CLAIMS_SCHEMA
-from rhumbatron.runtime.settings import Settings
 
 __all__ = ["CHANGE_REQUESTS_SCHEMA", "ProductDatabase"]
 

@@ -1,28 +1,7 @@
-"""The wire contract: envelopes, the closed type registries, and identities."""
+"""The wire contract: envelopes, the closed type registries, identities and the queue table.
 
-from rhumbatron.protocol.command_types import COMMAND_TYPES, QUEUES, CommandTypeSpec
-from rhumbatron.protocol.envelopes import Command, Event, format_timestamp
-from rhumbatron.protocol.event_types import EVENT_TYPES, EventIdKind, EventTypeSpec, Owner
-from rhumbatron.protocol.ids import (
-    fnv1a32,
-    new_event_id,
-    stable_event_id,
-    stream_index,
-)
-
-__all__ = [
-    "COMMAND_TYPES",
-    "EVENT_TYPES",
-    "QUEUES",
-    "Command",
-    "CommandTypeSpec",
-    "Event",
-    "EventIdKind",
-    "EventTypeSpec",
-    "Owner",
-    "fnv1a32",
-    "format_timestamp",
-    "new_event_id",
-    "stable_event_id",
-    "stream_index",
-]
+Import from the modules (``protocol.envelopes``, ``protocol.event_types``,
+``protocol.command_types``, ``protocol.ids``, ``protocol.queue_consumers``): this package
+imports none of them, so a handler that needs only the stream count (``protocol.ids``) does
+not load the message registry at its cold start.
+"""

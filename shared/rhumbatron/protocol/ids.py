@@ -11,10 +11,10 @@ import re
 import uuid
 
 from rhumbatron.protocol.values import NAME_ID
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
 
 __all__ = [
     "EVENT_ID_PATTERN",
+    "EVENT_STREAM_COUNT",
     "PROJECT_ID_PATTERN",
     "event_stream_name",
     "event_stream_subject",
@@ -25,6 +25,9 @@ __all__ = [
     "stream_index",
 ]
 
+#: The event log is exactly eight streams (spec: "eight NATS JetStream streams"). Not a setting:
+#: changing it would move projects between streams and break their order.
+EVENT_STREAM_COUNT = 8
 #: ``evt_`` + 32 lowercase hex characters, for stable and actor-minted IDs alike.
 EVENT_ID_PATTERN = re.compile(r"^evt_[0-9a-f]{32}$")
 #: Project IDs name files and NATS headers: a conservative alphabet, 1–64 characters

@@ -39,13 +39,7 @@ from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.domain.changes import TERMINAL_STATUSES
 from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import RhumbatronError
-from rhumbatron.messaging.commands import (
-    DEAD_LETTER_QUEUE,
-    DELIVERIES_HEADER,
-    LAST_ERROR_HEADER,
-    ORIGIN_QUEUE_HEADER,
-    QUEUE_CONSUMERS,
-)
+from rhumbatron.messaging.commands import DELIVERIES_HEADER, LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.product.dead_letters import (
@@ -54,6 +48,7 @@ from rhumbatron.product.dead_letters import (
     record_command_dead_letter,
 )
 from rhumbatron.protocol.envelopes import Command
+from rhumbatron.protocol.queue_consumers import DEAD_LETTER_QUEUE, QUEUE_CONSUMERS
 from rhumbatron.queues.wake_consumer import is_reaction_wake
 
 if TYPE_CHECKING:

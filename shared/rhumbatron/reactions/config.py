@@ -1,6 +1,6 @@
 """The reactions' tunables, each with the spec's value as its default (DECISIONS "Reactions").
 
-They live here, not in :class:`~rhumbatron.runtime.settings.Settings`, until that file takes
+They live here, not in :class:`~rhumbatron.core.settings.Settings`, until that file takes
 them; they are read from the same ``RHUMBATRON_*`` environment variables.
 """
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from rhumbatron.core.clock import Clock, utc_day
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import project_admin_key
 from rhumbatron.domain.transition import Transition
@@ -79,16 +80,15 @@ from rhumbatron.reactions.webhook_ledger import (
 )
 from rhumbatron.router.claims import claim_leases, complete_claims, release_claims
 from rhumbatron.router.records import APPLIED, DUPLICATE, Record, RecordOutcome
-from rhumbatron.runtime.clock import Clock, utc_day
 
 if TYPE_CHECKING:
     import sqlite3
 
     from rhumbatron.actors.resource_shard import ResourceShard
+    from rhumbatron.core.settings import Settings
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
     from rhumbatron.router.handlers import RunContext
-    from rhumbatron.runtime.settings import Settings
 
 __all__ = [
     "FIRED_METRIC",

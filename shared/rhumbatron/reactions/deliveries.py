@@ -33,12 +33,12 @@ import httpx
 
 from rhumbatron.agents.signing import signed_headers
 from rhumbatron.agents.url_safety import check_webhook_url, display_url
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import MessagingError, RhumbatronError
 from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.reactions.kinds import KIND_GRAMMAR
 from rhumbatron.reactions.ports import WebhookReactionLike
 from rhumbatron.reactions.webhook_ledger import Attempt
-from rhumbatron.runtime.settings import Settings
 from rhumbatron.workflows.engine import INSTANCE_ID_PATTERN, WorkflowEngine, WorkflowStart
 
 __all__ = [

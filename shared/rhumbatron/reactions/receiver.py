@@ -65,8 +65,8 @@ from rhumbatron.agents.signing import (
     parse_secret,
     verify,
 )
+from rhumbatron.core.clock import Clock
 from rhumbatron.errors import ConfigurationError
-from rhumbatron.runtime.clock import Clock
 
 __all__ = [
     "DEFAULT_SEEN_CAPACITY",

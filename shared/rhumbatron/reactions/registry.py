@@ -45,6 +45,8 @@ from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.agents.registry import AGENT_ID_PATTERN, MAX_SECRETS, AgentRegistry
 from rhumbatron.agents.signing import generate_secret, parse_secret
 from rhumbatron.agents.url_safety import check_webhook_url
+from rhumbatron.core.clock import Clock
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import RegistryError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.reactions.selectors import Selector, event_selector_matches
@@ -54,8 +56,6 @@ from rhumbatron.reactions.webhook_ledger import (
     list_deliveries,
     replay_skipped,
 )
-from rhumbatron.runtime.clock import Clock
-from rhumbatron.runtime.settings import Settings
 
 __all__ = [
     "MAX_COOLDOWN_S",

@@ -38,6 +38,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.core.clock import Clock
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import project_admin_key
 from rhumbatron.domain.transition import Transition
@@ -45,7 +46,6 @@ from rhumbatron.errors import RegistryError, RhumbatronError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN, stable_event_id
 from rhumbatron.reactions.registry import SUBSCRIPTION_NAME_PATTERN
-from rhumbatron.runtime.clock import Clock
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -123,7 +123,7 @@ class ScheduleSettings(BaseSettings):
     """Where the sweep's tick lands, and how long fires are remembered.
 
     Kept here, like :class:`~rhumbatron.reactions.config.ReactionSettings`, until
-    :class:`~rhumbatron.runtime.settings.Settings` takes them; same ``RHUMBATRON_*`` variables.
+    :class:`~rhumbatron.core.settings.Settings` takes them; same ``RHUMBATRON_*`` variables.
     """
 
     model_config = SettingsConfigDict(env_prefix="RHUMBATRON_", frozen=True, extra="ignore")

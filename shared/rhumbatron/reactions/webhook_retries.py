@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from rhumbatron.core.clock import Clock, utc_day
 from rhumbatron.metrics import DataPoint, MetricBinding, insert_points
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.consumer import record_disablement
@@ -42,14 +43,13 @@ from rhumbatron.reactions.webhook_ledger import (
     skip,
     unrecorded_disablements,
 )
-from rhumbatron.runtime.clock import Clock, utc_day
 
 if TYPE_CHECKING:
+    from rhumbatron.core.settings import Settings
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
     from rhumbatron.reactions.ports import FactSink
     from rhumbatron.reactions.registry import SubscriptionRegistry
-    from rhumbatron.runtime.settings import Settings
 
 __all__ = ["RETRIED_METRIC", "WEBHOOK_DEAD_METRIC", "RetryPassReport", "WebhookRetrier"]
 

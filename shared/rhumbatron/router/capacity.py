@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from rhumbatron.core.settings import Settings
 from rhumbatron.messaging.event_log import Subscription
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS

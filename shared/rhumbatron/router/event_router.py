@@ -31,9 +31,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from rhumbatron.core.clock import Clock
+from rhumbatron.core.event_loop import run_together
+from rhumbatron.core.faults import crash_point
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import RhumbatronError
 from rhumbatron.messaging.event_log import ConsumerLag, EventLogClient, Subscription
-from rhumbatron.protocol.ids import event_stream_name
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name
 from rhumbatron.router.handlers import (
     AnalyticsProjector,
     AuditArchiver,
@@ -52,10 +56,6 @@ from rhumbatron.router.records import (
     decode_records,
 )
 from rhumbatron.router.stream_state import StreamState
-from rhumbatron.runtime.clock import Clock
-from rhumbatron.runtime.event_loop import run_together
-from rhumbatron.runtime.faults import crash_point
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT, Settings
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -20,11 +20,11 @@ from rhumbatron.errors import RhumbatronError
 from rhumbatron.metrics.platform_metrics import DataPoint
 
 if TYPE_CHECKING:
+    from rhumbatron.core.clock import Clock
     from rhumbatron.metrics.emf import MetricsSink
     from rhumbatron.metrics.recorder import MetricsRecorder
     from rhumbatron.product.database import ProductDatabase
     from rhumbatron.protocol.envelopes import Event
-    from rhumbatron.runtime.clock import Clock
 
 __all__ = ["EVENT_FRESHNESS_METRIC", "FreshnessGauge", "freshness_gauge", "freshness_point"]
 

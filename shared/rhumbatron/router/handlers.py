@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from rhumbatron.core.faults import crash_point
 from rhumbatron.errors import ActorError, ArchiveError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.envelopes import Event
@@ -28,15 +29,14 @@ from rhumbatron.router.claims import (
 )
 from rhumbatron.router.project_view import ProjectView
 from rhumbatron.router.records import APPLIED, DEFERRED, DUPLICATE, Outcome, Record, RecordOutcome
-from rhumbatron.runtime.faults import crash_point
 
 if TYPE_CHECKING:
     from rhumbatron.archive import ArchiveWriter
+    from rhumbatron.core.settings import Settings
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
     from rhumbatron.router.freshness import FreshnessGauge
     from rhumbatron.router.stream_state import StreamState
-    from rhumbatron.runtime.settings import Settings
 
 __all__ = [
     "AnalyticsProjector",

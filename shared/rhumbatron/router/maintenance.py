@@ -16,10 +16,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.store import prune_reaction_history
 from rhumbatron.router.claims import prune_claims
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
 
 if TYPE_CHECKING:
     from rhumbatron.router.event_router import EventRouter, SweepReport

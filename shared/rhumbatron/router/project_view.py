@@ -22,12 +22,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.core.settings import Settings
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.paths import path_under
 from rhumbatron.protocol.envelopes import Event, format_timestamp
 from rhumbatron.router.claims import CLAIMS_SCHEMA, claim_events
 from rhumbatron.router.records import APPLIED, DUPLICATE, Record, RecordOutcome
-from rhumbatron.runtime.settings import Settings
 
 __all__ = ["PROJECTOR", "ProjectView"]
 

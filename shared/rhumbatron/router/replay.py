@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, cast
 from rhumbatron.errors import MessagingError, NatsUnavailableError, RhumbatronError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.envelopes import Event
-from rhumbatron.protocol.ids import event_stream_name, event_stream_subject
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, event_stream_subject
 from rhumbatron.router.event_router import EventRouter
 from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.project_view import ProjectView
@@ -73,7 +73,6 @@ from rhumbatron.router.records import (
     checked_record,
     decode_records,
 )
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS

@@ -11,8 +11,8 @@ a batch recomposed on redelivery still brings each failing event to its 5th fail
 from __future__ import annotations
 
 from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.core.settings import Settings
 from rhumbatron.router.claims import CLAIMS_SCHEMA
-from rhumbatron.runtime.settings import Settings
 
 __all__ = ["StreamState"]
 

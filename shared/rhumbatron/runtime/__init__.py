@@ -1,1 +1,1 @@
-"""Settings, the clock, and the composition root."""
+"""The composition root: the one place that builds the whole system from its settings."""

@@ -23,10 +23,10 @@ from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.publisher import OutboxPublisher, PublishReport
 from rhumbatron.actors.resource_shard import ResourceShard
 from rhumbatron.actors.storage import check_journal_mode
+from rhumbatron.core.clock import Clock, SystemClock
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import ActorError, RhumbatronError
 from rhumbatron.messaging.nudge import NoNudge, RouterNudge
-from rhumbatron.runtime.clock import Clock, SystemClock
-from rhumbatron.runtime.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

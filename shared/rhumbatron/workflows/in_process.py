@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.core.clock import Clock
+from rhumbatron.core.settings import Settings
 from rhumbatron.errors import DomainError
-from rhumbatron.runtime.clock import Clock
-from rhumbatron.runtime.settings import Settings
 from rhumbatron.workflows.engine import (
     WorkflowEngineError,
     WorkflowInstance,

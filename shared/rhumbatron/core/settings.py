@@ -25,11 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from rhumbatron.errors import ConfigurationError
 from rhumbatron.redaction import describe_input
 
-__all__ = ["EVENT_STREAM_COUNT", "Settings", "load_settings"]
-
-#: The event log is exactly eight streams (spec: "eight NATS JetStream streams"). Not a setting:
-#: changing it would move projects between streams and break their order.
-EVENT_STREAM_COUNT = 8
+__all__ = ["Settings", "load_settings"]
 
 
 # -- API --- (the operator API, rhumbatron.api: token grants; its fields are in Settings) -----
@@ -459,7 +455,7 @@ class Settings(BaseSettings):
     @field_validator("crash_at")
     @classmethod
     def _known_crash_point(cls, value: str | None) -> str | None:
-        from rhumbatron.runtime.faults import CRASH_POINTS
+        from rhumbatron.core.faults import CRASH_POINTS
 
         if value is not None and value not in CRASH_POINTS:
             raise ValueError(f"unknown crash point; known: {', '.join(sorted(CRASH_POINTS))}")
@@ -468,13 +464,17 @@ class Settings(BaseSettings):
     @field_validator("producer_bindings")
     @classmethod
     def _bindings_in_range(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        # Imported here, as check_retention below: every handler imports the settings at its
+        # cold start, and the protocol package is the message registry (test_import_hygiene).
+        from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
+
         if value is not None:
             bad = [i for i in value if not 0 <= i < EVENT_STREAM_COUNT]
             if bad:
                 raise ValueError(f"stream indexes {bad} are outside 0..{EVENT_STREAM_COUNT - 1}")
         return value
 
-    # -- retention fit --- (rhumbatron.runtime.retention: every window against the others) ----
+    # -- retention fit --- (rhumbatron.core.retention: every window against the others) ----
     max_consumer_lag_s: float = Field(
         default=86_400.0,
         gt=0,
@@ -497,7 +497,7 @@ class Settings(BaseSettings):
     def _retention_windows_fit(self) -> Self:
         """Every window checked against the others (the retention rule of seed 002 and the
         nesting of DESIGN §6); every broken rule is listed at once, naming its settings."""
-        from rhumbatron.runtime.retention import check_retention
+        from rhumbatron.core.retention import check_retention
 
         check_retention(self)  # RetentionMisfitError is a ValueError: pydantic reports it
         return self

@@ -17,7 +17,7 @@ stricter sum is the one checked). The other windows must nest around it:
 :func:`retention_misfits` lists every rule the settings break, each naming the settings it
 reads by their ``RHUMBATRON_*`` names with their values and what to change;
 :func:`check_retention` raises them all at once. ``Settings`` calls it from its validator, so
-:func:`~rhumbatron.runtime.settings.load_settings` refuses before anything opens a file.
+:func:`~rhumbatron.core.settings.load_settings` refuses before anything opens a file.
 
 No rule here ties a record's lifetime to the stream's: the spec lets an expired log row break
 browsing (a view, a replay) but never provenance, which records embed (S2-046, S2-047).
@@ -28,19 +28,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rhumbatron.errors import ConfigurationError
-from rhumbatron.runtime.settings import EVENT_STREAM_COUNT
-
-if TYPE_CHECKING:
-    from rhumbatron.messaging.commands import QueueConsumer
-    from rhumbatron.runtime.settings import Settings
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
+from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, QueueConsumer
 
 __all__ = [
     "SWEEP_ROUND_S",
     "RetentionMisfit",
     "RetentionMisfitError",
+    "RetentionWindows",
     "check_retention",
     "command_wait_s",
     "publish_resend_span_s",
@@ -77,6 +75,71 @@ def _num(value: float) -> str:
 def _at_least(value: float) -> str:
     """``value`` rounded up to two decimals, so that the number suggested is enough."""
     return _num(math.ceil(value * 100) / 100)
+
+
+class RetentionWindows(Protocol):
+    """The settings the fit reads (``Settings`` is one): each window and cap by its field name,
+    so that the kernel's settings can run the check without this module importing them."""
+
+    @property
+    def api_retry_resend_after_s(self) -> float: ...
+
+    @property
+    def archive_max_age_days(self) -> float: ...
+
+    @property
+    def command_ack_wait_s(self) -> float: ...
+
+    @property
+    def command_in_progress_s(self) -> float: ...
+
+    @property
+    def command_max_hold_s(self) -> float: ...
+
+    @property
+    def command_stream_max_age_days(self) -> float: ...
+
+    @property
+    def duplicate_window_s(self) -> float: ...
+
+    @property
+    def event_stream_max_age_days(self) -> float: ...
+
+    @property
+    def max_consumer_lag_s(self) -> float: ...
+
+    @property
+    def outbox_backoff_initial_s(self) -> float: ...
+
+    @property
+    def outbox_backoff_jitter(self) -> float: ...
+
+    @property
+    def outbox_backoff_max_s(self) -> float: ...
+
+    @property
+    def outbox_max_attempts(self) -> int: ...
+
+    @property
+    def outbox_published_retention_days(self) -> float: ...
+
+    @property
+    def processed_events_retention_days(self) -> float: ...
+
+    @property
+    def publish_ack_timeout_s(self) -> float: ...
+
+    @property
+    def queue_retry_delay_s(self) -> Mapping[str, float]: ...
+
+    @property
+    def replay_window_days(self) -> float: ...
+
+    @property
+    def router_ack_wait_s(self) -> float: ...
+
+    @property
+    def router_fetch_timeout_s(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +180,7 @@ class RetentionMisfitError(ConfigurationError, ValueError):
 
 
 def check_retention(
-    settings: Settings, *, queues: Mapping[str, QueueConsumer] | None = None
+    settings: RetentionWindows, *, queues: Mapping[str, QueueConsumer] | None = None
 ) -> None:
     """Raise :class:`RetentionMisfitError` listing every rule ``settings`` break, if any."""
     misfits = retention_misfits(settings, queues=queues)
@@ -126,20 +189,18 @@ def check_retention(
 
 
 def retention_misfits(
-    settings: Settings, *, queues: Mapping[str, QueueConsumer] | None = None
+    settings: RetentionWindows, *, queues: Mapping[str, QueueConsumer] | None = None
 ) -> tuple[RetentionMisfit, ...]:
     """Every rule ``settings`` break, in a fixed order; empty when the windows fit.
 
     ``queues`` is the queue table the command-stream rule reads (``QUEUE_CONSUMERS``).
     """
     if queues is None:
-        from rhumbatron.messaging.commands import QUEUE_CONSUMERS
-
         queues = QUEUE_CONSUMERS
     return tuple(_misfits(settings, queues))
 
 
-def publish_resend_span_s(settings: Settings) -> float:
+def publish_resend_span_s(settings: RetentionWindows) -> float:
     """The longest time from an outbox row's first send to its last resend.
 
     Each failed attempt waits out its ack timeout, then a backoff of ``initial · 2^(n-1)``
@@ -160,7 +221,7 @@ def publish_resend_span_s(settings: Settings) -> float:
     return span + resends * capped
 
 
-def command_wait_s(settings: Settings, row: QueueConsumer) -> float:
+def command_wait_s(settings: RetentionWindows, row: QueueConsumer) -> float:
     """The longest a command may stay on the command stream in ``row``'s queue.
 
     It may wait ``max_consumer_lag_s`` behind a lagging consumer; then each of its deliveries
@@ -175,7 +236,7 @@ def command_wait_s(settings: Settings, row: QueueConsumer) -> float:
     )
 
 
-def _retry_delay(settings: Settings, row: QueueConsumer) -> tuple[float, str | None]:
+def _retry_delay(settings: RetentionWindows, row: QueueConsumer) -> tuple[float, str | None]:
     """The longest delay between two deliveries, and the setting that decides it (None: the
     table row)."""
     override = settings.queue_retry_delay_s.get(row.queue)
@@ -190,7 +251,9 @@ def _retry_delay(settings: Settings, row: QueueConsumer) -> tuple[float, str | N
     return delay, source
 
 
-def _misfits(settings: Settings, queues: Mapping[str, QueueConsumer]) -> Iterator[RetentionMisfit]:
+def _misfits(
+    settings: RetentionWindows, queues: Mapping[str, QueueConsumer]
+) -> Iterator[RetentionMisfit]:
     s = settings
     event_s = s.event_stream_max_age_days * _DAY_S
     command_s = s.command_stream_max_age_days * _DAY_S

@@ -46,7 +46,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     else:
         coro.close()  # never awaited: close it so Python does not warn about it
         raise RuntimeError(
-            "rhumbatron.runtime.event_loop.run() was called from inside a running event loop; "
+            "rhumbatron.core.event_loop.run() was called from inside a running event loop; "
             "it is for synchronous entry points (Lambda handlers): await the coroutine instead"
         )
     return get_loop().run_until_complete(coro)
