@@ -2,7 +2,7 @@
 
 One process, everything on loopback: nats-server and moto's S3 server
 (:class:`~rhumbatron.local.stack.LocalStack`), SQLite actor files, the in-process workflow
-engine, and every role played in rounds by :class:`~rhumbatron.lifecycle.local_loop.LocalLoop`
+engine, and every role played in rounds by :class:`~rhumbatron.runtime.local_loop.LocalLoop`
 (the outbox publisher, the event router, each queue's consumer). The sample is
 ``samplefiles/lifecycle.json``. The API (operator and lifecycle routes) runs under uvicorn on
 a loopback port for the whole run, with a static bearer token, and the demo calls it where a
@@ -68,15 +68,14 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from rhumbatron import operator
 from rhumbatron.actors.outbox import RowState, counts_by_state
-from rhumbatron.agents.scripted import ScriptLibrary
 from rhumbatron.agents.signing import generate_secret
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import TaskPlan
 from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import ConfigurationError, RhumbatronError
 from rhumbatron.lifecycle.commands import lifecycle_command
-from rhumbatron.lifecycle.local_loop import LocalLoop
 from rhumbatron.lifecycle.requests import CreatedChange
+from rhumbatron.lifecycle.scripted_agent import ScriptLibrary
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.queue_consumer import queue_row
 from rhumbatron.messaging.streams import COMMAND_STREAM
@@ -90,9 +89,10 @@ from rhumbatron.reactions.guards import suppressions
 from rhumbatron.reactions.receiver import LocalWebhookReceiver, WebhookReceiver
 from rhumbatron.reactions.registry import Governance, SubscriptionRegistry, WebhookReaction
 from rhumbatron.reactions.selectors import Selector
-from rhumbatron.router.event_router import tick_kind
 from rhumbatron.router.replay import replay_archive
+from rhumbatron.router.ticks import tick_kind
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.local_loop import LocalLoop
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -100,7 +100,7 @@ if TYPE_CHECKING:
     import httpx
 
     from rhumbatron.actors.alarms import AlarmSink
-    from rhumbatron.lifecycle.assembly import Lifecycle
+    from rhumbatron.runtime.lifecycle_assembly import Lifecycle
 
 __all__ = [
     "EXPECTED_STATES",

@@ -33,7 +33,7 @@ import logging
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rhumbatron.core.settings import ANY_TENANT
 from rhumbatron.errors import (
@@ -49,14 +49,18 @@ from rhumbatron.product.dead_letters import DeadLetter, DeadLetterKind, DeadLett
 from rhumbatron.protocol.envelopes import Command
 
 if TYPE_CHECKING:
-    from rhumbatron.messaging.commands import SendResult
-    from rhumbatron.runtime.bootstrap import Rhumbatron
+    from rhumbatron.actors.resource_shard import ResourceShard
+    from rhumbatron.core.clock import Clock
+    from rhumbatron.core.settings import Settings
+    from rhumbatron.messaging.commands import CommandBus, SendResult
+    from rhumbatron.product.database import ProductDatabase
 
 __all__ = [
     "ANY_TENANT",
     "MAX_PAGE",
     "DeadLetterPage",
     "Inspection",
+    "OperatorContext",
     "ProjectNotFoundError",
     "RetryOutcome",
     "dismiss_dead_letter",
@@ -70,6 +74,22 @@ _log = logging.getLogger(__name__)
 
 #: The most letters one page holds.
 MAX_PAGE = 200
+
+
+class OperatorContext(Protocol):
+    """What the operator's actions read from the process: the settings, the clock, the
+    product database (the letters), the command bus (a Retry's resend) and the actors."""
+
+    settings: Settings
+    clock: Clock
+
+    def product(self) -> ProductDatabase: ...
+
+    async def command_bus(self) -> CommandBus: ...
+
+    def resource_shard(self, project_id: str, resource_key: str) -> ResourceShard: ...
+
+    def project_tenant(self, project_id: str) -> str | None: ...
 
 
 class ProjectNotFoundError(RhumbatronError, LookupError):
@@ -133,7 +153,7 @@ def _letter_of(db: sqlite3.Connection, dead_letter_id: str, tenant_id: str) -> D
 
 
 def list_dead_letters(
-    app: Rhumbatron,
+    app: OperatorContext,
     *,
     tenant_id: str,
     status: DeadLetterStatus | None = DeadLetterStatus.OPEN,
@@ -172,7 +192,7 @@ def list_dead_letters(
     return DeadLetterPage(page, page[-1].dead_letter_id if len(letters) > limit else None)
 
 
-def inspect_dead_letter(app: Rhumbatron, dead_letter_id: str, *, tenant_id: str) -> Inspection:
+def inspect_dead_letter(app: OperatorContext, dead_letter_id: str, *, tenant_id: str) -> Inspection:
     """The letter with its full body: the Command (for a command letter whose body is one),
     the last error (``reason``), the attempts and the resolution."""
     letter = _letter_of(app.product().connection, dead_letter_id, tenant_id)
@@ -193,7 +213,7 @@ def inspect_dead_letter(app: Rhumbatron, dead_letter_id: str, *, tenant_id: str)
 # -- acting ----------------------------------------------------------------------------------
 
 
-def dismiss_dead_letter(app: Rhumbatron, dead_letter_id: str, *, tenant_id: str) -> DeadLetter:
+def dismiss_dead_letter(app: OperatorContext, dead_letter_id: str, *, tenant_id: str) -> DeadLetter:
     """Close an open letter as ``dismissed`` (the only action on a poison-event letter).
 
     Raises :class:`DeadLetterNotFoundError` (unknown, or another tenant's) and
@@ -212,7 +232,7 @@ def dismiss_dead_letter(app: Rhumbatron, dead_letter_id: str, *, tenant_id: str)
 
 
 async def retry_dead_letter(
-    app: Rhumbatron, dead_letter_id: str, *, tenant_id: str
+    app: OperatorContext, dead_letter_id: str, *, tenant_id: str
 ) -> RetryOutcome:
     """Send a command letter's command again with ``attempt + 1``, exactly once (F14).
 
@@ -314,7 +334,7 @@ async def retry_dead_letter(
 
 
 def _retry_reaction(
-    app: Rhumbatron, dead_letter_id: str, *, tenant_id: str, now_s: float
+    app: OperatorContext, dead_letter_id: str, *, tenant_id: str, now_s: float
 ) -> RetryOutcome:
     """A webhook delivery whose retries ran out: one more attempt, due now (the sweep's next
     webhook retry pass sends it with the same ``webhook-id``). The letter closes when it is
@@ -361,7 +381,7 @@ def _retry_reaction(
     )
 
 
-def _ready_the_blocked_task(app: Rhumbatron, command: Command, tenant_id: str) -> None:
+def _ready_the_blocked_task(app: OperatorContext, command: Command, tenant_id: str) -> None:
     """A retried wake needs its Task ready again: the dead letter blocked it (task.failed),
     and the wake consumer admits an Agent only to a ready Task. The move is keyed on the
     attempt (``task.ready`` key ``retry:<attempt>``), so a repeated Retry moves it once; a Task
@@ -395,7 +415,7 @@ def _command_of(letter: DeadLetter) -> Command:
         ) from None
 
 
-async def _send(app: Rhumbatron, queue: str, command: Command) -> SendResult:
+async def _send(app: OperatorContext, queue: str, command: Command) -> SendResult:
     bus = await app.command_bus()
     return await bus.send(queue, command)
 
@@ -409,7 +429,7 @@ def _cause(exc: MessagingError) -> str:
     return str(exc)
 
 
-def _undo_reservation(app: Rhumbatron, before: DeadLetter, attempt: int) -> None:
+def _undo_reservation(app: OperatorContext, before: DeadLetter, attempt: int) -> None:
     """Give the reservation back (the send failed), unless another Retry replaced it.
 
     Belongs next to ``claim_retry`` in :mod:`rhumbatron.product.dead_letters`.
@@ -432,7 +452,7 @@ def _undo_reservation(app: Rhumbatron, before: DeadLetter, attempt: int) -> None
 
 
 async def send_command(
-    app: Rhumbatron, queue: str, command: Command, *, tenant_id: str
+    app: OperatorContext, queue: str, command: Command, *, tenant_id: str
 ) -> SendResult:
     """Send an operator's command on ``queue`` under ``<queue>:<commandId>[:<attempt>]``.
 
@@ -460,7 +480,7 @@ async def send_command(
     return result
 
 
-def _project_tenant(app: Rhumbatron, command: Command) -> str | None:
+def _project_tenant(app: OperatorContext, command: Command) -> str | None:
     owner = app.project_tenant(command.project_id)
     if owner is not None:
         return owner

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
-from rhumbatron.agents.scripted import ScriptLibrary
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import TaskPlan
 from rhumbatron.domain.facts import Caller
 from rhumbatron.lifecycle.commands import lifecycle_command
-from rhumbatron.lifecycle.local_loop import LocalLoop
+from rhumbatron.lifecycle.scripted_agent import ScriptLibrary
 from rhumbatron.local.stack import LocalStack
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.local_loop import LocalLoop
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samplefiles" / "lifecycle.json"
 FAST = {

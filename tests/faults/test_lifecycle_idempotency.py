@@ -40,7 +40,6 @@ import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import ResourceShard
-from rhumbatron.agents.scripted import ScriptLibrary
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.agents import Admission
@@ -56,8 +55,8 @@ from rhumbatron.lifecycle.commands import (
     verify_command_id,
     workflow_input,
 )
-from rhumbatron.lifecycle.local_loop import LOOP_QUEUES
 from rhumbatron.lifecycle.requests import qualified_task_id
+from rhumbatron.lifecycle.scripted_agent import ScriptLibrary
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
@@ -71,6 +70,7 @@ from rhumbatron.queues.wake_consumer import WakeOutcome
 from rhumbatron.router.handlers import CausalRouting
 from rhumbatron.router.records import APPLIED, RecordOutcome
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.local_loop import LOOP_QUEUES
 from rhumbatron.workflows.engine import WorkflowStatus
 
 from .worker import worker_env
@@ -276,7 +276,7 @@ async def run_until(
     max_rounds: int = 200,
     max_idle_rounds: int = 40,
 ) -> bool:
-    """Every role in rounds, as :class:`~rhumbatron.lifecycle.local_loop.LocalLoop` plays
+    """Every role in rounds, as :class:`~rhumbatron.runtime.local_loop.LocalLoop` plays
     them, with a test's handler wrapper and queues left unpolled. A quiet round waits 50 ms
     for a delayed redelivery (a nak with a delay) to come due; gives up when quiet for long."""
     lifecycle = app.lifecycle()

@@ -23,7 +23,6 @@ from typing import Any
 import httpx2
 import pytest
 
-from rhumbatron.agents.scripted import ScriptLibrary
 from rhumbatron.causal.command_cap import DROPPED_METRIC
 from rhumbatron.causal.store import CommandCount
 from rhumbatron.core.clock import utc_day
@@ -33,6 +32,7 @@ from rhumbatron.domain.changes import TaskPlan
 from rhumbatron.domain.facts import Caller
 from rhumbatron.lifecycle.commands import lifecycle_command, ready_wake_id
 from rhumbatron.lifecycle.integration import BOUNDED_EXHAUSTED_METRIC, FORKS_PER_DELIVERY
+from rhumbatron.lifecycle.scripted_agent import ScriptLibrary
 from rhumbatron.messaging.queue_consumer import CommandHandler, Delivery, Retry
 from rhumbatron.metrics.platform_metrics import metric_counts
 from rhumbatron.product.dead_letters import list_dead_letters

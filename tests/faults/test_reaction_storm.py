@@ -64,8 +64,10 @@ from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.guards import Hop, SuppressionReason, suppressions
 from rhumbatron.reactions.registry import Governance
 from rhumbatron.reactions.selectors import Selector
-from rhumbatron.router.event_router import EventRouter, SubscriptionReport, tick_kind
+from rhumbatron.router.event_router import EventRouter
 from rhumbatron.router.handlers import RunContext
+from rhumbatron.router.reports import SubscriptionReport
+from rhumbatron.router.ticks import tick_kind
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 

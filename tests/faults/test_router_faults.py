@@ -47,8 +47,9 @@ from rhumbatron.protocol.ids import (
     new_event_id,
     stream_index,
 )
-from rhumbatron.router.event_router import EventRouter, tick_kind
+from rhumbatron.router.event_router import EventRouter
 from rhumbatron.router.handlers import AuditArchiver
+from rhumbatron.router.ticks import tick_kind
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
 from .worker import (

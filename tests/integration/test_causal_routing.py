@@ -79,7 +79,7 @@ async def wire(settings: Settings, clock: ManualClock, **overrides: Any) -> Wiri
     )
     app = bootstrap(settings, clock=clock, alarms=RecordingAlarmSink(), causal_routing=routing)
     holder["app"] = app
-    routing.world = ShardWorld(app)
+    routing.world = ShardWorld(app.actors)
     await app.ensure_streams()
     return Wiring(app, routing, lifecycle, routed)
 

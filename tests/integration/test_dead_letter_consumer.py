@@ -27,7 +27,6 @@ from rhumbatron.messaging.commands import DELIVERIES_HEADER, LAST_ERROR_HEADER, 
 from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.messaging.queue_consumer import Delivery, QueueConsumerRuntime, Retry
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
-from rhumbatron.product.database import ProductDatabase
 from rhumbatron.product.dead_letters import (
     DeadLetter,
     DeadLetterKind,
@@ -51,6 +50,7 @@ from rhumbatron.queues.dead_letter import (
     undecodable_dead_letter_id,
 )
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.product_schema import open_product_database
 from server_counts import settles_to
 
 pytestmark = pytest.mark.integration
@@ -478,7 +478,7 @@ async def test_a_letter_that_cannot_be_written_is_retried_not_lost(
     given_change(app)
     await drive_to_dead_letter(app, settle(clock), "integration")
     blocker = load_settings(**(app.settings.model_dump() | {"sqlite_busy_timeout_ms": 1}))
-    holder = ProductDatabase(blocker)
+    holder = open_product_database(blocker)
     holder.connection.execute("BEGIN IMMEDIATE")
     busy_app = bootstrap(blocker, clock=clock, alarms=RecordingAlarmSink())
     try:
@@ -664,14 +664,14 @@ async def test_a_later_settle_supersedes_the_open_command_letters_of_its_change(
     given_letter(app, clock, "chg-other", "cmd_wake_3")
     # WHEN a later change.settle of CHANGE completes
     clock.advance(10)
-    closed = supersede_letters_of_change(app, CHANGE, clock.now().timestamp())
+    closed = supersede_letters_of_change(app.product(), CHANGE, clock.now().timestamp())
     # THEN both of its letters close as superseded; the other Change's stays open (S0-093)
     assert closed == 2
     statuses = status_by_change(app)
     assert statuses[CHANGE] == {("closed", "superseded")}
     assert statuses["chg-other"] == {("open", None)}
     assert closed_at(app) == {clock.now().timestamp()}
-    assert supersede_letters_of_change(app, CHANGE, clock.now().timestamp()) == 0
+    assert supersede_letters_of_change(app.product(), CHANGE, clock.now().timestamp()) == 0
 
 
 async def test_headers_of_the_origin_queue_name_the_letter(

@@ -35,7 +35,6 @@ from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.protocol.ids import event_stream_name
 from rhumbatron.queues.dead_letter import DeadLetterConsumer
 from rhumbatron.queues.wake_consumer import WakeConsumer, WakeOutcome
-from rhumbatron.reactions.assembly import LazyHttpClient, reactions_for
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.deliveries import agent_wake_command, workflow_instance_id
 from rhumbatron.reactions.guards import SuppressionReason
@@ -46,6 +45,7 @@ from rhumbatron.reactions.registry import (
     WorkflowReaction,
 )
 from rhumbatron.reactions.selectors import Selector
+from rhumbatron.runtime.reactions_assembly import LazyHttpClient, reactions_for
 from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
 from rhumbatron.workflows.step_functions import StepFunctionsEngine
 

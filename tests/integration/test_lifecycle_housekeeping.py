@@ -23,7 +23,6 @@ import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import ResourceShard
-from rhumbatron.agents.scripted import ScriptLibrary
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
@@ -33,9 +32,9 @@ from rhumbatron.domain.releases import ReleaseStatus, release_id_for
 from rhumbatron.domain.tasks import TaskStatus
 from rhumbatron.entrypoints import sweep
 from rhumbatron.indexing import IndexState
-from rhumbatron.lifecycle.assembly import Lifecycle
 from rhumbatron.lifecycle.commands import lifecycle_command, ready_wake_id, rebase_command_id
 from rhumbatron.lifecycle.requests import qualified_task_id
+from rhumbatron.lifecycle.scripted_agent import ScriptLibrary
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.queue_consumer import Delivery, PollReport, Retry
@@ -44,6 +43,7 @@ from rhumbatron.product.dead_letters import list_dead_letters, record_command_de
 from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.queues.wake_consumer import WakeOutcome
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.lifecycle_assembly import Lifecycle
 from rhumbatron.workflows.engine import WorkflowStatus
 
 pytestmark = pytest.mark.integration

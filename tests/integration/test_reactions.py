@@ -33,7 +33,6 @@ from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_subject, stream_index
 from rhumbatron.queues.wake_consumer import WakeConsumer, WakeOutcome
-from rhumbatron.reactions.assembly import LazyHttpClient, reactions_for
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.consumer import REFUSED_METRIC, ReactionsConsumer
 from rhumbatron.reactions.deliveries import (
@@ -51,9 +50,10 @@ from rhumbatron.reactions.registry import (
     WorkflowReaction,
 )
 from rhumbatron.reactions.selectors import Selector
-from rhumbatron.router.event_router import SubscriptionReport
 from rhumbatron.router.handlers import RunContext
+from rhumbatron.router.reports import SubscriptionReport
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.reactions_assembly import LazyHttpClient, reactions_for
 from rhumbatron.workflows.engine import WorkflowEngineError, WorkflowStart, check_instance_id
 from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
 

@@ -30,9 +30,10 @@ from rhumbatron.messaging.pull import ConsumerChange
 from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
-from rhumbatron.router.event_router import RunReport, tick_kind
 from rhumbatron.router.nudge import InProcessNudge
 from rhumbatron.router.records import decode_records
+from rhumbatron.router.reports import RunReport
+from rhumbatron.router.ticks import tick_kind
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
 from .test_queue_consumer import AckTap

@@ -23,7 +23,6 @@ from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_subject, stream_index
-from rhumbatron.reactions.assembly import LazyHttpClient, reactions_for
 from rhumbatron.reactions.consumer import FIRED_METRIC
 from rhumbatron.reactions.receiver import (
     LocalWebhookReceiver,
@@ -32,9 +31,10 @@ from rhumbatron.reactions.receiver import (
 )
 from rhumbatron.reactions.registry import Governance, SubscriptionRegistry, WebhookReaction
 from rhumbatron.reactions.selectors import Selector
-from rhumbatron.router.event_router import SubscriptionReport
 from rhumbatron.router.handlers import RunContext
+from rhumbatron.router.reports import SubscriptionReport
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.reactions_assembly import LazyHttpClient, reactions_for
 
 pytestmark = pytest.mark.integration
 

@@ -51,10 +51,10 @@ from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
-from rhumbatron.router.event_router import SubscriptionReport
 from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.records import ProjectOwners
 from rhumbatron.router.replay import replay_archive, rewind
+from rhumbatron.router.reports import SubscriptionReport
 
 __all__ = ["receiver"]  # the webhook receiver fixture, used by name
 

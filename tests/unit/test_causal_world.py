@@ -48,7 +48,7 @@ def test_active_agents_carry_their_intents_and_claims_across_shards(app: Rhumbat
         SYSTEM, resource="docs/readme.md", agent_id="a1", ttl=timedelta(minutes=5)
     )
     # WHEN the world is asked
-    (agent,) = ShardWorld(app).active_agents(PROJECT)
+    (agent,) = ShardWorld(app.actors).active_agents(PROJECT)
     # THEN the holder of t1 is active, with both resources; the ready t2 has nobody
     assert (agent.agent_id, agent.change_id, agent.task_id) == ("a1", "c1", "t1")
     assert sorted(agent.resources) == ["docs/readme.md", "src/auth/"]
@@ -60,7 +60,7 @@ def test_ready_tasks_and_the_8_agent_limit_are_per_change(app: Rhumbatron) -> No
     task(app, "busy", "b-waiting", "ready")
     task(app, "calm", "k1", "running", agent="agent-k")
     task(app, "calm", "k2", "ready")
-    world = ShardWorld(app)
+    world = ShardWorld(app.actors)
     assert world.has_ready_tasks(PROJECT, "busy")
     assert world.waits_at_agent_limit(PROJECT, "busy")
     assert world.has_ready_tasks(PROJECT, "calm")
@@ -76,7 +76,7 @@ def test_an_active_agent_with_no_intent_or_claim_is_active_on_nothing(app: Rhumb
     # GIVEN an agent running a Task that declared no intent and holds no claim
     task(app, "c1", "t1", "running", agent="quiet")
     # WHEN the world is asked
-    (agent,) = ShardWorld(app).active_agents(PROJECT)
+    (agent,) = ShardWorld(app.actors).active_agents(PROJECT)
     # THEN it is active, on no resource: no resource fact can overlap it
     assert (agent.agent_id, agent.task_id, agent.resources) == ("quiet", "t1", ())
 
@@ -98,4 +98,4 @@ def test_a_ready_task_waits_only_when_the_freed_agent_made_eight(
     for n in range(ready):
         task(app, "c1", f"w{n}", "ready")
     # THEN a ready Task waited at the 8-agent limit exactly when running + 1 reaches 8
-    assert ShardWorld(app).waits_at_agent_limit(PROJECT, "c1") is waits
+    assert ShardWorld(app.actors).waits_at_agent_limit(PROJECT, "c1") is waits

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from rhumbatron.agents.scripted import ScriptLibrary, _parts
 from rhumbatron.domain.candidates import (
     CANDIDATE_MOVES,
     CandidateState,
@@ -68,6 +67,7 @@ from rhumbatron.domain.tasks import (
 )
 from rhumbatron.domain.transition import Insert, Transition, Update, Upsert
 from rhumbatron.errors import DomainError
+from rhumbatron.lifecycle.scripted_agent import ScriptLibrary, _parts
 from rhumbatron.protocol.ids import stable_event_id
 
 NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)

@@ -33,6 +33,7 @@ from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.metrics import MetricBinding, MetricsRecorder, RecordingSink, recent_points
 from rhumbatron.product.database import ProductDatabase
 from rhumbatron.protocol.envelopes import Event
+from rhumbatron.runtime.product_schema import open_product_database
 
 AGENT_RESOURCES = ("src/auth/login.py",)
 
@@ -143,7 +144,7 @@ def make_harness(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
         api = FakeMessagesApi()
         clock = ManualClock(datetime(2026, 3, 1, 12, 0, tzinfo=UTC))
         store = CausalStore(settings)
-        product = ProductDatabase(settings)
+        product = open_product_database(settings)
         sink = RecordingSink()
         recorder = MetricsRecorder(product.connection, sink, clock)
         http_client = httpx2.AsyncClient(transport=httpx2.MockTransport(api))

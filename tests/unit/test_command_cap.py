@@ -17,9 +17,9 @@ from rhumbatron.core.clock import ManualClock, utc_day
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import UnknownTypeError
 from rhumbatron.metrics import MetricBinding, MetricsRecorder, RecordingSink, recent_points
-from rhumbatron.product.database import ProductDatabase
 from rhumbatron.protocol.command_types import COMMAND_TYPES
 from rhumbatron.protocol.envelopes import Command
+from rhumbatron.runtime.product_schema import open_product_database
 
 COUNTED = ("change.dispatch", "candidate.create", "change.settle", "agent.wake")
 NOT_COUNTED = ("index.build", "candidates.recompose")
@@ -147,7 +147,7 @@ def test_a_dropped_command_is_logged_as_an_error_and_counted(
 ) -> None:
     # GIVEN a cap of 1 and a METRICS recorder
     settings = make_settings(change_command_cap_per_day=1)
-    product = ProductDatabase(settings)
+    product = open_product_database(settings)
     sink = RecordingSink()
     cap = cap_for(
         settings, stores, metrics=MetricsRecorder(product.connection, sink, ManualClock(NOON))

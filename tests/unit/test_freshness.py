@@ -24,6 +24,7 @@ from rhumbatron.router.freshness import (
 )
 from rhumbatron.router.handlers import ProjectViewProjector, RunContext
 from rhumbatron.router.records import Outcome, Record
+from rhumbatron.runtime.product_schema import open_product_database
 
 CALLER = Caller("acme", "system:test", correlation_id="corr-fresh")
 T = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
@@ -51,7 +52,7 @@ def run() -> RunContext:
 
 @pytest.fixture
 def product(offline_settings: Settings) -> Iterator[ProductDatabase]:
-    database = ProductDatabase(offline_settings)
+    database = open_product_database(offline_settings)
     yield database
     database.close()
 

@@ -643,7 +643,7 @@ async def make_router(tmp_path: Path, settings: Settings, clock: ManualClock) ->
         store = CausalStore(configured)
         clef = ClefFlash(configured, store, clock, http_client=http)
         routing = RuleBasedRouting(
-            world=ShardWorld(app),
+            world=ShardWorld(app.actors),
             bus=app.command_bus,
             clock=clock,
             clef_flash=clef,
@@ -789,7 +789,7 @@ def test_the_causal_router_wakes_the_challenged_agent_but_not_the_challenger(
     )
     # WHEN the critic challenges builder-1's claim, and the rules plan the fact
     (fact,) = challenge(app).transition.facts
-    plan = plan_for(fact, ShardWorld(app), now=NOW)
+    plan = plan_for(fact, ShardWorld(app.actors), now=NOW)
     # THEN builder-1 is woken for its exact overlap; the critic, its author, is not asked
     assert [(p.command.command_type, p.command.task_id) for p in plan.commands] == [
         ("agent.wake", "t1")

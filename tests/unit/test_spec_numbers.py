@@ -19,7 +19,7 @@ import pytest
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS
 from rhumbatron.reactions.config import ReactionSettings
-from rhumbatron.router.event_router import tick_kind
+from rhumbatron.router.ticks import tick_kind
 
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "spec-numbers.md"
 _ROW = re.compile(r"^\| (S[02]-\d{3}) \| (.+?) \| `([^`]+)` \| (.+?) \|$")

@@ -21,8 +21,8 @@ from rhumbatron.causal.rules import ActiveAgent
 from rhumbatron.domain.facts import Caller
 
 if TYPE_CHECKING:
+    from rhumbatron.actors.directory import ActorDirectory
     from rhumbatron.protocol.envelopes import Event
-    from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = ["ShardWorld"]
 
@@ -34,23 +34,23 @@ class ShardWorld:
     """Answers :class:`~rhumbatron.causal.rules.RoutingWorld` from the shard files, and
     records ``model.routed`` (a :class:`~rhumbatron.causal.routing.ModelRouteLog`)."""
 
-    app: Rhumbatron
+    actors: ActorDirectory
     max_active_agents_per_change: int = 8
 
     def _shards(self, project_id: str) -> Iterator[sqlite3.Connection]:
-        for ref in self.app.actor_refs():
+        for ref in self.actors.actor_refs():
             if ref.kind is ActorKind.RESOURCE_SHARD and ref.project_id == project_id:
-                yield self.app.actor(ref).connection
+                yield self.actors.actor(ref).connection
 
     def _change_shard(self, project_id: str, change_id: str) -> sqlite3.Connection | None:
         from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 
         ref: ActorRef = ResourceShard.ref_for(
-            project_id, change_resource_key(change_id), self.app.settings.resource_shard_count
+            project_id, change_resource_key(change_id), self.actors.settings.resource_shard_count
         )
-        if not ref.path(self.app.settings.state_dir).exists():
+        if not ref.path(self.actors.settings.state_dir).exists():
             return None  # a Change nobody wrote yet: nothing is ready, nobody active
-        return self.app.actor(ref).connection
+        return self.actors.actor(ref).connection
 
     def active_agents(self, project_id: str) -> list[ActiveAgent]:
         holders: list[tuple[str, str, str]] = []
@@ -105,7 +105,7 @@ class ShardWorld:
         by ``event``'s ID: a redelivered Event records it once."""
         from rhumbatron.actors.resource_shard import change_resource_key
 
-        shard = self.app.resource_shard(event.project_id, change_resource_key(agent.change_id))
+        shard = self.actors.resource_shard(event.project_id, change_resource_key(agent.change_id))
         caller = Caller(
             event.tenant_id, "system:causal-router", event.event_id, caused_by=event.event_id
         )

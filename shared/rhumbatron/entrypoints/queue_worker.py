@@ -11,7 +11,7 @@ validated at the edge by a small frozen model:
   invoke after a send, to cut the wait for the next tick.
 
 Each named queue is polled — the lifecycle's handler of the queue
-(:meth:`~rhumbatron.lifecycle.assembly.Lifecycle.handler`), or the
+(:meth:`~rhumbatron.runtime.lifecycle_assembly.Lifecycle.handler`), or the
 :class:`~rhumbatron.queues.dead_letter.DeadLetterConsumer` for dead-letter — by
 :meth:`~rhumbatron.messaging.queue_consumer.QueueConsumerRuntime.poll`, with the batch size,
 concurrency, retries and delays of its ``QUEUE_CONSUMERS`` row, until the queue is empty or

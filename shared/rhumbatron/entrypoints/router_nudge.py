@@ -35,7 +35,7 @@ from rhumbatron.entrypoints._lambda import (
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 
 if TYPE_CHECKING:
-    from rhumbatron.router.event_router import RunReport, SubscriptionReport
+    from rhumbatron.router.reports import RunReport, SubscriptionReport
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [

@@ -46,7 +46,7 @@ from rhumbatron.entrypoints._lambda import (
 
 if TYPE_CHECKING:
     from rhumbatron.messaging.queue_consumer import PollReport
-    from rhumbatron.router.event_router import SweepReport
+    from rhumbatron.router.reports import SweepReport
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [

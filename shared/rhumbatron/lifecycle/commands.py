@@ -21,7 +21,7 @@ from rhumbatron.workflows.engine import WorkflowEngine, WorkflowStart, workflow_
 
 if TYPE_CHECKING:
     from rhumbatron.causal.command_cap import CommandCap
-    from rhumbatron.runtime.bootstrap import Rhumbatron
+    from rhumbatron.lifecycle.context import LifecycleContext
 
 __all__ = [
     "LifecycleSender",
@@ -87,7 +87,7 @@ class SentCommand:
 class LifecycleSender:
     """Sends lifecycle commands through the command bus, counted by the per-Change cap."""
 
-    app: Rhumbatron
+    app: LifecycleContext
     cap: CommandCap
     engine: WorkflowEngine
 

@@ -135,7 +135,7 @@ def plan_housekeeping(
     kinds that run, each with ``limit=housekeeping_batch_cap``."""
     # Imported here, not at the top: the router's sweep is where housekeeping runs, so the
     # router may import this module, and a top-level import back would be circular.
-    from rhumbatron.router.event_router import tick_kind
+    from rhumbatron.router.ticks import tick_kind
 
     now = now.astimezone(UTC)
     _, daily, release_sweep = tick_kind(settings, now)

@@ -48,7 +48,7 @@ from rhumbatron.workflows.engine import WorkflowEngine, WorkflowStatus, workflow
 
 if TYPE_CHECKING:
     from rhumbatron.lifecycle.apps import AppProvisioner
-    from rhumbatron.runtime.bootstrap import Rhumbatron
+    from rhumbatron.lifecycle.context import LifecycleContext
 
 __all__ = [
     "BOUNDED_EXHAUSTED_METRIC",
@@ -87,7 +87,7 @@ Handler = Callable[[Command, Delivery], Awaitable["Retry | None"]]
 class IntegrationModule:
     """The integration, verification and release queues' handler."""
 
-    app: Rhumbatron
+    app: LifecycleContext
     world: LifecycleWorld
     sender: LifecycleSender
     engine: WorkflowEngine
@@ -409,7 +409,9 @@ class IntegrationModule:
                 f"no open candidate; candidate.create to compose one: {sent.outcome}",
             )
         if not waits_for_operator:
-            supersede_letters_of_change(self.app, change_id, self.app.clock.now().timestamp())
+            supersede_letters_of_change(
+                self.app.product(), change_id, self.app.clock.now().timestamp()
+            )
         return None
 
     async def recompose_candidates(self, command: Command, delivery: Delivery) -> Retry | None:

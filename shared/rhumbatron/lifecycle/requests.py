@@ -21,8 +21,8 @@ from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import DomainError
 
 if TYPE_CHECKING:
+    from rhumbatron.lifecycle.context import LifecycleContext
     from rhumbatron.lifecycle.world import LifecycleWorld
-    from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [
     "AgentCallbacks",
@@ -52,7 +52,7 @@ class CreatedChange:
 class ChangeRequests:
     """Creating and deciding Changes."""
 
-    app: Rhumbatron
+    app: LifecycleContext
     world: LifecycleWorld
 
     def create_change(
@@ -199,7 +199,7 @@ class AgentCallbacks:
     """What an Agent reports while it works on a Task. ``agent:<id>`` is the actor of every
     fact, so the router never wakes an Agent for its own writes."""
 
-    app: Rhumbatron
+    app: LifecycleContext
     world: LifecycleWorld
     claim_ttl: timedelta = timedelta(minutes=15)
 

@@ -79,7 +79,7 @@ class LifecycleWorkflows:
 
     def _caller(self, input: Mapping[str, Any], workflow: str, instance_id: str) -> Caller:
         project_id = str(input["projectId"])
-        tenant = self.world.app.project_tenant(project_id) or "platform"
+        tenant = self.world.actors.project_tenant(project_id) or "platform"
         return Caller(tenant, f"workflow:{workflow}", instance_id)
 
     # -- verification ----------------------------------------------------------------------

@@ -25,9 +25,9 @@ from rhumbatron.domain.releases import ReleaseStatus, release_id_for
 from rhumbatron.lifecycle.housekeeping import QuietChange, ReleasingChange
 
 if TYPE_CHECKING:
+    from rhumbatron.actors.directory import ActorDirectory
     from rhumbatron.indexing import CanonicalSnapshot, Indexer
     from rhumbatron.lifecycle.forks import ForkStore
-    from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = ["LifecycleWorld", "LocatedCandidate"]
 
@@ -47,7 +47,7 @@ class LocatedCandidate:
 class LifecycleWorld:
     """Reads over the actors of every project under the state directory."""
 
-    app: Rhumbatron
+    actors: ActorDirectory
     #: The indexer's ``project_indexes``, for the index questions of housekeeping.
     indexer: Indexer | None = None
     #: The Candidates' fork files, for what an archived project still has to clean up.
@@ -55,44 +55,48 @@ class LifecycleWorld:
 
     # -- where things live -----------------------------------------------------------------
     def change_shard(self, project_id: str, change_id: str) -> ResourceShard:
-        return self.app.resource_shard(project_id, change_resource_key(change_id))
+        return self.actors.resource_shard(project_id, change_resource_key(change_id))
 
     def admin_shard(self, project_id: str) -> ResourceShard:
-        return self.app.resource_shard(project_id, project_admin_key(project_id))
+        return self.actors.resource_shard(project_id, project_admin_key(project_id))
 
     def project_exists(self, project_id: str) -> bool:
-        return ProjectRoot.ref_for(project_id).path(self.app.settings.state_dir).exists()
+        return ProjectRoot.ref_for(project_id).path(self.actors.settings.state_dir).exists()
 
     def project_ids(self) -> list[str]:
         """Every project with a root actor, sorted."""
         return sorted(
-            {ref.project_id for ref in self.app.actor_refs() if ref.kind is ActorKind.PROJECT_ROOT}
+            {
+                ref.project_id
+                for ref in self.actors.actor_refs()
+                if ref.kind is ActorKind.PROJECT_ROOT
+            }
         )
 
     def shards(self, project_id: str) -> Iterator[ResourceShard]:
         """The project's shard files that exist."""
-        count = self.app.settings.resource_shard_count
-        state_dir = self.app.settings.state_dir
+        count = self.actors.settings.resource_shard_count
+        state_dir = self.actors.settings.state_dir
         for index in range(count):
             ref = ActorRef(ActorKind.RESOURCE_SHARD, project_id, index)
             if ref.path(state_dir).exists():
-                actor = self.app.actor(ref)
+                actor = self.actors.actor(ref)
                 assert isinstance(actor, ResourceShard)
                 yield actor
 
     def project_status(self, project_id: str) -> str:
         """``active``, ``archived`` or ``deleted``; a project never administered is active."""
         ref = ResourceShard.ref_for(
-            project_id, project_admin_key(project_id), self.app.settings.resource_shard_count
+            project_id, project_admin_key(project_id), self.actors.settings.resource_shard_count
         )
-        if not ref.path(self.app.settings.state_dir).exists():
+        if not ref.path(self.actors.settings.state_dir).exists():
             return "active"
         return self.admin_shard(project_id).project_status()
 
     def canonical_generation(self, project_id: str) -> int:
         if not self.project_exists(project_id):
             return 0
-        state = self.app.project_root(project_id).state()
+        state = self.actors.project_root(project_id).state()
         return 0 if state is None else state.canonical_generation
 
     # -- Changes and Candidates --------------------------------------------------------------
@@ -120,7 +124,7 @@ class LifecycleWorld:
         newest, should there be several); None when none of its Candidates was promoted."""
         if not self.project_exists(project_id):
             return None
-        root = self.app.project_root(project_id)
+        root = self.actors.project_root(project_id)
         generations = {
             str(row[0]): int(row[1])
             for row in root.connection.execute("SELECT candidate_id, generation FROM artifacts")
@@ -152,7 +156,7 @@ class LifecycleWorld:
 
         if not self.project_exists(project_id):
             return None
-        root = self.app.project_root(project_id)
+        root = self.actors.project_root(project_id)
         state = root.state()
         if state is None or state.canonical_generation == 0:
             return None

@@ -21,10 +21,10 @@ One process, one event loop:
     published to (:class:`~rhumbatron.router.nudge.InProcessNudge`);
   - each **queue's consumer**, polling its queue every ``queue_poll_every_s`` with its
     handler, the dead-letter queue's consumer included (as
-    :meth:`~rhumbatron.lifecycle.local_loop.LocalLoop.one_round` does).
+    :meth:`~rhumbatron.runtime.local_loop.LocalLoop.one_round` does).
 
   The roles run one after another, never two at once (but for the router nudges, which the
-  router's own locks keep apart), as :class:`~rhumbatron.lifecycle.local_loop.LocalLoop`
+  router's own locks keep apart), as :class:`~rhumbatron.runtime.local_loop.LocalLoop`
   plays them. Each tick is counted with its duration and error for the dashboard's
   functions panel (:class:`~rhumbatron.dashboard.stats.LocalRunStats`); a tick that fails
   is logged and the schedule goes on, as the next invocation of a Lambda would.
@@ -56,7 +56,7 @@ from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.core.settings import ANY_TENANT, load_settings
 from rhumbatron.dashboard.stats import LocalRunStats
 from rhumbatron.errors import ConfigurationError, RhumbatronError
-from rhumbatron.lifecycle.local_loop import LOOP_QUEUES
+from rhumbatron.runtime.local_loop import LOOP_QUEUES
 
 if TYPE_CHECKING:
     from rhumbatron.runtime.bootstrap import Rhumbatron

@@ -1,23 +1,20 @@
 """The product database file: dead letters, platform metrics, the analytics claims, the
-project indexes' status, the agent registry and the change requests.
+project indexes' status, the agent registry, the subscriptions, schedules and reactions'
+bookkeeping, and the change requests.
 
 One SQLite file, ``<state>/product.sqlite``. The analytics projector's claims live here, next
-to the metric rows they guard, so a claim and its data point commit together.
+to the metric rows they guard, so a claim and its data point commit together. Its tables
+belong to the stores that use them; this module does not import them: the composition root
+gathers their schema (:mod:`rhumbatron.runtime.product_schema`) and opens the file with it.
 """
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable, Sequence
+
 from rhumbatron.actors.storage import SqliteStore
-from rhumbatron.agents.registry import AGENTS_SCHEMA, migrate_agents
 from rhumbatron.core.settings import Settings
-from rhumbatron.indexing.indexer import PROJECT_INDEXES_SCHEMA
-from rhumbatron.metrics.platform_metrics import PLATFORM_METRICS_SCHEMA
-from rhumbatron.product.dead_letters import DEAD_LETTERS_SCHEMA, migrate_dead_letters
-from rhumbatron.queues.wake_consumer import AGENT_EVENT_WAKES_SCHEMA
-from rhumbatron.reactions.registry import SUBSCRIPTIONS_SCHEMA
-from rhumbatron.reactions.schedules import SCHEDULES_SCHEMA
-from rhumbatron.reactions.store import REACTIONS_SCHEMA
-from rhumbatron.router.claims import CLAIMS_SCHEMA
 
 __all__ = ["CHANGE_REQUESTS_SCHEMA", "ProductDatabase"]
 
@@ -36,21 +33,15 @@ CREATE TABLE IF NOT EXISTS change_requests (
 
 
 class ProductDatabase(SqliteStore):
-    """``<state>/product.sqlite``."""
+    """``<state>/product.sqlite``, with the tables of ``schema`` (every store's, gathered by
+    the composition root) and their ``migrations``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        schema: str,
+        migrations: Sequence[Callable[[sqlite3.Connection], None]] = (),
+    ) -> None:
         super().__init__(
-            settings.state_dir / "product.sqlite",
-            settings,
-            DEAD_LETTERS_SCHEMA
-            + PLATFORM_METRICS_SCHEMA
-            + CLAIMS_SCHEMA
-            + PROJECT_INDEXES_SCHEMA
-            + AGENTS_SCHEMA
-            + CHANGE_REQUESTS_SCHEMA
-            + SUBSCRIPTIONS_SCHEMA
-            + SCHEDULES_SCHEMA
-            + REACTIONS_SCHEMA
-            + AGENT_EVENT_WAKES_SCHEMA,
-            migrations=(migrate_dead_letters, migrate_agents),
+            settings.state_dir / "product.sqlite", settings, schema, migrations=migrations
         )

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.domain.changes import TERMINAL_STATUSES
 from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import RhumbatronError
@@ -53,7 +54,7 @@ from rhumbatron.queues.wake_consumer import is_reaction_wake
 
 if TYPE_CHECKING:
     from rhumbatron.messaging.queue_consumer import Delivery, PollReport
-    from rhumbatron.runtime.bootstrap import Rhumbatron
+    from rhumbatron.queues.context import QueueContext
 
 __all__ = [
     "DEAD_LETTER_ACTOR",
@@ -123,7 +124,7 @@ class DeadLetterConsumer:
     :meth:`on_undecodable` for a body that is not one. Both return only once the letter is
     committed; both raise when it cannot be written (the runtime retries)."""
 
-    app: Rhumbatron
+    app: QueueContext
 
     async def __call__(self, command: Command, delivery: Delivery) -> None:
         """Record the command's letter, then mark its Task or Change."""
@@ -234,7 +235,7 @@ def _reason(command: Command, delivery: Delivery, origin: str) -> str:
 
 
 async def run_dead_letter_consumer(
-    app: Rhumbatron, *, should_stop: Callable[[], bool] | None = None
+    app: QueueContext, *, should_stop: Callable[[], bool] | None = None
 ) -> PollReport:
     """Poll the dead-letter queue until it is empty or ``should_stop`` says time is up."""
     runtime = await app.queue_runtime()
@@ -247,7 +248,7 @@ async def run_dead_letter_consumer(
     )
 
 
-def close_letters_of_ended_changes(app: Rhumbatron, *, now_s: float, limit: int = 100) -> int:
+def close_letters_of_ended_changes(app: QueueContext, *, now_s: float, limit: int = 100) -> int:
     """The 5-minute sweep's closure: close the open command letters of Changes that are
     completed, failed, cancelled, not_selected or declined (resolution ``ended``).
 
@@ -303,7 +304,7 @@ def open_letter_counts(connection: sqlite3.Connection) -> dict[tuple[str, str], 
     return counts
 
 
-def _change_status(app: Rhumbatron, project_id: str, change_id: str) -> str | None:
+def _change_status(app: QueueContext, project_id: str, change_id: str) -> str | None:
     key = change_resource_key(change_id)
     try:
         ref = ResourceShard.ref_for(project_id, key, app.settings.resource_shard_count)
@@ -316,8 +317,8 @@ def _change_status(app: Rhumbatron, project_id: str, change_id: str) -> str | No
     return None if state is None else state.status
 
 
-def supersede_letters_of_change(app: Rhumbatron, change_id: str, now_s: float) -> int:
-    """A later ``change.settle`` of the Change completed: close its open command letters
-    (resolution ``superseded``). Returns the number closed."""
-    with app.product().transaction() as db:
+def supersede_letters_of_change(product: SqliteStore, change_id: str, now_s: float) -> int:
+    """A later ``change.settle`` of the Change completed: close its open command letters in
+    the product database (resolution ``superseded``). Returns the number closed."""
+    with product.transaction() as db:
         return close_dead_letters_of_change(db, change_id, Resolution.SUPERSEDED, now_s=now_s)

@@ -60,7 +60,7 @@ from rhumbatron.protocol.command_types import AgentWake
 from rhumbatron.protocol.envelopes import Command
 
 if TYPE_CHECKING:
-    from rhumbatron.runtime.bootstrap import Rhumbatron
+    from rhumbatron.queues.context import QueueContext
 
 __all__ = [
     "AGENT_EVENT_WAKES_SCHEMA",
@@ -118,7 +118,7 @@ class AgentRuntime(Protocol):
 class WakeConsumer:
     """The handler of ``agent-wakeups``: relevance, admission, then the Agent's runtime."""
 
-    app: Rhumbatron
+    app: QueueContext
     runtime: AgentRuntime
     max_active_agents_per_change: int = 8
     outcomes: list[tuple[str, WakeOutcome]] = field(default_factory=list)

@@ -31,7 +31,7 @@ import sqlite3
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Literal, Protocol, Self
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -50,7 +50,9 @@ from rhumbatron.reactions.registry import SUBSCRIPTION_NAME_PATTERN
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rhumbatron.runtime.bootstrap import Rhumbatron
+    from rhumbatron.actors.project_root import ProjectRoot
+    from rhumbatron.actors.resource_shard import ResourceShard
+    from rhumbatron.product.database import ProductDatabase
 
 __all__ = [
     "MAX_EVERY_MINUTES",
@@ -61,6 +63,7 @@ __all__ = [
     "TIME_OF_DAY_PATTERN",
     "FireReport",
     "ScheduleConflictError",
+    "ScheduleContext",
     "ScheduleCreated",
     "ScheduleFire",
     "ScheduleNotFoundError",
@@ -74,6 +77,22 @@ __all__ = [
     "schedule_event_id",
     "schedule_fired_event",
 ]
+
+
+class ScheduleContext(Protocol):
+    """What firing schedules reads from the process: the clock, the product database (the
+    schedules table) and the actors the time events are written to."""
+
+    clock: Clock
+
+    def product(self) -> ProductDatabase: ...
+
+    def project_root(self, project_id: str) -> ProjectRoot: ...
+
+    def resource_shard(self, project_id: str, resource_key: str) -> ResourceShard: ...
+
+    def project_tenant(self, project_id: str) -> str | None: ...
+
 
 _log = logging.getLogger(__name__)
 
@@ -449,7 +468,7 @@ def schedule_fired_event(
 
 
 def fire_due_schedules(
-    app: Rhumbatron, at: datetime, *, settings: ScheduleSettings | None = None
+    app: ScheduleContext, at: datetime, *, settings: ScheduleSettings | None = None
 ) -> FireReport:
     """Fire what is due at the tick of ``at`` (its UTC minute): the sweep's tick, and each
     enabled schedule whose latest due time is at or before it and after its last fire.
@@ -518,7 +537,7 @@ class _Due:
     scheduled_at: datetime
 
 
-def _fire(app: Rhumbatron, item: _Due, settings: ScheduleSettings) -> ScheduleFire:
+def _fire(app: ScheduleContext, item: _Due, settings: ScheduleSettings) -> ScheduleFire:
     """Write the fact, then record the fire: a crash between the two fires again at the next
     tick with the same Event ID, which the outbox or JetStream drops."""
     owner = app.project_tenant(item.project_id)

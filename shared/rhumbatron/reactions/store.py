@@ -8,10 +8,14 @@ product file, so a decision and its bookkeeping commit in one transaction.
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import dataclass
 
+from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.reactions.webhook_ledger import WEBHOOK_LEDGER_SCHEMA, prune_deliveries
 
-__all__ = ["REACTIONS_SCHEMA", "prune_reaction_history"]
+__all__ = ["REACTIONS_SCHEMA", "ReactionHistoryPruner", "prune_reaction_history"]
+
+_DAY_S = 86_400.0
 
 REACTIONS_SCHEMA = (
     WEBHOOK_LEDGER_SCHEMA
@@ -104,3 +108,20 @@ def prune_reaction_history(db: sqlite3.Connection, *, before_s: float, limit: in
             (before_s, left),
         ).rowcount
     return limit - left
+
+
+@dataclass(frozen=True, slots=True)
+class ReactionHistoryPruner:
+    """The daily maintenance's prune of the reactions' bookkeeping in the product database:
+    rows older than ``history_days``, at most ``cap`` per call (the router calls it with the
+    tick's time and reports the count)."""
+
+    product: SqliteStore
+    history_days: float
+    cap: int
+
+    def __call__(self, now_s: float) -> int:
+        with self.product.transaction() as db:
+            return prune_reaction_history(
+                db, before_s=now_s - self.history_days * _DAY_S, limit=self.cap
+            )

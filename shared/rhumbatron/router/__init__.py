@@ -1,15 +1,7 @@
 """The event router: subscriptions over the event streams, claims, project views, failures
-and dead letters, nudge and sweep, lag, and the router's housekeeping."""
+and dead letters, nudge and sweep, lag, and the router's housekeeping.
 
-from rhumbatron.router.event_router import EventRouter, RunReport, SubscriptionReport, SweepReport
-from rhumbatron.router.nudge import InProcessNudge
-from rhumbatron.router.project_view import ProjectView
-
-__all__ = [
-    "EventRouter",
-    "InProcessNudge",
-    "ProjectView",
-    "RunReport",
-    "SubscriptionReport",
-    "SweepReport",
-]
+Import from the modules (``router.event_router``, ``router.reports``, ``router.nudge`` …):
+this package imports none of them, so a module that needs only the claims does not load the
+router.
+"""

@@ -55,7 +55,9 @@ from rhumbatron.router.records import (
     RecordOutcome,
     decode_records,
 )
+from rhumbatron.router.reports import RunReport, SubscriptionReport, SweepReport
 from rhumbatron.router.stream_state import StreamState
+from rhumbatron.router.ticks import tick_kind
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -64,93 +66,18 @@ if TYPE_CHECKING:
     from rhumbatron.archive import ArchiveWriter
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
-    from rhumbatron.reactions.consumer import Reactions
 
-__all__ = ["EventRouter", "RunReport", "SubscriptionReport", "SweepReport", "tick_kind"]
+__all__ = ["EventRouter"]
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass
-class SubscriptionReport:
-    """What one subscription did in one run."""
-
-    consumes: int = 0
-    fetched: int = 0
-    applied: int = 0
-    duplicates: int = 0
-    deferred: int = 0
-    retried: int = 0
-    failed: int = 0
-    dead_lettered: int = 0
-
-    def count(self, outcome: Outcome) -> None:
-        match outcome:
-            case Outcome.APPLIED:
-                self.applied += 1
-            case Outcome.DUPLICATE:
-                self.duplicates += 1
-            case Outcome.DEFERRED:
-                self.deferred += 1
-            case Outcome.RETRY:
-                self.retried += 1
-            case Outcome.FAILED:
-                self.failed += 1
-
-
-@dataclass
-class RunReport:
-    """One nudge or sweep run on one stream."""
-
-    stream_index: int
-    kind: str
-    subscriptions: dict[str, SubscriptionReport] = field(default_factory=dict)
-
-    def total(self, name: str) -> int:
-        return sum(getattr(report, name) for report in self.subscriptions.values())
-
-
-@dataclass
-class SweepReport:
-    """One sweep tick: the run on its stream, and the housekeeping it did."""
-
-    run: RunReport
-    minute_of_day: int
-    maintenance: bool
-    release_sweep: bool
-    analytics: bool
-    lags: list[ConsumerLag] = field(default_factory=list)
-    outbox_backlog: dict[str, int] = field(default_factory=dict)
-    pruned_claims: int = 0
-    pruned_feed_rows: int = 0
-    pruned_metric_rows: int = 0
-    pruned_reaction_rows: int = 0
-    archive_objects_expired: int = 0
-    archive_objects: list[tuple[str, int]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    #: The reactions batch of every other stream, by stream name.
-    reactions_elsewhere: dict[str, SubscriptionReport] = field(default_factory=dict)
-
-
-def tick_kind(settings: Settings, now: datetime) -> tuple[int, bool, bool]:
-    """``(stream index, maintenance tick?, release-sweep tick?)`` for the minute of ``now``
-    (UTC): the stream is the minute of the day mod 8; the release sweep ticks at minutes
-    4, 9, 14 … of every hour (``release_sweep_every_min`` = 5)."""
-    minute_of_day = now.hour * 60 + now.minute
-    every = settings.release_sweep_every_min
-    return (
-        minute_of_day % EVENT_STREAM_COUNT,
-        minute_of_day == settings.maintenance_minute_of_day,
-        now.minute % every == every - 1,
-    )
 
 
 @dataclass
 class EventRouter:
     """Runs the subscriptions of the event streams. Build one per process.
 
-    ``reactions`` binds the reactions consumer to a registry and its effects
-    (:func:`rhumbatron.reactions.assembly.reactions_for`); without it nothing matches.
+    The router knows nothing of reactions: the composition root hands it the ``reactions``
+    subscription's handler and the daily pruner of the reactions' bookkeeping, ready-made.
     """
 
     settings: Settings
@@ -164,9 +91,12 @@ class EventRouter:
     #: the composition root): a record is seen only if it sits on its project's stream and
     #: carries its project's tenant (``records``).
     project_owners: ProjectOwners
+    #: The ``reactions`` subscription's handler.
+    reactions_handler: RecordHandler
+    #: The daily maintenance's prune of the reactions' bookkeeping: ``now_s`` → rows deleted.
+    prune_reaction_history: Callable[[float], int]
     causal_routing: CausalRouting = field(default_factory=NoCausalRules)
     outbox_backlog: Callable[[], dict[str, int]] | None = None
-    reactions: Reactions | None = None
     _log_client: EventLogClient | None = None
     _log_nc: NATS | None = None
     _states: dict[int, StreamState] = field(default_factory=dict)
@@ -217,22 +147,9 @@ class EventRouter:
                 case Subscription.ANALYTICS_PROJECTOR:
                     handler = AnalyticsProjector(self.product, self.metrics_sink)
                 case Subscription.REACTIONS:
-                    handler = self._reactions_consumer(lease_s)
+                    handler = self.reactions_handler
             self._handlers[key] = handler
         return handler
-
-    def _reactions_consumer(self, lease_s: float) -> RecordHandler:
-        from rhumbatron.reactions.assembly import no_reactions
-        from rhumbatron.reactions.consumer import ReactionsConsumer
-
-        return ReactionsConsumer(
-            settings=self.settings,
-            clock=self.clock,
-            product=self.product,
-            metrics_sink=self.metrics_sink,
-            reactions=self.reactions or no_reactions(),
-            lease_s=lease_s,
-        )
 
     # -- runs --------------------------------------------------------------------------------
     async def nudge(

@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rhumbatron.router.event_router import EventRouter, SweepReport
+    from rhumbatron.router.ports import MaintainedRouter
+    from rhumbatron.router.reports import SweepReport
 
 __all__ = ["record_lag"]
 
 
-async def record_lag(router: EventRouter, sweep: SweepReport) -> None:
+async def record_lag(router: MaintainedRouter, sweep: SweepReport) -> None:
     """Read every consumer's lag and the outbox backlog into ``sweep`` and into METRICS."""
     from rhumbatron.metrics import DataPoint, MetricsRecorder
 

@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING
 
 from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
-from rhumbatron.reactions.config import ReactionSettings
-from rhumbatron.reactions.store import prune_reaction_history
 from rhumbatron.router.claims import prune_claims
 
 if TYPE_CHECKING:
-    from rhumbatron.router.event_router import EventRouter, SweepReport
+    from rhumbatron.router.ports import MaintainedRouter
+    from rhumbatron.router.reports import SweepReport
 
 __all__ = ["prune_lag_metrics", "prune_processed_events", "run_daily_maintenance"]
 
@@ -30,7 +29,7 @@ _log = logging.getLogger(__name__)
 _DAY_S = 86_400.0
 
 
-def prune_processed_events(router: EventRouter, *, now_s: float) -> tuple[int, int]:
+def prune_processed_events(router: MaintainedRouter, *, now_s: float) -> tuple[int, int]:
     """Delete old claims and feed rows, each within the prune cap. Returns both counts."""
     settings = router.settings
     cutoff = now_s - settings.processed_events_retention_days * _DAY_S
@@ -65,7 +64,7 @@ def prune_processed_events(router: EventRouter, *, now_s: float) -> tuple[int, i
     return cap - claims_left, cap - feed_left
 
 
-def prune_lag_metrics(router: EventRouter, *, now_s: float) -> int:
+def prune_lag_metrics(router: MaintainedRouter, *, now_s: float) -> int:
     """Delete METRICS rows older than ``lag_metrics_retention_days``, at most the cap.
 
     Every tick writes 83 lag and backlog points (119,520 a day); the dashboards read
@@ -82,19 +81,15 @@ def prune_lag_metrics(router: EventRouter, *, now_s: float) -> int:
         ).rowcount
 
 
-async def run_daily_maintenance(router: EventRouter, sweep: SweepReport, now: datetime) -> None:
+async def run_daily_maintenance(
+    router: MaintainedRouter, sweep: SweepReport, now: datetime
+) -> None:
     """The router's part of the 04:17 UTC tick."""
     sweep.pruned_claims, sweep.pruned_feed_rows = prune_processed_events(
         router, now_s=now.timestamp()
     )
     sweep.pruned_metric_rows = prune_lag_metrics(router, now_s=now.timestamp())
-    limits = router.reactions.limits if router.reactions is not None else ReactionSettings()
-    with router.product.transaction() as db:
-        sweep.pruned_reaction_rows = prune_reaction_history(
-            db,
-            before_s=now.timestamp() - limits.reaction_history_days * _DAY_S,
-            limit=router.settings.processed_events_prune_cap,
-        )
+    sweep.pruned_reaction_rows = router.prune_reaction_history(now.timestamp())
     if router.settings.archive_expiry_pass:
         from rhumbatron.archive import expire_archive
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rhumbatron.router.event_router import EventRouter
+    from rhumbatron.router.ports import NudgedRouter
 
 __all__ = ["InProcessNudge", "LambdaNudge"]
 
@@ -28,13 +28,13 @@ _log = logging.getLogger(__name__)
 class InProcessNudge:
     """Runs ``EventRouter.nudge`` in the same process, one run per stream at a time."""
 
-    router: EventRouter | None = None
+    router: NudgedRouter | None = None
     enabled: bool = True
     runs: int = 0
     _tasks: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     _again: set[int] = field(default_factory=set)
 
-    def bind(self, router: EventRouter) -> None:
+    def bind(self, router: NudgedRouter) -> None:
         self.router = router
 
     async def nudge(self, stream_index: int) -> None:

@@ -57,7 +57,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from rhumbatron.errors import MessagingError, NatsUnavailableError, RhumbatronError
 from rhumbatron.messaging.event_log import Subscription
@@ -78,16 +78,24 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from nats.aio.msg import Msg
 
-    from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [
     "ReplayError",
+    "ReplayHost",
     "ReplayReport",
     "ReplaySource",
     "replay_archive",
     "rewind",
     "run_replay",
 ]
+
+
+class ReplayHost(Protocol):
+    """What a replay runs on when it is not given the router itself: the process's runtime,
+    which builds its event router on first use."""
+
+    def router(self) -> EventRouter: ...
+
 
 #: At most this many failure reasons are kept in a report (the counts are always whole).
 MAX_REPORTED_ERRORS = 20
@@ -158,7 +166,7 @@ class ReplayReport:
 
 
 async def rewind(
-    router_or_app: EventRouter | Rhumbatron,
+    router_or_app: EventRouter | ReplayHost,
     *,
     stream_index: int,
     subscription: Subscription | str,
@@ -202,7 +210,7 @@ async def rewind(
 
 
 async def replay_archive(
-    router_or_app: EventRouter | Rhumbatron,
+    router_or_app: EventRouter | ReplayHost,
     *,
     stream_index: int | None,
     subscription: Subscription | str,
@@ -269,7 +277,7 @@ async def replay_archive(
 
 
 async def run_replay(
-    app: Rhumbatron,
+    app: ReplayHost,
     *,
     source: ReplaySource | str,
     subscription: Subscription | str,
@@ -603,7 +611,7 @@ def _claim_states(
 # -- arguments ---------------------------------------------------------------------------------
 
 
-def _router_of(target: EventRouter | Rhumbatron) -> EventRouter:
+def _router_of(target: EventRouter | ReplayHost) -> EventRouter:
     return target if isinstance(target, EventRouter) else target.router()
 
 

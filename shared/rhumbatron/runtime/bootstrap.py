@@ -13,12 +13,12 @@ import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rhumbatron.actors.actor import Actor, ActorKind, ActorRef
+from rhumbatron.actors.actor import Actor, ActorRef
 from rhumbatron.actors.alarms import AlarmSink, FireDecision, RecordingAlarmSink, alarm_due_at
+from rhumbatron.actors.directory import ActorDirectory
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.publisher import OutboxPublisher, PublishReport
 from rhumbatron.actors.resource_shard import ResourceShard
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
     from rhumbatron.archive import ArchiveWriter
-    from rhumbatron.lifecycle.assembly import Lifecycle
     from rhumbatron.messaging.commands import CommandBus
     from rhumbatron.messaging.queue_consumer import QueueConsumerRuntime
     from rhumbatron.messaging.sender import EventSender
@@ -41,11 +40,12 @@ if TYPE_CHECKING:
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
     from rhumbatron.protocol.envelopes import Command
-    from rhumbatron.reactions.assembly import LazyHttpClient
     from rhumbatron.reactions.consumer import Reactions
     from rhumbatron.reactions.webhook_retries import WebhookRetrier
     from rhumbatron.router.event_router import EventRouter
     from rhumbatron.router.handlers import CausalRouting
+    from rhumbatron.runtime.lifecycle_assembly import Lifecycle
+    from rhumbatron.runtime.reactions_assembly import LazyHttpClient
 
 __all__ = ["Rhumbatron", "ScanReport", "bootstrap"]
 
@@ -77,7 +77,7 @@ class Rhumbatron:
     _nc: NATS | None = None
     _publisher: OutboxPublisher | None = None
     _publisher_nc: NATS | None = None
-    _actors: dict[ActorRef, Actor] = field(default_factory=dict)
+    actors: ActorDirectory = field(init=False)
     _connecting: asyncio.Lock = field(default_factory=asyncio.Lock)
     _s3: S3Client | None = None
     _product: ProductDatabase | None = None
@@ -92,54 +92,33 @@ class Rhumbatron:
     _open_letters_read_at: float = float("-inf")
 
     # -- actors ----------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        self.actors = ActorDirectory(self.settings, self.clock, self.alarms)
+
     def actor(self, ref: ActorRef) -> Actor:
         """The (cached) actor for ``ref``."""
-        self._check_shard(ref)
-        actor = self._actors.get(ref)
-        if actor is None:
-            cls = ProjectRoot if ref.kind is ActorKind.PROJECT_ROOT else ResourceShard
-            actor = cls(ref, self.settings, clock=self.clock, alarms=self.alarms)
-            self._actors[ref] = actor
-        return actor
-
-    def _check_shard(self, ref: ActorRef) -> None:
-        if ref.shard is not None and ref.shard >= self.settings.resource_shard_count:
-            raise ActorError(
-                f"actor {ref.key} names shard {ref.shard}, but projects have "
-                f"{self.settings.resource_shard_count} shards (RHUMBATRON_RESOURCE_SHARD_COUNT)"
-            )
+        return self.actors.actor(ref)
 
     def project_root(self, project_id: str) -> ProjectRoot:
-        actor = self.actor(ProjectRoot.ref_for(project_id))
-        assert isinstance(actor, ProjectRoot)
-        return actor
+        """The root actor of ``project_id``."""
+        return self.actors.project_root(project_id)
 
     def resource_shard(self, project_id: str, resource_key: str) -> ResourceShard:
         """The shard of ``project_id`` that owns ``resource_key`` (``change:<id>``, a path …)."""
-        ref = ResourceShard.ref_for(project_id, resource_key, self.settings.resource_shard_count)
-        actor = self.actor(ref)
-        assert isinstance(actor, ResourceShard)
-        return actor
+        return self.actors.resource_shard(project_id, resource_key)
 
     @property
     def open_actor_count(self) -> int:
         """Actor files this process holds open right now."""
-        return len(self._actors)
+        return self.actors.open_actor_count
 
     def actor_refs(self) -> Iterator[ActorRef]:
         """Every actor file under the state directory."""
-        projects = self.settings.state_dir / "projects"
-        if not projects.is_dir():
-            return
-        for path in sorted(projects.glob("*/*.sqlite")):
-            project_id, name = path.parent.name, path.stem
-            try:
-                if name == "root":
-                    yield ActorRef(ActorKind.PROJECT_ROOT, project_id)
-                elif name.startswith("shard-"):
-                    yield ActorRef(ActorKind.RESOURCE_SHARD, project_id, int(name[6:]))
-            except (ActorError, ValueError):
-                continue  # not an actor file of ours
+        return self.actors.actor_refs()
+
+    def project_tenant(self, project_id: str) -> str | None:
+        """The tenant owning ``project_id``; None when the project was never created."""
+        return self.actors.project_tenant(project_id)
 
     # -- NATS --------------------------------------------------------------------------------
     async def nats(self) -> NATS:
@@ -280,9 +259,9 @@ class Rhumbatron:
     def product(self) -> ProductDatabase:
         """The product database (dead letters, platform metrics)."""
         if self._product is None:
-            from rhumbatron.product.database import ProductDatabase
+            from rhumbatron.runtime.product_schema import open_product_database
 
-            self._product = ProductDatabase(self.settings)
+            self._product = open_product_database(self.settings)
         return self._product
 
     @property
@@ -296,9 +275,12 @@ class Rhumbatron:
     def router(self) -> EventRouter:
         """The process's event router."""
         if self._router is None:
+            from rhumbatron.reactions.consumer import ReactionsConsumer
+            from rhumbatron.reactions.store import ReactionHistoryPruner
             from rhumbatron.router.event_router import EventRouter
             from rhumbatron.router.records import ProjectOwners
 
+            reactions = self._reactions()
             self._router = EventRouter(
                 settings=self.settings,
                 clock=self.clock,
@@ -308,8 +290,20 @@ class Rhumbatron:
                 s3=self.s3,
                 metrics_sink=self.metrics_sink,
                 project_owners=ProjectOwners(self.project_tenant),
+                reactions_handler=ReactionsConsumer(
+                    settings=self.settings,
+                    clock=self.clock,
+                    product=self.product(),
+                    metrics_sink=self.metrics_sink,
+                    reactions=reactions,
+                    lease_s=self.settings.router_ack_wait_s,
+                ),
+                prune_reaction_history=ReactionHistoryPruner(
+                    self.product(),
+                    reactions.limits.reaction_history_days,
+                    self.settings.processed_events_prune_cap,
+                ),
                 causal_routing=self._causal_routing or self.lifecycle().routing,
-                reactions=self._reactions(),
                 outbox_backlog=self.outbox_backlog,
             )
             from rhumbatron.router.nudge import InProcessNudge
@@ -320,8 +314,8 @@ class Rhumbatron:
 
     def _reactions(self) -> Reactions:
         """The reactions consumer bound to the subscription registry (product database)."""
-        from rhumbatron.reactions.assembly import LazyHttpClient, reactions_for
         from rhumbatron.reactions.registry import SubscriptionRegistry
+        from rhumbatron.runtime.reactions_assembly import LazyHttpClient, reactions_for
 
         if self._reaction_http is None:
             self._reaction_http = LazyHttpClient()
@@ -330,7 +324,7 @@ class Rhumbatron:
 
     def webhook_retrier(self) -> WebhookRetrier:
         """The webhook retry pass over the delivery ledger (run once per sweep tick)."""
-        from rhumbatron.reactions.assembly import LazyHttpClient, webhook_retrier_for
+        from rhumbatron.runtime.reactions_assembly import LazyHttpClient, webhook_retrier_for
 
         if self._reaction_http is None:
             self._reaction_http = LazyHttpClient()
@@ -340,7 +334,7 @@ class Rhumbatron:
         """The Change lifecycle's parts: causal rules, integration module, workflows,
         indexer, agent runtimes and queue handlers (built on first use)."""
         if self._lifecycle is None:
-            from rhumbatron.lifecycle.assembly import Lifecycle
+            from rhumbatron.runtime.lifecycle_assembly import Lifecycle
 
             self._lifecycle = Lifecycle(self)
         return self._lifecycle
@@ -352,37 +346,12 @@ class Rhumbatron:
         totals = {state.value: 0 for state in RowState}
         for ref in self.actor_refs():
             try:
-                with self._visiting(ref) as actor:
+                with self.actors.visiting(ref) as actor:
                     for state, count in counts_by_state(actor.connection).items():
                         totals[state] = totals.get(state, 0) + count
             except (RhumbatronError, sqlite3.Error) as exc:
                 _log.error("cannot read the outbox of %s: %s", ref.key, exc)
         return totals
-
-    @contextmanager
-    def _visiting(self, ref: ActorRef) -> Iterator[Actor]:
-        """The actor for one visit: a file opened only for it is closed again after, so a
-        warm container visiting every actor does not collect open files."""
-        opened_here = ref not in self._actors
-        try:
-            yield self.actor(ref)
-        finally:
-            if opened_here and ref in self._actors:
-                self._actors.pop(ref).close()
-
-    def project_tenant(self, project_id: str) -> str | None:
-        """The tenant owning ``project_id``, from its root actor; None when the project was
-        never created. Only an existing file is opened: a mistyped project must not create an
-        actor file."""
-        ref = ProjectRoot.ref_for(project_id)
-        if not ref.path(self.settings.state_dir).exists():
-            return None
-        # A visit: a root opened only to read its tenant is closed again, so a router that
-        # checks the events of thousands of projects does not hold a file open for each.
-        with self._visiting(ref) as root:
-            assert isinstance(root, ProjectRoot)
-            state = root.state()
-        return None if state is None else state.tenant_id
 
     # -- alarms ------------------------------------------------------------------------------
     async def fire_alarm(
@@ -393,8 +362,8 @@ class Rhumbatron:
         Refuses an actor that has no file: an alarm for a mistyped key must not create one.
         """
         ref = ActorRef.parse(actor_key)
-        self._check_shard(ref)
-        if ref not in self._actors and not ref.path(self.settings.state_dir).exists():
+        self.actors.check_shard(ref)
+        if not self.actors.is_open(ref) and not ref.path(self.settings.state_dir).exists():
             raise ActorError(
                 f"no actor file for {actor_key} at {ref.path(self.settings.state_dir)}; "
                 "an alarm can only fire for an actor that has written something"
@@ -454,7 +423,7 @@ class Rhumbatron:
 
         async def scan_one(ref: ActorRef) -> None:
             try:
-                with self._visiting(ref) as actor:
+                with self.actors.visiting(ref) as actor:
                     due = alarm_due_at(actor.connection)
                     if due is None or due > now_s:
                         return
@@ -517,9 +486,7 @@ class Rhumbatron:
         if self._product is not None:
             self._product.close()
             self._product = None
-        for actor in self._actors.values():
-            actor.close()
-        self._actors.clear()
+        self.actors.close()
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.drain()
         self._nc = None

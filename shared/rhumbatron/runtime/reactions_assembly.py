@@ -1,31 +1,51 @@
-"""Building the reactions consumer's parts from the composition root.
+"""Building the reactions consumer's parts in the composition root.
 
-``EventRouter(reactions=...)`` takes a :class:`~rhumbatron.reactions.consumer.Reactions`;
-:func:`reactions_for` builds it from a :class:`~rhumbatron.runtime.bootstrap.Rhumbatron`
-and a registry, :func:`no_reactions` is what a router without a registry runs (every event
-matches nothing and is acked).
+:func:`reactions_for` builds the :class:`~rhumbatron.reactions.consumer.Reactions` the
+router's ``reactions`` handler runs, from the runtime (a :class:`ReactionsHost`) and a
+registry; :func:`webhook_retrier_for` the sweep's webhook retry pass.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
-from rhumbatron.errors import ConfigurationError
-from rhumbatron.protocol.envelopes import Command, Event
+from rhumbatron.protocol.envelopes import Command
 from rhumbatron.reactions.config import ReactionSettings
-from rhumbatron.reactions.consumer import NoSubscriptions, Reactions, ShardFacts
+from rhumbatron.reactions.consumer import Reactions, ShardFacts
 from rhumbatron.reactions.deliveries import ReactionEffects
 
 if TYPE_CHECKING:
+    from rhumbatron.actors.resource_shard import ResourceShard
+    from rhumbatron.core.clock import Clock
+    from rhumbatron.core.settings import Settings
+    from rhumbatron.metrics import MetricsSink
+    from rhumbatron.product.database import ProductDatabase
     from rhumbatron.reactions.ports import SubscriptionSource
-    from rhumbatron.reactions.webhook_ledger import Disablement
     from rhumbatron.reactions.webhook_retries import WebhookRetrier
-    from rhumbatron.runtime.bootstrap import Rhumbatron
+    from rhumbatron.runtime.lifecycle_assembly import Lifecycle
 
-__all__ = ["LazyHttpClient", "no_reactions", "reactions_for", "webhook_retrier_for"]
+__all__ = ["LazyHttpClient", "ReactionsHost", "reactions_for", "webhook_retrier_for"]
+
+
+class ReactionsHost(Protocol):
+    """What the reactions' parts are built from: the runtime's settings, clock and sinks, its
+    product database, its project shards and its lifecycle (the workflow engine, the sender
+    of agent wakes)."""
+
+    settings: Settings
+    clock: Clock
+
+    @property
+    def metrics_sink(self) -> MetricsSink: ...
+
+    def product(self) -> ProductDatabase: ...
+
+    def resource_shard(self, project_id: str, resource_key: str) -> ResourceShard: ...
+
+    def lifecycle(self) -> Lifecycle: ...
 
 
 @dataclass
@@ -47,7 +67,10 @@ class LazyHttpClient:
 
 
 def webhook_retrier_for(
-    app: Rhumbatron, *, http: LazyHttpClient | None = None, limits: ReactionSettings | None = None
+    app: ReactionsHost,
+    *,
+    http: LazyHttpClient | None = None,
+    limits: ReactionSettings | None = None,
 ) -> WebhookRetrier:
     """The webhook retry pass of ``app``: its product database, registry and shards."""
     from rhumbatron.reactions.registry import SubscriptionRegistry
@@ -66,7 +89,7 @@ def webhook_retrier_for(
 
 
 def reactions_for(
-    app: Rhumbatron,
+    app: ReactionsHost,
     registry: SubscriptionSource,
     *,
     http: LazyHttpClient | None = None,
@@ -86,37 +109,4 @@ def reactions_for(
         ),
         facts=ShardFacts(app.resource_shard, app.clock),
         limits=limits or ReactionSettings(),
-    )
-
-
-class _Unbound:
-    """The effects of a router with no registry: never reached, since nothing matches."""
-
-    def __call__(self) -> httpx.AsyncClient:
-        raise ConfigurationError("no reaction registry is bound to this router (reactions=)")
-
-    async def send(self, command: Command) -> object:
-        raise ConfigurationError(
-            f"no reaction registry is bound to this router; cannot send {command.command_id}"
-        )
-
-    def budget_exceeded(self, event: Event, *, subscription_id: str, limit: int, day: str) -> None:
-        raise ConfigurationError(
-            f"no reaction registry is bound to this router; cannot record {event.event_id}"
-        )
-
-    def reaction_disabled(self, disablement: Disablement) -> None:
-        raise ConfigurationError(
-            "no reaction registry is bound to this router; cannot record the disabling of "
-            f"{disablement.subscription_id}"
-        )
-
-
-def no_reactions() -> Reactions:
-    """Reactions with no registry: every event matches nothing and is applied."""
-    unbound = _Unbound()
-    return Reactions(
-        registry=NoSubscriptions(),
-        effects=ReactionEffects(http=unbound, engine=None, send_command=unbound.send),
-        facts=unbound,
     )

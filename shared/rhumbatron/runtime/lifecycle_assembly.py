@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rhumbatron.agents.registry import AgentRegistry
-from rhumbatron.agents.scripted import AgentRuntimes, ScriptedAgentRuntime, ScriptLibrary
 from rhumbatron.agents.webhook import WebhookAgentRuntime
 from rhumbatron.causal.clef_flash import ClefFlash
 from rhumbatron.causal.command_cap import CommandCap
@@ -24,29 +23,39 @@ from rhumbatron.causal.world import ShardWorld
 from rhumbatron.indexing import Indexer
 from rhumbatron.lifecycle.apps import LocalApps
 from rhumbatron.lifecycle.commands import LifecycleSender
+from rhumbatron.lifecycle.context import LifecycleContext
 from rhumbatron.lifecycle.effects import LifecycleEffects
 from rhumbatron.lifecycle.forks import ForkStore
 from rhumbatron.lifecycle.housekeeping import Housekeeper
 from rhumbatron.lifecycle.integration import IntegrationModule
 from rhumbatron.lifecycle.requests import AgentCallbacks, ChangeRequests
+from rhumbatron.lifecycle.scripted_agent import AgentRuntimes, ScriptedAgentRuntime, ScriptLibrary
 from rhumbatron.lifecycle.workflows import LifecycleWorkflows
 from rhumbatron.lifecycle.world import LifecycleWorld
 from rhumbatron.metrics import MetricsRecorder
+from rhumbatron.queues.context import QueueContext
 from rhumbatron.queues.wake_consumer import WakeConsumer
 from rhumbatron.workflows.engine import WorkflowEngine
 
 if TYPE_CHECKING:
+    from rhumbatron.actors.directory import ActorDirectory
     from rhumbatron.messaging.queue_consumer import CommandHandler
-    from rhumbatron.runtime.bootstrap import Rhumbatron
 
-__all__ = ["Lifecycle"]
+__all__ = ["Lifecycle", "LifecycleHost"]
+
+
+class LifecycleHost(LifecycleContext, QueueContext, Protocol):
+    """What the lifecycle is built from: the lifecycle's and the queue handlers' ports, and
+    the actor directory (its worlds read every project's actors)."""
+
+    actors: ActorDirectory
 
 
 @dataclass
 class Lifecycle:
     """Every lifecycle part of one process (see the module docstring)."""
 
-    app: Rhumbatron
+    app: LifecycleHost
     #: Scripts the scripted agent plays (the demo loads samplefiles/lifecycle.json).
     scripts: ScriptLibrary = field(default_factory=lambda: ScriptLibrary({}))
     #: The local app provisioner's failures (the demo's dead-letter round trip).
@@ -96,7 +105,7 @@ class Lifecycle:
 
     @cached_property
     def world(self) -> LifecycleWorld:
-        world = LifecycleWorld(self.app, forks=self.forks)
+        world = LifecycleWorld(self.app.actors, forks=self.forks)
         world.indexer = Indexer(self.app.settings, self.app.product(), self.app.clock, world)
         return world
 
@@ -156,7 +165,7 @@ class Lifecycle:
     @cached_property
     def routing(self) -> RuleBasedRouting:
         return RuleBasedRouting(
-            world=ShardWorld(self.app, self.app.settings.max_active_agents_per_change),
+            world=ShardWorld(self.app.actors, self.app.settings.max_active_agents_per_change),
             bus=self.app.command_bus,
             clock=self.app.clock,
             clef_flash=self.clef_flash,

@@ -1,0 +1,119 @@
+"""The actor directory: every actor file of a state directory, opened on first use.
+
+One per process (the composition root owns it). It finds an actor by reference, by project
+(its root) or by resource (the shard that owns the key), lists the actor files on disk,
+answers which tenant owns a project, and closes what it opened. The lower layers take it, or
+a Protocol it satisfies, instead of the whole runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from rhumbatron.actors.actor import Actor, ActorKind, ActorRef
+from rhumbatron.actors.alarms import AlarmSink
+from rhumbatron.actors.project_root import ProjectRoot
+from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.core.clock import Clock
+from rhumbatron.core.settings import Settings
+from rhumbatron.errors import ActorError
+
+__all__ = ["ActorDirectory"]
+
+
+@dataclass
+class ActorDirectory:
+    """The actors of ``settings.state_dir``, cached once opened."""
+
+    settings: Settings
+    clock: Clock
+    alarms: AlarmSink
+    _actors: dict[ActorRef, Actor] = field(default_factory=dict)
+
+    def actor(self, ref: ActorRef) -> Actor:
+        """The (cached) actor for ``ref``."""
+        self.check_shard(ref)
+        actor = self._actors.get(ref)
+        if actor is None:
+            cls = ProjectRoot if ref.kind is ActorKind.PROJECT_ROOT else ResourceShard
+            actor = cls(ref, self.settings, clock=self.clock, alarms=self.alarms)
+            self._actors[ref] = actor
+        return actor
+
+    def check_shard(self, ref: ActorRef) -> None:
+        """Refuse a shard index the project does not have (a stale or mistyped key)."""
+        if ref.shard is not None and ref.shard >= self.settings.resource_shard_count:
+            raise ActorError(
+                f"actor {ref.key} names shard {ref.shard}, but projects have "
+                f"{self.settings.resource_shard_count} shards (RHUMBATRON_RESOURCE_SHARD_COUNT)"
+            )
+
+    def project_root(self, project_id: str) -> ProjectRoot:
+        """The root actor of ``project_id``."""
+        actor = self.actor(ProjectRoot.ref_for(project_id))
+        assert isinstance(actor, ProjectRoot)
+        return actor
+
+    def resource_shard(self, project_id: str, resource_key: str) -> ResourceShard:
+        """The shard of ``project_id`` that owns ``resource_key`` (``change:<id>``, a path …)."""
+        ref = ResourceShard.ref_for(project_id, resource_key, self.settings.resource_shard_count)
+        actor = self.actor(ref)
+        assert isinstance(actor, ResourceShard)
+        return actor
+
+    def is_open(self, ref: ActorRef) -> bool:
+        """Whether this process holds ``ref``'s file open."""
+        return ref in self._actors
+
+    @property
+    def open_actor_count(self) -> int:
+        """Actor files this process holds open right now."""
+        return len(self._actors)
+
+    def actor_refs(self) -> Iterator[ActorRef]:
+        """Every actor file under the state directory."""
+        projects = self.settings.state_dir / "projects"
+        if not projects.is_dir():
+            return
+        for path in sorted(projects.glob("*/*.sqlite")):
+            project_id, name = path.parent.name, path.stem
+            try:
+                if name == "root":
+                    yield ActorRef(ActorKind.PROJECT_ROOT, project_id)
+                elif name.startswith("shard-"):
+                    yield ActorRef(ActorKind.RESOURCE_SHARD, project_id, int(name[6:]))
+            except (ActorError, ValueError):
+                continue  # not an actor file of ours
+
+    @contextmanager
+    def visiting(self, ref: ActorRef) -> Iterator[Actor]:
+        """The actor for one visit: a file opened only for it is closed again after, so a
+        warm container visiting every actor does not collect open files."""
+        opened_here = ref not in self._actors
+        try:
+            yield self.actor(ref)
+        finally:
+            if opened_here and ref in self._actors:
+                self._actors.pop(ref).close()
+
+    def project_tenant(self, project_id: str) -> str | None:
+        """The tenant owning ``project_id``, from its root actor; None when the project was
+        never created. Only an existing file is opened: a mistyped project must not create an
+        actor file."""
+        ref = ProjectRoot.ref_for(project_id)
+        if not ref.path(self.settings.state_dir).exists():
+            return None
+        # A visit: a root opened only to read its tenant is closed again, so a router that
+        # checks the events of thousands of projects does not hold a file open for each.
+        with self.visiting(ref) as root:
+            assert isinstance(root, ProjectRoot)
+            state = root.state()
+        return None if state is None else state.tenant_id
+
+    def close(self) -> None:
+        """Close every actor file this directory opened."""
+        for actor in self._actors.values():
+            actor.close()
+        self._actors.clear()

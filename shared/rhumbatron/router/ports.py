@@ -1,0 +1,63 @@
+"""The router's ports: what its sweep housekeeping reads of the router, and what a nudge
+drives. :class:`~rhumbatron.router.event_router.EventRouter` satisfies both; the modules that
+take them (``lag``, ``maintenance``, ``nudge``) need not import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+    from rhumbatron.actors.storage import SqliteStore
+    from rhumbatron.core.clock import Clock
+    from rhumbatron.core.settings import Settings
+    from rhumbatron.messaging.event_log import ConsumerLag
+    from rhumbatron.metrics import MetricsSink
+    from rhumbatron.router.handlers import ProjectViewProjector
+    from rhumbatron.router.reports import RunReport
+    from rhumbatron.router.stream_state import StreamState
+
+__all__ = ["MaintainedRouter", "NudgedRouter"]
+
+
+class MaintainedRouter(Protocol):
+    """What a sweep tick's lag recording and the daily maintenance read of the router."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def product(self) -> SqliteStore: ...
+
+    @property
+    def metrics_sink(self) -> MetricsSink: ...
+
+    @property
+    def s3(self) -> Callable[[], S3Client]: ...
+
+    @property
+    def outbox_backlog(self) -> Callable[[], dict[str, int]] | None: ...
+
+    @property
+    def prune_reaction_history(self) -> Callable[[float], int]: ...
+
+    def stream_state(self, stream_index: int) -> StreamState: ...
+
+    @property
+    def projector(self) -> ProjectViewProjector: ...
+
+    async def consumer_lags(self) -> list[ConsumerLag]: ...
+
+
+class NudgedRouter(Protocol):
+    """What a nudge runs: the projector and the causal router of one stream."""
+
+    async def nudge(
+        self, stream_index: int, *, should_stop: Callable[[], bool] | None = None
+    ) -> RunReport: ...

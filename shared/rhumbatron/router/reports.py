@@ -1,0 +1,71 @@
+"""What the router's runs report: one subscription's counts, one run, one sweep tick."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rhumbatron.messaging.event_log import ConsumerLag
+from rhumbatron.router.records import Outcome
+
+__all__ = ["RunReport", "SubscriptionReport", "SweepReport"]
+
+
+@dataclass
+class SubscriptionReport:
+    """What one subscription did in one run."""
+
+    consumes: int = 0
+    fetched: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    deferred: int = 0
+    retried: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+
+    def count(self, outcome: Outcome) -> None:
+        match outcome:
+            case Outcome.APPLIED:
+                self.applied += 1
+            case Outcome.DUPLICATE:
+                self.duplicates += 1
+            case Outcome.DEFERRED:
+                self.deferred += 1
+            case Outcome.RETRY:
+                self.retried += 1
+            case Outcome.FAILED:
+                self.failed += 1
+
+
+@dataclass
+class RunReport:
+    """One nudge or sweep run on one stream."""
+
+    stream_index: int
+    kind: str
+    subscriptions: dict[str, SubscriptionReport] = field(default_factory=dict)
+
+    def total(self, name: str) -> int:
+        return sum(getattr(report, name) for report in self.subscriptions.values())
+
+
+@dataclass
+class SweepReport:
+    """One sweep tick: the run on its stream, and the housekeeping it did."""
+
+    run: RunReport
+    minute_of_day: int
+    maintenance: bool
+    release_sweep: bool
+    analytics: bool
+    lags: list[ConsumerLag] = field(default_factory=list)
+    outbox_backlog: dict[str, int] = field(default_factory=dict)
+    pruned_claims: int = 0
+    pruned_feed_rows: int = 0
+    pruned_metric_rows: int = 0
+    pruned_reaction_rows: int = 0
+    archive_objects_expired: int = 0
+    archive_objects: list[tuple[str, int]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    #: The reactions batch of every other stream, by stream name.
+    reactions_elsewhere: dict[str, SubscriptionReport] = field(default_factory=dict)
