@@ -159,7 +159,7 @@ async def test_every_subscription_takes_a_resent_event_as_a_duplicate_of_its_own
     # GIVEN all five subscriptions on a stream, the reactions one with a webhook subscription
     app = await make_app(webhook_allowed_hosts=("127.0.0.1",))
     registry = SubscriptionRegistry(app.product(), app.settings, clock)
-    app.router().reactions = reactions_for(app, registry, http=LazyHttpClient())
+    app.bind_reactions(reactions_for(app, registry, http=LazyHttpClient()))
     registry.create(
         TENANT,
         "done",

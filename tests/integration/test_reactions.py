@@ -184,7 +184,7 @@ def make_world(
         reactions.effects = ReactionEffects(
             http=reactions.effects.http, engine=engine, send_command=reactions.effects.send_command
         )
-    app.router().reactions = reactions
+    app.bind_reactions(reactions)
     return World(app, registry, clock)
 
 

@@ -101,7 +101,7 @@ async def make_world(
     app = bootstrap(load_settings(**values), clock=clock, alarms=RecordingAlarmSink())
     registry = SubscriptionRegistry(app.product(), registering, clock)
     http = LazyHttpClient()
-    app.router().reactions = reactions_for(app, registry, http=http)
+    app.bind_reactions(reactions_for(app, registry, http=http))
     await app.ensure_streams()
     return World(app, registry, clock, http)
 

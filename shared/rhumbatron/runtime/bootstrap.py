@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from rhumbatron.reactions.consumer import Reactions
     from rhumbatron.reactions.webhook_retries import WebhookRetrier
     from rhumbatron.router.event_router import EventRouter
-    from rhumbatron.router.handlers import CausalRouting
+    from rhumbatron.router.handlers import CausalRouting, RecordHandler
     from rhumbatron.runtime.lifecycle_assembly import Lifecycle
     from rhumbatron.runtime.reactions_assembly import LazyHttpClient
 
@@ -275,8 +275,6 @@ class Rhumbatron:
     def router(self) -> EventRouter:
         """The process's event router."""
         if self._router is None:
-            from rhumbatron.reactions.consumer import ReactionsConsumer
-            from rhumbatron.reactions.store import ReactionHistoryPruner
             from rhumbatron.router.event_router import EventRouter
             from rhumbatron.router.records import ProjectOwners
 
@@ -290,19 +288,8 @@ class Rhumbatron:
                 s3=self.s3,
                 metrics_sink=self.metrics_sink,
                 project_owners=ProjectOwners(self.project_tenant),
-                reactions_handler=ReactionsConsumer(
-                    settings=self.settings,
-                    clock=self.clock,
-                    product=self.product(),
-                    metrics_sink=self.metrics_sink,
-                    reactions=reactions,
-                    lease_s=self.settings.router_ack_wait_s,
-                ),
-                prune_reaction_history=ReactionHistoryPruner(
-                    self.product(),
-                    reactions.limits.reaction_history_days,
-                    self.settings.processed_events_prune_cap,
-                ),
+                reactions_handler=self._reactions_handler(reactions),
+                prune_reaction_history=self._reaction_pruner(reactions),
                 causal_routing=self._causal_routing or self.lifecycle().routing,
                 outbox_backlog=self.outbox_backlog,
             )
@@ -311,6 +298,35 @@ class Rhumbatron:
             if isinstance(self.nudge, InProcessNudge) and self.nudge.router is None:
                 self.nudge.bind(self._router)
         return self._router
+
+    def bind_reactions(self, reactions: Reactions) -> None:
+        """Run the router's ``reactions`` subscription, and prune its bookkeeping, with
+        ``reactions`` (a registry, limits and effects of the caller's; tests bind their
+        own). Binds before the subscription's first batch, as the router keeps its handler."""
+        router = self.router()
+        router.reactions_handler = self._reactions_handler(reactions)
+        router.prune_reaction_history = self._reaction_pruner(reactions)
+
+    def _reactions_handler(self, reactions: Reactions) -> RecordHandler:
+        from rhumbatron.reactions.consumer import ReactionsConsumer
+
+        return ReactionsConsumer(
+            settings=self.settings,
+            clock=self.clock,
+            product=self.product(),
+            metrics_sink=self.metrics_sink,
+            reactions=reactions,
+            lease_s=self.settings.router_ack_wait_s,
+        )
+
+    def _reaction_pruner(self, reactions: Reactions) -> Callable[[float], int]:
+        from rhumbatron.reactions.store import ReactionHistoryPruner
+
+        return ReactionHistoryPruner(
+            self.product(),
+            reactions.limits.reaction_history_days,
+            self.settings.processed_events_prune_cap,
+        )
 
     def _reactions(self) -> Reactions:
         """The reactions consumer bound to the subscription registry (product database)."""
