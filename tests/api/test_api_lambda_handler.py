@@ -17,8 +17,8 @@ import pytest
 
 from rhumbatron.api import lambda_handler
 from rhumbatron.core.settings import load_settings
-from rhumbatron.entrypoints import _lambda
 from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
 from .support import OPERATOR, TOKENS, command, command_letter, queued
@@ -72,9 +72,9 @@ def lambda_env(
     monkeypatch.setenv("RHUMBATRON_API_TOKENS", json.dumps(TOKENS))
     # An outage is found out in a second: each cold request pays the connect bound.
     monkeypatch.setenv("RHUMBATRON_NATS_CONNECT_TIMEOUT_S", "0.25")
-    _lambda.reset_for_tests()
+    process.reset_for_tests()
     yield
-    _lambda.reset_for_tests()
+    process.reset_for_tests()
 
 
 @pytest.fixture
@@ -92,12 +92,20 @@ def test_the_handler_serves_the_api_and_keeps_one_connection_across_invocations(
     cmd = command()
     letter_id = command_letter(writer, cmd)
     # WHEN API Gateway invokes the function: a list, then a Retry, then a call with no token
-    listed = lambda_handler.handler(_http_api_event("GET", "/dead-letters", query="limit=5"), None)
-    connection = _lambda.runtime()._nc
-    retried = lambda_handler.handler(
-        _http_api_event("POST", f"/dead-letters/{letter_id}/retry"), None
+    listed = lambda_handler.handler(
+        _http_api_event("GET", "/dead-letters", query="limit=5"),
+        None,
+        runtime=process.process_runtime,
     )
-    refused = lambda_handler.handler(_http_api_event("GET", "/dead-letters", token=None), None)
+    connection = process.process_runtime()._nc
+    retried = lambda_handler.handler(
+        _http_api_event("POST", f"/dead-letters/{letter_id}/retry"),
+        None,
+        runtime=process.process_runtime,
+    )
+    refused = lambda_handler.handler(
+        _http_api_event("GET", "/dead-letters", token=None), None, runtime=process.process_runtime
+    )
     # THEN each answer is the API's, over one runtime and one NATS connection
     assert listed["statusCode"] == 200, listed
     assert [item["id"] for item in json.loads(listed["body"])["items"]] == [letter_id]
@@ -108,13 +116,15 @@ def test_the_handler_serves_the_api_and_keeps_one_connection_across_invocations(
     ]
     assert refused["statusCode"] == 401
     assert refused["headers"]["www-authenticate"] == "Bearer"
-    assert _lambda.runtime()._nc is connection is not None
+    assert process.process_runtime()._nc is connection is not None
 
 
 def test_the_handler_answers_health_503_while_nats_is_down(
     lambda_env: None, nats_server: NatsServerProcess
 ) -> None:
     nats_server.stop()
-    answer = lambda_handler.handler(_http_api_event("GET", "/health", token=None), None)
+    answer = lambda_handler.handler(
+        _http_api_event("GET", "/health", token=None), None, runtime=process.process_runtime
+    )
     assert answer["statusCode"] == 503
     assert json.loads(answer["body"])["nats"] is False

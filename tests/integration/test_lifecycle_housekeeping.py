@@ -42,6 +42,7 @@ from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.product.dead_letters import list_dead_letters, record_command_dead_letter
 from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.queues.wake_consumer import WakeOutcome
+from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.lifecycle_assembly import Lifecycle
 from rhumbatron.workflows.engine import WorkflowStatus
@@ -92,13 +93,13 @@ async def app(
         **FAST,
     )
     # The sweep entrypoint remembers per process that the streams are ensured: start cold.
-    sweep.reset_for_tests()
+    process.reset_for_tests()
     runtime = bootstrap(settings, clock=clock, alarms=RecordingAlarmSink())
     await runtime.ensure_streams()
     runtime.lifecycle().scripts = ScriptLibrary.from_mapping(SCRIPTS)
     yield runtime
     await runtime.close()
-    sweep.reset_for_tests()
+    process.reset_for_tests()
 
 
 # -- driving the roles -----------------------------------------------------------------------

@@ -43,6 +43,7 @@ from rhumbatron.reactions.schedules import (
     schedule_event_id,
 )
 from rhumbatron.reactions.selectors import Selector
+from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
 from . import test_reactions
@@ -79,13 +80,13 @@ async def app(
     )
     clock.set(at(10, 0, 30))
     # The sweep entrypoint remembers per process that the streams are ensured: start cold.
-    sweep.reset_for_tests()
+    process.reset_for_tests()
     runtime = bootstrap(settings, clock=clock, alarms=RecordingAlarmSink())
     await runtime.ensure_streams()
     runtime.project_root(PROJECT).create_project(Caller(TENANT, "user:ann", "c1"), name="Clock")
     yield runtime
     await runtime.close()
-    sweep.reset_for_tests()
+    process.reset_for_tests()
 
 
 @pytest.fixture

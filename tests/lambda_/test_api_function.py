@@ -22,10 +22,10 @@ import jwt
 import pytest
 
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.entrypoints import _lambda
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.commands import LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.protocol.envelopes import Command
+from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import bootstrap
 
 from .support import FakeLambdaContext, load_app, sample_event
@@ -60,9 +60,9 @@ def lambda_env(
         "POWERTOOLS_SERVICE_NAME": "api",
     }.items():
         monkeypatch.setenv(name, value)
-    _lambda.reset_for_tests()
+    process.reset_for_tests()
     yield load_settings()
-    _lambda.reset_for_tests()
+    process.reset_for_tests()
 
 
 @pytest.fixture

@@ -40,7 +40,6 @@ from rhumbatron.causal.store import CausalStore
 from rhumbatron.core.clock import SystemClock, utc_day
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.entrypoints import sweep
 from rhumbatron.local.invoke import Template, load_template
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.commands import LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
@@ -61,6 +60,7 @@ from rhumbatron.protocol.ids import (
 )
 from rhumbatron.protocol.queue_consumers import DEAD_LETTER_QUEUE
 from rhumbatron.router.freshness import EVENT_FRESHNESS_METRIC
+from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import bootstrap
 
 from .support import ROOT, FakeLambdaContext, load_app, sample_event
@@ -356,7 +356,7 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emitted]:
         }.items():
             env.setenv(name, value)
         settings = load_settings()
-        sweep.reset_for_tests()
+        process.reset_for_tests()
         try:
             # GIVEN a Clef-flash call, a provision waiting on integration, a command that
             # failed on integration waiting on the dead-letter queue, a project's event on
@@ -409,7 +409,7 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emitted]:
             calls = 1 if utc_day(datetime.now(UTC)) == day_before else 0
             yield Emitted(_emf_documents(printed.getvalue()), summaries, calls)
         finally:
-            sweep.reset_for_tests()
+            process.reset_for_tests()
             server.stop()
 
 

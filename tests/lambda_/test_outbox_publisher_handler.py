@@ -22,10 +22,10 @@ from rhumbatron.actors.resource_shard import ResourceShard
 from rhumbatron.core import event_loop
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
-from rhumbatron.entrypoints import outbox_publisher
 from rhumbatron.errors import EnvelopeError, NatsUnavailableError
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
 from .support import FakeLambdaContext, load_app, sample_event
@@ -50,9 +50,9 @@ def lambda_env(
 @pytest.fixture
 def handler(lambda_env: Settings) -> Iterator[ModuleType]:
     """A fresh container: the handler module loaded, no runtime cached yet."""
-    outbox_publisher.reset_for_tests()
+    process.reset_for_tests()
     yield load_app("outbox_publisher")
-    outbox_publisher.reset_for_tests()
+    process.reset_for_tests()
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ def test_warm_invocation_reuses_loop_and_connection_and_republishes_nothing(
     schedule = sample_event("outbox_publisher_schedule.json")
     assert handler.lambda_handler(schedule, FakeLambdaContext())["totals"]["published"] == 1
     loop = event_loop.get_loop()
-    connection = event_loop.run(outbox_publisher.runtime().nats())
+    connection = event_loop.run(process.process_runtime().nats())
     connections_before = nats_server.varz()["total_connections"]
 
     # WHEN the schedule invokes the warm container again
@@ -159,7 +159,7 @@ def test_warm_invocation_reuses_loop_and_connection_and_republishes_nothing(
     assert again["totals"]["published"] == 0
     assert again["actors"] == []  # the alarm was deleted: nothing due
     assert event_loop.get_loop() is loop
-    assert event_loop.run(outbox_publisher.runtime().nats()) is connection
+    assert event_loop.run(process.process_runtime().nats()) is connection
     assert nats_server.varz()["total_connections"] == connections_before
 
     # AND a write between warm invocations is published by the next one, exactly once

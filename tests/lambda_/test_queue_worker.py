@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.entrypoints import queue_worker
 from rhumbatron.errors import EnvelopeError
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.commands import LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.messaging.queue_consumer import PollReport
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.queue_consumers import DEAD_LETTER_QUEUE, QUEUE_CONSUMERS
+from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import bootstrap
 
 from .support import FakeLambdaContext, load_app, sample_event
@@ -70,14 +70,14 @@ def lambda_env(
 @pytest.fixture
 def functions(lambda_env: Settings) -> Iterator[Functions]:
     """A fresh container: the handler modules loaded, no runtime cached yet."""
-    queue_worker.reset_for_tests()
+    process.reset_for_tests()
     yield Functions(
         load_app("agent_wakeups"),
         load_app("integration"),
         load_app("indexing"),
         load_app("dead_letter"),
     )
-    queue_worker.reset_for_tests()
+    process.reset_for_tests()
 
 
 def _command(command_type: str, payload: dict[str, Any], **ids: Any) -> Command:

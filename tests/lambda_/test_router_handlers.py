@@ -34,6 +34,7 @@ from rhumbatron.messaging.commands import LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, stream_index
 from rhumbatron.router.project_view import ProjectView
+from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
 from .support import FakeLambdaContext, load_app, sample_event
@@ -110,9 +111,9 @@ def handlers(lambda_env: Settings) -> Iterator[Handlers]:
     The three roles share one runtime per process (``rhumbatron.entrypoints._lambda``), so
     resetting it through any of them starts every role cold.
     """
-    router_nudge.reset_for_tests()
+    process.reset_for_tests()
     yield Handlers(load_app("outbox_publisher"), load_app("router_nudge"), load_app("sweep"))
-    router_nudge.reset_for_tests()
+    process.reset_for_tests()
 
 
 @pytest.fixture
@@ -198,7 +199,7 @@ def test_warm_nudge_reuses_the_connection_and_applies_only_what_is_new(
     nudge = sample_event("router_nudge.json")
     assert handlers.nudge.lambda_handler(nudge, FakeLambdaContext())["totals"]["applied"] == 2
     loop = event_loop.get_loop()
-    connection = event_loop.run(router_nudge.runtime().nats())
+    connection = event_loop.run(process.process_runtime().nats())
     connections_before = nats_server.varz()["total_connections"]
 
     # WHEN the nudge comes again with nothing new, and once more after a new event
@@ -215,7 +216,7 @@ def test_warm_nudge_reuses_the_connection_and_applies_only_what_is_new(
 
     # AND every invocation ran on the same loop and the same NATS connection
     assert event_loop.get_loop() is loop
-    assert event_loop.run(router_nudge.runtime().nats()) is connection
+    assert event_loop.run(process.process_runtime().nats()) is connection
     assert nats_server.varz()["total_connections"] == connections_before
 
 

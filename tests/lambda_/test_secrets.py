@@ -21,11 +21,11 @@ import pytest
 from moto import mock_aws
 
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.entrypoints import queue_worker
 from rhumbatron.errors import ConfigurationError, NatsUnavailableError
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.connection import connect_nats, read_secret_string
 from rhumbatron.protocol.envelopes import Event
+from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import bootstrap
 
 from .support import FakeLambdaContext, load_app, sample_event
@@ -121,14 +121,14 @@ def test_a_queue_function_authenticates_to_nats_with_the_secrets_user_and_passwo
         "RHUMBATRON_NATS_CREDENTIALS_SECRET_ARN": arn,
     }.items():
         monkeypatch.setenv(name, value)
-    queue_worker.reset_for_tests()
+    process.reset_for_tests()
     try:
         # WHEN the dead-letter function's tick runs (a cold start: connect, ensure streams)
         summary = load_app("dead_letter").lambda_handler(
             sample_event("dead_letter_schedule.json"), FakeLambdaContext(remaining_ms=900_000)
         )
     finally:
-        queue_worker.reset_for_tests()
+        process.reset_for_tests()
     # THEN it connected and polled its queue
     report = summary["queues"]["dead-letter"]
     assert (report["fetches"], report["error"]) == (1, None)

@@ -26,8 +26,8 @@ from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.candidates import CandidateStatus
 from rhumbatron.domain.changes import TaskPlan
 from rhumbatron.domain.facts import Caller
-from rhumbatron.entrypoints import workflow_step
 from rhumbatron.errors import EnvelopeError
+from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
 from .support import ROOT, FakeLambdaContext, load_app, sample_event
@@ -138,9 +138,9 @@ def lambda_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 @pytest.fixture
 def function(lambda_env: Settings) -> Iterator[ModuleType]:
     """A fresh container: ``app`` loaded, no runtime cached yet."""
-    workflow_step.reset_for_tests()
+    process.reset_for_tests()
     yield load_app("workflow_step")
-    workflow_step.reset_for_tests()
+    process.reset_for_tests()
 
 
 @pytest.fixture

@@ -40,8 +40,8 @@ from rhumbatron.api.lambda_handler import handler as lambda_api
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
 from rhumbatron.dashboard import dashboard_router
-from rhumbatron.entrypoints import _lambda
 from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron
 
 with warnings.catch_warnings():
@@ -405,9 +405,9 @@ def lambda_env(
     monkeypatch.setenv("RHUMBATRON_NATS_URL", nats_server.url)
     monkeypatch.setenv("RHUMBATRON_NATS_CONNECT_TIMEOUT_S", "0.25")
     monkeypatch.setenv("RHUMBATRON_API_TOKENS", json.dumps({OPERATOR: {"tenant": TENANT}}))
-    _lambda.reset_for_tests()
+    process.reset_for_tests()
     yield
-    _lambda.reset_for_tests()
+    process.reset_for_tests()
 
 
 def test_the_lambda_handler_refuses_a_body_over_the_limit_413(lambda_env: None) -> None:

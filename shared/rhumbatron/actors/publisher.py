@@ -59,6 +59,7 @@ from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, event
 __all__ = [
     "OutboxPublisher",
     "PublishReport",
+    "ScanReport",
     "prune_published_rows",
     "publish_batch_mode",
     "requeue_failed_rows",
@@ -95,6 +96,14 @@ class PublishReport:
         self.nudged += [index for index in later.nudged if index not in self.nudged]
         self.next_alarm_at = later.next_alarm_at
         self.last_published = later.last_published
+
+
+@dataclass
+class ScanReport:
+    """What one every-minute scan did: a report per fired actor, and actors not reached."""
+
+    reports: list[PublishReport] = field(default_factory=list)
+    actors_left: int = 0
 
 
 class _Stop(Exception):

@@ -1,7 +1,8 @@
 """The operator API behind API Gateway: :func:`handler` is Mangum over :func:`create_api`.
 
-Built on the first invocation, from the process's runtime
-(:func:`rhumbatron.entrypoints._lambda.runtime`), and kept for the warm container's life.
+Built on the first invocation, from the process's runtime (the function hands in its
+provider, :func:`rhumbatron.runtime.process.process_runtime`), and kept for the warm
+container's life.
 Mangum runs the app on ``asyncio.get_event_loop()``; that is set to the process's one loop
 (:mod:`rhumbatron.core.event_loop`) first, so the API's NATS connection is the same one,
 on the same loop, from one invocation to the next.
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rhumbatron.core import event_loop
-from rhumbatron.entrypoints._lambda import prepare, runtime
+from rhumbatron.entrypoints._lambda import prepare
 from rhumbatron.errors import RhumbatronError
 
 if TYPE_CHECKING:
@@ -63,8 +65,11 @@ def _mangum(app: Rhumbatron) -> tuple[FastAPI, Mangum]:
     return _adapter.api, _adapter.mangum
 
 
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """The Lambda entry point (API Gateway HTTP API or REST API proxy events)."""
+def handler(
+    event: dict[str, Any], context: Any, *, runtime: Callable[[], Rhumbatron]
+) -> dict[str, Any]:
+    """The Lambda entry point (API Gateway HTTP API or REST API proxy events), over the
+    runtime ``runtime`` gives."""
     asyncio.set_event_loop(event_loop.get_loop())
     app = runtime()
     api, mangum = _mangum(app)

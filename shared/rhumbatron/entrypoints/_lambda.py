@@ -1,18 +1,16 @@
 """What every Lambda role shares: the process's runtime, the deadline, the edge validation.
 
 One warm Lambda container is one process, and whichever role it runs (outbox publisher,
-router nudge, sweep) it keeps, between invocations:
-
-* one :class:`~rhumbatron.runtime.bootstrap.Rhumbatron` runtime, built on first use by
-  :func:`~rhumbatron.runtime.bootstrap.bootstrap` from the ``RHUMBATRON_*`` environment;
-* one NATS connection (the runtime's), on one event loop
-  (:mod:`rhumbatron.core.event_loop`) — never ``asyncio.run`` per call, which would
-  orphan the connection with the loop it was opened on;
-* the knowledge that the streams were ensured, so only a cold start pays for it.
+router nudge, sweep) it keeps, between invocations, one runtime
+(:mod:`rhumbatron.runtime.process`, handed to the role by its ``functions/<role>/app.py``):
+its NATS connection on one event loop (:mod:`rhumbatron.core.event_loop`) — never
+``asyncio.run`` per call, which would orphan the connection with the loop it was opened on —
+and the knowledge that the streams were ensured, so only a cold start pays for it.
 
 Lambda handlers are synchronous: each role's ``handle`` validates its event here
-(:func:`validate_event`), takes a :func:`deadline` from the context's remaining time, and
-runs one coroutine on the process's loop after :func:`prepare`. What a role counts about its
+(:func:`validate_event`), then asks its provider for the runtime, takes a :func:`deadline`
+from the context's remaining time, and runs one coroutine on the process's loop after
+:func:`prepare`. What a role counts about its
 run for the dashboards it records with :func:`record_metrics`.
 """
 
@@ -23,27 +21,23 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from rhumbatron.core import event_loop
 from rhumbatron.errors import EnvelopeError, RhumbatronError
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
+    from rhumbatron.entrypoints.ports import RoleRuntime
     from rhumbatron.metrics import DataPoint
-    from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [
     "InvocationContext",
     "deadline",
     "prepare",
     "record_metrics",
-    "reset_for_tests",
-    "runtime",
     "stopper",
     "validate_event",
 ]
@@ -89,46 +83,6 @@ def _describe(err: Any, event: Mapping[Any, Any]) -> str:
     return f"field {field!r}={event.get(field, err.get('input'))!r}: {message}"
 
 
-# -- the process's state ---------------------------------------------------------------------
-
-
-@dataclass
-class _Process:
-    """What a warm container keeps between invocations."""
-
-    app: Rhumbatron | None = None
-    streams_ready: bool = False
-
-
-_process = _Process()
-
-
-def runtime() -> Rhumbatron:
-    """The process's runtime, built on first use from the ``RHUMBATRON_*`` environment."""
-    if _process.app is None:
-        from rhumbatron.actors.alarms import NoAlarmSink
-        from rhumbatron.runtime.bootstrap import bootstrap
-
-        # No alarm sink in the cloud yet: the publisher's every-minute schedule fires due
-        # alarms.
-        _process.app = bootstrap(alarms=NoAlarmSink())
-    return _process.app
-
-
-def reset_for_tests() -> None:
-    """Forget the process's runtime, as a fresh container would (tests only).
-
-    Closes the actor files, the router's files and the NATS connection on the process's
-    loop; the next invocation builds everything again from the environment.
-    """
-    app, _process.app, _process.streams_ready = _process.app, None, False
-    if app is not None:
-        try:
-            event_loop.run(app.close())
-        except Exception as exc:  # a test's server may already be gone: nothing left to drain
-            _log.debug("closing the Lambda runtime: %s", exc)
-
-
 # -- the deadline ----------------------------------------------------------------------------
 
 
@@ -153,7 +107,7 @@ def stopper(until: float | None) -> Callable[[], bool] | None:
 # -- connecting ------------------------------------------------------------------------------
 
 
-async def prepare(app: Rhumbatron) -> None:
+async def prepare(app: RoleRuntime) -> None:
     """Connect (once per process), ensure the streams (once), or revive a warm connection.
 
     A first connect that nobody answers fails within a bound (``connect_nats``), so an
@@ -161,9 +115,9 @@ async def prepare(app: Rhumbatron) -> None:
     it until the Lambda's timeout.
     """
     nc = await app.nats()
-    if not _process.streams_ready:
+    if not app.streams_ready:
         await app.ensure_streams()
-        _process.streams_ready = True
+        app.streams_ready = True
     else:
         await _revive(nc, app.settings.nats_connect_timeout_s)
 
@@ -189,7 +143,7 @@ async def _revive(nc: NATS, timeout_s: float) -> None:
 # -- metrics ---------------------------------------------------------------------------------
 
 
-def record_metrics(app: Rhumbatron, points: Sequence[DataPoint], *, what: str) -> None:
+def record_metrics(app: RoleRuntime, points: Sequence[DataPoint], *, what: str) -> None:
     """Record ``points`` as METRICS (rows in the product database, then EMF lines), after the
     work they count is done; ``what`` names them in the log.
 

@@ -10,9 +10,9 @@ Two invocations reach it, each validated at the edge by a small frozen model:
   Scheduler, every minute: fire every due alarm, and stop before the Lambda's remaining
   time runs out.
 
-Per process (one warm Lambda container) the runtime is built once by
-:func:`~rhumbatron.runtime.bootstrap.bootstrap` from the ``RHUMBATRON_*`` environment, the
-streams are ensured once, and one NATS connection and one event loop serve every
+Per process (one warm Lambda container) the runtime is built once from the ``RHUMBATRON_*``
+environment (:mod:`rhumbatron.runtime.process`, handed in by the function), the streams are
+ensured once, and one NATS connection and one event loop serve every
 invocation (:mod:`rhumbatron.entrypoints._lambda`, shared with the router's roles). NATS and
 the actors are imported on first use, not at import: cold starts pay for every import.
 """
@@ -31,15 +31,13 @@ from rhumbatron.entrypoints._lambda import (
     deadline,
     prepare,
     record_metrics,
-    reset_for_tests,
-    runtime,
     stopper,
     validate_event,
 )
+from rhumbatron.entrypoints.ports import PublisherRuntime, RuntimeProvider
 
 if TYPE_CHECKING:
     from rhumbatron.actors.publisher import PublishReport
-    from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [
     "FireAlarm",
@@ -47,8 +45,6 @@ __all__ = [
     "ScheduledJob",
     "handle",
     "parse_invocation",
-    "reset_for_tests",
-    "runtime",
 ]
 
 _log = logging.getLogger(__name__)
@@ -99,7 +95,12 @@ def parse_invocation(event: object) -> FireAlarm | ScheduledJob:
 # -- the handler -----------------------------------------------------------------------------
 
 
-def handle(event: object, context: InvocationContext | None) -> dict[str, Any]:
+def handle(
+    event: object,
+    context: InvocationContext | None,
+    *,
+    runtime: RuntimeProvider[PublisherRuntime],
+) -> dict[str, Any]:
     """Run one invocation; return a JSON-able summary (per actor, and totals).
 
     Raises :class:`EnvelopeError` for an event of neither shape,
@@ -113,7 +114,7 @@ def handle(event: object, context: InvocationContext | None) -> dict[str, Any]:
     return event_loop.run(_handle(app, invocation, stopper(until)))
 
 
-def _stop_margin_s(app: Rhumbatron) -> float:
+def _stop_margin_s(app: PublisherRuntime) -> float:
     # One actor's slowest ordinary run: a batch whose PubAck times out, then the first
     # one-by-one send timing out too, plus a reconnect. Start no actor later than that.
     settings = app.settings
@@ -121,7 +122,7 @@ def _stop_margin_s(app: Rhumbatron) -> float:
 
 
 async def _handle(
-    app: Rhumbatron,
+    app: PublisherRuntime,
     invocation: FireAlarm | ScheduledJob,
     should_stop: Callable[[], bool] | None,
 ) -> dict[str, Any]:

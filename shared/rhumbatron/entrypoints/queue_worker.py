@@ -21,7 +21,8 @@ settled commands are recorded per outcome (``commands_handled``, the dashboards'
 queue).
 
 The process's runtime, NATS connection and event loop are built once per warm container
-and shared with the other roles (:mod:`rhumbatron.entrypoints._lambda`).
+and shared with the other roles (:mod:`rhumbatron.runtime.process`, handed in by the
+function; :mod:`rhumbatron.entrypoints._lambda`).
 """
 
 from __future__ import annotations
@@ -39,16 +40,14 @@ from rhumbatron.entrypoints._lambda import (
     deadline,
     prepare,
     record_metrics,
-    reset_for_tests,
-    runtime,
     stopper,
     validate_event,
 )
+from rhumbatron.entrypoints.ports import QueueWorkerRuntime, RuntimeProvider
 from rhumbatron.errors import EnvelopeError
 
 if TYPE_CHECKING:
     from rhumbatron.messaging.queue_consumer import PollReport
-    from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [
     "InvocationContext",
@@ -57,8 +56,6 @@ __all__ = [
     "handle",
     "parse_invocation",
     "poll_summary",
-    "reset_for_tests",
-    "runtime",
 ]
 
 _log = logging.getLogger(__name__)
@@ -144,7 +141,11 @@ def parse_invocation(
 
 
 def handle(
-    event: object, context: InvocationContext | None, *, serves: Collection[str] | None = None
+    event: object,
+    context: InvocationContext | None,
+    *,
+    runtime: RuntimeProvider[QueueWorkerRuntime],
+    serves: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """Poll the event's queues; return a JSON-able summary per queue (the poll's counts).
 
@@ -160,7 +161,7 @@ def handle(
     return event_loop.run(_handle(app, invocation, stopper(until)))
 
 
-def _stop_margin_s(app: Rhumbatron) -> float:
+def _stop_margin_s(app: QueueWorkerRuntime) -> float:
     # A handler may hold its message up to 15 minutes (command_max_hold_s, marked in
     # progress every 30 s), and the function's Timeout is 900 s, Lambda's most: no margin can
     # promise that a handler started late still ends. The margin is one ack wait (plus a
@@ -175,7 +176,7 @@ def _stop_margin_s(app: Rhumbatron) -> float:
 
 
 async def _handle(
-    app: Rhumbatron,
+    app: QueueWorkerRuntime,
     invocation: ScheduledQueues | NudgeQueue,
     should_stop: Callable[[], bool] | None,
 ) -> dict[str, Any]:
@@ -195,7 +196,7 @@ async def _handle(
 
 
 async def _poll(
-    app: Rhumbatron, queue: str, should_stop: Callable[[], bool] | None
+    app: QueueWorkerRuntime, queue: str, should_stop: Callable[[], bool] | None
 ) -> dict[str, Any]:
     """Poll one queue; a failure (NATS gone midway, a consumer that cannot be created) is
     this queue's outcome, not its siblings': their handlers keep running to their acks."""

@@ -11,7 +11,8 @@ the correctness path: it visits every stream within 8 minutes whether nudges com
 so a nudge that fails or runs out of time loses nothing.
 
 The process's runtime, NATS connection and event loop are built once per warm container
-and shared with the other roles (:mod:`rhumbatron.entrypoints._lambda`).
+and shared with the other roles (:mod:`rhumbatron.runtime.process`, handed in by the
+function; :mod:`rhumbatron.entrypoints._lambda`).
 """
 
 from __future__ import annotations
@@ -27,16 +28,14 @@ from rhumbatron.entrypoints._lambda import (
     InvocationContext,
     deadline,
     prepare,
-    reset_for_tests,
-    runtime,
     stopper,
     validate_event,
 )
+from rhumbatron.entrypoints.ports import NudgeRuntime, RuntimeProvider
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 
 if TYPE_CHECKING:
     from rhumbatron.router.reports import RunReport, SubscriptionReport
-    from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [
     "InvocationContext",
@@ -44,9 +43,7 @@ __all__ = [
     "counts_of",
     "handle",
     "parse_invocation",
-    "reset_for_tests",
     "run_summary",
-    "runtime",
 ]
 
 _log = logging.getLogger(__name__)
@@ -81,7 +78,12 @@ def parse_invocation(event: object) -> NudgeRouter:
     return validate_event(NudgeRouter, event, role="router nudge", shapes=_SHAPES)
 
 
-def handle(event: object, context: InvocationContext | None) -> dict[str, Any]:
+def handle(
+    event: object,
+    context: InvocationContext | None,
+    *,
+    runtime: RuntimeProvider[NudgeRuntime],
+) -> dict[str, Any]:
     """Run one nudge; return a JSON-able summary (per subscription, and totals).
 
     Raises :class:`~rhumbatron.errors.EnvelopeError` for a bad event,
@@ -95,7 +97,7 @@ def handle(event: object, context: InvocationContext | None) -> dict[str, Any]:
     return event_loop.run(_handle(app, invocation.stream_index, stopper(until)))
 
 
-def _stop_margin_s(app: Rhumbatron) -> float:
+def _stop_margin_s(app: NudgeRuntime) -> float:
     # One consume at its slowest ordinary pace: a pull that waits out the fetch timeout, then
     # settling up to 100 records (SQLite on EFS, one ack each), plus a reconnect. The router
     # asks before each fetch; start none later than that.
@@ -104,7 +106,7 @@ def _stop_margin_s(app: Rhumbatron) -> float:
 
 
 async def _handle(
-    app: Rhumbatron, stream_index: int, should_stop: Callable[[], bool] | None
+    app: NudgeRuntime, stream_index: int, should_stop: Callable[[], bool] | None
 ) -> dict[str, Any]:
     await prepare(app)
     report = await app.router().nudge(stream_index, should_stop=should_stop)

@@ -21,7 +21,8 @@ applied within 8 minutes. A tick must end within its minute, so the run stops fe
 before the Lambda's remaining time runs out; the stream's next tick continues.
 
 The process's runtime, NATS connection and event loop are built once per warm container
-and shared with the other roles (:mod:`rhumbatron.entrypoints._lambda`).
+and shared with the other roles (:mod:`rhumbatron.runtime.process`, handed in by the
+function; :mod:`rhumbatron.entrypoints._lambda`).
 """
 
 from __future__ import annotations
@@ -38,24 +39,20 @@ from rhumbatron.entrypoints._lambda import (
     InvocationContext,
     deadline,
     prepare,
-    reset_for_tests,
-    runtime,
     stopper,
     validate_event,
 )
+from rhumbatron.entrypoints.ports import RuntimeProvider, SweepRuntime
 
 if TYPE_CHECKING:
     from rhumbatron.messaging.queue_consumer import PollReport
     from rhumbatron.router.reports import SweepReport
-    from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [
     "InvocationContext",
     "ScheduledSweep",
     "handle",
     "parse_invocation",
-    "reset_for_tests",
-    "runtime",
     "sweep_summary",
 ]
 
@@ -82,7 +79,12 @@ def parse_invocation(event: object) -> ScheduledSweep:
     return validate_event(ScheduledSweep, event, role="sweep", shapes=_SHAPES)
 
 
-def handle(event: object, context: InvocationContext | None) -> dict[str, Any]:
+def handle(
+    event: object,
+    context: InvocationContext | None,
+    *,
+    runtime: RuntimeProvider[SweepRuntime],
+) -> dict[str, Any]:
     """Run one sweep tick; return a JSON-able summary of what it did.
 
     Raises :class:`~rhumbatron.errors.EnvelopeError` for a bad event,
@@ -96,7 +98,7 @@ def handle(event: object, context: InvocationContext | None) -> dict[str, Any]:
     return event_loop.run(_handle(app, stopper(until), at=tick.scheduled_time))
 
 
-def _stop_margin_s(app: Rhumbatron) -> float:
+def _stop_margin_s(app: SweepRuntime) -> float:
     # One consume at its slowest ordinary pace — a pull that waits out the fetch timeout,
     # settling the batch, an archive upload that times out once and is retried — plus a
     # reconnect. After the last consume the tick still reads 32 consumers' lag and the
@@ -110,7 +112,7 @@ def _stop_margin_s(app: Rhumbatron) -> float:
 
 
 async def _handle(
-    app: Rhumbatron, should_stop: Callable[[], bool] | None, *, at: datetime | None = None
+    app: SweepRuntime, should_stop: Callable[[], bool] | None, *, at: datetime | None = None
 ) -> dict[str, Any]:
     await prepare(app)
     now = at or app.clock.now()
@@ -171,7 +173,7 @@ async def _handle(
     }
 
 
-def _fire_schedules(app: Rhumbatron, at: datetime) -> tuple[list[str], dict[str, str]]:
+def _fire_schedules(app: SweepRuntime, at: datetime) -> tuple[list[str], dict[str, str]]:
     """Fire the schedules due at the tick of ``at``; return the IDs fired and those that
     failed (ID -> why).
 
@@ -190,7 +192,7 @@ def _fire_schedules(app: Rhumbatron, at: datetime) -> tuple[list[str], dict[str,
 
 
 async def _retry_webhooks(
-    app: Rhumbatron, should_stop: Callable[[], bool] | None
+    app: SweepRuntime, should_stop: Callable[[], bool] | None
 ) -> dict[str, object]:
     """One webhook retry pass (bounded in count and by ``should_stop``); what it did.
 
@@ -205,7 +207,7 @@ async def _retry_webhooks(
     return report.as_dict()
 
 
-def _record_tick_metrics(app: Rhumbatron, letters: PollReport) -> tuple[int, int]:
+def _record_tick_metrics(app: SweepRuntime, letters: PollReport) -> tuple[int, int]:
     """Record the tick's own METRICS points; return the open letters and today's Clef-flash
     calls.
 

@@ -30,10 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from rhumbatron.core import event_loop
 from rhumbatron.entrypoints._lambda import (
     InvocationContext,
-    reset_for_tests,
-    runtime,
     validate_event,
 )
+from rhumbatron.entrypoints.ports import RuntimeProvider, WorkflowStepRuntime
 from rhumbatron.errors import EnvelopeError
 
 if TYPE_CHECKING:
@@ -44,8 +43,6 @@ __all__ = [
     "RunStep",
     "handle",
     "parse_invocation",
-    "reset_for_tests",
-    "runtime",
 ]
 
 _ROLE = "workflow step"
@@ -75,7 +72,12 @@ def parse_invocation(event: object) -> RunStep:
     return validate_event(RunStep, event, role=_ROLE, shapes=_SHAPES)
 
 
-def handle(event: object, context: InvocationContext | None) -> dict[str, Any]:
+def handle(
+    event: object,
+    context: InvocationContext | None,
+    *,
+    runtime: RuntimeProvider[WorkflowStepRuntime],
+) -> dict[str, Any]:
     """Run the event's step; return ``{"state": merged}``.
 
     Raises :class:`EnvelopeError` for a bad event, an unknown workflow or an unknown step

@@ -748,10 +748,10 @@ def _run_in_process(
 ) -> tuple[Any, Mapping[str, Any] | None]:
     # The roles share one runtime per process (built from the environment on first use):
     # forget any earlier one so this run is a cold start on this function's variables.
-    from rhumbatron.entrypoints import _lambda
+    from rhumbatron.runtime import process
 
     with _environment(variables):
-        _lambda.reset_for_tests()
+        process.reset_for_tests()
         try:
             with _handler_module(spec) as module:
                 handler = getattr(module, spec.attribute, None)
@@ -773,7 +773,7 @@ def _run_in_process(
         finally:
             # Drain NATS and close the files now, on this run's variables, before the caller
             # stops the local stack.
-            _lambda.reset_for_tests()
+            process.reset_for_tests()
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from rhumbatron.actors.actor import Actor, ActorRef
 from rhumbatron.actors.alarms import AlarmSink, FireDecision, RecordingAlarmSink, alarm_due_at
 from rhumbatron.actors.directory import ActorDirectory
 from rhumbatron.actors.project_root import ProjectRoot
-from rhumbatron.actors.publisher import OutboxPublisher, PublishReport
+from rhumbatron.actors.publisher import OutboxPublisher, PublishReport, ScanReport
 from rhumbatron.actors.resource_shard import ResourceShard
 from rhumbatron.actors.storage import check_journal_mode
 from rhumbatron.core.clock import Clock, SystemClock
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from rhumbatron.runtime.lifecycle_assembly import Lifecycle
     from rhumbatron.runtime.reactions_assembly import LazyHttpClient
 
-__all__ = ["Rhumbatron", "ScanReport", "bootstrap"]
+__all__ = ["Rhumbatron", "bootstrap"]
 
 _log = logging.getLogger(__name__)
 
@@ -58,14 +58,6 @@ def _failed_report(actor_key: str, exc: BaseException) -> PublishReport:
 
 
 @dataclass
-class ScanReport:
-    """What one every-minute scan did: a report per fired actor, and actors not reached."""
-
-    reports: list[PublishReport] = field(default_factory=list)
-    actors_left: int = 0
-
-
-@dataclass
 class Rhumbatron:
     """Everything a role needs, built once per process from :class:`Settings`."""
 
@@ -73,6 +65,8 @@ class Rhumbatron:
     clock: Clock
     alarms: AlarmSink
     nudge: RouterNudge
+    #: The streams were ensured by this runtime (a Lambda role's first ``prepare``).
+    streams_ready: bool = False
     _sender: EventSender | None = None
     _nc: NATS | None = None
     _publisher: OutboxPublisher | None = None
