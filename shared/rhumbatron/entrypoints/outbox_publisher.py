@@ -34,10 +34,10 @@ from rhumbatron.entrypoints._lambda import (
     stopper,
     validate_event,
 )
-from rhumbatron.entrypoints.ports import PublisherRuntime, RuntimeProvider
 
 if TYPE_CHECKING:
     from rhumbatron.actors.publisher import PublishReport
+    from rhumbatron.entrypoints.ports import PublisherRuntime, RuntimeProvider
 
 __all__ = [
     "FireAlarm",

@@ -43,10 +43,10 @@ from rhumbatron.entrypoints._lambda import (
     stopper,
     validate_event,
 )
-from rhumbatron.entrypoints.ports import QueueWorkerRuntime, RuntimeProvider
 from rhumbatron.errors import EnvelopeError
 
 if TYPE_CHECKING:
+    from rhumbatron.entrypoints.ports import QueueWorkerRuntime, RuntimeProvider
     from rhumbatron.messaging.queue_consumer import PollReport
 
 __all__ = [

@@ -31,10 +31,10 @@ from rhumbatron.entrypoints._lambda import (
     stopper,
     validate_event,
 )
-from rhumbatron.entrypoints.ports import NudgeRuntime, RuntimeProvider
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 
 if TYPE_CHECKING:
+    from rhumbatron.entrypoints.ports import NudgeRuntime, RuntimeProvider
     from rhumbatron.router.reports import RunReport, SubscriptionReport
 
 __all__ = [

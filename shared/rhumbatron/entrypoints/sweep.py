@@ -42,9 +42,9 @@ from rhumbatron.entrypoints._lambda import (
     stopper,
     validate_event,
 )
-from rhumbatron.entrypoints.ports import RuntimeProvider, SweepRuntime
 
 if TYPE_CHECKING:
+    from rhumbatron.entrypoints.ports import RuntimeProvider, SweepRuntime
     from rhumbatron.messaging.queue_consumer import PollReport
     from rhumbatron.router.reports import SweepReport
 

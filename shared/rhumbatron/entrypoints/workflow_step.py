@@ -32,10 +32,10 @@ from rhumbatron.entrypoints._lambda import (
     InvocationContext,
     validate_event,
 )
-from rhumbatron.entrypoints.ports import RuntimeProvider, WorkflowStepRuntime
 from rhumbatron.errors import EnvelopeError
 
 if TYPE_CHECKING:
+    from rhumbatron.entrypoints.ports import RuntimeProvider, WorkflowStepRuntime
     from rhumbatron.workflows.in_process import StepFunction, WorkflowDefinition
 
 __all__ = [
