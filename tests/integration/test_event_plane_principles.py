@@ -9,7 +9,6 @@ cursor once it is back.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -371,11 +370,8 @@ async def test_a_workflow_engine_outage_holds_only_the_workflow_reaction_which_r
             )["stateMachineArn"]
         )
         clock.set(START)
-        world = make_world(tmp_path, settings, clock)
-        reactions = world.app.router().reactions
-        assert reactions is not None
-        reactions.effects = dataclasses.replace(
-            reactions.effects, engine=StepFunctionsEngine(client, {"triage": arn})
+        world = make_world(
+            tmp_path, settings, clock, engine=StepFunctionsEngine(client, {"triage": arn})
         )
         await world.app.ensure_streams()
         try:

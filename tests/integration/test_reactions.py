@@ -54,7 +54,12 @@ from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.reports import SubscriptionReport
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.reactions_assembly import LazyHttpClient, reactions_for
-from rhumbatron.workflows.engine import WorkflowEngineError, WorkflowStart, check_instance_id
+from rhumbatron.workflows.engine import (
+    WorkflowEngine,
+    WorkflowEngineError,
+    WorkflowStart,
+    check_instance_id,
+)
 from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
 
 pytestmark = pytest.mark.integration
@@ -169,7 +174,7 @@ def make_world(
     clock: ManualClock,
     *,
     limits: ReactionSettings | None = None,
-    engine: InProcessEngine | None = None,
+    engine: WorkflowEngine | None = None,
     **overrides: Any,
 ) -> World:
     values = settings.model_dump() | {

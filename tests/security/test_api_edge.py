@@ -437,7 +437,7 @@ def test_the_lambda_handler_refuses_a_body_over_the_limit_413(lambda_env: None) 
         "isBase64Encoded": False,
     }
     # WHEN the function is invoked with it
-    answer = lambda_api(event, None)
+    answer = lambda_api(event, None, runtime=process.process_runtime)
     # THEN 413 in the API's error model
     assert answer["statusCode"] == 413, answer
     assert json.loads(answer["body"])["error"]["code"] == "payload_too_large"
