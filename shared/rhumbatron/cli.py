@@ -1,7 +1,9 @@
-"""The ``rhumbatron`` command: ``demo``, ``up`` (the local stack, API and dashboard),
-``outbox`` (inspect, requeue), ``streams``, ``dead-letters`` (list, show, retry, dismiss),
-``kinds`` (the Event kind grammar), ``subscriptions`` and ``schedules`` (list, show, create,
-enable, disable, delete) and ``api`` (serve the operator API).
+"""The ``rhumbatron`` command: ``outbox`` (inspect, requeue), ``streams``, ``dead-letters``
+(list, show, retry, dismiss), ``kinds`` (the Event kind grammar), ``subscriptions`` and
+``schedules`` (list, show, create, enable, disable, delete), ``api`` (serve the operator API);
+and ``demo``, ``up`` (the local stack, API and dashboard) and ``invoke`` (one function of
+``template.yaml``, here), which run the development package :mod:`rhumbatron_dev`, imported
+only when they run (the Lambda layer leaves it out).
 
 ``dead-letters`` acts on the local state directory and NATS (``RHUMBATRON_*`` settings)
 through the same operator functions as the HTTP API, as a platform operator: it sees every
@@ -919,11 +921,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
-        from rhumbatron.demo import main as demo_main
+        from rhumbatron_dev.demo import main as demo_main
 
         return demo_main(rest)
     if args.command == "up":
-        from rhumbatron.local.up import main as up_main
+        from rhumbatron_dev.local.up import main as up_main
 
         return up_main(rest)
     if rest:
@@ -943,7 +945,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "schedules":
         return _schedules(args)
     if args.command == "invoke":
-        from rhumbatron.local.invoke import run_command
+        from rhumbatron_dev.local.invoke import run_command
 
         return run_command(args)
     return _streams(args)

@@ -18,8 +18,8 @@ import pytest
 from rhumbatron.api import lambda_handler
 from rhumbatron.core.settings import load_settings
 from rhumbatron.entrypoints import _lambda
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 from .support import OPERATOR, TOKENS, command, command_letter, queued
 

@@ -16,9 +16,9 @@ from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import TaskPlan
 from rhumbatron.domain.facts import Caller
 from rhumbatron.lifecycle.commands import lifecycle_command
-from rhumbatron.lifecycle.local_loop import LocalLoop
-from rhumbatron.local.stack import LocalStack
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.loop import LocalLoop
+from rhumbatron_dev.local.stack import LocalStack
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samplefiles" / "lifecycle.json"
 FAST = {

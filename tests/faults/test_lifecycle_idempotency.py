@@ -56,10 +56,7 @@ from rhumbatron.lifecycle.commands import (
     verify_command_id,
     workflow_input,
 )
-from rhumbatron.lifecycle.local_loop import LOOP_QUEUES
 from rhumbatron.lifecycle.requests import qualified_task_id
-from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.queue_consumer import CommandHandler, Delivery, Retry
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
@@ -72,6 +69,9 @@ from rhumbatron.router.handlers import CausalRouting
 from rhumbatron.router.records import APPLIED, RecordOutcome
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.workflows.engine import WorkflowStatus
+from rhumbatron_dev.local.loop import LOOP_QUEUES
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 from .worker import worker_env
 
@@ -276,7 +276,7 @@ async def run_until(
     max_rounds: int = 200,
     max_idle_rounds: int = 40,
 ) -> bool:
-    """Every role in rounds, as :class:`~rhumbatron.lifecycle.local_loop.LocalLoop` plays
+    """Every role in rounds, as :class:`~rhumbatron_dev.local.loop.LocalLoop` plays
     them, with a test's handler wrapper and queues left unpolled. A quiet round waits 50 ms
     for a delayed redelivery (a nak with a delay) to come due; gives up when quiet for long."""
     lifecycle = app.lifecycle()

@@ -27,7 +27,6 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.tasks import TaskState
-from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.queue_consumer import Delivery
 from rhumbatron.messaging.streams import COMMAND_STREAM
@@ -48,6 +47,7 @@ from rhumbatron.reactions.registry import (
 from rhumbatron.reactions.selectors import Selector
 from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
 from rhumbatron.workflows.step_functions import StepFunctionsEngine
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 # The reactions tests' world (runtime, registry, receiver) and the router tests' app factory
 # and project history, registered here under the same names.

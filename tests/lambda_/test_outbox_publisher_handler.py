@@ -24,9 +24,9 @@ from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.entrypoints import outbox_publisher
 from rhumbatron.errors import EnvelopeError, NatsUnavailableError
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 from .support import FakeLambdaContext, load_app, sample_event
 

@@ -28,8 +28,8 @@ from api.support import OPERATOR, OTHER_OPERATOR, OTHER_TENANT, PROJECT, TENANT,
 from rhumbatron.agents.registry import AgentKind, AgentRegistry, AgentRegistryError
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
-from rhumbatron.lifecycle.local_loop import LocalLoop
 from rhumbatron.runtime.bootstrap import Rhumbatron
+from rhumbatron_dev.local.loop import LocalLoop
 
 pytestmark = pytest.mark.integration
 
