@@ -16,15 +16,16 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## The main job on the embedded default (nats-server + moto S3 on loopback, local SQLite).
+## The main job on the embedded default (nats-server + moto S3 on loopback, local SQLite), from
+## the development package (shared/rhumbatron_dev, not in the Lambda layer).
 demo: $(STAMP)
-	$(BIN)/python -m rhumbatron.demo
+	$(BIN)/python -m rhumbatron_dev.demo
 
 ## The embedded stack, the operator API and a live dashboard on 127.0.0.1; Ctrl-C stops.
 up: $(STAMP)
 	$(BIN)/rhumbatron up
 
-## Lint (ruff + mypy over the package), then the whole test suite.
+## Lint (ruff + mypy over both packages), then the whole test suite.
 # The dashboard's browser test drives Debian's chromium; as root, install it when missing
 # (not root: the test skips and says why).
 test: lint sam-check

@@ -2,9 +2,9 @@
 
 Lambda bills and the caller waits for a cold container's init, and most of a Python
 function's init is importing its handler module. For every ``AWS::Serverless::Function`` of
-``template.yaml`` (read by :func:`rhumbatron.local.invoke.load_template`), a fresh interpreter
+``template.yaml`` (read by :func:`rhumbatron_dev.local.invoke.load_template`), a fresh interpreter
 is started in the function's code folder (Lambda's ``/var/task``) with the environment the
-function gets locally (:func:`~rhumbatron.local.invoke.local_environment`, as ``rhumbatron
+function gets locally (:func:`~rhumbatron_dev.local.invoke.local_environment`, as ``rhumbatron
 invoke`` resolves it; the NATS URL is a placeholder nothing listens on: importing must not
 touch the network), and it times ``importlib.import_module("app")`` with
 ``time.perf_counter``. The first run per function writes the bytecode cache (``__pycache__``)
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Figure
-from rhumbatron.local.invoke import (
+from rhumbatron_dev.local.invoke import (
     FunctionSpec,
     LocalTarget,
     Template,

@@ -45,7 +45,6 @@ from bench.jetstream import BenchError, RunResult, ServerCpu, measure, raw_pipel
 from bench.report import Figure, Ratio, format_figures, format_ratios
 from bench.workload import RawMessage
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.commands import command_message_id
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.messaging.pull import ensure_consumer
@@ -58,6 +57,7 @@ from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject, ensure
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, consumer_name
 from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS

@@ -23,7 +23,6 @@ from bench.workload import RawMessage, Workload, copy_state
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.publisher import PublishReport
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.sender import (
     EventSender,
     FastBatchAck,
@@ -32,9 +31,10 @@ from rhumbatron.messaging.sender import (
     StoredMessage,
 )
 from rhumbatron.messaging.streams import ensure_streams
-from rhumbatron.messaging.testing import SenderWrapper
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name
 from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+from rhumbatron_dev.testing import SenderWrapper
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
-from rhumbatron.local.nats_server import find_nats_server_binary
+from rhumbatron_dev.local.nats_server import find_nats_server_binary
 
 __all__ = ["machine_info"]
 

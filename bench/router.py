@@ -53,7 +53,6 @@ from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.messaging.event_log import Subscription, consumer_config
 from rhumbatron.messaging.pull import ensure_consumer
@@ -70,6 +69,7 @@ from rhumbatron.router.nudge import InProcessNudge
 from rhumbatron.router.project_view import ProjectView
 from rhumbatron.router.records import Outcome, Record
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection

@@ -54,8 +54,8 @@ from bench.report import Figure, Ratio, format_figures, format_ratios
 from bench.router import RouterOptions, format_latency, router_ratios, router_suite
 from bench.transactions import ActorWriter, PlainWriter, sample_envelope
 from bench.workload import Workload, build_workload
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.connection import connect_nats
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 RESULTS_PATH = Path(__file__).with_name("results.json")
 

@@ -57,9 +57,10 @@ CORE_PACKAGES = ("protocol", "actors", "messaging", "router", "queues", "causal"
 # What mutmut copies beside the mutated package: the tests read these by path.
 _ALSO_COPY = ("docs", "functions", "samplefiles", "events", "template.yaml")
 
-# Test doubles shipped in a core package for every suite to share: code the tests run on,
-# not code under test, so they are never mutated (nor counted from an older run).
-TEST_DOUBLES = ("rhumbatron/messaging/testing.py",)
+# The development package (the local stack, the shared test doubles): code the tests run on,
+# not code under test. mutmut copies it beside the package, unmutated: the workspace's tests
+# must import it from there, since mutmut takes the original tree (src/) off sys.path.
+SOURCE_PATHS = ("src/rhumbatron", "src/rhumbatron_dev")
 
 # Tests that run the original tree in a subprocess (the cold-import measurements, the demo)
 # never see a mutant, so they only cost time; this tool's own tests are about the tool.
@@ -408,9 +409,8 @@ def workspace_config(plan: PackagePlan, pytest_options: dict[str, object]) -> st
     for path in _NEVER_SELECTED:
         selection += ["--ignore", path]
     mutmut = {
-        "source_paths": ["src/rhumbatron"],
+        "source_paths": list(SOURCE_PATHS),
         "only_mutate": [f"src/rhumbatron/{plan.name}/*"],
-        "do_not_mutate": [f"src/{path}" for path in TEST_DOUBLES],
         "also_copy": list(_ALSO_COPY),
         "pytest_add_cli_args_test_selection": selection,
         "pytest_add_cli_args": ["-p", "no:cacheprovider"],
@@ -453,12 +453,16 @@ def _mutmut(workspace: Path, *args: str, capture: bool = False) -> subprocess.Co
 
 
 def _read_meta(workspace: Path, package: str) -> dict[str, tuple[int | None, str]]:
-    """Every mutant's verdict and the hash of the function it mutates."""
+    """Every mutant's verdict and the hash of the function it mutates.
+
+    A module that moved or was removed since an older run (``messaging/testing.py``, now
+    ``rhumbatron_dev.testing``) leaves its verdicts in the workspace: they are not counted.
+    """
     found: dict[str, tuple[int | None, str]] = {}
-    package_dir = workspace / "mutants" / "src" / "rhumbatron" / package
-    doubles = {workspace / "mutants" / "src" / f"{path}.meta" for path in TEST_DOUBLES}
+    mutated = workspace / "mutants" / "src"
+    package_dir = mutated / "rhumbatron" / package
     for meta_path in sorted(package_dir.rglob("*.py.meta")):
-        if meta_path in doubles:
+        if not (workspace / "src" / meta_path.relative_to(mutated).with_suffix("")).exists():
             continue
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         hashes: dict[str, str] = meta["hash_by_function_name"]

@@ -12,10 +12,10 @@ import pytest_asyncio
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 
 @pytest.fixture

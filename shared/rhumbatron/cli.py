@@ -1,7 +1,9 @@
-"""The ``rhumbatron`` command: ``demo``, ``up`` (the local stack, API and dashboard),
-``outbox`` (inspect, requeue), ``streams``, ``dead-letters`` (list, show, retry, dismiss),
-``kinds`` (the Event kind grammar), ``subscriptions`` and ``schedules`` (list, show, create,
-enable, disable, delete) and ``api`` (serve the operator API).
+"""The ``rhumbatron`` command: ``outbox`` (inspect, requeue), ``streams``, ``dead-letters``
+(list, show, retry, dismiss), ``kinds`` (the Event kind grammar), ``subscriptions`` and
+``schedules`` (list, show, create, enable, disable, delete), ``api`` (serve the operator API);
+and ``demo``, ``up`` (the local stack, API and dashboard) and ``invoke`` (one function of
+``template.yaml``, here), which run the development package :mod:`rhumbatron_dev`, imported
+only when they run (the Lambda layer leaves it out).
 
 ``dead-letters`` acts on the local state directory and NATS (``RHUMBATRON_*`` settings)
 through the same operator functions as the HTTP API, as a platform operator: it sees every
@@ -914,17 +916,38 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _dev_package_missing(command: str, exc: ModuleNotFoundError) -> int:
+    """Exit status 1 (``EXIT_ERROR``), with one line on stderr naming what to install, when
+    ``rhumbatron <command>`` cannot import the development code it runs: ``demo``, ``up`` and
+    ``invoke`` run :mod:`rhumbatron_dev` (the embedded stack, the demo), which the Lambda
+    layer leaves out and which needs the ``local`` extra."""
+    missing = exc.name or str(exc)
+    if missing.partition(".")[0] == "rhumbatron_dev":
+        missing = "rhumbatron_dev"
+    print(
+        f"rhumbatron {command}: {missing} is not installed; this command runs the "
+        "development package rhumbatron_dev, which needs the local extra: install both from "
+        "a checkout (pip install -e '.[local]', or make venv)",
+        file=sys.stderr,
+    )
+    return EXIT_ERROR
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rhumbatron`` command; returns the exit status."""
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
-        from rhumbatron.demo import main as demo_main
-
+        try:
+            from rhumbatron_dev.demo import main as demo_main
+        except ModuleNotFoundError as exc:
+            return _dev_package_missing(args.command, exc)
         return demo_main(rest)
     if args.command == "up":
-        from rhumbatron.local.up import main as up_main
-
+        try:
+            from rhumbatron_dev.local.up import main as up_main
+        except ModuleNotFoundError as exc:
+            return _dev_package_missing(args.command, exc)
         return up_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -943,8 +966,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "schedules":
         return _schedules(args)
     if args.command == "invoke":
-        from rhumbatron.local.invoke import run_command
-
+        try:
+            from rhumbatron_dev.local.invoke import run_command
+        except ModuleNotFoundError as exc:
+            return _dev_package_missing(args.command, exc)
         return run_command(args)
     return _streams(args)
 

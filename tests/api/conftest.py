@@ -19,8 +19,8 @@ from rhumbatron.api import StaticTokenAuth, create_api
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 from .support import PROJECT, TENANT, TOKENS
 

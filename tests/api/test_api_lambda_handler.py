@@ -17,9 +17,9 @@ import pytest
 
 from rhumbatron.api import lambda_handler
 from rhumbatron.core.settings import load_settings
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 from .support import OPERATOR, TOKENS, command, command_letter, queued
 

@@ -32,8 +32,8 @@ from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.api import StaticTokenAuth, create_api
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 from .support import OPERATOR, TOKENS, bearer, command, command_letter, poison_letter
 

@@ -17,7 +17,6 @@ import pytest
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.domain.facts import Caller
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.product.dead_letters import (
     Resolution,
     claim_retry,
@@ -25,6 +24,7 @@ from rhumbatron.product.dead_letters import (
     get_dead_letter,
 )
 from rhumbatron.runtime.bootstrap import Rhumbatron
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 from .conftest import TestClient, make_client, make_runtime
 from .support import (

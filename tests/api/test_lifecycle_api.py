@@ -30,10 +30,10 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.lifecycle.requests import qualified_task_id
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.local_loop import LocalLoop
+from rhumbatron_dev.local.loop import LocalLoop
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 from .support import queued
 

@@ -22,11 +22,11 @@ from rhumbatron.api import StaticTokenAuth, create_api
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_subject, stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 pytestmark = pytest.mark.integration
 

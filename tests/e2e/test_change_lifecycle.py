@@ -16,9 +16,9 @@ from rhumbatron.domain.changes import TaskPlan
 from rhumbatron.domain.facts import Caller
 from rhumbatron.lifecycle.commands import lifecycle_command
 from rhumbatron.lifecycle.scripted_agent import ScriptLibrary
-from rhumbatron.local.stack import LocalStack
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.local_loop import LocalLoop
+from rhumbatron_dev.local.loop import LocalLoop
+from rhumbatron_dev.local.stack import LocalStack
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samplefiles" / "lifecycle.json"
 FAST = {

@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from rhumbatron.lifecycle.commands import lifecycle_command
-from rhumbatron.local.up import UpHandle, run_up
 from rhumbatron.product.dead_letters import command_dead_letter_id, get_dead_letter
+from rhumbatron_dev.local.up import UpHandle, run_up
 
 pytestmark = pytest.mark.integration
 

@@ -17,10 +17,10 @@ import pytest
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import LocalStackError
-from rhumbatron.local.nats_server import NatsServerProcess, free_port
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess, free_port
 
 from .worker import outbox_rows, read_project_stream, write_change_events
 

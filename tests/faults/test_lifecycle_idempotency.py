@@ -57,8 +57,6 @@ from rhumbatron.lifecycle.commands import (
 )
 from rhumbatron.lifecycle.requests import qualified_task_id
 from rhumbatron.lifecycle.scripted_agent import ScriptLibrary
-from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.queue_consumer import CommandHandler, Delivery, Retry
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
@@ -70,8 +68,10 @@ from rhumbatron.queues.wake_consumer import WakeOutcome
 from rhumbatron.router.handlers import CausalRouting
 from rhumbatron.router.records import APPLIED, RecordOutcome
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.local_loop import LOOP_QUEUES
 from rhumbatron.workflows.engine import WorkflowStatus
+from rhumbatron_dev.local.loop import LOOP_QUEUES
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 from .worker import worker_env
 
@@ -276,7 +276,7 @@ async def run_until(
     max_rounds: int = 200,
     max_idle_rounds: int = 40,
 ) -> bool:
-    """Every role in rounds, as :class:`~rhumbatron.runtime.local_loop.LocalLoop` plays
+    """Every role in rounds, as :class:`~rhumbatron_dev.local.loop.LocalLoop` plays
     them, with a test's handler wrapper and queues left unpolled. A quiet round waits 50 ms
     for a delayed redelivery (a nak with a delay) to come due; gives up when quiet for long."""
     lifecycle = app.lifecycle()

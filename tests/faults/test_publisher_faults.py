@@ -22,7 +22,6 @@ from rhumbatron.actors.resource_shard import ResourceShard
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.messaging.sender import (
@@ -33,9 +32,10 @@ from rhumbatron.messaging.sender import (
     StoredMessage,
 )
 from rhumbatron.messaging.streams import ensure_streams
-from rhumbatron.messaging.testing import RefusingSender, SenderWrapper
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+from rhumbatron_dev.testing import RefusingSender, SenderWrapper
 
 from .worker import (
     CALLER,

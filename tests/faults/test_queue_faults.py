@@ -24,13 +24,13 @@ import pytest
 import pytest_asyncio
 
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.commands import DELIVERIES_HEADER
 from rhumbatron.messaging.queue_consumer import PollReport, QueueConsumerRuntime
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.queue_consumers import consumer_name
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 from server_counts import settles_to, wait_for
 
 from .worker import CommandEffects, run_worker, start_worker, worker_env

@@ -29,8 +29,6 @@ from rhumbatron.archive import ArchiveReader
 from rhumbatron.core.clock import Clock, ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import DeadLetterClosedError
-from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.product.dead_letters import (
@@ -51,6 +49,8 @@ from rhumbatron.router.event_router import EventRouter
 from rhumbatron.router.handlers import AuditArchiver
 from rhumbatron.router.ticks import tick_kind
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 from .worker import (
     RoutedLog,

@@ -30,9 +30,9 @@ from rhumbatron.archive import (
     parse_archive_key,
 )
 from rhumbatron.core.clock import ManualClock
-from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import new_event_id
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

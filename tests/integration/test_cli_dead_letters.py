@@ -34,7 +34,6 @@ from rhumbatron.cli import EXIT_CANNOT, EXIT_NOT_FOUND, EXIT_UNAVAILABLE, main
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.queue_consumer import Delivery, PollReport, Retry
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.product.dead_letters import (
@@ -47,6 +46,7 @@ from rhumbatron.product.dead_letters import (
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.queues import run_dead_letter_consumer
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 pytestmark = pytest.mark.integration
 

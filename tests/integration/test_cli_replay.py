@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rhumbatron.cli import EXIT_CANNOT, main
-from rhumbatron.local.nats_server import NatsServerProcess
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 
 @pytest.fixture

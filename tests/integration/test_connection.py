@@ -11,8 +11,8 @@ from nats.aio.client import Client as NATS
 
 from rhumbatron.core.settings import load_settings
 from rhumbatron.errors import NatsUnavailableError
-from rhumbatron.local.nats_server import NatsServerProcess, free_port
 from rhumbatron.messaging.connection import connect_nats
+from rhumbatron_dev.local.nats_server import NatsServerProcess, free_port
 
 pytestmark = pytest.mark.integration
 

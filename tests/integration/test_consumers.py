@@ -22,7 +22,6 @@ from rhumbatron.api import StaticTokenAuth, create_api
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.cursors import CursorKind, CursorLag, durable_cursors, read_cursors
 from rhumbatron.messaging.event_log import EventLogClient, Subscription
 from rhumbatron.messaging.pull import Puller, ensure_consumer
@@ -37,6 +36,7 @@ from rhumbatron.protocol.ids import (
 )
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, consumer_name
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,10 @@ import pytest
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
-from rhumbatron.dashboard.summary import collect_summary
 from rhumbatron.domain.facts import Caller
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.dashboard.summary import collect_summary
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 pytestmark = pytest.mark.integration
 

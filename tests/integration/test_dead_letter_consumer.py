@@ -22,7 +22,6 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.tasks import DEAD_LETTER_LIMIT, TaskStatus
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.commands import DELIVERIES_HEADER, LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.messaging.queue_consumer import Delivery, QueueConsumerRuntime, Retry
@@ -51,6 +50,7 @@ from rhumbatron.queues.dead_letter import (
 )
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.product_schema import open_product_database
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 from server_counts import settles_to
 
 pytestmark = pytest.mark.integration

@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from rhumbatron.demo import (
+from rhumbatron.product.dead_letters import command_dead_letter_id
+from rhumbatron_dev.demo import (
     EXPECTED_STATES,
     app_command_id,
     check_summary,
     project_command_id,
     run_demo,
 )
-from rhumbatron.product.dead_letters import command_dead_letter_id
 
 pytestmark = pytest.mark.integration
 

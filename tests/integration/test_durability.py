@@ -8,11 +8,11 @@ import pytest
 
 from rhumbatron.core.settings import load_settings
 from rhumbatron.errors import ConfigurationError, UnsafeStorageError
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.messaging.durability import check_durability, check_stream_replicas
 from rhumbatron.messaging.streams import ensure_streams
 from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 pytestmark = pytest.mark.integration
 

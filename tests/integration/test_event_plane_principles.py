@@ -26,7 +26,6 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.tasks import TaskState
-from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.queue_consumer import Delivery
 from rhumbatron.messaging.streams import COMMAND_STREAM
@@ -47,6 +46,7 @@ from rhumbatron.reactions.selectors import Selector
 from rhumbatron.runtime.reactions_assembly import LazyHttpClient, reactions_for
 from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
 from rhumbatron.workflows.step_functions import StepFunctionsEngine
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 # The reactions tests' world (runtime, registry, receiver) and the router tests' app factory
 # and project history, registered here under the same names.

@@ -14,10 +14,10 @@ import pytest
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller
-from rhumbatron.local.nats_server import NatsServerProcess, free_port
 from rhumbatron.protocol.ids import stream_index
 from rhumbatron.router.nudge import LambdaNudge
 from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess, free_port
 
 pytestmark = pytest.mark.integration
 

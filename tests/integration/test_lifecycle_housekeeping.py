@@ -35,8 +35,6 @@ from rhumbatron.indexing import IndexState
 from rhumbatron.lifecycle.commands import lifecycle_command, ready_wake_id, rebase_command_id
 from rhumbatron.lifecycle.requests import qualified_task_id
 from rhumbatron.lifecycle.scripted_agent import ScriptLibrary
-from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.queue_consumer import Delivery, PollReport, Retry
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.product.dead_letters import list_dead_letters, record_command_dead_letter
@@ -46,6 +44,8 @@ from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.lifecycle_assembly import Lifecycle
 from rhumbatron.workflows.engine import WorkflowStatus
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,6 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.messaging.sender import (
     BatchRejectedError,
@@ -33,10 +32,11 @@ from rhumbatron.messaging.sender import (
     SendRefusedError,
     StoredMessage,
 )
-from rhumbatron.messaging.testing import SenderWrapper
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+from rhumbatron_dev.testing import SenderWrapper
 
 pytestmark = pytest.mark.integration
 

@@ -34,7 +34,6 @@ from nats.js.client import JetStreamContext
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
 from rhumbatron.errors import MessagingError
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.commands import DELIVERIES_HEADER, LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.messaging.queue_consumer import (
     CommandHandler,
@@ -48,6 +47,7 @@ from rhumbatron.protocol.command_types import QUEUES
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.queue_consumers import DEAD_LETTER_QUEUE, QUEUE_CONSUMERS, consumer_name
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,6 @@ from rhumbatron.archive import ArchiveReader
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.pull import ConsumerChange
 from rhumbatron.metrics import MetricBinding, metric_counts
@@ -35,6 +33,8 @@ from rhumbatron.router.records import decode_records
 from rhumbatron.router.reports import RunReport
 from rhumbatron.router.ticks import tick_kind
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 from .test_queue_consumer import AckTap
 

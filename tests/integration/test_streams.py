@@ -15,9 +15,9 @@ from nats.js.client import JetStreamContext
 
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import StreamConfigError
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.streams import COMMAND_STREAM, ensure_streams, wanted_streams
 from rhumbatron.protocol.command_types import QUEUES
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 pytestmark = pytest.mark.integration
 

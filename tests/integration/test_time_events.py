@@ -26,8 +26,6 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.entrypoints import sweep
-from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.reactions.registry import (
@@ -45,6 +43,8 @@ from rhumbatron.reactions.schedules import (
 from rhumbatron.reactions.selectors import Selector
 from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 from . import test_reactions
 from .test_reactions import SECRET, Receiver

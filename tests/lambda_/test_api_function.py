@@ -22,11 +22,11 @@ import jwt
 import pytest
 
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.commands import LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 from .support import FakeLambdaContext, load_app, sample_event
 

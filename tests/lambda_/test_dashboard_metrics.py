@@ -3,7 +3,7 @@
 A CloudWatch metric is its namespace, its name and exactly its set of dimension names: a
 graph or an alarm that names one dimension more or fewer than the code emits watches a
 metric nobody writes, stays empty, and says nothing. So template.yaml is read with the local
-invoker's loader (:func:`rhumbatron.local.invoke.load_template`), and every metric the
+invoker's loader (:func:`rhumbatron_dev.local.invoke.load_template`), and every metric the
 dashboard body and the alarms name — in explicit metric rows, SEARCH expressions, Metrics
 Insights queries and single-metric alarms — is collected with its dimension names. Then the
 functions run as Lambda runs them (their ``app.py``, the template's environment with
@@ -40,8 +40,6 @@ from rhumbatron.causal.store import CausalStore
 from rhumbatron.core.clock import SystemClock, utc_day
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.local.invoke import Template, load_template
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.commands import LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import (
@@ -62,6 +60,8 @@ from rhumbatron.protocol.queue_consumers import DEAD_LETTER_QUEUE
 from rhumbatron.router.freshness import EVENT_FRESHNESS_METRIC
 from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.local.invoke import Template, load_template
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 from .support import ROOT, FakeLambdaContext, load_app, sample_event
 

@@ -33,9 +33,9 @@ import pytest
 import yaml
 
 from rhumbatron.core.settings import load_settings
-from rhumbatron.local.nats_server import find_nats_server_binary, free_port
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import find_nats_server_binary, free_port
 
 from .support import CloudFormationLoader, Tag
 

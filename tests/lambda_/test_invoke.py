@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from rhumbatron.cli import main
-from rhumbatron.local.invoke import (
+from rhumbatron_dev.local.invoke import (
     InvokeError,
     LocalTarget,
     load_template,

@@ -23,10 +23,10 @@ from rhumbatron.core import event_loop
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import EnvelopeError, NatsUnavailableError
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 from .support import FakeLambdaContext, load_app, sample_event
 

@@ -22,13 +22,13 @@ import pytest
 
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import EnvelopeError
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.commands import LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.messaging.queue_consumer import PollReport
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.queue_consumers import DEAD_LETTER_QUEUE, QUEUE_CONSUMERS
 from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 from .support import FakeLambdaContext, load_app, sample_event
 

@@ -22,11 +22,11 @@ from moto import mock_aws
 
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import ConfigurationError, NatsUnavailableError
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.connection import connect_nats, read_secret_string
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 from .support import FakeLambdaContext, load_app, sample_event
 

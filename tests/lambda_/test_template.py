@@ -432,30 +432,44 @@ def _requirement_names(path: Path) -> set[str]:
 
 
 @needs_make
-def test_code_layer_holds_what_every_handler_imports_and_not_the_local_stack(
+def test_code_layer_holds_what_every_handler_imports_and_not_the_dev_package(
     tmp_path: Path,
 ) -> None:
-    # GIVEN the code layer and every function built as `sam build` builds them
+    # GIVEN a layer folder where an earlier build left the development package
     layer = tmp_path / "CodeLayer"
+    stale = layer / "python" / "rhumbatron_dev"
+    stale.mkdir(parents=True)
+    (stale / "__init__.py").write_text("")
     makefile = str(LAYERS / "Makefile")
     builds = [("build-CodeLayer", layer, ROOT / "shared")] + [
         (f"build-{name}", tmp_path / name, ROOT / "functions" / folder)
         for name, (folder, _) in FUNCTIONS.items()
     ]
+    # WHEN the code layer and every function are built as `sam build` builds them
     for target, artifacts, cwd in builds:
-        artifacts.mkdir()
+        artifacts.mkdir(exist_ok=True)
         subprocess.run(
             ["make", "-s", "-f", makefile, target, f"ARTIFACTS_DIR={artifacts}", "PYTHON313="],
             cwd=cwd,
             check=True,
         )
-    assert not (layer / "python" / "rhumbatron" / "local").exists()
+    # THEN the layer holds the package rhumbatron alone, entry points included, and neither
+    # the development package nor what moved into it
+    assert sorted(p.name for p in (layer / "python").iterdir()) == ["rhumbatron"]
+    package = layer / "python" / "rhumbatron"
+    assert (package / "entrypoints" / "__init__.py").is_file()
+    assert (package / "api" / "lambda_handler.py").is_file()
+    for moved in ("local", "demo.py", "scenario.py", "dashboard", "lifecycle/local_loop.py"):
+        assert not (package / moved).exists(), moved
+    assert not (package / "messaging" / "testing.py").exists()
 
     # WHEN a fresh interpreter imports each handler, then every module, from the builds alone
-    # (each app.py by its path, as the Lambda runtime loads it from its function's folder)
+    # (each app.py by its path, as the Lambda runtime loads it from its function's folder), the
+    # development package made unimportable even though this checkout has it on sys.path
     apps = [str(tmp_path / name / "app.py") for name in FUNCTIONS]
     probe = f"""
 import importlib, importlib.util, pkgutil, sys
+sys.modules["rhumbatron_dev"] = None  # any import of it now raises ModuleNotFoundError
 sys.path[:0] = [{str(layer / "python")!r}]
 for n, path in enumerate({apps!r}):
     spec = importlib.util.spec_from_file_location(f"app{{n}}", path)
@@ -464,20 +478,17 @@ for n, path in enumerate({apps!r}):
     assert callable(module.lambda_handler), path
 import rhumbatron
 assert rhumbatron.__file__.startswith({str(layer)!r}), rhumbatron.__file__
-loaded = sorted(m for m in sys.modules if m.startswith("rhumbatron.local"))
-assert not loaded, loaded
 for module in pkgutil.walk_packages(rhumbatron.__path__, "rhumbatron."):
     importlib.import_module(module.name)
-try:
-    import rhumbatron.local
-except ModuleNotFoundError:
-    print("ok")
+loaded = sorted(m for m in sys.modules if m.startswith("rhumbatron_dev."))
+assert not loaded, loaded
+print("ok")
 """
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=False
     )
 
-    # THEN everything imports, and the local stack is not in the layer
+    # THEN every handler and every module of the layer imports without the dev package
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
 

@@ -27,7 +27,8 @@ import pytest
 
 from rhumbatron.core.settings import load_settings
 from rhumbatron.lifecycle.forks import ForkStore
-from rhumbatron.local.invoke import (
+from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.local.invoke import (
     Invocation,
     LocalTarget,
     Template,
@@ -39,8 +40,7 @@ from rhumbatron.local.invoke import (
     read_event,
     sample_events,
 )
-from rhumbatron.runtime.bootstrap import bootstrap
-from rhumbatron.scenario import load_scenario, run_scenario
+from rhumbatron_dev.scenario import load_scenario, run_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = ROOT / "events"
@@ -193,12 +193,8 @@ def _stale(template: Template) -> str:
             return f"{function}: {mismatch + errors}"
     package = ROOT / "shared" / "rhumbatron"
     layer = BUILD / "CodeLayer" / "python" / "rhumbatron"
-    # The code layer's recipe leaves the local stack and the demo out.
-    names = [
-        str(p.relative_to(package))
-        for p in package.rglob("*.py")
-        if p.relative_to(package).parts[0] not in ("local", "demo.py")
-    ]
+    # The code layer is the package as it is (the development package stays out of it).
+    names = [str(p.relative_to(package)) for p in package.rglob("*.py")]
     _, mismatch, errors = filecmp.cmpfiles(package, layer, names, shallow=False)
     if mismatch or errors:
         return f"CodeLayer: {(mismatch + errors)[:3]}"

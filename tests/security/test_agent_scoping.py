@@ -29,7 +29,7 @@ from rhumbatron.agents.registry import AgentKind, AgentRegistry, AgentRegistryEr
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
 from rhumbatron.runtime.bootstrap import Rhumbatron
-from rhumbatron.runtime.local_loop import LocalLoop
+from rhumbatron_dev.local.loop import LocalLoop
 
 pytestmark = pytest.mark.integration
 

@@ -39,10 +39,10 @@ from rhumbatron.api import authenticator_from_settings, create_api
 from rhumbatron.api.lambda_handler import handler as lambda_api
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
-from rhumbatron.dashboard import dashboard_router
-from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron
+from rhumbatron_dev.dashboard import dashboard_router
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")

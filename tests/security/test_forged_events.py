@@ -46,7 +46,6 @@ from rhumbatron.archive import ArchiveReader, ArchiveWriter
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.protocol.envelopes import Event
@@ -55,6 +54,7 @@ from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.records import ProjectOwners
 from rhumbatron.router.replay import replay_archive, rewind
 from rhumbatron.router.reports import SubscriptionReport
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 __all__ = ["receiver"]  # the webhook receiver fixture, used by name
 

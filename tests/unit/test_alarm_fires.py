@@ -23,8 +23,8 @@ from rhumbatron.messaging.sender import (
     SendRefusedError,
     StoredMessage,
 )
-from rhumbatron.messaging.testing import MemorySender, SenderWrapper
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.testing import MemorySender, SenderWrapper
 
 CALLER = Caller("acme", "system:test", "corr-fires")
 

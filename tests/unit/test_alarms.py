@@ -26,9 +26,9 @@ from rhumbatron.core.clock import ManualClock, utc_day
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.transition import Transition
-from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.messaging.testing import MemorySender, RefusingSender
 from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+from rhumbatron_dev.testing import MemorySender, RefusingSender
 
 CALLER = Caller("acme", "system:test", correlation_id="corr-alarms")
 PROJECT = "acme-web"

@@ -1,7 +1,8 @@
 """Principles of the event plane (seed 002) that hold by the shape of the code, checked by
-reading the package's source: facts are built only inside state transitions and by a listed
-few observers (EO1, S2-023, S2-092, S2-132); an event never doubles as a command (S2-069);
-the product's surfaces never read the workflow engine (charter rule 4, S2-078); and only the
+reading the source of the package and of the development package: facts are built only
+inside state transitions and by a listed few observers (EO1, S2-023, S2-092, S2-132); an
+event never doubles as a command (S2-069); the product's surfaces never read the workflow
+engine (charter rule 4, S2-078); and only the
 outbox publisher sends to an event stream (EO6, S2-137).
 
 Each test fails as soon as a module steps over its line, naming the module and the line.
@@ -15,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import rhumbatron
+import rhumbatron_dev
 from rhumbatron.protocol.command_types import COMMAND_TYPES
 from rhumbatron.protocol.event_types import EVENT_TYPES
 
 PACKAGE = Path(rhumbatron.__file__).resolve().parent
+DEV_PACKAGE = Path(rhumbatron_dev.__file__).resolve().parent
 
 #: Where state transitions live: the domain's decisions and the actors that run them. A fact
 #: built here is a transition's fact.
@@ -33,8 +36,9 @@ OBSERVED_KINDS: dict[str, str] = {
 }
 
 #: The product surfaces: what tenants and operators read. They read run records (actor state,
-#: the project view), never the workflow engine's history.
-PRODUCT_SURFACES = ("api/", "dashboard/")
+#: the project view), never the workflow engine's history. The local dashboard is in the
+#: development package.
+PRODUCT_SURFACES = ("api/", "rhumbatron_dev/dashboard/")
 
 #: Modules allowed to name an event stream's subject, and why; anything else that does could
 #: publish around the outbox.
@@ -56,8 +60,13 @@ class FactSite:
 
 
 def _modules() -> Iterator[tuple[str, ast.Module]]:
-    for file in sorted(PACKAGE.rglob("*.py")):
-        yield file.relative_to(PACKAGE).as_posix(), ast.parse(file.read_text(), str(file))
+    """Every module of the package (``protocol/ids.py``), then of the development package
+    (``rhumbatron_dev/demo.py``), which holds the demo, the scenario runner and the local
+    dashboard."""
+    for root, prefix in ((PACKAGE, ""), (DEV_PACKAGE, "rhumbatron_dev/")):
+        for file in sorted(root.rglob("*.py")):
+            path = prefix + file.relative_to(root).as_posix()
+            yield path, ast.parse(file.read_text(), str(file))
 
 
 def _fact_sites() -> list[FactSite]:

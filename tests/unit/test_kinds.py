@@ -3,7 +3,8 @@ kind is ``<subject>.<verb>`` with its subject, triggerability and payload model,
 kinds`` lists them, and the review rule holds both ways: every fact a transition can emit is
 registered, and every registered kind has an emitter.
 
-The emitters are found by reading the package's source: every ``<ctx>.fact(<type>, ...)`` call.
+The emitters are found by reading the source of the package and of the development package
+(the scenario runner replays Change facts): every ``<ctx>.fact(<type>, ...)`` call.
 A type given as an f-string (``f"change.{target.value}"``) is expanded from the domain table
 that decides which values can reach it; a type held in a local variable is read from its
 assignments; any other call site must be a listed pass-through.
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import rhumbatron
+import rhumbatron_dev
 from rhumbatron.cli import main
 from rhumbatron.domain.candidates import CANDIDATE_MOVES
 from rhumbatron.domain.changes import TERMINAL_STATUSES
@@ -42,6 +44,7 @@ from rhumbatron.reactions.kinds import (
 from rhumbatron.reactions.selectors import SUBJECT_FIELDS
 
 PACKAGE = Path(rhumbatron.__file__).resolve().parent
+DEV_PACKAGE = Path(rhumbatron_dev.__file__).resolve().parent
 
 #: f-string families, expanded from the table that decides which values reach them.
 FAMILIES: dict[str, frozenset[str]] = {
@@ -155,8 +158,13 @@ class Scan:
 
 
 def _modules() -> Iterator[tuple[str, ast.Module]]:
-    for file in sorted(PACKAGE.rglob("*.py")):
-        yield file.relative_to(PACKAGE).as_posix(), ast.parse(file.read_text(), str(file))
+    """Every module of the package (``protocol/ids.py``), then of the development package
+    (``rhumbatron_dev/demo.py``), which holds the demo, the scenario runner and the local
+    dashboard."""
+    for root, prefix in ((PACKAGE, ""), (DEV_PACKAGE, "rhumbatron_dev/")):
+        for file in sorted(root.rglob("*.py")):
+            path = prefix + file.relative_to(root).as_posix()
+            yield path, ast.parse(file.read_text(), str(file))
 
 
 @pytest.fixture(scope="module")

@@ -104,7 +104,7 @@ def test_the_workspace_settings_read_back_as_mutmut_and_pytest_see_them() -> Non
     pytest_options = {"addopts": "-ra", "timeout": 120, "markers": ["a: b"], "testpaths": ["x"]}
     written = tomllib.loads(tool.workspace_config(plan, pytest_options))
     mutmut = written["tool"]["mutmut"]
-    assert mutmut["source_paths"] == ["src/rhumbatron"]
+    assert mutmut["source_paths"] == ["src/rhumbatron", "src/rhumbatron_dev"]
     assert mutmut["only_mutate"] == ["src/rhumbatron/router/*"]
     assert mutmut["pytest_add_cli_args_test_selection"][: len(plan.tests)] == list(plan.tests)
     assert "tests/integration/test_demo.py" in mutmut["pytest_add_cli_args_test_selection"]
@@ -115,8 +115,14 @@ def test_the_workspace_settings_read_back_as_mutmut_and_pytest_see_them() -> Non
     }
 
 
-def test_shared_test_doubles_are_neither_mutated_nor_counted(tmp_path: Path) -> None:
-    # GIVEN a workspace whose earlier run mutated the messaging test doubles too
+def test_the_dev_package_is_copied_unmutated_and_a_gone_module_is_not_counted(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a workspace whose earlier run mutated the messaging test doubles too, before they
+    # moved to the development package (messaging/testing.py is no longer in the source)
+    source_dir = tmp_path / "src" / "rhumbatron" / "messaging"
+    source_dir.mkdir(parents=True)
+    (source_dir / "sender.py").write_text("")
     package_dir = tmp_path / "mutants" / "src" / "rhumbatron" / "messaging"
     package_dir.mkdir(parents=True)
     for module in ("sender", "testing"):
@@ -125,12 +131,16 @@ def test_shared_test_doubles_are_neither_mutated_nor_counted(tmp_path: Path) -> 
             "hash_by_function_name": {"x_f": "h"},
         }
         (package_dir / f"{module}.py.meta").write_text(json.dumps(meta))
-    # THEN only the code under test is counted, and no new run mutates the doubles
+    # THEN only the code under test that is still there is counted
     assert set(tool._read_meta(tmp_path, "messaging")) == {
         "rhumbatron.messaging.sender.x_f__mutmut_1"
     }
-    written = tomllib.loads(tool.workspace_config(tool.PLANS["messaging"], {}))
-    assert written["tool"]["mutmut"]["do_not_mutate"] == ["src/rhumbatron/messaging/testing.py"]
+    # AND a new run copies the development package (the doubles, the local stack) beside the
+    # package, where the tests import it, and mutates only the package
+    written = tomllib.loads(tool.workspace_config(tool.PLANS["messaging"], {}))["tool"]["mutmut"]
+    assert "src/rhumbatron_dev" in written["source_paths"]
+    assert written["only_mutate"] == ["src/rhumbatron/messaging/*"]
+    assert "do_not_mutate" not in written
 
 
 def test_the_survivors_file_lists_every_survivor_left_with_its_diff(tmp_path: Path) -> None:

@@ -34,9 +34,9 @@ from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
 from rhumbatron.messaging.sender import OutgoingMessage
-from rhumbatron.messaging.testing import MemorySender, RefusingSender
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import stable_event_id
+from rhumbatron_dev.testing import MemorySender, RefusingSender
 
 CALLER = Caller("acme", "system:test", correlation_id="corr-outbox")
 PROJECT = "acme-web"  # stream index 0 (fnv1a32 0xc8d18fd0 mod 8)

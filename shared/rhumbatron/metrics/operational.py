@@ -25,7 +25,7 @@ metric                      dimensions        recorded by, and what it is
 ``sweep_heartbeat``         —                 every sweep tick that got to its end: 1
 ==========================  ================  =====================================================
 
-The dimension values follow the local dashboard (:mod:`rhumbatron.dashboard.summary`), in
+The dimension values follow the local dashboard (:mod:`rhumbatron_dev.dashboard.summary`), in
 snake_case: a poison-event letter has no queue, so its subscription stands in for it.
 """
 

@@ -1,5 +1,6 @@
-"""Test doubles of the :class:`~rhumbatron.messaging.sender.EventSender` port, shipped with
-the package so every test suite (and the benchmarks) uses the same ones.
+"""Test doubles of the :class:`~rhumbatron.messaging.sender.EventSender` port, kept in the
+development package (never in the Lambda layer) so every test suite and the benchmarks use
+the same ones.
 
 They stand in for JetStream only where a test is about the publisher's own decisions (what
 counts as an attempt, the backoff schedule); tests about delivery use a real nats-server,

@@ -1,7 +1,7 @@
 """What the local roles did, kept in memory for the dashboard's "functions" panel.
 
 In the cloud each role is a Lambda function and CloudWatch counts its invocations, errors
-and durations. ``rhumbatron up`` plays the roles in one process (:mod:`rhumbatron.local.up`),
+and durations. ``rhumbatron up`` plays the roles in one process (:mod:`rhumbatron_dev.local.up`),
 so it counts them itself: every tick of a role is one "invocation", with its duration, the
 items it moved and the error it raised, if any. The publisher's reports and the queue
 consumers' polls also feed the throughput, publish-error and commands panels.

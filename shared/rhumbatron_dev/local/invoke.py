@@ -924,8 +924,8 @@ def local_target(
     """The embedded stack for invocations: a nats-server (store under ``root/nats``) unless
     ``nats_url`` is given, and moto's S3 unless ``s3_endpoint_url`` is; stopped on exit.
     The functions' ``/mnt/<name>`` folders live under ``root``."""
-    from rhumbatron.local.nats_server import NatsServerProcess
-    from rhumbatron.local.s3_server import S3ServerProcess
+    from rhumbatron_dev.local.nats_server import NatsServerProcess
+    from rhumbatron_dev.local.s3_server import S3ServerProcess
 
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)

