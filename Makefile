@@ -25,7 +25,7 @@ demo: $(STAMP)
 up: $(STAMP)
 	$(BIN)/rhumbatron up
 
-## Lint (ruff + mypy over both packages), then the whole test suite.
+## Lint (ruff, mypy over both packages, the import-linter layering), then the whole test suite.
 # The dashboard's browser test drives Debian's chromium; as root, install it when missing
 # (not root: the test skips and says why).
 test: lint sam-check
@@ -65,6 +65,7 @@ sam-check: $(SAM_STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check shared functions tests bench mutation
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/cfn-lint template.yaml infra/*.yaml
 
 # The benchmarks also need the `bench` extra (FastStream, the router's peer); `make test` does not.

@@ -567,7 +567,7 @@ def _subscription_action(registry: SubscriptionRegistry, args: argparse.Namespac
     elif args.action == "delete":
         record = registry.delete(args.tenant, args.id)
     elif args.action == "deliveries":
-        from rhumbatron.api.subscription_routes import DeliveryBody
+        from rhumbatron.api.subscription_schemas import DeliveryBody
         from rhumbatron.reactions.webhook_ledger import DeliveryStatus
 
         deliveries = registry.deliveries(
@@ -596,7 +596,7 @@ def _subscription_action(registry: SubscriptionRegistry, args: argparse.Namespac
 
 def _subscription_wire(record: SubscriptionRecord, secret: str | None = None) -> dict[str, Any]:
     """A subscription as the HTTP API shows it: no secret, except one just generated."""
-    from rhumbatron.api.subscription_routes import SubscriptionBody
+    from rhumbatron.api.subscription_schemas import SubscriptionBody
 
     body = SubscriptionBody.of(record, generated_secret=secret)
     return body.model_dump(mode="json", by_alias=True)
@@ -679,7 +679,7 @@ def _schedules(args: argparse.Namespace) -> int:
 def _schedule_action(registry: ScheduleRegistry, args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rhumbatron.api.schedule_routes import CreateScheduleRequest
+    from rhumbatron.api.schedule_schemas import CreateScheduleRequest
     from rhumbatron.reactions.schedules import ScheduleNotFoundError, ScheduleTiming
 
     if args.action == "list":
@@ -731,7 +731,7 @@ def _schedule_action(registry: ScheduleRegistry, args: argparse.Namespace) -> in
 
 def _schedule_wire(registry: ScheduleRegistry, record: ScheduleRecord) -> dict[str, Any]:
     """A schedule as the HTTP API shows it."""
-    from rhumbatron.api.schedule_routes import ScheduleBody
+    from rhumbatron.api.schedule_schemas import ScheduleBody
 
     body = ScheduleBody.of(record, last_fired_for=registry.last_fired(record.schedule_id))
     return body.model_dump(mode="json", by_alias=True)

@@ -7,9 +7,12 @@ Every error answer has the body ``{"error": {"code", "message", "field"}}``
 401    no bearer token, an expired one, or one that does not verify
        (``WWW-Authenticate: Bearer``, with ``error="invalid_token"`` for a bad one)
 403    the token lacks the operation's scope; the message names it; or a tenant-bound
-       token asked for a platform route (``platform_required``)
-404    no such dead letter or project for this tenant, or no such route
-409    the dead letter is already closed; a poison event cannot be retried
+       token asked for a platform route (``platform_required``); or a platform token asked
+       to create what only a tenant can own (``tenant_required``)
+404    no such dead letter, project, Change, Task, event, subscription or schedule for this
+       tenant, or no such route
+409    the dead letter is already closed; a poison event cannot be retried; the state of
+       what the request names refuses it (a project not active, a Task another Agent holds)
 413    the body is over ``api_max_body_bytes`` (1 MiB), declared or streamed
        (``payload_too_large``, answered by :mod:`rhumbatron.api.body_limit`)
 422    the request is invalid; ``field`` names the first bad field
@@ -27,15 +30,25 @@ The API's own errors (:class:`ApiError` and below) extend the package hierarchy 
           ├── AuthenticationError  401
           ├── PermissionDeniedError 403
           ├── PlatformRequiredError 403 (a tenant token on a platform route)
+          ├── ForbiddenError       403 (a platform token creating what a tenant owns)
+          ├── NotFoundError        404
+          ├── ConflictError        409
+          ├── ArchiveDamagedError  409
           ├── InvalidRequestError  422
           └── UnavailableError     503
+
+The request layer's own refusals (a project not active, a Task the Agent does not hold, a
+Change that does not exist) are answered from one table, :data:`_STATUS_OF`; a route maps a
+:class:`~rhumbatron.errors.DomainError` whose answer depends on what it asked with
+:func:`domain_refusal`.
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -50,23 +63,41 @@ from rhumbatron.errors import (
     DeadLetterClosedError,
     DeadLetterError,
     DeadLetterNotFoundError,
+    DomainError,
     EnvelopeError,
     MessagingError,
     NatsUnavailableError,
     RhumbatronError,
 )
+from rhumbatron.lifecycle.lookups import (
+    ChangeNotFoundError,
+    EventNotFoundError,
+    TaskNotFoundError,
+)
+from rhumbatron.lifecycle.project_requests import (
+    ProjectActiveError,
+    ProjectExistsError,
+    ProjectIdUnavailableError,
+    ProjectNotActiveError,
+)
+from rhumbatron.lifecycle.requests import NotHolderError
 from rhumbatron.operator import ProjectNotFoundError
 from rhumbatron.redaction import describe_input
 
 __all__ = [
     "ApiError",
+    "ArchiveDamagedError",
     "AuthenticationError",
+    "ConflictError",
     "ErrorDetail",
     "ErrorResponse",
+    "ForbiddenError",
     "InvalidRequestError",
+    "NotFoundError",
     "PermissionDeniedError",
     "PlatformRequiredError",
     "UnavailableError",
+    "domain_refusal",
     "error_responses",
     "install_error_handlers",
 ]
@@ -161,6 +192,35 @@ class PlatformRequiredError(ApiError):
         )
 
 
+class ForbiddenError(ApiError):
+    """403: the caller may not do this whatever its scopes (a platform token creating what
+    only a tenant can own)."""
+
+    status_code = 403
+    default_code = "forbidden"
+
+
+class NotFoundError(ApiError):
+    """404: no such record for this tenant (a subscription, a schedule)."""
+
+    status_code = 404
+    default_code = "not_found"
+
+
+class ConflictError(ApiError):
+    """409: the request is well formed, but the state of what it names refuses it."""
+
+    status_code = 409
+    default_code = "conflict"
+
+
+class ArchiveDamagedError(ApiError):
+    """409: an archive object of the range cannot be read as Events; the message names it."""
+
+    status_code = 409
+    default_code = "archive_damaged"
+
+
 class InvalidRequestError(ApiError):
     """422: a request value the models accept but the operation cannot use."""
 
@@ -177,17 +237,26 @@ class UnavailableError(ApiError):
 
 # -- mapping the package's errors --------------------------------------------------------------
 
-#: Package errors and their answers, most specific first.
-_STATUS_OF: tuple[tuple[type[Exception], int, str], ...] = (
-    (DeadLetterNotFoundError, 404, "not_found"),
-    (ProjectNotFoundError, 404, "not_found"),
-    (DeadLetterClosedError, 409, "already_closed"),
-    (DeadLetterError, 409, "not_retryable"),
-    (NatsUnavailableError, 503, "nats_unavailable"),
-    (MessagingError, 503, "messaging_unavailable"),
-    (ActorBusyError, 503, "storage_busy"),
-    (ActorError, 503, "storage_unavailable"),
-    (EnvelopeError, 422, "invalid_request"),
+#: Package errors and their answers (status, code, and the request field at fault, as the
+#: client names it), most specific first.
+_STATUS_OF: tuple[tuple[type[Exception], int, str, str | None], ...] = (
+    (DeadLetterNotFoundError, 404, "not_found", None),
+    (ProjectNotFoundError, 404, "not_found", None),
+    (ChangeNotFoundError, 404, "not_found", None),
+    (TaskNotFoundError, 404, "not_found", None),
+    (EventNotFoundError, 404, "not_found", None),
+    (DeadLetterClosedError, 409, "already_closed", None),
+    (DeadLetterError, 409, "not_retryable", None),
+    (ProjectIdUnavailableError, 409, "project_id_unavailable", "projectId"),
+    (ProjectExistsError, 409, "project_exists", "name"),
+    (ProjectNotActiveError, 409, "project_not_active", None),
+    (ProjectActiveError, 409, "project_active", None),
+    (NotHolderError, 409, "not_holder", None),
+    (NatsUnavailableError, 503, "nats_unavailable", None),
+    (MessagingError, 503, "messaging_unavailable", None),
+    (ActorBusyError, 503, "storage_busy", None),
+    (ActorError, 503, "storage_unavailable", None),
+    (EnvelopeError, 422, "invalid_request", None),
 )
 
 
@@ -214,7 +283,7 @@ async def _rhumbatron_error(request: Request, exc: Exception) -> JSONResponse:
         if exc.status_code == 503:
             headers.update(_unavailable_headers(request))
         return _answer(exc.status_code, exc.code, exc.message, field=exc.field, headers=headers)
-    for kind, status, code in _STATUS_OF:
+    for kind, status, code, field in _STATUS_OF:
         if isinstance(exc, kind):
             if status == 503:
                 _log.warning("%s %s: 503 %s: %s", request.method, request.url.path, code, exc)
@@ -222,9 +291,22 @@ async def _rhumbatron_error(request: Request, exc: Exception) -> JSONResponse:
                 status,
                 code,
                 str(exc),
+                field=field,
                 headers=_unavailable_headers(request) if status == 503 else None,
             )
     return await _unexpected(request, exc)
+
+
+@contextmanager
+def domain_refusal(code: str = "conflict", *, invalid_field: str | None = None) -> Iterator[None]:
+    """A :class:`DomainError` of the library as an answer: 409 with ``code`` (the state
+    refuses it), or 422 on ``invalid_field`` (the request's own values are at fault)."""
+    try:
+        yield
+    except DomainError as exc:
+        if invalid_field is not None:
+            raise InvalidRequestError(str(exc), field=invalid_field) from None
+        raise ConflictError(str(exc), code=code) from None
 
 
 async def _sqlite_error(request: Request, exc: Exception) -> JSONResponse:

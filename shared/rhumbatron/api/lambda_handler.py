@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
     from mangum import Mangum
 
-    from rhumbatron.runtime.bootstrap import Rhumbatron
+    from rhumbatron.api.ports import ApiRuntime
 
 __all__ = ["handler"]
 
@@ -40,7 +40,7 @@ _log = logging.getLogger(__name__)
 class _Adapter:
     """What a warm container keeps: the runtime the API was built on, the API, Mangum."""
 
-    app: Rhumbatron | None = None
+    app: ApiRuntime | None = None
     api: FastAPI | None = None
     mangum: Mangum | None = None
 
@@ -48,7 +48,7 @@ class _Adapter:
 _adapter = _Adapter()
 
 
-def _mangum(app: Rhumbatron) -> tuple[FastAPI, Mangum]:
+def _mangum(app: ApiRuntime) -> tuple[FastAPI, Mangum]:
     # Rebuilt when the runtime was replaced (reset_for_tests): a Mangum over a closed
     # runtime would answer from closed files.
     if _adapter.app is not app or _adapter.api is None or _adapter.mangum is None:
@@ -66,7 +66,7 @@ def _mangum(app: Rhumbatron) -> tuple[FastAPI, Mangum]:
 
 
 def handler(
-    event: dict[str, Any], context: Any, *, runtime: Callable[[], Rhumbatron]
+    event: dict[str, Any], context: Any, *, runtime: Callable[[], ApiRuntime]
 ) -> dict[str, Any]:
     """The Lambda entry point (API Gateway HTTP API or REST API proxy events), over the
     runtime ``runtime`` gives."""

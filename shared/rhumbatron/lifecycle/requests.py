@@ -21,6 +21,7 @@ from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import DomainError
 
 if TYPE_CHECKING:
+    from rhumbatron.domain.tasks import TaskState
     from rhumbatron.lifecycle.context import LifecycleContext
     from rhumbatron.lifecycle.world import LifecycleWorld
 
@@ -28,8 +29,10 @@ __all__ = [
     "AgentCallbacks",
     "ChangeRequests",
     "CreatedChange",
+    "NotHolderError",
     "PromotionConflictError",
     "qualified_task_id",
+    "require_holder",
 ]
 
 
@@ -40,6 +43,21 @@ def qualified_task_id(change_id: str, task_id: str) -> str:
 
 class PromotionConflictError(DomainError):
     """Canonical moved past the Candidate's base: it must be recomposed before approval."""
+
+
+class NotHolderError(DomainError):
+    """The reporting Agent does not hold the Task (or the Task is no longer active)."""
+
+
+def require_holder(task: TaskState, agent_id: str) -> None:
+    """Only the admitted Agent reports on a Task. Intents, claims and challenges are the
+    shard's own facts, not the Task's: their callbacks do not ask who holds the Task, so
+    a caller reporting them on a Task asks this first."""
+    if task.agent_id != agent_id or not task.active:
+        raise NotHolderError(
+            f"agent {agent_id!r} does not hold task {task.task_id!r} (it is "
+            f"{task.status}); only the admitted agent reports on a task"
+        )
 
 
 @dataclass(frozen=True, slots=True)

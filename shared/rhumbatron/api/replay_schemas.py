@@ -1,42 +1,23 @@
-"""The replay API: ``POST /replays`` re-drives one subscription from a point of an event stream
-or from a time range of the S3 archive (:mod:`rhumbatron.router.replay`).
+"""The replay API's request and response bodies: frozen pydantic models, camelCase on the
+wire, like :mod:`rhumbatron.api.schemas`.
 
-Only the ``(consumer, event_id)`` claims decide what takes effect, so a replay asked twice,
-or while the live cursor consumes, has no second effect; ``dryRun`` answers how many events
-would apply and how many already did, and changes nothing. The replay runs within the
-request: keep a range an API request can read (the CLI has no such bound).
-
-``replay:write`` is a platform operator's scope: a replay reads every tenant's events of a
-stream (each applies only what the live cursor would have applied), so grant it only to the
-platform's operators.
+A request says its source and range; its own values are checked here, so a replay that
+cannot be asked for is a 422 naming the field before anything reads a stream.
 """
 
-# No ``from __future__ import annotations`` here, on purpose (as in ``lifecycle_routes``): the
-# route is a closure over the principal dependency it is given, and FastAPI resolves string
-# annotations against the module's globals only.
-
-import logging
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Literal, Self
+from typing import TYPE_CHECKING, Literal, Self
 
-from fastapi import APIRouter, Depends
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from rhumbatron.api.auth import SCOPE_REPLAY_WRITE, Principal, platform_principal
-from rhumbatron.api.errors import ApiError, InvalidRequestError, UnavailableError, error_responses
-from rhumbatron.api.lifecycle_routes import PrincipalDependency
-from rhumbatron.errors import ArchiveError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
-from rhumbatron.runtime.bootstrap import Rhumbatron
 
 if TYPE_CHECKING:
     from rhumbatron.router.replay import ReplayReport
 
-__all__ = ["ArchiveDamagedError", "ReplayBody", "ReplayRequest", "replay_router"]
-
-_log = logging.getLogger(__name__)
+__all__ = ["ReplayBody", "ReplayRequest"]
 
 
 class _Wire(BaseModel):
@@ -122,6 +103,7 @@ class ReplayBody(_Wire):
 
     @classmethod
     def of(cls, report: "ReplayReport") -> "ReplayBody":
+        """``report`` as answered."""
         return cls(
             source=report.source.value,
             subscription=report.subscription,
@@ -140,80 +122,3 @@ class ReplayBody(_Wire):
             start=report.start,
             end=report.end,
         )
-
-
-class ArchiveDamagedError(ApiError):
-    """409: an archive object of the range cannot be read as Events; the message names it."""
-
-    status_code = 409
-    default_code = "archive_damaged"
-
-
-_RESPONSES = error_responses(
-    401,
-    403,
-    409,
-    422,
-    503,
-    e403="The token lacks replay:write, or is not a platform token (tenant '*'): a replay "
-    "reads every tenant's events of a stream.",
-)
-_RESPONSES[409] = {**_RESPONSES[409], "description": "An archive object of the range is damaged."}
-
-
-def replay_router(app: Rhumbatron, principal: PrincipalDependency) -> APIRouter:
-    """The replay route over ``app``; ``principal`` is the API's authenticating dependency
-    (``app._principal``), so the route answers 401 / 403 like every other."""
-    # A platform token only: a stream holds every tenant's events.
-    Replayer = Annotated[
-        Principal,
-        Depends(
-            platform_principal(principal, scope=SCOPE_REPLAY_WRITE, doing="a replay of a stream")
-        ),
-    ]
-    router = APIRouter()
-
-    @router.post(
-        "/replays",
-        response_model=ReplayBody,
-        summary="Replay a subscription from a stream point or the archive",
-        responses=_RESPONSES,
-    )
-    async def replay(principal: Replayer, body: ReplayRequest) -> ReplayBody:
-        """Re-drives ``subscription`` through its claims: only events it never applied take
-        effect, so asking again (or while the router consumes) has no second effect. With
-        ``dryRun`` nothing changes and the answer counts what would apply. Only a platform
-        token may replay: a stream holds every tenant's events."""
-        # Imported here: the router and the archive reader are no part of the API's cold start.
-        from rhumbatron.archive import ArchiveUnavailableError
-        from rhumbatron.router.replay import ReplayError, run_replay
-
-        _log.info(
-            "api: replay %s %s stream %s by %s (dry run: %s)",
-            body.source,
-            body.subscription.value,
-            body.stream,
-            principal.subject,
-            body.dry_run,
-        )
-        try:
-            report = await run_replay(
-                app,
-                source=body.source,
-                subscription=body.subscription,
-                dry_run=body.dry_run,
-                stream=body.stream,
-                to_seq=body.to_seq,
-                to_time=body.to_time,
-                start=body.start,
-                end=body.end,
-            )
-        except ReplayError as exc:
-            raise InvalidRequestError(str(exc)) from None
-        except ArchiveUnavailableError as exc:
-            raise UnavailableError(str(exc), code="archive_unavailable") from None
-        except ArchiveError as exc:
-            raise ArchiveDamagedError(str(exc)) from None
-        return ReplayBody.of(report)
-
-    return router

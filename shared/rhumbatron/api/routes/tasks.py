@@ -1,0 +1,361 @@
+"""A Change's Tasks: the list, and the callbacks an external (webhook) Agent reports with on
+the Task it was woken for — start, intents, claims, challenges, changesets, complete, fail.
+
+Each callback is one :class:`~rhumbatron.lifecycle.requests.AgentCallbacks` call, idempotent
+on its natural key; the facts' actor is ``agent:<agentId>``. The Task is found first (named
+as planned, ``t1``, or as its wake names it, ``<changeId>.t1``); the agent ID is the project's
+tenant's, so another tenant's agent of that ID is never consulted and a caller learns nothing
+of it. Intents, claims and challenges then ask whether the Agent holds the Task
+(:func:`~rhumbatron.lifecycle.requests.require_holder`); the other callbacks check it
+themselves.
+"""
+
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import APIRouter, Query
+
+from rhumbatron.api.access import project_owner
+from rhumbatron.api.dependencies import AgentsWriter, ChangesReader, Runtime
+from rhumbatron.api.errors import domain_refusal, error_responses
+from rhumbatron.api.lifecycle_schemas import (
+    AGENT_ID,
+    RESOURCE,
+    ChallengeBody,
+    ChallengeRequest,
+    ChangesetBody,
+    ChangesetRequest,
+    ClaimBody,
+    ClaimRequest,
+    CompleteTaskRequest,
+    FailTaskRequest,
+    IntentBody,
+    IntentRequest,
+    StartTaskRequest,
+    TaskBody,
+    TaskListBody,
+)
+from rhumbatron.api.routes._presets import (
+    NO_CHANGE,
+    NO_TASK,
+    ChangeId,
+    ProjectId,
+    Responses,
+    TaskId,
+    record_errors,
+)
+from rhumbatron.lifecycle.lookups import existing_change, live_claim, reported_task, task_state
+from rhumbatron.lifecycle.requests import require_holder
+
+if TYPE_CHECKING:
+    from rhumbatron.api.ports import ApiRuntime
+
+__all__ = ["router"]
+
+_TASK_PATH = "/projects/{projectId}/changes/{changeId}/tasks/{taskId}"
+
+router = APIRouter()
+
+
+def _report_errors() -> Responses:
+    return error_responses(
+        401,
+        403,
+        404,
+        409,
+        422,
+        503,
+        e403="The token lacks agents:write.",
+        e404=NO_TASK,
+        e409="The Agent does not hold the Task, or the state refuses the report (another "
+        "Agent's claim, a changeset or challenge ID reused for something else, an ended "
+        "Change).",
+    )
+
+
+@router.get(
+    "/projects/{projectId}/changes/{changeId}/tasks",
+    response_model=TaskListBody,
+    summary="List a Change's Tasks",
+    responses=record_errors(NO_CHANGE),
+)
+async def list_tasks(
+    runtime: Runtime, principal: ChangesReader, project_id: ProjectId, change_id: ChangeId
+) -> TaskListBody:
+    # No docstring, as before the routes moved here: FastAPI would publish one as the
+    # operation's description, and the OpenAPI document stays as it was. The Change's
+    # Tasks, in the order the shard keeps them.
+    project_owner(runtime, principal, project_id)
+    shard, _ = existing_change(runtime, project_id, change_id)
+    return TaskListBody(items=[TaskBody.of(t) for t in shard.tasks_of_change(change_id)])
+
+
+@router.post(
+    f"{_TASK_PATH}/start",
+    response_model=TaskBody,
+    summary="Agent: start the Task",
+    responses=_report_errors(),
+)
+async def start_task(
+    *,
+    runtime: Runtime,
+    principal: AgentsWriter,
+    project_id: ProjectId,
+    change_id: ChangeId,
+    task_id: TaskId,
+    body: StartTaskRequest,
+) -> TaskBody:
+    """``assigned → running`` (``task.started``); starting it again is nothing."""
+    owner = project_owner(runtime, principal, project_id)
+    task = reported_task(runtime, project_id, change_id, task_id)
+    with domain_refusal("not_holder"):
+        runtime.lifecycle().callbacks.start(
+            owner,
+            project_id=project_id,
+            change_id=change_id,
+            task_id=task.task_id,
+            agent_id=body.agent_id,
+        )
+    return _task_body(runtime, project_id, change_id, task.task_id)
+
+
+@router.post(
+    f"{_TASK_PATH}/intents",
+    response_model=IntentBody,
+    summary="Agent: declare an intent",
+    responses=_report_errors(),
+)
+async def declare_intent(
+    *,
+    runtime: Runtime,
+    principal: AgentsWriter,
+    project_id: ProjectId,
+    change_id: ChangeId,
+    task_id: TaskId,
+    body: IntentRequest,
+) -> IntentBody:
+    """``intent.declared``, or ``intent.changed`` when the same intent ID names other
+    paths; the same again is nothing. Agents whose work overlaps the paths are woken."""
+    owner = project_owner(runtime, principal, project_id)
+    task = reported_task(runtime, project_id, change_id, task_id)
+    require_holder(task, body.agent_id)
+    with domain_refusal("intent_refused"):
+        runtime.lifecycle().callbacks.declare_intent(
+            owner,
+            project_id=project_id,
+            change_id=change_id,
+            agent_id=body.agent_id,
+            intent_id=body.intent_id,
+            paths=body.paths,
+            summary=body.summary,
+        )
+    return IntentBody(
+        intent_id=body.intent_id,
+        agent_id=body.agent_id,
+        task_id=task.task_id,
+        paths=body.paths,
+        summary=body.summary,
+    )
+
+
+@router.post(
+    f"{_TASK_PATH}/claims",
+    response_model=ClaimBody,
+    summary="Agent: claim a resource",
+    responses=_report_errors(),
+)
+async def acquire_claim(
+    *,
+    runtime: Runtime,
+    principal: AgentsWriter,
+    project_id: ProjectId,
+    change_id: ChangeId,
+    task_id: TaskId,
+    body: ClaimRequest,
+) -> ClaimBody:
+    """An exclusive claim for the claim TTL; its holder claiming again renews it. A
+    resource another Agent holds is 409 until it is released or expires."""
+    owner = project_owner(runtime, principal, project_id)
+    task = reported_task(runtime, project_id, change_id, task_id)
+    require_holder(task, body.agent_id)
+    with domain_refusal("claimed_by_another"):
+        runtime.lifecycle().callbacks.acquire_claim(
+            owner, project_id=project_id, agent_id=body.agent_id, resource=body.resource
+        )
+    return _claim_body(runtime, project_id, body.resource, body.agent_id)
+
+
+@router.delete(
+    f"{_TASK_PATH}/claims",
+    response_model=ClaimBody,
+    summary="Agent: release a claim",
+    responses=_report_errors(),
+)
+async def release_claim(
+    *,
+    runtime: Runtime,
+    principal: AgentsWriter,
+    project_id: ProjectId,
+    change_id: ChangeId,
+    task_id: TaskId,
+    agent_id: Annotated[str, Query(alias="agentId", pattern=AGENT_ID)],
+    resource: Annotated[str, Query(pattern=RESOURCE)],
+) -> ClaimBody:
+    """``claim.released``; releasing a resource nobody holds is nothing. Only its
+    holder releases it (409 otherwise). The Task need not be held any more: an Agent
+    cleans up after completing."""
+    owner = project_owner(runtime, principal, project_id)
+    reported_task(runtime, project_id, change_id, task_id)
+    with domain_refusal("claimed_by_another"):
+        runtime.lifecycle().callbacks.release_claim(
+            owner, project_id=project_id, agent_id=agent_id, resource=resource
+        )
+    return _claim_body(runtime, project_id, resource, agent_id)
+
+
+@router.post(
+    f"{_TASK_PATH}/challenges",
+    response_model=ChallengeBody,
+    summary="Agent: challenge another agent's claim or intent",
+    responses=_report_errors(),
+)
+async def create_challenge(
+    *,
+    runtime: Runtime,
+    principal: AgentsWriter,
+    project_id: ProjectId,
+    change_id: ChangeId,
+    task_id: TaskId,
+    body: ChallengeRequest,
+) -> ChallengeBody:
+    """``challenge.created`` on the resource: the Agents whose work overlaps it are
+    woken (never the challenger). The same challenge ID again is nothing; reused for
+    another challenge, 409."""
+    owner = project_owner(runtime, principal, project_id)
+    task = reported_task(runtime, project_id, change_id, task_id)
+    require_holder(task, body.agent_id)
+    with domain_refusal("challenge_refused"):
+        runtime.lifecycle().callbacks.create_challenge(
+            owner,
+            project_id=project_id,
+            change_id=change_id,
+            agent_id=body.agent_id,
+            challenge_id=body.challenge_id,
+            resource=body.resource,
+            target_agent_id=body.target_agent_id,
+            reason=body.reason,
+        )
+    return ChallengeBody(
+        challenge_id=body.challenge_id,
+        agent_id=body.agent_id,
+        task_id=task.task_id,
+        resource=body.resource,
+        target_agent_id=body.target_agent_id,
+        reason=body.reason.strip(),
+    )
+
+
+@router.post(
+    f"{_TASK_PATH}/changesets",
+    response_model=ChangesetBody,
+    summary="Agent: propose a changeset",
+    responses=_report_errors(),
+)
+async def propose_changeset(
+    *,
+    runtime: Runtime,
+    principal: AgentsWriter,
+    project_id: ProjectId,
+    change_id: ChangeId,
+    task_id: TaskId,
+    body: ChangesetRequest,
+) -> ChangesetBody:
+    """``changeset.proposed`` on the current canonical generation; the same ID with the
+    same files again is nothing, with other files 409."""
+    owner = project_owner(runtime, principal, project_id)
+    task = reported_task(runtime, project_id, change_id, task_id)
+    with domain_refusal("changeset_refused"):
+        runtime.lifecycle().callbacks.propose_changeset(
+            owner,
+            project_id=project_id,
+            change_id=change_id,
+            task_id=task.task_id,
+            agent_id=body.agent_id,
+            changeset_id=body.changeset_id,
+            files=body.files,
+        )
+    shard = runtime.lifecycle().world.change_shard(project_id, change_id)
+    changeset = shard.changeset(body.changeset_id)
+    assert changeset is not None  # the call above recorded it, or had it already
+    return ChangesetBody.of(changeset)
+
+
+@router.post(
+    f"{_TASK_PATH}/complete",
+    response_model=TaskBody,
+    summary="Agent: complete the Task",
+    responses=_report_errors(),
+)
+async def complete_task(
+    *,
+    runtime: Runtime,
+    principal: AgentsWriter,
+    project_id: ProjectId,
+    change_id: ChangeId,
+    task_id: TaskId,
+    body: CompleteTaskRequest,
+) -> TaskBody:
+    """``task.completed`` (its dependents become ready; the last Task moves the Change
+    to verifying); the same report again is nothing."""
+    owner = project_owner(runtime, principal, project_id)
+    task = reported_task(runtime, project_id, change_id, task_id)
+    with domain_refusal("not_holder"):
+        runtime.lifecycle().callbacks.complete(
+            owner,
+            project_id=project_id,
+            change_id=change_id,
+            task_id=task.task_id,
+            agent_id=body.agent_id,
+            changeset_id=body.changeset_id,
+        )
+    return _task_body(runtime, project_id, change_id, task.task_id)
+
+
+@router.post(
+    f"{_TASK_PATH}/fail",
+    response_model=TaskBody,
+    summary="Agent: fail the Task",
+    responses=_report_errors(),
+)
+async def fail_task(
+    *,
+    runtime: Runtime,
+    principal: AgentsWriter,
+    project_id: ProjectId,
+    change_id: ChangeId,
+    task_id: TaskId,
+    body: FailTaskRequest,
+) -> TaskBody:
+    """``task.failed`` with the reason (the Change is settled); again is nothing."""
+    owner = project_owner(runtime, principal, project_id)
+    task = reported_task(runtime, project_id, change_id, task_id)
+    with domain_refusal("not_holder"):
+        runtime.lifecycle().callbacks.fail(
+            owner,
+            project_id=project_id,
+            change_id=change_id,
+            task_id=task.task_id,
+            agent_id=body.agent_id,
+            reason=body.reason,
+        )
+    return _task_body(runtime, project_id, change_id, task.task_id)
+
+
+def _task_body(runtime: "ApiRuntime", project_id: str, change_id: str, task_id: str) -> TaskBody:
+    return TaskBody.of(task_state(runtime, project_id, change_id, task_id))
+
+
+def _claim_body(runtime: "ApiRuntime", project_id: str, resource: str, agent_id: str) -> ClaimBody:
+    claim = live_claim(runtime, project_id, resource, agent_id)
+    if claim is None:
+        return ClaimBody(resource=resource, agent_id=agent_id, held=False)
+    return ClaimBody(resource=resource, agent_id=agent_id, held=True, expires_at=claim.expires_at)
