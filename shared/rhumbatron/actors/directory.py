@@ -8,19 +8,24 @@ a Protocol it satisfies, instead of the whole runtime.
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from rhumbatron.actors.actor import Actor, ActorKind, ActorRef
 from rhumbatron.actors.alarms import AlarmSink
+from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.resource_shard import ResourceShard
 from rhumbatron.core.clock import Clock
 from rhumbatron.core.settings import Settings
-from rhumbatron.errors import ActorError
+from rhumbatron.errors import ActorError, RhumbatronError
 
 __all__ = ["ActorDirectory"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -111,6 +116,19 @@ class ActorDirectory:
             assert isinstance(root, ProjectRoot)
             state = root.state()
         return None if state is None else state.tenant_id
+
+    def outbox_backlog(self) -> dict[str, int]:
+        """Outbox rows by state over every actor file (the dashboards' backlog). An actor
+        that cannot be read is logged and left out; files opened for it are closed again."""
+        totals = {state.value: 0 for state in RowState}
+        for ref in self.actor_refs():
+            try:
+                with self.visiting(ref) as actor:
+                    for state, count in counts_by_state(actor.connection).items():
+                        totals[state] = totals.get(state, 0) + count
+            except (RhumbatronError, sqlite3.Error) as exc:
+                _log.error("cannot read the outbox of %s: %s", ref.key, exc)
+        return totals
 
     def close(self) -> None:
         """Close every actor file this directory opened."""

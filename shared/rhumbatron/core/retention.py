@@ -26,7 +26,7 @@ browsing (a view, a replay) but never provenance, which records embed (S2-046, S
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -254,11 +254,13 @@ def _retry_delay(settings: RetentionWindows, row: QueueConsumer) -> tuple[float,
 def _misfits(
     settings: RetentionWindows, queues: Mapping[str, QueueConsumer]
 ) -> Iterator[RetentionMisfit]:
-    s = settings
-    event_s = s.event_stream_max_age_days * _DAY_S
-    command_s = s.command_stream_max_age_days * _DAY_S
-    replay_s = s.replay_window_days * _DAY_S
+    for rule in _RULES:
+        yield from rule(settings, queues)
 
+
+def _sweep_round(
+    s: RetentionWindows, queues: Mapping[str, QueueConsumer]
+) -> Iterator[RetentionMisfit]:
     if s.max_consumer_lag_s < SWEEP_ROUND_S:
         yield RetentionMisfit(
             "the largest tolerated consumer lag covers the sweep's round of the streams",
@@ -268,6 +270,12 @@ def _misfits(
             f"raise {_env('max_consumer_lag_s')} to at least {_num(SWEEP_ROUND_S)}",
         )
 
+
+def _event_stream_covers_lag_and_replay(
+    s: RetentionWindows, queues: Mapping[str, QueueConsumer]
+) -> Iterator[RetentionMisfit]:
+    event_s = s.event_stream_max_age_days * _DAY_S
+    replay_s = s.replay_window_days * _DAY_S
     # The spec's word is "exceed": at equality the oldest event a replay needs is the one
     # JetStream is deleting.
     needed_s = s.max_consumer_lag_s + replay_s
@@ -287,6 +295,10 @@ def _misfits(
             f"or lower {_env('max_consumer_lag_s')} or {_env('replay_window_days')}",
         )
 
+
+def _claims_outlive_stream(
+    s: RetentionWindows, queues: Mapping[str, QueueConsumer]
+) -> Iterator[RetentionMisfit]:
     if s.processed_events_retention_days < s.event_stream_max_age_days:
         yield RetentionMisfit(
             "processed_events claims are kept at least as long as the event stream keeps events",
@@ -300,6 +312,10 @@ def _misfits(
             f"{_num(s.event_stream_max_age_days)}, or lower {_env('event_stream_max_age_days')}",
         )
 
+
+def _published_rows_outlive_stream(
+    s: RetentionWindows, queues: Mapping[str, QueueConsumer]
+) -> Iterator[RetentionMisfit]:
     if s.outbox_published_retention_days < s.event_stream_max_age_days:
         yield RetentionMisfit(
             "published outbox rows are kept at least as long as the event stream keeps their "
@@ -314,6 +330,12 @@ def _misfits(
             f"{_num(s.event_stream_max_age_days)}, or lower {_env('event_stream_max_age_days')}",
         )
 
+
+def _duplicate_window_within_stream_ages(
+    s: RetentionWindows, queues: Mapping[str, QueueConsumer]
+) -> Iterator[RetentionMisfit]:
+    event_s = s.event_stream_max_age_days * _DAY_S
+    command_s = s.command_stream_max_age_days * _DAY_S
     exceeded = [
         (field, days)
         for field, days, age_s in (
@@ -334,6 +356,10 @@ def _misfits(
             f"or raise {raise_ages}",
         )
 
+
+def _duplicate_window_covers_resends(
+    s: RetentionWindows, queues: Mapping[str, QueueConsumer]
+) -> Iterator[RetentionMisfit]:
     span_s = publish_resend_span_s(s)
     if s.duplicate_window_s < span_s:
         yield RetentionMisfit(
@@ -353,6 +379,10 @@ def _misfits(
             f"{_env('outbox_max_attempts')} or {_env('outbox_backoff_max_s')}",
         )
 
+
+def _retry_resend_inside_duplicate_window(
+    s: RetentionWindows, queues: Mapping[str, QueueConsumer]
+) -> Iterator[RetentionMisfit]:
     if s.api_retry_resend_after_s >= s.duplicate_window_s:
         yield RetentionMisfit(
             "an operator Retry left unsent is resent inside the duplicate window",
@@ -366,6 +396,10 @@ def _misfits(
             f"or raise {_env('duplicate_window_s')}",
         )
 
+
+def _archive_covers_replay(
+    s: RetentionWindows, queues: Mapping[str, QueueConsumer]
+) -> Iterator[RetentionMisfit]:
     if s.archive_max_age_days < s.replay_window_days:
         yield RetentionMisfit(
             "the archive keeps objects at least as long as the replay window",
@@ -378,6 +412,11 @@ def _misfits(
             f"the bucket's lifecycle rule with it), or lower {_env('replay_window_days')}",
         )
 
+
+def _command_stream_covers_waits(
+    s: RetentionWindows, queues: Mapping[str, QueueConsumer]
+) -> Iterator[RetentionMisfit]:
+    command_s = s.command_stream_max_age_days * _DAY_S
     if queues:
         row = max(queues.values(), key=lambda r: command_wait_s(s, r))
         wait_s = command_wait_s(s, row)
@@ -405,6 +444,10 @@ def _misfits(
                 f"{_env('command_max_hold_s')}",
             )
 
+
+def _in_progress_marks_beat_ack_wait(
+    s: RetentionWindows, queues: Mapping[str, QueueConsumer]
+) -> Iterator[RetentionMisfit]:
     # The ack waits are windows too: listed with the rest so one start-up names every misfit.
     if s.command_in_progress_s >= s.command_ack_wait_s:
         yield RetentionMisfit(
@@ -418,6 +461,10 @@ def _misfits(
             f"{_env('command_ack_wait_s')}",
         )
 
+
+def _router_ack_wait_beats_fetch(
+    s: RetentionWindows, queues: Mapping[str, QueueConsumer]
+) -> Iterator[RetentionMisfit]:
     if s.router_ack_wait_s <= s.router_fetch_timeout_s:
         yield RetentionMisfit(
             "the router's ack wait is longer than one fetch",
@@ -429,3 +476,21 @@ def _misfits(
             f"raise {_env('router_ack_wait_s')} above {_num(s.router_fetch_timeout_s)}, or lower "
             f"{_env('router_fetch_timeout_s')}",
         )
+
+
+#: Every rule, in the order a start-up names their misfits.
+_RULES: tuple[
+    Callable[[RetentionWindows, Mapping[str, QueueConsumer]], Iterator[RetentionMisfit]], ...
+] = (
+    _sweep_round,
+    _event_stream_covers_lag_and_replay,
+    _claims_outlive_stream,
+    _published_rows_outlive_stream,
+    _duplicate_window_within_stream_ages,
+    _duplicate_window_covers_resends,
+    _retry_resend_inside_duplicate_window,
+    _archive_covers_replay,
+    _command_stream_covers_waits,
+    _in_progress_marks_beat_ack_wait,
+    _router_ack_wait_beats_fetch,
+)

@@ -35,6 +35,7 @@ __all__ = [
     "get_dead_letter",
     "list_dead_letters",
     "migrate_dead_letters",
+    "open_command_ids",
     "poison_dead_letter_id",
     "reaction_dead_letter_id",
     "record_command_dead_letter",
@@ -365,6 +366,14 @@ def claim_retry(
         == 1
     )
     return get_dead_letter(connection, dead_letter_id), won
+
+
+def open_command_ids(connection: sqlite3.Connection) -> frozenset[str]:
+    """The command IDs that have an open letter."""
+    rows = connection.execute(
+        "SELECT command_id FROM dead_letters WHERE status = 'open' AND command_id IS NOT NULL"
+    )
+    return frozenset(row[0] for row in rows)
 
 
 def close_command_dead_letter(

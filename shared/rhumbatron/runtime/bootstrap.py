@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-import sqlite3
-import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rhumbatron.actors.actor import Actor, ActorRef
-from rhumbatron.actors.alarms import AlarmSink, FireDecision, RecordingAlarmSink, alarm_due_at
+from rhumbatron.actors.alarms import AlarmSink, RecordingAlarmSink
 from rhumbatron.actors.directory import ActorDirectory
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.publisher import OutboxPublisher, PublishReport, ScanReport
@@ -25,7 +21,6 @@ from rhumbatron.actors.resource_shard import ResourceShard
 from rhumbatron.actors.storage import check_journal_mode
 from rhumbatron.core.clock import Clock, SystemClock
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.errors import ActorError, RhumbatronError
 from rhumbatron.messaging.nudge import NoNudge, RouterNudge
 
 if TYPE_CHECKING:
@@ -39,22 +34,18 @@ if TYPE_CHECKING:
     from rhumbatron.messaging.streams import StreamReport
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
-    from rhumbatron.protocol.envelopes import Command
+    from rhumbatron.product.letter_closing import SucceededCommandLetters
     from rhumbatron.reactions.consumer import Reactions
     from rhumbatron.reactions.webhook_retries import WebhookRetrier
     from rhumbatron.router.event_router import EventRouter
     from rhumbatron.router.handlers import CausalRouting, RecordHandler
+    from rhumbatron.runtime.alarm_scan import AlarmJobs
     from rhumbatron.runtime.lifecycle_assembly import Lifecycle
     from rhumbatron.runtime.reactions_assembly import LazyHttpClient
 
 __all__ = ["Rhumbatron", "bootstrap"]
 
 _log = logging.getLogger(__name__)
-
-
-def _failed_report(actor_key: str, exc: BaseException) -> PublishReport:
-    _log.error("publishing actor %s failed: %s", actor_key, exc)
-    return PublishReport(actor_key, error=f"{type(exc).__name__}: {exc}")
 
 
 @dataclass
@@ -82,8 +73,7 @@ class Rhumbatron:
     _queues: QueueConsumerRuntime | None = None
     _lifecycle: Lifecycle | None = None
     _reaction_http: LazyHttpClient | None = None
-    _open_letters: frozenset[str] = frozenset()
-    _open_letters_read_at: float = float("-inf")
+    _succeeded_letters: SucceededCommandLetters | None = None
 
     # -- actors ----------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -178,46 +168,16 @@ class Rhumbatron:
     async def queue_runtime(self) -> QueueConsumerRuntime:
         """The queue consumer runtime over the current connection."""
         from rhumbatron.messaging.queue_consumer import QueueConsumerRuntime
+        from rhumbatron.product.letter_closing import SucceededCommandLetters
 
         bus = await self.command_bus()
         if self._queues is None or self._queues.nc is not bus.nc:
+            if self._succeeded_letters is None:
+                self._succeeded_letters = SucceededCommandLetters(self.product, self.clock)
             self._queues = QueueConsumerRuntime(
-                bus.nc, self.settings, self.clock, bus, on_success=self._command_succeeded
+                bus.nc, self.settings, self.clock, bus, on_success=self._succeeded_letters
             )
         return self._queues
-
-    async def _command_succeeded(self, command: Command) -> None:
-        """An open dead letter of the same command closes as ``succeeded``.
-
-        Almost no command has a letter, so this must cost next to nothing: a Retry
-        (attempt > 1) always looks; a first attempt — a producer re-sending the same command
-        after the duplicate window — is checked against the set of command IDs with an open
-        letter, read at most once a second.
-        """
-        from rhumbatron.actors.storage import sqlite_error
-        from rhumbatron.product.dead_letters import Resolution, close_command_dead_letter
-
-        product = self.product()
-        try:
-            if command.attempt == 1 and command.command_id not in self._open_letter_ids():
-                return
-            with product.transaction() as db:
-                close_command_dead_letter(
-                    db, command.command_id, Resolution.SUCCEEDED, now_s=self.clock.now().timestamp()
-                )
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc, product.path, "closing a dead letter") from exc
-
-    def _open_letter_ids(self) -> frozenset[str]:
-        now = time.monotonic()
-        if now - self._open_letters_read_at >= 1.0:
-            rows = self.product().connection.execute(
-                "SELECT command_id FROM dead_letters WHERE status = 'open' "
-                "AND command_id IS NOT NULL"
-            )
-            self._open_letters = frozenset(row[0] for row in rows)
-            self._open_letters_read_at = now
-        return self._open_letters
 
     # -- router, archive, metrics -----------------------------------------------------------
     def s3(self) -> S3Client:
@@ -351,133 +311,36 @@ class Rhumbatron:
 
     def outbox_backlog(self) -> dict[str, int]:
         """Outbox rows by state over every actor file (the dashboards' backlog)."""
-        from rhumbatron.actors.outbox import RowState, counts_by_state
-
-        totals = {state.value: 0 for state in RowState}
-        for ref in self.actor_refs():
-            try:
-                with self.actors.visiting(ref) as actor:
-                    for state, count in counts_by_state(actor.connection).items():
-                        totals[state] = totals.get(state, 0) + count
-            except (RhumbatronError, sqlite3.Error) as exc:
-                _log.error("cannot read the outbox of %s: %s", ref.key, exc)
-        return totals
+        return self.actors.outbox_backlog()
 
     # -- alarms ------------------------------------------------------------------------------
+    async def alarm_jobs(self) -> AlarmJobs:
+        """The alarm jobs over this process's actors and publisher."""
+        from rhumbatron.runtime.alarm_scan import AlarmJobs
+
+        return AlarmJobs(
+            self.actors, await self.publisher(), self.clock, self.settings.publish_concurrency
+        )
+
     async def fire_alarm(
         self, actor_key: str, *, should_stop: Callable[[], bool] | None = None
     ) -> PublishReport:
-        """An actor's alarm fired (the local invoker here; an async invoke in the cloud).
-
-        Refuses an actor that has no file: an alarm for a mistyped key must not create one.
-        """
-        ref = ActorRef.parse(actor_key)
-        self.actors.check_shard(ref)
-        if not self.actors.is_open(ref) and not ref.path(self.settings.state_dir).exists():
-            raise ActorError(
-                f"no actor file for {actor_key} at {ref.path(self.settings.state_dir)}; "
-                "an alarm can only fire for an actor that has written something"
-            )
-        return await self._drain_actor(self.actor(ref), await self.publisher(), should_stop)
-
-    async def _drain_actor(
-        self,
-        actor: Actor,
-        publisher: OutboxPublisher,
-        should_stop: Callable[[], bool] | None = None,
-        *,
-        publish_when_capped: bool = False,
-    ) -> PublishReport:
-        """One alarm fire: AlarmGuard decides, then publish while rows are due now.
-
-        The per-call cap (100 rows per project) bounds one ``publish_due``, not one fire: an
-        actor that writes more than 100 events between fires must not fall behind. A fire
-        refused at the daily cap publishes nothing, except from the every-minute scan
-        (``publish_when_capped``), which publishes without counting a fire (DECISIONS).
-        """
-        report = await publisher.fire_alarm(actor)
-        if report.alarm is FireDecision.CAPPED and publish_when_capped:
-            report.absorb(await publisher.publish_due(actor))
-        elif report.alarm is not FireDecision.FIRE:
-            return report
-        while (
-            report.last_published
-            and report.next_alarm_at is not None
-            and report.next_alarm_at <= self.clock.now().timestamp()
-            and not (should_stop is not None and should_stop())
-        ):
-            report.absorb(await publisher.publish_due(actor))
-        return report
+        """An actor's alarm fired (:meth:`AlarmJobs.fire_alarm`)."""
+        return await (await self.alarm_jobs()).fire_alarm(actor_key, should_stop=should_stop)
 
     async def fire_due_alarms(
         self, *, should_stop: Callable[[], bool] | None = None, rotate: bool = False
     ) -> ScanReport:
-        """The every-minute scan: fire every due alarm, up to ``publish_concurrency`` at once.
-
-        Order is per actor, and the publish lock keeps two publishers off one actor.
-        ``should_stop`` is asked before each actor and between publishes (a Lambda stops
-        before its time runs out; the next scan continues). ``rotate`` starts at a random
-        actor so a scan that runs out of time does not starve the actors at the end of the
-        list. One actor's failure (a damaged or locked file) is recorded in its report and
-        does not stop the others. Actor files opened only for the scan are closed again: a
-        warm container must not collect open files.
-        """
-        refs = list(self.actor_refs())
-        if rotate and refs:
-            start = random.randrange(len(refs))
-            refs = refs[start:] + refs[:start]
-        scan = ScanReport()
-        publisher = await self.publisher()
-        now_s = self.clock.now().timestamp()
-        queue = deque(refs)
-
-        async def scan_one(ref: ActorRef) -> None:
-            try:
-                with self.actors.visiting(ref) as actor:
-                    due = alarm_due_at(actor.connection)
-                    if due is None or due > now_s:
-                        return
-                    report = await self._drain_actor(
-                        actor, publisher, should_stop, publish_when_capped=True
-                    )
-                    scan.reports.append(report)
-            except (RhumbatronError, sqlite3.Error) as exc:
-                scan.reports.append(_failed_report(ref.key, exc))
-
-        async def worker() -> None:
-            while queue:
-                if should_stop is not None and should_stop():
-                    scan.actors_left = len(queue)
-                    return
-                await scan_one(queue.popleft())
-
-        await asyncio.gather(*(worker() for _ in range(self.settings.publish_concurrency)))
-        return scan
+        """The every-minute scan (:meth:`AlarmJobs.fire_due_alarms`)."""
+        jobs = await self.alarm_jobs()
+        return await jobs.fire_due_alarms(should_stop=should_stop, rotate=rotate)
 
     async def drain_alarms(self) -> list[PublishReport]:
-        """The local invoker: fire every announced alarm, up to ``publish_concurrency`` at
-        once, until no announcement is left. One actor's failure is recorded in its report."""
+        """The local invoker: fire every announced alarm (:meth:`AlarmJobs.drain_alarms`);
+        nothing when the alarms are not recorded here."""
         if not isinstance(self.alarms, RecordingAlarmSink):
             return []
-        sink = self.alarms
-        publisher = await self.publisher()
-        reports: list[PublishReport] = []
-        queue: deque[str] = deque()
-
-        async def worker() -> None:
-            while queue:
-                key = queue.popleft()
-                try:
-                    reports.append(
-                        await self._drain_actor(self.actor(ActorRef.parse(key)), publisher)
-                    )
-                except (RhumbatronError, sqlite3.Error) as exc:
-                    reports.append(_failed_report(key, exc))
-
-        while keys := sink.drain():
-            queue.extend(keys)
-            await asyncio.gather(*(worker() for _ in range(self.settings.publish_concurrency)))
-        return reports
+        return await (await self.alarm_jobs()).drain_alarms(self.alarms)
 
     async def close(self) -> None:
         if self._lifecycle is not None:

@@ -1,0 +1,158 @@
+"""The alarm jobs: an actor's alarm fired, the every-minute scan, and the local drain.
+
+A fire asks the actor's AlarmGuard, then publishes while rows are due. The scan visits every
+actor file whose alarm is due, up to ``publish_concurrency`` at once; the local invoker drains
+the alarms a :class:`~rhumbatron.actors.alarms.RecordingAlarmSink` announced. One actor's
+failure (a damaged or locked file) is recorded in its report and does not stop the others.
+These are the composition root's jobs: they read the actor directory and the publisher it
+built, and :class:`~rhumbatron.runtime.bootstrap.Rhumbatron` runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import sqlite3
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rhumbatron.actors.actor import Actor, ActorRef
+from rhumbatron.actors.alarms import FireDecision, RecordingAlarmSink, alarm_due_at
+from rhumbatron.actors.directory import ActorDirectory
+from rhumbatron.actors.publisher import OutboxPublisher, PublishReport, ScanReport
+from rhumbatron.core.clock import Clock
+from rhumbatron.errors import ActorError, RhumbatronError
+
+__all__ = ["AlarmJobs"]
+
+_log = logging.getLogger(__name__)
+
+
+def _failed_report(actor_key: str, exc: BaseException) -> PublishReport:
+    _log.error("publishing actor %s failed: %s", actor_key, exc)
+    return PublishReport(actor_key, error=f"{type(exc).__name__}: {exc}")
+
+
+@dataclass(frozen=True, slots=True)
+class AlarmJobs:
+    """The alarm jobs over ``actors`` with ``publisher``, ``concurrency`` actors at once."""
+
+    actors: ActorDirectory
+    publisher: OutboxPublisher
+    clock: Clock
+    concurrency: int
+
+    async def fire_alarm(
+        self, actor_key: str, *, should_stop: Callable[[], bool] | None = None
+    ) -> PublishReport:
+        """An actor's alarm fired (the local invoker here; an async invoke in the cloud).
+
+        Refuses an actor that has no file: an alarm for a mistyped key must not create one.
+        """
+        ref = ActorRef.parse(actor_key)
+        self.actors.check_shard(ref)
+        state_dir = self.actors.settings.state_dir
+        if not self.actors.is_open(ref) and not ref.path(state_dir).exists():
+            raise ActorError(
+                f"no actor file for {actor_key} at {ref.path(state_dir)}; "
+                "an alarm can only fire for an actor that has written something"
+            )
+        return await self._drain_actor(self.actors.actor(ref), should_stop)
+
+    async def _drain_actor(
+        self,
+        actor: Actor,
+        should_stop: Callable[[], bool] | None = None,
+        *,
+        publish_when_capped: bool = False,
+    ) -> PublishReport:
+        """One alarm fire: AlarmGuard decides, then publish while rows are due now.
+
+        The per-call cap (100 rows per project) bounds one ``publish_due``, not one fire: an
+        actor that writes more than 100 events between fires must not fall behind. A fire
+        refused at the daily cap publishes nothing, except from the every-minute scan
+        (``publish_when_capped``), which publishes without counting a fire (DECISIONS).
+        """
+        publisher = self.publisher
+        report = await publisher.fire_alarm(actor)
+        if report.alarm is FireDecision.CAPPED and publish_when_capped:
+            report.absorb(await publisher.publish_due(actor))
+        elif report.alarm is not FireDecision.FIRE:
+            return report
+        while (
+            report.last_published
+            and report.next_alarm_at is not None
+            and report.next_alarm_at <= self.clock.now().timestamp()
+            and not (should_stop is not None and should_stop())
+        ):
+            report.absorb(await publisher.publish_due(actor))
+        return report
+
+    async def fire_due_alarms(
+        self, *, should_stop: Callable[[], bool] | None = None, rotate: bool = False
+    ) -> ScanReport:
+        """The every-minute scan: fire every due alarm, up to ``concurrency`` at once.
+
+        Order is per actor, and the publish lock keeps two publishers off one actor.
+        ``should_stop`` is asked before each actor and between publishes (a Lambda stops
+        before its time runs out; the next scan continues). ``rotate`` starts at a random
+        actor so a scan that runs out of time does not starve the actors at the end of the
+        list. Actor files opened only for the scan are closed again: a warm container must
+        not collect open files.
+        """
+        refs = list(self.actors.actor_refs())
+        if rotate and refs:
+            start = random.randrange(len(refs))
+            refs = refs[start:] + refs[:start]
+        scan = ScanReport()
+        now_s = self.clock.now().timestamp()
+        queue = deque(refs)
+
+        async def worker() -> None:
+            while queue:
+                if should_stop is not None and should_stop():
+                    scan.actors_left = len(queue)
+                    return
+                await self._scan_one(queue.popleft(), scan, now_s, should_stop)
+
+        await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+        return scan
+
+    async def _scan_one(
+        self,
+        ref: ActorRef,
+        scan: ScanReport,
+        now_s: float,
+        should_stop: Callable[[], bool] | None,
+    ) -> None:
+        try:
+            with self.actors.visiting(ref) as actor:
+                due = alarm_due_at(actor.connection)
+                if due is None or due > now_s:
+                    return
+                report = await self._drain_actor(actor, should_stop, publish_when_capped=True)
+                scan.reports.append(report)
+        except (RhumbatronError, sqlite3.Error) as exc:
+            scan.reports.append(_failed_report(ref.key, exc))
+
+    async def drain_alarms(self, sink: RecordingAlarmSink) -> list[PublishReport]:
+        """The local invoker: fire every alarm ``sink`` announced, up to ``concurrency`` at
+        once, until no announcement is left."""
+        reports: list[PublishReport] = []
+        queue: deque[str] = deque()
+
+        async def worker() -> None:
+            while queue:
+                key = queue.popleft()
+                try:
+                    actor = self.actors.actor(ActorRef.parse(key))
+                    reports.append(await self._drain_actor(actor))
+                except (RhumbatronError, sqlite3.Error) as exc:
+                    reports.append(_failed_report(key, exc))
+
+        while keys := sink.drain():
+            queue.extend(keys)
+            await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+        return reports
