@@ -44,6 +44,9 @@ from rhumbatron.errors import (
     NatsUnavailableError,
     RhumbatronError,
 )
+
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import ProjectNotFoundError as ProjectNotFoundError  # noqa: PLC0414
 from rhumbatron.product import dead_letters
 from rhumbatron.product.dead_letters import DeadLetter, DeadLetterKind, DeadLetterStatus
 from rhumbatron.protocol.envelopes import Command
@@ -61,7 +64,6 @@ __all__ = [
     "DeadLetterPage",
     "Inspection",
     "OperatorContext",
-    "ProjectNotFoundError",
     "RetryOutcome",
     "dismiss_dead_letter",
     "inspect_dead_letter",
@@ -90,10 +92,6 @@ class OperatorContext(Protocol):
     def resource_shard(self, project_id: str, resource_key: str) -> ResourceShard: ...
 
     def project_tenant(self, project_id: str) -> str | None: ...
-
-
-class ProjectNotFoundError(RhumbatronError, LookupError):
-    """No project with that ID for this tenant (404)."""
 
 
 @dataclass(frozen=True, slots=True)

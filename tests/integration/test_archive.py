@@ -22,7 +22,6 @@ from rhumbatron.archive import (
     ArchiveError,
     ArchiveKey,
     ArchiveReader,
-    ArchiveUnavailableError,
     ArchiveWriter,
     ExpiryReport,
     archive_key,
@@ -30,6 +29,7 @@ from rhumbatron.archive import (
     parse_archive_key,
 )
 from rhumbatron.core.clock import ManualClock
+from rhumbatron.errors import ArchiveUnavailableError
 from rhumbatron.local.s3_server import S3ServerProcess
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import new_event_id

@@ -24,15 +24,10 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.errors import BatchRejectedError, SendRefusedError
 from rhumbatron.local.nats_server import NatsServerProcess
 from rhumbatron.messaging.nudge import RecordingNudge
-from rhumbatron.messaging.sender import (
-    BatchRejectedError,
-    JetStreamSender,
-    OutgoingMessage,
-    SendRefusedError,
-    StoredMessage,
-)
+from rhumbatron.messaging.sender import JetStreamSender, OutgoingMessage, StoredMessage
 from rhumbatron.messaging.testing import SenderWrapper
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import stream_index

@@ -20,6 +20,9 @@ from rhumbatron.domain.changes import ChangeState, ChangeStatus, TaskPlan, check
 from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import DomainError
 
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import PromotionConflictError as PromotionConflictError  # noqa: PLC0414
+
 if TYPE_CHECKING:
     from rhumbatron.lifecycle.context import LifecycleContext
     from rhumbatron.lifecycle.world import LifecycleWorld
@@ -28,7 +31,6 @@ __all__ = [
     "AgentCallbacks",
     "ChangeRequests",
     "CreatedChange",
-    "PromotionConflictError",
     "qualified_task_id",
 ]
 
@@ -36,10 +38,6 @@ __all__ = [
 def qualified_task_id(change_id: str, task_id: str) -> str:
     """``<change>.<task>``: the Task's ID in the shard, in its Events and in its commands."""
     return task_id if task_id.startswith(f"{change_id}.") else f"{change_id}.{task_id}"
-
-
-class PromotionConflictError(DomainError):
-    """Canonical moved past the Candidate's base: it must be recomposed before approval."""
 
 
 @dataclass(frozen=True, slots=True)
