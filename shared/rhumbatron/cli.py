@@ -410,8 +410,8 @@ def _replay(args: argparse.Namespace) -> int:
     import dataclasses
     from datetime import datetime
 
-    from rhumbatron.errors import RhumbatronError
-    from rhumbatron.router.replay import ReplayError, run_replay
+    from rhumbatron.errors import ReplayError, RhumbatronError
+    from rhumbatron.router.replay import run_replay
     from rhumbatron.runtime.bootstrap import bootstrap
 
     def when(value: str | None, option: str) -> datetime | None:
@@ -462,12 +462,12 @@ def _subscriptions(args: argparse.Namespace) -> int:
     database, as a platform operator: every tenant's, or ``--tenant``'s; list a webhook's
     deliveries and replay its skipped ones. Exit status: 2 no such subscription, 3 the name
     holds other content (or a replay of a disabled one), 1 an invalid file or value."""
-    from rhumbatron.reactions.registry import (
+    from rhumbatron.errors import (
         SubscriptionConflictError,
         SubscriptionDisabledError,
         SubscriptionNotFoundError,
-        SubscriptionRegistry,
     )
+    from rhumbatron.reactions.registry import SubscriptionRegistry
 
     return _registry_command(
         "subscriptions",
@@ -522,7 +522,8 @@ def _subscription_action(registry: SubscriptionRegistry, args: argparse.Namespac
 
     from pydantic import TypeAdapter
 
-    from rhumbatron.reactions.registry import Governance, Reaction, SubscriptionNotFoundError
+    from rhumbatron.errors import SubscriptionNotFoundError
+    from rhumbatron.reactions.registry import Governance, Reaction
     from rhumbatron.reactions.selectors import Selector
 
     if args.action == "list":
@@ -659,11 +660,8 @@ def _schedules(args: argparse.Namespace) -> int:
     """List, show, create, enable, disable or delete schedules in the local product database,
     as a platform operator: every tenant's, or ``--tenant``'s. Exit status: 2 no such
     schedule, 3 the name holds other content, 1 an invalid file or value."""
-    from rhumbatron.reactions.schedules import (
-        ScheduleConflictError,
-        ScheduleNotFoundError,
-        ScheduleRegistry,
-    )
+    from rhumbatron.errors import ScheduleConflictError, ScheduleNotFoundError
+    from rhumbatron.reactions.schedules import ScheduleRegistry
 
     return _registry_command(
         "schedules",
@@ -680,7 +678,8 @@ def _schedule_action(registry: ScheduleRegistry, args: argparse.Namespace) -> in
     from pathlib import Path
 
     from rhumbatron.api.schedule_schemas import CreateScheduleRequest
-    from rhumbatron.reactions.schedules import ScheduleNotFoundError, ScheduleTiming
+    from rhumbatron.errors import ScheduleNotFoundError
+    from rhumbatron.reactions.schedules import ScheduleTiming
 
     if args.action == "list":
         records = registry.list(args.tenant, enabled_only=args.enabled_only)

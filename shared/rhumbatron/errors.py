@@ -3,35 +3,76 @@
 ::
 
     RhumbatronError
-     ├── ConfigurationError          a setting is wrong or two settings contradict each other
-     │    └── UnsafeStorageError     WAL on a network filesystem, a non-durable JetStream, ...
-     ├── EnvelopeError               an Event or Command failed validation at the edge
-     │    └── UnknownTypeError       the type is not in EVENT_TYPES / COMMAND_TYPES
-     ├── UnsafePathError             a name from input would lead outside the state root
-     ├── DomainError                 a transition is not legal from the current state
-     ├── RegistryError               a subscription or schedule that cannot be stored as asked
-     ├── ActorError                  an actor file could not be opened or written
-     │    ├── ActorBusyError         another writer held the file past the busy timeout
-     │    └── OutboxError            an Event could not be written to the outbox
-     ├── MessagingError              JetStream answered with something we cannot use
-     │    ├── NatsUnavailableError   no NATS server reachable (no attempt is counted)
-     │    └── StreamConfigError      a stream exists with settings we cannot update to
+     ├── ConfigurationError         a setting is wrong or two settings contradict each other
+     │    ├── UnsafeStorageError    WAL on a network filesystem, a non-durable JetStream, ...
+     │    ├── RetentionMisfitError  the settings' windows do not fit together (also ValueError)
+     │    ├── UnsafeWebhookUrlError  a webhook URL Rhumbatron must not call (also ValueError)
+     │    └── WebhookSecretError    a webhook secret is not whsec_ + base64 (also ValueError)
+     ├── EnvelopeError              an Event or Command failed validation at the edge
+     │    └── UnknownTypeError      the type is not in EVENT_TYPES / COMMAND_TYPES
+     ├── UnsafePathError            a name from input would lead outside the state root
+     ├── SelectorError              a selector's pattern, key or value is wrong (also ValueError)
+     ├── DomainError                a transition is not legal from the current state
+     │    ├── NotHolderError          the reporting Agent does not hold the Task
+     │    └── PromotionConflictError  Canonical moved past the Candidate's base
+     ├── RegistryError              a subscription or schedule that cannot be stored as asked
+     │    ├── SubscriptionRegistryError
+     │    │    ├── SubscriptionConflictError  same name, other content
+     │    │    ├── SubscriptionDisabledError  the action needs it enabled
+     │    │    └── SubscriptionNotFoundError  no such subscription (also LookupError)
+     │    └── ScheduleRegistryError
+     │         ├── ScheduleConflictError  same name, other content
+     │         └── ScheduleNotFoundError  no such schedule (also LookupError)
+     ├── AgentRegistryError         an Agent registration or rotation that cannot be done
+     │    └── AgentNotFoundError    no such Agent for the tenant (also LookupError)
+     ├── ProjectNotFoundError       no such project for the tenant (404; also LookupError)
+     ├── ActorError                 an actor file could not be opened or written
+     │    ├── ActorBusyError        another writer held the file past the busy timeout
+     │    └── OutboxError           an Event could not be written to the outbox
+     ├── MessagingError             JetStream answered with something we cannot use
+     │    ├── NatsUnavailableError  no NATS server reachable (no attempt is counted)
+     │    ├── StreamConfigError     a stream exists with settings we cannot update to
+     │    ├── ConsumerGoneError     the pull consumer was deleted
+     │    ├── SendRefusedError      a server answered and refused a send (an attempt)
+     │    │    └── BatchRejectedError  JetStream refused an atomic batch as a whole
+     │    ├── WebhookDeliveryError  an Agent's webhook did not take a wake
+     │    └── ReactionDeliveryError  a webhook reaction's receiver did not take it
+     ├── WebhookSignatureError      a signed webhook request failed verification
+     │    └── WebhookRejected       the receiver answers it 401, with the reason
      ├── ArchiveError               an archive batch, key or object line is wrong, or S3 is down
-     ├── DeadLetterError             an operator action on a dead letter cannot be done
+     │    └── ArchiveUnavailableError  S3 could not be reached or refused the request
+     ├── ReplayError                a replay that cannot run as asked (also ValueError)
+     ├── DeadLetterError            an operator action on a dead letter cannot be done
      │    ├── DeadLetterNotFoundError  no such dead letter (404)
-     │    └── DeadLetterClosedError    the letter is already closed (409)
+     │    └── DeadLetterClosedError  the letter is already closed (409)
+     ├── AppProvisioningError       an app could not be provisioned (the command is retried)
+     ├── WorkflowEngineError        the workflow engine answered with an error we cannot use
      └── LocalStackError            the embedded nats-server or S3 server failed to start
 
 Every message says what was wrong, with the offending value, and what to do about it.
+
+This module imports only the standard library: it is the bottom layer, so every module of the
+package can import its errors. An error that carries values of a higher layer takes them as
+constructor arguments. The operator API's errors (``ApiError`` and its subclasses, with their
+HTTP status) live in :mod:`rhumbatron.api.errors`, and the local invoker's ``InvokeError``
+(a ``ConfigurationError``) in :mod:`rhumbatron_dev.local.invoke`.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 __all__ = [
     "ActorBusyError",
     "ActorError",
+    "AgentNotFoundError",
+    "AgentRegistryError",
+    "AppProvisioningError",
     "ArchiveError",
+    "ArchiveUnavailableError",
+    "BatchRejectedError",
     "ConfigurationError",
+    "ConsumerGoneError",
     "DeadLetterClosedError",
     "DeadLetterError",
     "DeadLetterNotFoundError",
@@ -40,18 +81,42 @@ __all__ = [
     "LocalStackError",
     "MessagingError",
     "NatsUnavailableError",
+    "NotHolderError",
     "OutboxError",
+    "ProjectNotFoundError",
+    "PromotionConflictError",
+    "ReactionDeliveryError",
     "RegistryError",
+    "ReplayError",
+    "RetentionMisfitError",
     "RhumbatronError",
+    "ScheduleConflictError",
+    "ScheduleNotFoundError",
+    "ScheduleRegistryError",
+    "SelectorError",
+    "SendRefusedError",
     "StreamConfigError",
+    "SubscriptionConflictError",
+    "SubscriptionDisabledError",
+    "SubscriptionNotFoundError",
+    "SubscriptionRegistryError",
     "UnknownTypeError",
     "UnsafePathError",
     "UnsafeStorageError",
+    "UnsafeWebhookUrlError",
+    "WebhookDeliveryError",
+    "WebhookRejected",
+    "WebhookSecretError",
+    "WebhookSignatureError",
+    "WorkflowEngineError",
 ]
 
 
 class RhumbatronError(Exception):
     """Base of every error Rhumbatron raises on purpose."""
+
+
+# -- configuration ---------------------------------------------------------------------------
 
 
 class ConfigurationError(RhumbatronError):
@@ -60,6 +125,42 @@ class ConfigurationError(RhumbatronError):
 
 class UnsafeStorageError(ConfigurationError):
     """The storage settings would lose or corrupt data (RELIABILITY F1, F21)."""
+
+
+class RetentionMisfitError(ConfigurationError, ValueError):
+    """The settings' windows do not fit together; ``misfits`` lists every broken rule.
+
+    A ``ValueError`` too, so that pydantic reports it from the settings' validator like any
+    other invalid value (and ``load_settings`` turns it into a ``ConfigurationError``).
+    """
+
+    # Each misfit is a ``rhumbatron.core.retention.RetentionMisfit``, whose ``str`` is the
+    # rule, the settings it reads, why and the fix; this module sits below ``core`` and
+    # cannot name the type.
+    def __init__(self, misfits: tuple[object, ...]) -> None:
+        self.misfits = misfits
+        rules = "; ".join(f"({n}) {misfit}" for n, misfit in enumerate(misfits, start=1))
+        count = f"{len(misfits)} rule{'s' if len(misfits) > 1 else ''} broken"
+        super().__init__(f"the retention windows do not fit ({count}): {rules}")
+
+
+class UnsafeWebhookUrlError(ConfigurationError, ValueError):
+    """A webhook URL that Rhumbatron must not call.
+
+    A :class:`ConfigurationError`, not a messaging error: no retry makes the URL safe; the
+    agent's registration or ``RHUMBATRON_WEBHOOK_ALLOWED_HOSTS`` must change.
+    """
+
+
+class WebhookSecretError(ConfigurationError, ValueError):
+    """A webhook secret is not ``whsec_`` + base64 key bytes.
+
+    A :class:`ConfigurationError`: the secret is registered configuration of an agent, and
+    only registering a correct one fixes it. The message never contains the secret.
+    """
+
+
+# -- input at the edge -----------------------------------------------------------------------
 
 
 class EnvelopeError(RhumbatronError, ValueError):
@@ -76,8 +177,26 @@ class UnsafePathError(RhumbatronError, ValueError):
     part and the root."""
 
 
+class SelectorError(RhumbatronError, ValueError):
+    """A selector that cannot be built: the message names the pattern, key or value."""
+
+
+# -- the domain ------------------------------------------------------------------------------
+
+
 class DomainError(RhumbatronError):
     """A state transition that is not legal from the current state."""
+
+
+class NotHolderError(DomainError):
+    """The reporting Agent does not hold the Task (or the Task is no longer active)."""
+
+
+class PromotionConflictError(DomainError):
+    """Canonical moved past the Candidate's base: it must be recomposed before approval."""
+
+
+# -- registries ------------------------------------------------------------------------------
 
 
 class RegistryError(RhumbatronError, ValueError):
@@ -87,6 +206,49 @@ class RegistryError(RhumbatronError, ValueError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class SubscriptionRegistryError(RegistryError):
+    """A subscription that cannot be created or changed (``field``: ``reaction.agent_id``)."""
+
+
+class SubscriptionConflictError(SubscriptionRegistryError):
+    """The tenant has a subscription of that name with other content."""
+
+
+class SubscriptionDisabledError(SubscriptionRegistryError):
+    """The subscription is disabled, and the action needs it enabled."""
+
+
+class SubscriptionNotFoundError(SubscriptionRegistryError, LookupError):
+    """No subscription with that ID for this tenant (another tenant's is not found either)."""
+
+
+class ScheduleRegistryError(RegistryError):
+    """A schedule that cannot be created or changed (``field``: ``every_minutes``)."""
+
+
+class ScheduleConflictError(ScheduleRegistryError):
+    """The tenant has a schedule of that name with other content."""
+
+
+class ScheduleNotFoundError(ScheduleRegistryError, LookupError):
+    """No schedule with that ID for this tenant (another tenant's is not found either)."""
+
+
+class AgentRegistryError(RhumbatronError, ValueError):
+    """A registration or rotation that cannot be done; the message names the value."""
+
+
+class AgentNotFoundError(AgentRegistryError, LookupError):
+    """The tenant has no Agent with that ID."""
+
+
+class ProjectNotFoundError(RhumbatronError, LookupError):
+    """No project with that ID for this tenant (404)."""
+
+
+# -- actors ----------------------------------------------------------------------------------
 
 
 class ActorError(RhumbatronError):
@@ -101,6 +263,9 @@ class OutboxError(ActorError):
     """An Event could not be written to an outbox (too large, or not serialisable)."""
 
 
+# -- messaging -------------------------------------------------------------------------------
+
+
 class MessagingError(RhumbatronError):
     """JetStream answered with an error we cannot use as it is."""
 
@@ -113,8 +278,82 @@ class StreamConfigError(MessagingError):
     """A stream exists with settings that JetStream cannot update to the wanted ones."""
 
 
+class ConsumerGoneError(MessagingError):
+    """Nobody answers the pull: the consumer was deleted (by an operator, or with its stream)."""
+
+
+class SendRefusedError(MessagingError):
+    """A server answered and refused (or did not ack in time while connected): an attempt."""
+
+
+class BatchRejectedError(SendRefusedError):
+    """JetStream refused an atomic batch as a whole; ``code`` is its error code."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class WebhookDeliveryError(MessagingError):
+    """A wake was not taken: a non-2xx answer, a timeout or a connection error.
+
+    The queue retries the command; the message names the Agent, the URL and what happened.
+    """
+
+
+class ReactionDeliveryError(MessagingError):
+    """A webhook reaction was not taken: ``status_code`` is the receiver's non-2xx answer, or
+    None for a timeout or a connection error. The delivery ledger retries it."""
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+# -- webhooks received -----------------------------------------------------------------------
+
+
+class WebhookSignatureError(RhumbatronError):
+    """A signed webhook request failed verification; the message says which check failed."""
+
+
+class WebhookRejected(WebhookSignatureError):
+    """A webhook the receiver must not act on: answer ``status`` (401) with the message.
+
+    ``reason`` says which check failed; ``webhook_id`` is the request's ``webhook-id``
+    (None when it had none).
+    """
+
+    status = 401
+
+    # ``reason`` is a ``rhumbatron.reactions.receiver.RejectionReason``; this module sits
+    # below ``reactions`` and cannot name the type.
+    def __init__(self, message: str, *, reason: StrEnum, webhook_id: str | None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.webhook_id = webhook_id
+
+
+# -- archive and replay ----------------------------------------------------------------------
+
+
 class ArchiveError(RhumbatronError):
     """The S3 event archive refused a batch, a key or an object line; the message names it."""
+
+
+class ArchiveUnavailableError(ArchiveError):
+    """S3 could not be reached or refused the request; the message names bucket and key.
+
+    Nothing is lost as long as the caller leaves the batch's messages unacknowledged: the
+    redelivered events are written again (see :mod:`rhumbatron.archive.keys`).
+    """
+
+
+class ReplayError(RhumbatronError, ValueError):
+    """A replay that cannot run as asked; the message names the value and what to pass."""
+
+
+# -- operations ------------------------------------------------------------------------------
 
 
 class DeadLetterError(RhumbatronError):
@@ -127,6 +366,14 @@ class DeadLetterNotFoundError(DeadLetterError, LookupError):
 
 class DeadLetterClosedError(DeadLetterError):
     """The dead letter is already closed; it cannot be retried or dismissed again."""
+
+
+class AppProvisioningError(RhumbatronError):
+    """The app could not be provisioned; the command is retried (and dead-lettered)."""
+
+
+class WorkflowEngineError(RhumbatronError):
+    """The workflow engine answered with an error we cannot use (throttled, denied, down)."""
 
 
 class LocalStackError(RhumbatronError):

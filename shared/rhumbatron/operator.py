@@ -36,12 +36,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rhumbatron.core.settings import ANY_TENANT
+
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import (
     DeadLetterError,
     DeadLetterNotFoundError,
     EnvelopeError,
     MessagingError,
     NatsUnavailableError,
+    ProjectNotFoundError,
     RhumbatronError,
 )
 from rhumbatron.product import dead_letters
@@ -61,7 +64,6 @@ __all__ = [
     "DeadLetterPage",
     "Inspection",
     "OperatorContext",
-    "ProjectNotFoundError",
     "RetryOutcome",
     "dismiss_dead_letter",
     "inspect_dead_letter",
@@ -90,10 +92,6 @@ class OperatorContext(Protocol):
     def resource_shard(self, project_id: str, resource_key: str) -> ResourceShard: ...
 
     def project_tenant(self, project_id: str) -> str | None: ...
-
-
-class ProjectNotFoundError(RhumbatronError, LookupError):
-    """No project with that ID for this tenant (404)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,13 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rhumbatron.messaging.sender import (
-    EventSender,
-    FastBatchAck,
-    OutgoingMessage,
-    SendRefusedError,
-    StoredMessage,
-)
+from rhumbatron.errors import SendRefusedError
+from rhumbatron.messaging.sender import EventSender, FastBatchAck, OutgoingMessage, StoredMessage
 
 __all__ = ["MemorySender", "RefusingSender", "SenderWrapper"]
 

@@ -22,13 +22,13 @@ from rhumbatron.actors.resource_shard import ResourceShard
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
+from rhumbatron.errors import SendRefusedError
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.messaging.sender import (
     FastBatchAck,
     JetStreamSender,
     OutgoingMessage,
-    SendRefusedError,
     StoredMessage,
 )
 from rhumbatron.messaging.streams import ensure_streams

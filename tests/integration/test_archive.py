@@ -19,10 +19,8 @@ from botocore.config import Config
 
 from rhumbatron.archive import (
     ARCHIVE_PREFIX,
-    ArchiveError,
     ArchiveKey,
     ArchiveReader,
-    ArchiveUnavailableError,
     ArchiveWriter,
     ExpiryReport,
     archive_key,
@@ -30,6 +28,7 @@ from rhumbatron.archive import (
     parse_archive_key,
 )
 from rhumbatron.core.clock import ManualClock
+from rhumbatron.errors import ArchiveError, ArchiveUnavailableError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import new_event_id
 from rhumbatron_dev.local.s3_server import S3ServerProcess

@@ -17,7 +17,8 @@ from nats.aio.client import Client as NATS
 
 from rhumbatron.actors.publisher import publish_batch_mode
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.messaging.sender import BatchRejectedError, JetStreamSender, OutgoingMessage
+from rhumbatron.errors import BatchRejectedError
+from rhumbatron.messaging.sender import JetStreamSender, OutgoingMessage
 from rhumbatron.messaging.streams import ensure_streams
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 

@@ -24,14 +24,9 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.errors import BatchRejectedError, SendRefusedError
 from rhumbatron.messaging.nudge import RecordingNudge
-from rhumbatron.messaging.sender import (
-    BatchRejectedError,
-    JetStreamSender,
-    OutgoingMessage,
-    SendRefusedError,
-    StoredMessage,
-)
+from rhumbatron.messaging.sender import JetStreamSender, OutgoingMessage, StoredMessage
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron

@@ -27,6 +27,7 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import project_admin_key
+from rhumbatron.errors import WorkflowEngineError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.metrics import MetricBinding, metric_counts
@@ -54,12 +55,7 @@ from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.reports import SubscriptionReport
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron.runtime.reactions_assembly import LazyHttpClient, reactions_for
-from rhumbatron.workflows.engine import (
-    WorkflowEngine,
-    WorkflowEngineError,
-    WorkflowStart,
-    check_instance_id,
-)
+from rhumbatron.workflows.engine import WorkflowEngine, WorkflowStart, check_instance_id
 from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
 
 pytestmark = pytest.mark.integration

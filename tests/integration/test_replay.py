@@ -16,17 +16,11 @@ from project_roots import restore_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
+from rhumbatron.errors import ReplayError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.protocol.ids import event_stream_name
-from rhumbatron.router.replay import (
-    ReplayError,
-    ReplayReport,
-    ReplaySource,
-    replay_archive,
-    rewind,
-    run_replay,
-)
+from rhumbatron.router.replay import ReplayReport, ReplaySource, replay_archive, rewind, run_replay
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
 # The router tests' helpers: the same small project history, sweep minutes and app factory.

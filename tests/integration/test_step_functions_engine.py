@@ -13,8 +13,8 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from rhumbatron.errors import ConfigurationError
-from rhumbatron.workflows import WorkflowEngineError, WorkflowStart, WorkflowStatus
+from rhumbatron.errors import ConfigurationError, WorkflowEngineError
+from rhumbatron.workflows import WorkflowStart, WorkflowStatus
 from rhumbatron.workflows.step_functions import StepFunctionsEngine, execution_arn
 
 CANDIDATE = "cand_0123abcd"

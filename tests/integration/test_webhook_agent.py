@@ -19,19 +19,20 @@ import pytest
 import pytest_asyncio
 
 from rhumbatron.actors.storage import SqliteStore
-from rhumbatron.agents.registry import (
-    AGENTS_SCHEMA,
-    AgentNotFoundError,
-    AgentRegistry,
-    AgentRegistryError,
-)
-from rhumbatron.agents.signing import WebhookSignatureError, verify
-from rhumbatron.agents.url_safety import UnsafeWebhookUrlError
-from rhumbatron.agents.webhook import WebhookAgentRuntime, WebhookDeliveryError
+from rhumbatron.agents.registry import AGENTS_SCHEMA, AgentRegistry
+from rhumbatron.agents.signing import verify
+from rhumbatron.agents.webhook import WebhookAgentRuntime
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.tasks import TaskState, TaskStatus
-from rhumbatron.errors import MessagingError
+from rhumbatron.errors import (
+    AgentNotFoundError,
+    AgentRegistryError,
+    MessagingError,
+    UnsafeWebhookUrlError,
+    WebhookDeliveryError,
+    WebhookSignatureError,
+)
 from rhumbatron.protocol.envelopes import Command
 
 NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)

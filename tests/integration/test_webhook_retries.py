@@ -25,13 +25,12 @@ from rhumbatron.cli import main
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
 from rhumbatron.domain.project import project_admin_key
-from rhumbatron.errors import DeadLetterClosedError, DeadLetterError
+from rhumbatron.errors import DeadLetterClosedError, DeadLetterError, SubscriptionRegistryError
 from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
 from rhumbatron.queues.dead_letter import open_letter_counts
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.consumer import ShardFacts
-from rhumbatron.reactions.registry import SubscriptionRegistryError
 from rhumbatron.reactions.webhook_ledger import DeliveryStatus, Disablement, WebhookDelivery
 from rhumbatron.reactions.webhook_retries import RETRIED_METRIC, WebhookRetrier
 

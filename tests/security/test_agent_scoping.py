@@ -25,9 +25,10 @@ import pytest
 
 from api.conftest import make_client, make_runtime
 from api.support import OPERATOR, OTHER_OPERATOR, OTHER_TENANT, PROJECT, TENANT, bearer
-from rhumbatron.agents.registry import AgentKind, AgentRegistry, AgentRegistryError
+from rhumbatron.agents.registry import AgentKind, AgentRegistry
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
+from rhumbatron.errors import AgentRegistryError
 from rhumbatron.runtime.bootstrap import Rhumbatron
 from rhumbatron_dev.local.loop import LocalLoop
 

@@ -9,17 +9,16 @@ from pathlib import Path
 import pytest
 
 from rhumbatron.actors.storage import SqliteStore
-from rhumbatron.agents.registry import (
-    AGENTS_SCHEMA,
-    AgentKind,
-    AgentNotFoundError,
-    AgentRegistry,
-    AgentRegistryError,
-)
-from rhumbatron.agents.signing import WebhookSecretError, generate_secret
-from rhumbatron.agents.url_safety import UnsafeWebhookUrlError
+from rhumbatron.agents.registry import AGENTS_SCHEMA, AgentKind, AgentRegistry
+from rhumbatron.agents.signing import generate_secret
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
+from rhumbatron.errors import (
+    AgentNotFoundError,
+    AgentRegistryError,
+    UnsafeWebhookUrlError,
+    WebhookSecretError,
+)
 
 URL = "http://127.0.0.1:8123/agent"
 

@@ -16,13 +16,8 @@ from rhumbatron.core.clock import ManualClock, utc_day
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
-from rhumbatron.errors import ActorError
-from rhumbatron.messaging.sender import (
-    FastBatchAck,
-    OutgoingMessage,
-    SendRefusedError,
-    StoredMessage,
-)
+from rhumbatron.errors import ActorError, SendRefusedError
+from rhumbatron.messaging.sender import FastBatchAck, OutgoingMessage, StoredMessage
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.testing import MemorySender, SenderWrapper
 

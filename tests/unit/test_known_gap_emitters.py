@@ -41,9 +41,8 @@ from rhumbatron.domain.candidates import CandidateStatus
 from rhumbatron.domain.changes import ChangeStatus, TaskPlan
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.tasks import TaskState, TaskStatus
-from rhumbatron.errors import DomainError
+from rhumbatron.errors import DomainError, PromotionConflictError
 from rhumbatron.lifecycle.commands import lifecycle_command
-from rhumbatron.lifecycle.requests import PromotionConflictError
 from rhumbatron.messaging.queue_consumer import Delivery
 from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.protocol.ids import stable_event_id

@@ -15,23 +15,21 @@ from rhumbatron.agents.signing import (
     ID_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
-    WebhookSecretError,
-    WebhookSignatureError,
     generate_secret,
     signed_headers,
 )
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.errors import ConfigurationError
+from rhumbatron.errors import (
+    ConfigurationError,
+    WebhookRejected,
+    WebhookSecretError,
+    WebhookSignatureError,
+)
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.reactions import receiver as receiver_module
 from rhumbatron.reactions.deliveries import pointer_body, webhook_id
-from rhumbatron.reactions.receiver import (
-    PointerSubject,
-    RejectionReason,
-    WebhookReceiver,
-    WebhookRejected,
-)
+from rhumbatron.reactions.receiver import PointerSubject, RejectionReason, WebhookReceiver
 
 START = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 OLD, NEW = generate_secret(), generate_secret()

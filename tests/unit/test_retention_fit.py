@@ -12,14 +12,13 @@ from typing import Any
 import pytest
 
 from rhumbatron.core.retention import (
-    RetentionMisfitError,
     check_retention,
     command_wait_s,
     publish_resend_span_s,
     retention_misfits,
 )
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.errors import ConfigurationError
+from rhumbatron.errors import ConfigurationError, RetentionMisfitError
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, QueueConsumer
 from rhumbatron.runtime.bootstrap import bootstrap
 

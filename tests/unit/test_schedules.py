@@ -21,15 +21,13 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.project import project_admin_key
+from rhumbatron.errors import ScheduleConflictError, ScheduleNotFoundError, ScheduleRegistryError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import EVENT_ID_PATTERN
 from rhumbatron.reactions import schedules as schedules_module
 from rhumbatron.reactions.schedules import (
     SWEEP_SCHEDULE_ID,
-    ScheduleConflictError,
-    ScheduleNotFoundError,
     ScheduleRegistry,
-    ScheduleRegistryError,
     ScheduleSettings,
     ScheduleTiming,
     fire_due_schedules,

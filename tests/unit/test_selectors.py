@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.errors import SelectorError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.event_types import EVENT_TYPES
 from rhumbatron.reactions import selectors as selectors_module
@@ -20,7 +21,6 @@ from rhumbatron.reactions.kinds import KindGrammar
 from rhumbatron.reactions.selectors import (
     MAX_FILTER_VALUES,
     Selector,
-    SelectorError,
     event_selector_matches,
     selected_kinds,
 )

@@ -17,21 +17,23 @@ from pydantic import ValidationError
 from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.agents.registry import AGENTS_SCHEMA, AgentRegistry
 from rhumbatron.agents.signing import generate_secret
-from rhumbatron.agents.url_safety import UnsafeWebhookUrlError
 from rhumbatron.cli import EXIT_CANNOT, EXIT_NOT_FOUND, main
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.errors import (
+    SubscriptionConflictError,
+    SubscriptionNotFoundError,
+    SubscriptionRegistryError,
+    UnsafeWebhookUrlError,
+)
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.reactions.registry import (
     SUBSCRIPTIONS_SCHEMA,
     AgentReaction,
     Governance,
-    SubscriptionConflictError,
-    SubscriptionNotFoundError,
     SubscriptionRecord,
     SubscriptionRegistry,
-    SubscriptionRegistryError,
     WebhookReaction,
     WorkflowReaction,
 )

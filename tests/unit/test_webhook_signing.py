@@ -10,15 +10,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from rhumbatron.agents.signing import (
+from rhumbatron.agents.signing import generate_secret, sign, signed_headers, verify
+from rhumbatron.errors import (
+    ConfigurationError,
+    RhumbatronError,
     WebhookSecretError,
     WebhookSignatureError,
-    generate_secret,
-    sign,
-    signed_headers,
-    verify,
 )
-from rhumbatron.errors import ConfigurationError, RhumbatronError
 
 KEY = bytes(range(32))
 SECRET = "whsec_" + base64.b64encode(KEY).decode()

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from rhumbatron.agents.url_safety import UnsafeWebhookUrlError, check_webhook_url
-from rhumbatron.errors import ConfigurationError
+from rhumbatron.agents.url_safety import check_webhook_url
+from rhumbatron.errors import ConfigurationError, UnsafeWebhookUrlError
 
 Answer = list[tuple[Any, ...]]
 

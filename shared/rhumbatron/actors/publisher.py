@@ -46,14 +46,9 @@ from rhumbatron.actors.outbox import (
 from rhumbatron.core.clock import Clock, SystemClock
 from rhumbatron.core.faults import crash_point
 from rhumbatron.core.settings import Settings
-from rhumbatron.errors import NatsUnavailableError
+from rhumbatron.errors import NatsUnavailableError, SendRefusedError
 from rhumbatron.messaging.nudge import NoNudge, RouterNudge
-from rhumbatron.messaging.sender import (
-    HEADER_ALLOWANCE_BYTES,
-    EventSender,
-    OutgoingMessage,
-    SendRefusedError,
-)
+from rhumbatron.messaging.sender import HEADER_ALLOWANCE_BYTES, EventSender, OutgoingMessage
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, event_stream_subject
 
 __all__ = [

@@ -31,7 +31,9 @@ from rhumbatron.agents.signing import generate_secret, parse_secret
 from rhumbatron.agents.url_safety import check_webhook_url
 from rhumbatron.core.clock import Clock
 from rhumbatron.core.settings import Settings
-from rhumbatron.errors import RhumbatronError
+
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import AgentNotFoundError, AgentRegistryError
 from rhumbatron.protocol.values import AGENT_ID
 
 __all__ = [
@@ -39,10 +41,8 @@ __all__ = [
     "AGENT_ID_PATTERN",
     "MAX_SECRETS",
     "AgentKind",
-    "AgentNotFoundError",
     "AgentRecord",
     "AgentRegistry",
-    "AgentRegistryError",
     "migrate_agents",
 ]
 
@@ -64,14 +64,6 @@ AGENTS_SCHEMA = f"CREATE TABLE IF NOT EXISTS agents ({_AGENTS_COLUMNS});"
 AGENT_ID_PATTERN = re.compile(AGENT_ID.removeprefix("^").removesuffix("$"))
 #: The current secret and, during a rotation, the previous one.
 MAX_SECRETS = 2
-
-
-class AgentRegistryError(RhumbatronError, ValueError):
-    """A registration or rotation that cannot be done; the message names the value."""
-
-
-class AgentNotFoundError(AgentRegistryError, LookupError):
-    """The tenant has no Agent with that ID."""
 
 
 class AgentKind(StrEnum):

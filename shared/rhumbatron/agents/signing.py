@@ -22,7 +22,8 @@ import secrets as _random
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from rhumbatron.errors import ConfigurationError, RhumbatronError
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import WebhookSecretError, WebhookSignatureError
 
 __all__ = [
     "ID_HEADER",
@@ -30,8 +31,6 @@ __all__ = [
     "SIGNATURE_HEADER",
     "SIGNATURE_VERSION",
     "TIMESTAMP_HEADER",
-    "WebhookSecretError",
-    "WebhookSignatureError",
     "generate_secret",
     "parse_secret",
     "sign",
@@ -46,18 +45,6 @@ TIMESTAMP_HEADER = "webhook-timestamp"
 SIGNATURE_HEADER = "webhook-signature"
 #: 32 key bytes: the HMAC-SHA256 block of security; Standard Webhooks allows 24 to 64.
 _SECRET_BYTES = 32
-
-
-class WebhookSignatureError(RhumbatronError):
-    """A signed webhook request failed verification; the message says which check failed."""
-
-
-class WebhookSecretError(ConfigurationError, ValueError):
-    """A webhook secret is not ``whsec_`` + base64 key bytes.
-
-    A :class:`ConfigurationError`: the secret is registered configuration of an agent, and
-    only registering a correct one fixes it. The message never contains the secret.
-    """
 
 
 def generate_secret() -> str:

@@ -22,13 +22,13 @@ from collections.abc import Iterable, Sequence
 from ipaddress import IPv4Address, IPv6Address, ip_address
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-from rhumbatron.errors import ConfigurationError
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import UnsafeWebhookUrlError
 
 __all__ = [
     "ALLOWED_HOSTS_SETTING",
     "METADATA_ADDRESSES",
     "METADATA_HOSTS",
-    "UnsafeWebhookUrlError",
     "check_webhook_url",
     "display_url",
 ]
@@ -54,14 +54,6 @@ METADATA_HOSTS = frozenset({"metadata", "metadata.google.internal", "metadata.go
 _NUMERIC_HOST = re.compile(r"^[0-9a-fx.]+$")
 
 _Address = IPv4Address | IPv6Address
-
-
-class UnsafeWebhookUrlError(ConfigurationError, ValueError):
-    """A webhook URL that Rhumbatron must not call.
-
-    A :class:`ConfigurationError`, not a messaging error: no retry makes the URL safe; the
-    agent's registration or ``RHUMBATRON_WEBHOOK_ALLOWED_HOSTS`` must change.
-    """
 
 
 def check_webhook_url(url: str, allowed_hosts: Sequence[str], *, resolve: bool = True) -> str:

@@ -22,23 +22,24 @@ from typing import Any
 
 import httpx
 
-from rhumbatron.agents.registry import (
-    AgentKind,
-    AgentNotFoundError,
-    AgentRecord,
-    AgentRegistry,
-    AgentRegistryError,
-)
+from rhumbatron.agents.registry import AgentKind, AgentRecord, AgentRegistry
 from rhumbatron.agents.signing import signed_headers
 from rhumbatron.agents.url_safety import check_webhook_url, display_url
 from rhumbatron.core.clock import Clock
 from rhumbatron.core.settings import Settings
 from rhumbatron.domain.tasks import TaskState
-from rhumbatron.errors import EnvelopeError, MessagingError
+
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import (
+    AgentNotFoundError,
+    AgentRegistryError,
+    EnvelopeError,
+    WebhookDeliveryError,
+)
 from rhumbatron.protocol.command_types import AgentWake
 from rhumbatron.protocol.envelopes import Command
 
-__all__ = ["WAKE_TYPE", "WebhookAgentRuntime", "WebhookDeliveryError", "wake_body"]
+__all__ = ["WAKE_TYPE", "WebhookAgentRuntime", "wake_body"]
 
 #: The ``type`` of a wake body.
 WAKE_TYPE = "agent.wake"
@@ -46,13 +47,6 @@ WAKE_TYPE = "agent.wake"
 _ANSWER_QUOTE_CHARS = 200
 #: Bytes read from a refusing answer: enough for the quote, bounded against a huge body.
 _ANSWER_READ_BYTES = 4 * _ANSWER_QUOTE_CHARS
-
-
-class WebhookDeliveryError(MessagingError):
-    """A wake was not taken: a non-2xx answer, a timeout or a connection error.
-
-    The queue retries the command; the message names the Agent, the URL and what happened.
-    """
 
 
 def wake_body(agent_id: str, task: TaskState | None, command: Command) -> bytes:

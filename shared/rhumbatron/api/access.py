@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from rhumbatron.api.errors import ForbiddenError
 from rhumbatron.core.settings import ANY_TENANT
 from rhumbatron.domain.facts import Caller
-from rhumbatron.operator import ProjectNotFoundError
+from rhumbatron.errors import ProjectNotFoundError
 
 if TYPE_CHECKING:
     from rhumbatron.api.auth import Principal

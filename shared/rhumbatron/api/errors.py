@@ -67,6 +67,8 @@ from rhumbatron.errors import (
     EnvelopeError,
     MessagingError,
     NatsUnavailableError,
+    NotHolderError,
+    ProjectNotFoundError,
     RhumbatronError,
 )
 from rhumbatron.lifecycle.lookups import (
@@ -80,8 +82,6 @@ from rhumbatron.lifecycle.project_requests import (
     ProjectIdUnavailableError,
     ProjectNotActiveError,
 )
-from rhumbatron.lifecycle.requests import NotHolderError
-from rhumbatron.operator import ProjectNotFoundError
 from rhumbatron.redaction import describe_input
 
 __all__ = [

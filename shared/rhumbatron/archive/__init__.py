@@ -9,8 +9,8 @@ the store has none (moto locally).
 from rhumbatron.archive.expiry import ARCHIVE_MAX_AGE_DAYS, ExpiryReport, expire_archive
 from rhumbatron.archive.keys import ARCHIVE_PREFIX, ArchiveKey, archive_key, parse_archive_key
 from rhumbatron.archive.reader import ArchiveReader
-from rhumbatron.archive.writer import ArchivedObject, ArchiveUnavailableError, ArchiveWriter
-from rhumbatron.errors import ArchiveError
+from rhumbatron.archive.writer import ArchivedObject, ArchiveWriter
+from rhumbatron.errors import ArchiveError, ArchiveUnavailableError
 
 __all__ = [
     "ARCHIVE_MAX_AGE_DAYS",

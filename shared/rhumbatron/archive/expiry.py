@@ -13,8 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from rhumbatron.archive.keys import ARCHIVE_PREFIX, day_prefix
-from rhumbatron.archive.writer import ArchiveUnavailableError
-from rhumbatron.errors import ArchiveError, ConfigurationError
+from rhumbatron.errors import ArchiveError, ArchiveUnavailableError, ConfigurationError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -30,8 +30,8 @@ from rhumbatron.archive.keys import (
     day_prefix,
     parse_archive_key,
 )
-from rhumbatron.archive.writer import ArchiveUnavailableError, BucketClient
-from rhumbatron.errors import ArchiveError, EnvelopeError
+from rhumbatron.archive.writer import BucketClient
+from rhumbatron.errors import ArchiveError, ArchiveUnavailableError, EnvelopeError
 from rhumbatron.protocol.envelopes import Event
 
 if TYPE_CHECKING:

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rhumbatron.archive.keys import archive_key
-from rhumbatron.errors import ArchiveError, ConfigurationError
+
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import ArchiveUnavailableError, ConfigurationError
 from rhumbatron.protocol.envelopes import Event
 
 if TYPE_CHECKING:
@@ -16,21 +18,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NDJSON_CONTENT_TYPE",
-    "ArchiveUnavailableError",
     "ArchiveWriter",
     "ArchivedObject",
     "encode_batch",
 ]
 
 NDJSON_CONTENT_TYPE = "application/x-ndjson"
-
-
-class ArchiveUnavailableError(ArchiveError):
-    """S3 could not be reached or refused the request; the message names bucket and key.
-
-    Nothing is lost as long as the caller leaves the batch's messages unacknowledged: the
-    redelivered events are written again (see :mod:`rhumbatron.archive.keys`).
-    """
 
 
 @dataclass(frozen=True)

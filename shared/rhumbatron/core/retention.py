@@ -30,14 +30,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from rhumbatron.errors import ConfigurationError
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import RetentionMisfitError
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, QueueConsumer
 
 __all__ = [
     "SWEEP_ROUND_S",
     "RetentionMisfit",
-    "RetentionMisfitError",
     "RetentionWindows",
     "check_retention",
     "command_wait_s",
@@ -163,20 +163,6 @@ class RetentionMisfit:
     def __str__(self) -> str:
         named = ", ".join(f"{field}={value!r} ({_env(field)})" for field, value in self.values)
         return f"{self.rule} [{named}]: {self.why}; {self.fix}"
-
-
-class RetentionMisfitError(ConfigurationError, ValueError):
-    """The settings' windows do not fit together; ``misfits`` lists every broken rule.
-
-    A ``ValueError`` too, so that pydantic reports it from the settings' validator like any
-    other invalid value (and ``load_settings`` turns it into a ``ConfigurationError``).
-    """
-
-    def __init__(self, misfits: tuple[RetentionMisfit, ...]) -> None:
-        self.misfits = misfits
-        rules = "; ".join(f"({n}) {misfit}" for n, misfit in enumerate(misfits, start=1))
-        count = f"{len(misfits)} rule{'s' if len(misfits) > 1 else ''} broken"
-        super().__init__(f"the retention windows do not fit ({count}): {rules}")
 
 
 def check_retention(

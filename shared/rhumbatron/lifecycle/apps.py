@@ -15,14 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from rhumbatron.errors import RhumbatronError
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import AppProvisioningError
 from rhumbatron.paths import path_under
 
-__all__ = ["AppDeployer", "AppProvisioner", "AppProvisioningError", "LocalApps"]
-
-
-class AppProvisioningError(RhumbatronError):
-    """The app could not be provisioned; the command is retried (and dead-lettered)."""
+__all__ = ["AppDeployer", "AppProvisioner", "LocalApps"]
 
 
 class AppProvisioner(Protocol):

@@ -18,7 +18,9 @@ from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import ChangeState, ChangeStatus, TaskPlan, check_work_graph
 from rhumbatron.domain.facts import Caller
-from rhumbatron.errors import DomainError
+
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import DomainError, NotHolderError, PromotionConflictError
 
 if TYPE_CHECKING:
     from rhumbatron.domain.tasks import TaskState
@@ -29,8 +31,6 @@ __all__ = [
     "AgentCallbacks",
     "ChangeRequests",
     "CreatedChange",
-    "NotHolderError",
-    "PromotionConflictError",
     "qualified_task_id",
     "require_holder",
 ]
@@ -39,14 +39,6 @@ __all__ = [
 def qualified_task_id(change_id: str, task_id: str) -> str:
     """``<change>.<task>``: the Task's ID in the shard, in its Events and in its commands."""
     return task_id if task_id.startswith(f"{change_id}.") else f"{change_id}.{task_id}"
-
-
-class PromotionConflictError(DomainError):
-    """Canonical moved past the Candidate's base: it must be recomposed before approval."""
-
-
-class NotHolderError(DomainError):
-    """The reporting Agent does not hold the Task (or the Task is no longer active)."""
 
 
 def require_holder(task: TaskState, agent_id: str) -> None:

@@ -13,7 +13,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from rhumbatron.core.settings import Settings
-from rhumbatron.messaging.pull import ConsumerChange, ConsumerGoneError, Puller, ensure_consumer
+from rhumbatron.errors import ConsumerGoneError
+from rhumbatron.messaging.pull import ConsumerChange, Puller, ensure_consumer
 from rhumbatron.protocol.ids import event_stream_name
 
 if TYPE_CHECKING:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from rhumbatron.errors import MessagingError, NatsUnavailableError
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import ConsumerGoneError, MessagingError, NatsUnavailableError
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -29,16 +30,12 @@ if TYPE_CHECKING:
     from nats.js.api import ConsumerConfig
     from nats.js.client import JetStreamContext
 
-__all__ = ["ConsumerChange", "ConsumerGoneError", "Puller", "ensure_consumer"]
+__all__ = ["ConsumerChange", "Puller", "ensure_consumer"]
 
 #: Fields of a consumer we set and keep in line with the settings.
 _MANAGED = ("ack_wait", "max_ack_pending", "max_deliver", "filter_subject", "ack_policy")
 #: Statuses that end a no-wait pull without an error.
 _END_OF_PULL = frozenset({"404", "408"})
-
-
-class ConsumerGoneError(MessagingError):
-    """Nobody answers the pull: the consumer was deleted (by an operator, or with its stream)."""
 
 
 class ConsumerChange(StrEnum):

@@ -33,14 +33,14 @@ from rhumbatron.core.clock import Clock
 from rhumbatron.core.event_loop import run_together
 from rhumbatron.core.faults import crash_point
 from rhumbatron.core.settings import Settings
-from rhumbatron.errors import EnvelopeError, RhumbatronError
+from rhumbatron.errors import ConsumerGoneError, EnvelopeError, RhumbatronError
 from rhumbatron.messaging.commands import (
     DELIVERIES_HEADER,
     LAST_ERROR_HEADER,
     ORIGIN_QUEUE_HEADER,
     CommandBus,
 )
-from rhumbatron.messaging.pull import ConsumerGoneError, Puller, ensure_consumer
+from rhumbatron.messaging.pull import Puller, ensure_consumer
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, QueueConsumer, consumer_name

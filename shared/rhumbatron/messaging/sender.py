@@ -29,7 +29,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rhumbatron.errors import MessagingError, NatsUnavailableError
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import (
+    BatchRejectedError,
+    MessagingError,
+    NatsUnavailableError,
+    SendRefusedError,
+)
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -37,12 +43,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HEADER_ALLOWANCE_BYTES",
-    "BatchRejectedError",
     "EventSender",
     "FastBatchAck",
     "JetStreamSender",
     "OutgoingMessage",
-    "SendRefusedError",
     "StoredMessage",
 ]
 
@@ -79,18 +83,6 @@ class FastBatchAck:
     stream: str
     stored: int
     last_sequence: int
-
-
-class SendRefusedError(MessagingError):
-    """A server answered and refused (or did not ack in time while connected): an attempt."""
-
-
-class BatchRejectedError(SendRefusedError):
-    """JetStream refused an atomic batch as a whole; ``code`` is its error code."""
-
-    def __init__(self, message: str, code: int | None) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class EventSender(Protocol):

@@ -12,6 +12,7 @@ This first piece is the vocabulary every reaction shares:
 
 from __future__ import annotations
 
+from rhumbatron.errors import SelectorError
 from rhumbatron.reactions.kinds import (
     KIND_GRAMMAR,
     NOT_TRIGGERABLE,
@@ -22,7 +23,7 @@ from rhumbatron.reactions.kinds import (
     SubjectType,
     list_kinds,
 )
-from rhumbatron.reactions.selectors import Selector, SelectorError, event_selector_matches
+from rhumbatron.reactions.selectors import Selector, event_selector_matches
 
 __all__ = [
     "KIND_GRAMMAR",

@@ -34,7 +34,9 @@ import httpx
 from rhumbatron.agents.signing import signed_headers
 from rhumbatron.agents.url_safety import check_webhook_url, display_url
 from rhumbatron.core.settings import Settings
-from rhumbatron.errors import MessagingError, RhumbatronError
+
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import ReactionDeliveryError, RhumbatronError
 from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.reactions.kinds import KIND_GRAMMAR
 from rhumbatron.reactions.ports import WebhookReactionLike
@@ -43,7 +45,6 @@ from rhumbatron.workflows.engine import INSTANCE_ID_PATTERN, WorkflowEngine, Wor
 
 __all__ = [
     "REACTION_REASON_PREFIX",
-    "ReactionDeliveryError",
     "ReactionEffects",
     "agent_command_id",
     "agent_wake_command",
@@ -61,15 +62,6 @@ _COMMAND_ID = re.compile(r"^cmd_[A-Za-z0-9_.:\-]{1,200}$")
 _DIGEST_HEX = 24
 #: Characters of a refusing answer quoted in the error (and so in a dead letter).
 _ANSWER_QUOTE_CHARS = 200
-
-
-class ReactionDeliveryError(MessagingError):
-    """A webhook reaction was not taken: ``status_code`` is the receiver's non-2xx answer, or
-    None for a timeout or a connection error. The delivery ledger retries it."""
-
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
-        super().__init__(message)
-        self.status_code = status_code
 
 
 def _digest(subscription_id: str) -> str:

@@ -60,13 +60,18 @@ from rhumbatron.agents.signing import (
     ID_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
-    WebhookSecretError,
-    WebhookSignatureError,
     parse_secret,
     verify,
 )
 from rhumbatron.core.clock import Clock
-from rhumbatron.errors import ConfigurationError
+
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import (
+    ConfigurationError,
+    WebhookRejected,
+    WebhookSecretError,
+    WebhookSignatureError,
+)
 
 __all__ = [
     "DEFAULT_SEEN_CAPACITY",
@@ -79,7 +84,6 @@ __all__ = [
     "RejectedDelivery",
     "RejectionReason",
     "WebhookReceiver",
-    "WebhookRejected",
 ]
 
 _log = logging.getLogger(__name__)
@@ -102,21 +106,6 @@ class RejectionReason(StrEnum):
     SIGNATURE = "signature"
     REPLAY = "replay"
     BODY = "body"
-
-
-class WebhookRejected(WebhookSignatureError):
-    """A webhook the receiver must not act on: answer ``status`` (401) with the message.
-
-    ``reason`` says which check failed; ``webhook_id`` is the request's ``webhook-id``
-    (None when it had none).
-    """
-
-    status = 401
-
-    def __init__(self, message: str, *, reason: RejectionReason, webhook_id: str | None) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.webhook_id = webhook_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -551,7 +540,7 @@ class LocalWebhookReceiver:
             webhook = self.receiver.verify(headers, body)
         except WebhookRejected as exc:
             rejection = RejectedDelivery(
-                exc.status, exc.reason, str(exc), exc.webhook_id, request.path
+                exc.status, RejectionReason(exc.reason), str(exc), exc.webhook_id, request.path
             )
             self._record(self._rejected, rejection)
             request.answer(exc.status, str(exc))

@@ -47,7 +47,14 @@ from rhumbatron.agents.signing import generate_secret, parse_secret
 from rhumbatron.agents.url_safety import check_webhook_url
 from rhumbatron.core.clock import Clock
 from rhumbatron.core.settings import Settings
-from rhumbatron.errors import RegistryError
+
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import (
+    SubscriptionConflictError,
+    SubscriptionDisabledError,
+    SubscriptionNotFoundError,
+    SubscriptionRegistryError,
+)
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.reactions.selectors import Selector, event_selector_matches
 from rhumbatron.reactions.webhook_ledger import (
@@ -67,13 +74,9 @@ __all__ = [
     "EndpointDisabled",
     "Governance",
     "Reaction",
-    "SubscriptionConflictError",
     "SubscriptionCreated",
-    "SubscriptionDisabledError",
-    "SubscriptionNotFoundError",
     "SubscriptionRecord",
     "SubscriptionRegistry",
-    "SubscriptionRegistryError",
     "WebhookReaction",
     "WorkflowReaction",
 ]
@@ -126,22 +129,6 @@ WORKFLOW_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 MAX_COOLDOWN_S = 365 * 24 * 3600
 
 _NAME = re.compile(SUBSCRIPTION_NAME_PATTERN)
-
-
-class SubscriptionRegistryError(RegistryError):
-    """A subscription that cannot be created or changed (``field``: ``reaction.agent_id``)."""
-
-
-class SubscriptionConflictError(SubscriptionRegistryError):
-    """The tenant has a subscription of that name with other content."""
-
-
-class SubscriptionDisabledError(SubscriptionRegistryError):
-    """The subscription is disabled, and the action needs it enabled."""
-
-
-class SubscriptionNotFoundError(SubscriptionRegistryError, LookupError):
-    """No subscription with that ID for this tenant (another tenant's is not found either)."""
 
 
 # -- the record ------------------------------------------------------------------------------

@@ -42,7 +42,14 @@ from rhumbatron.core.clock import Clock
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import project_admin_key
 from rhumbatron.domain.transition import Transition
-from rhumbatron.errors import RegistryError, RhumbatronError
+
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import (
+    RhumbatronError,
+    ScheduleConflictError,
+    ScheduleNotFoundError,
+    ScheduleRegistryError,
+)
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN, stable_event_id
 from rhumbatron.reactions.registry import SUBSCRIPTION_NAME_PATTERN
@@ -62,14 +69,11 @@ __all__ = [
     "SWEEP_SCHEDULE_ID",
     "TIME_OF_DAY_PATTERN",
     "FireReport",
-    "ScheduleConflictError",
     "ScheduleContext",
     "ScheduleCreated",
     "ScheduleFire",
-    "ScheduleNotFoundError",
     "ScheduleRecord",
     "ScheduleRegistry",
-    "ScheduleRegistryError",
     "ScheduleSettings",
     "ScheduleTiming",
     "fire_due_schedules",
@@ -168,18 +172,6 @@ class ScheduleSettings(BaseSettings):
         ge=2,
         description="Fires older than this are forgotten (schedule_fires rows).",
     )
-
-
-class ScheduleRegistryError(RegistryError):
-    """A schedule that cannot be created or changed (``field``: ``every_minutes``)."""
-
-
-class ScheduleConflictError(ScheduleRegistryError):
-    """The tenant has a schedule of that name with other content."""
-
-
-class ScheduleNotFoundError(ScheduleRegistryError, LookupError):
-    """No schedule with that ID for this tenant (another tenant's is not found either)."""
 
 
 # -- the record ------------------------------------------------------------------------------

@@ -49,7 +49,8 @@ from pydantic import (
     model_validator,
 )
 
-from rhumbatron.errors import RhumbatronError
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import SelectorError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.payloads import Payload
 from rhumbatron.reactions._values import same_value
@@ -71,7 +72,6 @@ __all__ = [
     "FilterValue",
     "Scalar",
     "Selector",
-    "SelectorError",
     "event_selector_matches",
     "selected_kinds",
 ]
@@ -97,10 +97,6 @@ MAX_FILTER_VALUES = 100
 _SUBJECT, _PAYLOAD = "subject", "payload"
 _GRAMMAR_CONTEXT = "grammar"
 _MISSING = object()
-
-
-class SelectorError(RhumbatronError, ValueError):
-    """A selector that cannot be built: the message names the pattern, key or value."""
 
 
 class Selector(BaseModel):

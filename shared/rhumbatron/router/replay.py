@@ -59,7 +59,8 @@ from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, cast
 
-from rhumbatron.errors import MessagingError, NatsUnavailableError, RhumbatronError
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import MessagingError, NatsUnavailableError, ReplayError, RhumbatronError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, event_stream_subject
@@ -80,7 +81,6 @@ if TYPE_CHECKING:
 
 
 __all__ = [
-    "ReplayError",
     "ReplayHost",
     "ReplayReport",
     "ReplaySource",
@@ -104,10 +104,6 @@ MAX_REPORTED_ERRORS = 20
 _ARCHIVE_DAYS_BEFORE = 1
 #: SQLite's default limit of bound parameters is 999 (older builds): stay under it.
 _IDS_PER_QUERY = 500
-
-
-class ReplayError(RhumbatronError, ValueError):
-    """A replay that cannot run as asked; the message names the value and what to pass."""
 
 
 class ReplaySource(StrEnum):

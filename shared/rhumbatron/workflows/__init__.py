@@ -9,11 +9,11 @@ therefore not imported here: a local run never pays for it.
 
 from __future__ import annotations
 
+from rhumbatron.errors import WorkflowEngineError
 from rhumbatron.workflows.engine import (
     INSTANCE_ID_PATTERN,
     WORKFLOW_COMMANDS,
     WorkflowEngine,
-    WorkflowEngineError,
     WorkflowInstance,
     WorkflowStart,
     WorkflowStatus,

@@ -19,14 +19,14 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from rhumbatron.errors import DomainError, RhumbatronError
+# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
+from rhumbatron.errors import DomainError
 from rhumbatron.protocol.envelopes import Command
 
 __all__ = [
     "INSTANCE_ID_PATTERN",
     "WORKFLOW_COMMANDS",
     "WorkflowEngine",
-    "WorkflowEngineError",
     "WorkflowInstance",
     "WorkflowStart",
     "WorkflowStatus",
@@ -47,10 +47,6 @@ WORKFLOW_COMMANDS: Mapping[str, str] = MappingProxyType(
 _INSTANCE_ID_FIELD: Mapping[str, str] = MappingProxyType(
     {"verification.start": "candidate_id", "release.start": "release_id"}
 )
-
-
-class WorkflowEngineError(RhumbatronError):
-    """The workflow engine answered with an error we cannot use (throttled, denied, down)."""
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,8 @@ from typing import Any
 from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.core.clock import Clock
 from rhumbatron.core.settings import Settings
-from rhumbatron.errors import DomainError
+from rhumbatron.errors import DomainError, WorkflowEngineError
 from rhumbatron.workflows.engine import (
-    WorkflowEngineError,
     WorkflowInstance,
     WorkflowStart,
     WorkflowStatus,

@@ -20,9 +20,8 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from rhumbatron.errors import ConfigurationError
+from rhumbatron.errors import ConfigurationError, WorkflowEngineError
 from rhumbatron.workflows.engine import (
-    WorkflowEngineError,
     WorkflowInstance,
     WorkflowStart,
     WorkflowStatus,

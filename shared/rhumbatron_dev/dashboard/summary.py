@@ -269,7 +269,7 @@ def project_feed(
     Raises :class:`~rhumbatron.operator.ProjectNotFoundError` for a project without a view:
     a mistyped ID must not create a view file.
     """
-    from rhumbatron.operator import ProjectNotFoundError
+    from rhumbatron.errors import ProjectNotFoundError
 
     projects = project_ids(app)
     if project_id is None:

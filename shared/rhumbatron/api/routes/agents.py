@@ -13,13 +13,13 @@ from contextlib import contextmanager
 from fastapi import APIRouter, Response
 
 from rhumbatron.agents import registration
-from rhumbatron.agents.registry import MAX_SECRETS, AgentKind, AgentRegistryError
-from rhumbatron.agents.signing import WebhookSecretError
-from rhumbatron.agents.url_safety import UnsafeWebhookUrlError, display_url
+from rhumbatron.agents.registry import MAX_SECRETS, AgentKind
+from rhumbatron.agents.url_safety import display_url
 from rhumbatron.api.access import own_tenant
 from rhumbatron.api.dependencies import AgentsWriter, Runtime
 from rhumbatron.api.errors import InvalidRequestError, error_responses
 from rhumbatron.api.lifecycle_schemas import AgentBody, RegisterAgentRequest
+from rhumbatron.errors import AgentRegistryError, UnsafeWebhookUrlError, WebhookSecretError
 
 __all__ = ["router"]
 

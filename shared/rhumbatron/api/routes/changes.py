@@ -31,10 +31,9 @@ from rhumbatron.api.routes._presets import (
     refusable_errors,
 )
 from rhumbatron.domain.changes import ChangeStatus
-from rhumbatron.errors import DomainError
+from rhumbatron.errors import DomainError, PromotionConflictError
 from rhumbatron.lifecycle.lookups import change_detail, existing_change
 from rhumbatron.lifecycle.project_requests import ProjectRequests
-from rhumbatron.lifecycle.requests import PromotionConflictError
 
 if TYPE_CHECKING:
     from rhumbatron.api.ports import ApiRuntime

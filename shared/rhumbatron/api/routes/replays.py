@@ -55,8 +55,8 @@ async def replay(runtime: Runtime, principal: Replayer, body: ReplayRequest) -> 
     ``dryRun`` nothing changes and the answer counts what would apply. Only a platform
     token may replay: a stream holds every tenant's events."""
     # Imported here: the router and the archive reader are no part of the API's cold start.
-    from rhumbatron.archive import ArchiveUnavailableError
-    from rhumbatron.router.replay import ReplayError, run_replay
+    from rhumbatron.errors import ArchiveUnavailableError, ReplayError
+    from rhumbatron.router.replay import run_replay
 
     _log.info(
         "api: replay %s %s stream %s by %s (dry run: %s)",

@@ -31,13 +31,11 @@ from rhumbatron.api.schedule_schemas import (
     ScheduleListBody,
     UpdateScheduleRequest,
 )
+from rhumbatron.errors import ScheduleConflictError, ScheduleNotFoundError, ScheduleRegistryError
 from rhumbatron.reactions.schedules import (
     SCHEDULE_ID_PATTERN,
-    ScheduleConflictError,
-    ScheduleNotFoundError,
     ScheduleRecord,
     ScheduleRegistry,
-    ScheduleRegistryError,
     ScheduleTiming,
 )
 

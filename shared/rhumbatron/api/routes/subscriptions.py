@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
 from rhumbatron.agents.registry import MAX_SECRETS
-from rhumbatron.agents.url_safety import UnsafeWebhookUrlError, check_webhook_url
+from rhumbatron.agents.url_safety import check_webhook_url
 from rhumbatron.api.access import own_tenant
 from rhumbatron.api.dependencies import AgentsReader, AgentsWriter, Runtime
 from rhumbatron.api.errors import (
@@ -44,15 +44,18 @@ from rhumbatron.api.subscription_schemas import (
     WebhookReactionRequest,
     WorkflowReactionBody,
 )
+from rhumbatron.errors import (
+    SubscriptionConflictError,
+    SubscriptionDisabledError,
+    SubscriptionNotFoundError,
+    SubscriptionRegistryError,
+    UnsafeWebhookUrlError,
+)
 from rhumbatron.reactions.registry import (
     SUBSCRIPTION_ID_PATTERN,
     AgentReaction,
     Governance,
-    SubscriptionConflictError,
-    SubscriptionDisabledError,
-    SubscriptionNotFoundError,
     SubscriptionRegistry,
-    SubscriptionRegistryError,
     WebhookReaction,
     WorkflowReaction,
 )
