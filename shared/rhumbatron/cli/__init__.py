@@ -1,0 +1,91 @@
+"""The ``rhumbatron`` command: ``outbox`` (inspect, requeue), ``streams``, ``dead-letters``
+(list, show, retry, dismiss), ``kinds`` (the Event kind grammar), ``subscriptions`` and
+``schedules`` (list, show, create, enable, disable, delete), ``api`` (serve the operator API);
+and ``demo``, ``up`` (the local stack, API and dashboard) and ``invoke`` (one function of
+``template.yaml``, here), which run the development package :mod:`rhumbatron_dev`, imported
+only when they run (the Lambda layer leaves it out).
+
+One module per command group (:mod:`~rhumbatron.cli.dead_letters`,
+:mod:`~rhumbatron.cli.subscriptions`, ..., :mod:`~rhumbatron.cli.dev` for the development
+commands), each adding its own subcommands to the parser; :mod:`~rhumbatron.cli.common`
+holds what they share. Each imports what it needs inside the command it runs, so
+``rhumbatron --help`` imports none of the package's heavy parts.
+
+``dead-letters`` acts on the local state directory and NATS (``RHUMBATRON_*`` settings)
+through the same operator functions as the HTTP API, as a platform operator: it sees every
+tenant's letters. Exit status, so scripts can tell the failures apart:
+
+==  =====================================================================================
+0   done (a Retry that finds its attempt already sent is done: it sends nothing)
+1   anything else went wrong (bad settings, an unreadable product file), with the reason
+2   no dead letter with that ID (or a usage error, as argparse reports it)
+3   the letter cannot take that action: it is closed, or it can only be dismissed
+4   NATS did not take the Retry (down, or JetStream refused it); nothing is reserved
+==  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+
+from rhumbatron.cli import (
+    api,
+    dead_letters,
+    dev,
+    kinds,
+    outbox,
+    replay,
+    schedules,
+    subscriptions,
+)
+from rhumbatron.cli.common import EXIT_CANNOT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNAVAILABLE
+
+__all__ = [
+    "EXIT_CANNOT",
+    "EXIT_ERROR",
+    "EXIT_NOT_FOUND",
+    "EXIT_UNAVAILABLE",
+    "main",
+]
+
+#: What runs each command but ``demo`` and ``up`` (:data:`~rhumbatron.cli.dev.LAUNCHERS`).
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "outbox": outbox.outbox,
+    "streams": outbox.streams,
+    "dead-letters": dead_letters.dead_letters,
+    "kinds": kinds.kinds,
+    "replay": replay.replay,
+    "subscriptions": subscriptions.subscriptions,
+    "schedules": schedules.schedules,
+    "api": api.serve,
+    "invoke": dev.invoke,
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command's parser; the subcommands in the order ``rhumbatron --help`` lists them."""
+    parser = argparse.ArgumentParser(prog="rhumbatron")
+    sub = parser.add_subparsers(dest="command", required=True)
+    dev.add_launcher_parsers(sub)
+    outbox.add_outbox_parser(sub)
+    outbox.add_streams_parser(sub)
+    dead_letters.add_parser(sub)
+    kinds.add_parser(sub)
+    replay.add_parser(sub)
+    subscriptions.add_parser(sub)
+    schedules.add_parser(sub)
+    api.add_parser(sub)
+    dev.add_invoke_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rhumbatron`` command; returns the exit status."""
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command in dev.LAUNCHERS:
+        return dev.launch(args.command, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return _COMMANDS[args.command](args)

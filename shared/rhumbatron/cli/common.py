@@ -1,0 +1,114 @@
+"""What the commands share: the exit statuses, the one-line failure, JSON output, a runtime
+of the local state for one action, and the registry commands' error mapping.
+
+Nothing heavy at import: the runtime, pydantic and the errors are imported where used, so
+``rhumbatron --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from rhumbatron.runtime.bootstrap import Rhumbatron
+
+__all__ = [
+    "EXIT_CANNOT",
+    "EXIT_ERROR",
+    "EXIT_NOT_FOUND",
+    "EXIT_UNAVAILABLE",
+    "fail",
+    "print_json",
+    "read_json_object",
+    "run_on_runtime",
+    "run_registry_command",
+]
+
+EXIT_ERROR = 1
+EXIT_NOT_FOUND = 2
+EXIT_CANNOT = 3
+EXIT_UNAVAILABLE = 4
+
+T = TypeVar("T")
+
+
+def fail(status: int, message: str, *, command: str = "dead-letters") -> int:
+    """Say on stderr, in one line naming the command, why it failed; return ``status``."""
+    print(f"rhumbatron {command}: {message}", file=sys.stderr)
+    return status
+
+
+def print_json(value: object) -> None:
+    print(json.dumps(value, indent=2))
+
+
+def read_json_object(file: str, command: str) -> dict[str, Any] | None:
+    """The JSON object in ``file`` (``-``: stdin), or None once it said why there is none."""
+    from pathlib import Path
+
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text()
+        raw = json.loads(text)
+    except (OSError, ValueError) as exc:
+        fail(EXIT_ERROR, f"cannot read {file!r} as JSON: {exc}", command=command)
+        return None
+    if not isinstance(raw, dict):
+        fail(EXIT_ERROR, f"{file!r} must hold a JSON object", command=command)
+        return None
+    return raw
+
+
+def run_on_runtime(act: Callable[[Rhumbatron], Awaitable[T]]) -> T:
+    """Run ``act`` on a runtime of the local state in one event loop, and close the runtime
+    there: its NATS connection opens on that loop and must be drained on it."""
+    from rhumbatron.runtime.bootstrap import bootstrap
+
+    async def run() -> T:
+        app = bootstrap()
+        try:
+            return await act(app)
+        finally:
+            await app.close()
+
+    return asyncio.run(run())
+
+
+def run_registry_command(
+    command: str,
+    what: str,
+    act: Callable[[Rhumbatron], int],
+    *,
+    not_found: tuple[type[Exception], ...],
+    cannot: tuple[type[Exception], ...],
+) -> int:
+    """Run ``act`` on a runtime of the local state (subscriptions, schedules), answering its
+    refusals with the exit statuses: 2 not found, 3 cannot, 1 an invalid value or anything
+    else."""
+    from pydantic import ValidationError
+
+    from rhumbatron.errors import RhumbatronError
+    from rhumbatron.runtime.bootstrap import bootstrap
+
+    try:
+        app = bootstrap()
+        try:
+            return act(app)
+        finally:
+            app.product().close()
+    except not_found as exc:
+        return fail(EXIT_NOT_FOUND, str(exc), command=command)
+    except cannot as exc:
+        return fail(EXIT_CANNOT, str(exc), command=command)
+    except ValidationError as exc:
+        # Location and message only: pydantic's own text quotes the input, maybe a secret.
+        problems = "; ".join(
+            ".".join(str(part) for part in error["loc"]) + ": " + error["msg"]
+            for error in exc.errors(include_url=False)
+        )
+        return fail(EXIT_ERROR, f"invalid {what}: {problems}", command=command)
+    except RhumbatronError as exc:
+        return fail(EXIT_ERROR, str(exc), command=command)
