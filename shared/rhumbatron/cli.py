@@ -33,8 +33,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rhumbatron.operator import Inspection, RetryOutcome
     from rhumbatron.product.dead_letters import DeadLetter
-    from rhumbatron.reactions.registry import SubscriptionRecord, SubscriptionRegistry
-    from rhumbatron.reactions.schedules import ScheduleRecord, ScheduleRegistry
+    from rhumbatron.reactions.schedule_models import ScheduleRecord
+    from rhumbatron.reactions.schedule_registry import ScheduleRegistry
+    from rhumbatron.reactions.subscription_models import SubscriptionRecord
+    from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = [
@@ -467,7 +469,7 @@ def _subscriptions(args: argparse.Namespace) -> int:
         SubscriptionDisabledError,
         SubscriptionNotFoundError,
     )
-    from rhumbatron.reactions.registry import SubscriptionRegistry
+    from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
 
     return _registry_command(
         "subscriptions",
@@ -523,8 +525,8 @@ def _subscription_action(registry: SubscriptionRegistry, args: argparse.Namespac
     from pydantic import TypeAdapter
 
     from rhumbatron.errors import SubscriptionNotFoundError
-    from rhumbatron.reactions.registry import Governance, Reaction
     from rhumbatron.reactions.selectors import Selector
+    from rhumbatron.reactions.subscription_models import Governance, Reaction
 
     if args.action == "list":
         records = registry.list(args.tenant, enabled_only=args.enabled_only)
@@ -661,7 +663,7 @@ def _schedules(args: argparse.Namespace) -> int:
     as a platform operator: every tenant's, or ``--tenant``'s. Exit status: 2 no such
     schedule, 3 the name holds other content, 1 an invalid file or value."""
     from rhumbatron.errors import ScheduleConflictError, ScheduleNotFoundError
-    from rhumbatron.reactions.schedules import ScheduleRegistry
+    from rhumbatron.reactions.schedule_registry import ScheduleRegistry
 
     return _registry_command(
         "schedules",
@@ -679,7 +681,7 @@ def _schedule_action(registry: ScheduleRegistry, args: argparse.Namespace) -> in
 
     from rhumbatron.api.schedule_schemas import CreateScheduleRequest
     from rhumbatron.errors import ScheduleNotFoundError
-    from rhumbatron.reactions.schedules import ScheduleTiming
+    from rhumbatron.reactions.schedule_models import ScheduleTiming
 
     if args.action == "list":
         records = registry.list(args.tenant, enabled_only=args.enabled_only)
