@@ -65,7 +65,7 @@ sam-check: $(SAM_STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check shared functions tests bench mutation
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/cfn-lint template.yaml infra/*.yaml
 
 # The benchmarks also need the `bench` extra (FastStream, the router's peer); `make test` does not.

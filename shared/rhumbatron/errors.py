@@ -326,8 +326,8 @@ class WebhookRejected(WebhookSignatureError):
 
     status = 401
 
-    # ``reason`` is a ``rhumbatron.reactions.receiver.RejectionReason``; this module sits
-    # below ``reactions`` and cannot name the type.
+    # ``reason`` is a ``rhumbatron.reactions.webhook_verification.RejectionReason``; this
+    # module sits below ``reactions`` and cannot name the type.
     def __init__(self, message: str, *, reason: StrEnum, webhook_id: str | None) -> None:
         super().__init__(message)
         self.reason = reason

@@ -337,7 +337,7 @@ def _retry_reaction(
     """A webhook delivery whose retries ran out: one more attempt, due now (the sweep's next
     webhook retry pass sends it with the same ``webhook-id``). The letter closes when it is
     delivered, and opens again with the new reason when it fails."""
-    from rhumbatron.reactions.registry import SubscriptionRegistry
+    from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
     from rhumbatron.reactions.webhook_ledger import get_delivery, rearm_for_retry
 
     with app.product().transaction() as db:

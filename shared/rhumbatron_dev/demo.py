@@ -25,9 +25,9 @@ user would:
    canonical advances to generation 1, the index is built and the release deploys the
    canonical files to the app.
 5. **Reactions.** Before step 1 the demo starts a
-   :class:`~rhumbatron.reactions.receiver.LocalWebhookReceiver` on loopback (allowed by
-   ``webhook_allowed_hosts``) and registers two webhook subscriptions through the registry,
-   cooldown 0: ``notify`` (``task.completed``, ``change.completed``) and ``ci-intents``
+   :class:`~rhumbatron.reactions.local_webhook_receiver.LocalWebhookReceiver` on loopback
+   (allowed by ``webhook_allowed_hosts``) and registers two webhook subscriptions through the
+   registry, cooldown 0: ``notify`` (``task.completed``, ``change.completed``) and ``ci-intents``
    (``intent.declared``). The reactions consumer delivers every match of the lifecycle,
    signed; the receiver verifies each signature. Then the receiver's CI bot answers one
    ``intent.declared`` delivery with an intent of its own, in the delivery's correlation
@@ -86,9 +86,11 @@ from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, stream_index
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, consumer_name
 from rhumbatron.reactions.guards import suppressions
-from rhumbatron.reactions.receiver import LocalWebhookReceiver, WebhookReceiver
-from rhumbatron.reactions.registry import Governance, SubscriptionRegistry, WebhookReaction
+from rhumbatron.reactions.local_webhook_receiver import LocalWebhookReceiver
 from rhumbatron.reactions.selectors import Selector
+from rhumbatron.reactions.subscription_models import Governance, WebhookReaction
+from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
+from rhumbatron.reactions.webhook_verification import WebhookReceiver
 from rhumbatron.router.replay import replay_archive
 from rhumbatron.router.ticks import tick_kind
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
-from rhumbatron.reactions.schedules import ScheduleSettings, fire_due_schedules
+from rhumbatron.reactions.schedule_firing import ScheduleSettings, fire_due_schedules
 from rhumbatron.runtime.bootstrap import Rhumbatron
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 

@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 
 from rhumbatron.agents.signing import generate_secret
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.reactions.webhook_ledger import Attempt, RetryPolicy, record_attempt
+from rhumbatron.reactions.webhook_attempts import record_attempt
+from rhumbatron.reactions.webhook_ledger import Attempt, RetryPolicy
 from rhumbatron.runtime.bootstrap import Rhumbatron
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 

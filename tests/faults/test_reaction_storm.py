@@ -62,8 +62,8 @@ from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.guards import Hop, SuppressionReason, suppressions
-from rhumbatron.reactions.registry import Governance
 from rhumbatron.reactions.selectors import Selector
+from rhumbatron.reactions.subscription_models import Governance
 from rhumbatron.router.event_router import EventRouter
 from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.reports import SubscriptionReport

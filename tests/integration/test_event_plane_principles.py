@@ -36,13 +36,9 @@ from rhumbatron.queues.wake_consumer import WakeConsumer, WakeOutcome
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.deliveries import agent_wake_command, workflow_instance_id
 from rhumbatron.reactions.guards import SuppressionReason
-from rhumbatron.reactions.registry import (
-    AgentReaction,
-    Governance,
-    SubscriptionRegistry,
-    WorkflowReaction,
-)
 from rhumbatron.reactions.selectors import Selector
+from rhumbatron.reactions.subscription_models import AgentReaction, Governance, WorkflowReaction
+from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
 from rhumbatron.runtime.reactions_assembly import LazyHttpClient, reactions_for
 from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
 from rhumbatron.workflows.step_functions import StepFunctionsEngine

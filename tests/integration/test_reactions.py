@@ -35,7 +35,7 @@ from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_subject, stream_index
 from rhumbatron.queues.wake_consumer import WakeConsumer, WakeOutcome
 from rhumbatron.reactions.config import ReactionSettings
-from rhumbatron.reactions.consumer import REFUSED_METRIC, ReactionsConsumer
+from rhumbatron.reactions.consumer import ReactionsConsumer
 from rhumbatron.reactions.deliveries import (
     ReactionEffects,
     agent_command_id,
@@ -43,14 +43,15 @@ from rhumbatron.reactions.deliveries import (
 )
 from rhumbatron.reactions.gate import admit
 from rhumbatron.reactions.guards import Hop, SuppressionReason, suppressions
-from rhumbatron.reactions.registry import (
+from rhumbatron.reactions.reaction_decisions import REFUSED_METRIC
+from rhumbatron.reactions.selectors import Selector
+from rhumbatron.reactions.subscription_models import (
     AgentReaction,
     Governance,
-    SubscriptionRegistry,
     WebhookReaction,
     WorkflowReaction,
 )
-from rhumbatron.reactions.selectors import Selector
+from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
 from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.reports import SubscriptionReport
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap

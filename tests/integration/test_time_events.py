@@ -28,19 +28,16 @@ from rhumbatron.domain.facts import Caller
 from rhumbatron.entrypoints import sweep
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
-from rhumbatron.reactions.registry import (
-    Governance,
-    SubscriptionRegistry,
-    WebhookReaction,
-)
-from rhumbatron.reactions.schedules import (
+from rhumbatron.reactions.schedule_firing import (
     SWEEP_SCHEDULE_ID,
-    ScheduleRegistry,
     ScheduleSettings,
-    ScheduleTiming,
     schedule_event_id,
 )
+from rhumbatron.reactions.schedule_models import ScheduleTiming
+from rhumbatron.reactions.schedule_registry import ScheduleRegistry
 from rhumbatron.reactions.selectors import Selector
+from rhumbatron.reactions.subscription_models import Governance, WebhookReaction
+from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
 from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess

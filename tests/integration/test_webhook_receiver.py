@@ -24,13 +24,11 @@ from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_subject, stream_index
 from rhumbatron.reactions.consumer import FIRED_METRIC
-from rhumbatron.reactions.receiver import (
-    LocalWebhookReceiver,
-    RejectionReason,
-    WebhookReceiver,
-)
-from rhumbatron.reactions.registry import Governance, SubscriptionRegistry, WebhookReaction
+from rhumbatron.reactions.local_webhook_receiver import LocalWebhookReceiver
 from rhumbatron.reactions.selectors import Selector
+from rhumbatron.reactions.subscription_models import Governance, WebhookReaction
+from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
+from rhumbatron.reactions.webhook_verification import RejectionReason, WebhookReceiver
 from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.reports import SubscriptionReport
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap

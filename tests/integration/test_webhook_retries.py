@@ -30,7 +30,7 @@ from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
 from rhumbatron.queues.dead_letter import open_letter_counts
 from rhumbatron.reactions.config import ReactionSettings
-from rhumbatron.reactions.consumer import ShardFacts
+from rhumbatron.reactions.reaction_facts import ShardFacts
 from rhumbatron.reactions.webhook_ledger import DeliveryStatus, Disablement, WebhookDelivery
 from rhumbatron.reactions.webhook_retries import RETRIED_METRIC, WebhookRetrier
 

@@ -27,9 +27,13 @@ from rhumbatron.errors import (
     WebhookSignatureError,
 )
 from rhumbatron.protocol.envelopes import Event
-from rhumbatron.reactions import receiver as receiver_module
+from rhumbatron.reactions import webhook_verification as receiver_module
 from rhumbatron.reactions.deliveries import pointer_body, webhook_id
-from rhumbatron.reactions.receiver import PointerSubject, RejectionReason, WebhookReceiver
+from rhumbatron.reactions.webhook_verification import (
+    PointerSubject,
+    RejectionReason,
+    WebhookReceiver,
+)
 
 START = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 OLD, NEW = generate_secret(), generate_secret()

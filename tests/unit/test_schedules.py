@@ -24,17 +24,16 @@ from rhumbatron.domain.project import project_admin_key
 from rhumbatron.errors import ScheduleConflictError, ScheduleNotFoundError, ScheduleRegistryError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import EVENT_ID_PATTERN
-from rhumbatron.reactions import schedules as schedules_module
-from rhumbatron.reactions.schedules import (
+from rhumbatron.reactions import schedule_firing as schedules_module
+from rhumbatron.reactions.schedule_firing import (
     SWEEP_SCHEDULE_ID,
-    ScheduleRegistry,
     ScheduleSettings,
-    ScheduleTiming,
     fire_due_schedules,
-    latest_due,
     schedule_event_id,
     schedule_fired_event,
 )
+from rhumbatron.reactions.schedule_models import ScheduleTiming, latest_due
+from rhumbatron.reactions.schedule_registry import ScheduleRegistry
 from rhumbatron.reactions.selectors import Selector, event_selector_matches
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 

@@ -28,16 +28,16 @@ from rhumbatron.errors import (
     UnsafeWebhookUrlError,
 )
 from rhumbatron.protocol.envelopes import Event
-from rhumbatron.reactions.registry import (
-    SUBSCRIPTIONS_SCHEMA,
+from rhumbatron.reactions.selectors import Selector
+from rhumbatron.reactions.subscription_models import (
     AgentReaction,
     Governance,
     SubscriptionRecord,
-    SubscriptionRegistry,
     WebhookReaction,
     WorkflowReaction,
 )
-from rhumbatron.reactions.selectors import Selector
+from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
+from rhumbatron.reactions.subscription_table import SUBSCRIPTIONS_SCHEMA
 
 TENANT, OTHER = "acme", "globex"
 LOCAL_URL = "http://127.0.0.1:8123/hook"

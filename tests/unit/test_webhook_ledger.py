@@ -26,8 +26,13 @@ from rhumbatron.product.dead_letters import (
 )
 from rhumbatron.queues.wake_consumer import AGENT_EVENT_WAKES_SCHEMA
 from rhumbatron.reactions.config import ReactionSettings
-from rhumbatron.reactions.registry import SUBSCRIPTIONS_SCHEMA
 from rhumbatron.reactions.store import REACTIONS_SCHEMA, prune_reaction_history
+from rhumbatron.reactions.subscription_table import SUBSCRIPTIONS_SCHEMA
+from rhumbatron.reactions.webhook_attempts import (
+    record_attempt,
+    record_retry,
+    unrecorded_disablements,
+)
 from rhumbatron.reactions.webhook_ledger import (
     Attempt,
     DeliveryStatus,
@@ -38,11 +43,8 @@ from rhumbatron.reactions.webhook_ledger import (
     park_dead,
     prune_deliveries,
     rearm_for_retry,
-    record_attempt,
-    record_retry,
     record_skipped,
     replay_skipped,
-    unrecorded_disablements,
 )
 
 SUB = "sub_" + "a" * 32

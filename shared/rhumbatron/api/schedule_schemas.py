@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
-from rhumbatron.reactions.schedules import (
+from rhumbatron.reactions.schedule_models import (
     MAX_EVERY_MINUTES,
     SCHEDULE_NAME_PATTERN,
     TIME_OF_DAY_PATTERN,

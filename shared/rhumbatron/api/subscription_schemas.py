@@ -14,7 +14,8 @@ from pydantic.alias_generators import to_camel
 
 from rhumbatron.agents.url_safety import display_url
 from rhumbatron.protocol.values import AGENT_ID
-from rhumbatron.reactions.registry import (
+from rhumbatron.reactions.selectors import Selector
+from rhumbatron.reactions.subscription_models import (
     MAX_COOLDOWN_S,
     SUBSCRIPTION_NAME_PATTERN,
     WORKFLOW_NAME_PATTERN,
@@ -22,7 +23,6 @@ from rhumbatron.reactions.registry import (
     SubscriptionRecord,
     WebhookReaction,
 )
-from rhumbatron.reactions.selectors import Selector
 from rhumbatron.reactions.webhook_ledger import DeliveryStatus, WebhookDelivery
 
 __all__ = [

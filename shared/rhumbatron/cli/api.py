@@ -35,7 +35,8 @@ def serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
-    from rhumbatron.api import authenticator_from_settings, create_api
+    from rhumbatron.api.app import create_api
+    from rhumbatron.api.auth import authenticator_from_settings
     from rhumbatron.errors import RhumbatronError
     from rhumbatron.runtime.bootstrap import bootstrap
 

@@ -14,7 +14,8 @@ from rhumbatron.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from rhumbatron.reactions.schedules import ScheduleRecord, ScheduleRegistry
+    from rhumbatron.reactions.schedule_models import ScheduleRecord
+    from rhumbatron.reactions.schedule_registry import ScheduleRegistry
 
 __all__ = ["add_parser", "schedules"]
 
@@ -57,7 +58,7 @@ def schedules(args: argparse.Namespace) -> int:
     as a platform operator: every tenant's, or ``--tenant``'s. Exit status: 2 no such
     schedule, 3 the name holds other content, 1 an invalid file or value."""
     from rhumbatron.errors import ScheduleConflictError, ScheduleNotFoundError
-    from rhumbatron.reactions.schedules import ScheduleRegistry
+    from rhumbatron.reactions.schedule_registry import ScheduleRegistry
 
     return run_registry_command(
         "schedules",
@@ -99,7 +100,7 @@ def _list(registry: ScheduleRegistry, args: argparse.Namespace) -> int:
 
 def _create(registry: ScheduleRegistry, args: argparse.Namespace) -> int:
     from rhumbatron.api.schedule_schemas import CreateScheduleRequest
-    from rhumbatron.reactions.schedules import ScheduleTiming
+    from rhumbatron.reactions.schedule_models import ScheduleTiming
 
     raw = read_json_object(args.file, "schedules")
     if raw is None:

@@ -14,7 +14,8 @@ from rhumbatron.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from rhumbatron.reactions.registry import SubscriptionRecord, SubscriptionRegistry
+    from rhumbatron.reactions.subscription_models import SubscriptionRecord
+    from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
 
 __all__ = ["add_parser", "subscriptions"]
 
@@ -83,7 +84,7 @@ def subscriptions(args: argparse.Namespace) -> int:
         SubscriptionDisabledError,
         SubscriptionNotFoundError,
     )
-    from rhumbatron.reactions.registry import SubscriptionRegistry
+    from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
 
     return run_registry_command(
         "subscriptions",
@@ -126,8 +127,8 @@ def _list(registry: SubscriptionRegistry, args: argparse.Namespace) -> int:
 def _create(registry: SubscriptionRegistry, args: argparse.Namespace) -> int:
     from pydantic import TypeAdapter
 
-    from rhumbatron.reactions.registry import Governance, Reaction
     from rhumbatron.reactions.selectors import Selector
+    from rhumbatron.reactions.subscription_models import Governance, Reaction
 
     raw = read_json_object(args.file, "subscriptions")
     if raw is None:

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from rhumbatron.queues.context import QueueContext
-from rhumbatron.reactions.schedules import ScheduleContext
+from rhumbatron.reactions.schedule_firing import ScheduleContext
 from rhumbatron.router.ports import NudgedRouter
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ also drains the dead-letter queue into ``dead_letters`` each tick, and on the 5-
 records the open dead letters per queue and kind, the day's Clef-flash calls, the
 dead-letter poll's commands and a heartbeat (``sweep_heartbeat``, which the template's
 heartbeat alarm watches; :mod:`rhumbatron.metrics.operational`). Each tick also fires the
-time events (:mod:`rhumbatron.reactions.schedules`): its own ``schedule.fired`` in the clock
-project, and one for each user schedule due at its minute; a schedule that cannot fire is
-reported in the summary and fires at a later tick, without failing this one.
+time events (:mod:`rhumbatron.reactions.schedule_firing`): its own ``schedule.fired`` in the
+clock project, and one for each user schedule due at its minute; a schedule that cannot fire
+is reported in the summary and fires at a later tick, without failing this one.
 
 The sweep is the router's correctness path: with every nudge lost, each event is still
 applied within 8 minutes. A tick must end within its minute, so the run stops fetching
@@ -181,7 +181,7 @@ def _fire_schedules(app: SweepRuntime, at: datetime) -> tuple[list[str], dict[st
     heartbeat) must still be recorded. A schedule that did not fire fires at a later tick,
     for its latest due time then.
     """
-    from rhumbatron.reactions.schedules import fire_due_schedules
+    from rhumbatron.reactions.schedule_firing import fire_due_schedules
 
     try:
         report = fire_due_schedules(app, at)

@@ -21,70 +21,59 @@ an event's subscriptions fails, the event fails (the router counts it, retries i
 nack delay and dead-letters it on the 5th failure) and its redelivery runs only the
 deliveries not yet done (a workflow start or a wake that failed; a webhook's failure is the
 ledger's to retry).
+
+This module handles the batch and runs the reactions; the decision of one event (guards and
+gate, in one product transaction) is :mod:`~rhumbatron.reactions.reaction_decisions`', and the
+facts the reactions write are :mod:`~rhumbatron.reactions.reaction_facts`'.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import httpx
 
-from rhumbatron.core.clock import Clock, utc_day
-from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.domain.project import project_admin_key
-from rhumbatron.domain.transition import Transition
+from rhumbatron.core.clock import Clock
 from rhumbatron.errors import ConfigurationError, DomainError, RhumbatronError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import DataPoint, MetricBinding, insert_points
 from rhumbatron.protocol.envelopes import Event
-from rhumbatron.protocol.ids import stable_event_id
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.deliveries import (
     ReactionEffects,
-    agent_command_id,
     agent_wake_command,
     attempt_webhook,
     pointer_body,
-    webhook_id,
     workflow_input,
     workflow_instance_id,
 )
-from rhumbatron.reactions.gate import Admission, admit, claim_budget_fact, release
-from rhumbatron.reactions.guards import (
-    CauseChain,
-    Hop,
-    SuppressionReason,
-    cause_chain,
-    check_guards,
-    last_fire,
-    record_fire,
-    record_suppression,
-    register_causes,
-)
+from rhumbatron.reactions.gate import release
+from rhumbatron.reactions.guards import SuppressionReason, cause_chain, register_causes
 from rhumbatron.reactions.ports import (
     FactSink,
     SubscriptionLike,
     SubscriptionSource,
 )
-from rhumbatron.reactions.webhook_ledger import (
-    Attempt,
-    Disablement,
-    mark_disablement_recorded,
-    record_attempt,
-    record_skipped,
+from rhumbatron.reactions.reaction_decisions import (
+    EventDecision,
+    ReactionPlan,
+    decide_event,
+    delivery_identity,
+    reaction_point,
+    suppress,
 )
+from rhumbatron.reactions.reaction_facts import record_disablement
+from rhumbatron.reactions.webhook_attempts import record_attempt
+from rhumbatron.reactions.webhook_ledger import Disablement
 from rhumbatron.router.claims import claim_leases, complete_claims, release_claims
 from rhumbatron.router.records import APPLIED, DUPLICATE, Record, RecordOutcome
 
 if TYPE_CHECKING:
-    import sqlite3
-
-    from rhumbatron.actors.resource_shard import ResourceShard
     from rhumbatron.core.settings import Settings
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
@@ -92,25 +81,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FIRED_METRIC",
-    "REFUSED_METRIC",
-    "SUPPRESSED_METRIC",
     "NoSubscriptions",
     "Reactions",
     "ReactionsConsumer",
-    "ShardFacts",
-    "record_disablement",
 ]
 
 _log = logging.getLogger(__name__)
 
-#: A matching subscription held back by a loop guard (dimension ``reason``).
-SUPPRESSED_METRIC = "reaction_suppressed"
-#: A reaction the admission gate refused (dimension ``gate``: budget or in_flight).
-REFUSED_METRIC = "reaction_refused"
 #: A reaction that ran (dimension ``reaction``: webhook, workflow or agent).
 FIRED_METRIC = "reaction_fired"
-#: The facts the reactions write themselves.
-_ACTOR = "system:reactions"
 _CONSUMER = Subscription.REACTIONS.value
 
 
@@ -122,58 +101,6 @@ class NoSubscriptions:
 
 
 @dataclass
-class ShardFacts:
-    """Writes the reactions' facts in the shard of ``project:<id>`` (its outbox publishes
-    them). ``resource_shard`` is ``Rhumbatron.resource_shard``."""
-
-    resource_shard: Callable[[str, str], ResourceShard]
-    clock: Clock
-
-    def budget_exceeded(self, event: Event, *, subscription_id: str, limit: int, day: str) -> None:
-        shard = self.resource_shard(event.project_id, project_admin_key(event.project_id))
-        caller = Caller(event.tenant_id, _ACTOR, event.event_id, caused_by=event.event_id)
-        ctx = FactContext(caller, event.project_id, self.clock.now())
-        payload = {
-            "limit": limit,
-            "day": day,
-            "subscriptionId": subscription_id,
-            "eventId": event.event_id,
-        }
-        fact = ctx.fact("budget.exceeded", payload)
-        shard.transact(lambda db: Transition(facts=(fact,)))
-
-    def reaction_disabled(self, disablement: Disablement) -> None:
-        project_id = disablement.project_id
-        shard = self.resource_shard(project_id, project_admin_key(project_id))
-        caller = Caller(disablement.tenant_id, _ACTOR, disablement.delivery_key)
-        ctx = FactContext(caller, project_id, self.clock.now())
-        failing_since = (
-            None
-            if disablement.failing_since_s is None
-            else datetime.fromtimestamp(disablement.failing_since_s, UTC).isoformat()
-        )
-        payload = {
-            "subscriptionId": disablement.subscription_id,
-            "name": disablement.name,
-            "reason": disablement.reason,
-            "deliveryKey": disablement.delivery_key,
-            "lastError": disablement.detail,
-            "failingSince": failing_since,
-            "statusCode": disablement.status_code,
-        }
-        # One fact per disablement, however many times it is written (a crash before its
-        # flag was set, or the consumer and a retry pass both finding it owed).
-        event_id = stable_event_id(
-            disablement.subscription_id,
-            "reaction.disabled",
-            None,
-            repr(disablement.disabled_at_s),
-        )
-        fact = ctx.fact("reaction.disabled", payload, event_id=event_id)
-        shard.transact(lambda db: Transition(facts=(fact,)))
-
-
-@dataclass
 class Reactions:
     """What the consumer reacts with: the registry, the effects, the fact sink, the limits."""
 
@@ -181,20 +108,6 @@ class Reactions:
     effects: ReactionEffects
     facts: FactSink
     limits: ReactionSettings = field(default_factory=ReactionSettings)
-
-
-@dataclass
-class _Plan:
-    """One matching subscription's fate in this run."""
-
-    subscription: SubscriptionLike
-    key: str
-    chain: CauseChain
-    run: bool = False
-    over_budget: tuple[int, str] | None = None  # (limit, day) when this refusal records a fact
-    attempt: Attempt | None = None  # a webhook's outcome, for the ledger
-    fired: bool = False  # the reaction was taken (a 2xx, a workflow started, a wake sent)
-    body: bytes = b""  # a webhook's pointer body
 
 
 @dataclass
@@ -274,9 +187,9 @@ class ReactionsConsumer:
         if not matching:
             return APPLIED, False
         now = self.clock.now()
-        plans, refused_in_flight, held = await asyncio.to_thread(self._decide, event, matching, now)
+        decision = await asyncio.to_thread(self._decide, event, matching, now)
         failures: list[str] = []
-        for plan in plans:
+        for plan in decision.plans:
             if plan.over_budget is not None:
                 if not await self._record_budget_fact(event, plan):
                     failures.append(f"{plan.key}: budget.exceeded could not be recorded")
@@ -297,13 +210,13 @@ class ReactionsConsumer:
                 failures.append(f"{plan.key}: {error}")
         if failures:
             return RecordOutcome.failed("; ".join(failures)), False
-        if refused_in_flight:
+        if decision.refused_in_flight:
             return RecordOutcome.retry(
                 f"the in-flight cap of tenant {event.tenant_id!r} is full "
                 f"({self.reactions.limits.reaction_in_flight_cap}, "
                 "RHUMBATRON_REACTION_IN_FLIGHT_CAP); the event waits on the stream"
             ), True
-        if held:
+        if decision.held:
             return RecordOutcome.retry(
                 f"a delivery of {event.event_id} is held by another run whose lease has not "
                 "expired; the event waits on the stream"
@@ -313,162 +226,27 @@ class ReactionsConsumer:
     # -- decisions (one product transaction) -----------------------------------------------
     def _decide(
         self, event: Event, matching: list[SubscriptionLike], now: datetime
-    ) -> tuple[list[_Plan], bool, bool]:
-        """Each matching subscription's fate; and whether the in-flight cap sent the event
-        back, and whether another run holds one of its deliveries."""
-        limits = self.reactions.limits
-        now_s, day = now.timestamp(), utc_day(now)
-        plans: list[_Plan] = []
-        points: list[DataPoint] = []
-        refused_in_flight = held = False
+    ) -> EventDecision:
+        """Each matching subscription's fate (:func:`decide_event`); and whether the in-flight
+        cap sent the event back, and whether another run holds one of its deliveries."""
         with self.product.transaction() as db:
-            chain = cause_chain(db, event)
-            keys = [webhook_id(event.event_id, s.subscription_id) for s in matching]
-            leases = claim_leases(db, _CONSUMER, keys, now_s=now_s, lease_s=self.lease_s)
-            for subscription, key in zip(matching, keys, strict=True):
-                if key not in leases.fresh:
-                    # Done by an earlier attempt, or held by a live run: either way not ours.
-                    held |= key in leases.held
-                    continue
-                plan = _Plan(subscription, key, chain)
-                plans.append(plan)
-                kept = subscription.endpoint_disabled is not None
-                if not subscription.governance.enabled and not kept:
-                    complete_claims(db, _CONSUMER, [key], now_s=now_s)
-                    continue
-                guard = self._guard(
-                    db, event=event, subscription=subscription, key=key, chain=chain, now_s=now_s
-                )
-                if guard is not None:
-                    reason, detail = guard
-                    self._suppress(
-                        db,
-                        event=event,
-                        plan=plan,
-                        reason=reason,
-                        detail=detail,
-                        now_s=now_s,
-                        points=points,
-                    )
-                    continue
-                if not subscription.governance.enabled:
-                    # Its endpoint is disabled: kept (a webhook's), for a replay once enabled.
-                    if subscription.reaction.kind == "webhook":
-                        record_skipped(
-                            db,
-                            **_delivery_of(event, subscription, key),
-                            body=self._body(event),
-                            now_s=now_s,
-                        )
-                    complete_claims(db, _CONSUMER, [key], now_s=now_s)
-                    continue
-                decision = admit(
-                    db,
-                    tenant_id=event.tenant_id,
-                    delivery_key=key,
-                    day=day,
-                    now_s=now_s,
-                    daily_budget=limits.reaction_daily_budget,
-                    in_flight_cap=limits.reaction_in_flight_cap,
-                    lease_s=limits.reaction_in_flight_lease_s,
-                )
-                match decision.admission:
-                    case Admission.OVER_BUDGET:
-                        detail = (
-                            f"tenant {event.tenant_id!r} used {decision.used} of its "
-                            f"{decision.limit} reactions of {day} "
-                            "(RHUMBATRON_REACTION_DAILY_BUDGET)"
-                        )
-                        self._suppress(
-                            db,
-                            event=event,
-                            plan=plan,
-                            reason=SuppressionReason.BUDGET,
-                            detail=detail,
-                            now_s=now_s,
-                            points=points,
-                        )
-                        points.append(_point(REFUSED_METRIC, event, key, gate="budget"))
-                        if claim_budget_fact(db, tenant_id=event.tenant_id, day=day):
-                            plan.over_budget = (decision.limit, day)
-                    case Admission.IN_FLIGHT_FULL:
-                        release_claims(db, _CONSUMER, [key])
-                        refused_in_flight = True
-                        points.append(
-                            _point(REFUSED_METRIC, event, f"{key}:{now_s}", gate="in_flight")
-                        )
-                    case Admission.ADMITTED:
-                        plan.run = True
-                        hop_chain = chain.then(Hop(event.event_id, subscription.subscription_id))
-                        record_fire(
-                            db,
-                            tenant_id=event.tenant_id,
-                            subscription_id=subscription.subscription_id,
-                            delivery_key=key,
-                            chain=hop_chain,
-                            cause_keys=_cause_keys(event.event_id, subscription.subscription_id),
-                            now_s=now_s,
-                        )
-            written = insert_points(db, MetricBinding.METRICS, points, now_s=now_s)
+            decision = decide_event(
+                db,
+                event,
+                matching,
+                now=now,
+                limits=self.reactions.limits,
+                lease_s=self.lease_s,
+            )
+            written = insert_points(
+                db, MetricBinding.METRICS, decision.points, now_s=now.timestamp()
+            )
         if written:
             self.metrics_sink.emit(MetricBinding.METRICS, written)
-        return plans, refused_in_flight, held
-
-    def _guard(
-        self,
-        db: sqlite3.Connection,
-        *,
-        event: Event,
-        subscription: SubscriptionLike,
-        key: str,
-        chain: CauseChain,
-        now_s: float,
-    ) -> tuple[SuppressionReason, str] | None:
-        reaction = subscription.reaction
-        cooldown = subscription.governance.cooldown_s
-        return check_guards(
-            event,
-            chain,
-            subscription_id=subscription.subscription_id,
-            agent_id=reaction.agent_id if reaction.kind == "agent" else None,
-            depth_cap=self.reactions.limits.reaction_depth_cap,
-            cooldown_s=self.reactions.limits.reaction_default_cooldown_s
-            if cooldown is None
-            else cooldown,
-            last_fire=last_fire(db, subscription.subscription_id),
-            delivery_key=key,
-            now_s=now_s,
-        )
-
-    def _suppress(
-        self,
-        db: sqlite3.Connection,
-        *,
-        event: Event,
-        plan: _Plan,
-        reason: SuppressionReason,
-        detail: str,
-        now_s: float,
-        points: list[DataPoint],
-    ) -> None:
-        """Record the suppression with its chain; the delivery is final (done)."""
-        _log.info("reaction %s suppressed (%s): %s", plan.key, reason.value, detail)
-        record_suppression(
-            db,
-            event,
-            subscription_id=plan.subscription.subscription_id,
-            delivery_key=plan.key,
-            reason=reason,
-            detail=detail,
-            chain=plan.chain,
-            now_s=now_s,
-        )
-        complete_claims(db, _CONSUMER, [plan.key], now_s=now_s)
-        if reason is not SuppressionReason.BUDGET:
-            points.append(_point(SUPPRESSED_METRIC, event, plan.key, reason=reason.value))
+        return decision
 
     # -- effects ---------------------------------------------------------------------------
-    async def _run(self, event: Event, plan: _Plan, now: datetime) -> str | None:
+    async def _run(self, event: Event, plan: ReactionPlan, now: datetime) -> str | None:
         """Run the reaction; None when it was taken, else why not (the event fails)."""
         subscription = plan.subscription
         reaction = subscription.reaction
@@ -516,10 +294,10 @@ class ReactionsConsumer:
         plan.fired = True
         return None
 
-    def _no_workflow(self, event: Event, plan: _Plan, why: str, now: datetime) -> None:
+    def _no_workflow(self, event: Event, plan: ReactionPlan, why: str, now: datetime) -> None:
         points: list[DataPoint] = []
         with self.product.transaction() as db:
-            self._suppress(
+            suppress(
                 db,
                 event=event,
                 plan=plan,
@@ -531,14 +309,14 @@ class ReactionsConsumer:
             written = insert_points(db, MetricBinding.METRICS, points, now_s=now.timestamp())
         self.metrics_sink.emit(MetricBinding.METRICS, written)
 
-    def _fired(self, event: Event, plan: _Plan, now_s: float) -> None:
+    def _fired(self, event: Event, plan: ReactionPlan, now_s: float) -> None:
         kind = plan.subscription.reaction.kind
-        point = _point(FIRED_METRIC, event, plan.key, reaction=kind)
+        point = reaction_point(FIRED_METRIC, event, plan.key, reaction=kind)
         with self.product.transaction() as db:
             written = insert_points(db, MetricBinding.METRICS, [point], now_s=now_s)
         self.metrics_sink.emit(MetricBinding.METRICS, written)
 
-    async def _record_budget_fact(self, event: Event, plan: _Plan) -> bool:
+    async def _record_budget_fact(self, event: Event, plan: ReactionPlan) -> bool:
         assert plan.over_budget is not None
         limit, day = plan.over_budget
         try:
@@ -564,7 +342,7 @@ class ReactionsConsumer:
             release_claims(db, _CONSUMER, undone)
 
     def _settle_delivery(
-        self, event: Event, plan: _Plan, done: bool, now_s: float
+        self, event: Event, plan: ReactionPlan, done: bool, now_s: float
     ) -> Disablement | None:
         key = plan.key
         disabled = None
@@ -577,7 +355,7 @@ class ReactionsConsumer:
             if done and plan.attempt is not None:
                 disabled = record_attempt(
                     db,
-                    **_delivery_of(event, plan.subscription, key),
+                    **delivery_identity(event, plan.subscription, key),
                     body=plan.body,
                     attempt=plan.attempt,
                     now_s=now_s,
@@ -606,61 +384,3 @@ class ReactionsConsumer:
 class _Leases:
     fresh: frozenset[str]
     held: frozenset[str]
-
-
-def _delivery_of(event: Event, subscription: SubscriptionLike, key: str) -> dict[str, str]:
-    """A webhook delivery's identity, as the ledger records it."""
-    return {
-        "delivery_key": key,
-        "tenant_id": event.tenant_id,
-        "project_id": event.project_id,
-        "event_id": event.event_id,
-        "event_type": event.event_type,
-        "subscription_id": subscription.subscription_id,
-    }
-
-
-async def record_disablement(
-    facts: FactSink, product: ProductDatabase, disablement: Disablement
-) -> None:
-    """Write the ``reaction.disabled`` fact of ``disablement`` and mark it written; a failure
-    leaves it unmarked, and the next retry pass writes it (it never fails the caller)."""
-    try:
-        await asyncio.to_thread(facts.reaction_disabled, disablement)
-    except RhumbatronError as exc:
-        _log.error(
-            "cannot record reaction.disabled for %s yet (%s); the next retry pass will",
-            disablement.subscription_id,
-            exc,
-        )
-        return
-
-    def mark() -> None:
-        with product.transaction() as db:
-            mark_disablement_recorded(db, disablement)
-
-    await asyncio.to_thread(mark)
-    _log.warning(
-        "webhook subscription %s (%s) disabled: %s",
-        disablement.subscription_id,
-        disablement.name,
-        disablement.detail,
-    )
-
-
-def _cause_keys(event_id: str, subscription_id: str) -> list[str]:
-    """The IDs a reaction's effect carries, under which its facts find their chain."""
-    return [
-        webhook_id(event_id, subscription_id),
-        workflow_instance_id(event_id, subscription_id),
-        agent_command_id(event_id, subscription_id),
-    ]
-
-
-def _point(name: str, event: Event, key: str, **dimensions: str) -> DataPoint:
-    return DataPoint(
-        name=name,
-        dimensions={"tenant": event.tenant_id, **dimensions},
-        event_id=key,
-        project_id=event.project_id,
-    )

@@ -1,8 +1,9 @@
 """What the reactions consumer needs from the rest of the system, as small structural ports.
 
-The subscription registry (``reactions.registry``) is written alongside this consumer; the
-consumer depends only on the shape of its answer, so any registry with a ``matching``
-method serves, including a test's own. The three reaction kinds are told apart by ``kind``.
+The subscription registry (``reactions.subscription_registry``) is written alongside this
+consumer; the consumer depends only on the shape of its answer, so any registry with a
+``matching`` method serves, including a test's own. The three reaction kinds are told apart
+by ``kind``.
 """
 
 from __future__ import annotations

@@ -15,32 +15,22 @@ is written here, keyed ``<eventId>:<subscriptionId>`` (its ``webhook-id``):
 * ``skipped``: not sent because the platform disabled the subscription's endpoint — kept, so
   an operator who enables it again can replay them.
 
-**Disabling.** An endpoint that answers ``410 Gone`` is disabled at once; one that failed
-every attempt for ``reaction_webhook_disable_after_s`` (5 days) is disabled at its next
-failure. Disabling turns the subscription off (``subscription_disablements`` says why), moves
-its pending retries to ``skipped``, and leaves a ``reaction.disabled`` fact to record
-(:func:`unrecorded_disablements`; the fact is written through an actor's outbox, another
-file, so the flag is set only once it is written).
+This module holds the table, its records, and the moves of a delivery that no attempt makes
+(a new row, the retry pass's claims, an operator's replay, Retry and Dismiss, pruning); what
+follows an attempt, and disabling a failing endpoint, is
+:mod:`~rhumbatron.reactions.webhook_attempts`'.
 
 Every function here runs inside the caller's product-database transaction.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from rhumbatron.product.dead_letters import (
-    Resolution,
-    close_reaction_dead_letter,
-    record_reaction_dead_letter,
-)
-
 __all__ = [
-    "GONE",
     "WEBHOOK_LEDGER_SCHEMA",
     "Attempt",
     "DeliveryStatus",
@@ -49,22 +39,16 @@ __all__ = [
     "WebhookDelivery",
     "claim_due",
     "get_delivery",
+    "insert_delivery",
     "list_deliveries",
-    "mark_disablement_recorded",
     "park_dead",
     "prune_deliveries",
     "rearm_for_retry",
-    "record_attempt",
-    "record_retry",
     "record_skipped",
     "replay_skipped",
     "reschedule",
     "skip",
-    "unrecorded_disablements",
 ]
-
-#: The answer that disables an endpoint at once (Standard Webhooks: the receiver is gone).
-GONE = 410
 
 WEBHOOK_LEDGER_SCHEMA = """
 CREATE TABLE IF NOT EXISTS webhook_deliveries (
@@ -92,6 +76,8 @@ CREATE INDEX IF NOT EXISTS webhook_deliveries_subscription
 
 
 class DeliveryStatus(StrEnum):
+    """Where a delivery stands (see the module docstring)."""
+
     RETRYING = "retrying"
     DELIVERED = "delivered"
     DEAD = "dead"
@@ -141,6 +127,7 @@ class WebhookDelivery:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> WebhookDelivery:
+        """The delivery a ``SELECT *`` row holds."""
         values = dict(row)
         values["status"] = DeliveryStatus(values["status"])
         return cls(**values)
@@ -162,39 +149,7 @@ class Disablement:
     disabled_at_s: float
 
 
-# -- the consumer's first attempt ------------------------------------------------------------
-
-
-def record_attempt(
-    db: sqlite3.Connection,
-    *,
-    delivery_key: str,
-    tenant_id: str,
-    project_id: str,
-    event_id: str,
-    event_type: str,
-    subscription_id: str,
-    body: bytes,
-    attempt: Attempt,
-    now_s: float,
-    policy: RetryPolicy,
-) -> Disablement | None:
-    """Record the consumer's first attempt of a delivery and decide what follows it.
-
-    A redelivered event that finds its delivery already recorded changes nothing (the
-    consumer's claim and this key agree: one row per delivery).
-    """
-    inserted = _insert(
-        db,
-        (delivery_key, tenant_id, project_id, event_id, event_type, subscription_id),
-        body=body,
-        status=DeliveryStatus.RETRYING,
-        last_error=None,
-        now_s=now_s,
-    )
-    if not inserted:
-        return None
-    return _after_attempt(db, get_delivery(db, delivery_key), attempt, now_s=now_s, policy=policy)
+# -- new deliveries ----------------------------------------------------------------------------
 
 
 def record_skipped(
@@ -210,7 +165,7 @@ def record_skipped(
     now_s: float,
 ) -> None:
     """Keep a delivery matched while its endpoint is disabled, to replay it later."""
-    _insert(
+    insert_delivery(
         db,
         (delivery_key, tenant_id, project_id, event_id, event_type, subscription_id),
         body=body,
@@ -220,7 +175,7 @@ def record_skipped(
     )
 
 
-def _insert(
+def insert_delivery(
     db: sqlite3.Connection,
     identity: tuple[str, str, str, str, str, str],
     *,
@@ -272,18 +227,6 @@ def reschedule(db: sqlite3.Connection, delivery_key: str, *, at_s: float) -> Non
     )
 
 
-def record_retry(
-    db: sqlite3.Connection,
-    delivery: WebhookDelivery,
-    attempt: Attempt,
-    *,
-    now_s: float,
-    policy: RetryPolicy,
-) -> Disablement | None:
-    """Record a retry's outcome (see the module docstring for what follows it)."""
-    return _after_attempt(db, delivery, attempt, now_s=now_s, policy=policy)
-
-
 def skip(db: sqlite3.Connection, delivery_key: str, why: str, *, now_s: float) -> None:
     """Set a claimed delivery aside as skipped, saying why (its subscription is off or gone,
     or the tenant's budget is spent); a replay can send it later."""
@@ -294,185 +237,11 @@ def skip(db: sqlite3.Connection, delivery_key: str, why: str, *, now_s: float) -
     )
 
 
-def _after_attempt(
-    db: sqlite3.Connection,
-    delivery: WebhookDelivery,
-    attempt: Attempt,
-    *,
-    now_s: float,
-    policy: RetryPolicy,
-) -> Disablement | None:
-    attempts = delivery.attempts + 1
-    key, subscription_id = delivery.delivery_key, delivery.subscription_id
-    if attempt.ok:
-        db.execute(
-            "UPDATE webhook_deliveries SET status = 'delivered', attempts = ?, "
-            "next_attempt_at_s = NULL, last_status_code = ?, updated_at_s = ? "
-            "WHERE delivery_key = ?",
-            (attempts, attempt.status_code, now_s, key),
-        )
-        db.execute(
-            "DELETE FROM subscription_endpoint_health WHERE subscription_id = ?",
-            (subscription_id,),
-        )
-        close_reaction_dead_letter(db, key, Resolution.SUCCEEDED, now_s=now_s)
-        return None
-    error = attempt.error or "the receiver did not answer 2xx"
-    db.execute(
-        "INSERT INTO subscription_endpoint_health (subscription_id, failing_since_s, failures) "
-        "VALUES (?, ?, 1) ON CONFLICT (subscription_id) DO UPDATE SET failures = failures + 1",
-        (subscription_id, now_s),
-    )
-    failing_since_s = float(
-        db.execute(
-            "SELECT failing_since_s FROM subscription_endpoint_health WHERE subscription_id = ?",
-            (subscription_id,),
-        ).fetchone()[0]
-    )
-    if attempt.status_code == GONE:
-        # The receiver says it is gone: no retry, no letter; kept for a replay once the
-        # endpoint is back and its subscription enabled again.
-        status, next_at = DeliveryStatus.SKIPPED, None
-    elif attempts >= policy.max_attempts:
-        status, next_at = DeliveryStatus.DEAD, None
-    else:
-        status, next_at = DeliveryStatus.RETRYING, now_s + policy.schedule_s[attempts - 1]
-    moved = db.execute(
-        "UPDATE webhook_deliveries SET status = ?, attempts = ?, next_attempt_at_s = ?, "
-        "last_error = ?, last_status_code = ?, updated_at_s = ? "
-        "WHERE delivery_key = ? AND status = 'retrying'",
-        (status.value, attempts, next_at, error, attempt.status_code, now_s, key),
-    ).rowcount
-    if not moved:
-        # Set aside while the attempt was out (its endpoint disabled, or an operator's
-        # Dismiss): the failure changes nothing more.
-        return None
-    if status is DeliveryStatus.DEAD:
-        record_reaction_dead_letter(
-            db,
-            delivery_key=key,
-            tenant_id=delivery.tenant_id,
-            project_id=delivery.project_id,
-            attempts=attempts,
-            reason=f"webhook delivery {key} failed {attempts} times; the last: {error}",
-            body=_letter_body(delivery),
-            now_s=now_s,
-        )
-    if attempt.status_code == GONE:
-        reason = "gone"
-        detail = f"the endpoint answered {GONE} Gone to delivery {key}: {error}"
-    elif now_s - failing_since_s >= policy.disable_after_s:
-        reason = "failing"
-        detail = (
-            f"every attempt failed for {now_s - failing_since_s:.0f} s (the disable window is "
-            f"{policy.disable_after_s:.0f} s, RHUMBATRON_REACTION_WEBHOOK_DISABLE_AFTER_S); "
-            f"the last: {error}"
-        )
-    else:
-        return None
-    return _disable(
-        db,
-        delivery,
-        reason=reason,
-        detail=detail,
-        status_code=attempt.status_code,
-        failing_since_s=failing_since_s,
-        now_s=now_s,
-    )
-
-
-def _disable(
-    db: sqlite3.Connection,
-    delivery: WebhookDelivery,
-    *,
-    reason: str,
-    detail: str,
-    status_code: int | None,
-    failing_since_s: float,
-    now_s: float,
-) -> Disablement | None:
-    subscription = db.execute(
-        "SELECT name, enabled FROM subscriptions WHERE subscription_id = ?",
-        (delivery.subscription_id,),
-    ).fetchone()
-    if subscription is None or not subscription["enabled"]:
-        return None  # deleted or switched off meanwhile: nothing left to disable
-    db.execute(
-        "UPDATE subscriptions SET enabled = 0 WHERE subscription_id = ?",
-        (delivery.subscription_id,),
-    )
-    db.execute(
-        "INSERT OR REPLACE INTO subscription_disablements (subscription_id, reason, detail, "
-        "delivery_key, status_code, failing_since_s, disabled_at_s, fact_recorded) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
-        (
-            delivery.subscription_id,
-            reason,
-            detail,
-            delivery.delivery_key,
-            status_code,
-            failing_since_s,
-            now_s,
-        ),
-    )
-    # Nothing of a disabled endpoint is sent; what was waiting is kept for a replay.
-    db.execute(
-        "UPDATE webhook_deliveries SET status = 'skipped', next_attempt_at_s = NULL, "
-        "updated_at_s = ? WHERE subscription_id = ? AND status = 'retrying'",
-        (now_s, delivery.subscription_id),
-    )
-    return Disablement(
-        subscription_id=delivery.subscription_id,
-        tenant_id=delivery.tenant_id,
-        project_id=delivery.project_id,
-        name=subscription["name"],
-        reason=reason,
-        detail=detail,
-        delivery_key=delivery.delivery_key,
-        status_code=status_code,
-        failing_since_s=failing_since_s,
-        disabled_at_s=now_s,
-    )
-
-
-def unrecorded_disablements(db: sqlite3.Connection) -> list[Disablement]:
-    """Disablements whose ``reaction.disabled`` fact is not written yet (a crash, or the
-    actor was busy): the retry pass writes them first."""
-    rows = db.execute(
-        "SELECT d.*, s.name, s.tenant_id, w.project_id FROM subscription_disablements d "
-        "JOIN subscriptions s USING (subscription_id) "
-        "JOIN webhook_deliveries w ON w.delivery_key = d.delivery_key "
-        "WHERE d.fact_recorded = 0 ORDER BY d.disabled_at_s"
-    ).fetchall()
-    return [
-        Disablement(
-            subscription_id=row["subscription_id"],
-            tenant_id=row["tenant_id"],
-            project_id=row["project_id"],
-            name=row["name"],
-            reason=row["reason"],
-            detail=row["detail"],
-            delivery_key=row["delivery_key"],
-            status_code=row["status_code"],
-            failing_since_s=row["failing_since_s"],
-            disabled_at_s=row["disabled_at_s"],
-        )
-        for row in rows
-    ]
-
-
-def mark_disablement_recorded(db: sqlite3.Connection, disablement: Disablement) -> None:
-    db.execute(
-        "UPDATE subscription_disablements SET fact_recorded = 1 "
-        "WHERE subscription_id = ? AND disabled_at_s = ?",
-        (disablement.subscription_id, disablement.disabled_at_s),
-    )
-
-
 # -- operators -------------------------------------------------------------------------------
 
 
 def get_delivery(db: sqlite3.Connection, delivery_key: str) -> WebhookDelivery:
+    """The delivery ``delivery_key``; raises :class:`LookupError` when there is none."""
     row = db.execute(
         "SELECT * FROM webhook_deliveries WHERE delivery_key = ?", (delivery_key,)
     ).fetchone()
@@ -547,17 +316,3 @@ def prune_deliveries(db: sqlite3.Connection, *, before_s: float, limit: int) -> 
         "LIMIT ?)",
         (before_s, limit),
     ).rowcount
-
-
-def _letter_body(delivery: WebhookDelivery) -> str:
-    """What the letter shows: the pointer body sent, and where it came from."""
-    return json.dumps(
-        {
-            "deliveryKey": delivery.delivery_key,
-            "subscriptionId": delivery.subscription_id,
-            "eventId": delivery.event_id,
-            "kind": delivery.event_type,
-            "body": json.loads(delivery.body),
-        },
-        sort_keys=True,
-    )

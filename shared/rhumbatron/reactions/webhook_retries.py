@@ -28,9 +28,10 @@ import httpx
 from rhumbatron.core.clock import Clock, utc_day
 from rhumbatron.metrics import DataPoint, MetricBinding, insert_points
 from rhumbatron.reactions.config import ReactionSettings
-from rhumbatron.reactions.consumer import record_disablement
 from rhumbatron.reactions.deliveries import attempt_webhook
 from rhumbatron.reactions.gate import Admission, admit, release
+from rhumbatron.reactions.reaction_facts import record_disablement
+from rhumbatron.reactions.webhook_attempts import record_retry, unrecorded_disablements
 from rhumbatron.reactions.webhook_ledger import (
     Attempt,
     DeliveryStatus,
@@ -38,10 +39,8 @@ from rhumbatron.reactions.webhook_ledger import (
     WebhookDelivery,
     claim_due,
     get_delivery,
-    record_retry,
     reschedule,
     skip,
-    unrecorded_disablements,
 )
 
 if TYPE_CHECKING:
@@ -49,7 +48,7 @@ if TYPE_CHECKING:
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
     from rhumbatron.reactions.ports import FactSink
-    from rhumbatron.reactions.registry import SubscriptionRegistry
+    from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
 
 __all__ = ["RETRIED_METRIC", "WEBHOOK_DEAD_METRIC", "RetryPassReport", "WebhookRetrier"]
 

@@ -284,7 +284,7 @@ class Rhumbatron:
 
     def _reactions(self) -> Reactions:
         """The reactions consumer bound to the subscription registry (product database)."""
-        from rhumbatron.reactions.registry import SubscriptionRegistry
+        from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
         from rhumbatron.runtime.reactions_assembly import LazyHttpClient, reactions_for
 
         if self._reaction_http is None:

@@ -12,9 +12,9 @@ from rhumbatron.metrics.platform_metrics import PLATFORM_METRICS_SCHEMA
 from rhumbatron.product.database import CHANGE_REQUESTS_SCHEMA, ProductDatabase
 from rhumbatron.product.dead_letters import DEAD_LETTERS_SCHEMA, migrate_dead_letters
 from rhumbatron.queues.wake_consumer import AGENT_EVENT_WAKES_SCHEMA
-from rhumbatron.reactions.registry import SUBSCRIPTIONS_SCHEMA
-from rhumbatron.reactions.schedules import SCHEDULES_SCHEMA
+from rhumbatron.reactions.schedule_registry import SCHEDULES_SCHEMA
 from rhumbatron.reactions.store import REACTIONS_SCHEMA
+from rhumbatron.reactions.subscription_table import SUBSCRIPTIONS_SCHEMA
 from rhumbatron.router.claims import CLAIMS_SCHEMA
 
 __all__ = ["PRODUCT_MIGRATIONS", "PRODUCT_SCHEMA", "open_product_database"]

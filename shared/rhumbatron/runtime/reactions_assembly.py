@@ -14,8 +14,9 @@ import httpx
 
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.reactions.config import ReactionSettings
-from rhumbatron.reactions.consumer import Reactions, ShardFacts
+from rhumbatron.reactions.consumer import Reactions
 from rhumbatron.reactions.deliveries import ReactionEffects
+from rhumbatron.reactions.reaction_facts import ShardFacts
 
 if TYPE_CHECKING:
     from rhumbatron.actors.resource_shard import ResourceShard
@@ -73,7 +74,7 @@ def webhook_retrier_for(
     limits: ReactionSettings | None = None,
 ) -> WebhookRetrier:
     """The webhook retry pass of ``app``: its product database, registry and shards."""
-    from rhumbatron.reactions.registry import SubscriptionRegistry
+    from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
     from rhumbatron.reactions.webhook_retries import WebhookRetrier
 
     return WebhookRetrier(

@@ -1,5 +1,5 @@
 """``/schedules``: the tenant's clocks whose fires land ``schedule.fired``, through
-:class:`~rhumbatron.reactions.schedules.ScheduleRegistry`.
+:class:`~rhumbatron.reactions.schedule_registry.ScheduleRegistry`.
 
 Authorization reuses the agents' scopes, as subscriptions do: ``agents:read`` to list and
 read, ``agents:write`` to create, enable, disable and delete. Tenancy fails closed: another
@@ -32,12 +32,8 @@ from rhumbatron.api.schedule_schemas import (
     UpdateScheduleRequest,
 )
 from rhumbatron.errors import ScheduleConflictError, ScheduleNotFoundError, ScheduleRegistryError
-from rhumbatron.reactions.schedules import (
-    SCHEDULE_ID_PATTERN,
-    ScheduleRecord,
-    ScheduleRegistry,
-    ScheduleTiming,
-)
+from rhumbatron.reactions.schedule_models import SCHEDULE_ID_PATTERN, ScheduleRecord, ScheduleTiming
+from rhumbatron.reactions.schedule_registry import ScheduleRegistry
 
 if TYPE_CHECKING:
     from rhumbatron.api.ports import ApiRuntime

@@ -1,5 +1,5 @@
 """``/subscriptions``: the one registry of what reacts to which facts, through
-:class:`~rhumbatron.reactions.registry.SubscriptionRegistry`.
+:class:`~rhumbatron.reactions.subscription_registry.SubscriptionRegistry`.
 
 Authorization reuses the agents' scopes: ``agents:read`` to list and read, ``agents:write`` to
 create, change governance and delete. Tenancy fails closed: another tenant's subscription is
@@ -51,14 +51,14 @@ from rhumbatron.errors import (
     SubscriptionRegistryError,
     UnsafeWebhookUrlError,
 )
-from rhumbatron.reactions.registry import (
+from rhumbatron.reactions.subscription_models import (
     SUBSCRIPTION_ID_PATTERN,
     AgentReaction,
     Governance,
-    SubscriptionRegistry,
     WebhookReaction,
     WorkflowReaction,
 )
+from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
 from rhumbatron.reactions.webhook_ledger import DeliveryStatus
 
 if TYPE_CHECKING:

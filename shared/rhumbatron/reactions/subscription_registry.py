@@ -13,42 +13,30 @@ within it:
   subscription never matches; the cooldown is the reactions consumer's to enforce (it knows
   when a subscription last fired), the registry only stores it.
 
-Records live in the product database (:data:`SUBSCRIPTIONS_SCHEMA`). Creating is idempotent
+Records live in the product database
+(:data:`~rhumbatron.reactions.subscription_table.SUBSCRIPTIONS_SCHEMA`). Creating is idempotent
 on ``(tenant, name)``: the same content again returns the stored record, so a deployment
 script can create on every run; different content under a taken name is a
 :class:`SubscriptionConflictError`, never a silent overwrite.
+
+The record and its parts are :mod:`~rhumbatron.reactions.subscription_models`'; a record's
+row is :mod:`~rhumbatron.reactions.subscription_table`'s.
 """
 
 from __future__ import annotations
 
 import builtins
-import json
 import re
 import sqlite3
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, Self, TypeAlias
-
-from pydantic import (
-    AwareDatetime,
-    BaseModel,
-    ConfigDict,
-    Field,
-    field_validator,
-    model_validator,
-)
-from pydantic.alias_generators import to_camel
 
 from rhumbatron.actors.storage import SqliteStore
-from rhumbatron.agents.registry import AGENT_ID_PATTERN, MAX_SECRETS, AgentRegistry
-from rhumbatron.agents.signing import generate_secret, parse_secret
+from rhumbatron.agents.registry import AgentRegistry
+from rhumbatron.agents.signing import generate_secret
 from rhumbatron.agents.url_safety import check_webhook_url
 from rhumbatron.core.clock import Clock
 from rhumbatron.core.settings import Settings
-
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import (
     SubscriptionConflictError,
     SubscriptionDisabledError,
@@ -57,6 +45,22 @@ from rhumbatron.errors import (
 )
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.reactions.selectors import Selector, event_selector_matches
+from rhumbatron.reactions.subscription_models import (
+    SUBSCRIPTION_NAME_PATTERN,
+    AgentReaction,
+    Governance,
+    SubscriptionCreated,
+    SubscriptionRecord,
+    WebhookReaction,
+    WorkflowReaction,
+)
+from rhumbatron.reactions.subscription_table import (
+    SELECT_SUBSCRIPTIONS,
+    insert_subscription,
+    stored_json,
+    subscription_by_name,
+    subscription_from_row,
+)
 from rhumbatron.reactions.webhook_ledger import (
     DeliveryStatus,
     WebhookDelivery,
@@ -64,190 +68,9 @@ from rhumbatron.reactions.webhook_ledger import (
     replay_skipped,
 )
 
-__all__ = [
-    "MAX_COOLDOWN_S",
-    "SUBSCRIPTIONS_SCHEMA",
-    "SUBSCRIPTION_ID_PATTERN",
-    "SUBSCRIPTION_NAME_PATTERN",
-    "WORKFLOW_NAME_PATTERN",
-    "AgentReaction",
-    "EndpointDisabled",
-    "Governance",
-    "Reaction",
-    "SubscriptionCreated",
-    "SubscriptionRecord",
-    "SubscriptionRegistry",
-    "WebhookReaction",
-    "WorkflowReaction",
-]
-
-SUBSCRIPTIONS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS subscriptions (
-    subscription_id TEXT PRIMARY KEY,
-    tenant_id       TEXT NOT NULL,
-    name            TEXT NOT NULL,
-    selector        TEXT NOT NULL,
-    reaction        TEXT NOT NULL,
-    cooldown_s      INTEGER NOT NULL DEFAULT 60 CHECK (cooldown_s >= 0),
-    enabled         INTEGER NOT NULL DEFAULT 1 CHECK (enabled IN (0, 1)),
-    created_at      TEXT NOT NULL,
-    updated_at      TEXT NOT NULL,
-    UNIQUE (tenant_id, name)
-);
-CREATE TABLE IF NOT EXISTS subscription_disablements (
-    subscription_id  TEXT PRIMARY KEY,
-    reason           TEXT NOT NULL CHECK (reason IN ('gone', 'failing')),
-    detail           TEXT NOT NULL,
-    delivery_key     TEXT NOT NULL,
-    status_code      INTEGER,
-    failing_since_s  REAL,
-    disabled_at_s    REAL NOT NULL,
-    fact_recorded    INTEGER NOT NULL DEFAULT 0 CHECK (fact_recorded IN (0, 1))
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS subscription_endpoint_health (
-    subscription_id  TEXT PRIMARY KEY,
-    failing_since_s  REAL NOT NULL,
-    failures         INTEGER NOT NULL
-) WITHOUT ROWID;
-"""
-
-#: Every read of a record: the row, and why its endpoint was disabled, if it was.
-_SELECT = (
-    "SELECT s.*, d.reason AS disabled_reason, d.detail AS disabled_detail, "
-    "d.disabled_at_s AS disabled_at_s FROM subscriptions s "
-    "LEFT JOIN subscription_disablements d USING (subscription_id)"
-)
-
-#: ``sub_`` and 32 hex digits (a UUID4 without dashes).
-SUBSCRIPTION_ID_PATTERN = r"^sub_[0-9a-f]{32}$"
-#: A name a person chooses, unique within its tenant: letters, digits, ``.``, ``_``, ``-``.
-SUBSCRIPTION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
-#: A workflow's name, as the reactions consumer starts it.
-WORKFLOW_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
-#: A year. A cooldown longer than that is a typo, and silences a subscription without saying
-#: so (disable it instead); the bound also keeps the value inside SQLite's integer.
-MAX_COOLDOWN_S = 365 * 24 * 3600
+__all__ = ["SubscriptionRegistry"]
 
 _NAME = re.compile(SUBSCRIPTION_NAME_PATTERN)
-
-
-# -- the record ------------------------------------------------------------------------------
-
-
-class _Frozen(BaseModel):
-    # The API's camelCase (``agentId``, ``cooldownS``) is accepted too, so a subscription's
-    # JSON file reads the same to the CLI as to the API; storage uses the field names.
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
-    )
-
-
-class AgentReaction(_Frozen):
-    """Wake the Agent ``agent_id``, which must be registered for the subscription's tenant."""
-
-    kind: Literal["agent"] = "agent"
-    agent_id: str = Field(pattern=f"^{AGENT_ID_PATTERN.pattern}$")
-
-
-class WebhookReaction(_Frozen):
-    """POST the fact to ``url``, signed (Standard Webhooks) with every secret, newest first.
-
-    In a request ``secrets`` may be empty: the registry keeps the stored secrets of the same
-    subscription, or generates one. A stored record always holds one or two. They are kept
-    out of ``repr``, and a refused one is never quoted.
-    """
-
-    kind: Literal["webhook"] = "webhook"
-    url: str = Field(min_length=1, max_length=2048)
-    secrets: tuple[str, ...] = Field(default=(), max_length=MAX_SECRETS, repr=False)
-    timeout_s: float | None = Field(
-        default=None,
-        gt=0,
-        allow_inf_nan=False,
-        description="Bound on one POST; at most (and by default) the webhook_timeout_s setting.",
-    )
-
-    @field_validator("secrets")
-    @classmethod
-    def _well_formed(cls, secrets: tuple[str, ...]) -> tuple[str, ...]:
-        for secret in secrets:
-            parse_secret(secret)  # WebhookSecretError (a ValueError) never shows the secret
-        if len(set(secrets)) != len(secrets):
-            raise ValueError("the same secret is given twice")
-        return secrets
-
-
-class WorkflowReaction(_Frozen):
-    """Start the workflow ``workflow`` (its instance ID derived from the fact, so a
-    redelivered fact starts nothing twice)."""
-
-    kind: Literal["workflow"] = "workflow"
-    workflow: str = Field(pattern=WORKFLOW_NAME_PATTERN)
-
-
-#: What a subscription does when its selector matches: a closed union, told apart by ``kind``.
-Reaction: TypeAlias = Annotated[
-    AgentReaction | WebhookReaction | WorkflowReaction, Field(discriminator="kind")
-]
-
-
-class Governance(_Frozen):
-    """Whether a subscription reacts, and how often at most."""
-
-    cooldown_s: int = Field(
-        # DECISIONS: the default cooldown is 60 s; a subscription may ask for 0 (every match).
-        default=60,
-        ge=0,
-        le=MAX_COOLDOWN_S,
-        description="After a reaction, matches within this many seconds do not react (0: all).",
-    )
-    enabled: bool = True
-
-
-class EndpointDisabled(_Frozen):
-    """Why the platform disabled a webhook subscription: its endpoint answered 410 Gone
-    (``gone``), or kept failing through the disable window (``failing``). Enabling the
-    subscription again clears it."""
-
-    reason: Literal["gone", "failing"]
-    detail: str
-    disabled_at: AwareDatetime
-
-
-class SubscriptionRecord(_Frozen):
-    """One ``subscriptions`` row, with ``endpoint_disabled`` when the platform disabled it."""
-
-    subscription_id: str = Field(pattern=SUBSCRIPTION_ID_PATTERN)
-    tenant_id: str = Field(min_length=1, max_length=64)
-    name: str = Field(pattern=SUBSCRIPTION_NAME_PATTERN)
-    selector: Selector
-    reaction: Reaction
-    governance: Governance
-    created_at: AwareDatetime
-    updated_at: AwareDatetime
-    endpoint_disabled: EndpointDisabled | None = None
-
-    @model_validator(mode="after")
-    def _webhook_is_signed(self) -> Self:
-        if isinstance(self.reaction, WebhookReaction) and not self.reaction.secrets:
-            raise ValueError(
-                f"subscription {self.subscription_id!r}: a stored webhook reaction needs 1 or "
-                f"{MAX_SECRETS} secrets"
-            )
-        return self
-
-
-@dataclass(frozen=True, slots=True)
-class SubscriptionCreated:
-    """What :meth:`SubscriptionRegistry.create` did.
-
-    ``created`` is False when the same subscription existed already. ``generated_secret`` is
-    the webhook secret this call generated: show it once, it is not shown again.
-    """
-
-    record: SubscriptionRecord
-    created: bool
-    generated_secret: str | None = None
 
 
 # -- the registry ----------------------------------------------------------------------------
@@ -286,21 +109,18 @@ class SubscriptionRegistry:
         with self._store.transaction() as connection:
             if isinstance(reaction, AgentReaction):
                 self._check_agent(reaction, tenant_id)
-            current = _read_by_name(connection, tenant_id, name)
+            current = subscription_by_name(connection, tenant_id, name)
             if current is not None:
-                wanted = _with_secrets_of(reaction, current.reaction)
-                if _same_content(current, selector, wanted, wanted_governance):
-                    return SubscriptionCreated(current, created=False)
-                raise SubscriptionConflictError(
-                    f"tenant {tenant_id!r} has a subscription named {name!r} "
-                    f"({current.subscription_id}) with other content; choose another name, "
-                    "or delete that one first",
-                    field="name",
+                _check_unchanged(
+                    current,
+                    selector,
+                    reaction,
+                    wanted_governance,
+                    tenant_id=tenant_id,
+                    name=name,
                 )
-            generated = None
-            if isinstance(reaction, WebhookReaction) and not reaction.secrets:
-                generated = generate_secret()
-                reaction = reaction.model_copy(update={"secrets": (generated,)})
+                return SubscriptionCreated(current, created=False)
+            reaction, generated = _with_generated_secret(reaction)
             now = self._clock.now()
             record = SubscriptionRecord(
                 subscription_id=f"sub_{uuid.uuid4().hex}",
@@ -312,32 +132,17 @@ class SubscriptionRegistry:
                 created_at=now,
                 updated_at=now,
             )
-            connection.execute(
-                "INSERT INTO subscriptions (subscription_id, tenant_id, name, selector, "
-                "reaction, cooldown_s, enabled, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    record.subscription_id,
-                    record.tenant_id,
-                    record.name,
-                    _json(record.selector),
-                    _json(record.reaction),
-                    record.governance.cooldown_s,
-                    int(record.governance.enabled),
-                    now.isoformat(),
-                    now.isoformat(),
-                ),
-            )
+            insert_subscription(connection, record, now)
         return SubscriptionCreated(record, created=True, generated_secret=generated)
 
     def get(self, tenant_id: str | None, subscription_id: str) -> SubscriptionRecord | None:
         """The subscription, if ``tenant_id`` owns it (None: any tenant's); else None."""
         row = self._store.connection.execute(
-            _SELECT + " WHERE subscription_id = ?", (subscription_id,)
+            SELECT_SUBSCRIPTIONS + " WHERE subscription_id = ?", (subscription_id,)
         ).fetchone()
         if row is None or tenant_id not in (None, row["tenant_id"]):
             return None
-        return _record(row)
+        return subscription_from_row(row)
 
     def list(
         self, tenant_id: str | None, *, enabled_only: bool = False
@@ -351,9 +156,9 @@ class SubscriptionRegistry:
             clauses.append("enabled = 1")
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._store.connection.execute(
-            f"{_SELECT}{where} ORDER BY tenant_id, name", values
+            f"{SELECT_SUBSCRIPTIONS}{where} ORDER BY tenant_id, name", values
         ).fetchall()
-        return [_record(row) for row in rows]
+        return [subscription_from_row(row) for row in rows]
 
     def set_governance(
         self,
@@ -493,14 +298,14 @@ class SubscriptionRegistry:
         self, connection: sqlite3.Connection, tenant_id: str | None, subscription_id: str
     ) -> SubscriptionRecord:
         row = connection.execute(
-            _SELECT + " WHERE subscription_id = ?", (subscription_id,)
+            SELECT_SUBSCRIPTIONS + " WHERE subscription_id = ?", (subscription_id,)
         ).fetchone()
         if row is None or tenant_id not in (None, row["tenant_id"]):
             raise SubscriptionNotFoundError(
                 f"no subscription {subscription_id!r}; `GET /subscriptions` (or `rhumbatron "
                 "subscriptions list`) lists them"
             )
-        return _record(row)
+        return subscription_from_row(row)
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -541,40 +346,38 @@ def _same_content(
 ) -> bool:
     # Compared as their JSON: what is stored, and blind to how a model was built.
     return (
-        _json(current.selector) == _json(selector)
-        and _json(current.reaction) == _json(reaction)
+        stored_json(current.selector) == stored_json(selector)
+        and stored_json(current.reaction) == stored_json(reaction)
         and current.governance == governance
     )
 
 
-def _json(model: BaseModel) -> str:
-    return json.dumps(model.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+def _check_unchanged(
+    current: SubscriptionRecord,
+    selector: Selector,
+    reaction: AgentReaction | WebhookReaction | WorkflowReaction,
+    governance: Governance,
+    *,
+    tenant_id: str,
+    name: str,
+) -> None:
+    """Raise :class:`SubscriptionConflictError` unless ``current`` holds what is asked for."""
+    wanted = _with_secrets_of(reaction, current.reaction)
+    if _same_content(current, selector, wanted, governance):
+        return
+    raise SubscriptionConflictError(
+        f"tenant {tenant_id!r} has a subscription named {name!r} "
+        f"({current.subscription_id}) with other content; choose another name, "
+        "or delete that one first",
+        field="name",
+    )
 
 
-def _read_by_name(
-    connection: sqlite3.Connection, tenant_id: str, name: str
-) -> SubscriptionRecord | None:
-    row = connection.execute(
-        _SELECT + " WHERE tenant_id = ? AND name = ?", (tenant_id, name)
-    ).fetchone()
-    return None if row is None else _record(row)
-
-
-def _record(row: sqlite3.Row) -> SubscriptionRecord:
-    raw: dict[str, Any] = {
-        "subscription_id": row["subscription_id"],
-        "tenant_id": row["tenant_id"],
-        "name": row["name"],
-        "selector": Selector.parse(json.loads(row["selector"])),
-        "reaction": json.loads(row["reaction"]),
-        "governance": {"cooldown_s": row["cooldown_s"], "enabled": bool(row["enabled"])},
-        "created_at": datetime.fromisoformat(row["created_at"]),
-        "updated_at": datetime.fromisoformat(row["updated_at"]),
-    }
-    if row["disabled_reason"] is not None:
-        raw["endpoint_disabled"] = {
-            "reason": row["disabled_reason"],
-            "detail": row["disabled_detail"],
-            "disabled_at": datetime.fromtimestamp(row["disabled_at_s"], UTC),
-        }
-    return SubscriptionRecord.model_validate(raw)
+def _with_generated_secret(
+    reaction: AgentReaction | WebhookReaction | WorkflowReaction,
+) -> tuple[AgentReaction | WebhookReaction | WorkflowReaction, str | None]:
+    """A webhook asked for without secrets, with one generated (and that secret, shown once)."""
+    if isinstance(reaction, WebhookReaction) and not reaction.secrets:
+        generated = generate_secret()
+        return reaction.model_copy(update={"secrets": (generated,)}), generated
+    return reaction, None
