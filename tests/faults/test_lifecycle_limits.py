@@ -23,6 +23,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from rhumbatron.actors.shard_commands import AdmitAgent
 from rhumbatron.causal.command_cap import DROPPED_METRIC
 from rhumbatron.causal.store import CommandCount
 from rhumbatron.core.clock import utc_day
@@ -178,8 +179,8 @@ async def test_a_wake_turned_away_at_the_agent_limit_is_sent_again_when_a_slot_f
     # wake consumer's admission loses: both read a free slot)
     third = task_of(change_id, "tsk-02")
     other = Caller(TENANT, "agent:builder-02", ready_wake_id(third))
-    admitted = shard_of(app, PROJECT, change_id).admit_agent(
-        other, change_id=change_id, task_id=third, agent_id="builder-02", limit=2
+    admitted = shard_of(app, PROJECT, change_id).apply(
+        other, AdmitAgent(change_id=change_id, task_id=third, agent_id="builder-02", limit=2)
     )
     assert admitted is Admission.ADMITTED
     wakes = WakeDeliveries(lifecycle.handler("agent-wakeups"))

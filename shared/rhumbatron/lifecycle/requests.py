@@ -15,6 +15,21 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import (
+    CLAIM_TTL,
+    AcquireClaim,
+    CompleteTask,
+    CreateChallenge,
+    CreateChange,
+    DeclareIntent,
+    FailTask,
+    MoveChange,
+    ProposeChangeset,
+    RecordPromotion,
+    RecordPromotionRefused,
+    ReleaseClaim,
+    StartTask,
+)
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import ChangeState, ChangeStatus, TaskPlan, check_work_graph
 from rhumbatron.domain.facts import Caller
@@ -110,7 +125,7 @@ class ChangeRequests:
         shard = self.world.change_shard(project_id, change_id)
         # Task IDs are qualified by their Change: a shard holds the Tasks of many Changes,
         # and two requests may both name a task "build".
-        tasks = [
+        qualified = tuple(
             TaskPlan(
                 task_id=qualified_task_id(change_id, t.task_id),
                 title=t.title,
@@ -119,14 +134,16 @@ class ChangeRequests:
                 script=t.script,
             )
             for t in tasks
-        ]
-        shard.create_change(
+        )
+        shard.apply(
             Caller(caller.tenant_id, caller.actor, change_id, caller.caused_by),
-            change_id=change_id,
-            title=title,
-            client_request_id=client_request_id,
-            requested_by=caller.actor,
-            tasks=tasks,
+            CreateChange(
+                change_id=change_id,
+                title=title,
+                client_request_id=client_request_id,
+                requested_by=caller.actor,
+                tasks=qualified,
+            ),
         )
         return CreatedChange(change_id, created=inserted == 1)
 
@@ -175,32 +192,40 @@ class ChangeRequests:
                 change_ids=(change_id,),
             )
         except DomainError as exc:
-            shard.record_promotion_refused(
+            shard.apply(
                 caller,
+                RecordPromotionRefused(
+                    change_id=change_id,
+                    candidate_id=candidate.candidate_id,
+                    expected_generation=candidate.base_generation,
+                    reason=str(exc),
+                ),
+            )
+            raise PromotionConflictError(str(exc)) from exc
+        shard.apply(
+            caller,
+            RecordPromotion(
                 change_id=change_id,
                 candidate_id=candidate.candidate_id,
                 expected_generation=candidate.base_generation,
-                reason=str(exc),
-            )
-            raise PromotionConflictError(str(exc)) from exc
-        shard.record_promotion(
-            caller,
-            change_id=change_id,
-            candidate_id=candidate.candidate_id,
-            expected_generation=candidate.base_generation,
+            ),
         )
         return candidate
 
     def decline(self, caller: Caller, *, project_id: str, change_id: str, reason: str) -> None:
         shard, _ = self._awaiting(project_id, change_id)
-        shard.move_change(
-            caller, change_id=change_id, to=ChangeStatus.DECLINED, reason=reason or "declined"
+        shard.apply(
+            caller,
+            MoveChange(change_id=change_id, to=ChangeStatus.DECLINED, reason=reason or "declined"),
         )
 
     def cancel(self, caller: Caller, *, project_id: str, change_id: str, reason: str) -> None:
         shard, _ = self._awaiting(project_id, change_id)
-        shard.move_change(
-            caller, change_id=change_id, to=ChangeStatus.CANCELLED, reason=reason or "cancelled"
+        shard.apply(
+            caller,
+            MoveChange(
+                change_id=change_id, to=ChangeStatus.CANCELLED, reason=reason or "cancelled"
+            ),
         )
 
 
@@ -211,7 +236,7 @@ class AgentCallbacks:
 
     app: LifecycleContext
     world: LifecycleWorld
-    claim_ttl: timedelta = timedelta(minutes=15)
+    claim_ttl: timedelta = CLAIM_TTL
 
     def _caller(self, tenant_id: str, agent_id: str, correlation_id: str) -> Caller:
         return Caller(tenant_id, f"agent:{agent_id}", correlation_id)
@@ -222,8 +247,9 @@ class AgentCallbacks:
     def start(
         self, tenant_id: str, *, project_id: str, change_id: str, task_id: str, agent_id: str
     ) -> None:
-        self._change_shard(project_id, change_id).start_task(
-            self._caller(tenant_id, agent_id, task_id), task_id=task_id, agent_id=agent_id
+        self._change_shard(project_id, change_id).apply(
+            self._caller(tenant_id, agent_id, task_id),
+            StartTask(task_id=task_id, agent_id=agent_id),
         )
 
     def declare_intent(
@@ -241,30 +267,31 @@ class AgentCallbacks:
         the intent's first path."""
         if not paths:
             raise DomainError(f"intent {intent_id!r} names no paths")
-        self.app.resource_shard(project_id, paths[0]).declare_intent(
+        self.app.resource_shard(project_id, paths[0]).apply(
             self._caller(tenant_id, agent_id, intent_id),
-            intent_id=intent_id,
-            agent_id=agent_id,
-            paths=tuple(paths),
-            summary=summary,
-            change_id=change_id,
+            DeclareIntent(
+                intent_id=intent_id,
+                agent_id=agent_id,
+                paths=tuple(paths),
+                summary=summary,
+                change_id=change_id,
+            ),
         )
 
     def acquire_claim(
         self, tenant_id: str, *, project_id: str, agent_id: str, resource: str
     ) -> None:
-        self.app.resource_shard(project_id, resource).acquire_claim(
+        self.app.resource_shard(project_id, resource).apply(
             self._caller(tenant_id, agent_id, resource),
-            resource=resource,
-            agent_id=agent_id,
-            ttl=self.claim_ttl,
+            AcquireClaim(resource=resource, agent_id=agent_id, ttl=self.claim_ttl),
         )
 
     def release_claim(
         self, tenant_id: str, *, project_id: str, agent_id: str, resource: str
     ) -> None:
-        self.app.resource_shard(project_id, resource).release_claim(
-            self._caller(tenant_id, agent_id, resource), resource=resource, agent_id=agent_id
+        self.app.resource_shard(project_id, resource).apply(
+            self._caller(tenant_id, agent_id, resource),
+            ReleaseClaim(resource=resource, agent_id=agent_id),
         )
 
     def create_challenge(
@@ -283,14 +310,16 @@ class AgentCallbacks:
         ``target_agent_id``'s claim or intent on it (None: whoever holds or means to touch
         it). The router wakes the active Agents whose resources overlap it. The same
         challenge again is nothing; its ID reused for another challenge is refused."""
-        self.app.resource_shard(project_id, resource).create_challenge(
+        self.app.resource_shard(project_id, resource).apply(
             self._caller(tenant_id, agent_id, challenge_id),
-            agent_id=agent_id,
-            resource=resource,
-            target_agent_id=target_agent_id,
-            reason=reason,
-            challenge_id=challenge_id,
-            change_id=change_id,
+            CreateChallenge(
+                challenge_id=challenge_id,
+                agent_id=agent_id,
+                resource=resource,
+                target_agent_id=target_agent_id,
+                reason=reason,
+                change_id=change_id,
+            ),
         )
 
     def propose_changeset(
@@ -304,13 +333,15 @@ class AgentCallbacks:
         changeset_id: str,
         files: Mapping[str, str],
     ) -> None:
-        self._change_shard(project_id, change_id).propose_changeset(
+        self._change_shard(project_id, change_id).apply(
             self._caller(tenant_id, agent_id, changeset_id),
-            changeset_id=changeset_id,
-            task_id=task_id,
-            agent_id=agent_id,
-            files=files,
-            base_generation=self.world.canonical_generation(project_id),
+            ProposeChangeset(
+                changeset_id=changeset_id,
+                task_id=task_id,
+                agent_id=agent_id,
+                files=files,
+                base_generation=self.world.canonical_generation(project_id),
+            ),
         )
 
     def complete(
@@ -323,12 +354,11 @@ class AgentCallbacks:
         agent_id: str,
         changeset_id: str | None,
     ) -> None:
-        self._change_shard(project_id, change_id).complete_task(
+        self._change_shard(project_id, change_id).apply(
             self._caller(tenant_id, agent_id, task_id),
-            change_id=change_id,
-            task_id=task_id,
-            agent_id=agent_id,
-            changeset_id=changeset_id,
+            CompleteTask(
+                change_id=change_id, task_id=task_id, agent_id=agent_id, changeset_id=changeset_id
+            ),
         )
 
     def fail(
@@ -341,9 +371,7 @@ class AgentCallbacks:
         agent_id: str,
         reason: str,
     ) -> None:
-        self._change_shard(project_id, change_id).fail_task(
+        self._change_shard(project_id, change_id).apply(
             self._caller(tenant_id, agent_id, task_id),
-            task_id=task_id,
-            agent_id=agent_id,
-            reason=reason,
+            FailTask(task_id=task_id, agent_id=agent_id, reason=reason),
         )
