@@ -21,7 +21,7 @@ from botocore.config import Config
 
 from rhumbatron import operator
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
-from rhumbatron.actors.shard_commands import AppendChangeEvents, RecordTaskStatus
+from rhumbatron.actors.shard_commands import AppendChangeEvents, RecordTaskStatus, StartTask
 from rhumbatron.agents.registry import AgentRegistry
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
@@ -326,8 +326,11 @@ async def test_an_agents_own_write_carries_its_name_and_never_wakes_it(world: Wo
 
     # WHEN agent-7 reports it started through the agent callbacks (the API's path), and the
     # outbox publishes
-    world.app.lifecycle().callbacks.start(
-        TENANT, project_id=PROJECT, change_id=CHANGE, task_id="t1", agent_id="agent-7"
+    world.app.lifecycle().callbacks.report(
+        TENANT,
+        project_id=PROJECT,
+        change_id=CHANGE,
+        command=StartTask(task_id="t1", agent_id="agent-7"),
     )
     await world.app.drain_alarms()
     await world.react()

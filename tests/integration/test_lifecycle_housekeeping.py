@@ -27,11 +27,15 @@ from rhumbatron.actors.shard_commands import (
     AdmitAgent,
     AppendChangeEvents,
     BlockTaskForDeadLetter,
+    CompleteTask,
     ComposeCandidate,
     DecideCandidate,
+    FailTask,
     MoveChange,
+    ProposeChangeset,
     ProvisionApp,
     SetProjectStatus,
+    StartTask,
 )
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
@@ -171,20 +175,21 @@ def take_task(app: Rhumbatron, project_id: str, change_id: str, task_id: str) ->
         Caller(TENANT, "system:wake", task_id),
         AdmitAgent(change_id=change_id, task_id=task_id, agent_id=AGENT),
     )
-    app.lifecycle().callbacks.start(
-        TENANT, project_id=project_id, change_id=change_id, task_id=task_id, agent_id=AGENT
+    app.lifecycle().callbacks.report(
+        TENANT,
+        project_id=project_id,
+        change_id=change_id,
+        command=StartTask(task_id=task_id, agent_id=AGENT),
     )
 
 
 def fail_task(app: Rhumbatron, project_id: str, change_id: str, task_id: str) -> None:
     take_task(app, project_id, change_id, task_id)
-    app.lifecycle().callbacks.fail(
+    app.lifecycle().callbacks.report(
         TENANT,
         project_id=project_id,
         change_id=change_id,
-        task_id=task_id,
-        agent_id=AGENT,
-        reason="the build does not compile",
+        command=FailTask(task_id=task_id, agent_id=AGENT, reason="the build does not compile"),
     )
 
 
@@ -196,22 +201,25 @@ def verifying_change(
     take_task(app, project_id, change_id, task_id)
     callbacks = app.lifecycle().callbacks
     changeset_id = f"cs-{request}"
-    callbacks.propose_changeset(
+    callbacks.report(
         TENANT,
         project_id=project_id,
         change_id=change_id,
-        task_id=task_id,
-        agent_id=AGENT,
-        changeset_id=changeset_id,
-        files=files,
+        command=ProposeChangeset(
+            changeset_id=changeset_id,
+            task_id=task_id,
+            agent_id=AGENT,
+            files=files,
+            base_generation=app.lifecycle().world.canonical_generation(project_id),
+        ),
     )
-    callbacks.complete(
+    callbacks.report(
         TENANT,
         project_id=project_id,
         change_id=change_id,
-        task_id=task_id,
-        agent_id=AGENT,
-        changeset_id=changeset_id,
+        command=CompleteTask(
+            change_id=change_id, task_id=task_id, agent_id=AGENT, changeset_id=changeset_id
+        ),
     )
     assert status_of(app, project_id, change_id) == "verifying"
     return change_id
@@ -377,13 +385,11 @@ async def test_a_change_open_for_hours_is_quiet_from_its_last_task_move(
     long_running, task_id = open_change(app, project, "req-long")
     take_task(app, project, long_running, task_id)
     clock.set(at(10, 4))
-    app.lifecycle().callbacks.fail(
+    app.lifecycle().callbacks.report(
         TENANT,
         project_id=project,
         change_id=long_running,
-        task_id=task_id,
-        agent_id=AGENT,
-        reason="gave up after hours",
+        command=FailTask(task_id=task_id, agent_id=AGENT, reason="gave up after hours"),
     )
 
     # WHEN the 10:14 release-sweep tick runs (the Change is 7 hours old, quiet for 10 minutes)
