@@ -50,6 +50,7 @@ from bench.report import Figure, Ratio
 from bench.workload import RawMessage
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import change_resource_key
+from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller, FactContext
@@ -584,11 +585,13 @@ def _writer_process(
         caller = callers.setdefault(
             project, Caller(_CALLER_TENANT, "system:bench", f"corr-{project}")
         )
-        app.resource_shard(project, change_resource_key(change_id)).append_change_events(
+        app.resource_shard(project, change_resource_key(change_id)).apply(
             caller,
-            change_id=change_id,
-            status="running",
-            facts=(ChangeFact("task.ready", {"agent_role": "builder"}, task_id=task_id),),
+            AppendChangeEvents(
+                change_id=change_id,
+                status="running",
+                facts=(ChangeFact("task.ready", {"agent_role": "builder"}, task_id=task_id),),
+            ),
         )
         committed = time.perf_counter()
         event_id = stable_event_id(change_id, "task.ready", task_id)
@@ -622,7 +625,7 @@ async def latency_run(
     """Actor transactions at ``rate`` per second for ``seconds``; every event timed to its view.
 
     The actors write in a process of their own (see :func:`_writer_process`), one
-    ``task.ready`` fact per ``ResourceShard.append_change_events`` transaction, and hand each
+    ``task.ready`` fact per ``AppendChangeEvents`` transaction, and hand each
     alarm they announce to this process, as the alarm invoke does. Here the publisher and the
     router share one runtime and event loop, as the local invoker has them: a publisher task
     runs ``Rhumbatron.drain_alarms`` whenever an alarm was announced, and the publisher nudges

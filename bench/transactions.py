@@ -1,8 +1,8 @@
 """(c) Actor transactions against plain sqlite3 writing the same two rows.
 
-An actor transaction here is ``ResourceShard.append_change_events`` with one ``task.ready``
-fact for a new Change: one ``changes`` row (the state) and one ``outbox`` row, in one
-``BEGIN IMMEDIATE`` … ``COMMIT``. The plain-sqlite3 baseline runs the same two statements
+An actor transaction here is ``ResourceShard.apply(AppendChangeEvents(...))`` with one
+``task.ready`` fact for a new Change: one ``changes`` row (the state) and one ``outbox`` row,
+in one ``BEGIN IMMEDIATE`` … ``COMMIT``. The plain-sqlite3 baseline runs the same two statements
 (the upsert the actor's patch compiles to, and the outbox ``INSERT OR IGNORE``) with
 pre-built parameters, on a file with the same schema and the same pragmas (journal mode,
 ``synchronous=FULL``, busy timeout, foreign keys). Both pay one commit, so the ratio is the
@@ -21,6 +21,7 @@ from rhumbatron.actors.actor import ActorKind, ActorRef
 from rhumbatron.actors.alarms import ALARM_SCHEMA
 from rhumbatron.actors.outbox import OUTBOX_SCHEMA
 from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
@@ -65,8 +66,11 @@ class ActorWriter:
         """``count`` transactions, each a new Change (one state row + one outbox row)."""
         started = time.perf_counter()
         for number in range(count):
-            result = self.shard.append_change_events(
-                _CALLER, change_id=f"chg-{label}-{number:06d}", status="running", facts=_FACT
+            result = self.shard.apply(
+                _CALLER,
+                AppendChangeEvents(
+                    change_id=f"chg-{label}-{number:06d}", status="running", facts=_FACT
+                ),
             )
             if result.events_added != 1:
                 raise RuntimeError(f"transaction {number} added {result.events_added} rows")

@@ -1,7 +1,7 @@
 """The benchmark's events: real Event envelopes written by real actor transactions.
 
 Several projects (one per event stream where possible), each with two ResourceShard actors,
-each actor's outbox pre-filled with ``task.ready`` facts by ``append_change_events`` (one
+each actor's outbox pre-filled with ``task.ready`` facts by ``AppendChangeEvents`` (one
 fact per transaction, as a workflow step writes them). The filled state directory is a
 *template*: every ``publish_due`` run drains a fresh copy of it, and the raw-publish runs send
 exactly the envelope bytes and Event IDs stored in it.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rhumbatron.actors.actor import Actor, ActorRef
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
@@ -107,12 +108,16 @@ def _fill_actor(shard: ResourceShard, caller: Caller, change_ids: list[str], eve
     """``events`` transactions, each appending one ``task.ready`` fact to one of the changes."""
     for number in range(events):
         change_id = change_ids[number % len(change_ids)]
-        shard.append_change_events(
+        shard.apply(
             caller,
-            change_id=change_id,
-            status="running",
-            facts=(
-                ChangeFact("task.ready", {"agent_role": "builder"}, task_id=f"task-{number:06d}"),
+            AppendChangeEvents(
+                change_id=change_id,
+                status="running",
+                facts=(
+                    ChangeFact(
+                        "task.ready", {"agent_role": "builder"}, task_id=f"task-{number:06d}"
+                    ),
+                ),
             ),
         )
 

@@ -391,12 +391,13 @@ def _ready_the_blocked_task(app: OperatorContext, command: Command, tenant_id: s
     if is_reaction_wake(command):
         return  # its Task is the event's, not one its dead letter blocked
     from rhumbatron.actors.resource_shard import change_resource_key
+    from rhumbatron.actors.shard_commands import RetryBlockedTask
     from rhumbatron.domain.facts import Caller
 
     shard = app.resource_shard(command.project_id, change_resource_key(command.change_id))
     tenant = app.project_tenant(command.project_id) or tenant_id
     caller = Caller(tenant, "operator:retry", command.command_id)
-    shard.retry_blocked_task(caller, task_id=command.task_id, attempt=command.attempt)
+    shard.apply(caller, RetryBlockedTask(task_id=command.task_id, attempt=command.attempt))
 
 
 def _retryable(letter: DeadLetter) -> bool:

@@ -50,7 +50,6 @@ outcome is missing.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import secrets
@@ -68,6 +67,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from rhumbatron import operator
 from rhumbatron.actors.outbox import RowState, counts_by_state
+from rhumbatron.actors.shard_commands import DeclareIntent
 from rhumbatron.agents.signing import generate_secret
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import TaskPlan
@@ -438,16 +438,13 @@ class _Reactions:
             raise _StepError("no intent.declared reached ci-intents: the CI bot has no delivery")
         caller = Caller(self.tenant, f"agent:{_CI_AGENT}", correlation_id=answered.webhook_id)
         shard = self.app.resource_shard(self.project_id, _CI_PATH)
-        written = await asyncio.to_thread(
-            functools.partial(
-                shard.declare_intent,
-                caller,
-                intent_id=f"int-{_CI_AGENT}-1",
-                agent_id=_CI_AGENT,
-                paths=(_CI_PATH,),
-                summary=f"run the pipeline for {answered.event_id}",
-            )
+        intent = DeclareIntent(
+            intent_id=f"int-{_CI_AGENT}-1",
+            agent_id=_CI_AGENT,
+            paths=(_CI_PATH,),
+            summary=f"run the pipeline for {answered.event_id}",
         )
+        written = await asyncio.to_thread(shard.apply, caller, intent)
         fact = written.transition.facts[0]
         self.echo = {
             "eventId": fact.event_id,

@@ -14,6 +14,12 @@ from typing import Any
 
 from rhumbatron.actors.actor import TransactResult
 from rhumbatron.actors.resource_shard import change_resource_key
+from rhumbatron.actors.shard_commands import (
+    AcquireClaim,
+    AppendChangeEvents,
+    DeclareIntent,
+    ReleaseClaim,
+)
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import ConfigurationError
@@ -78,30 +84,35 @@ def _run_step(
             *(ChangeFact("task.ready", {}, task_id=task) for task in step["tasks"]),
         )
         shard = app.resource_shard(pid, change_resource_key(change))
-        return shard.append_change_events(system, change_id=change, status="planned", facts=facts)
+        return shard.apply(
+            system, AppendChangeEvents(change_id=change, status="planned", facts=facts)
+        )
     agent_caller = Caller(tenant, f"agent:{step.get('agent', 'none')}", f"demo-{pid}")
     if action == "declare_intent":
         paths = tuple(step["paths"])
-        return app.resource_shard(pid, paths[0]).declare_intent(
+        return app.resource_shard(pid, paths[0]).apply(
             agent_caller,
-            intent_id=step["intent"],
-            agent_id=step["agent"],
-            paths=paths,
-            change_id=step["change"],
+            DeclareIntent(
+                intent_id=step["intent"],
+                agent_id=step["agent"],
+                paths=paths,
+                change_id=step["change"],
+            ),
         )
     if action == "acquire_claim":
-        return app.resource_shard(pid, step["resource"]).acquire_claim(
-            agent_caller, resource=step["resource"], agent_id=step["agent"], ttl=_CLAIM_TTL
+        return app.resource_shard(pid, step["resource"]).apply(
+            agent_caller,
+            AcquireClaim(resource=step["resource"], agent_id=step["agent"], ttl=_CLAIM_TTL),
         )
     if action == "release_claim":
-        return app.resource_shard(pid, step["resource"]).release_claim(
-            agent_caller, resource=step["resource"], agent_id=step["agent"]
+        return app.resource_shard(pid, step["resource"]).apply(
+            agent_caller, ReleaseClaim(resource=step["resource"], agent_id=step["agent"])
         )
     if action == "complete_task":
         change = step["change"]
         fact = ChangeFact("task.completed", {"agentId": step["agent"]}, task_id=step["task"])
-        return app.resource_shard(pid, change_resource_key(change)).append_change_events(
-            agent_caller, change_id=change, status="in_progress", facts=(fact,)
+        return app.resource_shard(pid, change_resource_key(change)).apply(
+            agent_caller, AppendChangeEvents(change_id=change, status="in_progress", facts=(fact,))
         )
     if action == "promote":
         return app.project_root(pid).promote(

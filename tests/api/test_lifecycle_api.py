@@ -24,6 +24,7 @@ import pytest
 import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.actors.shard_commands import AdmitAgent
 from rhumbatron.agents.signing import verify
 from rhumbatron.api import StaticTokenAuth, create_api
 from rhumbatron.core.clock import ManualClock
@@ -165,7 +166,7 @@ def admit(app: Rhumbatron, change_id: str, task_id: str, agent_id: str) -> None:
     task_id = qualified_task_id(change_id, task_id)
     caller = Caller(TENANT, f"agent:{agent_id}", f"cmd_{task_id}_ready")
     shard = app.lifecycle().world.change_shard(PROJECT, change_id)
-    shard.admit_agent(caller, change_id=change_id, task_id=task_id, agent_id=agent_id)
+    shard.apply(caller, AdmitAgent(change_id=change_id, task_id=task_id, agent_id=agent_id))
 
 
 # --------------------------------------------------------------------------------- projects

@@ -14,6 +14,7 @@ import pytest
 
 from rhumbatron.actors.alarms import RecordingAlarmSink, alarm_due_at
 from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.actors.shard_commands import AcquireClaim, AppendChangeEvents
 from rhumbatron.actors.storage import is_network_filesystem
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
@@ -98,8 +99,8 @@ def test_process_killed_inside_a_transaction_leaves_state_and_outbox_together(
         assert _outbox_resources(shard) == [first]
 
         # ... and the next transaction on the file works as usual
-        result = shard.acquire_claim(
-            CALLER, resource=second, agent_id="agent-2", ttl=timedelta(minutes=5)
+        result = shard.apply(
+            CALLER, AcquireClaim(resource=second, agent_id="agent-2", ttl=timedelta(minutes=5))
         )
         assert result.events_added == 1
         assert sorted(_claimed(shard)) == sorted([first, second])
@@ -118,7 +119,9 @@ def test_decision_raising_after_building_facts_leaves_no_state_and_no_outbox_row
     # GIVEN an actor with one committed claim
     alarms = RecordingAlarmSink()
     shard = _shard(_offline(tmp_path), alarms=alarms)
-    shard.acquire_claim(CALLER, resource="file:a.py", agent_id="agent-1", ttl=timedelta(hours=1))
+    shard.apply(
+        CALLER, AcquireClaim(resource="file:a.py", agent_id="agent-1", ttl=timedelta(hours=1))
+    )
     alarms.drain()
     alarm_before = alarm_due_at(shard.connection)
 
@@ -174,7 +177,7 @@ def test_event_over_max_event_bytes_raises_and_rolls_back_the_whole_transaction(
     # GIVEN an actor limited to 2 KiB Events, with one committed change event
     shard = _shard(_offline(tmp_path, max_event_bytes=2048), "change:c1")
     small = ChangeFact("agent.woke", {"agentId": "agent-1"}, key="w1")
-    shard.append_change_events(CALLER, change_id="c1", status="running", facts=(small,))
+    shard.apply(CALLER, AppendChangeEvents(change_id="c1", status="running", facts=(small,)))
 
     # WHEN a change transition appends a small fact and one of ~4 KB
     big = ChangeFact(
@@ -184,7 +187,9 @@ def test_event_over_max_event_bytes_raises_and_rolls_back_the_whole_transaction(
     )
     later = ChangeFact("agent.woke", {"agentId": "agent-2"}, key="w2")
     with pytest.raises(OutboxError) as raised:
-        shard.append_change_events(CALLER, change_id="c1", status="verifying", facts=(later, big))
+        shard.apply(
+            CALLER, AppendChangeEvents(change_id="c1", status="verifying", facts=(later, big))
+        )
 
     # THEN the error names the size and the setting; neither fact nor the status moved
     assert "RHUMBATRON_MAX_EVENT_BYTES=2048" in str(raised.value)
@@ -226,7 +231,7 @@ def test_malformed_event_is_refused_at_construction_and_never_reaches_the_outbox
     # THEN the transaction raises and leaves neither the change row nor an outbox row
     bad = ChangeFact("agent.woke", {"agentId": ""}, key="w1")
     with pytest.raises(EnvelopeError, match="agentId"):
-        shard.append_change_events(CALLER, change_id="c1", status="running", facts=(bad,))
+        shard.apply(CALLER, AppendChangeEvents(change_id="c1", status="running", facts=(bad,)))
     assert outbox_rows(shard) == []
     assert shard.change_state("c1") is None
     shard.close()
@@ -249,8 +254,9 @@ def test_second_writer_waits_the_busy_timeout_then_gets_a_clear_error(
         # WHEN the actor runs a transaction
         started = time.monotonic()
         with pytest.raises(ActorBusyError) as raised:
-            shard.acquire_claim(
-                CALLER, resource="file:a.py", agent_id="agent-1", ttl=timedelta(minutes=5)
+            shard.apply(
+                CALLER,
+                AcquireClaim(resource="file:a.py", agent_id="agent-1", ttl=timedelta(minutes=5)),
             )
         waited = time.monotonic() - started
 
@@ -266,8 +272,8 @@ def test_second_writer_waits_the_busy_timeout_then_gets_a_clear_error(
         other.close()
 
     # WHEN the other writer lets go THEN the same transaction succeeds
-    result = shard.acquire_claim(
-        CALLER, resource="file:a.py", agent_id="agent-1", ttl=timedelta(minutes=5)
+    result = shard.apply(
+        CALLER, AcquireClaim(resource="file:a.py", agent_id="agent-1", ttl=timedelta(minutes=5))
     )
     assert result.events_added == 1
     assert _claimed(shard) == ["file:a.py"]

@@ -40,6 +40,12 @@ import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.actors.shard_commands import (
+    AdmitAgent,
+    ComposeCandidate,
+    ProvisionApp,
+    StartRelease,
+)
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.agents import Admission
@@ -174,7 +180,7 @@ def provision(app: Rhumbatron, project_id: str, *, app_name: str | None = "store
     app.project_root(project_id).create_project(system, name=project_id)
     if app_name:
         admin = app.lifecycle().world.admin_shard(project_id)
-        admin.provision_app(system, app_name=app_name)
+        admin.apply(system, ProvisionApp(app_name=app_name))
 
 
 def request_change(
@@ -430,12 +436,14 @@ async def test_two_agents_racing_for_one_ready_task_are_admitted_once(
         shard = shard_of(runtime, project_id, change_id)
         shard.change_state(change_id)  # the file is open before the start line
         barrier.wait()
-        return shard.admit_agent(
+        return shard.apply(
             Caller(TENANT, f"agent:{agent}", ready_wake_id(task_of(change_id))),
-            change_id=change_id,
-            task_id=task_of(change_id),
-            agent_id=agent,
-            limit=app.settings.max_active_agents_per_change,
+            AdmitAgent(
+                change_id=change_id,
+                task_id=task_of(change_id),
+                agent_id=agent,
+                limit=app.settings.max_active_agents_per_change,
+            ),
         )
 
     # WHEN two different agents are admitted to it at the same moment, one per process
@@ -662,7 +670,7 @@ async def test_candidate_create_redelivered_composes_the_same_candidate(
     assert await stored_on(app, "verification") == 1
     # ... composing the same work on the same base again is the same Candidate, writing
     # nothing
-    again = shard.compose_candidate(USER, change_id=change_id, base_generation=0)
+    again = shard.apply(USER, ComposeCandidate(change_id=change_id, base_generation=0))
     assert again.candidate_id == candidate.candidate_id
     assert facts(app, project_id)["candidate.created"] == 1
 
@@ -730,8 +738,11 @@ async def test_a_release_is_keyed_by_its_project_and_generation(app: Rhumbatron)
 
     # WHEN the release of generation 1 is started again, at the actor and by the module
     system = Caller(TENANT, "system:integration", "again")
-    again = shard.start_release(
-        system, change_id=change_id, generation=1, candidate_id=candidate_id, app_name="storefront"
+    again = shard.apply(
+        system,
+        StartRelease(
+            change_id=change_id, generation=1, candidate_id=candidate_id, app_name="storefront"
+        ),
     )
     outcome = await app.lifecycle().integration.start_release(project_id, change_id, system)
 

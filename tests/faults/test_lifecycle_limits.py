@@ -23,6 +23,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from rhumbatron.actors.shard_commands import AdmitAgent, CompleteTask, DeclareIntent, FailTask
 from rhumbatron.causal.command_cap import DROPPED_METRIC
 from rhumbatron.causal.store import CommandCount
 from rhumbatron.core.clock import utc_day
@@ -93,13 +94,16 @@ async def quiet(app: Rhumbatron) -> None:
 
 def report_completed(app: Rhumbatron, change_id: str, task: str, agent: str) -> None:
     """The agent holding ``task`` reports it completed (as it does through the API)."""
-    app.lifecycle().callbacks.complete(
+    app.lifecycle().callbacks.report(
         TENANT,
         project_id=PROJECT,
         change_id=change_id,
-        task_id=task_of(change_id, task),
-        agent_id=agent,
-        changeset_id=None,
+        command=CompleteTask(
+            change_id=change_id,
+            task_id=task_of(change_id, task),
+            agent_id=agent,
+            changeset_id=None,
+        ),
     )
 
 
@@ -178,8 +182,8 @@ async def test_a_wake_turned_away_at_the_agent_limit_is_sent_again_when_a_slot_f
     # wake consumer's admission loses: both read a free slot)
     third = task_of(change_id, "tsk-02")
     other = Caller(TENANT, "agent:builder-02", ready_wake_id(third))
-    admitted = shard_of(app, PROJECT, change_id).admit_agent(
-        other, change_id=change_id, task_id=third, agent_id="builder-02", limit=2
+    admitted = shard_of(app, PROJECT, change_id).apply(
+        other, AdmitAgent(change_id=change_id, task_id=third, agent_id="builder-02", limit=2)
     )
     assert admitted is Admission.ADMITTED
     wakes = WakeDeliveries(lifecycle.handler("agent-wakeups"))
@@ -287,13 +291,13 @@ async def test_the_command_cap_drops_counted_commands_past_it_and_never_counts_i
     assert lifecycle.cap.count(verified, day) == CommandCount(admitted=3, dropped=0)
 
     # WHEN one of the second Change's agents reports its Task failed
-    lifecycle.callbacks.fail(
+    lifecycle.callbacks.report(
         TENANT,
         project_id=PROJECT,
         change_id=change_id,
-        task_id=task_of(change_id, "tsk-00"),
-        agent_id="builder-00",
-        reason="cannot build",
+        command=FailTask(
+            task_id=task_of(change_id, "tsk-00"), agent_id="builder-00", reason="cannot build"
+        ),
     )
     await quiet(app)
 
@@ -369,13 +373,16 @@ async def test_past_the_clef_flash_cap_a_prefix_overlap_wakes_without_asking(
     assert tasks_by_status(app, change_id) == {"running": ["tsk-checkout"]}
 
     def intent_of_other_agent(number: int, path: str) -> None:
-        lifecycle.callbacks.declare_intent(
+        lifecycle.callbacks.report(
             TENANT,
             project_id=PROJECT,
             change_id=change_id,
-            agent_id="builder-b",
-            intent_id=f"int-b-{number}",
-            paths=[path],
+            command=DeclareIntent(
+                agent_id="builder-b",
+                intent_id=f"int-b-{number}",
+                paths=(path,),
+                change_id=change_id,
+            ),
         )
 
     def asked() -> list[tuple[tuple[str, str], ...]]:

@@ -19,6 +19,7 @@ import pytest
 from rhumbatron.actors.outbox import backoff_s
 from rhumbatron.actors.publisher import OutboxPublisher, requeue_failed_rows
 from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
@@ -561,11 +562,9 @@ async def test_oversize_and_unserialisable_rows_fail_fast_while_the_others_flow(
         shard = app.resource_shard(project, "change:c1")
         good = write_change_events(shard, "c1", 2)
         # ... an Event of ~6 KB: above max_payload, far below RHUMBATRON_MAX_EVENT_BYTES
-        oversize = shard.append_change_events(
+        oversize = shard.apply(
             CALLER,
-            change_id="c1",
-            status="running",
-            facts=(_big_fact(6000),),
+            AppendChangeEvents(change_id="c1", status="running", facts=(_big_fact(6000),)),
         ).transition.facts[0]
         assert 4096 < len(oversize.to_json()) < settings.max_event_bytes
         good += write_change_events(shard, "c1", 2, start=2)
@@ -622,8 +621,8 @@ async def test_an_event_just_under_max_payload_fails_fast_and_the_connection_sur
         project = "proj-edge"
         shard = app.resource_shard(project, "change:c1")
         good = write_change_events(shard, "c1", 2)
-        edge = shard.append_change_events(
-            CALLER, change_id="c1", status="running", facts=(_big_fact(3600),)
+        edge = shard.apply(
+            CALLER, AppendChangeEvents(change_id="c1", status="running", facts=(_big_fact(3600),))
         ).transition.facts[0]
         assert 4096 - 256 < len(edge.to_json()) < 4096
         good += write_change_events(shard, "c1", 2, start=2)

@@ -44,6 +44,7 @@ from typing import Any
 
 from rhumbatron.actors.actor import Actor, ActorRef
 from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.actors.shard_commands import AcquireClaim, AppendChangeEvents
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
@@ -75,8 +76,8 @@ def write_change_events(
             ChangeFact("agent.woke", {"agentId": f"agent-{i}"}, key=f"wake-{i}")
             for i in range(first, last)
         )
-        result = shard.append_change_events(
-            CALLER, change_id=change_id, status="running", facts=facts
+        result = shard.apply(
+            CALLER, AppendChangeEvents(change_id=change_id, status="running", facts=facts)
         )
         assert result.events_added == len(facts)
         ids.extend(e.event_id for e in result.transition.facts)
@@ -303,8 +304,8 @@ async def _publish(actor_key: str, rounds: int) -> None:
 def _claim(project_id: str, resource: str) -> None:
     app = bootstrap(load_settings())
     shard = app.resource_shard(project_id, resource)
-    result = shard.acquire_claim(
-        CALLER, resource=resource, agent_id="agent-1", ttl=timedelta(minutes=5)
+    result = shard.apply(
+        CALLER, AcquireClaim(resource=resource, agent_id="agent-1", ttl=timedelta(minutes=5))
     )
     print(json.dumps({"events_added": result.events_added}))
 

@@ -15,6 +15,7 @@ import pytest_asyncio
 from project_roots import ensure_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import change_resource_key
+from rhumbatron.actors.shard_commands import DeclareIntent, RecordTaskStatus
 from rhumbatron.causal.clef_flash import ClefFlash
 from rhumbatron.causal.command_cap import CommandCap
 from rhumbatron.causal.routing import RoutedEvent, RuleBasedRouting
@@ -95,10 +96,12 @@ async def wiring(settings: Settings, clock: ManualClock) -> AsyncIterator[Wiring
 def given_an_agent_working_on_src_auth(app: Rhumbatron) -> None:
     shard = app.resource_shard(PROJECT, change_resource_key("c1"))
     for task_id, status in (("t0", "ready"), ("t1", "ready"), ("t2", "ready")):
-        shard.record_task_status(SYSTEM, change_id="c1", task_id=task_id, status=status)
-    shard.record_task_status(SYSTEM, change_id="c1", task_id="t1", status="assigned", agent_id="a1")
-    app.resource_shard(PROJECT, "src/auth/").declare_intent(
-        SYSTEM, intent_id="i1", agent_id="a1", paths=("src/auth/",)
+        shard.apply(SYSTEM, RecordTaskStatus(change_id="c1", task_id=task_id, status=status))
+    shard.apply(
+        SYSTEM, RecordTaskStatus(change_id="c1", task_id="t1", status="assigned", agent_id="a1")
+    )
+    app.resource_shard(PROJECT, "src/auth/").apply(
+        SYSTEM, DeclareIntent(intent_id="i1", agent_id="a1", paths=("src/auth/",))
     )
 
 
@@ -253,9 +256,12 @@ async def test_a_wake_dropped_by_one_changes_cap_does_not_stop_the_next_changes(
     try:
         for change, task_id, agent in (("c1", "t1", "a1"), ("c2", "t5", "a2")):
             shard = w.app.resource_shard(PROJECT, change_resource_key(change))
-            shard.record_task_status(SYSTEM, change_id=change, task_id=task_id, status="ready")
-            shard.record_task_status(
-                SYSTEM, change_id=change, task_id=task_id, status="assigned", agent_id=agent
+            shard.apply(SYSTEM, RecordTaskStatus(change_id=change, task_id=task_id, status="ready"))
+            shard.apply(
+                SYSTEM,
+                RecordTaskStatus(
+                    change_id=change, task_id=task_id, status="assigned", agent_id=agent
+                ),
             )
         assert w.routing.cap.admit("c1", "agent.wake", NOW)
         (advanced,) = events()[2:]

@@ -18,6 +18,7 @@ import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import AppendChangeEvents, RecordTaskStatus
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
@@ -115,15 +116,18 @@ def given_project(app: Rhumbatron) -> None:
 
 
 def given_change(app: Rhumbatron, change_id: str = CHANGE, status: str = "running") -> None:
-    shard(app, change_id).append_change_events(CALLER, change_id=change_id, status=status, facts=())
+    shard(app, change_id).apply(
+        CALLER, AppendChangeEvents(change_id=change_id, status=status, facts=())
+    )
 
 
 def given_task(app: Rhumbatron, status: TaskStatus) -> None:
     """A Task of CHANGE in ``status``, through the moves the lifecycle makes."""
     path = [TaskStatus.READY, TaskStatus.ASSIGNED, TaskStatus.RUNNING]
     for step in path[: path.index(status) + 1]:
-        shard(app).record_task_status(
-            CALLER, change_id=CHANGE, task_id=TASK, status=step, agent_id="agent-7"
+        shard(app).apply(
+            CALLER,
+            RecordTaskStatus(change_id=CHANGE, task_id=TASK, status=step, agent_id="agent-7"),
         )
 
 

@@ -21,6 +21,7 @@ from botocore.config import Config
 
 from rhumbatron import operator
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import AppendChangeEvents, RecordTaskStatus, StartTask
 from rhumbatron.agents.registry import AgentRegistry
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
@@ -94,9 +95,9 @@ def held_task(world: World, task: str, agent: str) -> ResourceShard:
     """A project whose Change has ``task`` assigned to ``agent``; returns the Change's shard."""
     world.app.project_root(PROJECT).create_project(SYSTEM, name="Principles")
     shard = world.app.resource_shard(PROJECT, change_resource_key(CHANGE))
-    shard.record_task_status(SYSTEM, change_id=CHANGE, task_id=task, status="ready")
-    shard.record_task_status(
-        SYSTEM, change_id=CHANGE, task_id=task, status="assigned", agent_id=agent
+    shard.apply(SYSTEM, RecordTaskStatus(change_id=CHANGE, task_id=task, status="ready"))
+    shard.apply(
+        SYSTEM, RecordTaskStatus(change_id=CHANGE, task_id=task, status="assigned", agent_id=agent)
     )
     AgentRegistry(world.app.product(), world.app.settings, world.clock).register_scripted(
         TENANT, agent
@@ -302,7 +303,7 @@ async def test_a_reaction_wake_for_a_change_cancelled_since_never_reaches_the_ag
     await queues.poll("agent-wakeups", live)
 
     # WHEN the Change is cancelled and another matching event of it is consumed
-    shard.append_change_events(SYSTEM, change_id=CHANGE, status="cancelled", facts=())
+    shard.apply(SYSTEM, AppendChangeEvents(change_id=CHANGE, status="cancelled", facts=()))
     await world.publish(task_started(world.clock, "t1", "agent-9", key="again"))
     await world.react()
     cancelled = WakeConsumer(world.app, agents)
@@ -321,8 +322,11 @@ async def test_an_agents_own_write_carries_its_name_and_never_wakes_it(world: Wo
 
     # WHEN agent-7 reports it started through the agent callbacks (the API's path), and the
     # outbox publishes
-    world.app.lifecycle().callbacks.start(
-        TENANT, project_id=PROJECT, change_id=CHANGE, task_id="t1", agent_id="agent-7"
+    world.app.lifecycle().callbacks.report(
+        TENANT,
+        project_id=PROJECT,
+        change_id=CHANGE,
+        command=StartTask(task_id="t1", agent_id="agent-7"),
     )
     await world.app.drain_alarms()
     await world.react()
@@ -420,7 +424,7 @@ async def test_an_agent_is_woken_once_per_event_however_many_wakes_name_it(world
     # GIVEN agent-9 holding t1, the causal router's own wake about a fact of t1, and two
     # subscriptions that also wake agent-9 on that fact
     shard = held_task(world, "t1", "agent-9")
-    shard.append_change_events(SYSTEM, change_id=CHANGE, status="open", facts=())
+    shard.apply(SYSTEM, AppendChangeEvents(change_id=CHANGE, status="open", facts=()))
     wake_on(world, "task.started", "agent-9")
     world.registry.create(
         TENANT,
@@ -460,7 +464,7 @@ async def test_a_router_wake_after_a_reaction_wake_for_the_same_event_wakes_the_
     # GIVEN agent-9 holding t1, and a subscription that wakes agent-9 on t1's fact; the
     # reaction's wake is queued first, the causal router's own wake about the same fact after
     shard = held_task(world, "t1", "agent-9")
-    shard.append_change_events(SYSTEM, change_id=CHANGE, status="open", facts=())
+    shard.apply(SYSTEM, AppendChangeEvents(change_id=CHANGE, status="open", facts=()))
     wake_on(world, "task.started", "agent-9")
     event = task_started(world.clock, "t1", "agent-9")
     await world.publish(event)
@@ -578,7 +582,7 @@ async def test_a_reaction_wake_shows_no_agent_active_on_the_task_it_names(world:
     # GIVEN an open Change whose t1 agent-9 holds, and a reaction's wake of reviewer-bot
     # about t1's fact
     shard = held_task(world, "t1", "agent-9")
-    shard.append_change_events(SYSTEM, change_id=CHANGE, status="open", facts=())
+    shard.apply(SYSTEM, AppendChangeEvents(change_id=CHANGE, status="open", facts=()))
     event = task_started(world.clock, "t1", "agent-9")
     wake = agent_wake_command(event, "sub_" + "a" * 32, "reviewer-bot", world.clock.now())
     agents = RecordingAgents()

@@ -23,6 +23,20 @@ import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.actors.shard_commands import (
+    AdmitAgent,
+    AppendChangeEvents,
+    BlockTaskForDeadLetter,
+    CompleteTask,
+    ComposeCandidate,
+    DecideCandidate,
+    FailTask,
+    MoveChange,
+    ProposeChangeset,
+    ProvisionApp,
+    SetProjectStatus,
+    StartTask,
+)
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
@@ -134,7 +148,7 @@ def handled(lifecycle: Lifecycle, command_type: str) -> list[str]:
 def new_project(app: Rhumbatron, project_id: str, *, live_app: str | None = None) -> None:
     app.project_root(project_id).create_project(OPS, name=project_id)
     if live_app is not None:
-        app.lifecycle().world.admin_shard(project_id).provision_app(OPS, app_name=live_app)
+        app.lifecycle().world.admin_shard(project_id).apply(OPS, ProvisionApp(app_name=live_app))
 
 
 def change_shard(app: Rhumbatron, project_id: str, change_id: str) -> ResourceShard:
@@ -157,23 +171,25 @@ def open_change(
 
 def take_task(app: Rhumbatron, project_id: str, change_id: str, task_id: str) -> None:
     """The dispatcher's wake admitted the Agent and it started (as the wake consumer does)."""
-    change_shard(app, project_id, change_id).admit_agent(
-        Caller(TENANT, "system:wake", task_id), change_id=change_id, task_id=task_id, agent_id=AGENT
+    change_shard(app, project_id, change_id).apply(
+        Caller(TENANT, "system:wake", task_id),
+        AdmitAgent(change_id=change_id, task_id=task_id, agent_id=AGENT),
     )
-    app.lifecycle().callbacks.start(
-        TENANT, project_id=project_id, change_id=change_id, task_id=task_id, agent_id=AGENT
+    app.lifecycle().callbacks.report(
+        TENANT,
+        project_id=project_id,
+        change_id=change_id,
+        command=StartTask(task_id=task_id, agent_id=AGENT),
     )
 
 
 def fail_task(app: Rhumbatron, project_id: str, change_id: str, task_id: str) -> None:
     take_task(app, project_id, change_id, task_id)
-    app.lifecycle().callbacks.fail(
+    app.lifecycle().callbacks.report(
         TENANT,
         project_id=project_id,
         change_id=change_id,
-        task_id=task_id,
-        agent_id=AGENT,
-        reason="the build does not compile",
+        command=FailTask(task_id=task_id, agent_id=AGENT, reason="the build does not compile"),
     )
 
 
@@ -185,22 +201,25 @@ def verifying_change(
     take_task(app, project_id, change_id, task_id)
     callbacks = app.lifecycle().callbacks
     changeset_id = f"cs-{request}"
-    callbacks.propose_changeset(
+    callbacks.report(
         TENANT,
         project_id=project_id,
         change_id=change_id,
-        task_id=task_id,
-        agent_id=AGENT,
-        changeset_id=changeset_id,
-        files=files,
+        command=ProposeChangeset(
+            changeset_id=changeset_id,
+            task_id=task_id,
+            agent_id=AGENT,
+            files=files,
+            base_generation=app.lifecycle().world.canonical_generation(project_id),
+        ),
     )
-    callbacks.complete(
+    callbacks.report(
         TENANT,
         project_id=project_id,
         change_id=change_id,
-        task_id=task_id,
-        agent_id=AGENT,
-        changeset_id=changeset_id,
+        command=CompleteTask(
+            change_id=change_id, task_id=task_id, agent_id=AGENT, changeset_id=changeset_id
+        ),
     )
     assert status_of(app, project_id, change_id) == "verifying"
     return change_id
@@ -212,8 +231,11 @@ def compose(
     """Compose the Change's Candidate on the canonical base, with its fork file."""
     lifecycle = app.lifecycle()
     shard = change_shard(app, project_id, change_id)
-    candidate = shard.compose_candidate(
-        OPS, change_id=change_id, base_generation=lifecycle.world.canonical_generation(project_id)
+    candidate = shard.apply(
+        OPS,
+        ComposeCandidate(
+            change_id=change_id, base_generation=lifecycle.world.canonical_generation(project_id)
+        ),
     )
     if fork:
         files = {
@@ -224,12 +246,14 @@ def compose(
 
 
 def verify(app: Rhumbatron, project_id: str, candidate: CandidateState) -> None:
-    change_shard(app, project_id, candidate.change_id).decide_candidate(
+    change_shard(app, project_id, candidate.change_id).apply(
         OPS,
-        candidate_id=candidate.candidate_id,
-        to=CandidateStatus.VERIFIED,
-        reason="every check passed",
-        change_to=ChangeStatus.AWAITING_APPROVAL,
+        DecideCandidate(
+            candidate_id=candidate.candidate_id,
+            to=CandidateStatus.VERIFIED,
+            reason="every check passed",
+            change_to=ChangeStatus.AWAITING_APPROVAL,
+        ),
     )
 
 
@@ -250,7 +274,7 @@ def cheaply_releasing_change(app: Rhumbatron, project_id: str, request: str) -> 
     change_id, _ = open_change(app, project_id, request)
     shard = change_shard(app, project_id, change_id)
     for status in (ChangeStatus.VERIFYING, ChangeStatus.AWAITING_APPROVAL, ChangeStatus.RELEASING):
-        shard.move_change(OPS, change_id=change_id, to=status, reason="test setup")
+        shard.apply(OPS, MoveChange(change_id=change_id, to=status, reason="test setup"))
     return change_id
 
 
@@ -361,13 +385,11 @@ async def test_a_change_open_for_hours_is_quiet_from_its_last_task_move(
     long_running, task_id = open_change(app, project, "req-long")
     take_task(app, project, long_running, task_id)
     clock.set(at(10, 4))
-    app.lifecycle().callbacks.fail(
+    app.lifecycle().callbacks.report(
         TENANT,
         project_id=project,
         change_id=long_running,
-        task_id=task_id,
-        agent_id=AGENT,
-        reason="gave up after hours",
+        command=FailTask(task_id=task_id, agent_id=AGENT, reason="gave up after hours"),
     )
 
     # WHEN the 10:14 release-sweep tick runs (the Change is 7 hours old, quiet for 10 minutes)
@@ -437,7 +459,9 @@ async def test_a_settle_supersedes_its_changes_letters_unless_a_task_waits_for_a
         now=clock.now(),
         payload={"agentId": AGENT, "reason": "task_ready"},
     )
-    change_shard(app, project, blocked).block_task_for_dead_letter(OPS, command=wake, reason="boom")
+    change_shard(app, project, blocked).apply(
+        OPS, BlockTaskForDeadLetter(command=wake, reason="boom")
+    )
     given_letter(app, project, blocked, wake)
 
     # WHEN the 10:14 release-sweep tick settles both and the integration queue runs
@@ -464,8 +488,8 @@ async def test_the_release_sweep_tick_closes_the_letters_of_ended_changes_and_ot
     clock.set(at(10, 12))
     new_project(app, project)
     done = "chg-done"
-    change_shard(app, project, done).append_change_events(
-        OPS, change_id=done, status="completed", facts=()
+    change_shard(app, project, done).apply(
+        OPS, AppendChangeEvents(change_id=done, status="completed", facts=())
     )
     late = lifecycle_command(
         "change.settle",
@@ -677,7 +701,7 @@ async def test_the_daily_tick_sweeps_forks_cleans_archived_projects_and_backfill
     new_project(app, archived, live_app="storefront")
     promoted_change(app, archived, "req-archived")
     await build_index(app, archived)
-    lifecycle.world.admin_shard(archived).set_project_status(OPS, to="archived", reason="done")
+    lifecycle.world.admin_shard(archived).apply(OPS, SetProjectStatus(to="archived", reason="done"))
     archived_index = lifecycle.indexer.project_index(archived).path
     assert archived_index.exists() and forks.forks(archived)
     # AND an active project with a promoted generation but no index, and forks of a promoted,
@@ -687,17 +711,22 @@ async def test_the_daily_tick_sweeps_forks_cleans_archived_projects_and_backfill
     stale_change = verifying_change(app, active, "req-stale", {"src/stale.py": "S = 1\n"})
     stale = compose(app, active, stale_change)  # on generation 0
     _, promoted = promoted_change(app, active, "req-promoted")
-    change_shard(app, active, stale_change).decide_candidate(
-        OPS, candidate_id=stale.candidate_id, to=CandidateStatus.STALE, reason="generation 1"
+    change_shard(app, active, stale_change).apply(
+        OPS,
+        DecideCandidate(
+            candidate_id=stale.candidate_id, to=CandidateStatus.STALE, reason="generation 1"
+        ),
     )
     rejected_change = verifying_change(app, active, "req-rejected", {"src/bad.py": "def (\n"})
     rejected = compose(app, active, rejected_change)
-    change_shard(app, active, rejected_change).decide_candidate(
+    change_shard(app, active, rejected_change).apply(
         OPS,
-        candidate_id=rejected.candidate_id,
-        to=CandidateStatus.REJECTED,
-        reason="src/bad.py:1: invalid syntax",
-        change_to=ChangeStatus.FAILED,
+        DecideCandidate(
+            candidate_id=rejected.candidate_id,
+            to=CandidateStatus.REJECTED,
+            reason="src/bad.py:1: invalid syntax",
+            change_to=ChangeStatus.FAILED,
+        ),
     )
     verified_change = verifying_change(app, active, "req-verified", {"src/ok.py": "OK = 1\n"})
     verified = compose(app, active, verified_change)
@@ -758,10 +787,10 @@ async def test_a_release_sweep_tick_purges_the_index_of_a_deleted_project(
     new_project(app, deleted)
     promoted_change(app, deleted, "req-gone")
     await build_index(app, deleted)
-    lifecycle.world.admin_shard(deleted).set_project_status(OPS, to="deleted", reason="closed")
+    lifecycle.world.admin_shard(deleted).apply(OPS, SetProjectStatus(to="deleted", reason="closed"))
     never_indexed = "acme-never"
     new_project(app, never_indexed)
-    lifecycle.world.admin_shard(never_indexed).set_project_status(OPS, to="deleted")
+    lifecycle.world.admin_shard(never_indexed).apply(OPS, SetProjectStatus(to="deleted"))
     index_file = lifecycle.indexer.project_index(deleted).path
     assert index_file.exists()
 

@@ -19,6 +19,7 @@ from rhumbatron.actors.actor import Actor
 from rhumbatron.actors.outbox import RowState, append_facts, counts_by_state
 from rhumbatron.actors.publisher import OutboxPublisher
 from rhumbatron.actors.resource_shard import change_resource_key
+from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.actors.storage import write_transaction
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
@@ -152,7 +153,9 @@ async def test_an_alarm_drives_the_outbox_to_the_stream(
     # GIVEN writes on two actors of one project (their alarms announced)
     app.project_root(WEB).create_project(CALLER, name="Web")
     shard = app.resource_shard(WEB, change_resource_key("chg-1"))
-    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(2))
+    shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(2))
+    )
     # WHEN the local invoker fires the announced alarms
     reports = await app.drain_alarms()
     # THEN every row was published through an admitted fire
@@ -170,7 +173,9 @@ async def test_publish_due_sends_at_most_100_rows_per_project_per_call_in_outbox
 ) -> None:
     # GIVEN 250 rows in one outbox
     shard = app.resource_shard(WEB, change_resource_key("chg-1"))
-    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(250))
+    shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(250))
+    )
     publisher = await app.publisher()
     # WHEN publish_due runs four times
     sent = [(await publisher.publish_due(shard)).published for _ in range(4)]
@@ -237,7 +242,9 @@ async def test_a_refused_row_k_holds_back_row_k_plus_1_and_order_survives_the_re
 ) -> None:
     # GIVEN five rows, and a server that refuses row 3 once while row 4 would succeed
     shard = app.resource_shard(WEB, change_resource_key("chg-1"))
-    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(5))
+    shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(5))
+    )
     ids = [r["event_id"] for r in outbox(shard.connection)]
     sender = RefuseRowOnce(JetStreamSender(await app.nats(), ack_timeout_s=5), ids[2])
     publisher = OutboxPublisher(
@@ -314,7 +321,9 @@ async def test_a_re_publish_of_stored_events_is_dropped_by_the_duplicate_window(
 ) -> None:
     # GIVEN rows already stored on the stream but still pending in the outbox
     shard = app.resource_shard(WEB, change_resource_key("chg-1"))
-    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(rows))
+    shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(rows))
+    )
     publisher = await app.publisher()
     assert (await publisher.publish_due(shard)).published == rows
     forget_publication(shard)
@@ -444,7 +453,9 @@ async def test_a_state_change_commits_while_nats_is_down_and_is_published_after(
 async def test_shard_writes_are_published_under_their_own_actor_key(app: Rhumbatron) -> None:
     # GIVEN a Change's facts in the shard that owns change:chg-1 (shard 9 of 16)
     shard = app.resource_shard(WEB, change_resource_key("chg-1"))
-    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(1))
+    shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(1))
+    )
     # WHEN that shard publishes
     report = await (await app.publisher()).publish_due(shard)
     # THEN the report is the shard's and its row went out
@@ -466,11 +477,13 @@ async def test_the_local_invoker_drains_many_actors_at_once_without_loss_or_reor
         for change in ("c1", "c2"):
             shard = app.resource_shard(project, change_resource_key(f"{project}-{change}"))
             for batch in range(5):
-                shard.append_change_events(
+                shard.apply(
                     caller,
-                    change_id=f"{project}-{change}",
-                    status="planned",
-                    facts=task_facts(50, prefix=f"b{batch}"),
+                    AppendChangeEvents(
+                        change_id=f"{project}-{change}",
+                        status="planned",
+                        facts=task_facts(50, prefix=f"b{batch}"),
+                    ),
                 )
             shards.append(shard)
 

@@ -14,6 +14,7 @@ import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import AppendChangeEvents, RecordTaskStatus
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
@@ -66,7 +67,9 @@ def shard(app: Rhumbatron, change: str) -> ResourceShard:
 
 
 def ready_task(app: Rhumbatron, change: str, task_id: str) -> None:
-    shard(app, change).record_task_status(SYSTEM, change_id=change, task_id=task_id, status="ready")
+    shard(app, change).apply(
+        SYSTEM, RecordTaskStatus(change_id=change, task_id=task_id, status="ready")
+    )
 
 
 def wake(command_id: str, change: str, task_id: str, agent: str) -> Command:
@@ -201,11 +204,13 @@ async def test_a_router_wake_reaches_the_agent_that_holds_the_task(app: Rhumbatr
 
 async def test_a_wake_of_an_ended_change_or_a_finished_task_is_stale(app: Rhumbatron) -> None:
     ready_task(app, "c1", "t1")
-    shard(app, "c1").record_task_status(
-        SYSTEM, change_id="c1", task_id="t1", status="assigned", agent_id="a1"
+    shard(app, "c1").apply(
+        SYSTEM, RecordTaskStatus(change_id="c1", task_id="t1", status="assigned", agent_id="a1")
     )
-    shard(app, "c1").record_task_status(SYSTEM, change_id="c1", task_id="t1", status="completed")
-    shard(app, "c2").append_change_events(SYSTEM, change_id="c2", status="cancelled", facts=())
+    shard(app, "c1").apply(
+        SYSTEM, RecordTaskStatus(change_id="c1", task_id="t1", status="completed")
+    )
+    shard(app, "c2").apply(SYSTEM, AppendChangeEvents(change_id="c2", status="cancelled", facts=()))
     ready_task(app, "c2", "t5")
     agents = RecordingAgents()
     consumer = await run(
@@ -218,8 +223,11 @@ async def test_a_wake_of_an_ended_change_or_a_finished_task_is_stale(app: Rhumba
 async def test_at_the_8_agent_limit_a_ready_task_stays_ready(app: Rhumbatron) -> None:
     for n in range(8):
         ready_task(app, "c1", f"busy-{n}")
-        shard(app, "c1").record_task_status(
-            SYSTEM, change_id="c1", task_id=f"busy-{n}", status="running", agent_id=f"a{n}"
+        shard(app, "c1").apply(
+            SYSTEM,
+            RecordTaskStatus(
+                change_id="c1", task_id=f"busy-{n}", status="running", agent_id=f"a{n}"
+            ),
         )
     ready_task(app, "c1", "t9")
     agents = RecordingAgents()
@@ -235,8 +243,8 @@ async def test_the_limit_of_active_agents_per_change_is_the_consumers_setting(
 ) -> None:
     # GIVEN a consumer that admits one agent per Change, and one agent running on c1
     ready_task(app, "c1", "busy")
-    shard(app, "c1").record_task_status(
-        SYSTEM, change_id="c1", task_id="busy", status="running", agent_id="a0"
+    shard(app, "c1").apply(
+        SYSTEM, RecordTaskStatus(change_id="c1", task_id="busy", status="running", agent_id="a0")
     )
     ready_task(app, "c1", "t2")
     agents = RecordingAgents()
@@ -250,7 +258,7 @@ async def test_the_limit_of_active_agents_per_change_is_the_consumers_setting(
 
 
 async def test_an_admission_is_recorded_under_the_projects_tenant(app: Rhumbatron) -> None:
-    shard(app, "c1").append_change_events(SYSTEM, change_id="c1", status="running", facts=())
+    shard(app, "c1").apply(SYSTEM, AppendChangeEvents(change_id="c1", status="running", facts=()))
     ready_task(app, "c1", "t1")
     await WakeConsumer(app, RecordingAgents())(
         wake("cmd_t1_ready", "c1", "t1", "a1"), first_delivery()
@@ -267,8 +275,8 @@ async def test_a_wake_in_a_project_whose_root_is_gone_records_its_facts_as_tenan
 ) -> None:
     # GIVEN a ready Task in a project that has shards but no root actor
     orphan = app.resource_shard("orphan-web", change_resource_key("c1"))
-    orphan.record_task_status(SYSTEM, change_id="c1", task_id="t1", status="ready")
-    orphan.append_change_events(SYSTEM, change_id="c1", status="running", facts=())
+    orphan.apply(SYSTEM, RecordTaskStatus(change_id="c1", task_id="t1", status="ready"))
+    orphan.apply(SYSTEM, AppendChangeEvents(change_id="c1", status="running", facts=()))
     command = wake("cmd_t1_ready", "c1", "t1", "a1").model_copy(update={"project_id": "orphan-web"})
     agents = RecordingAgents()
     # WHEN its wake arrives
@@ -350,7 +358,7 @@ async def test_after_a_cancel_only_a_reaction_to_the_cancellation_itself_still_g
     app: Rhumbatron,
 ) -> None:
     # GIVEN a cancelled Change
-    shard(app, "c1").append_change_events(SYSTEM, change_id="c1", status="cancelled", facts=())
+    shard(app, "c1").apply(SYSTEM, AppendChangeEvents(change_id="c1", status="cancelled", facts=()))
     agents = RecordingAgents()
     consumer = WakeConsumer(app, agents)
     # WHEN a reaction's wake about change.cancelled, and one about an earlier fact, arrive

@@ -19,6 +19,7 @@ import nats
 import pytest
 
 from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.actors.shard_commands import AcquireClaim, ReleaseClaim
 from rhumbatron.core import event_loop
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
@@ -93,8 +94,8 @@ def _stored_ids(url: str, project_id: str = PROJECT) -> list[str]:
 
 
 def _claim(app: Rhumbatron, resource: str) -> None:
-    app.resource_shard(PROJECT, resource).acquire_claim(
-        CALLER, resource=resource, agent_id="agent-1", ttl=timedelta(minutes=5)
+    app.resource_shard(PROJECT, resource).apply(
+        CALLER, AcquireClaim(resource=resource, agent_id="agent-1", ttl=timedelta(minutes=5))
     )
 
 
@@ -117,7 +118,7 @@ def test_schedule_event_publishes_every_due_outbox_row_in_order(
     writer.project_root(PROJECT).create_project(CALLER, name="Acme web")
     _claim(writer, "src/app.py")
     shard = writer.resource_shard(PROJECT, "src/app.py")
-    shard.release_claim(CALLER, resource="src/app.py", agent_id="agent-1")
+    shard.apply(CALLER, ReleaseClaim(resource="src/app.py", agent_id="agent-1"))
     written = _outbox_ids(writer)
     assert len(written) == 3
 

@@ -22,6 +22,14 @@ from typing import Any
 import pytest
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import (
+    AdmitAgent,
+    CompleteTask,
+    ComposeCandidate,
+    CreateChange,
+    ProposeChangeset,
+    StartTask,
+)
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.candidates import CandidateStatus
 from rhumbatron.domain.changes import TaskPlan
@@ -161,28 +169,33 @@ def _candidate_with_fork(app: Rhumbatron, files: dict[str, str]) -> str:
     and the Candidate's fork holding ``files``; the Candidate's ID."""
     shard = _shard(app)
     task = TaskPlan(f"{CHANGE}-t1", "one", AGENT)
-    shard.create_change(
+    shard.apply(
         CALLER,
-        change_id=CHANGE,
-        title="Gift cards",
-        client_request_id="req-1",
-        requested_by="user:ann",
-        tasks=[task],
+        CreateChange(
+            change_id=CHANGE,
+            title="Gift cards",
+            client_request_id="req-1",
+            requested_by="user:ann",
+            tasks=[task],
+        ),
     )
-    shard.admit_agent(CALLER, change_id=CHANGE, task_id=task.task_id, agent_id=AGENT)
-    shard.start_task(CALLER, task_id=task.task_id, agent_id=AGENT)
-    shard.propose_changeset(
+    shard.apply(CALLER, AdmitAgent(change_id=CHANGE, task_id=task.task_id, agent_id=AGENT))
+    shard.apply(CALLER, StartTask(task_id=task.task_id, agent_id=AGENT))
+    shard.apply(
         CALLER,
-        changeset_id="cs-1",
-        task_id=task.task_id,
-        agent_id=AGENT,
-        files=files,
-        base_generation=0,
+        ProposeChangeset(
+            changeset_id="cs-1",
+            task_id=task.task_id,
+            agent_id=AGENT,
+            files=files,
+            base_generation=0,
+        ),
     )
-    shard.complete_task(
-        CALLER, change_id=CHANGE, task_id=task.task_id, agent_id=AGENT, changeset_id="cs-1"
+    shard.apply(
+        CALLER,
+        CompleteTask(change_id=CHANGE, task_id=task.task_id, agent_id=AGENT, changeset_id="cs-1"),
     )
-    candidate = shard.compose_candidate(CALLER, change_id=CHANGE, base_generation=0)
+    candidate = shard.apply(CALLER, ComposeCandidate(change_id=CHANGE, base_generation=0))
     app.lifecycle().forks.write(PROJECT, candidate.candidate_id, files)
     return candidate.candidate_id
 

@@ -14,6 +14,13 @@ from rhumbatron.actors.actor import ActorKind, ActorRef
 from rhumbatron.actors.alarms import RecordingAlarmSink, alarm_due_at
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import (
+    AcquireClaim,
+    AppendChangeEvents,
+    DeclareIntent,
+    ExpireClaims,
+    ReleaseClaim,
+)
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
@@ -147,7 +154,7 @@ def test_an_event_over_the_size_limit_rolls_the_transaction_back(
     # WHEN it is appended
     # THEN the outbox refuses it by size, and the Change's status row is rolled back too
     with pytest.raises(OutboxError, match="RHUMBATRON_MAX_EVENT_BYTES=1024"):
-        shard.append_change_events(CALLER, change_id="chg-1", status="created", facts=(big,))
+        shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="created", facts=(big,)))
     assert shard.change_state("chg-1") is None
     assert outbox(shard.connection) == []
     shard.close()
@@ -253,7 +260,9 @@ def test_change_events_land_in_the_shard_that_owns_change_id(offline_app: Rhumba
         ChangeFact("change.created", {"title": "t", "clientRequestId": "r", "requestedBy": "u"}),
         ChangeFact("task.completed", {"agentId": "builder-1"}, task_id="tsk-1"),
     )
-    result = shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=facts)
+    result = shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="running", facts=facts)
+    )
     # THEN they sit in shard-09's file, with the Change's status row, and stable IDs
     assert shard.path.name == "shard-09.sqlite"
     assert result.events_added == 2
@@ -271,9 +280,13 @@ def test_a_retried_change_append_is_a_no_op(offline_app: Rhumbatron, clock: Manu
         ChangeFact("task.ready", {}, task_id="tsk-1"),
         ChangeFact("task.ready", {}, task_id="tsk-2"),
     )
-    first = shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=facts)
+    first = shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=facts)
+    )
     clock.advance(minutes=5)
-    retried = shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=facts)
+    retried = shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=facts)
+    )
     # THEN the retry computes the same IDs and the outbox ignores them
     assert [f.event_id for f in retried.transition.facts] == [
         f.event_id for f in first.transition.facts
@@ -287,7 +300,7 @@ def test_the_optional_key_tells_apart_repeats_of_one_task_event(offline_app: Rhu
     fail = {"reason": "tests failed"}
     for key in ("attempt-1", "attempt-2"):
         fact = ChangeFact("task.failed", fail, task_id="tsk-1", key=key)
-        shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=(fact,))
+        shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="running", facts=(fact,)))
     assert [r["event_id"] for r in outbox(shard.connection)] == [
         stable_event_id("chg-1", "task.failed", "tsk-1", "attempt-1"),
         stable_event_id("chg-1", "task.failed", "tsk-1", "attempt-2"),
@@ -298,7 +311,7 @@ def test_a_non_change_event_cannot_be_appended_as_a_change_event(offline_app: Rh
     shard = offline_app.resource_shard(PROJECT, change_resource_key("chg-1"))
     fact = ChangeFact("claim.released", {"claimId": "c", "agentId": "a"})
     with pytest.raises(DomainError, match="not a Change Event"):
-        shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=(fact,))
+        shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="running", facts=(fact,)))
     assert outbox(shard.connection) == []
     assert shard.change_state("chg-1") is None
 
@@ -306,9 +319,9 @@ def test_a_non_change_event_cannot_be_appended_as_a_change_event(offline_app: Rh
 def test_a_terminal_change_cannot_move_again(offline_app: Rhumbatron) -> None:
     shard = offline_app.resource_shard(PROJECT, change_resource_key("chg-1"))
     done = ChangeFact("change.completed", {})
-    shard.append_change_events(CALLER, change_id="chg-1", status="completed", facts=(done,))
+    shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="completed", facts=(done,)))
     with pytest.raises(DomainError, match="terminal"):
-        shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=())
+        shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="running", facts=()))
     assert len(outbox(shard.connection)) == 1
 
 
@@ -322,9 +335,9 @@ def test_claim_events_get_fresh_actor_minted_ids_each_transaction(
     resource = "src/app.py"
     shard = offline_app.resource_shard(PROJECT, resource)
     ttl = timedelta(minutes=30)
-    first = shard.acquire_claim(AGENT, resource=resource, agent_id="builder-1", ttl=ttl)
-    shard.release_claim(AGENT, resource=resource, agent_id="builder-1")
-    again = shard.acquire_claim(AGENT, resource=resource, agent_id="builder-1", ttl=ttl)
+    first = shard.apply(AGENT, AcquireClaim(resource=resource, agent_id="builder-1", ttl=ttl))
+    shard.apply(AGENT, ReleaseClaim(resource=resource, agent_id="builder-1"))
+    again = shard.apply(AGENT, AcquireClaim(resource=resource, agent_id="builder-1", ttl=ttl))
     # THEN each transaction minted its own evt_ + 32 hex ID (S0-019), all different
     ids = [r["event_id"] for r in outbox(shard.connection)]
     assert [r["event_type"] for r in outbox(shard.connection)] == [
@@ -343,14 +356,19 @@ def test_intent_events_get_actor_minted_ids_and_carry_their_resource(
     offline_app: Rhumbatron,
 ) -> None:
     shard = offline_app.resource_shard(PROJECT, "src/a.py")
-    declared = shard.declare_intent(
-        AGENT, intent_id="int-1", agent_id="builder-1", paths=("src/a.py",), change_id="chg-1"
+    declared = shard.apply(
+        AGENT,
+        DeclareIntent(
+            intent_id="int-1", agent_id="builder-1", paths=("src/a.py",), change_id="chg-1"
+        ),
     )
-    changed = shard.declare_intent(
-        AGENT, intent_id="int-1", agent_id="builder-1", paths=("src/a.py", "src/b.py")
+    changed = shard.apply(
+        AGENT,
+        DeclareIntent(intent_id="int-1", agent_id="builder-1", paths=("src/a.py", "src/b.py")),
     )
-    same = shard.declare_intent(
-        AGENT, intent_id="int-1", agent_id="builder-1", paths=("src/a.py", "src/b.py")
+    same = shard.apply(
+        AGENT,
+        DeclareIntent(intent_id="int-1", agent_id="builder-1", paths=("src/a.py", "src/b.py")),
     )
     d, c = declared.transition.facts[0], changed.transition.facts[0]
     assert (d.event_type, c.event_type) == ("intent.declared", "intent.changed")
@@ -364,9 +382,9 @@ def test_a_claim_held_by_another_agent_is_refused_without_a_fact(offline_app: Rh
     resource = "src/app.py"
     shard = offline_app.resource_shard(PROJECT, resource)
     ttl = timedelta(minutes=30)
-    shard.acquire_claim(AGENT, resource=resource, agent_id="builder-1", ttl=ttl)
+    shard.apply(AGENT, AcquireClaim(resource=resource, agent_id="builder-1", ttl=ttl))
     with pytest.raises(DomainError, match="claimed by agent 'builder-1'"):
-        shard.acquire_claim(AGENT, resource=resource, agent_id="builder-2", ttl=ttl)
+        shard.apply(AGENT, AcquireClaim(resource=resource, agent_id="builder-2", ttl=ttl))
     assert len(outbox(shard.connection)) == 1
 
 
@@ -375,10 +393,12 @@ def test_expired_claims_are_removed_with_claim_expired(
 ) -> None:
     resource = "src/app.py"
     shard = offline_app.resource_shard(PROJECT, resource)
-    shard.acquire_claim(AGENT, resource=resource, agent_id="builder-1", ttl=timedelta(minutes=1))
-    assert shard.expire_claims(CALLER).events_added == 0
+    shard.apply(
+        AGENT, AcquireClaim(resource=resource, agent_id="builder-1", ttl=timedelta(minutes=1))
+    )
+    assert shard.apply(CALLER, ExpireClaims()).events_added == 0
     clock.advance(minutes=1)
-    result = shard.expire_claims(CALLER)
+    result = shard.apply(CALLER, ExpireClaims())
     assert [f.event_type for f in result.transition.facts] == ["claim.expired"]
     assert result.transition.facts[0].resource == resource
     assert shard.claims() == []
@@ -452,7 +472,7 @@ def test_creating_a_project_again_with_the_same_name_changes_nothing(
 def test_actor_refs_lists_every_actor_file(offline_app: Rhumbatron) -> None:
     offline_app.project_root(PROJECT).create_project(CALLER, name="Acme")
     shard = offline_app.resource_shard(PROJECT, change_resource_key("chg-1"))
-    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=())
+    shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=()))
     assert list(offline_app.actor_refs()) == [
         ActorRef(ActorKind.PROJECT_ROOT, PROJECT),
         ActorRef(ActorKind.RESOURCE_SHARD, PROJECT, 9),

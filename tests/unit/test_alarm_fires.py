@@ -12,6 +12,7 @@ from rhumbatron.actors.alarms import AlarmGuard, RecordingAlarmSink
 from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.resource_shard import change_resource_key
+from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.core.clock import ManualClock, utc_day
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import ChangeFact
@@ -64,7 +65,7 @@ def write_tasks(app: Rhumbatron, project: str, change: str, count: int) -> None:
             ChangeFact("task.ready", {}, task_id=f"t-{i:04d}")
             for i in range(start, min(start + 50, count))
         )
-        shard.append_change_events(CALLER, change_id=change, status="planned", facts=facts)
+        shard.apply(CALLER, AppendChangeEvents(change_id=change, status="planned", facts=facts))
 
 
 async def test_a_row_waiting_out_its_backoff_does_not_make_its_alarm_fire_in_a_loop(

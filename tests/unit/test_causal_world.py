@@ -10,6 +10,7 @@ import pytest
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import change_resource_key
+from rhumbatron.actors.shard_commands import AcquireClaim, DeclareIntent, RecordTaskStatus
 from rhumbatron.causal.world import ShardWorld
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
@@ -31,9 +32,9 @@ def app(offline_settings: Settings, clock: ManualClock) -> Iterator[Rhumbatron]:
 def task(app: Rhumbatron, change: str, task_id: str, status: str, agent: str | None = None) -> None:
     shard = app.resource_shard(PROJECT, change_resource_key(change))
     if status in ("assigned", "running"):
-        shard.record_task_status(SYSTEM, change_id=change, task_id=task_id, status="ready")
-    shard.record_task_status(
-        SYSTEM, change_id=change, task_id=task_id, status=status, agent_id=agent
+        shard.apply(SYSTEM, RecordTaskStatus(change_id=change, task_id=task_id, status="ready"))
+    shard.apply(
+        SYSTEM, RecordTaskStatus(change_id=change, task_id=task_id, status=status, agent_id=agent)
     )
 
 
@@ -41,11 +42,11 @@ def test_active_agents_carry_their_intents_and_claims_across_shards(app: Rhumbat
     # GIVEN agent a1 holding t1 with an intent on src/ and a claim on docs/readme.md
     task(app, "c1", "t1", "assigned", agent="a1")
     task(app, "c1", "t2", "ready")
-    app.resource_shard(PROJECT, "src/").declare_intent(
-        SYSTEM, intent_id="i1", agent_id="a1", paths=("src/auth/",)
+    app.resource_shard(PROJECT, "src/").apply(
+        SYSTEM, DeclareIntent(intent_id="i1", agent_id="a1", paths=("src/auth/",))
     )
-    app.resource_shard(PROJECT, "docs/readme.md").acquire_claim(
-        SYSTEM, resource="docs/readme.md", agent_id="a1", ttl=timedelta(minutes=5)
+    app.resource_shard(PROJECT, "docs/readme.md").apply(
+        SYSTEM, AcquireClaim(resource="docs/readme.md", agent_id="a1", ttl=timedelta(minutes=5))
     )
     # WHEN the world is asked
     (agent,) = ShardWorld(app.actors).active_agents(PROJECT)

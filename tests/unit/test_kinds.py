@@ -228,7 +228,7 @@ def test_the_scan_sees_the_emitters_it_is_meant_to_see(scan: Scan) -> None:
     assert by_kind["task.completed"].path == "domain/tasks.py"
     assert by_kind["intent.changed"].function == "declare_intent"
     assert by_kind["candidate.promoted"].function == "decide_candidate"
-    assert by_kind["promotion.completed"].path == "actors/resource_shard.py"
+    assert by_kind["promotion.completed"].path == "actors/shard_handlers.py"
 
 
 # -- the grammar ------------------------------------------------------------------------------

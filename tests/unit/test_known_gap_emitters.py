@@ -28,6 +28,25 @@ import pytest_asyncio
 from rhumbatron.actors.actor import TransactResult
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import (
+    AcquireClaim,
+    AdmitAgent,
+    BlockTaskForDeadLetter,
+    CompleteTask,
+    ComposeCandidate,
+    CreateChallenge,
+    CreateChange,
+    DecideCandidate,
+    DeclareIntent,
+    FailTask,
+    ProposeChangeset,
+    RecordModelRouted,
+    RecordPromotion,
+    RecordPromotionRefused,
+    RecordTaskStatus,
+    SettleChange,
+    StartTask,
+)
 from rhumbatron.causal.clef_flash import ClefFlash
 from rhumbatron.causal.command_cap import CommandCap
 from rhumbatron.causal.routing import RuleBasedRouting
@@ -78,13 +97,15 @@ def change_shard(app: Rhumbatron, change_id: str = CHANGE) -> ResourceShard:
 
 def create(app: Rhumbatron, tasks: Sequence[TaskPlan], *, change_id: str = CHANGE) -> ResourceShard:
     shard = change_shard(app, change_id)
-    shard.create_change(
+    shard.apply(
         CALLER,
-        change_id=change_id,
-        title="Gift cards",
-        client_request_id=f"req-{change_id}",
-        requested_by="user:ann",
-        tasks=tasks,
+        CreateChange(
+            change_id=change_id,
+            title="Gift cards",
+            client_request_id=f"req-{change_id}",
+            requested_by="user:ann",
+            tasks=tasks,
+        ),
     )
     return shard
 
@@ -120,14 +141,16 @@ def test_blocking_a_task_records_task_blocked_with_the_move_once(app: Rhumbatron
 
     # WHEN the Task is blocked by a limit, and the same step is retried
     def block() -> TransactResult:
-        return shard.record_task_status(
+        return shard.apply(
             CALLER,
-            change_id=CHANGE,
-            task_id="t1",
-            status=TaskStatus.BLOCKED,
-            blocked_limit="budget",
-            reason="the tenant's budget ran out",
-            key="budget:1",
+            RecordTaskStatus(
+                change_id=CHANGE,
+                task_id="t1",
+                status=TaskStatus.BLOCKED,
+                blocked_limit="budget",
+                reason="the tenant's budget ran out",
+                key="budget:1",
+            ),
         )
 
     first, again = block(), block()
@@ -146,8 +169,11 @@ def test_blocking_a_task_records_task_blocked_with_the_move_once(app: Rhumbatron
 def test_a_task_cannot_be_blocked_without_a_reason(app: Rhumbatron) -> None:
     shard = create(app, [TaskPlan("t1", "schema", AGENT)])
     with pytest.raises(DomainError, match="cannot be blocked without a reason"):
-        shard.record_task_status(
-            CALLER, change_id=CHANGE, task_id="t1", status="blocked", blocked_limit="budget"
+        shard.apply(
+            CALLER,
+            RecordTaskStatus(
+                change_id=CHANGE, task_id="t1", status="blocked", blocked_limit="budget"
+            ),
         )
     assert outbox(shard, "task.blocked") == []
 
@@ -157,7 +183,7 @@ def test_a_dead_letter_blocks_its_task_with_task_failed_and_task_blocked_once(
 ) -> None:
     # GIVEN an assigned Task whose wake was dead-lettered
     shard = create(app, [TaskPlan("t1", "schema", AGENT)])
-    shard.admit_agent(CALLER, change_id=CHANGE, task_id="t1", agent_id=AGENT)
+    shard.apply(CALLER, AdmitAgent(change_id=CHANGE, task_id="t1", agent_id=AGENT))
     wake = lifecycle_command(
         "agent.wake",
         "cmd_t1_ready",
@@ -169,8 +195,8 @@ def test_a_dead_letter_blocks_its_task_with_task_failed_and_task_blocked_once(
     )
 
     # WHEN the dead letter is applied, and applied again (a redelivered letter)
-    first = shard.block_task_for_dead_letter(CALLER, command=wake, reason="boom")
-    again = shard.block_task_for_dead_letter(CALLER, command=wake, reason="boom")
+    first = shard.apply(CALLER, BlockTaskForDeadLetter(command=wake, reason="boom"))
+    again = shard.apply(CALLER, BlockTaskForDeadLetter(command=wake, reason="boom"))
 
     # THEN the block, task.failed and task.blocked are one transaction, written once
     assert (tables(first), kinds(first)) == (["tasks"], ["task.failed", "task.blocked"])
@@ -186,10 +212,10 @@ def test_a_dead_letter_blocks_its_task_with_task_failed_and_task_blocked_once(
 def failed_task_change(app: Rhumbatron) -> ResourceShard:
     """An open Change whose only Task its Agent failed."""
     shard = create(app, [TaskPlan("t1", "schema", AGENT)])
-    assert shard.admit_agent(CALLER, change_id=CHANGE, task_id="t1", agent_id=AGENT) is (
+    assert shard.apply(CALLER, AdmitAgent(change_id=CHANGE, task_id="t1", agent_id=AGENT)) is (
         Admission.ADMITTED
     )
-    shard.fail_task(CALLER, task_id="t1", agent_id=AGENT, reason="tests red")
+    shard.apply(CALLER, FailTask(task_id="t1", agent_id=AGENT, reason="tests red"))
     return shard
 
 
@@ -210,21 +236,25 @@ def test_a_settle_that_fails_the_change_records_change_settled_with_the_move(
     # GIVEN an open Change with a failed Task
     shard = failed_task_change(app)
     # WHEN the settle decision is recorded, and recorded again
-    first = shard.settle_change(
+    first = shard.apply(
         CALLER,
-        change_id=CHANGE,
-        from_status=ChangeStatus.OPEN,
-        to=ChangeStatus.FAILED,
-        reason="t1: tests red",
-        key="cmd_settle_1",
+        SettleChange(
+            change_id=CHANGE,
+            from_status=ChangeStatus.OPEN,
+            to=ChangeStatus.FAILED,
+            reason="t1: tests red",
+            key="cmd_settle_1",
+        ),
     )
-    again = shard.settle_change(
+    again = shard.apply(
         CALLER,
-        change_id=CHANGE,
-        from_status=ChangeStatus.OPEN,
-        to=ChangeStatus.FAILED,
-        reason="t1: tests red",
-        key="cmd_settle_1",
+        SettleChange(
+            change_id=CHANGE,
+            from_status=ChangeStatus.OPEN,
+            to=ChangeStatus.FAILED,
+            reason="t1: tests red",
+            key="cmd_settle_1",
+        ),
     )
     # THEN one transaction moved the Change with change.failed and recorded change.settled
     assert (tables(first), kinds(first)) == (["changes"], ["change.failed", "change.settled"])
@@ -264,7 +294,7 @@ async def test_the_settle_handler_records_its_decision_once_per_settle_command(
 async def test_a_settle_pass_with_nothing_to_decide_records_nothing(app: Rhumbatron) -> None:
     # GIVEN an open Change whose Agent is at work
     shard = create(app, [TaskPlan("t1", "schema", AGENT)])
-    shard.admit_agent(CALLER, change_id=CHANGE, task_id="t1", agent_id=AGENT)
+    shard.apply(CALLER, AdmitAgent(change_id=CHANGE, task_id="t1", agent_id=AGENT))
     before = len(outbox(shard))
     # WHEN a settle runs
     await app.lifecycle().integration(settle_command(), delivery("integration"))
@@ -319,9 +349,9 @@ async def test_a_settle_that_composes_a_verifying_change_records_that_it_stays_v
     try:
         await app.ensure_streams()
         shard = create(app, [TaskPlan("t1", "schema", AGENT)])
-        shard.admit_agent(CALLER, change_id=CHANGE, task_id="t1", agent_id=AGENT)
-        shard.complete_task(
-            CALLER, change_id=CHANGE, task_id="t1", agent_id=AGENT, changeset_id=None
+        shard.apply(CALLER, AdmitAgent(change_id=CHANGE, task_id="t1", agent_id=AGENT))
+        shard.apply(
+            CALLER, CompleteTask(change_id=CHANGE, task_id="t1", agent_id=AGENT, changeset_id=None)
         )
         # WHEN a settle is handled, and redelivered
         command = settle_command()
@@ -344,23 +374,29 @@ async def test_a_settle_that_composes_a_verifying_change_records_that_it_stays_v
 def awaiting_approval(app: Rhumbatron) -> str:
     """A Change awaiting approval with its verified Candidate on generation 0; its ID."""
     shard = create(app, [TaskPlan("t1", "schema", AGENT)])
-    shard.admit_agent(CALLER, change_id=CHANGE, task_id="t1", agent_id=AGENT)
-    shard.start_task(CALLER, task_id="t1", agent_id=AGENT)
-    shard.propose_changeset(
+    shard.apply(CALLER, AdmitAgent(change_id=CHANGE, task_id="t1", agent_id=AGENT))
+    shard.apply(CALLER, StartTask(task_id="t1", agent_id=AGENT))
+    shard.apply(
         CALLER,
-        changeset_id="cs-1",
-        task_id="t1",
-        agent_id=AGENT,
-        files={"src/app.py": "print('gift cards')"},
-        base_generation=0,
+        ProposeChangeset(
+            changeset_id="cs-1",
+            task_id="t1",
+            agent_id=AGENT,
+            files={"src/app.py": "print('gift cards')"},
+            base_generation=0,
+        ),
     )
-    shard.complete_task(CALLER, change_id=CHANGE, task_id="t1", agent_id=AGENT, changeset_id="cs-1")
-    candidate = shard.compose_candidate(CALLER, change_id=CHANGE, base_generation=0)
-    shard.decide_candidate(
+    shard.apply(
+        CALLER, CompleteTask(change_id=CHANGE, task_id="t1", agent_id=AGENT, changeset_id="cs-1")
+    )
+    candidate = shard.apply(CALLER, ComposeCandidate(change_id=CHANGE, base_generation=0))
+    shard.apply(
         CALLER,
-        candidate_id=candidate.candidate_id,
-        to=CandidateStatus.VERIFIED,
-        change_to=ChangeStatus.AWAITING_APPROVAL,
+        DecideCandidate(
+            candidate_id=candidate.candidate_id,
+            to=CandidateStatus.VERIFIED,
+            change_to=ChangeStatus.AWAITING_APPROVAL,
+        ),
     )
     return candidate.candidate_id
 
@@ -399,16 +435,18 @@ def test_the_promotion_transaction_carries_the_request_and_the_decision(
     candidate_id = awaiting_approval(app)
     shard = change_shard(app)
     # WHEN its promotion is recorded, then refused for another expected generation, twice
-    promoted = shard.record_promotion(
-        CALLER, change_id=CHANGE, candidate_id=candidate_id, expected_generation=0
+    promoted = shard.apply(
+        CALLER, RecordPromotion(change_id=CHANGE, candidate_id=candidate_id, expected_generation=0)
     )
     refused = [
-        shard.record_promotion_refused(
+        shard.apply(
             CALLER,
-            change_id=CHANGE,
-            candidate_id=candidate_id,
-            expected_generation=3,
-            reason="canonical is at 4",
+            RecordPromotionRefused(
+                change_id=CHANGE,
+                candidate_id=candidate_id,
+                expected_generation=3,
+                reason="canonical is at 4",
+            ),
         )
         for _ in range(2)
     ]
@@ -510,7 +548,7 @@ async def test_a_delivered_wake_records_agent_woke_before_the_agent_runs_once(
 async def test_a_router_wake_names_the_event_that_caused_it(app: Rhumbatron) -> None:
     # GIVEN an Agent holding t1, and a router wake about an Event
     shard = create(app, [TaskPlan("t1", "schema", AGENT)])
-    shard.admit_agent(CALLER, change_id=CHANGE, task_id="t1", agent_id=AGENT)
+    shard.apply(CALLER, AdmitAgent(change_id=CHANGE, task_id="t1", agent_id=AGENT))
     consumer = WakeConsumer(app, RecordingAgents(app))
     event_id = "evt_" + "a" * 32
     # WHEN it is delivered
@@ -523,7 +561,7 @@ async def test_a_router_wake_names_the_event_that_caused_it(app: Rhumbatron) -> 
 async def test_a_stale_wake_records_a_false_wakeup_once(app: Rhumbatron) -> None:
     # GIVEN t1 held by another Agent, and a router wake for an Agent that does not hold it
     shard = create(app, [TaskPlan("t1", "schema", AGENT)])
-    shard.admit_agent(CALLER, change_id=CHANGE, task_id="t1", agent_id="someone-else")
+    shard.apply(CALLER, AdmitAgent(change_id=CHANGE, task_id="t1", agent_id="someone-else"))
     agents = RecordingAgents(app)
     consumer = WakeConsumer(app, agents)
     command = wake("cmd_evt_x_t1", AGENT)
@@ -542,7 +580,7 @@ async def test_a_wake_about_a_change_the_shard_does_not_know_records_nothing(
 ) -> None:
     # GIVEN a ready Task recorded without its Change (no changes row)
     shard = change_shard(app)
-    shard.record_task_status(CALLER, change_id=CHANGE, task_id="t1", status="ready")
+    shard.apply(CALLER, RecordTaskStatus(change_id=CHANGE, task_id="t1", status="ready"))
     agents = RecordingAgents(app)
     # WHEN its wake is delivered
     await WakeConsumer(app, agents)(wake("cmd_t1_ready", AGENT), delivery("agent-wakeups"))
@@ -559,13 +597,15 @@ def test_model_routed_is_recorded_once_per_key_for_a_known_change(app: Rhumbatro
     shard = create(app, [TaskPlan("t1", "schema", AGENT)])
 
     def routed(change_id: str) -> TransactResult:
-        return shard.record_model_routed(
+        return shard.apply(
             CALLER,
-            change_id=change_id,
-            task_id="t1",
-            model="claude-haiku",
-            purpose=CLEF_FLASH_PURPOSE,
-            key="evt_1",
+            RecordModelRouted(
+                change_id=change_id,
+                task_id="t1",
+                model="claude-haiku",
+                purpose=CLEF_FLASH_PURPOSE,
+                key="evt_1",
+            ),
         )
 
     # WHEN model.routed is recorded twice, and once for the unknown Change
@@ -663,9 +703,10 @@ async def make_router(tmp_path: Path, settings: Settings, clock: ManualClock) ->
 def given_an_agent_on_src_auth(app: Rhumbatron) -> None:
     """builder-1 holds t1 of the Change and means to change src/auth/."""
     shard = create(app, [TaskPlan("t1", "schema", AGENT)])
-    shard.admit_agent(CALLER, change_id=CHANGE, task_id="t1", agent_id=AGENT)
-    app.resource_shard(PROJECT, "src/auth/").declare_intent(
-        CALLER, intent_id="i1", agent_id=AGENT, paths=("src/auth/",), change_id=CHANGE
+    shard.apply(CALLER, AdmitAgent(change_id=CHANGE, task_id="t1", agent_id=AGENT))
+    app.resource_shard(PROJECT, "src/auth/").apply(
+        CALLER,
+        DeclareIntent(intent_id="i1", agent_id=AGENT, paths=("src/auth/",), change_id=CHANGE),
     )
 
 
@@ -732,7 +773,7 @@ def challenge(app: Rhumbatron, challenge_id: str = "chl-1", **changes: Any) -> T
     }
     values.update(changes)
     caller = Caller(TENANT, f"agent:{values['agent_id']}", correlation_id=challenge_id)
-    return app.resource_shard(PROJECT, values["resource"]).create_challenge(caller, **values)
+    return app.resource_shard(PROJECT, values["resource"]).apply(caller, CreateChallenge(**values))
 
 
 def test_a_challenge_is_created_once_per_challenge_id(app: Rhumbatron) -> None:
@@ -778,13 +819,13 @@ def test_the_causal_router_wakes_the_challenged_agent_but_not_the_challenger(
     # GIVEN builder-1 holding t1 with a claim on src/app.py, and the critic holding t2 with
     # an intent on src/
     shard = create(app, [TaskPlan("t1", "schema", AGENT), TaskPlan("t2", "review", "critic")])
-    shard.admit_agent(CALLER, change_id=CHANGE, task_id="t1", agent_id=AGENT)
-    shard.admit_agent(CALLER, change_id=CHANGE, task_id="t2", agent_id="critic")
-    app.resource_shard(PROJECT, "src/app.py").acquire_claim(
-        CALLER, resource="src/app.py", agent_id=AGENT, ttl=timedelta(minutes=15)
+    shard.apply(CALLER, AdmitAgent(change_id=CHANGE, task_id="t1", agent_id=AGENT))
+    shard.apply(CALLER, AdmitAgent(change_id=CHANGE, task_id="t2", agent_id="critic"))
+    app.resource_shard(PROJECT, "src/app.py").apply(
+        CALLER, AcquireClaim(resource="src/app.py", agent_id=AGENT, ttl=timedelta(minutes=15))
     )
-    app.resource_shard(PROJECT, "src/").declare_intent(
-        CALLER, intent_id="i-critic", agent_id="critic", paths=("src/",)
+    app.resource_shard(PROJECT, "src/").apply(
+        CALLER, DeclareIntent(intent_id="i-critic", agent_id="critic", paths=("src/",))
     )
     # WHEN the critic challenges builder-1's claim, and the rules plan the fact
     (fact,) = challenge(app).transition.facts

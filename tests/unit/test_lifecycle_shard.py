@@ -12,6 +12,21 @@ from dataclasses import replace
 import pytest
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import (
+    AdmitAgent,
+    BlockTaskForDeadLetter,
+    CompleteTask,
+    ComposeCandidate,
+    CreateChange,
+    DecideCandidate,
+    FinishRelease,
+    MoveChange,
+    ProposeChangeset,
+    RecordPromotion,
+    RetryBlockedTask,
+    StartRelease,
+    StartTask,
+)
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
 from rhumbatron.domain.agents import Admission
@@ -62,13 +77,15 @@ def create(
     tasks: Sequence[TaskPlan] = DIAMOND,
     client_request_id: str = "req-1",
 ) -> int:
-    return shard.create_change(
+    return shard.apply(
         CALLER,
-        change_id=change_id,
-        title="Gift cards",
-        client_request_id=client_request_id,
-        requested_by="user:ann",
-        tasks=tasks,
+        CreateChange(
+            change_id=change_id,
+            title="Gift cards",
+            client_request_id=client_request_id,
+            requested_by="user:ann",
+            tasks=tasks,
+        ),
     ).events_added
 
 
@@ -77,22 +94,27 @@ def work(
 ) -> int:
     """Admit, start and complete ``task_id`` (proposing ``cs-<task>`` first when asked); the
     events the completion added."""
-    admitted = shard.admit_agent(CALLER, change_id=change_id, task_id=task_id, agent_id=AGENT)
+    admitted = shard.apply(CALLER, AdmitAgent(change_id=change_id, task_id=task_id, agent_id=AGENT))
     assert admitted is Admission.ADMITTED
-    shard.start_task(CALLER, task_id=task_id, agent_id=AGENT)
+    shard.apply(CALLER, StartTask(task_id=task_id, agent_id=AGENT))
     changeset_id = None
     if propose:
         changeset_id = f"cs-{task_id}"
-        shard.propose_changeset(
+        shard.apply(
             CALLER,
-            changeset_id=changeset_id,
-            task_id=task_id,
-            agent_id=AGENT,
-            files={f"src/{task_id}.py": "print('hi')"},
-            base_generation=0,
+            ProposeChangeset(
+                changeset_id=changeset_id,
+                task_id=task_id,
+                agent_id=AGENT,
+                files={f"src/{task_id}.py": "print('hi')"},
+                base_generation=0,
+            ),
         )
-    return shard.complete_task(
-        CALLER, change_id=change_id, task_id=task_id, agent_id=AGENT, changeset_id=changeset_id
+    return shard.apply(
+        CALLER,
+        CompleteTask(
+            change_id=change_id, task_id=task_id, agent_id=AGENT, changeset_id=changeset_id
+        ),
     ).events_added
 
 
@@ -179,8 +201,8 @@ def test_a_move_lands_once_for_its_key(shard: ResourceShard) -> None:
     # GIVEN an open Change
     create(shard)
     # WHEN it is cancelled twice with the same key
-    first = shard.move_change(CALLER, change_id=CHANGE, to="cancelled", reason="no", key="k")
-    again = shard.move_change(CALLER, change_id=CHANGE, to="cancelled", reason="no", key="k")
+    first = shard.apply(CALLER, MoveChange(change_id=CHANGE, to="cancelled", reason="no", key="k"))
+    again = shard.apply(CALLER, MoveChange(change_id=CHANGE, to="cancelled", reason="no", key="k"))
     # THEN change.cancelled is in the outbox once, with the stable ID of the move and key
     assert (first.events_added, again.events_added) == (1, 0)
     assert outbox(shard)[-1].event_id == stable_event_id(
@@ -192,7 +214,7 @@ def test_a_move_lands_once_for_its_key(shard: ResourceShard) -> None:
 def test_an_illegal_move_writes_nothing(shard: ResourceShard) -> None:
     create(shard)
     with pytest.raises(DomainError, match="it can become: cancelled, failed, verifying"):
-        shard.move_change(CALLER, change_id=CHANGE, to=ChangeStatus.RELEASING)
+        shard.apply(CALLER, MoveChange(change_id=CHANGE, to=ChangeStatus.RELEASING))
     assert status(shard) == "open"
     assert len(outbox(shard)) == 3
 
@@ -232,8 +254,8 @@ def test_reporting_the_last_completion_again_adds_nothing(shard: ResourceShard) 
     create(shard, tasks=DIAMOND[:1])
     work(shard, "tsk-a")
     before = len(outbox(shard))
-    again = shard.complete_task(
-        CALLER, change_id=CHANGE, task_id="tsk-a", agent_id=AGENT, changeset_id=None
+    again = shard.apply(
+        CALLER, CompleteTask(change_id=CHANGE, task_id="tsk-a", agent_id=AGENT, changeset_id=None)
     )
     assert again.events_added == 0
     assert len(outbox(shard)) == before
@@ -242,13 +264,16 @@ def test_reporting_the_last_completion_again_adds_nothing(shard: ResourceShard) 
 def test_another_agent_cannot_complete_and_writes_nothing(shard: ResourceShard) -> None:
     # GIVEN tsk-a running under builder-1
     create(shard)
-    shard.admit_agent(CALLER, change_id=CHANGE, task_id="tsk-a", agent_id=AGENT)
-    shard.start_task(CALLER, task_id="tsk-a", agent_id=AGENT)
+    shard.apply(CALLER, AdmitAgent(change_id=CHANGE, task_id="tsk-a", agent_id=AGENT))
+    shard.apply(CALLER, StartTask(task_id="tsk-a", agent_id=AGENT))
     before = len(outbox(shard))
     # WHEN builder-2 reports it completed
     with pytest.raises(DomainError, match="agent 'builder-2' does not hold task 'tsk-a'"):
-        shard.complete_task(
-            CALLER, change_id=CHANGE, task_id="tsk-a", agent_id="builder-2", changeset_id=None
+        shard.apply(
+            CALLER,
+            CompleteTask(
+                change_id=CHANGE, task_id="tsk-a", agent_id="builder-2", changeset_id=None
+            ),
         )
     # THEN the Task still runs and no fact was written
     assert task_status(shard, "tsk-a") is TaskStatus.RUNNING
@@ -271,13 +296,13 @@ def wake(task_id: str, attempt: int = 1) -> Command:
 def test_a_retry_readies_a_dead_lettered_task_once(shard: ResourceShard) -> None:
     # GIVEN tsk-a assigned, then blocked by the dead letter of its wake
     create(shard)
-    shard.admit_agent(CALLER, change_id=CHANGE, task_id="tsk-a", agent_id=AGENT)
-    shard.block_task_for_dead_letter(CALLER, command=wake("tsk-a"), reason="wake died")
+    shard.apply(CALLER, AdmitAgent(change_id=CHANGE, task_id="tsk-a", agent_id=AGENT))
+    shard.apply(CALLER, BlockTaskForDeadLetter(command=wake("tsk-a"), reason="wake died"))
     blocked = shard.task_state("tsk-a")
     assert blocked is not None and blocked.blocked_limit == DEAD_LETTER_LIMIT
     # WHEN an operator retries it (attempt 2), twice
-    first = shard.retry_blocked_task(CALLER, task_id="tsk-a", attempt=2)
-    again = shard.retry_blocked_task(CALLER, task_id="tsk-a", attempt=2)
+    first = shard.apply(CALLER, RetryBlockedTask(task_id="tsk-a", attempt=2))
+    again = shard.apply(CALLER, RetryBlockedTask(task_id="tsk-a", attempt=2))
     # THEN it is ready, unassigned, with one task.ready keyed retry:2
     assert (first.events_added, again.events_added) == (1, 0)
     ready = shard.task_state("tsk-a")
@@ -291,12 +316,14 @@ def test_re_admitting_the_agent_after_a_retry_records_a_new_assignment(
     # GIVEN tsk-a assigned, blocked by its wake's dead letter, then retried
     create(shard)
     first_wake = replace(CALLER, correlation_id="cmd_tsk-a_ready:1")
-    shard.admit_agent(first_wake, change_id=CHANGE, task_id="tsk-a", agent_id=AGENT)
-    shard.block_task_for_dead_letter(CALLER, command=wake("tsk-a"), reason="wake died")
-    shard.retry_blocked_task(CALLER, task_id="tsk-a", attempt=2)
+    shard.apply(first_wake, AdmitAgent(change_id=CHANGE, task_id="tsk-a", agent_id=AGENT))
+    shard.apply(CALLER, BlockTaskForDeadLetter(command=wake("tsk-a"), reason="wake died"))
+    shard.apply(CALLER, RetryBlockedTask(task_id="tsk-a", attempt=2))
     # WHEN the resent wake (attempt 2) admits the same agent
     retried_wake = replace(CALLER, correlation_id="cmd_tsk-a_ready:2")
-    admitted = shard.admit_agent(retried_wake, change_id=CHANGE, task_id="tsk-a", agent_id=AGENT)
+    admitted = shard.apply(
+        retried_wake, AdmitAgent(change_id=CHANGE, task_id="tsk-a", agent_id=AGENT)
+    )
     # THEN the Task is assigned again, and the event log says so a second time
     assert admitted is Admission.ADMITTED
     assert outbox_types(shard).count("task.assigned") == 2
@@ -325,8 +352,8 @@ def test_composing_twice_is_one_candidate_keyed_by_its_changesets(shard: Resourc
     assert status(shard) == "verifying"
     before = len(outbox(shard))
     # WHEN its work is composed on base 0, twice
-    first = shard.compose_candidate(CALLER, change_id=CHANGE, base_generation=0)
-    again = shard.compose_candidate(CALLER, change_id=CHANGE, base_generation=0)
+    first = shard.apply(CALLER, ComposeCandidate(change_id=CHANGE, base_generation=0))
+    again = shard.apply(CALLER, ComposeCandidate(change_id=CHANGE, base_generation=0))
     # THEN it is one Candidate whose ID derives from SHA-256("0␟cs-chg-1-t1␟cs-chg-1-t2")
     key = hashlib.sha256(b"0\x1fcs-chg-1-t1\x1fcs-chg-1-t2").hexdigest()
     assert first == again
@@ -338,8 +365,8 @@ def test_composing_twice_is_one_candidate_keyed_by_its_changesets(shard: Resourc
 
 def test_another_base_composes_another_candidate(shard: ResourceShard) -> None:
     verifying(shard)
-    first = shard.compose_candidate(CALLER, change_id=CHANGE, base_generation=0)
-    second = shard.compose_candidate(CALLER, change_id=CHANGE, base_generation=1)
+    first = shard.apply(CALLER, ComposeCandidate(change_id=CHANGE, base_generation=0))
+    second = shard.apply(CALLER, ComposeCandidate(change_id=CHANGE, base_generation=1))
     assert first.candidate_id != second.candidate_id
     assert len(shard.candidates(change_id=CHANGE)) == 2
 
@@ -347,7 +374,7 @@ def test_another_base_composes_another_candidate(shard: ResourceShard) -> None:
 def test_an_open_change_cannot_compose(shard: ResourceShard) -> None:
     create(shard)
     with pytest.raises(DomainError, match="is open; a candidate is composed only"):
-        shard.compose_candidate(CALLER, change_id=CHANGE, base_generation=0)
+        shard.apply(CALLER, ComposeCandidate(change_id=CHANGE, base_generation=0))
     assert shard.candidates() == []
 
 
@@ -367,7 +394,7 @@ def test_a_change_without_changesets_has_nothing_to_compose(
     # THEN each is refused (an empty composition would be both Changes' one Candidate)
     for change_id in (CHANGE, "chg-2"):
         with pytest.raises(DomainError, match="nothing to compose"):
-            shard.compose_candidate(CALLER, change_id=change_id, base_generation=0)
+            shard.apply(CALLER, ComposeCandidate(change_id=change_id, base_generation=0))
     assert shard.candidates() == []
 
 
@@ -376,16 +403,18 @@ def test_verifying_a_candidate_moves_its_change_in_the_same_transaction(
 ) -> None:
     # GIVEN a composed Candidate
     verifying(shard)
-    candidate = shard.compose_candidate(CALLER, change_id=CHANGE, base_generation=0)
+    candidate = shard.apply(CALLER, ComposeCandidate(change_id=CHANGE, base_generation=0))
     before = len(outbox(shard))
     # WHEN it is verified with change_to awaiting_approval, twice
     first, again = (
-        shard.decide_candidate(
+        shard.apply(
             CALLER,
-            candidate_id=candidate.candidate_id,
-            to=CandidateStatus.VERIFIED,
-            reason="every check passed",
-            change_to=ChangeStatus.AWAITING_APPROVAL,
+            DecideCandidate(
+                candidate_id=candidate.candidate_id,
+                to=CandidateStatus.VERIFIED,
+                reason="every check passed",
+                change_to=ChangeStatus.AWAITING_APPROVAL,
+            ),
         )
         for _ in range(2)
     )
@@ -405,16 +434,18 @@ def test_verifying_a_candidate_moves_its_change_in_the_same_transaction(
 def test_an_illegal_change_move_rolls_the_candidate_decision_back(shard: ResourceShard) -> None:
     # GIVEN a composed Candidate whose Change was cancelled meanwhile
     verifying(shard)
-    candidate = shard.compose_candidate(CALLER, change_id=CHANGE, base_generation=0)
-    shard.move_change(CALLER, change_id=CHANGE, to=ChangeStatus.CANCELLED)
+    candidate = shard.apply(CALLER, ComposeCandidate(change_id=CHANGE, base_generation=0))
+    shard.apply(CALLER, MoveChange(change_id=CHANGE, to=ChangeStatus.CANCELLED))
     before = len(outbox(shard))
     # WHEN verification tries to verify it and move the Change to awaiting_approval
     with pytest.raises(DomainError, match="is cancelled; it cannot become awaiting_approval"):
-        shard.decide_candidate(
+        shard.apply(
             CALLER,
-            candidate_id=candidate.candidate_id,
-            to=CandidateStatus.VERIFIED,
-            change_to=ChangeStatus.AWAITING_APPROVAL,
+            DecideCandidate(
+                candidate_id=candidate.candidate_id,
+                to=CandidateStatus.VERIFIED,
+                change_to=ChangeStatus.AWAITING_APPROVAL,
+            ),
         )
     # THEN neither the Candidate nor the outbox changed: one transaction
     assert candidate_status(shard, candidate.candidate_id) is CandidateStatus.CREATED
@@ -427,12 +458,14 @@ def test_an_illegal_change_move_rolls_the_candidate_decision_back(shard: Resourc
 def awaiting(shard: ResourceShard) -> str:
     """A Change awaiting approval with its verified Candidate; the Candidate ID."""
     verifying(shard)
-    candidate = shard.compose_candidate(CALLER, change_id=CHANGE, base_generation=0)
-    shard.decide_candidate(
+    candidate = shard.apply(CALLER, ComposeCandidate(change_id=CHANGE, base_generation=0))
+    shard.apply(
         CALLER,
-        candidate_id=candidate.candidate_id,
-        to=CandidateStatus.VERIFIED,
-        change_to=ChangeStatus.AWAITING_APPROVAL,
+        DecideCandidate(
+            candidate_id=candidate.candidate_id,
+            to=CandidateStatus.VERIFIED,
+            change_to=ChangeStatus.AWAITING_APPROVAL,
+        ),
     )
     return candidate.candidate_id
 
@@ -442,11 +475,11 @@ def test_a_promotion_moves_the_change_to_releasing_once(shard: ResourceShard) ->
     candidate_id = awaiting(shard)
     before = len(outbox(shard))
     # WHEN its promotion is recorded twice
-    first = shard.record_promotion(
-        CALLER, change_id=CHANGE, candidate_id=candidate_id, expected_generation=0
+    first = shard.apply(
+        CALLER, RecordPromotion(change_id=CHANGE, candidate_id=candidate_id, expected_generation=0)
     )
-    again = shard.record_promotion(
-        CALLER, change_id=CHANGE, candidate_id=candidate_id, expected_generation=0
+    again = shard.apply(
+        CALLER, RecordPromotion(change_id=CHANGE, candidate_id=candidate_id, expected_generation=0)
     )
     # THEN the Change is releasing (promoted_at set) with promotion.completed, once
     assert (first.events_added, again.events_added) == (3, 0)
@@ -464,8 +497,8 @@ def test_a_promotion_moves_the_change_to_releasing_once(shard: ResourceShard) ->
 
 def releasing(shard: ResourceShard) -> str:
     candidate_id = awaiting(shard)
-    shard.record_promotion(
-        CALLER, change_id=CHANGE, candidate_id=candidate_id, expected_generation=0
+    shard.apply(
+        CALLER, RecordPromotion(change_id=CHANGE, candidate_id=candidate_id, expected_generation=0)
     )
     return candidate_id
 
@@ -473,8 +506,11 @@ def releasing(shard: ResourceShard) -> str:
 def test_a_release_starts_once_under_rel_project_generation(shard: ResourceShard) -> None:
     candidate_id = releasing(shard)
     first, again = (
-        shard.start_release(
-            CALLER, change_id=CHANGE, generation=1, candidate_id=candidate_id, app_name="shop"
+        shard.apply(
+            CALLER,
+            StartRelease(
+                change_id=CHANGE, generation=1, candidate_id=candidate_id, app_name="shop"
+            ),
         )
         for _ in range(2)
     )
@@ -492,13 +528,14 @@ def test_finishing_the_release_ends_the_change_once(
 ) -> None:
     # GIVEN a started release
     candidate_id = releasing(shard)
-    shard.start_release(
-        CALLER, change_id=CHANGE, generation=1, candidate_id=candidate_id, app_name="shop"
+    shard.apply(
+        CALLER,
+        StartRelease(change_id=CHANGE, generation=1, candidate_id=candidate_id, app_name="shop"),
     )
     before = len(outbox(shard))
     # WHEN it finishes, twice
-    first = shard.finish_release(CALLER, release_id="rel_acme-web_1", outcome=outcome)
-    again = shard.finish_release(CALLER, release_id="rel_acme-web_1", outcome=outcome)
+    first = shard.apply(CALLER, FinishRelease(release_id="rel_acme-web_1", outcome=outcome))
+    again = shard.apply(CALLER, FinishRelease(release_id="rel_acme-web_1", outcome=outcome))
     # THEN release.<outcome> and change.<end> are written together, once
     assert (first.events_added, again.events_added) == (2, 0)
     assert outbox_types(shard)[before:] == [f"release.{outcome}", f"change.{end}"]
@@ -507,15 +544,16 @@ def test_finishing_the_release_ends_the_change_once(
 
 def test_a_completed_release_cannot_fail_afterwards(shard: ResourceShard) -> None:
     candidate_id = releasing(shard)
-    shard.start_release(
-        CALLER, change_id=CHANGE, generation=1, candidate_id=candidate_id, app_name="shop"
+    shard.apply(
+        CALLER,
+        StartRelease(change_id=CHANGE, generation=1, candidate_id=candidate_id, app_name="shop"),
     )
-    shard.finish_release(CALLER, release_id="rel_acme-web_1", outcome="completed")
+    shard.apply(CALLER, FinishRelease(release_id="rel_acme-web_1", outcome="completed"))
     with pytest.raises(DomainError, match="already completed"):
-        shard.finish_release(CALLER, release_id="rel_acme-web_1", outcome="failed")
+        shard.apply(CALLER, FinishRelease(release_id="rel_acme-web_1", outcome="failed"))
     assert status(shard) == "completed"
 
 
 def test_finishing_a_release_never_started_is_refused(shard: ResourceShard) -> None:
     with pytest.raises(DomainError, match="no release 'rel_acme-web_9'; start it first"):
-        shard.finish_release(CALLER, release_id="rel_acme-web_9", outcome="completed")
+        shard.apply(CALLER, FinishRelease(release_id="rel_acme-web_9", outcome="completed"))

@@ -28,6 +28,7 @@ from rhumbatron.actors.outbox import (
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.publisher import OutboxPublisher, prune_published_rows, requeue_failed_rows
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.actors.storage import write_transaction
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
@@ -98,10 +99,14 @@ def test_appending_the_same_change_fact_twice_leaves_one_row(
     # GIVEN a change shard that recorded task.completed for tsk-1
     shard = change_shard(offline(tmp_path), clock, "chg-1")
     fact = ChangeFact("task.completed", {"agentId": "builder-1"}, task_id="tsk-1")
-    first = shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=(fact,))
+    first = shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="running", facts=(fact,))
+    )
     # WHEN a retried workflow step appends the same fact again
     clock.advance(seconds=30)
-    second = shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=(fact,))
+    second = shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="running", facts=(fact,))
+    )
     # THEN the outbox ignores the repeat: one row, with the stable ID; nothing added the 2nd time
     assert (first.events_added, second.events_added) == (1, 0)
     assert [r["event_id"] for r in rows(shard.connection)] == [
@@ -238,7 +243,9 @@ async def test_a_row_waiting_to_retry_blocks_the_later_rows_of_its_project(
     # GIVEN three rows, and a server that refuses
     settings = offline(tmp_path, outbox_backoff_jitter=0)
     shard = change_shard(settings, clock, "chg-1")
-    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(3))
+    shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(3))
+    )
     publisher = OutboxPublisher(RefusingSender(), settings, clock=clock)
     # WHEN the send fails
     await publisher.publish_due(shard)
@@ -331,8 +338,8 @@ async def test_an_oversize_row_fails_fast_and_the_other_rows_keep_flowing(
         "change.created",
         {"title": "x" * 500, "clientRequestId": "req-1", "requestedBy": "user:u"},
     )
-    shard.append_change_events(
-        CALLER, change_id="chg-1", status="planned", facts=(big, *task_facts(2))
+    shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=(big, *task_facts(2)))
     )
     first, *rest = rows(shard.connection)
     # AND a server whose max_payload is smaller than the big row
@@ -434,14 +441,16 @@ async def test_prune_deletes_only_published_rows_older_than_seven_days_in_bounde
     settings = offline(tmp_path, outbox_prune_batch_rows=2)
     shard = change_shard(settings, clock, "chg-1")
     publisher = OutboxPublisher(MemorySender(), settings, clock=clock)
-    shard.append_change_events(CALLER, change_id="chg-1", status="planned", facts=task_facts(3))
+    shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(3))
+    )
     await publisher.publish_due(shard)
     clock.advance(days=7)
     fact = ChangeFact("task.completed", {"agentId": "a"}, task_id="tsk-000")
-    shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=(fact,))
+    shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="running", facts=(fact,)))
     await publisher.publish_due(shard)
     blocked = ChangeFact("task.completed", {"agentId": "a"}, task_id="tsk-001")
-    shard.append_change_events(CALLER, change_id="chg-1", status="running", facts=(blocked,))
+    shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="running", facts=(blocked,)))
     # WHEN pruning runs exactly 7 days after the first publish
     # THEN nothing is old enough yet
     assert prune_published_rows(shard, settings) == 0

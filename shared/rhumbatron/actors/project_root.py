@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 
 from rhumbatron.actors.actor import Actor, ActorKind, ActorRef, TransactResult
+from rhumbatron.actors.rows import row_to
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import ProjectState, create_project, promote_candidate
 
@@ -81,13 +82,4 @@ class ProjectRoot(Actor):
 
 def _load(db: sqlite3.Connection, project_id: str) -> ProjectState | None:
     row = db.execute("SELECT * FROM project WHERE project_id = ?", (project_id,)).fetchone()
-    if row is None:
-        return None
-    return ProjectState(
-        project_id=row["project_id"],
-        tenant_id=row["tenant_id"],
-        name=row["name"],
-        status=row["status"],
-        canonical_generation=row["canonical_generation"],
-        canonical_candidate_id=row["canonical_candidate_id"],
-    )
+    return None if row is None else row_to(ProjectState, row)

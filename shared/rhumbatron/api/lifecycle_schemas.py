@@ -28,6 +28,15 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from rhumbatron.actors.shard_commands import (
+    AcquireClaim,
+    CompleteTask,
+    CreateChallenge,
+    DeclareIntent,
+    FailTask,
+    ProposeChangeset,
+    StartTask,
+)
 from rhumbatron.agents.registry import AgentKind, AgentRecord
 from rhumbatron.core.clock import parse_timestamp
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
@@ -387,6 +396,9 @@ class StartTaskRequest(_Wire):
 
     agent_id: str = Field(pattern=AGENT_ID)
 
+    def command(self, task_id: str) -> StartTask:
+        return StartTask(task_id=task_id, agent_id=self.agent_id)
+
 
 class IntentRequest(_Wire):
     """What the Agent means to change; declaring the same ID again with other paths changes
@@ -396,6 +408,15 @@ class IntentRequest(_Wire):
     intent_id: str = Field(pattern=KEY_ID)
     paths: list[Annotated[str, Field(pattern=RESOURCE)]] = Field(min_length=1, max_length=100)
     summary: str = Field(default="", max_length=1000)
+
+    def command(self, change_id: str) -> DeclareIntent:
+        return DeclareIntent(
+            intent_id=self.intent_id,
+            agent_id=self.agent_id,
+            paths=tuple(self.paths),
+            summary=self.summary,
+            change_id=change_id,
+        )
 
 
 class IntentBody(_Wire):
@@ -413,6 +434,10 @@ class ClaimRequest(_Wire):
 
     agent_id: str = Field(pattern=AGENT_ID)
     resource: str = Field(pattern=RESOURCE)
+
+    def command(self) -> AcquireClaim:
+        """The claim for the platform's claim TTL (the Agent does not choose it)."""
+        return AcquireClaim(resource=self.resource, agent_id=self.agent_id)
 
 
 class ClaimBody(_Wire):
@@ -448,6 +473,16 @@ class ChallengeRequest(_Wire):
             raise ValueError("a challenge needs a reason that says something")
         return value
 
+    def command(self, change_id: str) -> CreateChallenge:
+        return CreateChallenge(
+            challenge_id=self.challenge_id,
+            agent_id=self.agent_id,
+            resource=self.resource,
+            target_agent_id=self.target_agent_id,
+            reason=self.reason,
+            change_id=change_id,
+        )
+
 
 class ChallengeBody(_Wire):
     """The challenge as created."""
@@ -480,6 +515,15 @@ class ChangesetRequest(_Wire):
             )
         return value
 
+    def command(self, task_id: str, base_generation: int) -> ProposeChangeset:
+        return ProposeChangeset(
+            changeset_id=self.changeset_id,
+            task_id=task_id,
+            agent_id=self.agent_id,
+            files=self.files,
+            base_generation=base_generation,
+        )
+
 
 class ChangesetBody(_Wire):
     """A proposed changeset: its paths (not their content) and the generation it is on."""
@@ -509,6 +553,14 @@ class CompleteTaskRequest(_Wire):
     agent_id: str = Field(pattern=AGENT_ID)
     changeset_id: str | None = Field(default=None, pattern=KEY_ID)
 
+    def command(self, change_id: str, task_id: str) -> CompleteTask:
+        return CompleteTask(
+            change_id=change_id,
+            task_id=task_id,
+            agent_id=self.agent_id,
+            changeset_id=self.changeset_id,
+        )
+
 
 class FailTaskRequest(_Wire):
     """The Agent gave up on its Task, and why."""
@@ -522,6 +574,9 @@ class FailTaskRequest(_Wire):
         if not value.strip():
             raise ValueError("a failure needs a reason that says something")
         return value
+
+    def command(self, task_id: str) -> FailTask:
+        return FailTask(task_id=task_id, agent_id=self.agent_id, reason=self.reason)
 
 
 def _check_file_path(path: str) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rhumbatron.actors.actor import ActorKind, ActorRef
+from rhumbatron.actors.shard_commands import RecordModelRouted
 from rhumbatron.causal.rules import ActiveAgent
 from rhumbatron.domain.facts import Caller
 
@@ -109,11 +110,13 @@ class ShardWorld:
         caller = Caller(
             event.tenant_id, "system:causal-router", event.event_id, caused_by=event.event_id
         )
-        shard.record_model_routed(
+        shard.apply(
             caller,
-            change_id=agent.change_id,
-            task_id=agent.task_id,
-            model=model,
-            purpose=purpose,
-            key=event.event_id,
+            RecordModelRouted(
+                change_id=agent.change_id,
+                task_id=agent.task_id,
+                model=model,
+                purpose=purpose,
+                key=event.event_id,
+            ),
         )

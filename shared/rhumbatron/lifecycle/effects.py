@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rhumbatron.actors.shard_commands import DecideCandidate, MoveChange, RecordPromotion
 from rhumbatron.causal.rules import StateEffect
 from rhumbatron.domain.candidates import CandidateStatus
 from rhumbatron.domain.changes import ChangeStatus
@@ -24,7 +25,9 @@ from rhumbatron.errors import DomainError
 from rhumbatron.protocol.envelopes import Event
 
 if TYPE_CHECKING:
+    from rhumbatron.actors.resource_shard import ResourceShard
     from rhumbatron.lifecycle.integration import IntegrationModule
+    from rhumbatron.lifecycle.world import LocatedCandidate
 
 __all__ = ["LifecycleEffects"]
 
@@ -49,28 +52,23 @@ class LifecycleEffects:
         )
         promoted = world.find_candidate(project_id, promoted_id)
         if promoted is not None and promoted.candidate.status is not CandidateStatus.PROMOTED:
-            shard = world.change_shard(project_id, promoted.change.change_id)
-            shard.decide_candidate(
+            _mark_promoted(
+                world.change_shard(project_id, promoted.change.change_id),
                 caller,
-                candidate_id=promoted_id,
-                to=CandidateStatus.PROMOTED,
-                reason=f"canonical generation {generation}",
-            )
-            shard.record_promotion(
-                caller,
-                change_id=promoted.change.change_id,
-                candidate_id=promoted_id,
-                expected_generation=generation - 1,
+                promoted,
+                generation,
             )
         for other in world.open_candidates(project_id):
             candidate = other.candidate
             if candidate.candidate_id == promoted_id or candidate.base_generation >= generation:
                 continue
-            world.change_shard(project_id, other.change.change_id).decide_candidate(
+            world.change_shard(project_id, other.change.change_id).apply(
                 caller,
-                candidate_id=candidate.candidate_id,
-                to=CandidateStatus.STALE,
-                reason=f"canonical advanced to generation {generation}",
+                DecideCandidate(
+                    candidate_id=candidate.candidate_id,
+                    to=CandidateStatus.STALE,
+                    reason=f"canonical advanced to generation {generation}",
+                ),
             )
         for change in world.changes(project_id, (ChangeStatus.AWAITING_APPROVAL.value,)):
             shard = world.change_shard(project_id, change.change_id)
@@ -78,12 +76,14 @@ class LifecycleEffects:
                 c.status is CandidateStatus.VERIFIED
                 for c in shard.candidates(change_id=change.change_id)
             ):
-                shard.move_change(
+                shard.apply(
                     caller,
-                    change_id=change.change_id,
-                    to=ChangeStatus.VERIFYING,
-                    reason=f"its candidate went stale at generation {generation}",
-                    key=f"advance:{generation}",
+                    MoveChange(
+                        change_id=change.change_id,
+                        to=ChangeStatus.VERIFYING,
+                        reason=f"its candidate went stale at generation {generation}",
+                        key=f"advance:{generation}",
+                    ),
                 )
         if promoted is not None:
             latest = world.change_shard(project_id, promoted.change.change_id).change_state(
@@ -92,3 +92,27 @@ class LifecycleEffects:
             if latest is not None and latest.status == ChangeStatus.RELEASING.value:
                 outcome = await self.integration.start_release(project_id, latest.change_id, caller)
                 _log.info("release of %s after %s: %s", latest.change_id, event.event_id, outcome)
+
+
+def _mark_promoted(
+    shard: ResourceShard, caller: Caller, promoted: LocatedCandidate, generation: int
+) -> None:
+    """The Candidate canonical advanced to is ``promoted``, and its Change records the
+    promotion (a repeat of what the approval recorded adds nothing)."""
+    candidate_id = promoted.candidate.candidate_id
+    shard.apply(
+        caller,
+        DecideCandidate(
+            candidate_id=candidate_id,
+            to=CandidateStatus.PROMOTED,
+            reason=f"canonical generation {generation}",
+        ),
+    )
+    shard.apply(
+        caller,
+        RecordPromotion(
+            change_id=promoted.change.change_id,
+            candidate_id=candidate_id,
+            expected_generation=generation - 1,
+        ),
+    )

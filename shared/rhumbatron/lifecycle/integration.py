@@ -25,6 +25,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rhumbatron.actors.shard_commands import (
+    ComposeCandidate,
+    FinishRelease,
+    MoveChange,
+    ProvisionApp,
+    RemoveApp,
+    SettleChange,
+)
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import ChangeStatus
 from rhumbatron.domain.facts import Caller
@@ -166,13 +174,15 @@ class IntegrationModule:
         app_name = str(command.payload.model_dump()["app_name"])
         await self.apps.provision(command.project_id, app_name, command.attempt)
         shard = self.world.admin_shard(command.project_id)
-        shard.provision_app(self._caller(command), app_name=app_name)
+        shard.apply(self._caller(command), ProvisionApp(app_name=app_name))
         return None
 
     async def remove_app(self, command: Command, delivery: Delivery) -> Retry | None:
         app_name = str(command.payload.model_dump()["app_name"])
         shard = self.world.admin_shard(command.project_id)
-        shard.remove_app(self._caller(command), app_name=app_name, reason="removed on request")
+        shard.apply(
+            self._caller(command), RemoveApp(app_name=app_name, reason="removed on request")
+        )
         return None
 
     async def clean_up_project(self, command: Command, delivery: Delivery) -> Retry | None:
@@ -184,7 +194,7 @@ class IntegrationModule:
         shard = self.world.admin_shard(project_id)
         caller = self._caller(command)
         for app_name in shard.live_apps():
-            shard.remove_app(caller, app_name=app_name, reason=f"project {status}")
+            shard.apply(caller, RemoveApp(app_name=app_name, reason=f"project {status}"))
         for _, candidate_id in self.forks.forks(project_id):
             self.forks.delete(project_id, candidate_id)
         return None
@@ -298,15 +308,17 @@ class IntegrationModule:
         if not paths:
             # Nothing to compose: the same empty composition would be every such Change's
             # Candidate (the key covers only the base and the changesets).
-            shard.move_change(
+            shard.apply(
                 self._caller(command),
-                change_id=change_id,
-                to=ChangeStatus.FAILED,
-                reason="its tasks completed without proposing a changeset; nothing to verify",
+                MoveChange(
+                    change_id=change_id,
+                    to=ChangeStatus.FAILED,
+                    reason="its tasks completed without proposing a changeset; nothing to verify",
+                ),
             )
             return None
-        candidate = shard.compose_candidate(
-            self._caller(command), change_id=change_id, base_generation=base
+        candidate = shard.apply(
+            self._caller(command), ComposeCandidate(change_id=change_id, base_generation=base)
         )
         if candidate.status is CandidateStatus.CREATED:
             await self._start_verification(project_id, change_id, candidate)
@@ -364,13 +376,15 @@ class IntegrationModule:
         )
 
         def settled(status: ChangeStatus, to: ChangeStatus, reason: str) -> None:
-            shard.settle_change(
+            shard.apply(
                 caller,
-                change_id=change_id,
-                from_status=status,
-                to=to,
-                reason=reason,
-                key=command.command_id,
+                SettleChange(
+                    change_id=change_id,
+                    from_status=status,
+                    to=to,
+                    reason=reason,
+                    key=command.command_id,
+                ),
             )
 
         if change.status == ChangeStatus.OPEN.value:
@@ -459,8 +473,9 @@ class IntegrationModule:
             await self.start_release(project_id, change_id, caller, direct=True)
             return None
         if release.status is not ReleaseStatus.STARTED:
-            shard.finish_release(
-                caller, release_id=release_id, outcome=release.status, reason=release.reason
+            shard.apply(
+                caller,
+                FinishRelease(release_id=release_id, outcome=release.status, reason=release.reason),
             )
             return None
         instance = await self.engine.describe("release", release_id)
@@ -471,14 +486,18 @@ class IntegrationModule:
             elif instance is None:
                 await self.start_release(project_id, change_id, caller, direct=True)
         elif instance.status is WorkflowStatus.failed:
-            shard.finish_release(
+            shard.apply(
                 caller,
-                release_id=release_id,
-                outcome=ReleaseStatus.FAILED,
-                reason=f"release workflow failed: {instance.error}",
+                FinishRelease(
+                    release_id=release_id,
+                    outcome=ReleaseStatus.FAILED,
+                    reason=f"release workflow failed: {instance.error}",
+                ),
             )
         else:
-            shard.finish_release(caller, release_id=release_id, outcome=ReleaseStatus.COMPLETED)
+            shard.apply(
+                caller, FinishRelease(release_id=release_id, outcome=ReleaseStatus.COMPLETED)
+            )
         return None
 
     async def start_release(
@@ -494,13 +513,15 @@ class IntegrationModule:
         promoted = self.world.promoted_candidate(project_id, change_id)
         apps = self.world.admin_shard(project_id).live_apps()
         if not apps or promoted is None:
-            shard.move_change(
+            shard.apply(
                 caller,
-                change_id=change_id,
-                to=ChangeStatus.COMPLETED,
-                reason="promoted; the project has no live app to release"
-                if promoted is not None or not apps
-                else "no candidate of it was promoted; nothing to release",
+                MoveChange(
+                    change_id=change_id,
+                    to=ChangeStatus.COMPLETED,
+                    reason="promoted; the project has no live app to release"
+                    if promoted is not None or not apps
+                    else "no candidate of it was promoted; nothing to release",
+                ),
             )
             return "completed_without_release"
         candidate, generation = promoted

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from rhumbatron.actors.shard_commands import SetProjectStatus
 from rhumbatron.domain.project import ProjectState, project_admin_key
 from rhumbatron.errors import DomainError
 from rhumbatron.lifecycle.commands import lifecycle_command
@@ -169,8 +170,8 @@ class ProjectRequests:
     def archive(self, caller: Caller, project_id: str, *, reason: str) -> None:
         """Archive the project at once (``project.archived``); archiving it again is nothing.
         A deleted project is refused (the shard's :class:`DomainError`)."""
-        self._world.admin_shard(project_id).set_project_status(
-            caller, to="archived", reason=reason or "archived"
+        self._world.admin_shard(project_id).apply(
+            caller, SetProjectStatus(to="archived", reason=reason or "archived")
         )
 
     def require_active(self, project_id: str, doing: str) -> None:

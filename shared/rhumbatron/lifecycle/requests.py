@@ -9,12 +9,26 @@ actor transaction whose facts commit with it; each is idempotent on its natural 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import (
+    AcquireClaim,
+    AgentReport,
+    CompleteTask,
+    CreateChallenge,
+    CreateChange,
+    DeclareIntent,
+    FailTask,
+    MoveChange,
+    ProposeChangeset,
+    RecordPromotion,
+    RecordPromotionRefused,
+    ReleaseClaim,
+    StartTask,
+)
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import ChangeState, ChangeStatus, TaskPlan, check_work_graph
 from rhumbatron.domain.facts import Caller
@@ -110,7 +124,7 @@ class ChangeRequests:
         shard = self.world.change_shard(project_id, change_id)
         # Task IDs are qualified by their Change: a shard holds the Tasks of many Changes,
         # and two requests may both name a task "build".
-        tasks = [
+        qualified = tuple(
             TaskPlan(
                 task_id=qualified_task_id(change_id, t.task_id),
                 title=t.title,
@@ -119,14 +133,16 @@ class ChangeRequests:
                 script=t.script,
             )
             for t in tasks
-        ]
-        shard.create_change(
+        )
+        shard.apply(
             Caller(caller.tenant_id, caller.actor, change_id, caller.caused_by),
-            change_id=change_id,
-            title=title,
-            client_request_id=client_request_id,
-            requested_by=caller.actor,
-            tasks=tasks,
+            CreateChange(
+                change_id=change_id,
+                title=title,
+                client_request_id=client_request_id,
+                requested_by=caller.actor,
+                tasks=qualified,
+            ),
         )
         return CreatedChange(change_id, created=inserted == 1)
 
@@ -175,32 +191,40 @@ class ChangeRequests:
                 change_ids=(change_id,),
             )
         except DomainError as exc:
-            shard.record_promotion_refused(
+            shard.apply(
                 caller,
+                RecordPromotionRefused(
+                    change_id=change_id,
+                    candidate_id=candidate.candidate_id,
+                    expected_generation=candidate.base_generation,
+                    reason=str(exc),
+                ),
+            )
+            raise PromotionConflictError(str(exc)) from exc
+        shard.apply(
+            caller,
+            RecordPromotion(
                 change_id=change_id,
                 candidate_id=candidate.candidate_id,
                 expected_generation=candidate.base_generation,
-                reason=str(exc),
-            )
-            raise PromotionConflictError(str(exc)) from exc
-        shard.record_promotion(
-            caller,
-            change_id=change_id,
-            candidate_id=candidate.candidate_id,
-            expected_generation=candidate.base_generation,
+            ),
         )
         return candidate
 
     def decline(self, caller: Caller, *, project_id: str, change_id: str, reason: str) -> None:
         shard, _ = self._awaiting(project_id, change_id)
-        shard.move_change(
-            caller, change_id=change_id, to=ChangeStatus.DECLINED, reason=reason or "declined"
+        shard.apply(
+            caller,
+            MoveChange(change_id=change_id, to=ChangeStatus.DECLINED, reason=reason or "declined"),
         )
 
     def cancel(self, caller: Caller, *, project_id: str, change_id: str, reason: str) -> None:
         shard, _ = self._awaiting(project_id, change_id)
-        shard.move_change(
-            caller, change_id=change_id, to=ChangeStatus.CANCELLED, reason=reason or "cancelled"
+        shard.apply(
+            caller,
+            MoveChange(
+                change_id=change_id, to=ChangeStatus.CANCELLED, reason=reason or "cancelled"
+            ),
         )
 
 
@@ -211,139 +235,38 @@ class AgentCallbacks:
 
     app: LifecycleContext
     world: LifecycleWorld
-    claim_ttl: timedelta = timedelta(minutes=15)
 
-    def _caller(self, tenant_id: str, agent_id: str, correlation_id: str) -> Caller:
-        return Caller(tenant_id, f"agent:{agent_id}", correlation_id)
-
-    def _change_shard(self, project_id: str, change_id: str) -> ResourceShard:
-        return self.app.resource_shard(project_id, change_resource_key(change_id))
-
-    def start(
-        self, tenant_id: str, *, project_id: str, change_id: str, task_id: str, agent_id: str
+    def report(
+        self, tenant_id: str, *, project_id: str, change_id: str, command: AgentReport
     ) -> None:
-        self._change_shard(project_id, change_id).start_task(
-            self._caller(tenant_id, agent_id, task_id), task_id=task_id, agent_id=agent_id
+        """Apply an Agent's report on a Task of ``change_id`` in the shard that owns what it
+        names: a Task's report in its Change's shard, an intent in the shard of its first
+        path, a claim or a challenge in the shard of its resource.
+
+        An intent is ``intent.declared`` (first time) or ``intent.changed`` (new paths). A
+        challenge is ``agent_id``'s objection to ``target_agent_id``'s claim or intent on
+        its resource (None: whoever holds or means to touch it); the router wakes the active
+        Agents whose resources overlap it. The same challenge again is nothing; its ID reused
+        for another challenge is refused."""
+        resource, correlation_id = _addressed(command, change_id)
+        self.app.resource_shard(project_id, resource).apply(
+            Caller(tenant_id, f"agent:{command.agent_id}", correlation_id), command
         )
 
-    def declare_intent(
-        self,
-        tenant_id: str,
-        *,
-        project_id: str,
-        change_id: str,
-        agent_id: str,
-        intent_id: str,
-        paths: Sequence[str],
-        summary: str = "",
-    ) -> None:
-        """``intent.declared`` (first time) or ``intent.changed`` (new paths), in the shard of
-        the intent's first path."""
-        if not paths:
-            raise DomainError(f"intent {intent_id!r} names no paths")
-        self.app.resource_shard(project_id, paths[0]).declare_intent(
-            self._caller(tenant_id, agent_id, intent_id),
-            intent_id=intent_id,
-            agent_id=agent_id,
-            paths=tuple(paths),
-            summary=summary,
-            change_id=change_id,
-        )
 
-    def acquire_claim(
-        self, tenant_id: str, *, project_id: str, agent_id: str, resource: str
-    ) -> None:
-        self.app.resource_shard(project_id, resource).acquire_claim(
-            self._caller(tenant_id, agent_id, resource),
-            resource=resource,
-            agent_id=agent_id,
-            ttl=self.claim_ttl,
-        )
-
-    def release_claim(
-        self, tenant_id: str, *, project_id: str, agent_id: str, resource: str
-    ) -> None:
-        self.app.resource_shard(project_id, resource).release_claim(
-            self._caller(tenant_id, agent_id, resource), resource=resource, agent_id=agent_id
-        )
-
-    def create_challenge(
-        self,
-        tenant_id: str,
-        *,
-        project_id: str,
-        change_id: str,
-        agent_id: str,
-        challenge_id: str,
-        resource: str,
-        target_agent_id: str | None,
-        reason: str,
-    ) -> None:
-        """``challenge.created`` in the shard of ``resource``: ``agent_id`` objects to
-        ``target_agent_id``'s claim or intent on it (None: whoever holds or means to touch
-        it). The router wakes the active Agents whose resources overlap it. The same
-        challenge again is nothing; its ID reused for another challenge is refused."""
-        self.app.resource_shard(project_id, resource).create_challenge(
-            self._caller(tenant_id, agent_id, challenge_id),
-            agent_id=agent_id,
-            resource=resource,
-            target_agent_id=target_agent_id,
-            reason=reason,
-            challenge_id=challenge_id,
-            change_id=change_id,
-        )
-
-    def propose_changeset(
-        self,
-        tenant_id: str,
-        *,
-        project_id: str,
-        change_id: str,
-        task_id: str,
-        agent_id: str,
-        changeset_id: str,
-        files: Mapping[str, str],
-    ) -> None:
-        self._change_shard(project_id, change_id).propose_changeset(
-            self._caller(tenant_id, agent_id, changeset_id),
-            changeset_id=changeset_id,
-            task_id=task_id,
-            agent_id=agent_id,
-            files=files,
-            base_generation=self.world.canonical_generation(project_id),
-        )
-
-    def complete(
-        self,
-        tenant_id: str,
-        *,
-        project_id: str,
-        change_id: str,
-        task_id: str,
-        agent_id: str,
-        changeset_id: str | None,
-    ) -> None:
-        self._change_shard(project_id, change_id).complete_task(
-            self._caller(tenant_id, agent_id, task_id),
-            change_id=change_id,
-            task_id=task_id,
-            agent_id=agent_id,
-            changeset_id=changeset_id,
-        )
-
-    def fail(
-        self,
-        tenant_id: str,
-        *,
-        project_id: str,
-        change_id: str,
-        task_id: str,
-        agent_id: str,
-        reason: str,
-    ) -> None:
-        self._change_shard(project_id, change_id).fail_task(
-            self._caller(tenant_id, agent_id, task_id),
-            task_id=task_id,
-            agent_id=agent_id,
-            reason=reason,
-        )
+def _addressed(command: AgentReport, change_id: str) -> tuple[str, str]:
+    """The resource key whose shard applies an Agent's report, and the report's correlation
+    ID (what it is about: its Task, intent, resource, challenge or changeset)."""
+    match command:
+        case DeclareIntent(intent_id=intent_id, paths=paths):
+            if not paths:
+                raise DomainError(f"intent {intent_id!r} names no paths")
+            return paths[0], intent_id
+        case AcquireClaim(resource=resource) | ReleaseClaim(resource=resource):
+            return resource, resource
+        case CreateChallenge(resource=resource, challenge_id=challenge_id):
+            return resource, challenge_id
+        case ProposeChangeset(changeset_id=changeset_id):
+            return change_resource_key(change_id), changeset_id
+        case StartTask(task_id=task_id) | CompleteTask(task_id=task_id) | FailTask(task_id=task_id):
+            return change_resource_key(change_id), task_id

@@ -18,6 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rhumbatron.actors.shard_commands import (
+    AcquireClaim,
+    AgentReport,
+    CompleteTask,
+    DeclareIntent,
+    FailTask,
+    ProposeChangeset,
+    ReleaseClaim,
+    StartTask,
+)
 from rhumbatron.agents.registry import AgentKind, AgentRegistry
 from rhumbatron.domain.tasks import TaskState, TaskStatus
 from rhumbatron.errors import DomainError
@@ -123,12 +133,11 @@ class ScriptedAgentRuntime:
         project_id, change_id = command.project_id, task.change_id
         tenant = self.callbacks.app.project_tenant(project_id) or "platform"
         if admitted:
-            self.callbacks.start(
+            self.callbacks.report(
                 tenant,
                 project_id=project_id,
                 change_id=change_id,
-                task_id=task.task_id,
-                agent_id=agent_id,
+                command=StartTask(task_id=task.task_id, agent_id=agent_id),
             )
         self._play(
             parts[played],
@@ -154,61 +163,70 @@ class ScriptedAgentRuntime:
     ) -> None:
         cb = self.callbacks
         for number, step in part:
-            match step["do"]:
-                case "declare_intent":
-                    cb.declare_intent(
-                        tenant,
-                        project_id=project_id,
-                        change_id=change_id,
-                        agent_id=agent_id,
-                        intent_id=f"int_{task.task_id}_{number}",
-                        paths=list(step["paths"]),
-                        summary=str(step.get("summary", "")),
-                    )
-                case "acquire_claim":
-                    cb.acquire_claim(
-                        tenant,
-                        project_id=project_id,
-                        agent_id=agent_id,
-                        resource=str(step["resource"]),
-                    )
-                case "release_claim":
-                    cb.release_claim(
-                        tenant,
-                        project_id=project_id,
-                        agent_id=agent_id,
-                        resource=str(step["resource"]),
-                    )
-                case "propose_changeset":
-                    changeset_id = f"cs_{task.task_id}_{number}"
-                    self._changesets[task.task_id] = changeset_id
-                    cb.propose_changeset(
-                        tenant,
-                        project_id=project_id,
-                        change_id=change_id,
-                        task_id=task.task_id,
-                        agent_id=agent_id,
-                        changeset_id=changeset_id,
-                        files={str(k): str(v) for k, v in step["files"].items()},
-                    )
-                case "complete":
-                    cb.complete(
-                        tenant,
-                        project_id=project_id,
-                        change_id=change_id,
-                        task_id=task.task_id,
-                        agent_id=agent_id,
-                        changeset_id=changeset_id,
-                    )
-                case "fail":
-                    cb.fail(
-                        tenant,
-                        project_id=project_id,
-                        change_id=change_id,
-                        task_id=task.task_id,
-                        agent_id=agent_id,
-                        reason=str(step.get("reason", "the script failed the task")),
-                    )
+            command = _command(
+                number,
+                step,
+                task=task,
+                agent_id=agent_id,
+                change_id=change_id,
+                changeset_id=changeset_id,
+                base_generation=lambda: cb.world.canonical_generation(project_id),
+            )
+            if command is None:
+                continue
+            if isinstance(command, ProposeChangeset):
+                changeset_id = command.changeset_id
+                self._changesets[task.task_id] = changeset_id
+            cb.report(tenant, project_id=project_id, change_id=change_id, command=command)
+
+
+def _command(
+    number: int,
+    step: Mapping[str, Any],
+    *,
+    task: TaskState,
+    agent_id: str,
+    change_id: str,
+    changeset_id: str | None,
+    base_generation: Callable[[], int],
+) -> AgentReport | None:
+    """Script step ``number`` as the report it makes (None: it makes none). Only a changeset
+    step calls ``base_generation``: it reads the project root, which no other step needs."""
+    match step["do"]:
+        case "declare_intent":
+            return DeclareIntent(
+                intent_id=f"int_{task.task_id}_{number}",
+                agent_id=agent_id,
+                paths=tuple(step["paths"]),
+                summary=str(step.get("summary", "")),
+                change_id=change_id,
+            )
+        case "acquire_claim":
+            return AcquireClaim(resource=str(step["resource"]), agent_id=agent_id)
+        case "release_claim":
+            return ReleaseClaim(resource=str(step["resource"]), agent_id=agent_id)
+        case "propose_changeset":
+            return ProposeChangeset(
+                changeset_id=f"cs_{task.task_id}_{number}",
+                task_id=task.task_id,
+                agent_id=agent_id,
+                files={str(k): str(v) for k, v in step["files"].items()},
+                base_generation=base_generation(),
+            )
+        case "complete":
+            return CompleteTask(
+                change_id=change_id,
+                task_id=task.task_id,
+                agent_id=agent_id,
+                changeset_id=changeset_id,
+            )
+        case "fail":
+            return FailTask(
+                task_id=task.task_id,
+                agent_id=agent_id,
+                reason=str(step.get("reason", "the script failed the task")),
+            )
+    return None  # a step no agent plays (``wait`` cuts the parts and plays nothing)
 
 
 def _parts(

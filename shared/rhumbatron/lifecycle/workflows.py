@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rhumbatron.actors.shard_commands import DecideCandidate, FinishRelease, StartRelease
 from rhumbatron.domain.candidates import CandidateStatus
 from rhumbatron.domain.changes import ChangeStatus
 from rhumbatron.domain.facts import Caller
@@ -98,20 +99,24 @@ class LifecycleWorkflows:
         caller = self._caller(input, "verification", candidate_id)
         problems: list[str] = list(state.get("problems", []))
         if problems:
-            shard.decide_candidate(
+            shard.apply(
                 caller,
-                candidate_id=candidate_id,
-                to=CandidateStatus.REJECTED,
-                reason="; ".join(problems)[:1000],
-                change_to=ChangeStatus.FAILED,
+                DecideCandidate(
+                    candidate_id=candidate_id,
+                    to=CandidateStatus.REJECTED,
+                    reason="; ".join(problems)[:1000],
+                    change_to=ChangeStatus.FAILED,
+                ),
             )
             return {"decision": "rejected"}
-        shard.decide_candidate(
+        shard.apply(
             caller,
-            candidate_id=candidate_id,
-            to=CandidateStatus.VERIFIED,
-            reason="every check passed",
-            change_to=ChangeStatus.AWAITING_APPROVAL,
+            DecideCandidate(
+                candidate_id=candidate_id,
+                to=CandidateStatus.VERIFIED,
+                reason="every check passed",
+                change_to=ChangeStatus.AWAITING_APPROVAL,
+            ),
         )
         return {"decision": "verified"}
 
@@ -119,12 +124,14 @@ class LifecycleWorkflows:
     async def _start(self, input: Mapping[str, Any], state: dict[str, Any]) -> dict[str, Any]:
         project_id, release_id = str(input["projectId"]), str(input["release_id"])
         shard = self.world.change_shard(project_id, str(input["changeId"]))
-        shard.start_release(
+        shard.apply(
             self._caller(input, "release", release_id),
-            change_id=str(input["changeId"]),
-            generation=int(input["generation"]),
-            candidate_id=str(input["candidate_id"]),
-            app_name=str(input["app_name"]),
+            StartRelease(
+                change_id=str(input["changeId"]),
+                generation=int(input["generation"]),
+                candidate_id=str(input["candidate_id"]),
+                app_name=str(input["app_name"]),
+            ),
         )
         return {"releaseId": release_id}
 
@@ -143,10 +150,12 @@ class LifecycleWorkflows:
     async def _finish(self, input: Mapping[str, Any], state: dict[str, Any]) -> dict[str, Any]:
         release_id = str(input["release_id"])
         shard = self.world.change_shard(str(input["projectId"]), str(input["changeId"]))
-        shard.finish_release(
+        shard.apply(
             self._caller(input, "release", release_id),
-            release_id=release_id,
-            outcome=ReleaseStatus.COMPLETED,
-            reason=f"deployed {state.get('files', 0)} files",
+            FinishRelease(
+                release_id=release_id,
+                outcome=ReleaseStatus.COMPLETED,
+                reason=f"deployed {state.get('files', 0)} files",
+            ),
         )
         return {"released": True}

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import BlockTaskForDeadLetter
 from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.domain.changes import TERMINAL_STATUSES
 from rhumbatron.domain.facts import Caller
@@ -187,8 +188,8 @@ class DeadLetterConsumer:
             )
             return
         caller = Caller(tenant_id, DEAD_LETTER_ACTOR, correlation_id=command.command_id)
-        result = app.resource_shard(command.project_id, key).block_task_for_dead_letter(
-            caller, command=command, reason=reason
+        result = app.resource_shard(command.project_id, key).apply(
+            caller, BlockTaskForDeadLetter(command=command, reason=reason)
         )
         if result.events_added:
             _log.warning(

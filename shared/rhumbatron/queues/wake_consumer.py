@@ -51,6 +51,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import AdmitAgent, RecordAgentWoke
 from rhumbatron.domain.agents import Admission, woke_fact_key
 from rhumbatron.domain.changes import TERMINAL_STATUSES, ChangeStatus
 from rhumbatron.domain.facts import Caller
@@ -172,12 +173,14 @@ class WakeConsumer:
         if _is_ready_wake(command):
             tenant = self.app.project_tenant(command.project_id) or "unknown"
             caller = Caller(tenant, f"agent:{agent}", f"{command.command_id}:{command.attempt}")
-            admission = shard.admit_agent(
+            admission = shard.apply(
                 caller,
-                change_id=command.change_id,
-                task_id=command.task_id,
-                agent_id=agent,
-                limit=self.max_active_agents_per_change,
+                AdmitAgent(
+                    change_id=command.change_id,
+                    task_id=command.task_id,
+                    agent_id=agent,
+                    limit=self.max_active_agents_per_change,
+                ),
             )
             return {
                 Admission.ADMITTED: WakeOutcome.DELIVERED,
@@ -272,13 +275,15 @@ class WakeConsumer:
             f"{command.command_id}:{command.attempt}",
             caused_by=_wake_of(command).event_id,
         )
-        self._shard(command).record_agent_woke(
+        self._shard(command).apply(
             caller,
-            change_id=command.change_id,
-            task_id=command.task_id,
-            agent_id=agent,
-            key=woke_fact_key(command, agent),
-            false_wakeup=false_wakeup,
+            RecordAgentWoke(
+                change_id=command.change_id,
+                task_id=command.task_id,
+                agent_id=agent,
+                key=woke_fact_key(command, agent),
+                false_wakeup=false_wakeup,
+            ),
         )
 
     def _count_false_wakeup(self, command: Command) -> None:

@@ -1,7 +1,7 @@
 """A Change's Tasks: the list, and the callbacks an external (webhook) Agent reports with on
 the Task it was woken for — start, intents, claims, challenges, changesets, complete, fail.
 
-Each callback is one :class:`~rhumbatron.lifecycle.requests.AgentCallbacks` call, idempotent
+Each callback is one :meth:`~rhumbatron.lifecycle.requests.AgentCallbacks.report`, idempotent
 on its natural key; the facts' actor is ``agent:<agentId>``. The Task is found first (named
 as planned, ``t1``, or as its wake names it, ``<changeId>.t1``); the agent ID is the project's
 tenant's, so another tenant's agent of that ID is never consulted and a caller learns nothing
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Query
 
+from rhumbatron.actors.shard_commands import ReleaseClaim
 from rhumbatron.api.access import project_owner
 from rhumbatron.api.dependencies import AgentsWriter, ChangesReader, Runtime
 from rhumbatron.api.errors import domain_refusal, error_responses
@@ -108,12 +109,8 @@ async def start_task(
     owner = project_owner(runtime, principal, project_id)
     task = reported_task(runtime, project_id, change_id, task_id)
     with domain_refusal("not_holder"):
-        runtime.lifecycle().callbacks.start(
-            owner,
-            project_id=project_id,
-            change_id=change_id,
-            task_id=task.task_id,
-            agent_id=body.agent_id,
+        runtime.lifecycle().callbacks.report(
+            owner, project_id=project_id, change_id=change_id, command=body.command(task.task_id)
         )
     return _task_body(runtime, project_id, change_id, task.task_id)
 
@@ -139,14 +136,8 @@ async def declare_intent(
     task = reported_task(runtime, project_id, change_id, task_id)
     require_holder(task, body.agent_id)
     with domain_refusal("intent_refused"):
-        runtime.lifecycle().callbacks.declare_intent(
-            owner,
-            project_id=project_id,
-            change_id=change_id,
-            agent_id=body.agent_id,
-            intent_id=body.intent_id,
-            paths=body.paths,
-            summary=body.summary,
+        runtime.lifecycle().callbacks.report(
+            owner, project_id=project_id, change_id=change_id, command=body.command(change_id)
         )
     return IntentBody(
         intent_id=body.intent_id,
@@ -178,8 +169,8 @@ async def acquire_claim(
     task = reported_task(runtime, project_id, change_id, task_id)
     require_holder(task, body.agent_id)
     with domain_refusal("claimed_by_another"):
-        runtime.lifecycle().callbacks.acquire_claim(
-            owner, project_id=project_id, agent_id=body.agent_id, resource=body.resource
+        runtime.lifecycle().callbacks.report(
+            owner, project_id=project_id, change_id=change_id, command=body.command()
         )
     return _claim_body(runtime, project_id, body.resource, body.agent_id)
 
@@ -206,8 +197,11 @@ async def release_claim(
     owner = project_owner(runtime, principal, project_id)
     reported_task(runtime, project_id, change_id, task_id)
     with domain_refusal("claimed_by_another"):
-        runtime.lifecycle().callbacks.release_claim(
-            owner, project_id=project_id, agent_id=agent_id, resource=resource
+        runtime.lifecycle().callbacks.report(
+            owner,
+            project_id=project_id,
+            change_id=change_id,
+            command=ReleaseClaim(resource=resource, agent_id=agent_id),
         )
     return _claim_body(runtime, project_id, resource, agent_id)
 
@@ -234,15 +228,8 @@ async def create_challenge(
     task = reported_task(runtime, project_id, change_id, task_id)
     require_holder(task, body.agent_id)
     with domain_refusal("challenge_refused"):
-        runtime.lifecycle().callbacks.create_challenge(
-            owner,
-            project_id=project_id,
-            change_id=change_id,
-            agent_id=body.agent_id,
-            challenge_id=body.challenge_id,
-            resource=body.resource,
-            target_agent_id=body.target_agent_id,
-            reason=body.reason,
+        runtime.lifecycle().callbacks.report(
+            owner, project_id=project_id, change_id=change_id, command=body.command(change_id)
         )
     return ChallengeBody(
         challenge_id=body.challenge_id,
@@ -273,17 +260,17 @@ async def propose_changeset(
     same files again is nothing, with other files 409."""
     owner = project_owner(runtime, principal, project_id)
     task = reported_task(runtime, project_id, change_id, task_id)
+    lifecycle = runtime.lifecycle()
     with domain_refusal("changeset_refused"):
-        runtime.lifecycle().callbacks.propose_changeset(
+        # The platform, not the Agent, says which base: canonical's generation now.
+        base_generation = lifecycle.world.canonical_generation(project_id)
+        lifecycle.callbacks.report(
             owner,
             project_id=project_id,
             change_id=change_id,
-            task_id=task.task_id,
-            agent_id=body.agent_id,
-            changeset_id=body.changeset_id,
-            files=body.files,
+            command=body.command(task.task_id, base_generation),
         )
-    shard = runtime.lifecycle().world.change_shard(project_id, change_id)
+    shard = lifecycle.world.change_shard(project_id, change_id)
     changeset = shard.changeset(body.changeset_id)
     assert changeset is not None  # the call above recorded it, or had it already
     return ChangesetBody.of(changeset)
@@ -309,13 +296,11 @@ async def complete_task(
     owner = project_owner(runtime, principal, project_id)
     task = reported_task(runtime, project_id, change_id, task_id)
     with domain_refusal("not_holder"):
-        runtime.lifecycle().callbacks.complete(
+        runtime.lifecycle().callbacks.report(
             owner,
             project_id=project_id,
             change_id=change_id,
-            task_id=task.task_id,
-            agent_id=body.agent_id,
-            changeset_id=body.changeset_id,
+            command=body.command(change_id, task.task_id),
         )
     return _task_body(runtime, project_id, change_id, task.task_id)
 
@@ -339,13 +324,8 @@ async def fail_task(
     owner = project_owner(runtime, principal, project_id)
     task = reported_task(runtime, project_id, change_id, task_id)
     with domain_refusal("not_holder"):
-        runtime.lifecycle().callbacks.fail(
-            owner,
-            project_id=project_id,
-            change_id=change_id,
-            task_id=task.task_id,
-            agent_id=body.agent_id,
-            reason=body.reason,
+        runtime.lifecycle().callbacks.report(
+            owner, project_id=project_id, change_id=change_id, command=body.command(task.task_id)
         )
     return _task_body(runtime, project_id, change_id, task.task_id)
 
