@@ -9,29 +9,26 @@ valid. The roles sit below the composition root and never import it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from rhumbatron.queues.context import QueueContext
-from rhumbatron.reactions.schedule_firing import ScheduleContext
 from rhumbatron.router.ports import NudgedRouter
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
     from rhumbatron.actors.publisher import PublishReport, ScanReport
-    from rhumbatron.causal.store import CausalStore
     from rhumbatron.core.clock import Clock
     from rhumbatron.core.settings import Settings
-    from rhumbatron.lifecycle.housekeeping import Housekeeper
+    from rhumbatron.lifecycle.housekeeping import HousekeepingReport
     from rhumbatron.lifecycle.workflows import LifecycleWorkflows
-    from rhumbatron.messaging.queue_consumer import CommandHandler
+    from rhumbatron.messaging.queue_consumer import CommandHandler, PollReport
     from rhumbatron.messaging.streams import StreamReport
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
-    from rhumbatron.reactions.webhook_retries import WebhookRetrier
     from rhumbatron.router.reports import SweepReport
-    from rhumbatron.workflows.engine import WorkflowEngine
 
 __all__ = [
     "NudgeRuntime",
@@ -40,6 +37,7 @@ __all__ = [
     "RoleRuntime",
     "RuntimeProvider",
     "SweepRuntime",
+    "SweepTick",
     "WorkflowStepRuntime",
 ]
 
@@ -101,37 +99,32 @@ class QueueWorkerRuntime(RoleRuntime, QueueContext, Protocol):
     def lifecycle(self) -> QueueHandlers: ...
 
 
-class SweepingRouter(Protocol):
-    """The event router's sweep tick."""
+@dataclass(frozen=True, slots=True)
+class SweepTick:
+    """What one sweep tick did: the router's tick, the dead-letter queue's poll, the letters
+    closed, the housekeeping, the resumed workflows, the time events, the webhook retries,
+    and the tick's own figures."""
 
-    async def sweep(
-        self, *, now: datetime | None = None, should_stop: Callable[[], bool] | None = None
-    ) -> SweepReport: ...
-
-
-class SweepLifecycle(Protocol):
-    """The lifecycle's parts a sweep tick runs: housekeeping, the workflow engine (resumed
-    locally) and the causal store (the day's Clef-flash calls)."""
-
-    @property
-    def housekeeper(self) -> Housekeeper: ...
-
-    @property
-    def engine(self) -> WorkflowEngine: ...
-
-    @property
-    def causal_store(self) -> CausalStore: ...
+    router: SweepReport
+    letters: PollReport
+    letters_closed_as_ended: int
+    housekeeping: HousekeepingReport
+    workflows_resumed: list[str]
+    schedules_fired: list[str]
+    schedules_failed: dict[str, str]
+    webhook_retries: dict[str, object]
+    dead_letters_open: int
+    clef_flash_calls_today: int
+    out_of_time: bool
 
 
-class SweepRuntime(RoleRuntime, QueueContext, ScheduleContext, Protocol):
-    """The sweep's: the router's tick, the dead-letter queue, the lifecycle's housekeeping,
-    the time events and the webhook retry pass."""
+class SweepRuntime(RoleRuntime, Protocol):
+    """The sweep's: one tick of the root's sweep job (the router's tick and the minute's
+    housekeeping, :mod:`rhumbatron.runtime.sweep_tick`)."""
 
-    def router(self) -> SweepingRouter: ...
-
-    def lifecycle(self) -> SweepLifecycle: ...
-
-    def webhook_retrier(self) -> WebhookRetrier: ...
+    async def sweep_tick(
+        self, now: datetime, *, should_stop: Callable[[], bool] | None = None
+    ) -> SweepTick: ...
 
 
 class WorkflowDefinitions(Protocol):

@@ -45,7 +45,6 @@ from rhumbatron.entrypoints._lambda import (
 
 if TYPE_CHECKING:
     from rhumbatron.entrypoints.ports import RuntimeProvider, SweepRuntime
-    from rhumbatron.messaging.queue_consumer import PollReport
     from rhumbatron.router.reports import SweepReport
 
 __all__ = [
@@ -115,127 +114,31 @@ async def _handle(
     app: SweepRuntime, should_stop: Callable[[], bool] | None, *, at: datetime | None = None
 ) -> dict[str, Any]:
     await prepare(app)
-    now = at or app.clock.now()
-    report = await app.router().sweep(now=now, should_stop=should_stop)
-    # The router's role also runs the dead-letter consumer (spec: DLQ -> event router), and
-    # the 5-minute (release-sweep) tick closes the command letters of ended Changes.
-    from rhumbatron.queues.dead_letter import (
-        close_letters_of_ended_changes,
-        run_dead_letter_consumer,
-    )
-
-    letters = await run_dead_letter_consumer(app, should_stop=should_stop)
-    closed = 0
-    if report.release_sweep:
-        closed = close_letters_of_ended_changes(app, now_s=now.timestamp())
-    # The lifecycle's housekeeping (spec "Sweep housekeeping"): the daily and the 5-minute
-    # commands, keyed on the tick so a retried tick sends nothing twice.
-    lifecycle = app.lifecycle()
-    housekeeping = await lifecycle.housekeeper.run(now)
-    # Locally the workflows run in this process: a run cut short by a crash resumes here.
-    resume_running = getattr(lifecycle.engine, "resume_running", None)
-    resumed: list[str] = await resume_running() if resume_running is not None else []
-    # Time events: the tick's own schedule.fired, and the user schedules due at its minute.
-    fired, fire_failures = _fire_schedules(app, now)
-    # Webhook reactions whose retry is due (the delivery ledger's schedule).
-    webhook_retries = await _retry_webhooks(app, should_stop)
-    # The router asks before each consume and does not say whether it stopped: time being up
-    # now is what the summary can honestly report.
-    out_of_time = should_stop is not None and should_stop()
-    if out_of_time:
-        _log.warning(
-            "sweep of stream %d ran out of time; records left wait for its next tick",
-            report.run.stream_index,
-        )
-    open_letters, clef_flash_calls = _record_tick_metrics(app, letters)
+    tick = await app.sweep_tick(at or app.clock.now(), should_stop=should_stop)
+    letters, housekeeping = tick.letters, tick.housekeeping
     return {
         "job": "sweep",
-        **sweep_summary(report),
+        **sweep_summary(tick.router),
         "dead_letter_queue": {
             "fetched": letters.fetched,
             "recorded": letters.done,
             "retried": letters.retried,
             "terminated": letters.terminated,
         },
-        "letters_closed_as_ended": closed,
+        "letters_closed_as_ended": tick.letters_closed_as_ended,
         "housekeeping": {
             "sent": dict(housekeeping.sent),
             "duplicates": dict(housekeeping.duplicates),
             "failed": dict(housekeeping.failed),
         },
-        "workflows_resumed": resumed,
-        "schedules_fired": fired,
-        "schedules_failed": fire_failures,
-        "webhook_retries": webhook_retries,
-        "dead_letters_open": open_letters,
-        "clef_flash_calls_today": clef_flash_calls,
-        "out_of_time": out_of_time,
+        "workflows_resumed": tick.workflows_resumed,
+        "schedules_fired": tick.schedules_fired,
+        "schedules_failed": tick.schedules_failed,
+        "webhook_retries": tick.webhook_retries,
+        "dead_letters_open": tick.dead_letters_open,
+        "clef_flash_calls_today": tick.clef_flash_calls_today,
+        "out_of_time": tick.out_of_time,
     }
-
-
-def _fire_schedules(app: SweepRuntime, at: datetime) -> tuple[list[str], dict[str, str]]:
-    """Fire the schedules due at the tick of ``at``; return the IDs fired and those that
-    failed (ID -> why).
-
-    Never raises: time events are one part of the tick, and the rest (the metrics, the
-    heartbeat) must still be recorded. A schedule that did not fire fires at a later tick,
-    for its latest due time then.
-    """
-    from rhumbatron.reactions.schedule_firing import fire_due_schedules
-
-    try:
-        report = fire_due_schedules(app, at)
-    except Exception as exc:  # any failure, a bad setting included: the tick goes on
-        _log.exception("sweep could not fire the schedules of %s", at.isoformat())
-        return [], {"*": f"{type(exc).__name__}: {exc}"}
-    return [fire.schedule_id for fire in report.fired], dict(report.failed)
-
-
-async def _retry_webhooks(
-    app: SweepRuntime, should_stop: Callable[[], bool] | None
-) -> dict[str, object]:
-    """One webhook retry pass (bounded in count and by ``should_stop``); what it did.
-
-    Never raises, like the schedules: a pass that failed leaves its deliveries due, and the
-    next tick retries them.
-    """
-    try:
-        report = await app.webhook_retrier().run(should_stop=should_stop)
-    except Exception as exc:  # the product file busy, a bad setting: the tick goes on
-        _log.exception("sweep could not run the webhook retry pass")
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    return report.as_dict()
-
-
-def _record_tick_metrics(app: SweepRuntime, letters: PollReport) -> tuple[int, int]:
-    """Record the tick's own METRICS points; return the open letters and today's Clef-flash
-    calls.
-
-    Strict, unlike the other roles' :func:`~rhumbatron.entrypoints._lambda.record_metrics`: a
-    tick that cannot write the product database fails, and its missing heartbeat is what
-    the heartbeat alarm is for.
-    """
-    from rhumbatron.causal.clef_flash import calls_on
-    from rhumbatron.core.clock import utc_day
-    from rhumbatron.metrics import (
-        MetricsRecorder,
-        clef_flash_calls_point,
-        commands_handled_points,
-        dead_letters_open_points,
-        sweep_heartbeat_point,
-    )
-    from rhumbatron.queues.dead_letter import open_letter_counts
-
-    counts = open_letter_counts(app.product().connection)
-    calls = calls_on(app.lifecycle().causal_store, utc_day(app.clock.now()))
-    points = [
-        *dead_letters_open_points(counts),
-        clef_flash_calls_point(calls),
-        *commands_handled_points(letters),
-        sweep_heartbeat_point(),
-    ]
-    MetricsRecorder(app.product(), app.metrics_sink, app.clock).record(points)
-    return sum(counts.values()), calls
 
 
 def sweep_summary(report: SweepReport) -> dict[str, Any]:

@@ -24,10 +24,13 @@ from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.messaging.nudge import NoNudge, RouterNudge
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from mypy_boto3_s3 import S3Client
     from nats.aio.client import Client as NATS
 
     from rhumbatron.archive import ArchiveWriter
+    from rhumbatron.entrypoints.ports import SweepTick
     from rhumbatron.messaging.commands import CommandBus
     from rhumbatron.messaging.queue_consumer import QueueConsumerRuntime
     from rhumbatron.messaging.sender import EventSender
@@ -341,6 +344,15 @@ class Rhumbatron:
         if not isinstance(self.alarms, RecordingAlarmSink):
             return []
         return await (await self.alarm_jobs()).drain_alarms(self.alarms)
+
+    # -- the sweep -----------------------------------------------------------------------------
+    async def sweep_tick(
+        self, now: datetime, *, should_stop: Callable[[], bool] | None = None
+    ) -> SweepTick:
+        """One sweep tick at ``now`` (:func:`~rhumbatron.runtime.sweep_tick.run_sweep_tick`)."""
+        from rhumbatron.runtime.sweep_tick import run_sweep_tick
+
+        return await run_sweep_tick(self, now, should_stop)
 
     async def close(self) -> None:
         if self._lifecycle is not None:
