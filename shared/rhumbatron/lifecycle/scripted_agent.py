@@ -41,6 +41,9 @@ _STEPS = frozenset(
     }
 )
 
+#: The steps about the Agent's resources; the others are about its Task.
+_RESOURCE_STEPS = ("declare_intent", "acquire_claim", "release_claim")
+
 
 @dataclass(frozen=True, slots=True)
 class ScriptLibrary:
@@ -152,63 +155,115 @@ class ScriptedAgentRuntime:
         agent_id: str,
         changeset_id: str | None,
     ) -> None:
-        cb = self.callbacks
         for number, step in part:
-            match step["do"]:
-                case "declare_intent":
-                    cb.declare_intent(
-                        tenant,
-                        project_id=project_id,
-                        change_id=change_id,
-                        agent_id=agent_id,
-                        intent_id=f"int_{task.task_id}_{number}",
-                        paths=list(step["paths"]),
-                        summary=str(step.get("summary", "")),
-                    )
-                case "acquire_claim":
-                    cb.acquire_claim(
-                        tenant,
-                        project_id=project_id,
-                        agent_id=agent_id,
-                        resource=str(step["resource"]),
-                    )
-                case "release_claim":
-                    cb.release_claim(
-                        tenant,
-                        project_id=project_id,
-                        agent_id=agent_id,
-                        resource=str(step["resource"]),
-                    )
-                case "propose_changeset":
-                    changeset_id = f"cs_{task.task_id}_{number}"
-                    self._changesets[task.task_id] = changeset_id
-                    cb.propose_changeset(
-                        tenant,
-                        project_id=project_id,
-                        change_id=change_id,
-                        task_id=task.task_id,
-                        agent_id=agent_id,
-                        changeset_id=changeset_id,
-                        files={str(k): str(v) for k, v in step["files"].items()},
-                    )
-                case "complete":
-                    cb.complete(
-                        tenant,
-                        project_id=project_id,
-                        change_id=change_id,
-                        task_id=task.task_id,
-                        agent_id=agent_id,
-                        changeset_id=changeset_id,
-                    )
-                case "fail":
-                    cb.fail(
-                        tenant,
-                        project_id=project_id,
-                        change_id=change_id,
-                        task_id=task.task_id,
-                        agent_id=agent_id,
-                        reason=str(step.get("reason", "the script failed the task")),
-                    )
+            if step["do"] in _RESOURCE_STEPS:
+                self._play_resource_step(
+                    number,
+                    step,
+                    tenant=tenant,
+                    project_id=project_id,
+                    change_id=change_id,
+                    task=task,
+                    agent_id=agent_id,
+                )
+            else:
+                changeset_id = self._play_task_step(
+                    number,
+                    step,
+                    tenant=tenant,
+                    project_id=project_id,
+                    change_id=change_id,
+                    task=task,
+                    agent_id=agent_id,
+                    changeset_id=changeset_id,
+                )
+
+    def _play_resource_step(
+        self,
+        number: int,
+        step: Mapping[str, Any],
+        *,
+        tenant: str,
+        project_id: str,
+        change_id: str,
+        task: TaskState,
+        agent_id: str,
+    ) -> None:
+        """An intent, or a claim taken or released."""
+        cb = self.callbacks
+        match step["do"]:
+            case "declare_intent":
+                cb.declare_intent(
+                    tenant,
+                    project_id=project_id,
+                    change_id=change_id,
+                    agent_id=agent_id,
+                    intent_id=f"int_{task.task_id}_{number}",
+                    paths=list(step["paths"]),
+                    summary=str(step.get("summary", "")),
+                )
+            case "acquire_claim":
+                cb.acquire_claim(
+                    tenant,
+                    project_id=project_id,
+                    agent_id=agent_id,
+                    resource=str(step["resource"]),
+                )
+            case "release_claim":
+                cb.release_claim(
+                    tenant,
+                    project_id=project_id,
+                    agent_id=agent_id,
+                    resource=str(step["resource"]),
+                )
+
+    def _play_task_step(
+        self,
+        number: int,
+        step: Mapping[str, Any],
+        *,
+        tenant: str,
+        project_id: str,
+        change_id: str,
+        task: TaskState,
+        agent_id: str,
+        changeset_id: str | None,
+    ) -> str | None:
+        """A changeset proposed, or the Task completed or failed; returns the Task's
+        changeset ID (a proposal's new one)."""
+        cb = self.callbacks
+        match step["do"]:
+            case "propose_changeset":
+                changeset_id = f"cs_{task.task_id}_{number}"
+                self._changesets[task.task_id] = changeset_id
+                cb.propose_changeset(
+                    tenant,
+                    project_id=project_id,
+                    change_id=change_id,
+                    task_id=task.task_id,
+                    agent_id=agent_id,
+                    changeset_id=changeset_id,
+                    files={str(k): str(v) for k, v in step["files"].items()},
+                )
+            case "complete":
+                cb.complete(
+                    tenant,
+                    project_id=project_id,
+                    change_id=change_id,
+                    task_id=task.task_id,
+                    agent_id=agent_id,
+                    changeset_id=changeset_id,
+                )
+            case "fail":
+                cb.fail(
+                    tenant,
+                    project_id=project_id,
+                    change_id=change_id,
+                    task_id=task.task_id,
+                    agent_id=agent_id,
+                    reason=str(step.get("reason", "the script failed the task")),
+                )
+        return changeset_id
 
 
 def _parts(
