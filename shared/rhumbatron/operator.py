@@ -240,68 +240,115 @@ async def retry_dead_letter(
     ``NatsUnavailableError`` or ``MessagingError`` when the send failed, after undoing the
     reservation.
     """
-    settings = app.settings
     now_s = app.clock.now().timestamp()
     if _letter_of(app.product().connection, dead_letter_id, tenant_id).kind is (
         DeadLetterKind.REACTION
     ):
         return _retry_reaction(app, dead_letter_id, tenant_id=tenant_id, now_s=now_s)
-    with app.product().transaction() as db:
-        before = _letter_of(db, dead_letter_id, tenant_id)
-        # Parsed before reserving: a letter whose body is no Command must not keep a
-        # reservation that nothing can ever send. claim_retry refuses closed and poison ones.
-        parsed = _command_of(before) if _retryable(before) else None
-        letter, won = dead_letters.claim_retry(db, dead_letter_id, now_s=now_s)
+    before, parsed, letter, won = _reserve_retry(app, dead_letter_id, tenant_id, now_s)
     attempt = letter.retried_attempt
     assert parsed is not None and attempt is not None, "claim_retry reserves or raises"
-    # An operator's Retry asks for the work now: a deadline that passed while the command
-    # sat in the dead-letter queue would make the runtime ack it without running.
-    deadline = parsed.deadline
-    if deadline is not None and parsed.is_expired(app.clock.now()):
-        deadline = None
-    command = parsed.model_copy(update={"attempt": attempt, "deadline": deadline})
+    command = _retried_command(app, parsed, attempt)
 
     from rhumbatron.messaging.commands import command_message_id, retry_queue_for
 
     queue = retry_queue_for(command)
     message_id = command_message_id(queue, command)
     if not won:
-        reserved_at = letter.retried_at_s or now_s
-        age_s = now_s - reserved_at
-        if not settings.api_retry_resend_after_s <= age_s < settings.duplicate_window_s:
-            _log.info(
-                "Retry of %s lost to the Retry reserved %.0f s ago as attempt %d",
-                dead_letter_id,
-                age_s,
-                attempt,
-            )
-            return RetryOutcome(
-                letter, attempt, queue, message_id, sent=False, already_retried_as=attempt
-            )
-        # Old enough that its sender is gone, young enough for JetStream to drop a repeat.
-        try:
-            result = await _send(app, queue, command)
-        except MessagingError as exc:
-            raise type(exc)(
-                f"the Retry of dead letter {dead_letter_id} as attempt {attempt} was not sent "
-                f"on {queue} ({_cause(exc)}); retry again once NATS answers"
-            ) from exc
-        _log.warning(
-            "Retry of %s re-sent the stale reservation of attempt %d (duplicate=%s)",
+        return await _resend_stale_reservation(app, letter, command, queue, message_id, now_s=now_s)
+    return await _send_reserved(app, before, letter, command, queue, tenant_id=tenant_id)
+
+
+def _reserve_retry(
+    app: OperatorContext, dead_letter_id: str, tenant_id: str, now_s: float
+) -> tuple[DeadLetter, Command | None, DeadLetter, bool]:
+    """One product transaction: check the tenant, parse the Command and reserve the attempt
+    (:func:`~rhumbatron.product.dead_letters.claim_retry`). Returns the letter before, its
+    Command, the letter after and whether this call won the reservation."""
+    with app.product().transaction() as db:
+        before = _letter_of(db, dead_letter_id, tenant_id)
+        # Parsed before reserving: a letter whose body is no Command must not keep a
+        # reservation that nothing can ever send. claim_retry refuses closed and poison ones.
+        parsed = _command_of(before) if _retryable(before) else None
+        letter, won = dead_letters.claim_retry(db, dead_letter_id, now_s=now_s)
+    return before, parsed, letter, won
+
+
+def _retried_command(app: OperatorContext, parsed: Command, attempt: int) -> Command:
+    """The letter's Command as the reserved attempt."""
+    # An operator's Retry asks for the work now: a deadline that passed while the command
+    # sat in the dead-letter queue would make the runtime ack it without running.
+    deadline = parsed.deadline
+    if deadline is not None and parsed.is_expired(app.clock.now()):
+        deadline = None
+    return parsed.model_copy(update={"attempt": attempt, "deadline": deadline})
+
+
+async def _resend_stale_reservation(
+    app: OperatorContext,
+    letter: DeadLetter,
+    command: Command,
+    queue: str,
+    message_id: str,
+    *,
+    now_s: float,
+) -> RetryOutcome:
+    """A Retry that lost the reservation: send nothing, unless the reservation is old
+    enough that its sender is gone and young enough for JetStream to drop a repeat."""
+    settings = app.settings
+    dead_letter_id = letter.dead_letter_id
+    attempt = command.attempt
+    reserved_at = letter.retried_at_s or now_s
+    age_s = now_s - reserved_at
+    if not settings.api_retry_resend_after_s <= age_s < settings.duplicate_window_s:
+        _log.info(
+            "Retry of %s lost to the Retry reserved %.0f s ago as attempt %d",
             dead_letter_id,
+            age_s,
             attempt,
-            result.duplicate,
         )
         return RetryOutcome(
-            letter,
-            attempt,
-            queue,
-            result.message_id,
-            sent=not result.duplicate,
-            duplicate=result.duplicate,
-            already_retried_as=attempt,
-            stream_seq=result.stream_seq,
+            letter, attempt, queue, message_id, sent=False, already_retried_as=attempt
         )
+    # Old enough that its sender is gone, young enough for JetStream to drop a repeat.
+    try:
+        result = await _send(app, queue, command)
+    except MessagingError as exc:
+        raise type(exc)(
+            f"the Retry of dead letter {dead_letter_id} as attempt {attempt} was not sent "
+            f"on {queue} ({_cause(exc)}); retry again once NATS answers"
+        ) from exc
+    _log.warning(
+        "Retry of %s re-sent the stale reservation of attempt %d (duplicate=%s)",
+        dead_letter_id,
+        attempt,
+        result.duplicate,
+    )
+    return RetryOutcome(
+        letter,
+        attempt,
+        queue,
+        result.message_id,
+        sent=not result.duplicate,
+        duplicate=result.duplicate,
+        already_retried_as=attempt,
+        stream_seq=result.stream_seq,
+    )
+
+
+async def _send_reserved(
+    app: OperatorContext,
+    before: DeadLetter,
+    letter: DeadLetter,
+    command: Command,
+    queue: str,
+    *,
+    tenant_id: str,
+) -> RetryOutcome:
+    """The winner of the reservation: ready the blocked Task and send; a failed send
+    gives the reservation back."""
+    dead_letter_id = letter.dead_letter_id
+    attempt = command.attempt
     _ready_the_blocked_task(app, command, tenant_id)
     try:
         result = await _send(app, queue, command)

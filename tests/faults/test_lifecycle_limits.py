@@ -32,7 +32,8 @@ from rhumbatron.domain.candidates import CandidateStatus
 from rhumbatron.domain.changes import TaskPlan
 from rhumbatron.domain.facts import Caller
 from rhumbatron.lifecycle.commands import lifecycle_command, ready_wake_id
-from rhumbatron.lifecycle.integration import BOUNDED_EXHAUSTED_METRIC, FORKS_PER_DELIVERY
+from rhumbatron.lifecycle.integration import FORKS_PER_DELIVERY
+from rhumbatron.lifecycle.integration_core import BOUNDED_EXHAUSTED_METRIC
 from rhumbatron.lifecycle.scripted_agent import ScriptLibrary
 from rhumbatron.messaging.queue_consumer import CommandHandler, Delivery, Retry
 from rhumbatron.metrics.platform_metrics import metric_counts

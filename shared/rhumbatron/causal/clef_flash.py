@@ -226,6 +226,32 @@ class ClefFlash:
                 source="no_key",
             )
 
+        if not self._reserve_call(event, agent_id):
+            return self._keep(
+                event,
+                agent_id,
+                verdict="wake",
+                probability=None,
+                reason="daily Clef-flash cap reached",
+                source="cap_reached",
+            )
+        return await self._ask_and_keep(event, agent_id, agent_resources, api_key)
+
+    async def close(self) -> None:
+        """Close the SDK client (and with it an ``http_client`` passed in)."""
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        elif self._http_client is not None:
+            # No question reached the SDK (no key, or never asked): close it ourselves.
+            await self._http_client.aclose()
+        self._http_client = None
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _reserve_call(self, event: Event, agent_id: str) -> bool:
+        """Count the call in the store before it is made; False (and a warning) past the
+        daily cap, when the Agent wakes without a question."""
         now = self._clock.now()
         scope = self._scope(event)
         if not self._store.reserve_call(
@@ -240,15 +266,14 @@ class ClefFlash:
                 agent_id,
                 event.event_id,
             )
-            return self._keep(
-                event,
-                agent_id,
-                verdict="wake",
-                probability=None,
-                reason="daily Clef-flash cap reached",
-                source="cap_reached",
-            )
+            return False
+        return True
 
+    async def _ask_and_keep(
+        self, event: Event, agent_id: str, agent_resources: Sequence[str], api_key: SecretStr
+    ) -> ClefFlashDecision:
+        """Ask the model (the call is already counted) and keep its decision: an unusable
+        answer or a failed call abstains."""
         import anthropic  # here, not at import time: see the module docstring
 
         try:
@@ -281,7 +306,10 @@ class ClefFlash:
                 reason=f"{type(exc).__name__}: {exc}"[:500],
                 source="error",
             )
+        return self._keep_answer(event, agent_id, answer)
 
+    def _keep_answer(self, event: Event, agent_id: str, answer: _WakeAnswer) -> ClefFlashDecision:
+        """The model's answer: its decision at or above the threshold, else an abstention."""
         if answer.probability < self._settings.clef_flash_threshold:
             return self._keep(
                 event,
@@ -299,18 +327,6 @@ class ClefFlash:
             reason=answer.reason,
             source="model",
         )
-
-    async def close(self) -> None:
-        """Close the SDK client (and with it an ``http_client`` passed in)."""
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
-        elif self._http_client is not None:
-            # No question reached the SDK (no key, or never asked): close it ourselves.
-            await self._http_client.aclose()
-        self._http_client = None
-
-    # -- internals --------------------------------------------------------------------------
 
     def _scope(self, event: Event) -> str:
         if self._settings.clef_flash_cap_scope == "tenant":

@@ -204,27 +204,7 @@ def plan_for(event: Event, world: RoutingWorld, *, now: datetime) -> RoutingPlan
     if kind == "change.planned":
         plan.commands.append(_dispatch(event, "change_planned", now=now))
     elif kind in ("task.completed", "task.failed"):
-        assert event.change_id is not None
-        if kind == "task.failed":
-            plan.commands.append(
-                _command(
-                    "change.settle",
-                    f"cmd_{event.event_id}_settle",
-                    event,
-                    {"reason": f"task {event.task_id} failed: {payload.get('reason', '')}"},
-                    now=now,
-                    change_id=event.change_id,
-                )
-            )
-        # The freed agent slot: dispatch again when a ready Task waits at the limit; after a
-        # completion, newly ready Tasks are dispatched too. One command either way.
-        waiting = world.waits_at_agent_limit(event.project_id, event.change_id)
-        newly_ready = kind == "task.completed" and world.has_ready_tasks(
-            event.project_id, event.change_id
-        )
-        if waiting or newly_ready:
-            reason = "task_completed" if newly_ready else "agent_slot_freed"
-            plan.commands.append(_dispatch(event, reason, now=now))
+        _plan_task_outcome(plan, event, payload, world, now=now)
     elif kind == "verification.started":
         if payload.get("reason") == "work_graph_completed":
             plan.commands.append(
@@ -238,33 +218,80 @@ def plan_for(event: Event, world: RoutingWorld, *, now: datetime) -> RoutingPlan
                 )
             )
     elif kind == "canonical.advanced":
-        generation = int(payload["generation"])
-        for agent in world.active_agents(event.project_id):
-            plan.commands.append(wake_command(event, agent, now=now, reason="canonical_advanced"))
-        plan.effects.append(
-            StateEffect(
-                "candidates_after_advance",
-                {
-                    "promoted_candidate_id": payload["candidate_id"],
-                    "generation": generation,
-                    "change_ids": list(payload.get("change_ids", ())),
-                },
-            )
-        )
-        plan.commands.append(
-            _command(
-                "candidates.recompose",
-                f"cmd_{event.event_id}_recompose",
-                event,
-                {"generation": generation},
-                now=now,
-                change_id=None,
-            )
-        )
-        plan.commands.append(_index_build(event, generation, now=now))
+        _plan_canonical_advanced(plan, event, payload, world, now=now)
     elif kind == "artifact.promoted":
         plan.commands.append(_index_build(event, int(payload["generation"]), now=now))
     return plan
+
+
+def _plan_task_outcome(
+    plan: RoutingPlan,
+    event: Event,
+    payload: dict[str, Any],
+    world: RoutingWorld,
+    *,
+    now: datetime,
+) -> None:
+    """A ``task.completed`` or ``task.failed``: settle the Change after a failure, and
+    dispatch again when the freed slot or a completion lets a ready Task run."""
+    kind = event.event_type
+    assert event.change_id is not None
+    if kind == "task.failed":
+        plan.commands.append(
+            _command(
+                "change.settle",
+                f"cmd_{event.event_id}_settle",
+                event,
+                {"reason": f"task {event.task_id} failed: {payload.get('reason', '')}"},
+                now=now,
+                change_id=event.change_id,
+            )
+        )
+    # The freed agent slot: dispatch again when a ready Task waits at the limit; after a
+    # completion, newly ready Tasks are dispatched too. One command either way.
+    waiting = world.waits_at_agent_limit(event.project_id, event.change_id)
+    newly_ready = kind == "task.completed" and world.has_ready_tasks(
+        event.project_id, event.change_id
+    )
+    if waiting or newly_ready:
+        reason = "task_completed" if newly_ready else "agent_slot_freed"
+        plan.commands.append(_dispatch(event, reason, now=now))
+
+
+def _plan_canonical_advanced(
+    plan: RoutingPlan,
+    event: Event,
+    payload: dict[str, Any],
+    world: RoutingWorld,
+    *,
+    now: datetime,
+) -> None:
+    """A ``canonical.advanced``: wake every active Agent, the Candidates' state effect, then
+    ``candidates.recompose`` and the new generation's ``index.build``."""
+    generation = int(payload["generation"])
+    for agent in world.active_agents(event.project_id):
+        plan.commands.append(wake_command(event, agent, now=now, reason="canonical_advanced"))
+    plan.effects.append(
+        StateEffect(
+            "candidates_after_advance",
+            {
+                "promoted_candidate_id": payload["candidate_id"],
+                "generation": generation,
+                "change_ids": list(payload.get("change_ids", ())),
+            },
+        )
+    )
+    plan.commands.append(
+        _command(
+            "candidates.recompose",
+            f"cmd_{event.event_id}_recompose",
+            event,
+            {"generation": generation},
+            now=now,
+            change_id=None,
+        )
+    )
+    plan.commands.append(_index_build(event, generation, now=now))
 
 
 def _resource_plan(event: Event, world: RoutingWorld, *, now: datetime) -> RoutingPlan:

@@ -110,16 +110,7 @@ def create_candidate(
                 f"the composition {candidate_id!r} of change {change_id!r}"
             )
         return existing, Transition()
-    if change_status != "verifying":
-        raise DomainError(
-            f"change {change_id!r} is {change_status or 'unknown'}; a candidate is composed "
-            "only while it is verifying"
-        )
-    if not changeset_ids:
-        raise DomainError(
-            f"change {change_id!r} has no changeset: nothing to compose (an empty composition "
-            "would be every such Change's Candidate)"
-        )
+    _check_composable(change_id, change_status, changeset_ids)
     candidate = CandidateState(
         candidate_id=candidate_id,
         change_id=change_id,
@@ -129,18 +120,7 @@ def create_candidate(
         paths=tuple(sorted(set(paths))),
         status=CandidateStatus.CREATED,
     )
-    row: dict[str, Any] = {
-        "candidate_id": candidate_id,
-        "change_id": change_id,
-        "composition_key": key,
-        "base_generation": base_generation,
-        "changeset_ids": json.dumps(list(candidate.changeset_ids)),
-        "paths": json.dumps(list(candidate.paths)),
-        "status": candidate.status.value,
-        "reason": "",
-        "created_at": ctx.now.isoformat(),
-        "updated_at": ctx.now.isoformat(),
-    }
+    row = _candidate_row(candidate, ctx)
     fact = ctx.fact(
         "candidate.created",
         {
@@ -153,6 +133,38 @@ def create_candidate(
         key=candidate_id,
     )
     return candidate, Transition(patch=(Insert("candidates", row),), facts=(fact,))
+
+
+def _check_composable(
+    change_id: str, change_status: str | None, changeset_ids: Sequence[str]
+) -> None:
+    """A Candidate is composed only of a verifying Change, and of at least one changeset."""
+    if change_status != "verifying":
+        raise DomainError(
+            f"change {change_id!r} is {change_status or 'unknown'}; a candidate is composed "
+            "only while it is verifying"
+        )
+    if not changeset_ids:
+        raise DomainError(
+            f"change {change_id!r} has no changeset: nothing to compose (an empty composition "
+            "would be every such Change's Candidate)"
+        )
+
+
+def _candidate_row(candidate: CandidateState, ctx: FactContext) -> dict[str, Any]:
+    """The ``candidates`` row of a new Candidate."""
+    return {
+        "candidate_id": candidate.candidate_id,
+        "change_id": candidate.change_id,
+        "composition_key": candidate.composition_key,
+        "base_generation": candidate.base_generation,
+        "changeset_ids": json.dumps(list(candidate.changeset_ids)),
+        "paths": json.dumps(list(candidate.paths)),
+        "status": candidate.status.value,
+        "reason": "",
+        "created_at": ctx.now.isoformat(),
+        "updated_at": ctx.now.isoformat(),
+    }
 
 
 def decide_candidate(

@@ -189,18 +189,12 @@ def create_change(
     check_work_graph(change_id, tasks)
     now = ctx.now.isoformat()
     patch: list[Any] = [
-        Insert(
-            "changes",
-            {
-                "change_id": change_id,
-                "status": ChangeStatus.OPEN.value,
-                "reason": "",
-                "title": title,
-                "client_request_id": client_request_id,
-                "requested_by": requested_by,
-                "created_at": now,
-                "updated_at": now,
-            },
+        _change_row(
+            change_id,
+            title=title,
+            client_request_id=client_request_id,
+            requested_by=requested_by,
+            now=now,
         )
     ]
     facts = [
@@ -213,30 +207,52 @@ def create_change(
     ]
     for task in tasks:
         ready = not task.depends_on
-        patch.append(
-            Insert(
-                "tasks",
-                {
-                    "task_id": task.task_id,
-                    "change_id": change_id,
-                    "status": "ready" if ready else "planned",
-                    "agent_id": None,
-                    "blocked_limit": None,
-                    "reason": "",
-                    "title": task.title,
-                    "planned_agent": task.agent_id,
-                    "depends_on": json.dumps(list(task.depends_on)),
-                    "script": task.script,
-                    "changeset_id": None,
-                    "updated_at": now,
-                },
-            )
-        )
+        patch.append(_planned_task_row(change_id, task, ready=ready, now=now))
         if ready:
             facts.append(
                 ctx.fact("task.ready", {}, change_id=change_id, task_id=task.task_id, key="planned")
             )
     return Transition(patch=tuple(patch), facts=tuple(facts))
+
+
+def _change_row(
+    change_id: str, *, title: str, client_request_id: str, requested_by: str, now: str
+) -> Insert:
+    """The ``changes`` row of a new, open Change."""
+    return Insert(
+        "changes",
+        {
+            "change_id": change_id,
+            "status": ChangeStatus.OPEN.value,
+            "reason": "",
+            "title": title,
+            "client_request_id": client_request_id,
+            "requested_by": requested_by,
+            "created_at": now,
+            "updated_at": now,
+        },
+    )
+
+
+def _planned_task_row(change_id: str, task: TaskPlan, *, ready: bool, now: str) -> Insert:
+    """The ``tasks`` row of a planned Task: ``ready`` when it waits for nothing."""
+    return Insert(
+        "tasks",
+        {
+            "task_id": task.task_id,
+            "change_id": change_id,
+            "status": "ready" if ready else "planned",
+            "agent_id": None,
+            "blocked_limit": None,
+            "reason": "",
+            "title": task.title,
+            "planned_agent": task.agent_id,
+            "depends_on": json.dumps(list(task.depends_on)),
+            "script": task.script,
+            "changeset_id": None,
+            "updated_at": now,
+        },
+    )
 
 
 def move_change(

@@ -57,6 +57,26 @@ def _check_path(path: str) -> None:
         )
 
 
+def _checked_body(changeset_id: str, files: Mapping[str, str]) -> str:
+    """The proposal's files as the stored JSON, after checking its ID, its paths and its
+    size."""
+    if not _CHANGESET_ID.match(changeset_id):
+        raise DomainError(
+            f"changeset ID {changeset_id!r} must be 1-128 letters, digits, '.', '_', ':' or '-'"
+        )
+    if not files:
+        raise DomainError(f"changeset {changeset_id!r} has no files")
+    for path in files:
+        _check_path(path)
+    body = json.dumps(dict(sorted(files.items())))
+    if len(body.encode()) > MAX_CHANGESET_BYTES:
+        raise DomainError(
+            f"changeset {changeset_id!r} is {len(body.encode())} bytes; at most "
+            f"{MAX_CHANGESET_BYTES} — keep large content in the artifact store"
+        )
+    return body
+
+
 def propose_changeset(
     existing: Changeset | None,
     task: TaskState | None,
@@ -85,20 +105,7 @@ def propose_changeset(
         raise DomainError(
             f"agent {agent_id!r} does not hold task {task_id!r}; only its agent proposes for it"
         )
-    if not _CHANGESET_ID.match(changeset_id):
-        raise DomainError(
-            f"changeset ID {changeset_id!r} must be 1-128 letters, digits, '.', '_', ':' or '-'"
-        )
-    if not files:
-        raise DomainError(f"changeset {changeset_id!r} has no files")
-    for path in files:
-        _check_path(path)
-    body = json.dumps(dict(sorted(files.items())))
-    if len(body.encode()) > MAX_CHANGESET_BYTES:
-        raise DomainError(
-            f"changeset {changeset_id!r} is {len(body.encode())} bytes; at most "
-            f"{MAX_CHANGESET_BYTES} — keep large content in the artifact store"
-        )
+    body = _checked_body(changeset_id, files)
     paths = tuple(sorted(files))
     row = {
         "changeset_id": changeset_id,

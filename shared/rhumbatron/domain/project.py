@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from rhumbatron.domain.facts import FactContext
 from rhumbatron.domain.transition import Insert, Transition, Update, Upsert
 from rhumbatron.errors import DomainError
+from rhumbatron.protocol.envelopes import Event
 
 __all__ = [
     "PROJECT_ADMIN_MOVES",
@@ -83,7 +84,25 @@ def promote_candidate(
             f"but project {ctx.project_id!r} is at {current.canonical_generation}; recompose it"
         )
     generation = expected_generation + 1
-    patch = (
+    patch = _promotion_patch(
+        ctx, candidate_id=candidate_id, artifact_id=artifact_id, generation=generation
+    )
+    facts = _promotion_facts(
+        ctx,
+        candidate_id=candidate_id,
+        artifact_id=artifact_id,
+        generation=generation,
+        previous_generation=expected_generation,
+        change_ids=change_ids,
+    )
+    return Transition(patch=patch, facts=facts)
+
+
+def _promotion_patch(
+    ctx: FactContext, *, candidate_id: str, artifact_id: str, generation: int
+) -> tuple[Update, Insert]:
+    """Canonical moves to ``generation`` (the promoted Candidate), and its artifact is kept."""
+    return (
         Update(
             "project",
             key={"project_id": ctx.project_id},
@@ -99,7 +118,19 @@ def promote_candidate(
             },
         ),
     )
-    facts = (
+
+
+def _promotion_facts(
+    ctx: FactContext,
+    *,
+    candidate_id: str,
+    artifact_id: str,
+    generation: int,
+    previous_generation: int,
+    change_ids: tuple[str, ...],
+) -> tuple[Event, Event]:
+    """``artifact.promoted`` then ``canonical.advanced`` (from ``previous_generation``)."""
+    return (
         ctx.fact(
             "artifact.promoted",
             {"artifactId": artifact_id, "candidateId": candidate_id, "generation": generation},
@@ -109,14 +140,13 @@ def promote_candidate(
             "canonical.advanced",
             {
                 "generation": generation,
-                "previousGeneration": expected_generation,
+                "previousGeneration": previous_generation,
                 "candidateId": candidate_id,
                 "changeIds": list(change_ids),
             },
             canonical_generation=generation,
         ),
     )
-    return Transition(patch=patch, facts=facts)
 
 
 # -- administration: the shard of ``project:<id>`` ----------------------------------------------

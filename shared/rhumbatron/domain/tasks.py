@@ -19,7 +19,7 @@ puts the reason on the Change instead. Only a blocked Task records ``task.failed
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -143,15 +143,7 @@ def record_task_status(
     cannot move, and a Task cannot change its Change; both raise :class:`DomainError`.
     """
     target = _status(status)
-    if current is not None:
-        if current.change_id != change_id:
-            raise DomainError(
-                f"task {task_id!r} belongs to change {current.change_id!r}, not {change_id!r}"
-            )
-        if current.status in TERMINAL_TASK_STATUSES and target is not current.status:
-            raise DomainError(
-                f"task {task_id!r} is {current.status}; a finished task cannot become {target}"
-            )
+    _check_may_move(current, change_id=change_id, task_id=task_id, target=target)
     agent = agent_id if agent_id is not None else (current.agent_id if current else None)
     if target in _WITH_AGENT and agent is None:
         raise DomainError(f"task {task_id!r} cannot be {target} without an agent_id")
@@ -172,16 +164,39 @@ def record_task_status(
         return Transition()
     facts: tuple[Event, ...] = ()
     if moves:
-        if target is TaskStatus.READY:
-            facts = (ctx.fact("task.ready", {}, change_id=change_id, task_id=task_id, key=key),)
-        elif target is TaskStatus.ASSIGNED:
-            payload = {"agentId": agent}
-            facts = (
-                ctx.fact("task.assigned", payload, change_id=change_id, task_id=task_id, key=key),
-            )
-        elif target is TaskStatus.BLOCKED:
-            facts = (_blocked_fact(task, ctx, key=key),)
+        facts = _move_facts(task, ctx, change_id=change_id, task_id=task_id, key=key)
     return Transition(patch=(Upsert("tasks", _row(task, ctx), key=("task_id",)),), facts=facts)
+
+
+def _check_may_move(
+    current: TaskState | None, *, change_id: str, task_id: str, target: TaskStatus
+) -> None:
+    """A Task keeps its Change, and a completed or failed Task does not move."""
+    if current is not None:
+        if current.change_id != change_id:
+            raise DomainError(
+                f"task {task_id!r} belongs to change {current.change_id!r}, not {change_id!r}"
+            )
+        if current.status in TERMINAL_TASK_STATUSES and target is not current.status:
+            raise DomainError(
+                f"task {task_id!r} is {current.status}; a finished task cannot become {target}"
+            )
+
+
+def _move_facts(
+    task: TaskState, ctx: FactContext, *, change_id: str, task_id: str, key: str | None
+) -> tuple[Event, ...]:
+    """The fact of a move to ``task.status``: ``task.ready``, ``task.assigned`` (with the
+    Agent) or ``task.blocked``; other moves record none."""
+    target = task.status
+    if target is TaskStatus.READY:
+        return (ctx.fact("task.ready", {}, change_id=change_id, task_id=task_id, key=key),)
+    if target is TaskStatus.ASSIGNED:
+        payload = {"agentId": task.agent_id}
+        return (ctx.fact("task.assigned", payload, change_id=change_id, task_id=task_id, key=key),)
+    if target is TaskStatus.BLOCKED:
+        return (_blocked_fact(task, ctx, key=key),)
+    return ()
 
 
 def _blocked_fact(task: TaskState, ctx: FactContext, *, key: str | None) -> Event:
@@ -238,20 +253,7 @@ def dead_letter_outcome(
     if task is not None and task.change_id != change_id:
         task = None  # a Task of another Change is not this command's Task
     if task is not None and task.status in _BLOCKABLE:
-        blocked = replace(
-            task, status=TaskStatus.BLOCKED, blocked_limit=DEAD_LETTER_LIMIT, reason=reason
-        )
-        fact = ctx.fact(
-            "task.failed",
-            {"reason": reason, "agentId": task.agent_id, "blockedLimit": DEAD_LETTER_LIMIT},
-            change_id=change_id,
-            task_id=task.task_id,
-            key=dead_letter_fact_key(command),
-        )
-        return Transition(
-            patch=(Upsert("tasks", _row(blocked, ctx), key=("task_id",)),),
-            facts=(fact, _blocked_fact(blocked, ctx, key=dead_letter_fact_key(command))),
-        )
+        return _block_for_dead_letter(task, ctx, command=command, reason=reason)
     if (
         task is not None
         and task.status is TaskStatus.BLOCKED
@@ -263,6 +265,27 @@ def dead_letter_outcome(
     # ``updated_at`` is left as it is: the reason is a note for an operator, not a move of
     # the Change, and must not make a quiet Change look busy to the settle sweep.
     return Transition(patch=(Update("changes", {"change_id": change_id}, {"reason": reason}),))
+
+
+def _block_for_dead_letter(
+    task: TaskState, ctx: FactContext, *, command: Command, reason: str
+) -> Transition:
+    """A ready or assigned Task (of the command's Change) blocked by the dead letter:
+    ``task.failed`` then ``task.blocked``."""
+    blocked = replace(
+        task, status=TaskStatus.BLOCKED, blocked_limit=DEAD_LETTER_LIMIT, reason=reason
+    )
+    fact = ctx.fact(
+        "task.failed",
+        {"reason": reason, "agentId": task.agent_id, "blockedLimit": DEAD_LETTER_LIMIT},
+        change_id=command.change_id,
+        task_id=task.task_id,
+        key=dead_letter_fact_key(command),
+    )
+    return Transition(
+        patch=(Upsert("tasks", _row(blocked, ctx), key=("task_id",)),),
+        facts=(fact, _blocked_fact(blocked, ctx, key=dead_letter_fact_key(command))),
+    )
 
 
 #: The reason (and stable key) of the ``verification.started`` a completed work graph records.
@@ -341,7 +364,19 @@ def complete_task(
         )
     ]
     completed = {t.task_id for t in by_id.values() if t.status is TaskStatus.COMPLETED}
-    for other in sorted(by_id.values(), key=lambda t: t.task_id):
+    steps.extend(_ready_dependents(by_id.values(), completed, ctx))
+    if len(completed) == len(by_id) and change.status == ChangeStatus.OPEN.value:
+        steps.extend(_work_graph_completed(change, ctx))
+    return combine(*steps)
+
+
+def _ready_dependents(
+    tasks: Iterable[TaskState], completed: set[str], ctx: FactContext
+) -> list[Transition]:
+    """Each planned Task whose dependencies are all ``completed`` becomes ready, in task ID
+    order."""
+    steps: list[Transition] = []
+    for other in sorted(tasks, key=lambda t: t.task_id):
         if other.status is TaskStatus.PLANNED and set(other.depends_on) <= completed:
             steps.append(
                 record_task_status(
@@ -353,29 +388,31 @@ def complete_task(
                     key="dependencies_completed",
                 )
             )
-    if len(completed) == len(by_id) and change.status == ChangeStatus.OPEN.value:
-        steps.append(
-            move_change(
-                change,
-                ctx,
-                to=ChangeStatus.VERIFYING,
-                reason="every task completed",
-                key=WORK_GRAPH_COMPLETED,
+    return steps
+
+
+def _work_graph_completed(change: ChangeState, ctx: FactContext) -> list[Transition]:
+    """The last Task of the graph completed: the Change moves ``open → verifying`` with
+    ``verification.started``."""
+    return [
+        move_change(
+            change,
+            ctx,
+            to=ChangeStatus.VERIFYING,
+            reason="every task completed",
+            key=WORK_GRAPH_COMPLETED,
+        ),
+        Transition(
+            facts=(
+                ctx.fact(
+                    "verification.started",
+                    {"reason": WORK_GRAPH_COMPLETED},
+                    change_id=change.change_id,
+                    key=WORK_GRAPH_COMPLETED,
+                ),
             )
-        )
-        steps.append(
-            Transition(
-                facts=(
-                    ctx.fact(
-                        "verification.started",
-                        {"reason": WORK_GRAPH_COMPLETED},
-                        change_id=change.change_id,
-                        key=WORK_GRAPH_COMPLETED,
-                    ),
-                )
-            )
-        )
-    return combine(*steps)
+        ),
+    ]
 
 
 def fail_task(

@@ -66,6 +66,22 @@ def require_holder(task: TaskState, agent_id: str) -> None:
         )
 
 
+def _qualified_plans(change_id: str, tasks: Sequence[TaskPlan]) -> list[TaskPlan]:
+    """The plan's Tasks with their IDs (and dependencies) qualified by their Change."""
+    # Task IDs are qualified by their Change: a shard holds the Tasks of many Changes,
+    # and two requests may both name a task "build".
+    return [
+        TaskPlan(
+            task_id=qualified_task_id(change_id, t.task_id),
+            title=t.title,
+            agent_id=t.agent_id,
+            depends_on=tuple(qualified_task_id(change_id, d) for d in t.depends_on),
+            script=t.script,
+        )
+        for t in tasks
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class CreatedChange:
     change_id: str
@@ -100,6 +116,25 @@ class ChangeRequests:
         # The graph is checked before the request key is taken: a refused graph must not
         # leave the client's key pointing at a Change that was never created.
         check_work_graph(client_request_id, tasks)
+        change_id, inserted = self._claim_request(caller, project_id, client_request_id)
+        shard = self.world.change_shard(project_id, change_id)
+        shard.apply(
+            Caller(caller.tenant_id, caller.actor, change_id, caller.caused_by),
+            CreateChange(
+                change_id=change_id,
+                title=title,
+                client_request_id=client_request_id,
+                requested_by=caller.actor,
+                tasks=tuple(_qualified_plans(change_id, tasks)),
+            ),
+        )
+        return CreatedChange(change_id, created=inserted)
+
+    def _claim_request(
+        self, caller: Caller, project_id: str, client_request_id: str
+    ) -> tuple[str, bool]:
+        """The Change ID of ``(project_id, client_request_id)``, and whether this call
+        inserted it (a new ID) rather than finding the first request's."""
         candidate_id = f"chg_{uuid.uuid4().hex[:20]}"
         with self.app.product().transaction() as db:
             inserted = db.execute(
@@ -121,30 +156,7 @@ class ChangeRequests:
                     (project_id, client_request_id),
                 ).fetchone()[0]
             )
-        shard = self.world.change_shard(project_id, change_id)
-        # Task IDs are qualified by their Change: a shard holds the Tasks of many Changes,
-        # and two requests may both name a task "build".
-        qualified = tuple(
-            TaskPlan(
-                task_id=qualified_task_id(change_id, t.task_id),
-                title=t.title,
-                agent_id=t.agent_id,
-                depends_on=tuple(qualified_task_id(change_id, d) for d in t.depends_on),
-                script=t.script,
-            )
-            for t in tasks
-        )
-        shard.apply(
-            Caller(caller.tenant_id, caller.actor, change_id, caller.caused_by),
-            CreateChange(
-                change_id=change_id,
-                title=title,
-                client_request_id=client_request_id,
-                requested_by=caller.actor,
-                tasks=qualified,
-            ),
-        )
-        return CreatedChange(change_id, created=inserted == 1)
+        return change_id, inserted == 1
 
     def change(self, project_id: str, change_id: str) -> ChangeState | None:
         return self.world.change_shard(project_id, change_id).change_state(change_id)

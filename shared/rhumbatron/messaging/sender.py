@@ -112,6 +112,18 @@ FAST_BATCH_WINDOWS = 2
 _FAST_START, _FAST_APPEND, _FAST_COMMIT = 0, 1, 2
 
 
+@dataclass(slots=True)
+class _FastBatch:
+    """One fast batch under way: its inbox's answers, when it gives up waiting, what to call
+    it in an error, and the flow: the acknowledged mark and the messages per ack."""
+
+    replies: asyncio.Queue[Msg]
+    deadline: float
+    what: str
+    acked: int
+    flow: int
+
+
 class JetStreamSender:
     """:class:`EventSender` over one nats-py connection."""
 
@@ -207,47 +219,58 @@ class JetStreamSender:
             replies.put_nowait(msg)
 
         what = f"fast batch of {len(messages)} messages"
-        flow, acked = FAST_BATCH_FLOW, 0
         deadline = asyncio.get_running_loop().time() + self._ack_timeout_s
+        state = _FastBatch(replies, deadline, what, acked=0, flow=FAST_BATCH_FLOW)
         try:
             subscription = await self._nc.subscribe(f"{inbox}.>", cb=on_reply)
             try:
-                for number, message in enumerate(messages, start=1):
-                    while number > 1 and acked + flow * FAST_BATCH_WINDOWS <= number:
-                        # The server asked for fewer messages per ack than we have in flight.
-                        answer = await self._next_reply(replies, deadline, what)
-                        if (final := self._fast_final(answer, what)) is not None:
-                            return final
-                        acked, flow = self._fast_flow(answer, acked, flow)
-                    operation = (
-                        _FAST_START
-                        if number == 1
-                        else _FAST_COMMIT
-                        if number == len(messages)
-                        else _FAST_APPEND
-                    )
-                    await self._nc.publish(
-                        message.subject,
-                        message.data,
-                        reply=f"{inbox}.{FAST_BATCH_FLOW}.fail.{number}.{operation}.$FI",
-                        headers={"Nats-Msg-Id": message.message_id},
-                    )
-                    if number == 1:
-                        # The first answer says the batch exists (or why it cannot).
-                        answer = await self._next_reply(replies, deadline, what)
-                        if (final := self._fast_final(answer, what)) is not None:
-                            return final
-                        acked, flow = self._fast_flow(answer, acked, flow)
+                if (final := await self._fast_publish(messages, inbox, state)) is not None:
+                    return final
                 while True:
-                    answer = await self._next_reply(replies, deadline, what)
-                    if (final := self._fast_final(answer, what)) is not None:
+                    if (final := await self._fast_answer(state)) is not None:
                         return final
-                    acked, flow = self._fast_flow(answer, acked, flow)
             finally:
                 if self._nc.is_connected:
                     await subscription.unsubscribe()
         except NatsError as exc:
             raise self._classify(exc, what) from exc
+
+    async def _fast_publish(
+        self, messages: Sequence[OutgoingMessage], inbox: str, state: _FastBatch
+    ) -> FastBatchAck | None:
+        """Publish the batch's messages, each with its reply subject, keeping at most
+        ``FAST_BATCH_WINDOWS`` flow windows unacknowledged; the batch's PubAck when it came
+        before the last message was sent (None: wait for it)."""
+        for number, message in enumerate(messages, start=1):
+            while number > 1 and state.acked + state.flow * FAST_BATCH_WINDOWS <= number:
+                # The server asked for fewer messages per ack than we have in flight.
+                if (final := await self._fast_answer(state)) is not None:
+                    return final
+            operation = (
+                _FAST_START
+                if number == 1
+                else _FAST_COMMIT
+                if number == len(messages)
+                else _FAST_APPEND
+            )
+            await self._nc.publish(
+                message.subject,
+                message.data,
+                reply=f"{inbox}.{FAST_BATCH_FLOW}.fail.{number}.{operation}.$FI",
+                headers={"Nats-Msg-Id": message.message_id},
+            )
+            # The first answer says the batch exists (or why it cannot).
+            if number == 1 and (final := await self._fast_answer(state)) is not None:
+                return final
+        return None
+
+    async def _fast_answer(self, state: _FastBatch) -> FastBatchAck | None:
+        """The next answer of the batch: its PubAck, or None after applying a flow event."""
+        answer = await self._next_reply(state.replies, state.deadline, state.what)
+        if (final := self._fast_final(answer, state.what)) is not None:
+            return final
+        state.acked, state.flow = self._fast_flow(answer, state.acked, state.flow)
+        return None
 
     async def _next_reply(
         self, replies: asyncio.Queue[Msg], deadline: float, what: str

@@ -189,6 +189,38 @@ class EventRouter:
         stream_index, maintenance, release_sweep = tick_kind(self.settings, now)
         run = self._run_context(stream_index)
         report = RunReport(stream_index, "sweep")
+        analytics = not (maintenance or release_sweep)
+        plan = self._sweep_plan(analytics=analytics)
+        archiver = self.handler(stream_index, Subscription.AUDIT_ARCHIVER)
+        assert isinstance(archiver, AuditArchiver)
+        archived_before = len(archiver.objects_written)
+        for subscription, consumes, batch in plan:
+            report.subscriptions[subscription.value] = await self.consume(
+                run, subscription, consumes=consumes, batch=batch, should_stop=should_stop
+            )
+        sweep = SweepReport(
+            run=report,
+            minute_of_day=now.hour * 60 + now.minute,
+            maintenance=maintenance,
+            release_sweep=release_sweep,
+            analytics=analytics,
+            archive_objects=archiver.objects_written[archived_before:],
+            warnings=warnings,
+        )
+        del archiver.objects_written[:archived_before]
+        await self._sweep_reactions_elsewhere(sweep, stream_index, should_stop)
+        if maintenance:
+            from rhumbatron.router.maintenance import run_daily_maintenance
+
+            await run_daily_maintenance(self, sweep, now)
+        from rhumbatron.router.lag import record_lag
+
+        await record_lag(self, sweep)
+        return sweep
+
+    def _sweep_plan(self, *, analytics: bool) -> list[tuple[Subscription, int, int]]:
+        """The subscriptions a sweep tick consumes on its stream, in order, each with its
+        number of consumes and its batch size."""
         settings = self.settings
         plan: list[tuple[Subscription, int, int]] = [
             (
@@ -207,7 +239,6 @@ class EventRouter:
                 settings.archive_batch_size,
             ),
         ]
-        analytics = not (maintenance or release_sweep)
         if analytics:
             plan.append(
                 (
@@ -219,23 +250,12 @@ class EventRouter:
         # One reactions batch per tick and stream (this one here, the others below): the
         # gate decides, the streams buffer the rest.
         plan.append((Subscription.REACTIONS, 1, settings.router_fetch_max_records))
-        archiver = self.handler(stream_index, Subscription.AUDIT_ARCHIVER)
-        assert isinstance(archiver, AuditArchiver)
-        archived_before = len(archiver.objects_written)
-        for subscription, consumes, batch in plan:
-            report.subscriptions[subscription.value] = await self.consume(
-                run, subscription, consumes=consumes, batch=batch, should_stop=should_stop
-            )
-        sweep = SweepReport(
-            run=report,
-            minute_of_day=now.hour * 60 + now.minute,
-            maintenance=maintenance,
-            release_sweep=release_sweep,
-            analytics=analytics,
-            archive_objects=archiver.objects_written[archived_before:],
-            warnings=warnings,
-        )
-        del archiver.objects_written[:archived_before]
+        return plan
+
+    async def _sweep_reactions_elsewhere(
+        self, sweep: SweepReport, stream_index: int, should_stop: Callable[[], bool] | None
+    ) -> None:
+        """One reactions batch on every other stream."""
         # The other streams' reactions too: a reaction follows its fact within a minute
         # (not the 8 a stream waits for its own tick), and each cursor moves a batch a minute.
         for other in range(EVENT_STREAM_COUNT):
@@ -245,17 +265,9 @@ class EventRouter:
                 self._run_context(other),
                 Subscription.REACTIONS,
                 consumes=1,
-                batch=settings.router_fetch_max_records,
+                batch=self.settings.router_fetch_max_records,
                 should_stop=should_stop,
             )
-        if maintenance:
-            from rhumbatron.router.maintenance import run_daily_maintenance
-
-            await run_daily_maintenance(self, sweep, now)
-        from rhumbatron.router.lag import record_lag
-
-        await record_lag(self, sweep)
-        return sweep
 
     async def _check_capacity(self) -> list[str]:
         """At the first sweep of a process: warn when a ceiling is below the observed rate."""

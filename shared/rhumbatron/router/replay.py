@@ -44,40 +44,41 @@ record that fails is reported (with its reason) and left to the live path. Both 
 every record as the live router does (``records``, issue #21): one that is not its project's
 (another project's stream, a tenant not its root's, no root here) is reported failed and no
 handler sees it — an archive may hold events archived before that check.
+
+This module holds the report, the entry points and the archive replay; the stream rewind's
+reader is :mod:`~rhumbatron.router.replay_stream`, one batch (applied, or classified in a dry
+run) :mod:`~rhumbatron.router.replay_batches`, and the argument checks
+:mod:`~rhumbatron.router.replay_arguments`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import sqlite3
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, cast
 
 # Defined in rhumbatron.errors; the alias keeps this module's old import path working.
-from rhumbatron.errors import MessagingError, NatsUnavailableError, ReplayError, RhumbatronError
+from rhumbatron.errors import ReplayError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, event_stream_subject
 from rhumbatron.router.event_router import EventRouter
-from rhumbatron.router.handlers import RunContext
-from rhumbatron.router.project_view import ProjectView
-from rhumbatron.router.records import (
-    Outcome,
-    ProjectOwners,
-    Record,
-    checked_record,
-    decode_records,
+from rhumbatron.router.records import ProjectOwners, Record, checked_record
+from rhumbatron.router.replay_arguments import (
+    check_aware,
+    check_stream,
+    parse_subscription,
+    utc_day_of,
 )
+from rhumbatron.router.replay_batches import replay_batch
+from rhumbatron.router.replay_stream import nats_errors, read_replay_consumer
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
-    from nats.aio.msg import Msg
 
 
 __all__ = [
@@ -102,8 +103,6 @@ MAX_REPORTED_ERRORS = 20
 #: An archive object is filed under its first Event's day; a batch that straddles midnight
 #: holds events of the next day too. Listing one day before ``start`` finds them.
 _ARCHIVE_DAYS_BEFORE = 1
-#: SQLite's default limit of bound parameters is 999 (older builds): stay under it.
-_IDS_PER_QUERY = 500
 
 
 class ReplaySource(StrEnum):
@@ -179,8 +178,8 @@ async def rewind(
     :class:`MessagingError` when JetStream refuses (a stream that does not exist).
     """
     router = _router_of(router_or_app)
-    subscription = _subscription(subscription)
-    _check_stream(stream_index)
+    subscription = parse_subscription(subscription)
+    check_stream(stream_index)
     if (to_seq is None) == (to_time is None):
         raise ReplayError(
             f"a rewind needs exactly one start point, got to_seq={to_seq!r} and "
@@ -189,19 +188,19 @@ async def rewind(
     if to_seq is not None and to_seq < 1:
         raise ReplayError(f"to_seq={to_seq} is not a stream sequence; sequences start at 1")
     if to_time is not None:
-        _check_aware("to_time", to_time)
+        check_aware("to_time", to_time)
     report = ReplayReport(
         ReplaySource.STREAM, subscription, stream_index, dry_run, first_seq=to_seq, start=to_time
     )
     stream = event_stream_name(stream_index)
-    with _nats_errors(stream):
+    with nats_errors(stream):
         nc = await router.connect()
         js = nc.jetstream()
         state = (await js.stream_info(stream)).state
         report.last_seq = state.last_seq
         if state.messages == 0 or (to_seq is not None and to_seq > state.last_seq):
             return report  # nothing stored from there on
-        await _read_replay_consumer(router, nc, stream_index, subscription, report)
+        await read_replay_consumer(router, nc, stream_index, subscription, report)
     return report
 
 
@@ -224,52 +223,81 @@ async def replay_archive(
     from rhumbatron.archive import ArchiveReader
 
     router = _router_of(router_or_app)
-    subscription = _subscription(subscription)
+    subscription = _archive_target(subscription, stream_index, start, end)
+    report = ReplayReport(
+        ReplaySource.ARCHIVE, subscription, stream_index, dry_run, start=start, end=end
+    )
+    reader = ArchiveReader(router.s3(), router.settings.evidence_bucket)
+    first_day = utc_day_of(start, "start")
+    since = (
+        first_day - timedelta(days=_ARCHIVE_DAYS_BEFORE)
+        if first_day > date.min + timedelta(days=_ARCHIVE_DAYS_BEFORE)
+        else date.min
+    )
+    until = utc_day_of(end, "end")
+    streams = range(EVENT_STREAM_COUNT) if stream_index is None else (stream_index,)
+    for index in streams:
+        await _replay_archived_stream(
+            router,
+            reader.iter_events(index, since, until),
+            index,
+            subscription,
+            report,
+            start=start,
+            end=end,
+        )
+    return report
+
+
+def _archive_target(
+    subscription: Subscription | str, stream_index: int | None, start: datetime, end: datetime
+) -> Subscription:
+    """The subscription an archive replay feeds, after checking it and the range."""
+    subscription = parse_subscription(subscription)
     if subscription is Subscription.AUDIT_ARCHIVER:
         raise ReplayError(
             "the archive is the audit-archiver's own output: replay it into "
             f"{', '.join(s.value for s in Subscription if s is not Subscription.AUDIT_ARCHIVER)}"
         )
     if stream_index is not None:
-        _check_stream(stream_index)
-    _check_aware("start", start)
-    _check_aware("end", end)
+        check_stream(stream_index)
+    check_aware("start", start)
+    check_aware("end", end)
     # Archive keys are filed by UTC day; a day near date.min cannot step back a whole day.
-    _utc_day(start, "start")
-    _utc_day(end, "end")
+    utc_day_of(start, "start")
+    utc_day_of(end, "end")
     if not start < end:
         raise ReplayError(
             f"start {start.isoformat()} is not before end {end.isoformat()}; the range is "
             "[start, end): pass an end after the start"
         )
-    report = ReplayReport(
-        ReplaySource.ARCHIVE, subscription, stream_index, dry_run, start=start, end=end
-    )
-    reader = ArchiveReader(router.s3(), router.settings.evidence_bucket)
-    first_day = _utc_day(start, "start")
-    since = (
-        first_day - timedelta(days=_ARCHIVE_DAYS_BEFORE)
-        if first_day > date.min + timedelta(days=_ARCHIVE_DAYS_BEFORE)
-        else date.min
-    )
-    until = _utc_day(end, "end")
+    return subscription
+
+
+async def _replay_archived_stream(
+    router: EventRouter,
+    events: Iterator[Event],
+    index: int,
+    subscription: Subscription,
+    report: ReplayReport,
+    *,
+    start: datetime,
+    end: datetime,
+) -> None:
+    """Replay one stream's archived events of ``[start, end)``, a batch at a time."""
     batch = router.settings.router_fetch_max_records
-    streams = range(EVENT_STREAM_COUNT) if stream_index is None else (stream_index,)
-    for index in streams:
-        events = reader.iter_events(index, since, until)
-        while True:
-            # boto3 is synchronous: each batch of objects is read on a worker thread.
-            chunk = await asyncio.to_thread(_take, events, batch)
-            if not chunk:
-                break
-            records = [
-                _archived_record(index, e, router.project_owners)
-                for e in chunk
-                if start <= e.timestamp < end
-            ]
-            if records:
-                await _replay_batch(router, index, subscription, records, report)
-    return report
+    while True:
+        # boto3 is synchronous: each batch of objects is read on a worker thread.
+        chunk = await asyncio.to_thread(_take, events, batch)
+        if not chunk:
+            break
+        records = [
+            _archived_record(index, e, router.project_owners)
+            for e in chunk
+            if start <= e.timestamp < end
+        ]
+        if records:
+            await replay_batch(router, index, subscription, records, report)
 
 
 async def run_replay(
@@ -330,102 +358,6 @@ async def run_replay(
     )
 
 
-# -- reading the stream ------------------------------------------------------------------------
-
-
-async def _read_replay_consumer(
-    router: EventRouter,
-    nc: NATS,
-    stream_index: int,
-    subscription: Subscription,
-    report: ReplayReport,
-) -> None:
-    """Create the replay consumer, feed its batches to the subscription up to
-    ``report.last_seq``, and delete it (also on failure)."""
-    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-    from rhumbatron.messaging.pull import Puller
-
-    settings = router.settings
-    stream = event_stream_name(stream_index)
-    assert report.last_seq is not None
-    name = f"replay-{subscription.value}-{uuid.uuid4().hex[:12]}"
-    by_time = report.start is not None
-    config = ConsumerConfig(
-        name=name,
-        description=f"replay of {subscription.value} (deleted when the replay ends)",
-        deliver_policy=DeliverPolicy.BY_START_TIME if by_time else DeliverPolicy.BY_START_SEQUENCE,
-        opt_start_time=report.start if by_time else None,
-        opt_start_seq=None if by_time else report.first_seq,
-        # Ack-all on the last record of each batch: one ack per batch, and nothing is ever
-        # redelivered into a later batch (max_deliver=1) — the replay reads each record once.
-        ack_policy=AckPolicy.ALL,
-        ack_wait=settings.router_ack_wait_s,
-        max_deliver=1,
-        max_ack_pending=settings.router_max_ack_pending,
-        # A replay that dies leaves a consumer that the server removes once idle this long.
-        inactive_threshold=settings.router_ack_wait_s,
-    )
-    js = nc.jetstream()
-    await js.add_consumer(stream, config)
-    puller = Puller(
-        nc,
-        stream,
-        name,
-        settings.router_fetch_timeout_s,
-        keep_late_s=settings.router_ack_wait_s / 2,
-    )
-    first_batch = True
-    try:
-        while True:
-            messages = await puller.pull(settings.router_fetch_max_records)
-            if not messages:
-                break
-            await max(messages, key=_seq).ack()
-            decoded = decode_records(messages, stream_index, router.project_owners)
-            records = [r for r in decoded if r.stream_seq <= report.last_seq]
-            if records and first_batch:
-                # Where the read really began: the first event at the time asked, or the
-                # stream's first one when the sequence asked has already expired.
-                report.first_seq = min(r.stream_seq for r in records)
-                first_batch = False
-            await _replay_batch(router, stream_index, subscription, records, report)
-            if max(_seq(m) for m in messages) >= report.last_seq:
-                break
-    finally:
-        await puller.close()
-        with contextlib.suppress(Exception):
-            # Best effort: the inactivity threshold removes it anyway.
-            await js.delete_consumer(stream, name)
-
-
-def _seq(msg: Msg) -> int:
-    return msg.metadata.sequence.stream
-
-
-@contextlib.contextmanager
-def _nats_errors(stream: str) -> Iterator[None]:
-    from nats.errors import Error as NatsError
-    from nats.js.errors import APIError, NotFoundError
-
-    try:
-        yield
-    except NotFoundError as exc:
-        raise MessagingError(
-            f"stream {stream} does not exist ({exc.description}); create the streams "
-            "(rhumbatron up, or any runtime's ensure_streams) and replay again"
-        ) from exc
-    except APIError as exc:
-        raise MessagingError(
-            f"JetStream refused the replay of {stream}: {exc.description} (code {exc.err_code})"
-        ) from exc
-    except (NatsError, TimeoutError) as exc:
-        raise NatsUnavailableError(
-            f"cannot reach JetStream to replay {stream}: {type(exc).__name__}: {exc}; "
-            "replay again once NATS answers (the claims make a repeat harmless)"
-        ) from exc
-
-
 # -- reading the archive -----------------------------------------------------------------------
 
 
@@ -452,195 +384,8 @@ def _archived_record(stream_index: int, event: Event, owners: ProjectOwners) -> 
     return checked_record(msg, 0, 1, event, read_from=stream_index, owners=owners)
 
 
-# -- one batch ---------------------------------------------------------------------------------
-
-
-async def _replay_batch(
-    router: EventRouter,
-    stream_index: int,
-    subscription: Subscription,
-    records: Sequence[Record],
-    report: ReplayReport,
-) -> None:
-    report.scanned += len(records)
-    batch: list[Record] = []
-    seen: set[str] = set()
-    for record in records:
-        if record.error is not None:
-            report._failed(record.key, record.error)
-        elif record.retry is not None:
-            report._retried(record.key, record.retry)
-        elif record.key in seen:
-            # The same event stored twice (published again under another message ID):
-            # the first copy stands for both, the second is its duplicate.
-            report.already_applied += 1
-        else:
-            seen.add(record.key)
-            batch.append(record)
-    if not batch:
-        return
-    if report.dry_run:
-        _classify(router, stream_index, subscription, batch, report)
-    else:
-        await _apply(router, stream_index, subscription, batch, report)
-
-
-async def _apply(
-    router: EventRouter,
-    stream_index: int,
-    subscription: Subscription,
-    records: list[Record],
-    report: ReplayReport,
-) -> None:
-    """Hand ``records`` to the subscription's handler, as the live router does with a fetch;
-    the projector's apply-call budget defers projects, which go again with a fresh budget."""
-    handler = router.handler(stream_index, subscription)
-    pending = records
-    while pending:
-        run = RunContext(
-            stream_index=stream_index,
-            now_s=router.clock.now().timestamp(),
-            apply_calls_left=router.settings.router_apply_calls_per_run,
-        )
-        try:
-            outcomes = await handler.handle(pending, run)
-        except (RhumbatronError, sqlite3.Error) as exc:
-            # A busy or full file: nothing of the batch committed (see the live router).
-            for record in pending:
-                report._retried(record.key, f"{type(exc).__name__}: {exc}")
-            return
-        deferred: list[Record] = []
-        for record in pending:
-            outcome = outcomes[record.key]
-            match outcome.outcome:
-                case Outcome.APPLIED:
-                    report.applied += 1
-                case Outcome.DUPLICATE:
-                    report.already_applied += 1
-                case Outcome.DEFERRED:
-                    deferred.append(record)
-                case Outcome.RETRY:
-                    report._retried(record.key, outcome.reason)
-                case Outcome.FAILED:
-                    report._failed(record.key, outcome.reason)
-        if len(deferred) == len(pending):  # no progress: never loop on it
-            for record in deferred:
-                report._retried(record.key, "deferred by the apply-call budget")
-            return
-        pending = deferred
-
-
-# -- dry run: reading claims without taking them -----------------------------------------------
-
-
-def _classify(
-    router: EventRouter,
-    stream_index: int,
-    subscription: Subscription,
-    records: list[Record],
-    report: ReplayReport,
-) -> None:
-    now_s = router.clock.now().timestamp()
-    name = subscription.value
-    states: dict[str, tuple[str, float | None]] = {}
-    for connection, ids in _claim_stores(router, stream_index, subscription, records):
-        states.update(_claim_states(connection, name, ids))
-    for record in records:
-        state = states.get(record.key)
-        if state is None:
-            report.would_apply += 1
-        elif state[0] == "done":
-            report.already_applied += 1
-        elif state[1] is not None and state[1] <= now_s:
-            report.would_apply += 1  # an expired lease: the next claim takes it over
-        else:
-            report.in_flight += 1
-
-
-def _claim_stores(
-    router: EventRouter,
-    stream_index: int,
-    subscription: Subscription,
-    records: list[Record],
-) -> Iterator[tuple[sqlite3.Connection, list[str]]]:
-    """Where ``subscription`` keeps the claims of ``records``, with the IDs each holds; a
-    file that does not exist holds no claim and is not created."""
-    ids = [r.key for r in records]
-    match subscription:
-        case Subscription.PROJECT_VIEW_PROJECTOR:
-            by_project: dict[str, list[str]] = {}
-            for record in records:
-                assert record.event is not None
-                by_project.setdefault(record.event.project_id, []).append(record.key)
-            for project_id, project_ids in by_project.items():
-                # Built only for its path: a ProjectView opens its file on first use.
-                if ProjectView(router.settings, project_id).path.exists():
-                    view = router.projector.view(project_id)
-                    yield view.connection, project_ids
-        case Subscription.CAUSAL_ROUTER | Subscription.AUDIT_ARCHIVER:
-            state = router.stream_state(stream_index)
-            if state.path.exists():
-                yield state.connection, ids
-        case Subscription.ANALYTICS_PROJECTOR | Subscription.REACTIONS:
-            if router.product.path.exists():
-                yield router.product.connection, ids
-
-
-def _claim_states(
-    connection: sqlite3.Connection, consumer: str, event_ids: Sequence[str]
-) -> dict[str, tuple[str, float | None]]:
-    """``event_id -> (status, lease_until_s)`` of the claims ``consumer`` holds (a read)."""
-    states: dict[str, tuple[str, float | None]] = {}
-    for offset in range(0, len(event_ids), _IDS_PER_QUERY):
-        chunk = event_ids[offset : offset + _IDS_PER_QUERY]
-        marks = ", ".join("?" * len(chunk))
-        rows = connection.execute(
-            "SELECT event_id, status, lease_until_s FROM processed_events "
-            f"WHERE consumer = ? AND event_id IN ({marks})",
-            [consumer, *chunk],
-        )
-        for row in rows:
-            states[str(row[0])] = (str(row[1]), None if row[2] is None else float(row[2]))
-    return states
-
-
 # -- arguments ---------------------------------------------------------------------------------
 
 
 def _router_of(target: EventRouter | ReplayHost) -> EventRouter:
     return target if isinstance(target, EventRouter) else target.router()
-
-
-def _subscription(value: Subscription | str) -> Subscription:
-    try:
-        return Subscription(value)
-    except ValueError:
-        raise ReplayError(
-            f"subscription {value!r} is unknown; pass one of "
-            f"{', '.join(s.value for s in Subscription)}"
-        ) from None
-
-
-def _check_stream(stream_index: int) -> None:
-    if not 0 <= stream_index < EVENT_STREAM_COUNT:
-        raise ReplayError(
-            f"stream {stream_index} is outside 0..{EVENT_STREAM_COUNT - 1}; pass the index of "
-            "an event stream (EVENTS_00 … EVENTS_07)"
-        )
-
-
-def _check_aware(name: str, moment: datetime) -> None:
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise ReplayError(
-            f"{name}={moment.isoformat()} has no timezone; pass a timezone-aware time (UTC)"
-        )
-
-
-def _utc_day(moment: datetime, name: str) -> date:
-    try:
-        return moment.astimezone(UTC).date()
-    except OverflowError:
-        raise ReplayError(
-            f"{name}={moment.isoformat()} has no UTC day (it is outside the calendar's range); "
-            "pass a time between the years 1 and 9999 in UTC"
-        ) from None
