@@ -14,7 +14,14 @@
      ├── SelectorError              a selector's pattern, key or value is wrong (also ValueError)
      ├── DomainError                a transition is not legal from the current state
      │    ├── NotHolderError          the reporting Agent does not hold the Task
-     │    └── PromotionConflictError  Canonical moved past the Candidate's base
+     │    ├── PromotionConflictError  Canonical moved past the Candidate's base
+     │    ├── ProjectIdUnavailableError  the project ID is another tenant's
+     │    ├── ProjectExistsError    the project exists under another name
+     │    ├── ProjectNotActiveError  the request needs an active project
+     │    └── ProjectActiveError    the request needs a project that is not active
+     ├── ChangeNotFoundError        no such Change in the project (also LookupError)
+     ├── TaskNotFoundError          no such Task of the Change (also LookupError)
+     ├── EventNotFoundError         no such event on the project's stream (also LookupError)
      ├── RegistryError              a subscription or schedule that cannot be stored as asked
      │    ├── SubscriptionRegistryError
      │    │    ├── SubscriptionConflictError  same name, other content
@@ -47,19 +54,31 @@
      │    └── DeadLetterClosedError  the letter is already closed (409)
      ├── AppProvisioningError       an app could not be provisioned (the command is retried)
      ├── WorkflowEngineError        the workflow engine answered with an error we cannot use
-     └── LocalStackError            the embedded nats-server or S3 server failed to start
+     ├── LocalStackError            the embedded nats-server or S3 server failed to start
+     └── ApiError                   an answer the operator API gives on purpose (its status)
+          ├── AuthenticationError   401: no token, or one not ours
+          ├── PermissionDeniedError  403: the token lacks the operation's scope
+          ├── PlatformRequiredError  403: a platform route asked by a tenant's token
+          ├── ForbiddenError        403: not allowed whatever the scopes
+          ├── NotFoundError         404: no such record for this tenant
+          ├── ConflictError         409: the state of what it names refuses it
+          ├── ArchiveDamagedError   409: an archive object cannot be read as Events
+          ├── InvalidRequestError   422: a value the operation cannot use
+          └── UnavailableError      503: a dependency the API needs does not answer
 
 Every message says what was wrong, with the offending value, and what to do about it.
 
 This module imports only the standard library: it is the bottom layer, so every module of the
 package can import its errors. An error that carries values of a higher layer takes them as
-constructor arguments. The operator API's errors (``ApiError`` and its subclasses, with their
-HTTP status) live in :mod:`rhumbatron.api.errors`, and the local invoker's ``InvokeError``
-(a ``ConfigurationError``) in :mod:`rhumbatron_dev.local.invoke`.
+constructor arguments. The operator API's own errors carry their HTTP status here too;
+:mod:`rhumbatron.api.errors` maps every error to its answer. The development package's
+``InvokeError`` (a ``ConfigurationError``) and ``DashboardForbiddenError`` stay with the local
+tools they belong to.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
 __all__ = [
@@ -67,22 +86,37 @@ __all__ = [
     "ActorError",
     "AgentNotFoundError",
     "AgentRegistryError",
+    "ApiError",
     "AppProvisioningError",
+    "ArchiveDamagedError",
     "ArchiveError",
     "ArchiveUnavailableError",
+    "AuthenticationError",
     "BatchRejectedError",
+    "ChangeNotFoundError",
     "ConfigurationError",
+    "ConflictError",
     "ConsumerGoneError",
     "DeadLetterClosedError",
     "DeadLetterError",
     "DeadLetterNotFoundError",
     "DomainError",
     "EnvelopeError",
+    "EventNotFoundError",
+    "ForbiddenError",
+    "InvalidRequestError",
     "LocalStackError",
     "MessagingError",
     "NatsUnavailableError",
+    "NotFoundError",
     "NotHolderError",
     "OutboxError",
+    "PermissionDeniedError",
+    "PlatformRequiredError",
+    "ProjectActiveError",
+    "ProjectExistsError",
+    "ProjectIdUnavailableError",
+    "ProjectNotActiveError",
     "ProjectNotFoundError",
     "PromotionConflictError",
     "ReactionDeliveryError",
@@ -100,6 +134,8 @@ __all__ = [
     "SubscriptionDisabledError",
     "SubscriptionNotFoundError",
     "SubscriptionRegistryError",
+    "TaskNotFoundError",
+    "UnavailableError",
     "UnknownTypeError",
     "UnsafePathError",
     "UnsafeStorageError",
@@ -378,3 +414,144 @@ class WorkflowEngineError(RhumbatronError):
 
 class LocalStackError(RhumbatronError):
     """The embedded nats-server or the local S3 server did not start or answer."""
+
+
+# -- a project's and a lookup's refusals (lifecycle) ---------------------------------------
+
+
+class ProjectIdUnavailableError(DomainError):
+    """The project ID is another tenant's project."""
+
+
+class ProjectExistsError(DomainError):
+    """The project exists under another name."""
+
+
+class ProjectNotActiveError(DomainError):
+    """The project is archived or deleted, and the request needs an active one."""
+
+
+class ProjectActiveError(DomainError):
+    """The project is active, and the request needs it archived first."""
+
+
+class ChangeNotFoundError(RhumbatronError, LookupError):
+    """No such Change in the project."""
+
+
+class TaskNotFoundError(RhumbatronError, LookupError):
+    """No such Task in the Change."""
+
+
+class EventNotFoundError(RhumbatronError, LookupError):
+    """No such event on the project's stream (not applied by the project view yet, or gone)."""
+
+
+# -- the operator API's own answers, each with its HTTP status ----------------------------
+
+
+class ApiError(RhumbatronError):
+    """An answer the API gives on purpose: HTTP status, code, and maybe the field at fault."""
+
+    status_code = 400
+    default_code = "bad_request"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        field: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.field = field
+        self.headers = dict(headers or {})
+
+
+class AuthenticationError(ApiError):
+    """401: no bearer token, or one that is expired, malformed or not signed by our issuer."""
+
+    status_code = 401
+    default_code = "invalid_token"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        code = code or self.default_code
+        # RFC 6750 §3: no error attribute when the request carried no token at all.
+        challenge = "Bearer" if code == "missing_token" else 'Bearer error="invalid_token"'
+        super().__init__(message, code=code, headers={"WWW-Authenticate": challenge})
+
+
+class PermissionDeniedError(ApiError):
+    """403: the token is valid but lacks the operation's scope."""
+
+    status_code = 403
+    default_code = "insufficient_scope"
+
+    def __init__(self, scope: str, *, tenant: str, has: Iterable[str]) -> None:
+        super().__init__(
+            f"this operation needs the scope {scope!r}; the token (tenant {tenant!r}) has "
+            f"{', '.join(repr(s) for s in sorted(has)) or 'no scopes'}",
+            headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{scope}"'},
+        )
+        self.scope = scope
+
+
+class PlatformRequiredError(ApiError):
+    """403: a platform route (its data spans every tenant) asked by a tenant-bound token."""
+
+    status_code = 403
+    default_code = "platform_required"
+
+    def __init__(self, doing: str, *, tenant: str) -> None:
+        super().__init__(
+            f"{doing} spans every tenant, so it needs a platform token (tenant '*'); this "
+            f"token is bound to tenant {tenant!r}. Ask a platform operator.",
+            # RFC 6750 §3.1: the request needs higher privileges than the token carries.
+            headers={"WWW-Authenticate": 'Bearer error="insufficient_scope"'},
+        )
+
+
+class ForbiddenError(ApiError):
+    """403: the caller may not do this whatever its scopes (a platform token creating what
+    only a tenant can own)."""
+
+    status_code = 403
+    default_code = "forbidden"
+
+
+class NotFoundError(ApiError):
+    """404: no such record for this tenant (a subscription, a schedule)."""
+
+    status_code = 404
+    default_code = "not_found"
+
+
+class ConflictError(ApiError):
+    """409: the request is well formed, but the state of what it names refuses it."""
+
+    status_code = 409
+    default_code = "conflict"
+
+
+class ArchiveDamagedError(ApiError):
+    """409: an archive object of the range cannot be read as Events; the message names it."""
+
+    status_code = 409
+    default_code = "archive_damaged"
+
+
+class InvalidRequestError(ApiError):
+    """422: a request value the models accept but the operation cannot use."""
+
+    status_code = 422
+    default_code = "invalid_request"
+
+
+class UnavailableError(ApiError):
+    """503: a dependency the API needs does not answer (a JWKS endpoint)."""
+
+    status_code = 503
+    default_code = "unavailable"

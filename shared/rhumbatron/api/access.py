@@ -15,10 +15,9 @@ import re
 import uuid
 from typing import TYPE_CHECKING
 
-from rhumbatron.api.errors import ForbiddenError
 from rhumbatron.core.settings import ANY_TENANT
 from rhumbatron.domain.facts import Caller
-from rhumbatron.errors import ProjectNotFoundError
+from rhumbatron.errors import ForbiddenError, ProjectNotFoundError
 
 if TYPE_CHECKING:
     from rhumbatron.api.auth import Principal

@@ -26,9 +26,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from rhumbatron.api.errors import AuthenticationError, PlatformRequiredError, UnavailableError
 from rhumbatron.core.settings import ANY_TENANT, ApiTokenGrant
-from rhumbatron.errors import ConfigurationError
+from rhumbatron.errors import (
+    AuthenticationError,
+    ConfigurationError,
+    PlatformRequiredError,
+    UnavailableError,
+)
 
 if TYPE_CHECKING:
     from jwt import PyJWKClient

@@ -31,8 +31,7 @@ from rhumbatron.api.auth import (
     Principal,
     platform_principal,
 )
-from rhumbatron.api.errors import AuthenticationError, PermissionDeniedError
-from rhumbatron.errors import NatsUnavailableError
+from rhumbatron.errors import AuthenticationError, NatsUnavailableError, PermissionDeniedError
 
 if TYPE_CHECKING:
     from rhumbatron.api.ports import ApiRuntime

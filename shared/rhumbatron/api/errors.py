@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -60,43 +60,32 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rhumbatron.errors import (
     ActorBusyError,
     ActorError,
+    ApiError,
+    ChangeNotFoundError,
+    ConflictError,
     DeadLetterClosedError,
     DeadLetterError,
     DeadLetterNotFoundError,
     DomainError,
     EnvelopeError,
+    EventNotFoundError,
+    InvalidRequestError,
     MessagingError,
     NatsUnavailableError,
     NotHolderError,
-    ProjectNotFoundError,
-    RhumbatronError,
-)
-from rhumbatron.lifecycle.lookups import (
-    ChangeNotFoundError,
-    EventNotFoundError,
-    TaskNotFoundError,
-)
-from rhumbatron.lifecycle.project_requests import (
     ProjectActiveError,
     ProjectExistsError,
     ProjectIdUnavailableError,
     ProjectNotActiveError,
+    ProjectNotFoundError,
+    RhumbatronError,
+    TaskNotFoundError,
 )
 from rhumbatron.redaction import describe_input
 
 __all__ = [
-    "ApiError",
-    "ArchiveDamagedError",
-    "AuthenticationError",
-    "ConflictError",
     "ErrorDetail",
     "ErrorResponse",
-    "ForbiddenError",
-    "InvalidRequestError",
-    "NotFoundError",
-    "PermissionDeniedError",
-    "PlatformRequiredError",
-    "UnavailableError",
     "domain_refusal",
     "error_responses",
     "install_error_handlers",
@@ -126,113 +115,6 @@ class ErrorResponse(BaseModel):
 
 
 # -- the API's own errors ----------------------------------------------------------------------
-
-
-class ApiError(RhumbatronError):
-    """An answer the API gives on purpose: HTTP status, code, and maybe the field at fault."""
-
-    status_code = 400
-    default_code = "bad_request"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        code: str | None = None,
-        field: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code or self.default_code
-        self.field = field
-        self.headers = dict(headers or {})
-
-
-class AuthenticationError(ApiError):
-    """401: no bearer token, or one that is expired, malformed or not signed by our issuer."""
-
-    status_code = 401
-    default_code = "invalid_token"
-
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        code = code or self.default_code
-        # RFC 6750 §3: no error attribute when the request carried no token at all.
-        challenge = "Bearer" if code == "missing_token" else 'Bearer error="invalid_token"'
-        super().__init__(message, code=code, headers={"WWW-Authenticate": challenge})
-
-
-class PermissionDeniedError(ApiError):
-    """403: the token is valid but lacks the operation's scope."""
-
-    status_code = 403
-    default_code = "insufficient_scope"
-
-    def __init__(self, scope: str, *, tenant: str, has: Iterable[str]) -> None:
-        super().__init__(
-            f"this operation needs the scope {scope!r}; the token (tenant {tenant!r}) has "
-            f"{', '.join(repr(s) for s in sorted(has)) or 'no scopes'}",
-            headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{scope}"'},
-        )
-        self.scope = scope
-
-
-class PlatformRequiredError(ApiError):
-    """403: a platform route (its data spans every tenant) asked by a tenant-bound token."""
-
-    status_code = 403
-    default_code = "platform_required"
-
-    def __init__(self, doing: str, *, tenant: str) -> None:
-        super().__init__(
-            f"{doing} spans every tenant, so it needs a platform token (tenant '*'); this "
-            f"token is bound to tenant {tenant!r}. Ask a platform operator.",
-            # RFC 6750 §3.1: the request needs higher privileges than the token carries.
-            headers={"WWW-Authenticate": 'Bearer error="insufficient_scope"'},
-        )
-
-
-class ForbiddenError(ApiError):
-    """403: the caller may not do this whatever its scopes (a platform token creating what
-    only a tenant can own)."""
-
-    status_code = 403
-    default_code = "forbidden"
-
-
-class NotFoundError(ApiError):
-    """404: no such record for this tenant (a subscription, a schedule)."""
-
-    status_code = 404
-    default_code = "not_found"
-
-
-class ConflictError(ApiError):
-    """409: the request is well formed, but the state of what it names refuses it."""
-
-    status_code = 409
-    default_code = "conflict"
-
-
-class ArchiveDamagedError(ApiError):
-    """409: an archive object of the range cannot be read as Events; the message names it."""
-
-    status_code = 409
-    default_code = "archive_damaged"
-
-
-class InvalidRequestError(ApiError):
-    """422: a request value the models accept but the operation cannot use."""
-
-    status_code = 422
-    default_code = "invalid_request"
-
-
-class UnavailableError(ApiError):
-    """503: a dependency the API needs does not answer (a JWKS endpoint)."""
-
-    status_code = 503
-    default_code = "unavailable"
 
 
 # -- mapping the package's errors --------------------------------------------------------------

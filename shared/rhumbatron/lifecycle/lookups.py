@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
-from rhumbatron.errors import RhumbatronError
+from rhumbatron.errors import (
+    ChangeNotFoundError,
+    EventNotFoundError,
+    TaskNotFoundError,
+)
 from rhumbatron.lifecycle.requests import qualified_task_id
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import stream_index
@@ -30,9 +34,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ChangeDetail",
-    "ChangeNotFoundError",
-    "EventNotFoundError",
-    "TaskNotFoundError",
     "change_detail",
     "existing_change",
     "find_event",
@@ -41,18 +42,6 @@ __all__ = [
     "shard_exists",
     "task_state",
 ]
-
-
-class ChangeNotFoundError(RhumbatronError, LookupError):
-    """No such Change in the project."""
-
-
-class TaskNotFoundError(RhumbatronError, LookupError):
-    """No such Task in the Change."""
-
-
-class EventNotFoundError(RhumbatronError, LookupError):
-    """No such event on the project's stream (not applied by the project view yet, or gone)."""
 
 
 @dataclass(frozen=True, slots=True)

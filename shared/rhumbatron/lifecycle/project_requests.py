@@ -29,7 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 from rhumbatron.actors.shard_commands import SetProjectStatus
 from rhumbatron.domain.project import ProjectState, project_admin_key
-from rhumbatron.errors import DomainError
+from rhumbatron.errors import (
+    ProjectActiveError,
+    ProjectExistsError,
+    ProjectIdUnavailableError,
+    ProjectNotActiveError,
+)
 from rhumbatron.lifecycle.commands import lifecycle_command
 from rhumbatron.lifecycle.lookups import shard_exists
 
@@ -41,29 +46,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PlannedCommand",
-    "ProjectActiveError",
-    "ProjectExistsError",
-    "ProjectIdUnavailableError",
-    "ProjectNotActiveError",
     "ProjectOverview",
     "ProjectRequests",
 ]
-
-
-class ProjectIdUnavailableError(DomainError):
-    """The project ID is another tenant's project."""
-
-
-class ProjectExistsError(DomainError):
-    """The project exists under another name."""
-
-
-class ProjectNotActiveError(DomainError):
-    """The project is archived or deleted, and the request needs an active one."""
-
-
-class ProjectActiveError(DomainError):
-    """The project is active, and the request needs it archived first."""
 
 
 @dataclass(frozen=True, slots=True)

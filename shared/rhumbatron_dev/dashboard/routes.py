@@ -24,8 +24,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from rhumbatron.api.auth import SCOPE_DEAD_LETTERS_READ, Authenticator, Principal
-from rhumbatron.api.errors import ApiError, AuthenticationError, PermissionDeniedError
 from rhumbatron.core.settings import ANY_TENANT
+from rhumbatron.errors import ApiError, AuthenticationError, PermissionDeniedError
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
 from rhumbatron.runtime.bootstrap import Rhumbatron
 from rhumbatron_dev.dashboard.page import DASHBOARD_SCRIPT, render_page

@@ -17,9 +17,14 @@ from rhumbatron.agents.registry import MAX_SECRETS, AgentKind
 from rhumbatron.agents.url_safety import display_url
 from rhumbatron.api.access import own_tenant
 from rhumbatron.api.dependencies import AgentsWriter, Runtime
-from rhumbatron.api.errors import InvalidRequestError, error_responses
+from rhumbatron.api.errors import error_responses
 from rhumbatron.api.lifecycle_schemas import AgentBody, RegisterAgentRequest
-from rhumbatron.errors import AgentRegistryError, UnsafeWebhookUrlError, WebhookSecretError
+from rhumbatron.errors import (
+    AgentRegistryError,
+    InvalidRequestError,
+    UnsafeWebhookUrlError,
+    WebhookSecretError,
+)
 
 __all__ = ["router"]
 

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Body, Query, Response
 
 from rhumbatron.api.access import api_caller, project_owner
 from rhumbatron.api.dependencies import ChangesReader, ChangesWriter, Runtime
-from rhumbatron.api.errors import ConflictError, domain_refusal
+from rhumbatron.api.errors import domain_refusal
 from rhumbatron.api.lifecycle_schemas import (
     CandidateBody,
     CandidateListBody,
@@ -31,7 +31,7 @@ from rhumbatron.api.routes._presets import (
     refusable_errors,
 )
 from rhumbatron.domain.changes import ChangeStatus
-from rhumbatron.errors import DomainError, PromotionConflictError
+from rhumbatron.errors import ConflictError, DomainError, PromotionConflictError
 from rhumbatron.lifecycle.lookups import change_detail, existing_change
 from rhumbatron.lifecycle.project_requests import ProjectRequests
 

@@ -7,7 +7,6 @@ from fastapi import APIRouter, Path, Query
 
 from rhumbatron import operator
 from rhumbatron.api.dependencies import DeadLettersReader, DeadLettersWriter, Runtime, Streams
-from rhumbatron.api.errors import InvalidRequestError
 from rhumbatron.api.routes._presets import base_errors, record_errors, refusable_errors
 from rhumbatron.api.schemas import (
     DeadLetterDetail,
@@ -15,7 +14,7 @@ from rhumbatron.api.schemas import (
     DeadLetterSummary,
     RetryBody,
 )
-from rhumbatron.errors import DeadLetterNotFoundError
+from rhumbatron.errors import DeadLetterNotFoundError, InvalidRequestError
 from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
 

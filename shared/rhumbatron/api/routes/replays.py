@@ -16,14 +16,14 @@ import logging
 from fastapi import APIRouter
 
 from rhumbatron.api.dependencies import Replayer, Runtime
-from rhumbatron.api.errors import (
+from rhumbatron.api.errors import error_responses
+from rhumbatron.api.replay_schemas import ReplayBody, ReplayRequest
+from rhumbatron.errors import (
     ArchiveDamagedError,
+    ArchiveError,
     InvalidRequestError,
     UnavailableError,
-    error_responses,
 )
-from rhumbatron.api.replay_schemas import ReplayBody, ReplayRequest
-from rhumbatron.errors import ArchiveError
 
 __all__ = ["router"]
 

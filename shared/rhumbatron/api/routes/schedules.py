@@ -18,12 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from rhumbatron.api.access import own_tenant
 from rhumbatron.api.dependencies import AgentsReader, AgentsWriter, Runtime
-from rhumbatron.api.errors import (
-    ConflictError,
-    InvalidRequestError,
-    NotFoundError,
-    error_responses,
-)
+from rhumbatron.api.errors import error_responses
 from rhumbatron.api.routes._presets import base_errors, record_errors
 from rhumbatron.api.schedule_schemas import (
     CreateScheduleRequest,
@@ -31,7 +26,14 @@ from rhumbatron.api.schedule_schemas import (
     ScheduleListBody,
     UpdateScheduleRequest,
 )
-from rhumbatron.errors import ScheduleConflictError, ScheduleNotFoundError, ScheduleRegistryError
+from rhumbatron.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    ScheduleConflictError,
+    ScheduleNotFoundError,
+    ScheduleRegistryError,
+)
 from rhumbatron.reactions.schedule_models import SCHEDULE_ID_PATTERN, ScheduleRecord, ScheduleTiming
 from rhumbatron.reactions.schedule_registry import ScheduleRegistry
 

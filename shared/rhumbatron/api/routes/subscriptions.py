@@ -25,12 +25,7 @@ from rhumbatron.agents.registry import MAX_SECRETS
 from rhumbatron.agents.url_safety import check_webhook_url
 from rhumbatron.api.access import own_tenant
 from rhumbatron.api.dependencies import AgentsReader, AgentsWriter, Runtime
-from rhumbatron.api.errors import (
-    ConflictError,
-    InvalidRequestError,
-    NotFoundError,
-    error_responses,
-)
+from rhumbatron.api.errors import error_responses
 from rhumbatron.api.routes._presets import base_errors, record_errors, refusable_errors
 from rhumbatron.api.subscription_schemas import (
     AgentReactionBody,
@@ -45,6 +40,9 @@ from rhumbatron.api.subscription_schemas import (
     WorkflowReactionBody,
 )
 from rhumbatron.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
     SubscriptionConflictError,
     SubscriptionDisabledError,
     SubscriptionNotFoundError,
