@@ -36,6 +36,9 @@ from rhumbatron.lifecycle.lookups import change_detail, existing_change
 from rhumbatron.lifecycle.project_requests import ProjectRequests
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from rhumbatron.api.auth import Principal
     from rhumbatron.api.ports import ApiRuntime
 
 __all__ = ["router"]
@@ -166,16 +169,14 @@ async def decline_change(
     body: Annotated[ReasonRequest | None, Body()] = None,
 ) -> ChangeBody:
     """``awaiting_approval → declined``; declining it again is nothing."""
-    owner = project_owner(runtime, principal, project_id)
-    existing_change(runtime, project_id, change_id)
-    with domain_refusal("illegal_transition"):
-        runtime.lifecycle().requests.decline(
-            api_caller(principal, owner, change_id),
-            project_id=project_id,
-            change_id=change_id,
-            reason=body.reason if body else "",
-        )
-    return _change_body(runtime, project_id, change_id)
+    return _end_change(
+        runtime,
+        principal,
+        project_id,
+        change_id,
+        body=body,
+        end=runtime.lifecycle().requests.decline,
+    )
 
 
 @router.post(
@@ -192,16 +193,14 @@ async def cancel_change(
     body: Annotated[ReasonRequest | None, Body()] = None,
 ) -> ChangeBody:
     """From open, verifying or awaiting approval to ``cancelled``; again is nothing."""
-    owner = project_owner(runtime, principal, project_id)
-    existing_change(runtime, project_id, change_id)
-    with domain_refusal("illegal_transition"):
-        runtime.lifecycle().requests.cancel(
-            api_caller(principal, owner, change_id),
-            project_id=project_id,
-            change_id=change_id,
-            reason=body.reason if body else "",
-        )
-    return _change_body(runtime, project_id, change_id)
+    return _end_change(
+        runtime,
+        principal,
+        project_id,
+        change_id,
+        body=body,
+        end=runtime.lifecycle().requests.cancel,
+    )
 
 
 @router.get(
@@ -216,6 +215,29 @@ async def list_candidates(
     """Every Candidate of the project, each with its Change's status."""
     project_owner(runtime, principal, project_id)
     return CandidateListBody.of(runtime.lifecycle().world.candidates(project_id))
+
+
+def _end_change(
+    runtime: "ApiRuntime",
+    principal: "Principal",
+    project_id: str,
+    change_id: str,
+    *,
+    body: ReasonRequest | None,
+    end: "Callable[..., object]",
+) -> ChangeBody:
+    """End the Change with ``end`` (a decline or a cancel) in the project owner's tenant:
+    the Change must exist (404); a move its status refuses answers 409."""
+    owner = project_owner(runtime, principal, project_id)
+    existing_change(runtime, project_id, change_id)
+    with domain_refusal("illegal_transition"):
+        end(
+            api_caller(principal, owner, change_id),
+            project_id=project_id,
+            change_id=change_id,
+            reason=body.reason if body else "",
+        )
+    return _change_body(runtime, project_id, change_id)
 
 
 def _change_body(runtime: "ApiRuntime", project_id: str, change_id: str) -> ChangeBody:

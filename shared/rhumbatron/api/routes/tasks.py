@@ -48,7 +48,12 @@ from rhumbatron.lifecycle.lookups import existing_change, live_claim, reported_t
 from rhumbatron.lifecycle.requests import require_holder
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from rhumbatron.actors.shard_commands import AgentReport
+    from rhumbatron.api.auth import Principal
     from rhumbatron.api.ports import ApiRuntime
+    from rhumbatron.domain.tasks import TaskState
 
 __all__ = ["router"]
 
@@ -106,12 +111,15 @@ async def start_task(
     body: StartTaskRequest,
 ) -> TaskBody:
     """``assigned → running`` (``task.started``); starting it again is nothing."""
-    owner = project_owner(runtime, principal, project_id)
-    task = reported_task(runtime, project_id, change_id, task_id)
-    with domain_refusal("not_holder"):
-        runtime.lifecycle().callbacks.report(
-            owner, project_id=project_id, change_id=change_id, command=body.command(task.task_id)
-        )
+    task = _report(
+        runtime,
+        principal,
+        project_id,
+        change_id,
+        task_id,
+        refusal="not_holder",
+        command=lambda task: body.command(task.task_id),
+    )
     return _task_body(runtime, project_id, change_id, task.task_id)
 
 
@@ -132,13 +140,16 @@ async def declare_intent(
 ) -> IntentBody:
     """``intent.declared``, or ``intent.changed`` when the same intent ID names other
     paths; the same again is nothing. Agents whose work overlaps the paths are woken."""
-    owner = project_owner(runtime, principal, project_id)
-    task = reported_task(runtime, project_id, change_id, task_id)
-    require_holder(task, body.agent_id)
-    with domain_refusal("intent_refused"):
-        runtime.lifecycle().callbacks.report(
-            owner, project_id=project_id, change_id=change_id, command=body.command(change_id)
-        )
+    task = _report(
+        runtime,
+        principal,
+        project_id,
+        change_id,
+        task_id,
+        refusal="intent_refused",
+        command=lambda _: body.command(change_id),
+        holder=body.agent_id,
+    )
     return IntentBody(
         intent_id=body.intent_id,
         agent_id=body.agent_id,
@@ -165,13 +176,16 @@ async def acquire_claim(
 ) -> ClaimBody:
     """An exclusive claim for the claim TTL; its holder claiming again renews it. A
     resource another Agent holds is 409 until it is released or expires."""
-    owner = project_owner(runtime, principal, project_id)
-    task = reported_task(runtime, project_id, change_id, task_id)
-    require_holder(task, body.agent_id)
-    with domain_refusal("claimed_by_another"):
-        runtime.lifecycle().callbacks.report(
-            owner, project_id=project_id, change_id=change_id, command=body.command()
-        )
+    _report(
+        runtime,
+        principal,
+        project_id,
+        change_id,
+        task_id,
+        refusal="claimed_by_another",
+        command=lambda _: body.command(),
+        holder=body.agent_id,
+    )
     return _claim_body(runtime, project_id, body.resource, body.agent_id)
 
 
@@ -194,15 +208,15 @@ async def release_claim(
     """``claim.released``; releasing a resource nobody holds is nothing. Only its
     holder releases it (409 otherwise). The Task need not be held any more: an Agent
     cleans up after completing."""
-    owner = project_owner(runtime, principal, project_id)
-    reported_task(runtime, project_id, change_id, task_id)
-    with domain_refusal("claimed_by_another"):
-        runtime.lifecycle().callbacks.report(
-            owner,
-            project_id=project_id,
-            change_id=change_id,
-            command=ReleaseClaim(resource=resource, agent_id=agent_id),
-        )
+    _report(
+        runtime,
+        principal,
+        project_id,
+        change_id,
+        task_id,
+        refusal="claimed_by_another",
+        command=lambda _: ReleaseClaim(resource=resource, agent_id=agent_id),
+    )
     return _claim_body(runtime, project_id, resource, agent_id)
 
 
@@ -224,13 +238,16 @@ async def create_challenge(
     """``challenge.created`` on the resource: the Agents whose work overlaps it are
     woken (never the challenger). The same challenge ID again is nothing; reused for
     another challenge, 409."""
-    owner = project_owner(runtime, principal, project_id)
-    task = reported_task(runtime, project_id, change_id, task_id)
-    require_holder(task, body.agent_id)
-    with domain_refusal("challenge_refused"):
-        runtime.lifecycle().callbacks.report(
-            owner, project_id=project_id, change_id=change_id, command=body.command(change_id)
-        )
+    task = _report(
+        runtime,
+        principal,
+        project_id,
+        change_id,
+        task_id,
+        refusal="challenge_refused",
+        command=lambda _: body.command(change_id),
+        holder=body.agent_id,
+    )
     return ChallengeBody(
         challenge_id=body.challenge_id,
         agent_id=body.agent_id,
@@ -258,19 +275,18 @@ async def propose_changeset(
 ) -> ChangesetBody:
     """``changeset.proposed`` on the current canonical generation; the same ID with the
     same files again is nothing, with other files 409."""
-    owner = project_owner(runtime, principal, project_id)
-    task = reported_task(runtime, project_id, change_id, task_id)
-    lifecycle = runtime.lifecycle()
-    with domain_refusal("changeset_refused"):
+    world = runtime.lifecycle().world
+    _report(
+        runtime,
+        principal,
+        project_id,
+        change_id,
+        task_id,
+        refusal="changeset_refused",
         # The platform, not the Agent, says which base: canonical's generation now.
-        base_generation = lifecycle.world.canonical_generation(project_id)
-        lifecycle.callbacks.report(
-            owner,
-            project_id=project_id,
-            change_id=change_id,
-            command=body.command(task.task_id, base_generation),
-        )
-    shard = lifecycle.world.change_shard(project_id, change_id)
+        command=lambda task: body.command(task.task_id, world.canonical_generation(project_id)),
+    )
+    shard = world.change_shard(project_id, change_id)
     changeset = shard.changeset(body.changeset_id)
     assert changeset is not None  # the call above recorded it, or had it already
     return ChangesetBody.of(changeset)
@@ -293,15 +309,15 @@ async def complete_task(
 ) -> TaskBody:
     """``task.completed`` (its dependents become ready; the last Task moves the Change
     to verifying); the same report again is nothing."""
-    owner = project_owner(runtime, principal, project_id)
-    task = reported_task(runtime, project_id, change_id, task_id)
-    with domain_refusal("not_holder"):
-        runtime.lifecycle().callbacks.report(
-            owner,
-            project_id=project_id,
-            change_id=change_id,
-            command=body.command(change_id, task.task_id),
-        )
+    task = _report(
+        runtime,
+        principal,
+        project_id,
+        change_id,
+        task_id,
+        refusal="not_holder",
+        command=lambda task: body.command(change_id, task.task_id),
+    )
     return _task_body(runtime, project_id, change_id, task.task_id)
 
 
@@ -321,13 +337,41 @@ async def fail_task(
     body: FailTaskRequest,
 ) -> TaskBody:
     """``task.failed`` with the reason (the Change is settled); again is nothing."""
+    task = _report(
+        runtime,
+        principal,
+        project_id,
+        change_id,
+        task_id,
+        refusal="not_holder",
+        command=lambda task: body.command(task.task_id),
+    )
+    return _task_body(runtime, project_id, change_id, task.task_id)
+
+
+def _report(
+    runtime: "ApiRuntime",
+    principal: "Principal",
+    project_id: str,
+    change_id: str,
+    task_id: str,
+    *,
+    refusal: str,
+    command: "Callable[[TaskState], AgentReport]",
+    holder: str | None = None,
+) -> "TaskState":
+    """Report on the Task as its Agent, in the project owner's tenant: the Task must exist
+    (404); ``holder``, when given, must hold it (409 ``not_holder``); the report's own
+    refusal answers 409 with the code ``refusal``. Returns the Task as it was found."""
     owner = project_owner(runtime, principal, project_id)
     task = reported_task(runtime, project_id, change_id, task_id)
-    with domain_refusal("not_holder"):
+    if holder is not None:
+        require_holder(task, holder)
+    with domain_refusal(refusal):
         runtime.lifecycle().callbacks.report(
-            owner, project_id=project_id, change_id=change_id, command=body.command(task.task_id)
+            owner, project_id=project_id, change_id=change_id, command=command(task)
         )
-    return _task_body(runtime, project_id, change_id, task.task_id)
+    return task
 
 
 def _task_body(runtime: "ApiRuntime", project_id: str, change_id: str, task_id: str) -> TaskBody:
