@@ -18,7 +18,9 @@ from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import ActorError, SendRefusedError
+from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.messaging.sender import FastBatchAck, OutgoingMessage, StoredMessage
+from rhumbatron.protocol.ids import stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.testing import MemorySender, SenderWrapper
 
@@ -53,9 +55,17 @@ class RefuseFirstRowOnce(SenderWrapper):
         return await self.inner.send_fast_batch(stream, messages)
 
 
-def runtime(tmp_path: Path, clock: ManualClock, sender: object) -> Rhumbatron:
+def runtime(
+    tmp_path: Path, clock: ManualClock, sender: object, nudge: RecordingNudge | None = None
+) -> Rhumbatron:
     settings = load_settings(state_dir=tmp_path / "state", nats_url="nats://127.0.0.1:1")
-    return bootstrap(settings, clock=clock, alarms=RecordingAlarmSink(), sender=sender)  # type: ignore[arg-type]
+    return bootstrap(
+        settings,
+        clock=clock,
+        alarms=RecordingAlarmSink(),
+        sender=sender,  # type: ignore[arg-type]
+        nudge=nudge,
+    )
 
 
 def write_tasks(app: Rhumbatron, project: str, change: str, count: int) -> None:
@@ -117,6 +127,37 @@ async def test_one_alarm_fire_publishes_past_the_per_call_cap(
     assert [r.published for r in reports] == [350]
     assert len(memory.sent) == 350
     assert AlarmGuard.fires_on(shard.connection, utc_day(clock.now())) == (1, 0)
+    await app.close()
+
+
+@pytest.mark.parametrize("path", ["local invoker", "every-minute scan", "one actor's alarm"])
+async def test_a_run_nudges_each_stream_it_moved_once_when_it_ends(
+    tmp_path: Path, clock: ManualClock, path: str
+) -> None:
+    # GIVEN three changes of one project (three shard actors, one stream), 250 due rows in one
+    # of them (three publishes past the per-call cap), and a second project
+    memory, nudge = MemorySender(), RecordingNudge()
+    app = runtime(tmp_path, clock, memory, nudge)
+    write_tasks(app, "nudge-p", "chg-1", 250)
+    for change in ("chg-2", "chg-3"):
+        write_tasks(app, "nudge-p", change, 2)
+    write_tasks(app, "nudge-q", "chg-1", 2)
+    streams = {stream_index("nudge-p"), stream_index("nudge-q")}
+
+    # WHEN the run publishes them
+    if path == "local invoker":
+        published = sum(r.published for r in await app.drain_alarms())
+    elif path == "every-minute scan":
+        published = sum(r.published for r in (await app.fire_due_alarms()).reports)
+    else:
+        key = app.resource_shard("nudge-p", change_resource_key("chg-1")).ref.key
+        published = (await app.fire_alarm(key)).published
+        streams = {stream_index("nudge-p")}
+
+    # THEN every row went out, and the router was nudged once per stream the run moved,
+    # not once per actor or per 100-row publish
+    assert published == len(memory.sent) == (250 if path == "one actor's alarm" else 256)
+    assert sorted(nudge.nudged) == sorted(streams)
     await app.close()
 
 

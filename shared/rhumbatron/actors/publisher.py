@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -144,12 +144,14 @@ class OutboxPublisher:
         bindings = settings.producer_bindings
         self._bindings = frozenset(range(EVENT_STREAM_COUNT) if bindings is None else bindings)
 
-    async def fire_alarm(self, actor: Actor) -> PublishReport:
+    async def fire_alarm(self, actor: Actor, *, nudge: bool = True) -> PublishReport:
         """The actor's alarm fired: ask AlarmGuard, then publish if it admits the fire.
 
         Under the publish lock the guard decides from reads alone; an admitted fire is
         counted in the same commit that marks the rows published (one fsync per fire, not
         two). Every other outcome writes what it implies in a transaction of its own.
+        ``nudge=False`` leaves the streams it moved (``report.nudged``) to the caller, who
+        nudges each once for a whole run (:meth:`nudge_streams`).
         """
         with actor.publish_lock() as acquired:
             if not acquired:
@@ -164,21 +166,25 @@ class OutboxPublisher:
                     return PublishReport(actor.ref.key, alarm=decision)
                 report = await self._publish_locked(actor)  # admit() counted this fire
         report.alarm = FireDecision.FIRE
-        await self._nudge_streams(report)
+        if nudge:
+            await self.nudge_streams(report.nudged)
         return report
 
-    async def publish_due(self, actor: Actor) -> PublishReport:
-        """Send the due rows of every project in ``actor``'s outbox (at most 100 each)."""
+    async def publish_due(self, actor: Actor, *, nudge: bool = True) -> PublishReport:
+        """Send the due rows of every project in ``actor``'s outbox (at most 100 each).
+        ``nudge=False``: as for :meth:`fire_alarm`."""
         with actor.publish_lock() as acquired:
             if not acquired:
                 # another publisher is on this actor right now (F8)
                 return PublishReport(actor.ref.key, busy=True)
             report = await self._publish_locked(actor)
-        await self._nudge_streams(report)
+        if nudge:
+            await self.nudge_streams(report.nudged)
         return report
 
-    async def _nudge_streams(self, report: PublishReport) -> None:
-        for index in report.nudged:
+    async def nudge_streams(self, stream_indexes: Iterable[int]) -> None:
+        """Nudge the router once for each stream of ``stream_indexes``, in order."""
+        for index in dict.fromkeys(stream_indexes):
             await self._nudge.nudge(index)
 
     async def _publish_locked(

@@ -2,7 +2,9 @@
 
 A fire asks the actor's AlarmGuard, then publishes while rows are due. The scan visits every
 actor file whose alarm is due, up to ``publish_concurrency`` at once; the local invoker drains
-the alarms a :class:`~rhumbatron.actors.alarms.RecordingAlarmSink` announced. One actor's
+the alarms a :class:`~rhumbatron.actors.alarms.RecordingAlarmSink` announced. Each job nudges
+the router once per stream it moved, when it ends: not once per actor, nor once per
+100-row publish, so a busy run costs the router one run per stream, not one per actor. One actor's
 failure (a damaged or locked file) is recorded in its report and does not stop the others.
 These are the composition root's jobs: they read the actor directory and the publisher it
 built, and :class:`~rhumbatron.runtime.bootstrap.Rhumbatron` runs them.
@@ -59,7 +61,9 @@ class AlarmJobs:
                 f"no actor file for {actor_key} at {ref.path(state_dir)}; "
                 "an alarm can only fire for an actor that has written something"
             )
-        return await self._drain_actor(self.actors.actor(ref), should_stop)
+        report = await self._drain_actor(self.actors.actor(ref), should_stop)
+        await self.publisher.nudge_streams(report.nudged)
+        return report
 
     async def _drain_actor(
         self,
@@ -76,9 +80,9 @@ class AlarmJobs:
         (``publish_when_capped``), which publishes without counting a fire (DECISIONS).
         """
         publisher = self.publisher
-        report = await publisher.fire_alarm(actor)
+        report = await publisher.fire_alarm(actor, nudge=False)
         if report.alarm is FireDecision.CAPPED and publish_when_capped:
-            report.absorb(await publisher.publish_due(actor))
+            report.absorb(await publisher.publish_due(actor, nudge=False))
         elif report.alarm is not FireDecision.FIRE:
             return report
         while (
@@ -87,7 +91,7 @@ class AlarmJobs:
             and report.next_alarm_at <= self.clock.now().timestamp()
             and not (should_stop is not None and should_stop())
         ):
-            report.absorb(await publisher.publish_due(actor))
+            report.absorb(await publisher.publish_due(actor, nudge=False))
         return report
 
     async def fire_due_alarms(
@@ -118,6 +122,7 @@ class AlarmJobs:
                 await self._scan_one(queue.popleft(), scan, now_s, should_stop)
 
         await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+        await self.publisher.nudge_streams(i for r in scan.reports for i in r.nudged)
         return scan
 
     async def _scan_one(
@@ -155,4 +160,5 @@ class AlarmJobs:
         while keys := sink.drain():
             queue.extend(keys)
             await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+        await self.publisher.nudge_streams(i for r in reports for i in r.nudged)
         return reports
