@@ -12,7 +12,6 @@ import pytest_asyncio
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.errors import LocalStackError
 from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
@@ -22,27 +21,10 @@ from rhumbatron_dev.local.s3_server import S3ServerProcess
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServerProcess]:
     """A real nats-server with JetStream, its store in this test's temp dir."""
-    server = start_on_free_ports(tmp_path / "nats")
+    server = NatsServerProcess(store_dir=tmp_path / "nats")
+    server.start()
     yield server
     server.stop()
-
-
-def start_on_free_ports(store_dir: Path, attempts: int = 3) -> NatsServerProcess:
-    """Start a nats-server on free loopback ports. A port found free can be taken by another
-    process before the server binds it (other suites run on this machine too): the server
-    then exits at once with "address already in use", and it is started again on new ports."""
-    for attempt in range(1, attempts + 1):
-        server = NatsServerProcess(store_dir=store_dir)
-        try:
-            server.start()
-            return server
-        except LocalStackError:
-            log = store_dir.parent / f"{server.name}.log"
-            taken = log.exists() and "address already in use" in log.read_text()
-            server.stop()
-            if not taken or attempt == attempts:
-                raise
-    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,6 @@ from rhumbatron.agents.signing import generate_secret, parse_secret
 from rhumbatron.agents.url_safety import check_webhook_url
 from rhumbatron.core.clock import Clock
 from rhumbatron.core.settings import Settings
-
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import AgentNotFoundError, AgentRegistryError
 from rhumbatron.protocol.values import AGENT_ID
 

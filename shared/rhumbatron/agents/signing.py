@@ -22,7 +22,6 @@ import secrets as _random
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import WebhookSecretError, WebhookSignatureError
 
 __all__ = [

@@ -22,7 +22,6 @@ from collections.abc import Iterable, Sequence
 from ipaddress import IPv4Address, IPv6Address, ip_address
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import UnsafeWebhookUrlError
 
 __all__ = [

@@ -28,8 +28,6 @@ from rhumbatron.agents.url_safety import check_webhook_url, display_url
 from rhumbatron.core.clock import Clock
 from rhumbatron.core.settings import Settings
 from rhumbatron.domain.tasks import TaskState
-
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import (
     AgentNotFoundError,
     AgentRegistryError,

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rhumbatron.archive.keys import archive_key
-
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import ArchiveUnavailableError, ConfigurationError
 from rhumbatron.protocol.envelopes import Event
 

@@ -30,7 +30,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import RetentionMisfitError
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, QueueConsumer

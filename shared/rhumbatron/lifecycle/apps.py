@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import AppProvisioningError
 from rhumbatron.paths import path_under
 

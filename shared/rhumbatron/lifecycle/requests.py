@@ -32,8 +32,6 @@ from rhumbatron.actors.shard_commands import (
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import ChangeState, ChangeStatus, TaskPlan, check_work_graph
 from rhumbatron.domain.facts import Caller
-
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import DomainError, NotHolderError, PromotionConflictError
 
 if TYPE_CHECKING:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import ConsumerGoneError, MessagingError, NatsUnavailableError
 
 if TYPE_CHECKING:

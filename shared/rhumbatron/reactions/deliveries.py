@@ -34,8 +34,6 @@ import httpx
 from rhumbatron.agents.signing import signed_headers
 from rhumbatron.agents.url_safety import check_webhook_url, display_url
 from rhumbatron.core.settings import Settings
-
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import ReactionDeliveryError, RhumbatronError
 from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.reactions.kinds import KIND_GRAMMAR

@@ -49,7 +49,6 @@ from pydantic import (
     model_validator,
 )
 
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import SelectorError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.payloads import Payload

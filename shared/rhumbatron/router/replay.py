@@ -61,7 +61,6 @@ from datetime import date, datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, cast
 
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import ReplayError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.envelopes import Event

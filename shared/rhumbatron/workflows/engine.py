@@ -19,7 +19,6 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Protocol
 
-# Defined in rhumbatron.errors; the alias keeps this module's old import path working.
 from rhumbatron.errors import DomainError
 from rhumbatron.protocol.envelopes import Command
 

@@ -49,6 +49,10 @@ def find_nats_server_binary() -> str:
     )
 
 
+#: How many times a standalone server's first start moves to new ports when one was taken.
+_BIND_ATTEMPTS = 3
+
+
 def _config_value(sync_interval: str) -> str:
     return sync_interval if sync_interval == "always" else json.dumps(sync_interval)
 
@@ -72,6 +76,7 @@ class NatsServerProcess:
     cluster_routes: tuple[int, ...] = ()
     max_payload: int | None = None
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _started: bool = field(default=False, init=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -111,9 +116,27 @@ class NatsServerProcess:
         return "\n".join(lines) + "\n"
 
     def start(self, timeout_s: float = 15.0) -> None:
-        """Start the server and return once JetStream answers its health check."""
+        """Start the server and return once JetStream answers its health check.
+
+        A port found free can be handed to another socket before the server binds it (a
+        client's ephemeral port, another suite on the machine): a standalone server's first
+        start then moves to new free ports, up to :data:`_BIND_ATTEMPTS` times. A restart, or
+        a cluster node whose peers know its ports, keeps its ports and fails instead.
+        """
         if self.running:
             return
+        movable = not self._started and self.cluster_port is None
+        for attempt in range(1, _BIND_ATTEMPTS + 1):
+            try:
+                self._start_once(timeout_s)
+                self._started = True
+                return
+            except LocalStackError:
+                if not (movable and attempt < _BIND_ATTEMPTS and self._port_was_taken()):
+                    raise
+                self.port, self.http_port = free_port(), free_port()
+
+    def _start_once(self, timeout_s: float) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         config = self.store_dir.parent / f"{self.name}.conf"
         config.write_text(self.config_text())
@@ -126,6 +149,10 @@ class NatsServerProcess:
         )
         log.close()
         self.wait_healthy(timeout_s)
+
+    def _port_was_taken(self) -> bool:
+        log = self.store_dir.parent / f"{self.name}.log"
+        return log.exists() and "address already in use" in log.read_text(errors="replace")
 
     def wait_healthy(self, timeout_s: float = 15.0) -> None:
         """Poll ``/healthz?js-enabled-only=true`` until JetStream is up."""
