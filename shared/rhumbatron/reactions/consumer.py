@@ -81,7 +81,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FIRED_METRIC",
-    "NoSubscriptions",
     "Reactions",
     "ReactionsConsumer",
 ]
@@ -91,13 +90,6 @@ _log = logging.getLogger(__name__)
 #: A reaction that ran (dimension ``reaction``: webhook, workflow or agent).
 FIRED_METRIC = "reaction_fired"
 _CONSUMER = Subscription.REACTIONS.value
-
-
-class NoSubscriptions:
-    """No registry is bound: no event matches anything (every event is applied)."""
-
-    def matching(self, tenant_id: str, event: Event) -> Sequence[SubscriptionLike]:
-        return ()
 
 
 @dataclass
