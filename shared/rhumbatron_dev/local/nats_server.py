@@ -6,6 +6,7 @@ server with SIGKILL and start it again on the same port and store.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -25,10 +26,20 @@ __all__ = ["NatsServerProcess", "find_nats_server_binary", "free_port"]
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and that this process has
+    not handed out before: the OS may give a just-closed port again, and two ports of one
+    server (or of two cluster nodes) must differ."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+
+
+#: Every port :func:`free_port` has handed out in this process.
+_HANDED_OUT: set[int] = set()
 
 
 def find_nats_server_binary() -> str:
@@ -169,7 +180,8 @@ class NatsServerProcess:
                 with urllib.request.urlopen(url, timeout=1) as answer:
                     if answer.status == 200:
                         return
-            except (urllib.error.URLError, OSError) as exc:
+            except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+                # Not this server's monitoring port answering (yet): keep polling.
                 last_error = str(exc)
             time.sleep(0.02)  # polling a child process coming up, not synchronising a test
         raise LocalStackError(
