@@ -162,7 +162,13 @@ async def test_the_listing_shows_every_cursor_with_its_pending_counts(
     for subscription in Subscription:
         if subscription is not PROJECTOR:
             unread = found[(event_stream_name(STREAM), subscription.value)]
-            assert (unread.exists, unread.num_pending, unread.last_delivered_seq) == (False, 5, 0)
+            assert (
+                unread.exists,
+                unread.num_pending,
+                unread.num_ack_pending,
+                unread.last_delivered_seq,
+                unread.last_delivered_at,
+            ) == (False, 5, 0, 0, None)
     assert found[(event_stream_name(OTHER_STREAM), PROJECTOR.value)].num_pending == 0
     # AND the queues: integration 2 waiting and 1 in flight; verification's 1 command waits
     # for a consumer not created yet; the others have nothing
@@ -179,6 +185,52 @@ async def test_the_listing_shows_every_cursor_with_its_pending_counts(
     verification = found[(COMMAND_STREAM, "q-verification")]
     assert (verification.exists, verification.num_pending) == (False, 1)
     assert found[(COMMAND_STREAM, "q-agent-wakeups")].num_pending == 0
+
+
+async def test_a_cursor_that_read_everything_lags_by_nothing(runtime: Rhumbatron) -> None:
+    # GIVEN 2 events the projector fetched and acknowledged
+    await publish(runtime, events(2))
+    log = EventLogClient(await runtime.nats(), runtime.settings)
+    try:
+        for message in await log.fetch(STREAM, PROJECTOR, 10):
+            await message.ack_sync()
+    finally:
+        await log.close()
+
+    # WHEN every cursor is read
+    lags = by_name(await read_cursors((await runtime.nats()).jetstream()))
+
+    # THEN the projector exists with nothing waiting and nothing in flight, and its last
+    # delivery is the second event
+    projector = lags[(event_stream_name(STREAM), PROJECTOR.value)]
+    assert (projector.exists, projector.num_pending, projector.num_ack_pending) == (True, 0, 0)
+    assert projector.last_delivered_seq == 2
+
+
+async def test_before_the_streams_exist_every_cursor_is_listed_with_nothing_to_read(
+    tmp_path: Path, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN a server on which no stream was ensured yet
+    settings = load_settings(state_dir=tmp_path / "state", nats_url=nats_server.url)
+    app = bootstrap(settings, clock=ManualClock(AT), alarms=RecordingAlarmSink())
+    try:
+        # WHEN every cursor is read
+        lags = await read_cursors((await app.nats()).jetstream())
+    finally:
+        await app.close()
+
+    # THEN each is listed, not created, with nothing to read and nothing delivered
+    assert [lag.cursor for lag in lags] == durable_cursors()
+    assert {
+        (
+            lag.exists,
+            lag.num_pending,
+            lag.num_ack_pending,
+            lag.last_delivered_seq,
+            lag.last_delivered_at,
+        )
+        for lag in lags
+    } == {(False, 0, 0, 0, None)}
 
 
 async def test_get_consumers_lists_every_consumer_with_its_lag(

@@ -644,6 +644,84 @@ async def test_the_dead_letter_queue_logs_a_message_whose_retries_ran_out_then_t
     assert [a.kind for a in acks][-1] == "+TERM"
 
 
+async def test_each_give_up_is_counted(make_app: AppFactory) -> None:
+    # GIVEN two commands on a queue with a dead-letter queue and two on one without, retry
+    # delay 0 (a test override), and a handler that always fails
+    app = await make_app(queue_retry_delay_s={"integration": 0.0, "indexing": 0.0})
+    await send_commands(app, "integration", 2)
+    await send_commands(app, "indexing", 2)
+    runtime = await app.queue_runtime()
+
+    async def failing(command: Command, delivery: Delivery) -> None:
+        raise RuntimeError("broken")
+
+    # WHEN each queue is polled until its commands have left it
+    integration = await poll_until(runtime, "integration", failing, queue_gone(app, "integration"))
+    indexing = await poll_until(runtime, "indexing", failing, queue_gone(app, "indexing"))
+
+    # THEN every give-up is in the reports: both dead-lettered, both terminated
+    assert total(integration, "dead_lettered") == 2
+    assert total(indexing, "terminated") == 2
+
+
+async def test_a_long_error_is_cut_to_1000_characters_in_the_dead_letter(
+    make_app: AppFactory,
+) -> None:
+    # GIVEN a handler whose error runs to 5,000 characters, retry delay 0 (a test override)
+    app = await make_app(queue_retry_delay_s={"integration": 0.0})
+    await send_commands(app, "integration", 1)
+
+    async def failing(command: Command, delivery: Delivery) -> None:
+        raise RuntimeError("x" * 5_000)
+
+    # WHEN it fails until it leaves the queue
+    runtime = await app.queue_runtime()
+    await poll_until(runtime, "integration", failing, queue_gone(app, "integration"))
+
+    # THEN the letter carries the error's first 1,000 characters
+    letter = await (await js_of(app)).get_last_msg(COMMAND_STREAM, "cmd.dead-letter")
+    error = (letter.headers or {})[LAST_ERROR_HEADER]
+    assert len(error) == 1_000 and error.startswith("RuntimeError: xxx")
+
+
+async def test_an_empty_body_is_dead_lettered_empty(make_app: AppFactory) -> None:
+    # GIVEN an empty message on the integration queue
+    app = await make_app()
+    await (await app.command_bus()).send_raw("integration", b"", message_id="raw-empty")
+
+    # WHEN the queue is polled
+    report = await (await app.queue_runtime()).poll("integration", noop)
+
+    # THEN the letter is the same empty body, not something made up
+    assert report.dead_lettered == 1
+    letter = await (await js_of(app)).get_last_msg(COMMAND_STREAM, "cmd.dead-letter")
+    assert letter.data in (b"", None)
+
+
+async def test_an_undecodable_body_on_a_queue_without_a_dead_letter_queue_is_logged_by_sequence(
+    make_app: AppFactory, tap: AckTap, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a body that is not a Command on the indexing queue, which has no dead-letter queue
+    app = await make_app()
+    sent = await (await app.command_bus()).send_raw(
+        "indexing", b"not a command", message_id="raw-indexing"
+    )
+
+    # WHEN it is polled
+    caplog.set_level(logging.ERROR, logger="rhumbatron.messaging.queue_consumer")
+    report = await (await app.queue_runtime()).poll("indexing", noop)
+
+    # THEN it is terminated, and the error names it by its stream sequence
+    assert report.terminated == 1
+    logged = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "rhumbatron.messaging.queue_consumer" and r.levelno >= logging.ERROR
+    ]
+    assert len(logged) == 1
+    assert logged[0].startswith(f"indexing gives up on seq {sent.stream_seq} after 1 deliveries: ")
+
+
 async def test_an_expired_command_is_acked_without_running(
     make_app: AppFactory, tap: AckTap, clock: ManualClock
 ) -> None:
@@ -724,14 +802,14 @@ async def test_an_undecodable_body_goes_to_on_undecodable_when_given(
 async def test_a_dead_letter_send_that_fails_leaves_the_message_for_another_try(
     make_app: AppFactory, tap: AckTap
 ) -> None:
-    # GIVEN a command that always fails, retry delay 0, and the COMMANDS stream full: it may
-    # hold one message (the command itself) and refuses new ones, so JetStream refuses the
-    # dead-letter send for real
-    app = await make_app(queue_retry_delay_s={"integration": 0.0})
-    [command] = await send_commands(app, "integration", 1)
+    # GIVEN two commands that always fail, a short retry delay (a test override), and the
+    # COMMANDS stream full: it may hold two messages (the commands) and refuses new ones,
+    # so JetStream refuses the dead-letter sends for real
+    app = await make_app(queue_retry_delay_s={"integration": 0.2})
+    commands = await send_commands(app, "integration", 2)
     js = await js_of(app)
     info = await js.stream_info(COMMAND_STREAM)
-    await js.update_stream(info.config.evolve(max_msgs=1, discard=DiscardPolicy.NEW))
+    await js.update_stream(info.config.evolve(max_msgs=2, discard=DiscardPolicy.NEW))
     runtime = await app.queue_runtime()
     deliveries: list[int] = []
 
@@ -740,26 +818,28 @@ async def test_a_dead_letter_send_that_fails_leaves_the_message_for_another_try(
         raise RuntimeError("broken")
 
     async def past_last_delivery() -> bool:
-        return len(deliveries) >= 5
+        return len(deliveries) >= 10
 
-    # WHEN it fails on its last delivery (4) and the dead-letter send is refused
+    # WHEN they fail on their last delivery (4) and the dead-letter sends are refused
     reports = await poll_until(runtime, "integration", failing, past_last_delivery)
 
-    # THEN it was not terminated: nak'd, delivered again, and still on its queue
+    # THEN neither was terminated: nak'd after the row's delay, delivered again, counted as
+    # a retry each time, and still on their queue
     assert total(reports, "dead_lettered") == 0
+    assert total(reports, "retried") == len(deliveries)
     acks = await tap.seen(app)
-    assert all(a.kind == "-NAK" for a in acks)
-    assert await counts_become(app, {"cmd.integration": 1}) == {"cmd.integration": 1}
+    assert {(a.kind, a.delay_s) for a in acks} == {("-NAK", 0.2)}
+    assert await counts_become(app, {"cmd.integration": 2}) == {"cmd.integration": 2}
 
     # WHEN the stream takes messages again
     await js.update_stream(info.config)
     after = await poll_until(runtime, "integration", failing, queue_gone(app, "integration"))
 
-    # THEN the next delivery is dead-lettered once and terminated
-    assert total(after, "dead_lettered") == 1
-    assert await counts_become(app, {"cmd.dead-letter": 1}) == {"cmd.dead-letter": 1}
+    # THEN the next delivery of each is dead-lettered once and terminated
+    assert total(after, "dead_lettered") == 2
+    assert await counts_become(app, {"cmd.dead-letter": 2}) == {"cmd.dead-letter": 2}
     letter = await js.get_last_msg(COMMAND_STREAM, "cmd.dead-letter")
-    assert Command.parse(letter.data or b"") == command
+    assert Command.parse(letter.data or b"") in commands
     assert int((letter.headers or {})[DELIVERIES_HEADER]) == deliveries[-1] > 4
 
 

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 import pytest_asyncio
-from nats.js.api import AckPolicy
+from nats.js.api import AckPolicy, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from project_roots import ensure_project_roots
@@ -198,12 +198,57 @@ async def test_each_stream_gets_the_specs_four_durable_consumers_and_reactions_a
         assert info.config.ack_policy == AckPolicy.EXPLICIT
         assert info.config.ack_wait == 300
         assert info.config.deliver_subject is None  # a pull consumer
+        # every record from the first, redelivered without a server-side limit (the router
+        # counts failures itself: JetStream must never stop redelivering), and at most the
+        # settings' records in flight
+        assert info.config.deliver_policy == DeliverPolicy.ALL
+        assert info.config.max_deliver == -1
+        assert info.config.max_ack_pending == app.settings.router_max_ack_pending
     assert [c.name async for c in _consumers(js, event_stream_name(1))] == [REACTIONS.value]
 
 
 async def _consumers(js: Any, stream: str) -> AsyncIterator[Any]:
     for info in await js.consumers_info(stream):
         yield info
+
+
+async def test_a_warm_log_client_pulls_through_the_consumer_it_ensured_once(
+    make_app: AppFactory,
+) -> None:
+    # GIVEN a log client that has read stream 0 once, creating the projector's consumer
+    # with a window of records in flight other than the server's default (1,000)
+    app = await make_app(router_max_ack_pending=250)
+    log = await app.router().event_log()
+    await log.fetch(0, PROJECTOR, 1)
+    puller = log._pullers[(0, PROJECTOR)]
+
+    # WHEN it reads again
+    await log.fetch(0, PROJECTOR, 1)
+
+    # THEN it reused the same puller without asking the server about the consumer again (the
+    # first answer, "created", still stands), with a bounded pull and a late-message window
+    # shorter than the ack wait: a record held longer than that is JetStream's to redeliver
+    assert log._pullers[(0, PROJECTOR)] is puller
+    assert log.consumer_changes[(0, PROJECTOR)] is ConsumerChange.CREATED
+    assert puller.timeout_s == app.settings.router_fetch_timeout_s
+    assert puller.keep_late_s == app.settings.router_ack_wait_s / 2
+    info = await (await app.nats()).jetstream().consumer_info(event_stream_name(0), PROJECTOR.value)
+    assert info.config.max_ack_pending == 250
+
+
+async def test_a_consumer_not_created_yet_lags_by_the_whole_stream(make_app: AppFactory) -> None:
+    # GIVEN 3 records on stream 0 and no reader yet
+    app = await make_app()
+    js = (await app.nats()).jetstream()
+    for _ in range(3):
+        await js.publish(event_stream_subject(0), b"{}")
+    log = await app.router().event_log()
+
+    # WHEN the projector's lag is read
+    lag = await log.lag(0, PROJECTOR)
+
+    # THEN it is all of the stream, nothing in flight, and the consumer does not exist
+    assert (lag.num_pending, lag.num_ack_pending, lag.exists) == (3, 0, False)
 
 
 async def test_a_changed_ack_wait_updates_the_existing_consumer(make_app: AppFactory) -> None:
