@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
 from pydantic import (
@@ -37,16 +37,21 @@ from rhumbatron.redaction import describe_input
 
 __all__ = ["Command", "Event", "format_timestamp"]
 
-_ACTOR_PATTERN = r"^(agent|user|system|workflow|operator):[^\s\x00-\x1f\x7f]{1,200}$"
+ACTOR_PATTERN = r"^(agent|user|system|workflow|operator):[^\s\x00-\x1f\x7f]{1,200}$"
 _COMMAND_ID_PATTERN = r"^cmd_[A-Za-z0-9_.:\-]{1,200}$"
 _UNREADABLE_PAYLOAD = "cannot read the payload"
+_NO_OFFSET = timedelta(0)
 
 
 def format_timestamp(moment: datetime) -> str:
-    """UTC ISO-8601 with milliseconds and ``Z``: the envelopes' one timestamp format."""
-    return (
-        moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-    )
+    """UTC ISO-8601 with milliseconds and ``Z``: the envelopes' one timestamp format.
+
+    Milliseconds are truncated, as the envelopes keep them. ``isoformat`` runs in C: the
+    router formats several timestamps per event, and ``strftime`` cost a tenth of its time.
+    """
+    if moment.utcoffset() != _NO_OFFSET:
+        moment = moment.astimezone(UTC)
+    return moment.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
 
 
 def _utc(value: datetime) -> datetime:
@@ -164,7 +169,7 @@ class Event(_Envelope):
     # alphabet, so neither can carry the stable ID's unit separator or a line break.
     change_id: str | None = Field(default=None, pattern=IDENTIFIER)
     task_id: str | None = Field(default=None, pattern=IDENTIFIER)
-    actor: str = Field(pattern=_ACTOR_PATTERN)
+    actor: str = Field(pattern=ACTOR_PATTERN)
     resource: str | None = Field(default=None, min_length=1, max_length=1024)
     canonical_generation: StrictInt | None = Field(default=None, ge=0, le=MAX_WIRE_INTEGER)
     caused_by: str | None = Field(default=None, min_length=1, max_length=256)

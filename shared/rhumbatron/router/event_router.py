@@ -49,6 +49,7 @@ from rhumbatron.router.handlers import (
     RunContext,
 )
 from rhumbatron.router.records import (
+    DecodedEvents,
     Outcome,
     ProjectOwners,
     Record,
@@ -104,6 +105,7 @@ class EventRouter:
     _projector: ProjectViewProjector | None = None
     _locks: dict[tuple[int, Subscription], asyncio.Lock] = field(default_factory=dict)
     _capacity_checked: bool = False
+    _decoded: DecodedEvents = field(default_factory=DecodedEvents)
 
     # -- wiring ------------------------------------------------------------------------------
     async def event_log(self) -> EventLogClient:
@@ -323,7 +325,9 @@ class EventRouter:
                 if not messages:
                     break
                 report.fetched += len(messages)
-                records = decode_records(messages, run.stream_index, self.project_owners)
+                records = decode_records(
+                    messages, run.stream_index, self.project_owners, self._decoded
+                )
                 await self._settle_batch(run, subscription, records, report)
                 if len(messages) < batch:
                     break

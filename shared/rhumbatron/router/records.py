@@ -31,6 +31,11 @@ cannot be read now (held by a writer past the busy timeout, as on EFS's rollback
 is not the event's fault: its record is retried (``retry``), uncounted, and the rest of the
 batch goes on.
 
+Records are decoded by the trusted fast decode (``protocol.fast_decode``: the outbox
+validated each envelope before publishing it; anything of another shape takes the full
+parse and is refused as before), once per process for all the subscriptions that fetch the
+same record (:class:`DecodedEvents`).
+
 Every path that hands records to a subscription checks them here: the live consume and the
 rewind (:func:`decode_records`), and the archive replay (:func:`checked_record`) — an archive
 may hold events archived before this check, and the bucket has writers of its own.
@@ -39,6 +44,7 @@ may hold events archived before this check, and the bucket has writers of its ow
 from __future__ import annotations
 
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -46,12 +52,14 @@ from typing import TYPE_CHECKING
 
 from rhumbatron.errors import EnvelopeError, RhumbatronError
 from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.fast_decode import decode_event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
 __all__ = [
+    "DecodedEvents",
     "Outcome",
     "ProjectOwners",
     "ProjectTenant",
@@ -193,22 +201,57 @@ def checked_record(
     return Record(msg, stream_seq, delivered, event.event_id, event, None)
 
 
-def _decode(msg: Msg, read_from: int, owners: ProjectOwners) -> Record:
+@dataclass
+class DecodedEvents:
+    """The Events this process decoded lately, by stream and sequence.
+
+    A nudge's projector and causal router, and a sweep's five subscriptions, each fetch the
+    same records through their own consumers: with this, a record is decoded (and its
+    envelope validated) once per process, not once per subscription. A hit must carry the
+    same bytes, so a stream recreated under the same name cannot hand back another Event.
+    """
+
+    limit: int = 4_096
+    _events: OrderedDict[tuple[int, int], tuple[bytes, Event]] = field(default_factory=OrderedDict)
+
+    def decode(self, stream: int, seq: int, raw: bytes) -> Event:
+        """The Event in ``raw`` at ``seq`` of ``stream``; raises
+        :class:`~rhumbatron.errors.EnvelopeError` as :meth:`Event.parse` does."""
+        key = (stream, seq)
+        hit = self._events.get(key)
+        if hit is not None and hit[0] == raw:
+            return hit[1]
+        event = decode_event(raw)
+        self._events[key] = (raw, event)
+        if len(self._events) > self.limit:
+            self._events.popitem(last=False)
+        return event
+
+
+def _decode(
+    msg: Msg, read_from: int, owners: ProjectOwners, decoded: DecodedEvents | None
+) -> Record:
     metadata = msg.metadata
     seq = metadata.sequence.stream
-    header_id = (msg.headers or {}).get("Nats-Msg-Id")
+    raw = msg.data or b""
     try:
-        event = Event.parse(msg.data or b"")
+        event = decode_event(raw) if decoded is None else decoded.decode(read_from, seq, raw)
     except EnvelopeError as exc:
-        key = header_id or f"seq:{seq}"
+        key = (msg.headers or {}).get("Nats-Msg-Id") or f"seq:{seq}"
         return Record(msg, seq, metadata.num_delivered, key, None, f"undecodable record: {exc}")
     return checked_record(
         msg, seq, metadata.num_delivered, event, read_from=read_from, owners=owners
     )
 
 
-def decode_records(messages: list[Msg], read_from: int, owners: ProjectOwners) -> list[Record]:
-    """Decode every message read from stream ``read_from``; one that does not decode, or
-    that is not its project's (its stream, its root's tenant, a root at all), becomes a
-    record with an error and no event (see :func:`checked_record`)."""
-    return [_decode(msg, read_from, owners) for msg in messages]
+def decode_records(
+    messages: list[Msg],
+    read_from: int,
+    owners: ProjectOwners,
+    decoded: DecodedEvents | None = None,
+) -> list[Record]:
+    """Decode every message read from stream ``read_from`` (by the trusted fast decode,
+    through ``decoded`` when given); one that does not decode, or that is not its project's
+    (its stream, its root's tenant, a root at all), becomes a record with an error and no
+    event (see :func:`checked_record`)."""
+    return [_decode(msg, read_from, owners, decoded) for msg in messages]

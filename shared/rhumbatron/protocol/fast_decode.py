@@ -1,0 +1,172 @@
+"""The trusted fast decode of an Event: the hot paths' decoder (DECISIONS, "Trusted fast decode").
+
+The outbox validates every Event with pydantic before it publishes it, so a record on a stream
+is, almost always, an envelope that has passed :meth:`Event.parse` once already. Parsing it
+again on each read costs about 21 µs of the router's CPU per event and subscription.
+:func:`decode_event` reads the common shape instead with a typed msgspec decoder (about 2 µs),
+applies the envelope's own rules in plain Python, validates the payload with its registered
+model, and builds the :class:`Event` without validating what it just checked.
+
+It accepts nothing :meth:`Event.parse` refuses. Everything outside the shape it knows — snake-
+case keys, a timestamp that is not the canonical ``…T…:…:….mmmZ``, an unknown type, a pattern
+broken, a bound crossed, a payload its model refuses — falls back to :meth:`Event.parse`, so a
+foreign or malformed message is refused as before, with the same error. The property tests in
+``tests/unit/test_fast_decode.py`` hold the two decoders to the same answers.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Final
+
+import msgspec
+from pydantic import ValidationError
+
+from rhumbatron.protocol.envelopes import ACTOR_PATTERN, Event
+from rhumbatron.protocol.event_types import EVENT_TYPES
+from rhumbatron.protocol.ids import EVENT_ID_PATTERN, PROJECT_ID_PATTERN
+from rhumbatron.protocol.values import IDENTIFIER, MAX_WIRE_INTEGER
+
+__all__ = ["decode_event", "fast_event"]
+
+
+class _WireEvent(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    """The wire shape the outbox writes: every key camelCase, the payload an object."""
+
+    event_id: str
+    event_type: str
+    event_version: int
+    tenant_id: str
+    project_id: str
+    actor: str
+    correlation_id: str
+    timestamp: str
+    payload: dict[str, Any]
+    change_id: str | None = None
+    task_id: str | None = None
+    resource: str | None = None
+    canonical_generation: int | None = None
+    caused_by: str | None = None
+
+
+_DECODER: Final = msgspec.json.Decoder(_WireEvent)
+
+# ``fullmatch``, never ``match``: Python's ``$`` also matches before a final newline, and the
+# envelope's patterns (pydantic's Rust engine) do not.
+_EVENT_ID: Final = re.compile(EVENT_ID_PATTERN.pattern.strip("^$"))
+_PROJECT_ID: Final = re.compile(PROJECT_ID_PATTERN.pattern.strip("^$"))
+_IDENTIFIER: Final = re.compile(IDENTIFIER.strip("^$"))
+_ACTOR: Final = re.compile(ACTOR_PATTERN.strip("^$"))
+#: The one timestamp form the outbox writes (``format_timestamp``): UTC, milliseconds, ``Z``.
+_CANONICAL_TIMESTAMP: Final = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
+
+#: Values seen valid, per pattern: a stream repeats its projects, tenants and actors, so a
+#: check is usually one set lookup. Bounded: a set is cleared when it reaches the limit.
+_SEEN_LIMIT: Final = 4_096
+_seen: dict[re.Pattern[str], set[str]] = {}
+
+#: The fields the constructed Event has set: all of them, as ``Event.parse`` leaves it.
+_ALL_FIELDS: Final = frozenset(Event.model_fields)
+
+
+class _Unfit(Exception):
+    """The record is not of the shape the fast decoder knows: take the full parse."""
+
+
+def decode_event(raw: bytes) -> Event:
+    """The Event in ``raw``: the fast decode, or :meth:`Event.parse` for anything it does not
+    fit; raises :class:`~rhumbatron.errors.EnvelopeError` exactly where ``Event.parse`` does
+    (the fallback re-raises the full parse's error, so nothing else escapes)."""
+    event = fast_event(raw)
+    return Event.parse(raw) if event is None else event
+
+
+def fast_event(raw: bytes) -> Event | None:
+    """The Event in ``raw`` by the fast decode alone; None when ``raw`` is not of the shape it
+    knows (the caller takes :meth:`Event.parse`, which decides)."""
+    try:
+        return _fast(raw)
+    except (_Unfit, msgspec.DecodeError, ValidationError, ValueError):
+        return None
+
+
+def _fast(raw: bytes) -> Event:
+    wire = _DECODER.decode(raw)
+    spec = EVENT_TYPES.get(wire.event_type)
+    if spec is None or wire.event_version != spec.version:
+        raise _Unfit
+    _matches(_EVENT_ID, wire.event_id)
+    _matches(_PROJECT_ID, wire.project_id)
+    _matches(_ACTOR, wire.actor)
+    _bounded(wire.tenant_id, 64)
+    _bounded(wire.correlation_id, 256)
+    for optional, pattern in ((wire.change_id, _IDENTIFIER), (wire.task_id, _IDENTIFIER)):
+        if optional is not None:
+            _matches(pattern, optional)
+    if wire.resource is not None:
+        _bounded(wire.resource, 1024)
+    if wire.caused_by is not None:
+        _bounded(wire.caused_by, 256)
+    generation = wire.canonical_generation
+    if generation is not None and not 0 <= generation <= MAX_WIRE_INTEGER:
+        raise _Unfit
+    if (
+        (spec.requires_change and wire.change_id is None)
+        or (spec.requires_task and wire.task_id is None)
+        or (spec.resource_event and wire.resource is None)
+    ):
+        raise _Unfit
+    if _CANONICAL_TIMESTAMP.fullmatch(wire.timestamp) is None:
+        raise _Unfit
+    timestamp = datetime.fromisoformat(wire.timestamp)  # ValueError: a date that is none
+    payload = spec.payload.model_validate(wire.payload)
+    return _trusted_event(
+        {
+            "event_id": wire.event_id,
+            "event_type": wire.event_type,
+            "event_version": wire.event_version,
+            "tenant_id": wire.tenant_id,
+            "project_id": wire.project_id,
+            "change_id": wire.change_id,
+            "task_id": wire.task_id,
+            "actor": wire.actor,
+            "resource": wire.resource,
+            "canonical_generation": generation,
+            "caused_by": wire.caused_by,
+            "correlation_id": wire.correlation_id,
+            "timestamp": timestamp,
+            "payload": payload,
+        }
+    )
+
+
+def _matches(pattern: re.Pattern[str], value: str) -> None:
+    seen = _seen.setdefault(pattern, set())
+    if value in seen:
+        return
+    if pattern.fullmatch(value) is None:
+        raise _Unfit
+    if len(seen) >= _SEEN_LIMIT:
+        seen.clear()
+    seen.add(value)
+
+
+def _bounded(value: str, longest: int) -> None:
+    if not 1 <= len(value) <= longest:
+        raise _Unfit
+
+
+def _trusted_event(fields: dict[str, Any]) -> Event:
+    """An Event of fields already checked, without validating them again.
+
+    This is what ``BaseModel.model_construct`` does, in a tenth of its time (it costs about
+    20 µs per Event on pydantic 2.14). ``tests/unit/test_fast_decode.py`` holds the result
+    equal, field for field and on the wire, to :meth:`Event.parse`'s.
+    """
+    event = Event.__new__(Event)
+    object.__setattr__(event, "__dict__", fields)
+    object.__setattr__(event, "__pydantic_fields_set__", set(_ALL_FIELDS))
+    object.__setattr__(event, "__pydantic_extra__", None)
+    object.__setattr__(event, "__pydantic_private__", None)
+    return event
