@@ -10,11 +10,12 @@ explicit ack, 300 s ack wait, 1,000 acks pending), each over its own NATS connec
   message, nothing else: the floor of what any consumer pays;
 * ``projector``: ``EventRouter.consume`` for ``project-view-projector`` exactly as a nudge
   runs it — a fresh run context per run (15 apply calls), 2 consumes of 100 per run — run
-  after run until drained: fetch, decode, group by project, ``ProjectView.apply_delta`` (claim
-  + view rows in one transaction per project), an outcome and an ack per record;
+  after run until drained: fetch, decode, group by project, apply (claims + view rows of the
+  fetch's projects in one transaction of the stream's view store), an outcome and an ack per
+  record;
 * ``faststream``: FastStream's JetStream batch pull subscriber (``PullSub(batch=True)``,
   batch size 100, durable, ``AckPolicy.ACK``) whose handler does the same work per batch: the
-  same Event validation, and ``ProjectView.apply_delta`` per project.
+  same Event validation, and the fetch's projects applied in one view-store transaction.
 
 **(f) Latency.** Actor transactions at a steady offered rate, in a writer process of their
 own → alarm → ``drain_alarms`` (publisher) → ``InProcessNudge`` → ``EventRouter.nudge`` → the
@@ -67,8 +68,8 @@ from rhumbatron.protocol.ids import (
 )
 from rhumbatron.router.handlers import NoCausalRules, RunContext
 from rhumbatron.router.nudge import InProcessNudge
-from rhumbatron.router.project_view import ProjectView
 from rhumbatron.router.records import Outcome, Record
+from rhumbatron.router.view_store import StreamViews
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 
@@ -101,6 +102,9 @@ __all__ = [
 TARGET_PROJECTOR_VS_RAW = 0.6
 TARGET_PROJECTOR_VS_FASTSTREAM = 1.0
 TARGET_LATENCY_P99_MS = 50.0
+TARGET_PROJECTOR_VS_RAW_WIDE = 0.5
+TARGET_KNEE_RATE = 500.0
+TARGET_PIPELINE_CPU_MS = 1.2
 
 #: The stream the throughput kinds drain.
 ROUTER_STREAM = 0
@@ -109,6 +113,7 @@ BATCH = 100
 
 _PROJECTOR = Subscription.PROJECT_VIEW_PROJECTOR
 _KINDS = ("raw_fetch_ack", "projector", "faststream")
+_WIDE_KINDS = ("raw_fetch_ack", "projector")
 _DESCRIPTIONS = {
     "raw_fetch_ack": (
         "(e) raw nats-py durable pull consumer: fetch(100) + msg.ack() per message, no work"
@@ -119,7 +124,7 @@ _DESCRIPTIONS = {
     ),
     "faststream": (
         "(e) FastStream PullSub(batch=True, batch_size=100), durable, AckPolicy.ACK; handler: "
-        "the same decode + ProjectView.apply_delta per project"
+        "the same decode + one view-store transaction per batch"
     ),
 }
 _CALLER_TENANT = "tenant-bench"
@@ -135,9 +140,13 @@ class RouterOptions:
     latency_rate: float
     latency_s: float
     latency_projects: int
-    #: Lower offered rates run briefly after the main one, to show where latency turns up.
+    #: Other offered rates, each run for ``knee_s`` after the main one: the rate sweep that
+    #: finds the knee (the highest rate whose p99 stays within the target).
     knee_rates: tuple[float, ...] = ()
     knee_s: float = 4.0
+    #: The projector against the raw consumer once more, with this many projects on the
+    #: stream (every fetch of 100 holds 50 projects: the 15-call cap's hard case).
+    wide_projects: int = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,11 +313,11 @@ async def raw_fetch_ack_run(
     return ConsumeResult(result, fetched)
 
 
-def _views_applied(views: Sequence[ProjectView]) -> int:
-    """Events the views hold (their feed rows), to check a drain applied each exactly once."""
+def _views_applied(stores: Sequence[StreamViews]) -> int:
+    """Events the view stores hold (their feed rows), to check a drain applied each once."""
     return sum(
-        int(view.connection.execute("SELECT COUNT(*) FROM project_events").fetchone()[0])
-        for view in views
+        int(store.connection.execute("SELECT COUNT(*) FROM project_events").fetchone()[0])
+        for store in stores
     )
 
 
@@ -328,9 +337,11 @@ async def projector_run(
     _create_project_roots(app, workload.projects)
     nc = await app.nats()
     await _create_consumer(nc, settings, _PROJECTOR.value)
-    views = [router.projector.view(p) for p in workload.projects]
-    for view in views:
-        _ = view.connection
+    views = [
+        router.projector.views(i) for i in sorted({stream_index(p) for p in workload.projects})
+    ]
+    for store in views:
+        _ = store.connection
     applied = fetched = runs = 0
 
     async def run() -> None:
@@ -375,8 +386,8 @@ async def faststream_run(
     FastStream decodes each body from JSON (its default decoder); the handler validates each
     into an :class:`Event` (``Event.parse`` of the mapping: the same model validation the
     router's decode runs after its own ``json.loads``), groups the batch by project and calls
-    ``ProjectView.apply_delta`` per project: the same claim and view SQL, one transaction per
-    project per batch. FastStream acks the batch after the handler
+    the stream's view store with the batch's projects: the same claim and view SQL, one
+    transaction per batch. FastStream acks the batch after the handler
     returns (``AckPolicy.ACK``). Its per-message access log is off (``logger=None``), as the
     router logs nothing per record. The broker connects before the clock starts; starting it
     (consumer lookup, the pull loop) is timed, as the router's first fetch looks its consumer
@@ -390,9 +401,8 @@ async def faststream_run(
 
     settings = load_settings(state_dir=state_dir, nats_url=url, network_filesystem=False)
     durable = f"faststream-{tag}"
-    views = {p: ProjectView(settings, p) for p in workload.projects}
-    for view in views.values():
-        _ = view.connection
+    store = StreamViews(settings, ROUTER_STREAM)
+    _ = store.connection
     applied = fetched = 0
     done = asyncio.Event()
     broker = NatsBroker(url, logger=None, name=f"bench-faststream-{tag}")
@@ -424,10 +434,8 @@ async def faststream_run(
                 msg, metadata.sequence.stream, metadata.num_delivered, event.event_id, event, None
             )
             by_project.setdefault(event.project_id, []).append(record)
-        now_s = time.time()
-        for project, group in by_project.items():
-            outcomes = views[project].apply_delta(group, now_s=now_s)
-            applied += sum(o.outcome is Outcome.APPLIED for o in outcomes.values())
+        outcomes = store.apply(list(by_project.values()), now_s=time.time())
+        applied += sum(o.outcome is Outcome.APPLIED for o in outcomes.values())
         if applied >= workload.events:
             done.set()
 
@@ -444,13 +452,12 @@ async def faststream_run(
         result = await measure(workload.events, cpu, run)
         if applied != workload.events:
             raise BenchError(f"faststream applied {applied} of {workload.events} events")
-        if (held := _views_applied(list(views.values()))) != workload.events:
+        if (held := _views_applied([store])) != workload.events:
             raise BenchError(f"the views hold {held} of {workload.events} events")
     finally:
         await broker.stop()
         await checker.close()
-        for view in views.values():
-            view.close()
+        store.close()
     return ConsumeResult(result, fetched)
 
 
@@ -475,6 +482,15 @@ class LatencyResult:
     #: view COMMIT (the router's share), from the stream's own timestamps.
     to_stream_ms: tuple[float, ...] = ()
     to_view_ms: tuple[float, ...] = ()
+    #: CPU seconds each process of the pipeline used from the load's start to the last
+    #: event in its view (``/proc``): the bench process (publisher and router), the actors'
+    #: writer, and nats-server.
+    cpu_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cpu_ms_per_event(self) -> float:
+        """The whole pipeline's CPU per event, every process summed."""
+        return sum(self.cpu_s.values()) / self.events * 1000
 
     @property
     def offered_rate(self) -> float:
@@ -525,6 +541,8 @@ class LatencyResult:
             "nudge_runs": self.nudge_runs,
             "publisher_alarm_fires": self.publish_fires,
             **self.split(),
+            "cpu_s_by_process": {k: round(v, 3) for k, v in self.cpu_s.items()},
+            "cpu_ms_per_event": round(self.cpu_ms_per_event, 3) if self.cpu_s else None,
         }
 
 
@@ -619,8 +637,25 @@ def _writer_process(
         conn.close()
 
 
+def _process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) process ``pid`` has used, from ``/proc``; 0 when gone."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def latency_run(
-    url: str, state_dir: Path, *, rate: float, seconds: float, projects: int
+    url: str,
+    state_dir: Path,
+    *,
+    rate: float,
+    seconds: float,
+    projects: int,
+    server_cpu: ServerCpu | None = None,
 ) -> LatencyResult:
     """Actor transactions at ``rate`` per second for ``seconds``; every event timed to its view.
 
@@ -709,8 +744,8 @@ async def latency_run(
         router = app.router()
         # Their project.created events go out with the warm-up, whose times are dropped.
         _create_project_roots(app, project_ids)
-        for project in project_ids:
-            router.projector.view(project).connection.set_trace_callback(commits.tracer())
+        for index in sorted({stream_index(p) for p in project_ids}):
+            router.projector.views(index).connection.set_trace_callback(commits.tracer())
         writer.start()
         theirs.close()
         loop.add_reader(ours.fileno(), on_message)
@@ -720,10 +755,13 @@ async def latency_run(
         committed_at.clear()
         writing, fires = True, 0
         runs_before = nudge.runs
+        cpu_before = _pipeline_cpu(writer.pid, server_cpu)
         publishing = asyncio.create_task(publisher())
         ours.send("go")
         write_s, late_max = await asyncio.wait_for(done, timeout=seconds * 10 + 60)
         await finish(publishing)
+        cpu_after = _pipeline_cpu(writer.pid, server_cpu)
+        cpu_s = {k: cpu_after[k] - cpu_before[k] for k in cpu_before}
         applied_by_nudges = sum(1 for e in committed_at if e in commits.committed_at)
         for _ in range(100):  # what the sweep would pick up
             moved = 0
@@ -771,7 +809,17 @@ async def latency_run(
         to_view_ms=tuple(
             sorted((commits.committed_at[e] + offset - stored_at[e]) * 1000 for e in committed_at)
         ),
+        cpu_s=cpu_s,
     )
+
+
+def _pipeline_cpu(writer_pid: int | None, server_cpu: ServerCpu | None) -> dict[str, float]:
+    """CPU seconds so far of each process of the latency pipeline."""
+    return {
+        "bench (publisher + router)": time.process_time(),
+        "writer (actors)": _process_cpu_s(writer_pid),
+        "nats-server": server_cpu.seconds() if server_cpu is not None else 0.0,
+    }
 
 
 async def _stored_at(nc: NATS, streams: set[int]) -> dict[str, float]:
@@ -824,10 +872,60 @@ class RouterSuite:
     """What the router benchmarks produced."""
 
     workload: RouterWorkload
+    wide: RouterWorkload | None = None
     figures: list[Figure] = field(default_factory=list)
     diagnostics: list[Figure] = field(default_factory=list)
     latency: LatencyResult | None = None
     knee: list[LatencyResult] = field(default_factory=list)
+
+    def knee_rate(self) -> float | None:
+        """The highest offered rate of the sweep whose p99 stays within the target, every
+        lower rate passing too (None: not even the lowest)."""
+        runs = sorted(
+            [*([self.latency] if self.latency is not None else []), *self.knee],
+            key=lambda r: r.target_rate,
+        )
+        knee = None
+        for run in runs:
+            if run.status != "PASS":
+                break
+            knee = run.target_rate
+        return knee
+
+    def targets(self) -> list[dict[str, Any]]:
+        """The latency and CPU targets of issue #16, each with its status."""
+        found: list[dict[str, Any]] = []
+        knee = self.knee_rate()
+        found.append(
+            {
+                "name": "router_latency.knee_rate_events_per_s",
+                "value": knee,
+                "target_at_least": TARGET_KNEE_RATE,
+                "status": "PASS" if knee is not None and knee >= TARGET_KNEE_RATE else "MISS",
+                "how": "one box: writer, publisher + router and nats-server on the same 2 "
+                "cores; rates "
+                + ", ".join(
+                    f"{r.target_rate:g}"
+                    for r in sorted(
+                        [*([self.latency] if self.latency else []), *self.knee],
+                        key=lambda r: r.target_rate,
+                    )
+                ),
+            }
+        )
+        if self.latency is not None and self.latency.cpu_s:
+            value = self.latency.cpu_ms_per_event
+            found.append(
+                {
+                    "name": "pipeline.cpu_ms_per_event",
+                    "value": round(value, 3),
+                    "target_at_most": TARGET_PIPELINE_CPU_MS,
+                    "status": "PASS" if value <= TARGET_PIPELINE_CPU_MS else "MISS",
+                    "how": f"at {self.latency.target_rate:g} events/s, summed over "
+                    + ", ".join(self.latency.cpu_s),
+                }
+            )
+        return found
 
 
 def _rotated(items: Sequence[str], by: int) -> list[str]:
@@ -849,8 +947,14 @@ async def router_suite(
         events_per_project=max(options.events_per_project // 10, 10),
         prefix="router-warm",
     )
-    suite = RouterSuite(workload)
+    wide = build_router_workload(
+        projects=options.wide_projects,
+        events_per_project=max(workload.events // options.wide_projects, 1),
+        prefix="router-wide",
+    )
+    suite = RouterSuite(workload, wide=wide)
     results: dict[str, list[ConsumeResult]] = {kind: [] for kind in _KINDS}
+    wide_results: dict[str, list[ConsumeResult]] = {kind: [] for kind in _WIDE_KINDS}
     try:
         settings = run_settings(root / "unused-router", server.url)
         nc = await connect_nats(settings, name="bench-router")
@@ -874,6 +978,14 @@ async def router_suite(
                 result = await kinds[kind](workload, f"{kind}-{rep}")
                 results[kind].append(result)
                 log(f"router {kind} #{rep + 1}: {result.run.events_per_s:,.0f} events/s")
+            for kind in _rotated(_WIDE_KINDS, rep):
+                await _publish(nc, settings, wide)
+                result = await kinds[kind](wide, f"{kind}-wide-{rep}")
+                wide_results[kind].append(result)
+                log(
+                    f"router {kind} @{len(wide.projects)} projects #{rep + 1}: "
+                    f"{result.run.events_per_s:,.0f} events/s"
+                )
         for rate, seconds in (
             (options.latency_rate, options.latency_s),
             *((r, options.knee_s) for r in options.knee_rates),
@@ -890,6 +1002,7 @@ async def router_suite(
                 rate=rate,
                 seconds=seconds,
                 projects=options.latency_projects,
+                server_cpu=cpu,
             )
             p50, p99 = latency.percentile(50), latency.percentile(99)
             log(f"router latency: p50 {p50:.1f} ms, p99 {p99:.1f} ms")
@@ -901,6 +1014,24 @@ async def router_suite(
     finally:
         server.stop()
 
+    where_wide = f"one stream, {wide.events:,} events of {len(wide.projects)} projects"
+    for kind, runs in wide_results.items():
+        suite.figures.append(
+            Figure(
+                f"router.{kind}@{len(wide.projects)}_projects",
+                "events/s",
+                f"{_DESCRIPTIONS[kind]}; {where_wide}",
+                tuple(r.run.events_per_s for r in runs),
+            )
+        )
+    suite.diagnostics.append(
+        Figure(
+            f"router.projector.fetched@{len(wide.projects)}_projects",
+            "per event",
+            "records fetched per event applied with the wide workload",
+            tuple(r.fetched / r.run.events for r in wide_results["projector"]),
+        )
+    )
     where = f"one stream, {workload.events:,} events of {len(workload.projects)} projects"
     for kind, runs in results.items():
         suite.figures.append(
@@ -1014,5 +1145,18 @@ def router_ratios(figures: Sequence[Figure]) -> list[Ratio]:
             "router.faststream/raw_fetch_ack",
             by_name["router.faststream"],
             by_name["router.raw_fetch_ack"],
+        ),
+        *(
+            Ratio(
+                f"router.projector/raw_fetch_ack@{suffix}",
+                by_name[f"router.projector@{suffix}"],
+                by_name[f"router.raw_fetch_ack@{suffix}"],
+                TARGET_PROJECTOR_VS_RAW_WIDE,
+            )
+            for suffix in sorted(
+                name.split("@", 1)[1]
+                for name in by_name
+                if name.startswith("router.projector@") and name.endswith("_projects")
+            )
         ),
     ]

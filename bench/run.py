@@ -390,6 +390,15 @@ async def _main(options: Options, command: str) -> int:
     if router.latency is not None:
         print(format_latency(router.latency))
         print()
+    targets = router.targets()
+    for target in targets:
+        bound = (
+            f">= {target['target_at_least']:g}"
+            if "target_at_least" in target
+            else f"<= {target['target_at_most']:g}"
+        )
+        print(f"{target['name']:<42}  {target['value']!s:>9}  {bound:<9}  {target['status']}")
+    print()
     print(format_cold_starts(cold))
     print()
     print(format_figures("diagnostic", diagnostics))
@@ -422,10 +431,13 @@ async def _main(options: Options, command: str) -> int:
             "latency_projects": options.router.latency_projects,
             "latency_knee_rates": list(options.router.knee_rates),
             "latency_knee_s": options.router.knee_s,
+            "router_wide_projects": options.router.wide_projects,
         },
         "router_workload": router.workload.describe(),
         "router_latency": router.latency.as_json() if router.latency is not None else None,
         "router_latency_knee": [k.as_json() for k in router.knee],
+        "router_wide_workload": router.wide.describe() if router.wide is not None else None,
+        "targets": targets,
         "cold_starts": cold.as_json(),
         "figures": [f.as_json() for f in figures],
         "ratios": [r.as_json() for r in ratios],
@@ -459,8 +471,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--latency-knee-rates",
         type=float,
         nargs="*",
-        default=[100.0, 250.0],
-        help="lower offered rates, each run for 4 s after the main one",
+        default=[100.0, 250.0, 750.0, 1000.0],
+        help="the rate sweep's other offered rates, each run for 4 s after the main one",
+    )
+    parser.add_argument(
+        "--router-wide-projects",
+        type=int,
+        default=50,
+        help="projects on EVENTS_00 for the projector's second ratio",
     )
     args = parser.parse_args(argv)
     options = Options(
@@ -480,6 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             latency_s=args.latency_s,
             latency_projects=args.latency_projects,
             knee_rates=tuple(args.latency_knee_rates),
+            wide_projects=args.router_wide_projects,
         ),
     )
     given = list(argv) if argv is not None else sys.argv[1:]

@@ -48,6 +48,7 @@ from rhumbatron.protocol.ids import (
 from rhumbatron.router.event_router import EventRouter
 from rhumbatron.router.handlers import AuditArchiver
 from rhumbatron.router.ticks import tick_kind
+from rhumbatron.router.view_store import view_store_path
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 from rhumbatron_dev.local.s3_server import S3ServerProcess
@@ -192,7 +193,8 @@ def _read(path: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
 
 
 def view_path(settings: Settings, project_id: str) -> Path:
-    return settings.state_dir / "projects" / project_id / "view.sqlite"
+    """The view store of the project's stream (one file per stream)."""
+    return view_store_path(settings, stream_index(project_id))
 
 
 def stream_state_path(settings: Settings, index: int) -> Path:
@@ -212,7 +214,11 @@ def claims(
     """``(event_id, status)`` of every claim of ``subscription`` on stream ``index``."""
     sql = "SELECT event_id, status FROM processed_events WHERE consumer = ?"
     if subscription is PROJECTOR:
-        rows = [r for p in projects for r in _read(view_path(settings, p), sql, PROJECTOR.value)]
+        rows = [
+            r
+            for p in projects
+            for r in _read(view_path(settings, p), sql + " AND project_id = ?", PROJECTOR.value, p)
+        ]
     else:
         rows = _read(claim_file(settings, subscription, index), sql, subscription.value)
     return [(str(r[0]), str(r[1])) for r in rows]
@@ -221,13 +227,19 @@ def claims(
 def view_feed(settings: Settings, project_id: str) -> list[str]:
     """The Event IDs in a project's view feed (``project_events``), in stream order."""
     rows = _read(
-        view_path(settings, project_id), "SELECT event_id FROM project_events ORDER BY stream_seq"
+        view_path(settings, project_id),
+        "SELECT event_id FROM project_events WHERE project_id = ? ORDER BY stream_seq",
+        project_id,
     )
     return [str(r[0]) for r in rows]
 
 
 def events_applied(settings: Settings, project_id: str) -> int:
-    rows = _read(view_path(settings, project_id), "SELECT events_applied FROM view_project")
+    rows = _read(
+        view_path(settings, project_id),
+        "SELECT events_applied FROM view_project WHERE project_id = ?",
+        project_id,
+    )
     return int(rows[0][0]) if rows else 0
 
 

@@ -19,8 +19,9 @@ from rhumbatron.core.settings import Settings
 from rhumbatron.errors import ReplayError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import MetricBinding, metric_counts
-from rhumbatron.protocol.ids import event_stream_name
+from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.router.replay import ReplayReport, ReplaySource, replay_archive, rewind, run_replay
+from rhumbatron.router.view_store import view_store_path
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
 # The router tests' helpers: the same small project history, sweep minutes and app factory.
@@ -40,7 +41,8 @@ EAST = timezone(timedelta(hours=5))
 
 
 def view_rows(app: Rhumbatron, project_id: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of a project's view file: its tables, feed and claims."""
+    """Every row of a project's view in its stream's store, its project column left out:
+    its tables, feed and claims."""
     db = app.router().projector.view(project_id).connection
     tables = [
         "view_project",
@@ -50,10 +52,15 @@ def view_rows(app: Rhumbatron, project_id: str) -> dict[str, list[tuple[Any, ...
         "project_events",
         "processed_events",
     ]
-    return {
-        table: [tuple(row) for row in db.execute(f"SELECT * FROM {table} ORDER BY 1")]
-        for table in tables
-    }
+    rows: dict[str, list[tuple[Any, ...]]] = {}
+    for table in tables:
+        cursor = db.execute(f"SELECT * FROM {table} WHERE project_id = ?", (project_id,))
+        names = [c[0] for c in cursor.description]
+        keep = [
+            i for i, name in enumerate(names) if name != "project_id" or table == "view_project"
+        ]
+        rows[table] = sorted(tuple(row[i] for i in keep) for row in cursor)
+    return rows
 
 
 def files_under(path: Path) -> dict[str, int]:
@@ -230,7 +237,7 @@ async def test_a_dry_run_changes_no_file_and_leaves_no_consumer(
     # THEN each would apply every event; no file was created or written; no consumer exists
     assert [counts(r) for r in reports] == [{"scanned": 6, "would_apply": 6}] * 5
     assert files_under(state_dir) == before
-    assert not (state_dir / "projects" / project / "view.sqlite").exists()
+    assert not view_store_path(app.settings, stream_index(project)).exists()
     assert await consumer_names(app, 0) == []
 
 
@@ -260,14 +267,14 @@ async def test_an_archive_range_replayed_into_fresh_state_applies_all_then_nothi
     # tenant against its project's root)
     fresh = await make_app(state_dir=tmp_path / "fresh")
     restore_project_roots(app, fresh, [*inside, outside])
-    views = tmp_path / "fresh" / "projects"
+    views = tmp_path / "fresh" / "views"
     day = {"start": START - timedelta(hours=1), "end": START + timedelta(days=1)}
 
     # WHEN the first day of the archive is replayed into the fresh projector: dry, then real
     dry = await replay_archive(
         fresh, stream_index=None, subscription=PROJECTOR, dry_run=True, **day
     )
-    assert list(views.rglob("view.sqlite")) == []
+    assert list(views.rglob("*.sqlite")) == []
     real = await replay_archive(
         fresh, stream_index=None, subscription=PROJECTOR, dry_run=False, **day
     )
@@ -283,7 +290,7 @@ async def test_an_archive_range_replayed_into_fresh_state_applies_all_then_nothi
         for table in ("view_changes", "view_tasks", "view_agents"):  # their first 4 columns
             assert [r[:4] for r in rebuilt[table]] == [r[:4] for r in live[table]]
         assert {r[0] for r in rebuilt["project_events"]} == {r[0] for r in live["project_events"]}
-    assert not (views / outside / "view.sqlite").exists()
+    assert view_rows(fresh, outside)["view_project"] == []
 
     # WHEN the same range is replayed again
     again = await replay_archive(

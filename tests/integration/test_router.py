@@ -164,7 +164,8 @@ async def until(
 
 def view_count(app: Rhumbatron, project_id: str, table: str = "project_events") -> int:
     view = app.router().projector.view(project_id)
-    return int(view.connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+    sql = f"SELECT COUNT(*) FROM {table} WHERE project_id = ?"
+    return int(view.connection.execute(sql, (project_id,)).fetchone()[0])
 
 
 async def test_each_stream_gets_the_specs_four_durable_consumers_and_reactions_at_first_read(
@@ -788,13 +789,13 @@ async def test_the_daily_tick_prunes_claims_just_older_than_14_days_and_keeps_yo
     #   too, and every claim and feed row of the younger project stayed
     assert sweep.maintenance
     assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (12, 6)
-    claims = "SELECT COUNT(*) FROM processed_events"
+    claims = "SELECT COUNT(*) FROM processed_events WHERE project_id = ?"
     stream = app.router().stream_state(1).connection
-    views = {p: app.router().projector.view(p).connection for p in (older, younger)}
-    assert views[older].execute(claims).fetchone()[0] == 0
-    assert views[younger].execute(claims).fetchone()[0] == 6
+    views = app.router().projector.views(1).connection  # both projects' stream
+    assert views.execute(claims, (older,)).fetchone()[0] == 0
+    assert views.execute(claims, (younger,)).fetchone()[0] == 6
     assert view_count(app, younger) == 6
-    younger_ids = [r[0] for r in views[younger].execute("SELECT event_id FROM processed_events")]
+    younger_ids = [r[0] for r in views.execute("SELECT event_id FROM processed_events")]
     marks = ",".join("?" * len(younger_ids))
     causal = f"SELECT COUNT(*) FROM processed_events WHERE consumer = ? AND event_id IN ({marks})"
     assert stream.execute(causal, (CAUSAL.value, *younger_ids)).fetchone()[0] == 6

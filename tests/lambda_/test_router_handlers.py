@@ -32,6 +32,7 @@ from rhumbatron.messaging.commands import LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, stream_index
 from rhumbatron.router.project_view import ProjectView
+from rhumbatron.router.view_store import StreamViews, view_store_path
 from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
@@ -136,14 +137,14 @@ def _create_projects(writer: Rhumbatron, handlers: Handlers, project_ids: list[s
 
 def _view_name(settings: Settings, project_id: str) -> str | None:
     """The project's name as its view shows it; None when the view never saw the project."""
-    if not (settings.state_dir / "projects" / project_id / "view.sqlite").exists():
+    if not view_store_path(settings, stream_index(project_id)).exists():
         return None
-    view = ProjectView(settings, project_id)
+    store = StreamViews(settings, stream_index(project_id))
     try:
-        name: str | None = view.snapshot()["name"]
+        name: str | None = ProjectView(store, project_id).snapshot()["name"]
         return name
     finally:
-        view.close()
+        store.close()
 
 
 def _emf_metrics(stdout: str) -> list[dict[str, Any]]:

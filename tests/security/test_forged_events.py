@@ -141,7 +141,10 @@ def _letters(world: World) -> list[sqlite3.Row]:
 
 def _view_events(world: World, project: str) -> list[str]:
     view = world.app.router().projector.view(project)
-    return [row[0] for row in view.connection.execute("SELECT event_id FROM project_events")]
+    rows = view.connection.execute(
+        "SELECT event_id FROM project_events WHERE project_id = ?", (project,)
+    )
+    return [row[0] for row in rows]
 
 
 def _forged(world: World, task: str) -> Event:

@@ -1,5 +1,6 @@
-"""Freshness: the project-view projector records commit-to-apply seconds per applied batch,
-from the Events' own timestamps against the injected clock."""
+"""Freshness: the project-view projector measures commit-to-apply seconds per applied batch,
+from the Events' own timestamps against the injected clock, and keeps them in memory until a
+flush writes them (at most once a minute at a run's end; always at a sweep tick)."""
 
 from __future__ import annotations
 
@@ -65,12 +66,12 @@ async def test_an_event_applied_seven_seconds_after_its_commit_records_seven_sec
     (event,) = events_at(T)
     clock.advance(7)
     sink = RecordingSink()
-    projector = ProjectViewProjector(
-        offline_settings, freshness=freshness_gauge(product, sink, clock)
-    )
+    gauge = freshness_gauge(product, sink, clock)
+    projector = ProjectViewProjector(offline_settings, freshness=gauge)
     try:
-        # WHEN the projector applies it
+        # WHEN the projector applies it, and the run's end flushes the gauge
         outcomes = await projector.handle([record(event, 1)], run())
+        gauge.flush()
     finally:
         projector.close()
 
@@ -92,12 +93,15 @@ async def test_a_batch_records_one_point_its_oldest_event_and_a_redelivery_recor
     events = events_at(T, T + timedelta(seconds=18), T + timedelta(seconds=28))
     sink = RecordingSink()
     recorder = MetricsRecorder(product.connection, sink, clock)
-    projector = ProjectViewProjector(offline_settings, freshness=FreshnessGauge(recorder, clock))
+    gauge = FreshnessGauge(recorder, clock)
+    projector = ProjectViewProjector(offline_settings, freshness=gauge)
     records = [record(event, seq) for seq, event in enumerate(events, start=1)]
     try:
-        # WHEN they are applied in one batch, then delivered again
+        # WHEN they are applied in one batch, then delivered again, each run flushing
         await projector.handle(records, run())
+        gauge.flush(force=True)
         again = await projector.handle(records, run())
+        gauge.flush(force=True)
     finally:
         projector.close()
 
@@ -117,6 +121,34 @@ async def test_a_projector_without_a_gauge_applies_as_before(offline_settings: S
         projector.close()
     # THEN the Event is applied
     assert outcomes[event.event_id].outcome is Outcome.APPLIED
+
+
+async def test_points_stay_in_memory_and_a_flush_writes_them_at_most_once_a_minute(
+    offline_settings: Settings, product: ProductDatabase
+) -> None:
+    # GIVEN a gauge that flushed a moment ago, at T
+    clock = ManualClock(T)
+    sink = RecordingSink()
+    gauge = FreshnessGauge(MetricsRecorder(product.connection, sink, clock), clock)
+    (first,) = events_at(T - timedelta(seconds=5))
+    gauge.observe(STREAM, [first])
+    assert [p.value for p in gauge.flush()] == [5.0]
+
+    # WHEN batches 2 s and 9 s old are applied within the minute, and runs end
+    clock.advance(30)
+    gauge.observe(STREAM, events_at(T + timedelta(seconds=28)))
+    gauge.observe(STREAM, events_at(T + timedelta(seconds=21)))
+    early = gauge.flush()
+    clock.advance(30)
+    due = gauge.flush()
+
+    # THEN nothing is written before the minute is up; then one point: the larger age, as
+    # measured when its batch was applied
+    assert early == []
+    assert [p.value for p in due] == [9.0]
+    assert [p.value for p in sink.points()] == [5.0, 9.0]
+    # AND a forced flush (the sweep's) with nothing kept writes nothing
+    assert gauge.flush(force=True) == []
 
 
 def test_an_event_stamped_after_the_apply_time_counts_as_zero_seconds() -> None:

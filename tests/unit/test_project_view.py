@@ -1,17 +1,20 @@
-"""ProjectView.apply_delta: claim, feed row and view change in one transaction per project;
-one bad event rolls back alone; an older event never moves a row back."""
+"""The view store: one file per stream holds the views of its projects; a fetch's projects
+commit together; claim, feed row and view change commit together; one bad event rolls back
+alone; an older event never moves a row back; the per-project layout is migrated in."""
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, cast
 
 from rhumbatron.core.settings import Settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import stream_index
 from rhumbatron.router.project_view import PROJECTOR, ProjectView
 from rhumbatron.router.records import Outcome, Record
+from rhumbatron.router.view_store import StreamViews, view_store_path
 
 CALLER = Caller("acme", "system:test", correlation_id="corr-view")
 NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
@@ -22,17 +25,23 @@ def record(event: Event, seq: int) -> Record:
     return Record(cast(Any, None), seq, 1, event.event_id, event, None)
 
 
-def task_events(project: str) -> list[Event]:
+def view_of(settings: Settings, project: str) -> ProjectView:
+    return ProjectView(StreamViews(settings, stream_index(project)), project)
+
+
+def task_events(project: str, change_id: str = "c1") -> list[Event]:
+    """A task's life in one Change; Change IDs are unique in a deployment (``chg_`` and 80
+    random bits), and the stable Event IDs follow from them."""
     ctx = FactContext(CALLER, project, NOW)
     return [
-        ctx.fact("task.ready", {}, change_id="c1", task_id="t1"),
-        ctx.fact("task.assigned", {"agentId": "a1"}, change_id="c1", task_id="t1"),
-        ctx.fact("task.completed", {"agentId": "a1"}, change_id="c1", task_id="t1"),
+        ctx.fact("task.ready", {}, change_id=change_id, task_id="t1"),
+        ctx.fact("task.assigned", {"agentId": "a1"}, change_id=change_id, task_id="t1"),
+        ctx.fact("task.completed", {"agentId": "a1"}, change_id=change_id, task_id="t1"),
     ]
 
 
 def test_claims_feed_rows_and_view_commit_together(offline_settings: Settings) -> None:
-    view = ProjectView(offline_settings, "acme-web")
+    view = view_of(offline_settings, "acme-web")
     ready, assigned, _ = task_events("acme-web")
     outcomes = view.apply_delta([record(ready, 1), record(assigned, 2)], now_s=1.0)
     assert {o.outcome for o in outcomes.values()} == {Outcome.APPLIED}
@@ -49,7 +58,7 @@ def test_claims_feed_rows_and_view_commit_together(offline_settings: Settings) -
 
 def test_one_event_that_cannot_be_applied_rolls_back_alone(offline_settings: Settings) -> None:
     # GIVEN a view whose task table refuses task t-bad (a stand-in for any apply error)
-    view = ProjectView(offline_settings, "acme-web")
+    view = view_of(offline_settings, "acme-web")
     view.connection.execute(
         "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-bad' "
         "BEGIN SELECT RAISE(ABORT, 'refused'); END"
@@ -69,7 +78,7 @@ def test_one_event_that_cannot_be_applied_rolls_back_alone(offline_settings: Set
 
 def test_an_event_redelivered_late_never_moves_a_row_back(offline_settings: Settings) -> None:
     # GIVEN task t1 completed (seq 3) before its earlier 'ready' (seq 1) came back from a nack
-    view = ProjectView(offline_settings, "acme-web")
+    view = view_of(offline_settings, "acme-web")
     ready, assigned, completed = task_events("acme-web")
     view.apply_delta([record(assigned, 2), record(completed, 3)], now_s=1.0)
     view.apply_delta([record(ready, 1)], now_s=2.0)
@@ -80,17 +89,172 @@ def test_an_event_redelivered_late_never_moves_a_row_back(offline_settings: Sett
     assert snapshot["eventsApplied"] == 3
 
 
-def test_the_projector_keeps_at_most_the_configured_views_open(tmp_path: Path) -> None:
-    from rhumbatron.core.settings import load_settings
-    from rhumbatron.router.handlers import ProjectViewProjector
+def projects_on_one_stream(count: int) -> list[str]:
+    found = [f"proj-{n}" for n in range(500) if stream_index(f"proj-{n}") == 3]
+    return found[:count]
 
-    settings = load_settings(state_dir=tmp_path, router_max_open_views=2)
-    projector = ProjectViewProjector(settings)
-    first = projector.view("p-one")
-    first.connection  # noqa: B018 - open it
-    projector.view("p-two").connection  # noqa: B018
-    projector.view("p-one")  # used again: now the most recent
-    projector.view("p-three").connection  # noqa: B018
-    # the least recently used view (p-two) was closed and dropped; p-one stayed open
-    assert list(projector._views) == ["p-one", "p-three"]
-    assert first._connection is not None
+
+def test_the_projects_of_a_fetch_commit_once_in_their_streams_file(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN two projects of one stream, and a commit counter on the stream's file
+    first, second = projects_on_one_stream(2)
+    store = StreamViews(offline_settings, 3)
+    commits: list[str] = []
+    store.connection.set_trace_callback(
+        lambda sql: commits.append(sql) if sql.strip().upper() == "COMMIT" else None
+    )
+    a = task_events(first)
+    b = task_events(second, change_id="c2")
+
+    # WHEN one fetch of both is applied
+    outcomes = store.apply([[record(a[0], 1), record(a[1], 3)], [record(b[0], 2)]], now_s=1.0)
+
+    # THEN every record applied, in one commit, into the one file of the stream
+    assert {o.outcome for o in outcomes.values()} == {Outcome.APPLIED}
+    assert commits == ["COMMIT"]
+    assert store.path == view_store_path(offline_settings, 3)
+    assert sorted(store.project_ids()) == sorted([first, second])
+    # AND each project sees its own rows only
+    assert ProjectView(store, first).snapshot()["eventsApplied"] == 2
+    assert ProjectView(store, second).snapshot()["tasksByState"] == {"ready": 1}
+
+
+def test_one_projects_bad_event_rolls_back_alone_and_the_others_commit(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN a store whose task table refuses task t-bad, and two projects in one fetch
+    first, second = projects_on_one_stream(2)
+    store = StreamViews(offline_settings, 3)
+    store.connection.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-bad' "
+        "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+    bad = FactContext(CALLER, first, NOW).fact("task.ready", {}, change_id="c1", task_id="t-bad")
+    good = task_events(second, change_id="c2")[0]
+
+    # WHEN both are applied in one fetch
+    outcomes = store.apply([[record(bad, 1)], [record(good, 2)]], now_s=1.0)
+
+    # THEN the bad event failed alone; the other project's event applied
+    assert outcomes[bad.event_id].outcome is Outcome.FAILED
+    assert outcomes[good.event_id].outcome is Outcome.APPLIED
+    assert ProjectView(store, second).snapshot()["eventsApplied"] == 1
+    assert ProjectView(store, first).snapshot()["eventsApplied"] == 0
+
+
+def test_forgetting_a_project_keeps_the_others_and_the_dead_letter_marks(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN two projects applied, and a dead-lettered event marked processed
+    first, second = projects_on_one_stream(2)
+    store = StreamViews(offline_settings, 3)
+    store.apply([[record(e, n) for n, e in enumerate(task_events(first), start=1)]], now_s=1.0)
+    store.apply([[record(task_events(second, change_id="c2")[0], 9)]], now_s=1.0)
+    store.mark_processed(["evt_00000000000000000000000000000bad"], now_s=1.0)
+
+    # WHEN the first project is forgotten
+    forgotten = store.forget(first)
+
+    # THEN its rows and its 3 claims are gone; the other project and the mark stay
+    assert forgotten == 3
+    assert ProjectView(store, first).snapshot()["eventsApplied"] == 0
+    assert ProjectView(store, first).snapshot()["latestEvents"] == []
+    assert ProjectView(store, second).snapshot()["eventsApplied"] == 1
+    claims = {row[0] for row in store.connection.execute("SELECT event_id FROM processed_events")}
+    assert "evt_00000000000000000000000000000bad" in claims
+    assert len(claims) == 2
+
+
+def test_a_file_deleted_under_a_warm_store_is_noticed_and_reopened(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN a warm store with a project applied
+    (project,) = projects_on_one_stream(1)
+    store = StreamViews(offline_settings, 3)
+    ready, assigned, _ = task_events(project)
+    store.apply([[record(ready, 1)]], now_s=1.0)
+    assert store.check_file() and not store.lost
+
+    # WHEN its file is deleted, and the next fetch is applied
+    store.path.unlink()
+    store.apply([[record(assigned, 2)]], now_s=2.0)
+
+    # THEN the store noticed, wrote into a new file at its path (not the deleted one), and
+    # says its views are lost (the router rebuilds them from the log)
+    assert store.lost
+    assert store.path.exists()
+    assert ProjectView(store, project).snapshot()["eventsApplied"] == 1
+
+
+def test_a_per_project_view_file_is_migrated_into_its_streams_store(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN a state directory of the per-project layout: projects/<id>/view.sqlite with a
+    # view, a feed and claims, as the code before the view store wrote it
+    (project,) = projects_on_one_stream(1)
+    old = offline_settings.state_dir / "projects" / project / "view.sqlite"
+    old.parent.mkdir(parents=True)
+    legacy = sqlite3.connect(old)
+    legacy.executescript(_LEGACY_SCHEMA)
+    legacy.execute(
+        "INSERT INTO view_project (project_id, tenant_id, name, events_applied) "
+        "VALUES (?, 'acme', 'Web', 2)",
+        (project,),
+    )
+    legacy.execute(
+        "INSERT INTO view_tasks VALUES "
+        "('t1', 'c1', 'assigned', 'a1', 2, '2026-03-02T10:00:00.000Z')"
+    )
+    legacy.execute(
+        "INSERT INTO project_events VALUES ('evt_1', 2, 'task.assigned', 'c1', 't1', "
+        "'agent:a1', '2026-03-02T10:00:00.000Z', 1.0)"
+    )
+    legacy.execute(
+        "INSERT INTO processed_events VALUES (?, 'evt_1', 'done', NULL, 1.0)", (PROJECTOR,)
+    )
+    legacy.commit()
+    legacy.close()
+
+    # WHEN the stream's store opens
+    store = StreamViews(offline_settings, stream_index(project))
+    view = ProjectView(store, project)
+
+    # THEN the project's rows and claims are in the store, and the old file is renamed, not
+    # left to be silently ignored
+    snapshot = view.snapshot()
+    assert (snapshot["name"], snapshot["eventsApplied"]) == ("Web", 2)
+    assert snapshot["tasksByState"] == {"assigned": 1}
+    assert view.stream_seq_of("evt_1") == 2
+    again = store.apply([[record(task_events(project, change_id="c9")[0], 1)]], now_s=2.0)
+    assert {o.outcome for o in again.values()} == {Outcome.APPLIED}
+    claims = store.connection.execute(
+        "SELECT project_id FROM processed_events WHERE event_id = 'evt_1'"
+    ).fetchone()
+    assert claims[0] == project
+    assert not old.exists()
+    assert old.with_name("view.sqlite.migrated").exists()
+
+
+_LEGACY_SCHEMA = """
+CREATE TABLE processed_events (consumer TEXT NOT NULL, event_id TEXT NOT NULL,
+    status TEXT NOT NULL, lease_until_s REAL, processed_at_s REAL NOT NULL,
+    PRIMARY KEY (consumer, event_id)) WITHOUT ROWID;
+CREATE TABLE view_project (project_id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, name TEXT,
+    status TEXT NOT NULL DEFAULT 'active', canonical_generation INTEGER NOT NULL DEFAULT 0,
+    canonical_candidate_id TEXT, events_applied INTEGER NOT NULL DEFAULT 0, last_event_at TEXT);
+CREATE TABLE view_changes (change_id TEXT PRIMARY KEY, title TEXT, status TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '', updated_seq INTEGER NOT NULL, updated_at TEXT NOT NULL);
+CREATE TABLE view_tasks (task_id TEXT PRIMARY KEY, change_id TEXT, status TEXT NOT NULL,
+    agent_id TEXT, updated_seq INTEGER NOT NULL, updated_at TEXT NOT NULL);
+CREATE TABLE view_agents (agent_id TEXT PRIMARY KEY, change_id TEXT, task_id TEXT,
+    since TEXT NOT NULL, updated_seq INTEGER NOT NULL);
+CREATE TABLE view_candidates (candidate_id TEXT PRIMARY KEY, change_id TEXT,
+    status TEXT NOT NULL, base_generation INTEGER, updated_seq INTEGER NOT NULL,
+    updated_at TEXT NOT NULL);
+CREATE TABLE view_releases (release_id TEXT PRIMARY KEY, generation INTEGER NOT NULL,
+    status TEXT NOT NULL, updated_seq INTEGER NOT NULL);
+CREATE TABLE project_events (event_id TEXT PRIMARY KEY, stream_seq INTEGER NOT NULL,
+    event_type TEXT NOT NULL, change_id TEXT, task_id TEXT, actor TEXT NOT NULL,
+    occurred_at TEXT NOT NULL, applied_at_s REAL NOT NULL);
+"""

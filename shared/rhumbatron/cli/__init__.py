@@ -38,6 +38,7 @@ from rhumbatron.cli import (
     replay,
     schedules,
     subscriptions,
+    views,
 )
 from rhumbatron.cli.common import EXIT_CANNOT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNAVAILABLE
 
@@ -56,6 +57,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "dead-letters": dead_letters.dead_letters,
     "kinds": kinds.kinds,
     "replay": replay.replay,
+    "views": views.views,
     "subscriptions": subscriptions.subscriptions,
     "schedules": schedules.schedules,
     "api": api.serve,
@@ -73,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     dead_letters.add_parser(sub)
     kinds.add_parser(sub)
     replay.add_parser(sub)
+    views.add_parser(sub)
     subscriptions.add_parser(sub)
     schedules.add_parser(sub)
     api.add_parser(sub)

@@ -186,8 +186,10 @@ class Settings(BaseSettings):
     release_sweep_every_min: int = Field(
         default=5, ge=1, le=60, description="Release-sweep ticks: minutes 4, 9, 14 … of an hour."
     )
-    router_max_open_views: int = Field(
-        default=256, ge=1, description="Project view files a router process keeps open."
+    router_freshness_flush_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Freshness points stay in memory; a run's end writes them this often.",
     )
     view_latest_events: int = Field(
         default=20, ge=1, description="Latest events a project view shows."

@@ -58,7 +58,7 @@ from rhumbatron.router.records import (
 )
 from rhumbatron.router.reports import RunReport, SubscriptionReport, SweepReport
 from rhumbatron.router.stream_state import StreamState
-from rhumbatron.router.ticks import tick_kind
+from rhumbatron.router.ticks import sweep_plan, tick_kind
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -98,6 +98,11 @@ class EventRouter:
     prune_reaction_history: Callable[[float], int]
     causal_routing: CausalRouting = field(default_factory=NoCausalRules)
     outbox_backlog: Callable[[], dict[str, int]] | None = None
+    #: Rebuilds the views of a stream from the log (``views.rebuild_views``, wired in by the
+    #: composition root): run before the projector applies anything more when the stream's
+    #: view store was lost under this process, or created while the stream's projector had
+    #: already read from it. None: a lost store is logged and filled from here on only.
+    rebuild_lost_views: Callable[[int], Awaitable[object]] | None = None
     _log_client: EventLogClient | None = None
     _log_nc: NATS | None = None
     _states: dict[int, StreamState] = field(default_factory=dict)
@@ -129,7 +134,12 @@ class EventRouter:
             # Commit-to-apply freshness, one point per applied batch (the dashboards' panel).
             self._projector = ProjectViewProjector(
                 self.settings,
-                freshness=freshness_gauge(self.product, self.metrics_sink, self.clock),
+                freshness=freshness_gauge(
+                    self.product,
+                    self.metrics_sink,
+                    self.clock,
+                    flush_interval_s=self.settings.router_freshness_flush_s,
+                ),
             )
         return self._projector
 
@@ -180,7 +190,15 @@ class EventRouter:
         )
         for subscription, result in zip(subscriptions, results, strict=True):
             report.subscriptions[subscription.value] = result
+        await self._flush_freshness(force=False)
         return report
+
+    async def _flush_freshness(self, *, force: bool) -> None:
+        """Write the freshness points kept in memory, when a flush is due (``force``: now)."""
+        gauge = self._projector.freshness if self._projector is not None else None
+        if gauge is not None:
+            # Its commit (an fsync on the product database) runs off the event loop.
+            await asyncio.to_thread(gauge.flush, force=force)
 
     async def sweep(
         self, *, now: datetime | None = None, should_stop: Callable[[], bool] | None = None
@@ -192,7 +210,7 @@ class EventRouter:
         run = self._run_context(stream_index)
         report = RunReport(stream_index, "sweep")
         analytics = not (maintenance or release_sweep)
-        plan = self._sweep_plan(analytics=analytics)
+        plan = sweep_plan(self.settings, analytics=analytics)
         archiver = self.handler(stream_index, Subscription.AUDIT_ARCHIVER)
         assert isinstance(archiver, AuditArchiver)
         archived_before = len(archiver.objects_written)
@@ -218,41 +236,8 @@ class EventRouter:
         from rhumbatron.router.lag import record_lag
 
         await record_lag(self, sweep)
+        await self._flush_freshness(force=True)
         return sweep
-
-    def _sweep_plan(self, *, analytics: bool) -> list[tuple[Subscription, int, int]]:
-        """The subscriptions a sweep tick consumes on its stream, in order, each with its
-        number of consumes and its batch size."""
-        settings = self.settings
-        plan: list[tuple[Subscription, int, int]] = [
-            (
-                Subscription.PROJECT_VIEW_PROJECTOR,
-                settings.router_consumes_per_run,
-                settings.router_fetch_max_records,
-            ),
-            (
-                Subscription.CAUSAL_ROUTER,
-                settings.router_consumes_per_run,
-                settings.router_fetch_max_records,
-            ),
-            (
-                Subscription.AUDIT_ARCHIVER,
-                settings.archive_batches_per_tick,
-                settings.archive_batch_size,
-            ),
-        ]
-        if analytics:
-            plan.append(
-                (
-                    Subscription.ANALYTICS_PROJECTOR,
-                    settings.analytics_batches_per_tick,
-                    settings.analytics_batch_size,
-                )
-            )
-        # One reactions batch per tick and stream (this one here, the others below): the
-        # gate decides, the streams buffer the rest.
-        plan.append((Subscription.REACTIONS, 1, settings.router_fetch_max_records))
-        return plan
 
     async def _sweep_reactions_elsewhere(
         self, sweep: SweepReport, stream_index: int, should_stop: Callable[[], bool] | None
@@ -313,6 +298,8 @@ class EventRouter:
         report = SubscriptionReport()
         async with lock:  # one consume per subscription and stream at a time in a process
             log = await self.event_log()
+            if subscription is Subscription.PROJECT_VIEW_PROJECTOR:
+                await self._recover_views(log, run.stream_index)
             for _ in range(consumes):
                 if should_stop is not None and should_stop():
                     break
@@ -334,6 +321,25 @@ class EventRouter:
             if log.nc.is_connected:
                 await log.nc.flush()
         return report
+
+    async def _recover_views(self, log: EventLogClient, stream_index: int) -> None:
+        """Rebuild the stream's views first when its store was lost, or when this process
+        created it although the projector had read the stream before (a wiped directory)."""
+        store = self.projector.views(stream_index)
+        if not store.is_open:
+            await asyncio.to_thread(lambda: store.connection)  # opens (and migrates) once
+        lost = not store.check_file() or store.lost
+        if store.created and not lost:
+            store.created = False
+            lost = await log.delivered_seq(stream_index, Subscription.PROJECT_VIEW_PROJECTOR) > 0
+        if not lost:
+            return
+        if self.rebuild_lost_views is None:
+            _log.error("the views of stream %d were lost and no rebuild is wired", stream_index)
+            store.lost = False
+            return
+        _log.warning("rebuilding the views of stream %d from the log", stream_index)
+        await self.rebuild_lost_views(stream_index)
 
     async def _settle_batch(
         self,

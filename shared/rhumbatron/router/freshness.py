@@ -4,15 +4,17 @@ The measure is the Event's own ``timestamp`` (set by the actor when the fact com
 against the apply time on the router's clock, so it spans the outbox, the publish, the nudge
 or sweep and the projector — the latency a reader of the view sees. The project-view
 projector records one ``event_freshness_s`` METRICS point per applied batch: the batch's
-oldest Event (the maximum), with the stream as the dimension, so a tick writes at most one
-point per stream it applied, however many Events the batch held.
+oldest Event (the maximum), with the stream as the dimension. The points stay in memory and
+are written in flushes (:class:`FreshnessGauge`): a run's end writes them at most once a
+minute, and a sweep tick always, so a busy stream costs one point a minute, not one commit
+per fetch.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -51,34 +53,65 @@ def freshness_point(stream: str, events: Iterable[Event], applied_at: datetime) 
 
 @dataclass
 class FreshnessGauge:
-    """Records the freshness of each applied batch through a METRICS recorder.
+    """Keeps the freshness of the applied batches in memory and writes it in flushes.
 
-    ``clock`` is read when :meth:`observe` is called — after the apply committed.
+    :meth:`observe` (after an apply committed) keeps, per stream, the oldest age seen since
+    the last flush; :meth:`flush` writes those points through the METRICS recorder — at the
+    end of a run, at most once per ``flush_interval_s`` (and at every sweep tick, forced).
+    Under load the product database sees one freshness commit per stream a minute, not one
+    per fetch; a quiet stream's point is written by the run that applied it.
     """
 
     recorder: MetricsRecorder
     clock: Clock
+    flush_interval_s: float = 60.0
+    _pending: dict[str, DataPoint] = field(default_factory=dict)
+    _flushed_at_s: float | None = None
 
     def observe(self, stream: str, events: Iterable[Event]) -> DataPoint | None:
-        """Record the batch's point (if any Event); return it.
+        """Keep the batch's point (if any Event) until the next flush; return it."""
+        point = freshness_point(stream, events, self.clock.now())
+        if point is None:
+            return None
+        kept = self._pending.get(stream)
+        if kept is None or point.value > kept.value:
+            self._pending[stream] = point
+        return point
+
+    def flush(self, *, force: bool = False) -> list[DataPoint]:
+        """Write the points kept, when any and a flush is due (or ``force``); return them.
 
         A point that cannot be written is logged and dropped: a metric must never turn an
         applied batch into a retry (the Events are applied and their claims committed).
         """
-        point = freshness_point(stream, events, self.clock.now())
-        if point is None:
-            return None
+        now_s = self.clock.now().timestamp()
+        due = (
+            force
+            or self._flushed_at_s is None
+            or now_s - self._flushed_at_s >= self.flush_interval_s
+        )
+        if not self._pending or not due:
+            return []
+        points = list(self._pending.values())
+        self._pending.clear()
+        self._flushed_at_s = now_s
         try:
-            self.recorder.record([point])
+            self.recorder.record(points)
         except RhumbatronError as exc:
-            _log.warning("freshness of %s not recorded: %s", stream, exc)
-            return None
-        return point
+            _log.warning(
+                "freshness of %s not recorded: %s",
+                ", ".join(sorted(str(dict(p.dimensions).get("stream")) for p in points)),
+                exc,
+            )
+            return []
+        return points
 
 
-def freshness_gauge(product: ProductDatabase, sink: MetricsSink, clock: Clock) -> FreshnessGauge:
+def freshness_gauge(
+    product: ProductDatabase, sink: MetricsSink, clock: Clock, *, flush_interval_s: float = 60.0
+) -> FreshnessGauge:
     """The gauge the router's projector records with: the METRICS recorder of the product
     database (as the lag points), opened at the first point, not at construction."""
     from rhumbatron.metrics.recorder import MetricsRecorder
 
-    return FreshnessGauge(MetricsRecorder(product, sink, clock), clock)
+    return FreshnessGauge(MetricsRecorder(product, sink, clock), clock, flush_interval_s)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -19,7 +18,7 @@ from rhumbatron.core.faults import crash_point
 from rhumbatron.errors import ActorError, ArchiveError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.envelopes import Event
-from rhumbatron.protocol.ids import event_stream_name
+from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.router.claims import (
     LeaseClaims,
     claim_events,
@@ -29,6 +28,7 @@ from rhumbatron.router.claims import (
 )
 from rhumbatron.router.project_view import ProjectView
 from rhumbatron.router.records import APPLIED, DEFERRED, DUPLICATE, Outcome, Record, RecordOutcome
+from rhumbatron.router.view_store import StreamViews
 
 if TYPE_CHECKING:
     from rhumbatron.archive import ArchiveWriter
@@ -126,27 +126,26 @@ class ProjectViewProjector:
     """Applies each project's fresh events to its view, at most N apply calls per run.
 
     One ``apply_delta`` call per project per fetch; a project beyond the run's budget is
-    deferred whole — never claimed, so it simply comes back with the next delivery.
+    deferred whole — never claimed, so it simply comes back with the next delivery. The calls
+    of one fetch commit together: the views of a stream share one file (``view_store``).
     """
 
     settings: Settings
     subscription: Subscription = Subscription.PROJECT_VIEW_PROJECTOR
     #: Records commit-to-apply seconds per applied batch (``event_freshness_s``); None: not.
     freshness: FreshnessGauge | None = None
-    _views: OrderedDict[str, ProjectView] = field(default_factory=OrderedDict)
+    _stores: dict[int, StreamViews] = field(default_factory=dict)
+
+    def views(self, stream: int) -> StreamViews:
+        """The view store of stream ``stream``, kept open for the next run."""
+        store = self._stores.get(stream)
+        if store is None:
+            store = self._stores[stream] = StreamViews(self.settings, stream)
+        return store
 
     def view(self, project_id: str) -> ProjectView:
-        """The project's view, kept open for the next run; the least recently used views are
-        closed beyond ``router_max_open_views`` (a warm Lambda has ~1,024 descriptors)."""
-        view = self._views.get(project_id)
-        if view is None:
-            view = self._views[project_id] = ProjectView(self.settings, project_id)
-            while len(self._views) > self.settings.router_max_open_views:
-                _, oldest = self._views.popitem(last=False)
-                oldest.close()  # waits for a transaction a worker thread may be in
-        else:
-            self._views.move_to_end(project_id)
-        return view
+        """The view of ``project_id``, in the store of its stream."""
+        return ProjectView(self.views(stream_index(project_id)), project_id)
 
     async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
         by_project: dict[str, list[Record]] = {}
@@ -154,64 +153,50 @@ class ProjectViewProjector:
             assert record.event is not None
             by_project.setdefault(record.event.project_id, []).append(record)
         outcomes: dict[str, RecordOutcome] = {}
-        calls: list[tuple[ProjectView, list[Record]]] = []
-        for project_id, group in by_project.items():
+        calls: list[list[Record]] = []
+        for group in by_project.values():
             if run.apply_calls_left <= 0:
                 outcomes.update({r.key: DEFERRED for r in group})
                 continue
             run.apply_calls_left -= 1
-            calls.append((self.view(project_id), group))
-        # The projects' commits (and fsyncs) run one after another on ONE worker thread, so
-        # the event loop keeps publishing and acking meanwhile. One thread per project was
-        # slower: ten threads and the loop fight over the GIL (measured in
-        # docs/performance.md, "Router fixes made").
-        outcomes.update(await asyncio.to_thread(self._apply_all, calls, run.now_s))
+            calls.append(group)
+        if not calls:
+            return outcomes
+        # The fetch's one commit (and fsync) runs on a worker thread, so the event loop keeps
+        # publishing and acking meanwhile.
+        store = self.views(run.stream_index)
+        outcomes.update(await asyncio.to_thread(self._apply, store, calls, run.now_s))
         if self.freshness is not None:
             applied = [
                 r.event
-                for _, group in calls
+                for group in calls
                 for r in group
-                if r.event is not None
-                and r.key in outcomes
-                and outcomes[r.key].outcome is Outcome.APPLIED
+                if r.event is not None and outcomes[r.key].outcome is Outcome.APPLIED
             ]
-            # Its commit (an fsync on the product database) runs off the event loop too.
-            await asyncio.to_thread(
-                self.freshness.observe, event_stream_name(run.stream_index), applied
-            )
-        return outcomes
-
-    def _apply_all(
-        self, calls: list[tuple[ProjectView, list[Record]]], now_s: float
-    ) -> dict[str, RecordOutcome]:
-        outcomes: dict[str, RecordOutcome] = {}
-        for view, group in calls:
-            outcomes.update(self._apply(view, group, now_s))
+            self.freshness.observe(event_stream_name(run.stream_index), applied)
         return outcomes
 
     def _apply(
-        self, view: ProjectView, group: list[Record], now_s: float
+        self, store: StreamViews, calls: list[list[Record]], now_s: float
     ) -> dict[str, RecordOutcome]:
         try:
-            result = view.apply_delta(group, now_s=now_s)
+            result = store.apply(calls, now_s=now_s)
         except (ActorError, sqlite3.OperationalError) as exc:
-            # The view file is busy or the disk is full: nothing of the group committed.
-            return {r.key: RecordOutcome.retry(str(exc)) for r in group}
+            # The view file is busy or the disk is full: nothing of the fetch committed.
+            return {r.key: RecordOutcome.retry(str(exc)) for group in calls for r in group}
         # The projector's claims commit with its effect: "after claim" is "after apply".
         crash_point(self.settings.crash_at, "after_apply")
         return result
 
     def mark_processed(self, records: Sequence[Record], run: RunContext) -> None:
-        for record in records:
-            if record.event is not None:
-                self.view(record.event.project_id).mark_processed(
-                    [record.event.event_id], now_s=run.now_s
-                )
+        ids = [r.event.event_id for r in records if r.event is not None]
+        if ids:
+            self.views(run.stream_index).mark_processed(ids, now_s=run.now_s)
 
     def close(self) -> None:
-        for view in self._views.values():
-            view.close()
-        self._views.clear()
+        for store in self._stores.values():
+            store.close()
+        self._stores.clear()
 
 
 # -- causal-router --------------------------------------------------------------------------

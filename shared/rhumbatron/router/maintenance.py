@@ -2,7 +2,7 @@
 
 At the daily maintenance tick (04:17 UTC) at most ``processed_events_prune_cap`` (5,000)
 ``processed_events`` rows older than 14 days are deleted, across every file that holds claims:
-the 8 router stream files, the product database and the project views. The project views'
+the 8 router stream files, the product database and the 8 view stores. The project views'
 feed rows age out with the same cap, and so does the reactions' bookkeeping older than
 ``reaction_history_days`` (finished webhook deliveries, suppressions, cause chains,
 admissions). Where the archive store has no lifecycle rule (moto
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from rhumbatron.actors.storage import SqliteStore
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 from rhumbatron.router.claims import prune_claims
+from rhumbatron.router.view_store import view_store_path
 
 if TYPE_CHECKING:
     from rhumbatron.router.ports import MaintainedRouter
@@ -36,8 +37,12 @@ def prune_processed_events(router: MaintainedRouter, *, now_s: float) -> tuple[i
     claims_left = feed_left = settings.processed_events_prune_cap
     stores: list[SqliteStore] = [router.stream_state(i) for i in range(EVENT_STREAM_COUNT)]
     stores.append(router.product)
-    projects = settings.state_dir / "projects"
-    view_ids = sorted(p.parent.name for p in projects.glob("*/view.sqlite"))
+    views = [
+        router.projector.views(i)
+        for i in range(EVENT_STREAM_COUNT)
+        if view_store_path(settings, i).exists()
+    ]
+    stores += views
     for store in stores:
         if claims_left <= 0:
             break
@@ -51,15 +56,10 @@ def prune_processed_events(router: MaintainedRouter, *, now_s: float) -> tuple[i
                 "k2_batch_failures WHERE last_failed_at_s < ? LIMIT ?)",
                 (cutoff, settings.processed_events_prune_cap),
             )
-    for project_id in view_ids:
-        if claims_left <= 0 and feed_left <= 0:
+    for view_store in views:
+        if feed_left <= 0:
             break
-        view = router.projector.view(project_id)
-        if claims_left > 0:
-            with view.transaction() as db:
-                claims_left -= prune_claims(db, older_than_s=cutoff, limit=claims_left)
-        if feed_left > 0:
-            feed_left -= view.prune_feed(older_than_s=cutoff, limit=feed_left)
+        feed_left -= view_store.prune_feed(older_than_s=cutoff, limit=feed_left)
     cap = settings.processed_events_prune_cap
     return cap - claims_left, cap - feed_left
 

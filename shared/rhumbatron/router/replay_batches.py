@@ -16,8 +16,8 @@ from rhumbatron.errors import RhumbatronError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.router.event_router import EventRouter
 from rhumbatron.router.handlers import RunContext
-from rhumbatron.router.project_view import ProjectView
 from rhumbatron.router.records import Outcome, Record
+from rhumbatron.router.view_store import view_store_path
 
 __all__ = ["ReplayTally", "replay_batch"]
 
@@ -159,15 +159,9 @@ def _claim_stores(
     ids = [r.key for r in records]
     match subscription:
         case Subscription.PROJECT_VIEW_PROJECTOR:
-            by_project: dict[str, list[str]] = {}
-            for record in records:
-                assert record.event is not None
-                by_project.setdefault(record.event.project_id, []).append(record.key)
-            for project_id, project_ids in by_project.items():
-                # Built only for its path: a ProjectView opens its file on first use.
-                if ProjectView(router.settings, project_id).path.exists():
-                    view = router.projector.view(project_id)
-                    yield view.connection, project_ids
+            # Built only for its path: a store opens its file on first use.
+            if view_store_path(router.settings, stream_index).exists():
+                yield router.projector.views(stream_index).connection, ids
         case Subscription.CAUSAL_ROUTER | Subscription.AUDIT_ARCHIVER:
             state = router.stream_state(stream_index)
             if state.path.exists():

@@ -1,9 +1,11 @@
-"""The sweep's tick arithmetic: which stream a minute visits, and which housekeeping it runs."""
+"""The sweep's tick arithmetic: which stream a minute visits, which housekeeping it runs, and
+what it consumes there."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 
 if TYPE_CHECKING:
@@ -11,7 +13,7 @@ if TYPE_CHECKING:
 
     from rhumbatron.core.settings import Settings
 
-__all__ = ["tick_kind"]
+__all__ = ["sweep_plan", "tick_kind"]
 
 
 def tick_kind(settings: Settings, now: datetime) -> tuple[int, bool, bool]:
@@ -25,3 +27,37 @@ def tick_kind(settings: Settings, now: datetime) -> tuple[int, bool, bool]:
         minute_of_day == settings.maintenance_minute_of_day,
         now.minute % every == every - 1,
     )
+
+
+def sweep_plan(settings: Settings, *, analytics: bool) -> list[tuple[Subscription, int, int]]:
+    """The subscriptions a sweep tick consumes on its stream, in order, each with its number
+    of consumes and its batch size."""
+    plan: list[tuple[Subscription, int, int]] = [
+        (
+            Subscription.PROJECT_VIEW_PROJECTOR,
+            settings.router_consumes_per_run,
+            settings.router_fetch_max_records,
+        ),
+        (
+            Subscription.CAUSAL_ROUTER,
+            settings.router_consumes_per_run,
+            settings.router_fetch_max_records,
+        ),
+        (
+            Subscription.AUDIT_ARCHIVER,
+            settings.archive_batches_per_tick,
+            settings.archive_batch_size,
+        ),
+    ]
+    if analytics:
+        plan.append(
+            (
+                Subscription.ANALYTICS_PROJECTOR,
+                settings.analytics_batches_per_tick,
+                settings.analytics_batch_size,
+            )
+        )
+    # One reactions batch per tick and stream (this one here, the others on every other
+    # stream): the gate decides, the streams buffer the rest.
+    plan.append((Subscription.REACTIONS, 1, settings.router_fetch_max_records))
+    return plan

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -250,11 +250,22 @@ class Rhumbatron:
                 causal_routing=self._causal_routing or self.lifecycle().routing,
                 outbox_backlog=self.outbox_backlog,
             )
+            self._router.rebuild_lost_views = self._views_rebuilder(self._router)
             from rhumbatron.router.nudge import InProcessNudge
 
             if isinstance(self.nudge, InProcessNudge) and self.nudge.router is None:
                 self.nudge.bind(self._router)
         return self._router
+
+    @staticmethod
+    def _views_rebuilder(router: EventRouter) -> Callable[[int], Awaitable[object]]:
+        """A lost view store's rebuild: the stream's views from the log."""
+        from rhumbatron.router.views import rebuild_views
+
+        async def rebuild(stream: int) -> object:
+            return await rebuild_views(router, stream=stream)
+
+        return rebuild
 
     def bind_reactions(self, reactions: Reactions) -> None:
         """Run the router's ``reactions`` subscription, and prune its bookkeeping, with

@@ -24,7 +24,7 @@ from rhumbatron.core.clock import utc_day
 from rhumbatron.errors import RhumbatronError
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.metrics.platform_metrics import MetricBinding
-from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, PROJECT_ID_PATTERN, event_stream_name
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, consumer_name
 
 if TYPE_CHECKING:
@@ -250,13 +250,11 @@ async def _throughput(
 
 def project_ids(app: Rhumbatron) -> list[str]:
     """Projects that have a view (the projector applied at least one of their events)."""
-    projects = app.settings.state_dir / "projects"
-    if not projects.is_dir():
-        return []
+    projector = app.router().projector
     return sorted(
-        path.parent.name
-        for path in projects.glob("*/view.sqlite")
-        if PROJECT_ID_PATTERN.fullmatch(path.parent.name)
+        project_id
+        for stream in range(EVENT_STREAM_COUNT)
+        for project_id in projector.views(stream).project_ids()
     )
 
 
