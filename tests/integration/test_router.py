@@ -426,21 +426,23 @@ async def test_the_apply_cap_defers_events_without_counting_a_failure(
 async def test_the_apply_cap_holds_across_the_fetches_of_one_run(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
-    # GIVEN four projects with two events each on one stream, fetches of 4 records and a
-    #   cap of 2 apply calls per run
-    app = await make_app(router_apply_calls_per_run=2, router_fetch_max_records=4)
-    projects = projects_on_stream(0, 4)
+    # GIVEN three projects with two events each on one stream, fetches of 4 records and a
+    #   cap of 3 apply calls per run
+    app = await make_app(router_apply_calls_per_run=3, router_fetch_max_records=4)
+    projects = projects_on_stream(0, 3)
     for project in projects:
         await publish(app, lifecycle(project, clock.now())[:2])
 
-    # WHEN one nudge runs (two fetches: the first two projects, then the last two)
+    # WHEN one nudge runs
     report = await app.router().nudge(0)
 
-    # THEN the first fetch spent the run's two calls and the second fetch applied nothing
+    # THEN the first fetch (a whole batch: the first two projects) spent two calls, and the
+    #   second asked for no more records than the one call left: the third project's first
+    #   event, applied; nothing was fetched that had to be deferred
     projector = report.subscriptions[PROJECTOR.value]
-    assert (projector.consumes, projector.fetched) == (2, 8)
-    assert (projector.applied, projector.deferred) == (4, 4)
-    assert [view_count(app, p) for p in projects] == [2, 2, 0, 0]
+    assert (projector.consumes, projector.fetched) == (2, 5)
+    assert (projector.applied, projector.deferred) == (5, 0)
+    assert [view_count(app, p) for p in projects] == [2, 2, 1]
 
 
 async def test_a_failing_record_is_counted_and_redelivered_only_after_the_nack_delay(
@@ -720,15 +722,16 @@ async def test_the_daily_tick_prunes_claims_older_than_14_days_up_to_the_cap(
     clock.set(tick)
     sweep = await app.router().sweep(now=tick)
 
-    # THEN at most the cap of old claim rows went
+    # THEN at most the cap of old claim rows went: of the causal router's claims, and of the
+    # projector's (its feed rows)
     assert sweep.maintenance
-    assert sweep.pruned_claims == 4
+    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (4, 4)
     assert sweep.pruned_metric_rows == 0  # the lag points are 15 days old; 30 are kept
     old = "SELECT COUNT(*) FROM processed_events WHERE processed_at_s < ?"
     cutoff = (tick - timedelta(days=14)).timestamp()
     left = app.router().stream_state(1).connection.execute(old, (cutoff,)).fetchone()[0]
-    left += app.router().projector.view(project).connection.execute(old, (cutoff,)).fetchone()[0]
-    assert left == 12 - 4
+    assert left == 6 - 4
+    assert view_count(app, project) == 6 - 4
 
 
 async def test_a_claim_is_kept_until_it_is_14_days_old_and_pruned_after(
@@ -744,9 +747,8 @@ async def test_a_claim_is_kept_until_it_is_14_days_old_and_pruned_after(
     await app.router().nudge(1)
     count = "SELECT COUNT(*) FROM processed_events"
     stream_claims = app.router().stream_state(1).connection
-    view_claims = app.router().projector.view(project).connection
-    claims = stream_claims.execute(count).fetchone()[0] + view_claims.execute(count).fetchone()[0]
-    assert claims == 12
+    claims = stream_claims.execute(count).fetchone()[0]  # the causal router's
+    assert (claims, view_count(app, project)) == (6, 6)  # the projector's: its feed rows
 
     # WHEN the daily tick runs 14 days later, when the claims are a minute short of 14 days
     tick = applied_at + timedelta(days=14, minutes=-1)
@@ -764,7 +766,7 @@ async def test_a_claim_is_kept_until_it_is_14_days_old_and_pruned_after(
 
     # THEN every one of them is pruned
     assert pruned.maintenance
-    assert pruned.pruned_claims == claims
+    assert (pruned.pruned_claims, pruned.pruned_feed_rows) == (claims, 6)
 
 
 async def test_the_daily_tick_prunes_claims_just_older_than_14_days_and_keeps_younger_ones(
@@ -785,17 +787,20 @@ async def test_the_daily_tick_prunes_claims_just_older_than_14_days_and_keeps_yo
     clock.set(tick)
     sweep = await app.router().sweep(now=tick)
 
-    # THEN the older project's 12 claims (projector and causal router) went, its 6 feed rows
-    #   too, and every claim and feed row of the younger project stayed
+    # THEN the older project's 6 causal claims and 6 feed rows (the projector's claims) went,
+    #   and every claim and feed row of the younger project stayed
     assert sweep.maintenance
-    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (12, 6)
-    claims = "SELECT COUNT(*) FROM processed_events WHERE project_id = ?"
+    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (6, 6)
     stream = app.router().stream_state(1).connection
     views = app.router().projector.views(1).connection  # both projects' stream
-    assert views.execute(claims, (older,)).fetchone()[0] == 0
-    assert views.execute(claims, (younger,)).fetchone()[0] == 6
+    assert view_count(app, older) == 0
     assert view_count(app, younger) == 6
-    younger_ids = [r[0] for r in views.execute("SELECT event_id FROM processed_events")]
+    younger_ids = [
+        r[0]
+        for r in views.execute(
+            "SELECT event_id FROM project_events WHERE project_id = ?", (younger,)
+        )
+    ]
     marks = ",".join("?" * len(younger_ids))
     causal = f"SELECT COUNT(*) FROM processed_events WHERE consumer = ? AND event_id IN ({marks})"
     assert stream.execute(causal, (CAUSAL.value, *younger_ids)).fetchone()[0] == 6

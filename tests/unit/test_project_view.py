@@ -46,9 +46,10 @@ def test_claims_feed_rows_and_view_commit_together(offline_settings: Settings) -
     outcomes = view.apply_delta([record(ready, 1), record(assigned, 2)], now_s=1.0)
     assert {o.outcome for o in outcomes.values()} == {Outcome.APPLIED}
     db = view.connection
-    claims = db.execute("SELECT COUNT(*) FROM processed_events WHERE consumer = ?", (PROJECTOR,))
-    assert claims.fetchone()[0] == 2
+    # the feed rows are the claims: two, and no second row per event
     assert db.execute("SELECT COUNT(*) FROM project_events").fetchone()[0] == 2
+    assert db.execute("SELECT COUNT(*) FROM processed_events").fetchone()[0] == 0
+    assert view.store.claim_states([ready.event_id]) == {ready.event_id: ("done", None)}
     assert view.snapshot()["activeAgents"] == [{"agentId": "a1", "changeId": "c1", "taskId": "t1"}]
     # the same events again: duplicates, nothing changes
     again = view.apply_delta([record(ready, 1)], now_s=2.0)
@@ -72,8 +73,9 @@ def test_one_event_that_cannot_be_applied_rolls_back_alone(offline_settings: Set
     assert outcomes[bad.event_id].outcome is Outcome.FAILED
     assert "refused" in outcomes[bad.event_id].reason
     assert outcomes[good.event_id].outcome is Outcome.APPLIED
-    ids = {row[0] for row in view.connection.execute("SELECT event_id FROM processed_events")}
+    ids = {row[0] for row in view.connection.execute("SELECT event_id FROM project_events")}
     assert ids == {good.event_id}
+    assert view.store.claim_states([bad.event_id, good.event_id]) == {good.event_id: ("done", None)}
 
 
 def test_an_event_redelivered_late_never_moves_a_row_back(offline_settings: Settings) -> None:
@@ -156,14 +158,20 @@ def test_forgetting_a_project_keeps_the_others_and_the_dead_letter_marks(
     # WHEN the first project is forgotten
     forgotten = store.forget(first)
 
-    # THEN its rows and its 3 claims are gone; the other project and the mark stay
+    # THEN its rows and its 3 claims (its feed rows) are gone; the other project and the
+    # mark stay
     assert forgotten == 3
     assert ProjectView(store, first).snapshot()["eventsApplied"] == 0
     assert ProjectView(store, first).snapshot()["latestEvents"] == []
     assert ProjectView(store, second).snapshot()["eventsApplied"] == 1
-    claims = {row[0] for row in store.connection.execute("SELECT event_id FROM processed_events")}
-    assert "evt_00000000000000000000000000000bad" in claims
-    assert len(claims) == 2
+    kept = store.claim_states(
+        [e.event_id for e in task_events(first)]
+        + [task_events(second, change_id="c2")[0].event_id, "evt_00000000000000000000000000000bad"]
+    )
+    assert set(kept) == {
+        task_events(second, change_id="c2")[0].event_id,
+        "evt_00000000000000000000000000000bad",
+    }
 
 
 def test_a_file_deleted_under_a_warm_store_is_noticed_and_reopened(
@@ -228,10 +236,7 @@ def test_a_per_project_view_file_is_migrated_into_its_streams_store(
     assert view.stream_seq_of("evt_1") == 2
     again = store.apply([[record(task_events(project, change_id="c9")[0], 1)]], now_s=2.0)
     assert {o.outcome for o in again.values()} == {Outcome.APPLIED}
-    claims = store.connection.execute(
-        "SELECT project_id FROM processed_events WHERE event_id = 'evt_1'"
-    ).fetchone()
-    assert claims[0] == project
+    assert store.claim_states(["evt_1"]) == {"evt_1": ("done", None)}
     assert not old.exists()
     assert old.with_name("view.sqlite.migrated").exists()
 
@@ -258,3 +263,33 @@ CREATE TABLE project_events (event_id TEXT PRIMARY KEY, stream_seq INTEGER NOT N
     event_type TEXT NOT NULL, change_id TEXT, task_id TEXT, actor TEXT NOT NULL,
     occurred_at TEXT NOT NULL, applied_at_s REAL NOT NULL);
 """
+
+
+async def test_a_projector_given_more_projects_than_its_budget_defers_the_rest_whole(
+    offline_settings: Settings,
+) -> None:
+    from rhumbatron.router.handlers import ProjectViewProjector, RunContext
+
+    # GIVEN a projector with one apply call left in its run, and records of two projects
+    first, second = projects_on_one_stream(2)
+    projector = ProjectViewProjector(offline_settings)
+    a = task_events(first)
+    b = task_events(second, change_id="c2")
+    records = [record(a[0], 1), record(b[0], 2), record(a[1], 3)]
+    run = RunContext(3, now_s=1.0, apply_calls_left=1)
+    try:
+        # WHEN it handles them
+        outcomes = await projector.handle(records, run)
+        store = projector.views(3)
+        # THEN the first project's records applied (one call); the second's were deferred
+        # whole: not applied and not claimed, so their next delivery applies them
+        assert [outcomes[r.key].outcome for r in records] == [
+            Outcome.APPLIED,
+            Outcome.DEFERRED,
+            Outcome.APPLIED,
+        ]
+        assert run.apply_calls_left == 0
+        assert store.claim_states([b[0].event_id]) == {}
+        assert ProjectView(store, second).snapshot()["eventsApplied"] == 0
+    finally:
+        projector.close()

@@ -126,19 +126,6 @@ class EventLogClient:
             stream, subscription.value, info.num_pending or 0, info.num_ack_pending or 0
         )
 
-    async def delivered_seq(self, stream_index: int, subscription: Subscription) -> int:
-        """The stream sequence the consumer last delivered; 0 when it does not exist yet or
-        never delivered."""
-        from nats.js.errors import NotFoundError
-
-        try:
-            info = await self.nc.jetstream().consumer_info(
-                event_stream_name(stream_index), subscription.value
-            )
-        except NotFoundError:
-            return 0
-        return info.delivered.stream_seq if info.delivered is not None else 0
-
     async def read_at(self, stream_index: int, stream_seq: int) -> bytes | None:
         """The record stored at ``stream_seq`` of stream ``stream_index``; None when the
         stream no longer holds it (its max age, or a purge)."""

@@ -134,6 +134,10 @@ def _classify(
     now_s = router.clock.now().timestamp()
     name = subscription.value
     states: dict[str, tuple[str, float | None]] = {}
+    # The view store's claims are its feed rows (and dead letters' marks).
+    projector = subscription is Subscription.PROJECT_VIEW_PROJECTOR
+    if projector and view_store_path(router.settings, stream_index).exists():
+        states = router.projector.views(stream_index).claim_states([r.key for r in records])
     for connection, ids in _claim_stores(router, stream_index, subscription, records):
         states.update(_claim_states(connection, name, ids))
     for record in records:
@@ -158,10 +162,6 @@ def _claim_stores(
     file that does not exist holds no claim and is not created."""
     ids = [r.key for r in records]
     match subscription:
-        case Subscription.PROJECT_VIEW_PROJECTOR:
-            # Built only for its path: a store opens its file on first use.
-            if view_store_path(router.settings, stream_index).exists():
-                yield router.projector.views(stream_index).connection, ids
         case Subscription.CAUSAL_ROUTER | Subscription.AUDIT_ARCHIVER:
             state = router.stream_state(stream_index)
             if state.path.exists():

@@ -2,11 +2,18 @@
 
 ``<state>/views/EVENTS_NN.sqlite`` holds, keyed by project, the views of every project on
 stream NN, their feed rows and the projector's claims (DECISIONS, "View store"). One fetch of
-the stream is applied in ONE transaction: each project's fresh records are claimed
-(``processed_events``), fed (``project_events``) and projected under a SAVEPOINT of their
-own, and the whole fetch commits once. The claims commit with their effects: a router killed
-anywhere before the COMMIT leaves neither, and the redelivery applies the events; killed
-after it, the redelivery finds the claims and applies nothing (RELIABILITY F10).
+the stream is applied in ONE transaction: each project's fresh records are fed
+(``project_events``) and projected under a SAVEPOINT of their own, and the whole fetch
+commits once.
+
+**The feed row is the claim.** An event's ``project_events`` row says the projector applied
+it (``claimEvents`` inserts it, spec), keyed by the event ID and kept as long as a claim (14
+days, the same daily prune): a second ``processed_events`` row per event would say the same
+thing again, and its b-tree inserts were a third of the store's cost per event. The file's
+``processed_events`` holds only the marks of dead-lettered events (never applied, never
+fed). The claims commit with their effects: a router killed anywhere before the COMMIT
+leaves neither, and the redelivery applies the events; killed after it, the redelivery finds
+the claims and applies nothing (RELIABILITY F10).
 
 A project's group that cannot be applied rolls back alone and is applied again one event
 per SAVEPOINT, so only the event at fault fails.
@@ -21,6 +28,10 @@ archive beyond the stream's retention), see ``views``. Two events also start a r
   the file at the path is still the one this process has open; if not, the store reopens a
   fresh file and marks itself :attr:`StreamViews.lost`, and the router rebuilds the
   stream's views before it applies anything more (``EventRouter``).
+
+A state directory whose ``views/`` is gone while the router was stopped cannot be told from a
+new deployment (two routers starting at once each create the file): its views fill up from
+what the projector reads next, and ``rhumbatron views rebuild`` restores the past.
 """
 
 from __future__ import annotations
@@ -46,8 +57,8 @@ _log = logging.getLogger(__name__)
 
 PROJECTOR = Subscription.PROJECT_VIEW_PROJECTOR.value
 
-#: The projector's claims (``router.claims``'s table), with the project each belongs to, so
-#: a rebuild of one project forgets its claims and no other's.
+#: The marks of dead-lettered events (``router.claims``'s table; an applied event's claim is
+#: its feed row), with the project each belongs to where it is known.
 _CLAIMS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS processed_events (
     consumer        TEXT NOT NULL,
@@ -59,7 +70,6 @@ CREATE TABLE IF NOT EXISTS processed_events (
     PRIMARY KEY (consumer, event_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS processed_events_age ON processed_events (processed_at_s);
-CREATE INDEX IF NOT EXISTS processed_events_project ON processed_events (project_id);
 """
 
 #: The tables a project's rows live in, each with its project column.
@@ -88,16 +98,11 @@ class StreamViews(SqliteStore):
         self.stream = stream
         #: The file was deleted or replaced under this process: its views must be rebuilt.
         self.lost = False
-        #: This process created the file (none was there): a new deployment, or a state
-        #: directory that lost it; the router asks the stream which (``EventRouter``).
-        self.created = False
         self._inode: int | None = None
 
     @property
     def connection(self) -> sqlite3.Connection:
         first = self._connection is None
-        if first and not self.path.exists():
-            self.created = True
         connection = super().connection
         if first:
             self._inode = os.stat(self.path).st_ino
@@ -169,21 +174,23 @@ class StreamViews(SqliteStore):
             ).rowcount
 
     def forget(self, project_id: str | None = None) -> int:
-        """Delete the views, feed rows and projector claims of ``project_id`` (every project
-        of the stream for None), so a replay applies its events again. Returns the claims
-        deleted. A dead letter's mark (a claim with no project) is kept."""
+        """Delete the views and feed rows (the claims) of ``project_id`` (every project of
+        the stream for None), so a replay applies its events again. Returns the claims
+        deleted. A dead letter's mark is kept: a poison event stays skipped."""
         self.check_file()
         with self.transaction() as db:
             where, args = (
                 ("", ()) if project_id is None else (" WHERE project_id = ?", (project_id,))
             )
+            claims = db.execute(f"DELETE FROM project_events{where}", args).rowcount
             for table in VIEW_TABLES:
                 db.execute(f"DELETE FROM {table}{where}", args)
-            claims = "project_id IS NOT NULL" if project_id is None else "project_id = ?"
-            return db.execute(
-                f"DELETE FROM processed_events WHERE consumer = ? AND {claims}",
-                (PROJECTOR, *args),
-            ).rowcount
+            return claims
+
+    def claim_states(self, event_ids: Sequence[str]) -> dict[str, tuple[str, float | None]]:
+        """``event_id -> (status, lease_until_s)`` of the projector's claims among
+        ``event_ids``: a feed row or a dead letter's mark is ``done`` (a read)."""
+        return {event_id: ("done", None) for event_id in _claimed(self.connection, event_ids)}
 
     def project_ids(self) -> list[str]:
         """The projects of this stream that have a view."""
@@ -250,10 +257,13 @@ def _copy_rows(db: sqlite3.Connection, project_id: str) -> None:
                 f"SELECT ?, {columns} FROM old.{table}",
                 (project_id,),
             )
+    # A claim without a feed row is a dead letter's mark (or a row the feed's prune took
+    # first): kept as a mark, so the event stays skipped.
     db.execute(
         "INSERT OR IGNORE INTO processed_events (consumer, event_id, status, lease_until_s, "
         "processed_at_s, project_id) SELECT consumer, event_id, status, lease_until_s, "
-        "processed_at_s, ? FROM old.processed_events",
+        "processed_at_s, ? FROM old.processed_events WHERE event_id NOT IN "
+        "(SELECT event_id FROM old.project_events)",
         (project_id,),
     )
 
@@ -262,29 +272,25 @@ def _copy_rows(db: sqlite3.Connection, project_id: str) -> None:
 
 
 def _claimed(db: sqlite3.Connection, event_ids: Sequence[str]) -> set[str]:
-    """The IDs among ``event_ids`` the projector has already claimed (one query)."""
-    if not event_ids:
-        return set()
-    marks = ", ".join("?" * len(event_ids))
-    rows = db.execute(
-        f"SELECT event_id FROM processed_events WHERE consumer = ? AND event_id IN ({marks})",
-        [PROJECTOR, *event_ids],
-    )
-    return {row[0] for row in rows}
+    """The IDs among ``event_ids`` the projector has already claimed: applied (a feed row)
+    or dead-lettered (a mark). One query per 400 IDs."""
+    found: set[str] = set()
+    for offset in range(0, len(event_ids), 400):
+        chunk = event_ids[offset : offset + 400]
+        marks = ", ".join("?" * len(chunk))
+        rows = db.execute(
+            f"SELECT event_id FROM project_events WHERE event_id IN ({marks}) UNION ALL "
+            f"SELECT event_id FROM processed_events WHERE consumer = ? AND event_id IN ({marks})",
+            [*chunk, PROJECTOR, *chunk],
+        )
+        found.update(row[0] for row in rows)
+    return found
 
 
 def _events(records: Sequence[Record]) -> list[Event]:
     events = [r.event for r in records]
     assert all(e is not None for e in events)
     return events  # type: ignore[return-value]
-
-
-def _claim(db: sqlite3.Connection, events: Sequence[Event], now_s: float) -> None:
-    db.executemany(
-        "INSERT INTO processed_events (consumer, event_id, status, lease_until_s, "
-        "processed_at_s, project_id) VALUES (?, ?, 'done', NULL, ?, ?)",
-        [(PROJECTOR, e.event_id, now_s, e.project_id) for e in events],
-    )
 
 
 def _apply_group(
@@ -294,7 +300,6 @@ def _apply_group(
     events = _events(records)
     db.execute("SAVEPOINT project")
     try:
-        _claim(db, events, now_s)
         apply_events(db, events, [r.stream_seq for r in records], now_s)
     except sqlite3.OperationalError:
         # Disk full, I/O error, a lock: nothing is these events' fault. Up to the caller,
@@ -318,7 +323,6 @@ def _apply_one_by_one(
     for record, event in zip(records, _events(records), strict=True):
         db.execute("SAVEPOINT event")
         try:
-            _claim(db, [event], now_s)
             apply_events(db, [event], [record.stream_seq], now_s)
         except sqlite3.OperationalError:
             raise
