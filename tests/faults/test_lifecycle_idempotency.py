@@ -834,10 +834,6 @@ class RoutedTwice:
     app: Rhumbatron | None = None
     batches: int = 0
 
-    def routes(self, event: Event) -> bool:
-        assert self.app is not None
-        return self.app.lifecycle().routing.routes(event)
-
     async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
         assert self.app is not None
         routing = self.app.lifecycle().routing

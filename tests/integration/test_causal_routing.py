@@ -278,35 +278,3 @@ async def test_a_wake_dropped_by_one_changes_cap_does_not_stop_the_next_changes(
         }
     finally:
         await w.app.close()
-
-
-async def test_an_event_no_rule_acts_on_takes_no_lease_and_leaves_no_row(wiring: Wiring) -> None:
-    # GIVEN a routed fact (a task completed), and facts no rule acts on: an agent woke, a
-    # task became ready (its wake was the dispatcher's)
-    app = wiring.app
-    given_an_agent_working_on_src_auth(app)
-    system = FactContext(SYSTEM, PROJECT, NOW)
-    routed = system.fact("task.completed", {"agentId": "a0"}, change_id="c1", task_id="t0")
-    woke = system.fact("agent.woke", {"agentId": "a1"}, change_id="c1", task_id="t1")
-    ready = system.fact("task.ready", {}, change_id="c1", task_id="t2")
-    ensure_project_roots(app, [routed])
-    js = (await app.nats()).jetstream()
-    subject = event_stream_subject(stream_index(PROJECT))
-    for event in (woke, routed, ready):
-        await js.publish(subject, event.to_json(), headers={"Nats-Msg-Id": event.event_id})
-
-    # WHEN the stream is nudged
-    report = await app.router().nudge(stream_index(PROJECT))
-
-    # THEN all three were applied (acked), the rules saw only the routed one, and only it
-    # left a claim in the stream's router file
-    assert report.subscriptions["causal-router"].applied == 3
-    assert [r.event_id for r in wiring.routed] == [routed.event_id]
-    claims = (
-        app.router()
-        .stream_state(stream_index(PROJECT))
-        .connection.execute(
-            "SELECT event_id, status FROM processed_events WHERE consumer = 'causal-router'"
-        )
-    )
-    assert [tuple(row) for row in claims] == [(routed.event_id, "done")]

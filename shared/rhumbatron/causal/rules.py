@@ -44,7 +44,6 @@ __all__ = [
     "RoutingPlan",
     "RoutingWorld",
     "StateEffect",
-    "acts_on",
     "plan_for",
     "wake_command",
 ]
@@ -189,15 +188,6 @@ def _dispatch(event: Event, reason: str, *, now: datetime) -> PlannedCommand:
         now=now,
         change_id=event.change_id,
     )
-
-
-def acts_on(event: Event) -> bool:
-    """Whether a rule may act on ``event``: :func:`plan_for` plans nothing for the others
-    (``task.ready``, whose wake the dispatcher sent, and the informational types)."""
-    kind = event.event_type
-    if kind == "task.ready":
-        return False
-    return kind in RESOURCE_EVENTS or not event.spec.informational
 
 
 def plan_for(event: Event, world: RoutingWorld, *, now: datetime) -> RoutingPlan:

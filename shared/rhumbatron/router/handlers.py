@@ -209,11 +209,6 @@ class CausalRouting(Protocol):
     redelivery after a crash sends nothing twice (the JetStream duplicate window drops it).
     """
 
-    def routes(self, event: Event) -> bool:
-        """Whether any rule may act on ``event``. One that none does is applied as it is:
-        no lease, no settle row (most events of a busy stream are such facts)."""
-        ...
-
     async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
         """An outcome per event ID."""
         ...
@@ -222,17 +217,13 @@ class CausalRouting(Protocol):
 class NoCausalRules:
     """No causal rules are installed: every Event is applied with no command."""
 
-    def routes(self, event: Event) -> bool:
-        return False
-
     async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
         return {event.event_id: APPLIED for event in events}
 
 
 @dataclass
 class CausalRouter:
-    """Claims the fresh events a rule may act on as leases, routes them, then completes or
-    releases the leases; an event no rule acts on is applied with no lease and no row."""
+    """Claims fresh events as leases, routes them, then completes or releases the leases."""
 
     state: StreamState
     routing: CausalRouting
@@ -240,14 +231,6 @@ class CausalRouter:
     subscription: Subscription = Subscription.CAUSAL_ROUTER
 
     async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
-        routed = [r for r in records if r.event is not None and self.routing.routes(r.event)]
-        keys = {r.key for r in routed}
-        outcomes = {r.key: APPLIED for r in records if r.key not in keys}
-        if routed:
-            outcomes.update(await self._route(routed, run))
-        return outcomes
-
-    async def _route(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
         name = self.subscription.value
         events, fresh, outcomes = await _lease_records(self.state, name, records, run, self.lease_s)
         crash_point(self.state.settings.crash_at, "after_claim")
