@@ -426,23 +426,21 @@ async def test_the_apply_cap_defers_events_without_counting_a_failure(
 async def test_the_apply_cap_holds_across_the_fetches_of_one_run(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
-    # GIVEN three projects with two events each on one stream, fetches of 4 records and a
-    #   cap of 3 apply calls per run
-    app = await make_app(router_apply_calls_per_run=3, router_fetch_max_records=4)
-    projects = projects_on_stream(0, 3)
+    # GIVEN four projects with two events each on one stream, fetches of 4 records and a
+    #   cap of 2 apply calls per run
+    app = await make_app(router_apply_calls_per_run=2, router_fetch_max_records=4)
+    projects = projects_on_stream(0, 4)
     for project in projects:
         await publish(app, lifecycle(project, clock.now())[:2])
 
-    # WHEN one nudge runs
+    # WHEN one nudge runs (two fetches: the first two projects, then the last two)
     report = await app.router().nudge(0)
 
-    # THEN the first fetch (a whole batch: the first two projects) spent two calls, and the
-    #   second asked for no more records than the one call left: the third project's first
-    #   event, applied; nothing was fetched that had to be deferred
+    # THEN the first fetch spent the run's two calls and the second fetch applied nothing
     projector = report.subscriptions[PROJECTOR.value]
-    assert (projector.consumes, projector.fetched) == (2, 5)
-    assert (projector.applied, projector.deferred) == (5, 0)
-    assert [view_count(app, p) for p in projects] == [2, 2, 1]
+    assert (projector.consumes, projector.fetched) == (2, 8)
+    assert (projector.applied, projector.deferred) == (4, 4)
+    assert [view_count(app, p) for p in projects] == [2, 2, 0, 0]
 
 
 async def test_a_failing_record_is_counted_and_redelivered_only_after_the_nack_delay(

@@ -303,10 +303,7 @@ class EventRouter:
             for _ in range(consumes):
                 if should_stop is not None and should_stop():
                     break
-                size = self._fetch_size(run, subscription, batch)
-                if size == 0:
-                    break
-                messages = await log.fetch(run.stream_index, subscription, size)
+                messages = await log.fetch(run.stream_index, subscription, batch)
                 # Leases are measured from each fetch, not from the start of the run: a
                 # lease read against a stale clock could look live after JetStream has
                 # already redelivered its message.
@@ -319,27 +316,11 @@ class EventRouter:
                     messages, run.stream_index, self.project_owners, self._decoded
                 )
                 await self._settle_batch(run, subscription, records, report)
-                if len(messages) < size:
+                if len(messages) < batch:
                     break
             if log.nc.is_connected:
                 await log.nc.flush()
         return report
-
-    def _fetch_size(self, run: RunContext, subscription: Subscription, batch: int) -> int:
-        """How many records to ask for: ``batch``; for the projector, once the run has spent
-        part of its apply budget, no more than the calls it has left. A record needs at most
-        one call (its project's), so such a fetch holds nothing the run must defer (DECISIONS,
-        "The 15-call cap").
-
-        The run's first fetch is a whole batch: sized to the budget (15 of the 100 a fetch
-        may hold), every fetch would spread its round trip and commit over a seventh of the
-        events, and the projector ran at half its speed with 10 projects on the stream
-        (docs/performance.md); a whole first batch defers only the projects past the 15th.
-        """
-        budget = self.settings.router_apply_calls_per_run
-        if subscription is Subscription.PROJECT_VIEW_PROJECTOR and run.apply_calls_left < budget:
-            return max(0, min(batch, run.apply_calls_left))
-        return batch
 
     async def _recover_views(self, stream_index: int) -> None:
         """Rebuild the stream's views first when its store was lost under this process."""
