@@ -879,18 +879,12 @@ class RouterSuite:
     knee: list[LatencyResult] = field(default_factory=list)
 
     def knee_rate(self) -> float | None:
-        """The highest offered rate of the sweep whose p99 stays within the target, every
-        lower rate passing too (None: not even the lowest)."""
-        runs = sorted(
-            [*([self.latency] if self.latency is not None else []), *self.knee],
-            key=lambda r: r.target_rate,
-        )
-        knee = None
-        for run in runs:
-            if run.status != "PASS":
-                break
-            knee = run.target_rate
-        return knee
+        """The highest offered rate of the sweep whose p99 stays within the target (None:
+        none does). A lower rate that missed does not hide it: at 100 events/s a 4 s run
+        holds 400 events, and one stall of the shared host is its p99."""
+        runs = [*([self.latency] if self.latency is not None else []), *self.knee]
+        passing = [r.target_rate for r in runs if r.status == "PASS"]
+        return max(passing) if passing else None
 
     def targets(self) -> list[dict[str, Any]]:
         """The latency and CPU targets of issue #16, each with its status."""
