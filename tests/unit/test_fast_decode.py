@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.errors import EnvelopeError
-from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.command_types import COMMAND_TYPES
+from rhumbatron.protocol.envelopes import Command, Event
 from rhumbatron.protocol.event_types import EVENT_TYPES
-from rhumbatron.protocol.fast_decode import decode_event, fast_event
-from unit.test_envelopes import EVENT_KEY_FIELDS, event_wire
+from rhumbatron.protocol.fast_decode import decode_command, decode_event, fast_command, fast_event
+from unit.test_envelopes import _DELETE, EVENT_KEY_FIELDS, command_fields, event_wire
 
 _json_scalars = (
     st.none()
@@ -109,8 +110,9 @@ def test_what_the_outbox_writes_takes_the_fast_path_and_equals_the_full_parse() 
         json.dumps({k.replace("Id", "_id"): v for k, v in event_wire().items()}).encode(),
         json.dumps(event_wire(timestamp="2026-01-02T05:04:05.678+02:00")).encode(),
         json.dumps(event_wire(timestamp="2026-01-02T03:04:05.678901Z")).encode(),
+        json.dumps(event_wire(resource=_DELETE)).encode(),
     ],
-    ids=["snake-case keys", "an offset", "microseconds"],
+    ids=["snake-case keys", "an offset", "microseconds", "a key left out"],
 )
 def test_a_valid_event_the_fast_path_does_not_know_still_decodes_by_the_full_parse(
     raw: bytes,
@@ -207,3 +209,100 @@ def test_any_timestamp_gets_the_full_parses_answer(moment: datetime, spec: str) 
 @given(st.binary(max_size=200))
 def test_any_bytes_get_the_full_parses_answer(raw: bytes) -> None:
     same_answer(raw)
+
+
+# -- commands: the queue consumers' decoder ------------------------------------------------------
+
+
+def command_wire(**overrides: Any) -> dict[str, Any]:
+    """A valid agent.wake Command as ``Command.to_json`` writes it; ``_GONE`` deletes a key."""
+    wire: dict[str, Any] = json.loads(Command.create(**command_fields()).to_json())
+    for key, value in overrides.items():
+        if value is _GONE:
+            wire.pop(key)
+        else:
+            wire[key] = value
+    return wire
+
+
+_GONE = object()
+COMMAND_KEYS = list(command_wire())
+
+
+def same_command_answer(raw: bytes) -> None:
+    """``decode_command`` and ``Command.parse`` agree on ``raw``."""
+    try:
+        expected = Command.parse(raw)
+    except EnvelopeError as refused:
+        with pytest.raises(EnvelopeError) as caught:
+            decode_command(raw)
+        assert str(caught.value) == str(refused)
+        assert fast_command(raw) is None, "the fast path accepted what the full parse refuses"
+        return
+    decoded = decode_command(raw)
+    assert decoded == expected
+    assert decoded.to_json() == expected.to_json()
+    assert decoded.model_dump(exclude_unset=True) == expected.model_dump(exclude_unset=True)
+
+
+def test_what_the_command_bus_sends_takes_the_fast_path_and_equals_the_full_parse() -> None:
+    raw = Command.create(**command_fields()).to_json()
+    command = fast_command(raw)
+    assert command is not None
+    assert command == Command.parse(raw)
+    assert command.to_json() == raw
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"commandId": "cmd_x\n"},
+        {"commandId": "job_1"},
+        {"commandType": "agent.explode"},
+        {"projectId": "acme-web\n"},
+        {"taskId": "t 1"},
+        {"attempt": 0},
+        {"attempt": True},
+        {"attempt": 2.0},
+        {"attempt": 2**53},
+        {"attempt": _GONE},
+        {"deadline": _GONE},
+        {"deadline": "2026-01-02T03:04:05.678Z"},
+        {"createdAt": "2026-01-02T03:04:05Z"},
+        {"createdAt": "2026-13-02T03:04:05.678Z"},
+        {"payload": {"agentId": 7, "reason": "task.ready"}},
+        {"payload": {}},
+        {"surplus": 1},
+    ],
+)
+def test_a_command_that_breaks_a_rule_or_the_shape_gets_the_full_parses_answer(
+    overrides: dict[str, Any],
+) -> None:
+    same_command_answer(json.dumps(command_wire(**overrides)).encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(COMMAND_KEYS), _json_values)
+def test_one_command_field_set_to_anything_gets_the_full_parses_answer(
+    field: str, value: Any
+) -> None:
+    same_command_answer(json.dumps(command_wire(**{field: value})).encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(COMMAND_TYPES)), st.data())
+def test_any_payload_of_any_command_type_gets_the_full_parses_answer(
+    command_type: str, data: st.DataObject
+) -> None:
+    spec = COMMAND_TYPES[command_type]
+    keys = [field.alias or name for name, field in spec.payload.model_fields.items()]
+    payload = {key: data.draw(_json_values) for key in keys if data.draw(st.booleans())}
+    same_command_answer(
+        json.dumps(command_wire(commandType=command_type, payload=payload)).encode()
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_get_the_full_command_parses_answer(raw: bytes) -> None:
+    same_command_answer(raw)

@@ -43,6 +43,7 @@ from rhumbatron.messaging.commands import (
 from rhumbatron.messaging.pull import Puller, ensure_consumer
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.protocol.envelopes import Command
+from rhumbatron.protocol.fast_decode import decode_command
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, QueueConsumer, consumer_name
 
 if TYPE_CHECKING:
@@ -309,7 +310,7 @@ class QueueConsumerRuntime:
             headers=dict(msg.headers or {}),
         )
         try:
-            command = Command.parse(msg.data or b"")
+            command = decode_command(msg.data or b"")
         except EnvelopeError as exc:
             reason = f"not a valid Command: {exc}"
             if raw is None:

@@ -38,7 +38,7 @@ from rhumbatron.redaction import describe_input
 __all__ = ["Command", "Event", "format_timestamp"]
 
 ACTOR_PATTERN = r"^(agent|user|system|workflow|operator):[^\s\x00-\x1f\x7f]{1,200}$"
-_COMMAND_ID_PATTERN = r"^cmd_[A-Za-z0-9_.:\-]{1,200}$"
+COMMAND_ID_PATTERN = r"^cmd_[A-Za-z0-9_.:\-]{1,200}$"
 _UNREADABLE_PAYLOAD = "cannot read the payload"
 _NO_OFFSET = timedelta(0)
 
@@ -236,7 +236,7 @@ class Event(_Envelope):
 class Command(_Envelope):
     """A request for work. ``command_id`` is its stable key on every boundary."""
 
-    command_id: str = Field(pattern=_COMMAND_ID_PATTERN)
+    command_id: str = Field(pattern=COMMAND_ID_PATTERN)
     command_type: str
     project_id: str = Field(pattern=PROJECT_ID_PATTERN.pattern)
     change_id: str | None = Field(default=None, pattern=IDENTIFIER)
