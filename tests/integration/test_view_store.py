@@ -152,12 +152,13 @@ async def test_the_views_rebuild_command_rebuilds_one_project_and_reports_it(
         "RHUMBATRON_EVIDENCE_BUCKET": app.settings.evidence_bucket,
     }.items():
         monkeypatch.setenv(name, value)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = await asyncio.to_thread(main, ["views", "rebuild", "--project", projects[0]])
 
-    # THEN it succeeded, said what it did, and the view is whole again
+    # THEN it succeeded, showed its progress, said what it did, and the view is whole again
     assert status == 0, out.getvalue()
+    assert "EVENTS_02 rebuilt (1/1): 6 events applied" in err.getvalue()
     report = json.loads(out.getvalue())
     assert report["projectId"] == projects[0]
     assert (report["forgottenClaims"], report["applied"], report["failed"]) == (6, 6, 0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from typing import Any
 
 from rhumbatron.cli.common import EXIT_CANNOT, EXIT_ERROR, fail, run_on_runtime
@@ -46,7 +47,12 @@ def views(args: argparse.Namespace) -> int:
     logging.getLogger("nats").setLevel(logging.CRITICAL)
     try:
         result = run_on_runtime(
-            lambda app: rebuild_views(app.router(), project_id=args.project, stream=args.stream)
+            lambda app: rebuild_views(
+                app.router(),
+                project_id=args.project,
+                stream=args.stream,
+                progress=lambda line: print(line, file=sys.stderr, flush=True),
+            )
         )
     except ReplayError as exc:
         return fail(EXIT_CANNOT, str(exc), command="views rebuild")

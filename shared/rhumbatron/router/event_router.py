@@ -131,7 +131,8 @@ class EventRouter:
         if self._projector is None:
             from rhumbatron.router.freshness import freshness_gauge
 
-            # Commit-to-apply freshness, one point per applied batch (the dashboards' panel).
+            # Commit-to-apply freshness per applied batch (the dashboards' panel), kept in
+            # memory and written by the runs' flushes.
             self._projector = ProjectViewProjector(
                 self.settings,
                 freshness=freshness_gauge(

@@ -19,7 +19,8 @@ A project's group that cannot be applied rolls back alone and is applied again o
 per SAVEPOINT, so only the event at fault fails.
 
 A view is derived state: ``rhumbatron views rebuild`` rebuilds it from the stream (and the
-archive beyond the stream's retention), see ``views``. Two events also start a rebuild:
+archive beyond the stream's retention), see ``views``. Two cases are handled by the store
+and the router themselves:
 
 * **a state directory of the per-project layout** (``projects/<id>/view.sqlite``, before
   issue #16): at the first open of a stream's store, each such file of a project on the

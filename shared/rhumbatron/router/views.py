@@ -15,6 +15,7 @@ up again. Dead letters' marks are kept: a poison event stays skipped.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -69,10 +70,15 @@ class ViewsRebuild:
 
 
 async def rebuild_views(
-    router: EventRouter, *, project_id: str | None = None, stream: int | None = None
+    router: EventRouter,
+    *,
+    project_id: str | None = None,
+    stream: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> ViewsRebuild:
     """Rebuild the views of ``project_id`` (its stream), of every project of ``stream``, or of
-    every project (neither given). Raises :class:`ReplayError` for a bad argument and
+    every project (neither given); ``progress`` hears a line as each stream is done. Raises
+    :class:`ReplayError` for a bad argument and
     :class:`~rhumbatron.errors.NatsUnavailableError` when NATS does not answer."""
     if project_id is not None and stream is not None:
         raise ReplayError("give a project or a stream to rebuild, not both")
@@ -85,8 +91,15 @@ async def rebuild_views(
     else:
         streams = list(range(EVENT_STREAM_COUNT))
     result = ViewsRebuild(project_id, streams)
-    for index in streams:
+    for done, index in enumerate(streams, start=1):
+        replays = len(result.replays)
         await _rebuild_stream(router, index, project_id, result)
+        if progress is not None:
+            applied = sum(r.applied for r in result.replays[replays:])
+            progress(
+                f"{event_stream_name(index)} rebuilt ({done}/{len(streams)}): "
+                f"{applied} events applied"
+            )
     return result
 
 
