@@ -117,10 +117,25 @@ async def read_stream(js: Any, index: int) -> list[StreamEntry]:
     if info.state.messages == 0:
         return entries
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        msg = await js.get_msg(name, seq)
+        msg = await _get_msg(js, name, seq)
         body = json.loads(msg.data)
         entries.append(StreamEntry(seq, msg.headers["Nats-Msg-Id"], body["projectId"]))
     return entries
+
+
+async def _get_msg(js: Any, name: str, seq: int, *, timeout_s: float = 30.0) -> Any:
+    """``js.get_msg``, waiting out "JetStream temporarily unavailable" (503): a cluster whose
+    killed node was just restarted answers so while its stream's replicas catch up."""
+    from nats.js.errors import ServiceUnavailableError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await js.get_msg(name, seq)
+        except ServiceUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)  # a bounded poll of the cluster's recovery
 
 
 async def read_project_stream(js: Any, project_id: str) -> list[str]:
