@@ -84,6 +84,14 @@ _KILLED_CODES = frozenset({1, 3, 36, 24, -24, 152, 255, 37})
 _SURVIVED_CODES = frozenset({0, 5, 33})
 _TIMEOUT = 36
 
+# A mutant that hangs (a loop that never ends, a wait that is never answered) costs its
+# timeout, and those timeouts were most of a run's hours: mutmut's default wall clock is 15×
+# the covering tests' own time, and the suite's per-test limit is 120 s. The slowest test of
+# any plan takes under 8 s, so 5× and 30 s still leave a mutant that is only slower room to
+# finish, and a hang costs a quarter of what it did.
+MUTMUT_TIMEOUT_MULTIPLIER = 5.0
+PER_TEST_TIMEOUT_S = 30
+
 
 @dataclass(frozen=True, slots=True)
 class PackagePlan:
@@ -423,8 +431,11 @@ def workspace_config(plan: PackagePlan, pytest_options: dict[str, object]) -> st
         "pytest_add_cli_args_test_selection": selection,
         "pytest_add_cli_args": ["-p", "no:cacheprovider"],
         "use_git_change_detection": False,
+        "timeout_multiplier": MUTMUT_TIMEOUT_MULTIPLIER,
     }
     pytest_ini = {k: v for k, v in pytest_options.items() if k != "testpaths"}
+    if "timeout" in pytest_ini:
+        pytest_ini["timeout"] = PER_TEST_TIMEOUT_S
     lines = ["# Written by mutation/run.py; edit PLANS there, not this file.", "[tool.mutmut]"]
     lines += [f"{key} = {_toml_value(value)}" for key, value in mutmut.items()]
     lines += ["", "[tool.pytest.ini_options]"]

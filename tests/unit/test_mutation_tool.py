@@ -108,9 +108,11 @@ def test_the_workspace_settings_read_back_as_mutmut_and_pytest_see_them() -> Non
     assert mutmut["only_mutate"] == ["src/rhumbatron/router/*"]
     assert mutmut["pytest_add_cli_args_test_selection"][: len(plan.tests)] == list(plan.tests)
     assert "tests/integration/test_demo.py" in mutmut["pytest_add_cli_args_test_selection"]
+    # A hanging mutant is stopped sooner than the suite's own limit would stop it.
+    assert mutmut["timeout_multiplier"] == tool.MUTMUT_TIMEOUT_MULTIPLIER < 15
     assert written["tool"]["pytest"]["ini_options"] == {
         "addopts": "-ra",
-        "timeout": 120,
+        "timeout": tool.PER_TEST_TIMEOUT_S,
         "markers": ["a: b"],
     }
 
