@@ -227,6 +227,9 @@ class RoutedLog:
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    def acts_on(self, event: Event) -> bool:
+        return True  # its one effect is a line per Event: every Event is routed
+
     async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
         if events:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -81,6 +81,23 @@ def lifecycle(project_id: str, now: datetime, change: str = "chg-1") -> list[Eve
     ]
 
 
+#: The events of :func:`lifecycle` a causal rule acts on (change.planned, task.completed): the
+#: causal router leases and settles only those; it acks the other four with no claim.
+ROUTED_IN_LIFECYCLE = 2
+
+
+def causal_claims(app: Rhumbatron, stream: int) -> set[str]:
+    """The Event IDs the causal router holds a claim for on ``stream``."""
+    rows = (
+        app.router()
+        .stream_state(stream)
+        .connection.execute(
+            "SELECT event_id FROM processed_events WHERE consumer = ?", (CAUSAL.value,)
+        )
+    )
+    return {row[0] for row in rows}
+
+
 def wakes(project_id: str, now: datetime, count: int) -> list[Event]:
     ctx = FactContext(CALLER, project_id, now)
     return [
@@ -361,10 +378,11 @@ async def test_the_same_batch_delivered_again_applies_nothing_and_is_acked(
 async def test_an_event_published_again_after_the_dedupe_window_is_applied_once(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
-    # GIVEN an event applied once, then re-sent under a new message ID (the window passed)
+    # GIVEN an event a causal rule acts on (change.planned), applied once, then re-sent under
+    #   a new message ID (the window passed)
     app = await make_app()
     (project,) = projects_on_stream(0, 1)
-    event = lifecycle(project, clock.now())[0]
+    event = lifecycle(project, clock.now())[2]
     await publish(app, [event])
     await app.router().nudge(0)
     await publish_raw(app, 0, event.to_json(), msg_id=f"{event.event_id}-again")
@@ -374,6 +392,33 @@ async def test_an_event_published_again_after_the_dedupe_window_is_applied_once(
     assert report.subscriptions[PROJECTOR.value].duplicates == 1
     assert report.subscriptions[CAUSAL.value].duplicates == 1
     assert view_count(app, project) == 1
+
+
+async def test_the_causal_router_acks_an_event_no_rule_acts_on_with_no_claim(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a project's history: of its six events, the rules act on change.planned and
+    #   task.completed only
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    events = lifecycle(project, clock.now())
+    await publish(app, events)
+    # WHEN the router reads them
+    first = (await app.router().nudge(0)).subscriptions[CAUSAL.value]
+    # THEN the causal router applied all six, and leased and settled only the two routed ones
+    assert (first.applied, first.duplicates, first.failed) == (6, 0, 0)
+    routed = {e.event_id for e in events if e.event_type in ("change.planned", "task.completed")}
+    assert causal_claims(app, 0) == routed
+    assert len(routed) == ROUTED_IN_LIFECYCLE
+
+    # WHEN the unrouted project.created comes again under a new message ID
+    await publish_raw(app, 0, events[0].to_json(), msg_id=f"{events[0].event_id}-again")
+    again = (await app.router().nudge(0)).subscriptions[CAUSAL.value]
+    # THEN it is applied again, still with no claim (nothing happens twice: no rule acts on
+    #   it), while the projector takes it as a duplicate of its own claim
+    assert (again.applied, again.duplicates) == (1, 0)
+    assert causal_claims(app, 0) == routed
+    assert view_count(app, project) == 6
 
 
 async def test_the_same_event_twice_in_one_batch_is_applied_once(
@@ -708,8 +753,9 @@ async def test_s3_down_during_archiving_loses_nothing(
 async def test_the_daily_tick_prunes_claims_older_than_14_days_up_to_the_cap(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
-    # GIVEN 6 events applied by the projector and the causal router 15 days ago
-    app = await make_app(processed_events_prune_cap=4)
+    # GIVEN 6 events applied by the projector, 2 of them routed by the causal router (its
+    #   claims), 15 days ago, and a daily prune cap of one row per table
+    app = await make_app(processed_events_prune_cap=1)
     (project,) = projects_on_stream(1, 1)
     await publish(app, lifecycle(project, clock.now()))
     await app.router().nudge(1)
@@ -723,13 +769,13 @@ async def test_the_daily_tick_prunes_claims_older_than_14_days_up_to_the_cap(
     # THEN at most the cap of old claim rows went: of the causal router's claims, and of the
     # projector's (its feed rows)
     assert sweep.maintenance
-    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (4, 4)
+    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (1, 1)
     assert sweep.pruned_metric_rows == 0  # the lag points are 15 days old; 30 are kept
     old = "SELECT COUNT(*) FROM processed_events WHERE processed_at_s < ?"
     cutoff = (tick - timedelta(days=14)).timestamp()
     left = app.router().stream_state(1).connection.execute(old, (cutoff,)).fetchone()[0]
-    assert left == 6 - 4
-    assert view_count(app, project) == 6 - 4
+    assert left == ROUTED_IN_LIFECYCLE - 1
+    assert view_count(app, project) == 6 - 1
 
 
 async def test_a_claim_is_kept_until_it_is_14_days_old_and_pruned_after(
@@ -746,7 +792,7 @@ async def test_a_claim_is_kept_until_it_is_14_days_old_and_pruned_after(
     count = "SELECT COUNT(*) FROM processed_events"
     stream_claims = app.router().stream_state(1).connection
     claims = stream_claims.execute(count).fetchone()[0]  # the causal router's
-    assert (claims, view_count(app, project)) == (6, 6)  # the projector's: its feed rows
+    assert (claims, view_count(app, project)) == (ROUTED_IN_LIFECYCLE, 6)  # feed: the projector's
 
     # WHEN the daily tick runs 14 days later, when the claims are a minute short of 14 days
     tick = applied_at + timedelta(days=14, minutes=-1)
@@ -785,10 +831,10 @@ async def test_the_daily_tick_prunes_claims_just_older_than_14_days_and_keeps_yo
     clock.set(tick)
     sweep = await app.router().sweep(now=tick)
 
-    # THEN the older project's 6 causal claims and 6 feed rows (the projector's claims) went,
+    # THEN the older project's 2 causal claims and 6 feed rows (the projector's claims) went,
     #   and every claim and feed row of the younger project stayed
     assert sweep.maintenance
-    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (6, 6)
+    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (ROUTED_IN_LIFECYCLE, 6)
     stream = app.router().stream_state(1).connection
     views = app.router().projector.views(1).connection  # both projects' stream
     assert view_count(app, older) == 0
@@ -801,7 +847,7 @@ async def test_the_daily_tick_prunes_claims_just_older_than_14_days_and_keeps_yo
     ]
     marks = ",".join("?" * len(younger_ids))
     causal = f"SELECT COUNT(*) FROM processed_events WHERE consumer = ? AND event_id IN ({marks})"
-    assert stream.execute(causal, (CAUSAL.value, *younger_ids)).fetchone()[0] == 6
+    assert stream.execute(causal, (CAUSAL.value, *younger_ids)).fetchone()[0] == ROUTED_IN_LIFECYCLE
 
 
 async def test_every_sweep_records_consumer_lag_and_outbox_backlog_as_metrics(

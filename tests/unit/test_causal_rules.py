@@ -9,9 +9,10 @@ from datetime import UTC, datetime
 import pytest
 
 from rhumbatron.causal.overlap import Overlap, classify_overlap
-from rhumbatron.causal.rules import ActiveAgent, RoutingWorld, plan_for
+from rhumbatron.causal.rules import RESOURCE_EVENTS, ActiveAgent, RoutingWorld, acts_on, plan_for
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.event_types import EVENT_TYPES
 
 NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 SYSTEM = Caller("acme", "system:test", correlation_id="corr-rules")
@@ -337,3 +338,58 @@ def test_a_promotion_hands_the_lifecycle_the_generation_and_the_changes_it_carri
     )
     (bare_effect,) = plan_for(bare, World(), now=NOW).effects
     assert bare_effect.detail["change_ids"] == []
+
+
+# -- which Events a rule acts on (the causal router leases only those) ---------------------
+
+
+def any_event(event_type: str, *, resource: str | None = None) -> Event:
+    """An Event of ``event_type`` on Change ``c1``, its payload left unvalidated and empty:
+    enough for the rules, which read no field of a payload they plan nothing for."""
+    template = fact("task.ready", {}, change_id="c1", task_id="t1")
+    return template.model_copy(
+        update={
+            "event_type": event_type,
+            "payload": EVENT_TYPES[event_type].payload.model_construct(),
+            "resource": resource,
+        }
+    )
+
+
+#: A world where every rule that could act would: agents holding the resource exactly and by
+#: prefix, ready Tasks, and a Task waiting at the agent limit.
+BUSIEST = World(
+    agents=[
+        ActiveAgent("exact", "c1", "t1", ("src/app.py",)),
+        ActiveAgent("prefix", "c2", "t2", ("src/",)),
+    ],
+    ready={"c1"},
+    at_limit={"c1"},
+)
+
+
+@pytest.mark.parametrize("event_type", sorted(EVENT_TYPES))
+def test_an_event_no_rule_acts_on_plans_nothing_even_in_the_busiest_world(event_type: str) -> None:
+    event = any_event(event_type, resource="src/app.py" if event_type in RESOURCE_EVENTS else None)
+    if not acts_on(event):
+        plan = plan_for(event, BUSIEST, now=NOW)
+        assert (plan.commands, plan.questions, plan.effects) == ([], [], []), event_type
+
+
+def test_the_rules_act_on_the_resource_events_and_six_lifecycle_types_only() -> None:
+    acted_on = {
+        name
+        for name in EVENT_TYPES
+        if acts_on(any_event(name, resource="src/app.py" if name in RESOURCE_EVENTS else None))
+    }
+    assert acted_on == RESOURCE_EVENTS | {
+        "change.planned",
+        "task.completed",
+        "task.failed",
+        "verification.started",
+        "canonical.advanced",
+        "artifact.promoted",
+    }
+    # a resource Event with no resource overlaps nothing; task.ready is the dispatcher's
+    assert not acts_on(any_event("intent.declared"))
+    assert not acts_on(any_event("task.ready"))

@@ -33,6 +33,7 @@ from rhumbatron.causal.rules import (
     PlannedCommand,
     RoutingWorld,
     StateEffect,
+    acts_on,
     plan_for,
     wake_command,
 )
@@ -99,6 +100,9 @@ class RuleBasedRouting:
     routed: list[RoutedEvent] | None = None
     #: Where ``model.routed`` goes; None: the world, when it records them (ShardWorld does).
     model_routes: ModelRouteLog | None = None
+
+    def acts_on(self, event: Event) -> bool:
+        return acts_on(event)
 
     async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
         outcomes: dict[str, RecordOutcome] = {}

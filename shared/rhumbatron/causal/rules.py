@@ -44,6 +44,7 @@ __all__ = [
     "RoutingPlan",
     "RoutingWorld",
     "StateEffect",
+    "acts_on",
     "plan_for",
     "wake_command",
 ]
@@ -188,6 +189,31 @@ def _dispatch(event: Event, reason: str, *, now: datetime) -> PlannedCommand:
         now=now,
         change_id=event.change_id,
     )
+
+
+#: The Event types a rule acts on beyond the resource Events; any other type plans nothing.
+_ACTED_ON = frozenset(
+    {
+        "change.planned",
+        "task.completed",
+        "task.failed",
+        "verification.started",
+        "canonical.advanced",
+        "artifact.promoted",
+    }
+)
+
+
+def acts_on(event: Event) -> bool:
+    """Whether some rule may act on ``event``: False means :func:`plan_for` plans nothing
+    for it, whatever the world, so routing it needs no claim (DECISIONS: no lease for an
+    Event no rule routes). It reads the Event alone, in the flowchart's order."""
+    kind = event.event_type
+    if kind == "task.ready":
+        return False
+    if kind in RESOURCE_EVENTS:
+        return event.resource is not None
+    return not event.spec.informational and kind in _ACTED_ON
 
 
 def plan_for(event: Event, world: RoutingWorld, *, now: datetime) -> RoutingPlan:

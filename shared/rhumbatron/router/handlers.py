@@ -209,6 +209,11 @@ class CausalRouting(Protocol):
     redelivery after a crash sends nothing twice (the JetStream duplicate window drops it).
     """
 
+    def acts_on(self, event: Event) -> bool:
+        """Whether a rule may act on ``event``. False is a promise: routing it would send,
+        ask and change nothing, in any world, so the router acks it with no claim."""
+        ...
+
     async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
         """An outcome per event ID."""
         ...
@@ -217,13 +222,21 @@ class CausalRouting(Protocol):
 class NoCausalRules:
     """No causal rules are installed: every Event is applied with no command."""
 
+    def acts_on(self, event: Event) -> bool:
+        return False
+
     async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
         return {event.event_id: APPLIED for event in events}
 
 
 @dataclass
 class CausalRouter:
-    """Claims fresh events as leases, routes them, then completes or releases the leases."""
+    """Claims fresh events as leases, routes them, then completes or releases the leases.
+
+    An Event no rule acts on (``routing.acts_on``) is applied with no lease and no settle
+    row: it has no effect to make happen once, so a redelivery of it is harmless (most
+    of a stream's Events are such: ``task.ready``, the informational types).
+    """
 
     state: StreamState
     routing: CausalRouting
@@ -232,7 +245,17 @@ class CausalRouter:
 
     async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
         name = self.subscription.value
-        events, fresh, outcomes = await _lease_records(self.state, name, records, run, self.lease_s)
+        routable: list[Record] = []
+        outcomes: dict[str, RecordOutcome] = {}
+        for record in records:
+            if record.event is not None and not self.routing.acts_on(record.event):
+                outcomes[record.key] = APPLIED
+            else:
+                routable.append(record)
+        if not routable:
+            return outcomes
+        events, fresh, leased = await _lease_records(self.state, name, routable, run, self.lease_s)
+        outcomes |= leased
         crash_point(self.state.settings.crash_at, "after_claim")
         try:
             routed = await self.routing.route([e for e in events if e.event_id in fresh])
