@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from rhumbatron.messaging.commands import LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, stream_index
 from rhumbatron.router.project_view import ProjectView
+from rhumbatron.router.stream_state import StreamState
 from rhumbatron.router.view_store import StreamViews, view_store_path
 from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
@@ -182,7 +184,7 @@ def test_nudge_applies_the_new_events_of_its_stream_to_the_project_views(
         assert counts["fetched"] == counts["applied"] == 2
         assert counts["failed"] == counts["dead_lettered"] == counts["deferred"] == 0
     assert summary["totals"]["applied"] == 4
-    assert summary["out_of_time"] is False
+    assert (summary["runs"], summary["merged"], summary["out_of_time"]) == (1, False, False)
     json.dumps(summary)  # the summary is what Lambda returns: it must be JSON
 
     # AND both projects' views show them; the other stream's project waits for its nudge
@@ -244,6 +246,36 @@ def test_nudge_with_a_nearly_expired_context_stops_before_fetching(
 
     # AND the next nudge, with time to spare, applies the event
     full = handlers.nudge.lambda_handler(sample_event("router_nudge.json"), FakeLambdaContext())
+    assert full["subscriptions"]["project-view-projector"]["applied"] == 1
+    assert _view_name(lambda_env, project_id) == f"Project {project_id}"
+
+
+def test_a_nudge_while_another_container_runs_the_stream_is_merged_into_that_run(
+    handlers: Handlers, writer: Rhumbatron, lambda_env: Settings
+) -> None:
+    # GIVEN an event published on stream 3, and another container's nudge run holding the
+    #   stream's turn (Lambda runs concurrent invokes in separate containers)
+    project_id = _project_on_stream(3)
+    _create_projects(writer, handlers, [project_id])
+    other = StreamState(lambda_env, 3)
+    assert other.take_nudge_turn("other-container", now_s=time.time(), hold_s=60)
+
+    # WHEN the nudge for stream 3 arrives here
+    merged = handlers.nudge.lambda_handler(sample_event("router_nudge.json"), FakeLambdaContext())
+
+    # THEN it ran nothing beside the run in flight: it was merged, and the holder has one
+    #   more run to do when its run ends
+    assert (merged["merged"], merged["runs"], merged["totals"]["fetched"]) == (True, 0, 0)
+    assert _view_name(lambda_env, project_id) is None
+    assert other.next_nudge_turn("other-container", now_s=time.time(), hold_s=60)
+
+    # WHEN that container's second run ends with no nudge merged, and a nudge comes after
+    assert not other.next_nudge_turn("other-container", now_s=time.time(), hold_s=60)
+    other.close()
+    full = handlers.nudge.lambda_handler(sample_event("router_nudge.json"), FakeLambdaContext())
+
+    # THEN that nudge takes the turn, runs, and applies the event
+    assert (full["merged"], full["runs"]) == (False, 1)
     assert full["subscriptions"]["project-view-projector"]["applied"] == 1
     assert _view_name(lambda_env, project_id) == f"Project {project_id}"
 

@@ -156,6 +156,14 @@ class Settings(BaseSettings):
     router_consumes_per_run: int = Field(
         default=2, ge=1, description="Consumes per subscription in one nudge or sweep run."
     )
+    router_nudge_turn_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "How long a nudge run holds its stream's turn when the invocation names no "
+            "deadline (the router-nudge function's timeout); a holder that dies frees it then."
+        ),
+    )
     router_apply_calls_per_run: int = Field(
         default=15, ge=1, description="ProjectView.apply_delta calls per run, per stream."
     )

@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from rhumbatron.queues.context import QueueContext
-from rhumbatron.router.ports import NudgedRouter
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
     from rhumbatron.messaging.streams import StreamReport
     from rhumbatron.metrics import MetricsSink
     from rhumbatron.product.database import ProductDatabase
+    from rhumbatron.router.ports import TurnedRouter
     from rhumbatron.router.reports import SweepReport
 
 __all__ = [
@@ -83,7 +83,7 @@ class PublisherRuntime(RoleRuntime, Protocol):
 class NudgeRuntime(RoleRuntime, Protocol):
     """The router nudge's: the event router's nudge run."""
 
-    def router(self) -> NudgedRouter: ...
+    def router(self) -> TurnedRouter: ...
 
 
 class QueueHandlers(Protocol):

@@ -32,6 +32,7 @@ from rhumbatron.entrypoints._lambda import (
     validate_event,
 )
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
+from rhumbatron.router.nudge_turn import nudge_in_turn
 
 if TYPE_CHECKING:
     from rhumbatron.entrypoints.ports import NudgeRuntime, RuntimeProvider
@@ -94,7 +95,12 @@ def handle(
     invocation = parse_invocation(event)
     app = runtime()
     until = deadline(context, _stop_margin_s(app))
-    return event_loop.run(_handle(app, invocation.stream_index, stopper(until)))
+    hold_s = (
+        context.get_remaining_time_in_millis() / 1000
+        if context is not None
+        else app.settings.router_nudge_turn_s
+    )
+    return event_loop.run(_handle(app, invocation.stream_index, stopper(until), hold_s))
 
 
 def _stop_margin_s(app: NudgeRuntime) -> float:
@@ -106,10 +112,14 @@ def _stop_margin_s(app: NudgeRuntime) -> float:
 
 
 async def _handle(
-    app: NudgeRuntime, stream_index: int, should_stop: Callable[[], bool] | None
+    app: NudgeRuntime, stream_index: int, should_stop: Callable[[], bool] | None, hold_s: float
 ) -> dict[str, Any]:
     await prepare(app)
-    report = await app.router().nudge(stream_index, should_stop=should_stop)
+    # One run in flight per stream across containers: a nudge that finds one running is
+    # merged into it (the holder runs once more) instead of running beside it.
+    turn = await nudge_in_turn(app.router(), stream_index, hold_s=hold_s, should_stop=should_stop)
+    if turn.merged:
+        _log.info("router nudge for stream %d merged into the run in flight", stream_index)
     # The router asks before each consume and does not say whether it stopped: time being up
     # now is what the summary can honestly report.
     out_of_time = should_stop is not None and should_stop()
@@ -119,7 +129,13 @@ async def _handle(
             "nudge or the sweep",
             stream_index,
         )
-    return {"job": "nudge", **run_summary(report), "out_of_time": out_of_time}
+    return {
+        "job": "nudge",
+        **run_summary(turn.report),
+        "runs": turn.runs,
+        "merged": turn.merged,
+        "out_of_time": out_of_time,
+    }
 
 
 def counts_of(report: SubscriptionReport) -> dict[str, int]:

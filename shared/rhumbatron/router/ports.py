@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from rhumbatron.router.reports import RunReport
     from rhumbatron.router.stream_state import StreamState
 
-__all__ = ["MaintainedRouter", "NudgedRouter"]
+__all__ = ["MaintainedRouter", "NudgedRouter", "TurnedRouter"]
 
 
 class MaintainedRouter(Protocol):
@@ -61,3 +61,13 @@ class NudgedRouter(Protocol):
     async def nudge(
         self, stream_index: int, *, should_stop: Callable[[], bool] | None = None
     ) -> RunReport: ...
+
+
+class TurnedRouter(NudgedRouter, Protocol):
+    """What a nudge in its stream's turn needs (``nudge_turn``): the clock and the stream's
+    state file, where the turn is kept."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def stream_state(self, stream_index: int) -> StreamState: ...

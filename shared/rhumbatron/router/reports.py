@@ -23,6 +23,11 @@ class SubscriptionReport:
     failed: int = 0
     dead_lettered: int = 0
 
+    def absorb(self, other: SubscriptionReport) -> None:
+        """Add ``other``'s counts to these (one summary over several runs)."""
+        for name in vars(self):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
     def count(self, outcome: Outcome) -> None:
         match outcome:
             case Outcome.APPLIED:
@@ -47,6 +52,11 @@ class RunReport:
 
     def total(self, name: str) -> int:
         return sum(getattr(report, name) for report in self.subscriptions.values())
+
+    def absorb(self, other: RunReport) -> None:
+        """Add the counts of ``other`` (a later run on the same stream) to this one's."""
+        for name, counts in other.subscriptions.items():
+            self.subscriptions.setdefault(name, SubscriptionReport()).absorb(counts)
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Router state per event stream: ``<state>/router/stream-NN.sqlite``.
 
 One file per stream, so the 8 streams never queue behind one writer. It holds the claims of
-the subscriptions whose effect leaves SQLite (causal-router, audit-archiver) and the failure
-counts of every subscription on the stream (``k2_batch_failures``).
+the subscriptions whose effect leaves SQLite (causal-router, audit-archiver), the failure
+counts of every subscription on the stream (``k2_batch_failures``), and the stream's nudge
+turn (``nudge_turn``): which process runs its nudges now, and whether one more was asked for.
 
 Failures count per ``(consumer, event key)`` (DECISIONS): JetStream redelivers per message, so
 a batch recomposed on redelivery still brings each failing event to its 5th failure.
@@ -29,6 +30,19 @@ CREATE TABLE IF NOT EXISTS k2_batch_failures (
 """
 
 
+# One row: the process whose nudge run holds the stream until ``expires_at_s`` (its
+# invocation's deadline: a holder that dies frees the turn then), and whether a nudge arrived
+# while it ran (``pending``), to be run by the holder instead of beside it.
+_NUDGE_TURN_SCHEMA = """
+CREATE TABLE IF NOT EXISTS nudge_turn (
+    id           INTEGER PRIMARY KEY CHECK (id = 1),
+    holder       TEXT,
+    expires_at_s REAL NOT NULL,
+    pending      INTEGER NOT NULL
+);
+"""
+
+
 class StreamState(SqliteStore):
     """The router's SQLite file for one event stream."""
 
@@ -36,7 +50,7 @@ class StreamState(SqliteStore):
         super().__init__(
             settings.state_dir / "router" / f"stream-{stream_index:02d}.sqlite",
             settings,
-            CLAIMS_SCHEMA + _FAILURES_SCHEMA,
+            CLAIMS_SCHEMA + _FAILURES_SCHEMA + _NUDGE_TURN_SCHEMA,
         )
         self.stream_index = stream_index
 
@@ -62,3 +76,48 @@ class StreamState(SqliteStore):
             (consumer, key),
         ).fetchone()
         return 0 if row is None else int(row[0])
+
+    # -- the nudge turn: one nudge run in flight per stream, at most one pending ------------
+
+    def take_nudge_turn(self, holder: str, *, now_s: float, hold_s: float) -> bool:
+        """Take the stream's nudge turn for ``hold_s``; False when another live run holds it.
+
+        A nudge that finds the turn held is merged: the turn is marked pending, and its holder
+        runs once more when its run ends (:meth:`next_nudge_turn`), so nudges arriving during a
+        run cost one more run, not one each. A turn whose holder's time ran out is free.
+        """
+        with self.transaction() as db:
+            row = db.execute("SELECT holder, expires_at_s FROM nudge_turn WHERE id = 1").fetchone()
+            if row is not None and row[0] is not None and row[0] != holder and row[1] > now_s:
+                db.execute("UPDATE nudge_turn SET pending = 1 WHERE id = 1")
+                return False
+            db.execute(
+                "INSERT INTO nudge_turn (id, holder, expires_at_s, pending) VALUES (1, ?, ?, 0) "
+                "ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, "
+                "expires_at_s = excluded.expires_at_s, pending = 0",
+                (holder, now_s + hold_s),
+            )
+            return True
+
+    def next_nudge_turn(self, holder: str, *, now_s: float, hold_s: float) -> bool:
+        """After ``holder``'s run: True, still holding, when a nudge was merged meanwhile (run
+        again); otherwise the turn is given back. False too when the turn is no longer
+        ``holder``'s (its time ran out and another run took it)."""
+        with self.transaction() as db:
+            row = db.execute("SELECT holder, pending FROM nudge_turn WHERE id = 1").fetchone()
+            if row is None or row[0] != holder:
+                return False
+            if row[1]:
+                db.execute(
+                    "UPDATE nudge_turn SET pending = 0, expires_at_s = ? WHERE id = 1",
+                    (now_s + hold_s,),
+                )
+                return True
+            db.execute("UPDATE nudge_turn SET holder = NULL WHERE id = 1")
+            return False
+
+    def give_back_nudge_turn(self, holder: str) -> None:
+        """Give the turn back now (out of time, or the run failed); a pending nudge stays
+        pending, for the next nudge or the sweep."""
+        with self.transaction() as db:
+            db.execute("UPDATE nudge_turn SET holder = NULL WHERE id = 1 AND holder = ?", (holder,))
