@@ -32,7 +32,6 @@ from rhumbatron.entrypoints._lambda import (
     validate_event,
 )
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
-from rhumbatron.router.nudge_turn import nudge_in_turn
 
 if TYPE_CHECKING:
     from rhumbatron.entrypoints.ports import NudgeRuntime, RuntimeProvider
@@ -114,6 +113,8 @@ def _stop_margin_s(app: NudgeRuntime) -> float:
 async def _handle(
     app: NudgeRuntime, stream_index: int, should_stop: Callable[[], bool] | None, hold_s: float
 ) -> dict[str, Any]:
+    from rhumbatron.router.nudge_turn import nudge_in_turn
+
     await prepare(app)
     # One run in flight per stream across containers: a nudge that finds one running is
     # merged into it (the holder runs once more) instead of running beside it.
