@@ -41,17 +41,11 @@ EAST = timezone(timedelta(hours=5))
 
 
 def view_rows(app: Rhumbatron, project_id: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of a project's view in its stream's store, its project column left out:
-    its tables, feed and claims."""
+    """Every row of a project's view in its stream's store, its project column left out: its
+    tables and its feed (the projector's claims; the store's ``processed_events`` holds only
+    dead letters' marks, of no project)."""
     db = app.router().projector.view(project_id).connection
-    tables = [
-        "view_project",
-        "view_changes",
-        "view_tasks",
-        "view_agents",
-        "project_events",
-        "processed_events",
-    ]
+    tables = ["view_project", "view_changes", "view_tasks", "view_agents", "project_events"]
     rows: dict[str, list[tuple[Any, ...]]] = {}
     for table in tables:
         cursor = db.execute(f"SELECT * FROM {table} WHERE project_id = ?", (project_id,))

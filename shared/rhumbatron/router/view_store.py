@@ -49,6 +49,7 @@ from rhumbatron.core.settings import Settings
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN, event_stream_name, stream_index
+from rhumbatron.router.claims import CLAIMS_SCHEMA, complete_claims
 from rhumbatron.router.projections import VIEW_SCHEMA, apply_events
 from rhumbatron.router.records import APPLIED, DUPLICATE, Record, RecordOutcome
 
@@ -57,21 +58,6 @@ __all__ = ["PROJECTOR", "StreamViews", "view_store_path"]
 _log = logging.getLogger(__name__)
 
 PROJECTOR = Subscription.PROJECT_VIEW_PROJECTOR.value
-
-#: The marks of dead-lettered events (``router.claims``'s table; an applied event's claim is
-#: its feed row), with the project each belongs to where it is known.
-_CLAIMS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS processed_events (
-    consumer        TEXT NOT NULL,
-    event_id        TEXT NOT NULL,
-    status          TEXT NOT NULL CHECK (status IN ('claimed', 'done')),
-    lease_until_s   REAL,
-    processed_at_s  REAL NOT NULL,
-    project_id      TEXT,
-    PRIMARY KEY (consumer, event_id)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS processed_events_age ON processed_events (processed_at_s);
-"""
 
 #: The tables a project's rows live in, each with its project column.
 VIEW_TABLES = (
@@ -95,7 +81,7 @@ class StreamViews(SqliteStore):
     """The views of every project on one stream."""
 
     def __init__(self, settings: Settings, stream: int) -> None:
-        super().__init__(view_store_path(settings, stream), settings, _CLAIMS_SCHEMA + VIEW_SCHEMA)
+        super().__init__(view_store_path(settings, stream), settings, CLAIMS_SCHEMA + VIEW_SCHEMA)
         self.stream = stream
         #: The file was deleted or replaced under this process: its views must be rebuilt.
         self.lost = False
@@ -159,8 +145,6 @@ class StreamViews(SqliteStore):
     def mark_processed(self, event_ids: Sequence[str], *, now_s: float) -> None:
         """Mark dead-lettered events processed, so a redelivery skips them (a rebuild keeps
         these marks: a poison event stays skipped)."""
-        from rhumbatron.router.claims import complete_claims
-
         self.check_file()
         with self.transaction() as db:
             complete_claims(db, PROJECTOR, event_ids, now_s=now_s)
@@ -262,10 +246,8 @@ def _copy_rows(db: sqlite3.Connection, project_id: str) -> None:
     # first): kept as a mark, so the event stays skipped.
     db.execute(
         "INSERT OR IGNORE INTO processed_events (consumer, event_id, status, lease_until_s, "
-        "processed_at_s, project_id) SELECT consumer, event_id, status, lease_until_s, "
-        "processed_at_s, ? FROM old.processed_events WHERE event_id NOT IN "
-        "(SELECT event_id FROM old.project_events)",
-        (project_id,),
+        "processed_at_s) SELECT consumer, event_id, status, lease_until_s, processed_at_s "
+        "FROM old.processed_events WHERE event_id NOT IN (SELECT event_id FROM old.project_events)"
     )
 
 
