@@ -22,11 +22,13 @@ from rhumbatron.actors.outbox import (
     RowState,
     backoff_s,
     counts_by_state,
+    mark_failed,
+    mark_published,
     prune_published,
     requeue_failed,
 )
 from rhumbatron.actors.project_root import ProjectRoot
-from rhumbatron.actors.publisher import OutboxPublisher, prune_published_rows, requeue_failed_rows
+from rhumbatron.actors.publisher import OutboxPublisher, requeue_failed_rows
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.actors.storage import write_transaction
@@ -434,36 +436,67 @@ async def test_requeue_failed_rows_sets_and_announces_the_alarm(
 # --------------------------------------------------------------------------- pruning
 
 
-async def test_prune_deletes_only_published_rows_older_than_seven_days_in_bounded_passes(
+async def test_a_publish_deletes_published_rows_older_than_seven_days_in_bounded_passes(
     tmp_path: Path, clock: ManualClock
 ) -> None:
-    # GIVEN 3 rows published at t0, then 7 days later 1 more published and 1 still pending
+    # GIVEN 3 rows published at t0, a pass of at most 2 rows, and a row that cannot be sent
+    #   (it stays pending)
     settings = offline(tmp_path, outbox_prune_batch_rows=2)
     shard = change_shard(settings, clock, "chg-1")
     publisher = OutboxPublisher(MemorySender(), settings, clock=clock)
     shard.apply(
         CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(3))
     )
-    await publisher.publish_due(shard)
+    assert (await publisher.publish_due(shard)).pruned == 0
+
+    def publish_one(task_id: str) -> ChangeFact:
+        fact = ChangeFact("task.completed", {"agentId": "a"}, task_id=task_id)
+        shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="running", facts=(fact,)))
+        return fact
+
+    # WHEN a row is published exactly 7 days after them
     clock.advance(days=7)
-    fact = ChangeFact("task.completed", {"agentId": "a"}, task_id="tsk-000")
-    shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="running", facts=(fact,)))
-    await publisher.publish_due(shard)
-    blocked = ChangeFact("task.completed", {"agentId": "a"}, task_id="tsk-001")
-    shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="running", facts=(blocked,)))
-    # WHEN pruning runs exactly 7 days after the first publish
-    # THEN nothing is old enough yet
-    assert prune_published_rows(shard, settings) == 0
-    # WHEN a second later it runs pass after pass
+    publish_one("tsk-000")
+    # THEN its commit deletes none: they are not older than 7 days yet
+    assert (await publisher.publish_due(shard)).pruned == 0
+    # WHEN a second later, and then again, a row is published
     clock.advance(seconds=1)
-    passes = [prune_published_rows(shard, settings) for _ in range(3)]
-    # THEN at most 2 rows go per pass, only the 3 old published ones
-    assert passes == [2, 1, 0]
-    left = [(r["event_id"], r["state"]) for r in rows(shard.connection)]
+    publish_one("tsk-001")
+    first = await publisher.publish_due(shard)
+    clock.advance(seconds=1)
+    publish_one("tsk-002")
+    second = await publisher.publish_due(shard)
+    # THEN each commit deleted at most its pass of the old rows (2, then the last 1), and
+    #   every younger row is kept
+    assert (first.pruned, second.pruned) == (2, 1)
+    left = [r["event_id"] for r in rows(shard.connection)]
     assert left == [
-        (stable_event_id("chg-1", "task.completed", "tsk-000"), RowState.PUBLISHED),
-        (stable_event_id("chg-1", "task.completed", "tsk-001"), RowState.PENDING),
+        stable_event_id("chg-1", "task.completed", t) for t in ("tsk-000", "tsk-001", "tsk-002")
     ]
+    assert counts_by_state(shard.connection)["published"] == 3
+    shard.close()
+
+
+async def test_a_publish_pass_is_never_smaller_than_twice_what_it_published(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN 6 rows published 8 days ago, and a configured pass of 1 row
+    settings = offline(tmp_path, outbox_prune_batch_rows=1)
+    shard = change_shard(settings, clock, "chg-1")
+    publisher = OutboxPublisher(MemorySender(), settings, clock=clock)
+    shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(6))
+    )
+    await publisher.publish_due(shard)
+    clock.advance(days=8)
+    # WHEN a run publishes 2 rows
+    facts = tuple(
+        ChangeFact("task.completed", {"agentId": "a"}, task_id=f"tsk-00{n}") for n in range(2)
+    )
+    shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="running", facts=facts))
+    report = await publisher.publish_due(shard)
+    # THEN its commit deleted 4 old rows: an outbox sheds rows faster than it takes them
+    assert (report.published, report.pruned) == (2, 4)
     shard.close()
 
 
@@ -504,6 +537,75 @@ def test_counts_by_state_reports_every_state(tmp_path: Path, clock: ManualClock)
         "failed": 1,
     }
     root.close()
+
+
+def actual_counts(connection: sqlite3.Connection) -> dict[str, int]:
+    counts = {state.value: 0 for state in RowState}
+    for state, count in connection.execute("SELECT state, COUNT(*) FROM outbox GROUP BY state"):
+        counts[state] = count
+    return counts
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_kept_counts_equal_a_count_of_the_rows_after_any_changes(
+    tmp_path: Path, clock: ManualClock, seed: int
+) -> None:
+    # GIVEN an outbox taking a random mix of the changes its rows go through
+    rng = random.Random(seed)
+    root = new_root(offline(tmp_path), clock)
+    root.create_project(CALLER, name="Acme")
+    for step in range(60):
+        seqs = [r["seq"] for r in rows(root.connection)]
+        with write_transaction(root.connection, root.path) as db:
+            match rng.randrange(6):
+                case 0:  # the actor appends, sometimes an Event it already holds
+                    db.execute(
+                        "INSERT OR IGNORE INTO outbox (event_id, project_id, event_type, "
+                        "stream_index, envelope, created_at) VALUES (?, 'acme', 't', 0, x'00', 0)",
+                        (f"evt-{rng.randrange(40)}",),
+                    )
+                case 1 if seqs:
+                    mark_published(db, [(rng.choice(seqs), None)], now_s=float(step))
+                case 2 if seqs:
+                    mark_failed(db, rng.choice(seqs), "refused")
+                case 3 if seqs:  # a failed attempt with a backoff, as mark_attempt_failed
+                    db.execute(
+                        "UPDATE outbox SET state = 'retry_wait', attempts = attempts + 1 "
+                        "WHERE seq = ? AND state != 'published'",
+                        (rng.choice(seqs),),
+                    )
+                case 4:
+                    requeue_failed(db)
+                case _:
+                    prune_published(db, older_than_s=float(step), limit=rng.randrange(1, 4))
+    # THEN the counters the triggers keep equal a count of the rows
+    assert counts_by_state(root.connection) == actual_counts(root.connection)
+    root.close()
+
+
+def test_an_outbox_made_before_its_counters_gets_them_from_its_rows(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN an actor file whose outbox holds rows but whose counters are gone (a file made
+    #   before them), its schema version reset so the next open brings the schema again
+    settings = offline(tmp_path)
+    root = new_root(settings, clock)
+    root.create_project(CALLER, name="Acme")
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    root.connection.execute("UPDATE outbox SET state = 'published' WHERE seq = 1")
+    for trigger in ("insert", "update", "delete"):
+        root.connection.execute(f"DROP TRIGGER outbox_counts_{trigger}")
+    root.connection.execute("DROP TABLE outbox_counts")
+    root.connection.execute("PRAGMA user_version = 0")
+    root.close()
+    # WHEN it is opened again
+    again = new_root(settings, clock)
+    # THEN its counters start from its rows, and keep counting
+    assert counts_by_state(again.connection) == actual_counts(again.connection)
+    assert counts_by_state(again.connection)["published"] == 1
+    again.promote(CALLER, candidate_id="cand-2", artifact_id="art-2", expected_generation=1)
+    assert counts_by_state(again.connection) == actual_counts(again.connection)
+    again.close()
 
 
 def test_the_outbox_accepts_only_the_four_states(tmp_path: Path, clock: ManualClock) -> None:

@@ -74,6 +74,31 @@ CREATE INDEX IF NOT EXISTS outbox_open ON outbox (project_id, seq)
     WHERE state IN ('pending', 'retry_wait');
 CREATE INDEX IF NOT EXISTS outbox_published ON outbox (published_at)
     WHERE state = 'published';
+-- Rows per state, kept by the triggers below in the transaction that changes a row, so the
+-- backlog gauge reads four rows of each actor file instead of counting its outbox. A file
+-- made before the table gets its counts from the rows once, as the schema reaches it.
+CREATE TABLE IF NOT EXISTS outbox_counts (
+    state TEXT PRIMARY KEY,
+    n     INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT OR IGNORE INTO outbox_counts (state, n)
+    SELECT states.state, (SELECT COUNT(*) FROM outbox WHERE outbox.state = states.state)
+    FROM (SELECT 'pending' AS state UNION ALL SELECT 'retry_wait'
+          UNION ALL SELECT 'published' UNION ALL SELECT 'failed') AS states;
+CREATE TRIGGER IF NOT EXISTS outbox_counts_insert AFTER INSERT ON outbox
+BEGIN
+    UPDATE outbox_counts SET n = n + 1 WHERE state = NEW.state;
+END;
+CREATE TRIGGER IF NOT EXISTS outbox_counts_update AFTER UPDATE OF state ON outbox
+    WHEN OLD.state IS NOT NEW.state
+BEGIN
+    UPDATE outbox_counts SET n = n - 1 WHERE state = OLD.state;
+    UPDATE outbox_counts SET n = n + 1 WHERE state = NEW.state;
+END;
+CREATE TRIGGER IF NOT EXISTS outbox_counts_delete AFTER DELETE ON outbox
+BEGIN
+    UPDATE outbox_counts SET n = n - 1 WHERE state = OLD.state;
+END;
 CREATE TRIGGER IF NOT EXISTS outbox_events_are_immutable
     BEFORE UPDATE OF event_id, project_id, event_type, stream_index, envelope ON outbox
 BEGIN
@@ -324,8 +349,9 @@ def prune_published(connection: sqlite3.Connection, *, older_than_s: float, limi
 
 
 def counts_by_state(connection: sqlite3.Connection) -> dict[str, int]:
-    """Rows per state, every state present (0 when none)."""
+    """Rows per state, every state present (0 when none): the counters the outbox's
+    triggers keep, four rows read whatever the outbox holds."""
     counts = {state.value: 0 for state in RowState}
-    for state, count in connection.execute("SELECT state, COUNT(*) FROM outbox GROUP BY state"):
+    for state, count in connection.execute("SELECT state, n FROM outbox_counts"):
         counts[state] = count
     return counts

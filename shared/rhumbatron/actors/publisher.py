@@ -27,7 +27,7 @@ import asyncio
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from rhumbatron.actors.actor import Actor
 from rhumbatron.actors.alarms import AlarmGuard, FireDecision, alarm_due_at, replace_alarm
@@ -55,10 +55,12 @@ __all__ = [
     "OutboxPublisher",
     "PublishReport",
     "ScanReport",
-    "prune_published_rows",
     "publish_batch_mode",
     "requeue_failed_rows",
 ]
+
+
+_DAY_S = 86_400.0
 
 
 @dataclass
@@ -79,6 +81,8 @@ class PublishReport:
     last_published: int = 0
     #: Why this actor could not be published at all (a damaged or locked file), if so.
     error: str | None = None
+    #: Published rows past their retention that this run's commit deleted.
+    pruned: int = 0
 
     def absorb(self, later: PublishReport) -> None:
         """Add a later ``publish_due`` of the same actor (within one alarm fire)."""
@@ -91,6 +95,7 @@ class PublishReport:
         self.nudged += [index for index in later.nudged if index not in self.nudged]
         self.next_alarm_at = later.next_alarm_at
         self.last_published = later.last_published
+        self.pruned += later.pruned
 
 
 @dataclass
@@ -224,6 +229,7 @@ class OutboxPublisher:
         fire_at: datetime | None,
         report: PublishReport,
     ) -> None:
+        settings = self._settings
         with actor.write() as db:
             now_s = self._clock.now().timestamp()
             mark_published(db, stored, now_s=now_s)
@@ -231,6 +237,15 @@ class OutboxPublisher:
                 self._guard.count_fire(db, fire_at)
             report.next_alarm_at = next_due_at(db, now_s=now_s)
             replace_alarm(db, report.next_alarm_at)
+            if stored:
+                # Published rows past their retention go in the commit that publishes more:
+                # an outbox stays at its retention's worth of rows with no commit of its own,
+                # and a pass deletes more than a run publishes, so it keeps up with the inflow.
+                report.pruned = prune_published(
+                    db,
+                    older_than_s=now_s - settings.outbox_published_retention_days * _DAY_S,
+                    limit=max(settings.outbox_prune_batch_rows, 2 * len(stored)),
+                )
 
     async def _publish_project(
         self, actor: Actor, rows: list[OutboxRow], report: PublishReport
@@ -398,12 +413,3 @@ def requeue_failed_rows(actor: Actor, event_ids: Sequence[str] | None = None) ->
     if count:
         actor.alarms.alarm_set(actor.ref.key, actor.clock.now())
     return count
-
-
-def prune_published_rows(actor: Actor, settings: Settings) -> int:
-    """Delete published rows older than the stream's max age, in one bounded pass."""
-    cutoff = actor.clock.now() - timedelta(days=settings.outbox_published_retention_days)
-    with actor.write() as db:
-        return prune_published(
-            db, older_than_s=cutoff.timestamp(), limit=settings.outbox_prune_batch_rows
-        )
