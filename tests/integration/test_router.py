@@ -778,6 +778,35 @@ async def test_the_daily_tick_prunes_claims_older_than_14_days_up_to_the_cap(
     assert view_count(app, project) == 6 - 1
 
 
+@pytest.mark.parametrize(
+    ("sizing", "pruned"),
+    [
+        # the default sizing: the daily tick alone prunes, as the spec has it
+        ({}, (0, 0)),
+        # sized above what the daily cap keeps up with: 10 events a day leave up to 50 claim
+        # rows, over a cap of 4, so every tick prunes ceil(2 × 50 / 1,440) = 1 row a table
+        ({"expected_events_per_day": 10, "processed_events_prune_cap": 4}, (1, 1)),
+    ],
+)
+async def test_an_ordinary_tick_prunes_old_claims_when_sized_above_the_daily_cap(
+    make_app: AppFactory, clock: ManualClock, sizing: dict[str, int], pruned: tuple[int, int]
+) -> None:
+    # GIVEN a project's events applied 15 days ago
+    app = await make_app(**sizing)
+    (project,) = projects_on_stream(1, 1)
+    await publish(app, lifecycle(project, clock.now()))
+    await app.router().nudge(1)
+    clock.advance(days=15)
+    # WHEN an ordinary tick runs (not the 04:17 one)
+    tick = clock.now().replace(hour=10, minute=3)
+    clock.set(tick)
+    sweep = await app.router().sweep(now=tick)
+    # THEN it pruned the sized chunk of claims and feed rows, or nothing at the default
+    assert not sweep.maintenance
+    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == pruned
+    assert view_count(app, project) == 6 - pruned[1]
+
+
 async def test_a_claim_is_kept_until_it_is_14_days_old_and_pruned_after(
     make_app: AppFactory, clock: ManualClock
 ) -> None:

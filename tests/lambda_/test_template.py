@@ -105,6 +105,7 @@ PARAMETER_SAMPLES = {
     "JwtJwksUrl": "https://auth.rhumbatron.example/.well-known/jwks.json",
     "JwtTenantClaim": "tenant",
     "LogLevel": "INFO",
+    "ExpectedEventsPerDay": "1000000",
 }
 
 
@@ -597,6 +598,7 @@ def test_template_environment_names_only_real_settings_and_they_load(
         assert settings.journal_mode == "DELETE"
         assert settings.stream_replicas == 3
         assert settings.require_durable_jetstream is True
+        assert settings.expected_events_per_day == 1_000_000  # the sizing parameter reaches it
 
 
 # -- queue consumers -------------------------------------------------------------------------

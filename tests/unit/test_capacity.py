@@ -3,8 +3,10 @@ when the streams carry more than a bounded job can keep up with."""
 
 from __future__ import annotations
 
+import math
+
 from rhumbatron.core.settings import load_settings
-from rhumbatron.router.capacity import capacity_warnings, ceilings
+from rhumbatron.router.capacity import capacity_warnings, ceilings, tick_prune_rows
 
 
 def test_at_the_spec_values_the_archive_keeps_up_with_144000_events_a_day() -> None:
@@ -35,3 +37,30 @@ def test_a_rate_above_a_ceiling_warns_naming_the_setting_to_raise() -> None:
     assert any("RHUMBATRON_ARCHIVE_BATCHES_PER_TICK" in w for w in warnings)
     assert any("RHUMBATRON_PROCESSED_EVENTS_PRUNE_CAP" in w for w in warnings)
     assert capacity_warnings(load_settings(), observed_per_day=1_000) == []
+
+
+# -- the prune that keeps up with the volume (issue #17) --------------------------------------
+
+
+def test_at_the_default_sizing_only_the_daily_tick_prunes() -> None:
+    # 1,000 events a day leave at most 5,000 claim rows: the spec's daily cap keeps up
+    settings = load_settings()
+    assert settings.expected_events_per_day == 1_000
+    assert tick_prune_rows(settings) == 0
+    assert tick_prune_rows(settings, observed_per_day=1_000) == 0
+
+
+def test_sized_for_a_million_events_a_day_every_tick_prunes_twice_the_inflow() -> None:
+    settings = load_settings(expected_events_per_day=1_000_000)
+    # 5 × 10⁶ claim rows a day at most; twice that over 1,440 ticks
+    assert tick_prune_rows(settings) == math.ceil(2 * 5_000_000 / 1_440) == 6_945
+    # ... and the prune ceiling is above the sized volume, with room
+    assert ceilings(settings).prune_events_per_day >= 2 * 1_000_000 - 2_000
+
+
+def test_a_rate_observed_above_the_sizing_sizes_the_chunks() -> None:
+    settings = load_settings()
+    assert tick_prune_rows(settings, observed_per_day=144_000) == math.ceil(2 * 720_000 / 1_440)
+    # a rate below the sizing does not shrink them
+    sized = load_settings(expected_events_per_day=144_000)
+    assert tick_prune_rows(sized, observed_per_day=10) == tick_prune_rows(sized)

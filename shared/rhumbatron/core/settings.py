@@ -188,6 +188,15 @@ class Settings(BaseSettings):
     processed_events_prune_cap: int = Field(
         default=5_000, ge=1, description="processed_events rows the daily prune deletes at most."
     )
+    expected_events_per_day: int = Field(
+        default=1_000,
+        ge=1,
+        description=(
+            "The volume (all streams) this deployment is sized for. At the default the "
+            "spec's daily prune keeps up; above it, every other sweep tick prunes too, in "
+            "chunks sized for twice this inflow (or the observed rate, when higher)."
+        ),
+    )
     maintenance_time_utc: str = Field(
         default="04:17", pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$", description="Daily tick."
     )

@@ -112,16 +112,15 @@ def prune_reaction_history(db: sqlite3.Connection, *, before_s: float, limit: in
 
 @dataclass(frozen=True, slots=True)
 class ReactionHistoryPruner:
-    """The daily maintenance's prune of the reactions' bookkeeping in the product database:
-    rows older than ``history_days``, at most ``cap`` per call (the router calls it with the
-    tick's time and reports the count)."""
+    """The router maintenance's prune of the reactions' bookkeeping in the product database:
+    rows older than ``history_days``, at most ``limit`` per call (the router calls it with the
+    tick's time and its pass, and reports the count)."""
 
     product: SqliteStore
     history_days: float
-    cap: int
 
-    def __call__(self, now_s: float) -> int:
+    def __call__(self, now_s: float, limit: int) -> int:
         with self.product.transaction() as db:
             return prune_reaction_history(
-                db, before_s=now_s - self.history_days * _DAY_S, limit=self.cap
+                db, before_s=now_s - self.history_days * _DAY_S, limit=limit
             )

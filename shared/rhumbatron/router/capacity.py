@@ -1,9 +1,10 @@
 """The sweep's ceilings: how many events a day the router's bounded jobs can keep up with.
 
 At the spec's values the sweep is a hard ceiling: one ``audit-archiver`` batch of at most 100
-records a minute archives at most 144,000 events a day, and a 5,000-row daily prune cannot
-keep ``processed_events`` bounded above about a thousand events a day (each event leaves one
-claim row per subscription). :func:`ceilings` computes them from the settings;
+records a minute archives at most 144,000 events a day, and a 5,000-row daily prune alone
+cannot keep ``processed_events`` bounded above about a thousand events a day (each event leaves
+up to one claim row per subscription); above that, ``expected_events_per_day`` makes every
+other tick prune too (:func:`tick_prune_rows`). :func:`ceilings` computes them from the settings;
 :func:`capacity_warnings` compares them with the rate the streams actually carry, and the
 router logs the warnings at its first sweep in a process (``docs/operations.md``).
 """
@@ -11,6 +12,7 @@ router logs the warnings at its first sweep in a process (``docs/operations.md``
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -22,7 +24,13 @@ from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
-__all__ = ["Ceilings", "capacity_warnings", "ceilings", "observed_events_per_day"]
+__all__ = [
+    "Ceilings",
+    "capacity_warnings",
+    "ceilings",
+    "observed_events_per_day",
+    "tick_prune_rows",
+]
 
 _MINUTES_PER_DAY = 1_440
 
@@ -38,6 +46,21 @@ class Ceilings:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+def tick_prune_rows(settings: Settings, observed_per_day: float | None = None) -> int:
+    """Rows of each growing table an ordinary sweep tick prunes: 0 while the daily prune's
+    cap covers a day's claim rows (the spec's numbers, at the default sizing), else a chunk
+    that deletes twice the inflow over the day's ticks.
+
+    The inflow is the larger of ``expected_events_per_day`` and the rate the streams were
+    observed to carry, times one claim row per subscription (an upper bound: the causal
+    router claims only the Events its rules act on).
+    """
+    per_day = max(settings.expected_events_per_day, observed_per_day or 0.0) * len(Subscription)
+    if per_day <= settings.processed_events_prune_cap:
+        return 0
+    return math.ceil(2 * per_day / _MINUTES_PER_DAY)
 
 
 def ceilings(settings: Settings) -> Ceilings:
@@ -61,7 +84,10 @@ def ceilings(settings: Settings) -> Ceilings:
         sweep_apply_events_per_day=ticks
         * settings.router_consumes_per_run
         * settings.router_fetch_max_records,
-        prune_events_per_day=settings.processed_events_prune_cap // len(Subscription),
+        prune_events_per_day=(
+            settings.processed_events_prune_cap + (ticks - 1) * tick_prune_rows(settings)
+        )
+        // len(Subscription),
     )
 
 
@@ -74,7 +100,8 @@ def capacity_warnings(settings: Settings, observed_per_day: float) -> list[str]:
         "analytics_events_per_day": "RHUMBATRON_ANALYTICS_BATCH_SIZE or "
         "RHUMBATRON_ANALYTICS_BATCHES_PER_TICK",
         "sweep_apply_events_per_day": "RHUMBATRON_ROUTER_CONSUMES_PER_RUN (or keep nudges on)",
-        "prune_events_per_day": "RHUMBATRON_PROCESSED_EVENTS_PRUNE_CAP",
+        "prune_events_per_day": "RHUMBATRON_EXPECTED_EVENTS_PER_DAY (or "
+        "RHUMBATRON_PROCESSED_EVENTS_PRUNE_CAP)",
     }
     return [
         f"the streams carry about {observed_per_day:,.0f} events a day but {name} is "

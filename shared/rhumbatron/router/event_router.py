@@ -95,7 +95,7 @@ class EventRouter:
     #: The ``reactions`` subscription's handler.
     reactions_handler: RecordHandler
     #: The daily maintenance's prune of the reactions' bookkeeping: ``now_s`` → rows deleted.
-    prune_reaction_history: Callable[[float], int]
+    prune_reaction_history: Callable[[float, int], int]
     causal_routing: CausalRouting = field(default_factory=NoCausalRules)
     outbox_backlog: Callable[[], dict[str, int]] | None = None
     #: Rebuilds the views of a stream from the log (``views.rebuild_views``, wired in by the
@@ -110,6 +110,8 @@ class EventRouter:
     _projector: ProjectViewProjector | None = None
     _locks: dict[tuple[int, Subscription], asyncio.Lock] = field(default_factory=dict)
     _capacity_checked: bool = False
+    #: The event rate the streams carried at this process's first sweep (None: unknown).
+    _observed_per_day: float | None = None
     _decoded: DecodedEvents = field(default_factory=DecodedEvents)
 
     # -- wiring ------------------------------------------------------------------------------
@@ -230,10 +232,11 @@ class EventRouter:
         )
         del archiver.objects_written[:archived_before]
         await self._sweep_reactions_elsewhere(sweep, stream_index, should_stop)
-        if maintenance:
-            from rhumbatron.router.maintenance import run_daily_maintenance
+        from rhumbatron.router.maintenance import run_maintenance
 
-            await run_daily_maintenance(self, sweep, now)
+        await run_maintenance(
+            self, sweep, now, observed_per_day=self._observed_per_day, should_stop=should_stop
+        )
         from rhumbatron.router.lag import record_lag
 
         await record_lag(self, sweep)
@@ -270,6 +273,7 @@ class EventRouter:
             # A missing estimate must not stop a sweep.
             _log.warning("cannot estimate the event rate: %s", exc)
             return []
+        self._observed_per_day = rate
         warnings = capacity_warnings(self.settings, rate)
         for warning in warnings:
             _log.warning(warning)

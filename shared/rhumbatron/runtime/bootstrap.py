@@ -287,14 +287,10 @@ class Rhumbatron:
             lease_s=self.settings.router_ack_wait_s,
         )
 
-    def _reaction_pruner(self, reactions: Reactions) -> Callable[[float], int]:
+    def _reaction_pruner(self, reactions: Reactions) -> Callable[[float, int], int]:
         from rhumbatron.reactions.store import ReactionHistoryPruner
 
-        return ReactionHistoryPruner(
-            self.product(),
-            reactions.limits.reaction_history_days,
-            self.settings.processed_events_prune_cap,
-        )
+        return ReactionHistoryPruner(self.product(), reactions.limits.reaction_history_days)
 
     def _reactions(self) -> Reactions:
         """The reactions consumer bound to the subscription registry (product database)."""
