@@ -655,6 +655,25 @@ async def test_a_sweep_tick_runs_one_archiver_and_one_analytics_batch_of_at_most
     assert (await lag(0, Subscription.ANALYTICS_PROJECTOR)).num_pending == 150
 
 
+async def test_an_archive_batch_above_the_fetch_cap_moves_all_its_records_in_one_tick(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN archive batches of 200 records (two fetches at the cap of 100) and 250 events
+    #   waiting on one stream
+    app = await make_app(archive_batch_size=200)
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, wakes(project, clock.now(), 250))
+    # WHEN one ordinary sweep tick visits that stream
+    sweep = await app.router().sweep(now=sweep_minute(0))
+    # THEN the archiver moved the whole batch of 200, in two objects of 100, not the first
+    #   fetch alone; 50 wait for the next tick
+    sub = sweep.run.subscriptions[Subscription.AUDIT_ARCHIVER.value]
+    assert (sub.consumes, sub.fetched, sub.applied) == (2, 200, 200)
+    assert [count for _, count in sweep.archive_objects] == [100, 100]
+    lag = (await app.router().event_log()).lag
+    assert (await lag(0, Subscription.AUDIT_ARCHIVER)).num_pending == 50
+
+
 async def test_with_nudges_off_eight_sweeps_apply_archive_and_count_every_event(
     make_app: AppFactory, clock: ManualClock
 ) -> None:

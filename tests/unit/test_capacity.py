@@ -4,9 +4,12 @@ when the streams carry more than a bounded job can keep up with."""
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 from rhumbatron.core.settings import load_settings
 from rhumbatron.router.capacity import capacity_warnings, ceilings, tick_prune_rows
+from rhumbatron.router.ticks import in_fetches, sweep_plan
 
 
 def test_at_the_spec_values_the_archive_keeps_up_with_144000_events_a_day() -> None:
@@ -64,3 +67,31 @@ def test_a_rate_observed_above_the_sizing_sizes_the_chunks() -> None:
     # a rate below the sizing does not shrink them
     sized = load_settings(expected_events_per_day=144_000)
     assert tick_prune_rows(sized, observed_per_day=10) == tick_prune_rows(sized)
+
+
+def test_a_batch_above_the_fetch_cap_is_fetched_in_full_fetches_and_the_ceiling_is_true() -> None:
+    # GIVEN archive batches of 1,000 records, over the spec's fetch cap of 100
+    settings = load_settings(archive_batch_size=1_000, analytics_batch_size=250)
+    plan = {
+        s.value: (consumes, batch) for s, consumes, batch in sweep_plan(settings, analytics=True)
+    }
+    # THEN a tick fetches ten full fetches of 100 for the archiver (three for analytics' 250)
+    assert plan["audit-archiver"] == (10, 100)
+    assert plan["analytics-projector"] == (3, 100)
+    assert in_fetches(settings, 2, 1_000) == (20, 100)
+    # AND the ceiling counts what those fetches move: 1,440 ticks × 1,000
+    assert ceilings(settings).archive_events_per_day == 1_440_000
+    # at the spec's values nothing changes: one fetch of 100 a tick
+    assert in_fetches(load_settings(), 1, 100) == (1, 100)
+
+
+def test_the_operations_table_shows_every_ceiling_the_code_computes() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = page.split("## The event router's ceilings", 1)[1].split("\n## ", 1)[0]
+    shown: dict[str, int] = {}
+    for line in section.splitlines():
+        field = re.search(r"\| `([a-z_]+)` \|$", line)
+        figure = re.search(r"\*\*([\d,]+)\*\*", line)
+        if field and figure:
+            shown[field.group(1)] = int(figure.group(1).replace(",", ""))
+    assert shown == ceilings(load_settings()).as_dict()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from rhumbatron.core.settings import Settings
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
+from rhumbatron.router.ticks import in_fetches
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -42,6 +43,10 @@ class Ceilings:
     archive_events_per_day: int
     analytics_events_per_day: int
     sweep_apply_events_per_day: int
+    #: With nudges off, a run makes at most ``router_apply_calls_per_run`` apply calls (one
+    #: project's events of one fetch each): events of many projects are held at this.
+    sweep_apply_calls_per_day: int
+    reactions_events_per_day: int
     prune_events_per_day: int
 
     def as_dict(self) -> dict[str, int]:
@@ -74,16 +79,22 @@ def ceilings(settings: Settings) -> Ceilings:
     """
     ticks = _MINUTES_PER_DAY
     analytics_ticks = ticks - ticks // settings.release_sweep_every_min - 1
+    # What a tick really fetches: batches above the fetch cap go in several fetches.
+    archive = math.prod(
+        in_fetches(settings, settings.archive_batches_per_tick, settings.archive_batch_size)
+    )
+    analytics = math.prod(
+        in_fetches(settings, settings.analytics_batches_per_tick, settings.analytics_batch_size)
+    )
     return Ceilings(
-        archive_events_per_day=ticks
-        * settings.archive_batch_size
-        * settings.archive_batches_per_tick,
-        analytics_events_per_day=analytics_ticks
-        * settings.analytics_batch_size
-        * settings.analytics_batches_per_tick,
+        archive_events_per_day=ticks * archive,
+        analytics_events_per_day=analytics_ticks * analytics,
         sweep_apply_events_per_day=ticks
         * settings.router_consumes_per_run
         * settings.router_fetch_max_records,
+        sweep_apply_calls_per_day=ticks * settings.router_apply_calls_per_run,
+        # One reactions batch per stream on every tick (its own stream's and the others').
+        reactions_events_per_day=ticks * EVENT_STREAM_COUNT * settings.router_fetch_max_records,
         prune_events_per_day=(
             settings.processed_events_prune_cap + (ticks - 1) * tick_prune_rows(settings)
         )
@@ -100,6 +111,10 @@ def capacity_warnings(settings: Settings, observed_per_day: float) -> list[str]:
         "analytics_events_per_day": "RHUMBATRON_ANALYTICS_BATCH_SIZE or "
         "RHUMBATRON_ANALYTICS_BATCHES_PER_TICK",
         "sweep_apply_events_per_day": "RHUMBATRON_ROUTER_CONSUMES_PER_RUN (or keep nudges on)",
+        "sweep_apply_calls_per_day": "RHUMBATRON_ROUTER_APPLY_CALLS_PER_RUN (or keep nudges on; "
+        "it binds when each fetch holds the events of many projects)",
+        "reactions_events_per_day": "RHUMBATRON_ROUTER_FETCH_MAX_RECORDS (at most the spec's "
+        "100: above it a storm waits on the streams)",
         "prune_events_per_day": "RHUMBATRON_EXPECTED_EVENTS_PER_DAY (or "
         "RHUMBATRON_PROCESSED_EVENTS_PRUNE_CAP)",
     }

@@ -321,7 +321,7 @@ class EventRouter:
                     messages, run.stream_index, self.project_owners, self._decoded
                 )
                 await self._settle_batch(run, subscription, records, report)
-                if len(messages) < batch:
+                if len(messages) < min(batch, self.settings.router_fetch_max_records):
                     break
             if log.nc.is_connected:
                 await log.nc.flush()

@@ -3,6 +3,7 @@ what it consumes there."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from rhumbatron.messaging.event_log import Subscription
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 
     from rhumbatron.core.settings import Settings
 
-__all__ = ["sweep_plan", "tick_kind"]
+__all__ = ["in_fetches", "sweep_plan", "tick_kind"]
 
 
 def tick_kind(settings: Settings, now: datetime) -> tuple[int, bool, bool]:
@@ -27,6 +28,14 @@ def tick_kind(settings: Settings, now: datetime) -> tuple[int, bool, bool]:
         minute_of_day == settings.maintenance_minute_of_day,
         now.minute % every == every - 1,
     )
+
+
+def in_fetches(settings: Settings, batches: int, batch_size: int) -> tuple[int, int]:
+    """``batches`` batches of ``batch_size`` records as ``(fetches, records per fetch)``: a
+    fetch brings at most ``router_fetch_max_records`` (the spec's 100), so a batch of 1,000
+    is ten fetches, each settled (and archived) on its own."""
+    per_fetch = min(batch_size, settings.router_fetch_max_records)
+    return batches * math.ceil(batch_size / per_fetch), per_fetch
 
 
 def sweep_plan(settings: Settings, *, analytics: bool) -> list[tuple[Subscription, int, int]]:
@@ -45,16 +54,16 @@ def sweep_plan(settings: Settings, *, analytics: bool) -> list[tuple[Subscriptio
         ),
         (
             Subscription.AUDIT_ARCHIVER,
-            settings.archive_batches_per_tick,
-            settings.archive_batch_size,
+            *in_fetches(settings, settings.archive_batches_per_tick, settings.archive_batch_size),
         ),
     ]
     if analytics:
         plan.append(
             (
                 Subscription.ANALYTICS_PROJECTOR,
-                settings.analytics_batches_per_tick,
-                settings.analytics_batch_size,
+                *in_fetches(
+                    settings, settings.analytics_batches_per_tick, settings.analytics_batch_size
+                ),
             )
         )
     # One reactions batch per tick and stream (this one here, the others on every other
