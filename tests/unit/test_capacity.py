@@ -8,7 +8,12 @@ import re
 from pathlib import Path
 
 from rhumbatron.core.settings import load_settings
-from rhumbatron.router.capacity import capacity_warnings, ceilings, tick_prune_rows
+from rhumbatron.router.capacity import (
+    capacity_warnings,
+    ceilings,
+    sizing_warnings,
+    tick_prune_rows,
+)
 from rhumbatron.router.ticks import in_fetches, sweep_plan
 
 
@@ -34,12 +39,31 @@ def test_raising_the_batch_settings_raises_the_ceilings() -> None:
     assert limits.prune_events_per_day == 80_000
 
 
-def test_a_rate_above_a_ceiling_warns_naming_the_setting_to_raise() -> None:
-    warnings = capacity_warnings(load_settings(), observed_per_day=200_000)
-    assert any("archive_events_per_day is 144,000" in w for w in warnings)
-    assert any("RHUMBATRON_ARCHIVE_BATCHES_PER_TICK" in w for w in warnings)
-    assert any("RHUMBATRON_PROCESSED_EVENTS_PRUNE_CAP" in w for w in warnings)
+def test_a_rate_past_80_percent_of_a_ceiling_warns_naming_the_setting_to_raise() -> None:
+    # 80 % of the archive's 144,000 is 115,200
+    warnings = capacity_warnings(load_settings(), observed_per_day=115_201)
+    (archive,) = [w for w in warnings if "archive_events_per_day" in w]
+    assert "over 80% of archive_events_per_day (144,000)" in archive
+    assert "RHUMBATRON_ARCHIVE_BATCHES_PER_TICK" in archive
+    below = capacity_warnings(load_settings(), observed_per_day=115_199)
+    assert not [w for w in below if "archive_events_per_day" in w]
+    # the prune sizes its chunks for the observed rate, so it is never the one that binds
+    assert not [w for w in warnings if "prune_events_per_day" in w]
     assert capacity_warnings(load_settings(), observed_per_day=1_000) == []
+
+
+def test_a_deployment_sized_above_a_ceiling_is_warned_at_start() -> None:
+    assert sizing_warnings(load_settings()) == []
+    warnings = sizing_warnings(load_settings(expected_events_per_day=200_000))
+    names = sorted(w.split(" but ")[1].split(" is ")[0] for w in warnings)
+    # 200,000 a day: above the archive, analytics and the 15-call ceilings; the prune is
+    # sized for it
+    assert names == [
+        "analytics_events_per_day",
+        "archive_events_per_day",
+        "sweep_apply_calls_per_day",
+    ]
+    assert all("sized for 200,000 events a day" in w for w in warnings)
 
 
 # -- the prune that keeps up with the volume (issue #17) --------------------------------------

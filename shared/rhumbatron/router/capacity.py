@@ -30,6 +30,7 @@ __all__ = [
     "capacity_warnings",
     "ceilings",
     "observed_events_per_day",
+    "sizing_warnings",
     "tick_prune_rows",
 ]
 
@@ -68,14 +69,16 @@ def tick_prune_rows(settings: Settings, observed_per_day: float | None = None) -
     return math.ceil(2 * per_day / _MINUTES_PER_DAY)
 
 
-def ceilings(settings: Settings) -> Ceilings:
-    """The ceilings the settings allow.
+def ceilings(settings: Settings, observed_per_day: float | None = None) -> Ceilings:
+    """The ceilings the settings allow (the prune's for ``observed_per_day`` too: its chunks
+    grow with the rate the streams were seen to carry).
 
     Every tick visits one stream, so the day's 1,440 ticks are the budget of all 8 streams
     together. Analytics skips the daily tick and the release-sweep ticks (1 in
     ``release_sweep_every_min``). The projector and the causal router also run on every
-    nudge; their sweep ceiling is what holds with nudges off. The prune deletes at most its
-    cap of claim rows a day, and every event leaves one row per subscription.
+    nudge; their sweep ceiling is what holds with nudges off. The prune deletes its daily cap
+    and its tick chunks of claim rows a day, and every event leaves up to one row per
+    subscription.
     """
     ticks = _MINUTES_PER_DAY
     analytics_ticks = ticks - ticks // settings.release_sweep_every_min - 1
@@ -96,33 +99,56 @@ def ceilings(settings: Settings) -> Ceilings:
         # One reactions batch per stream on every tick (its own stream's and the others').
         reactions_events_per_day=ticks * EVENT_STREAM_COUNT * settings.router_fetch_max_records,
         prune_events_per_day=(
-            settings.processed_events_prune_cap + (ticks - 1) * tick_prune_rows(settings)
+            settings.processed_events_prune_cap
+            + (ticks - 1) * tick_prune_rows(settings, observed_per_day)
         )
         // len(Subscription),
     )
 
 
+#: Where each ceiling is raised, for the warnings.
+_ADVICE = {
+    "archive_events_per_day": "RHUMBATRON_ARCHIVE_BATCH_SIZE or "
+    "RHUMBATRON_ARCHIVE_BATCHES_PER_TICK",
+    "analytics_events_per_day": "RHUMBATRON_ANALYTICS_BATCH_SIZE or "
+    "RHUMBATRON_ANALYTICS_BATCHES_PER_TICK",
+    "sweep_apply_events_per_day": "RHUMBATRON_ROUTER_CONSUMES_PER_RUN (or keep nudges on)",
+    "sweep_apply_calls_per_day": "RHUMBATRON_ROUTER_APPLY_CALLS_PER_RUN (or keep nudges on; "
+    "it binds when each fetch holds the events of many projects)",
+    "reactions_events_per_day": "RHUMBATRON_ROUTER_FETCH_MAX_RECORDS (at most the spec's "
+    "100: above it a storm waits on the streams)",
+    "prune_events_per_day": "RHUMBATRON_EXPECTED_EVENTS_PER_DAY (or "
+    "RHUMBATRON_PROCESSED_EVENTS_PRUNE_CAP)",
+}
+
+#: The share of a ceiling the observed rate may reach before the sweep warns.
+WARN_AT_SHARE = 0.8
+
+
 def capacity_warnings(settings: Settings, observed_per_day: float) -> list[str]:
-    """One warning per ceiling below the observed rate, naming the setting to raise."""
-    limits = ceilings(settings)
-    advice = {
-        "archive_events_per_day": "RHUMBATRON_ARCHIVE_BATCH_SIZE or "
-        "RHUMBATRON_ARCHIVE_BATCHES_PER_TICK",
-        "analytics_events_per_day": "RHUMBATRON_ANALYTICS_BATCH_SIZE or "
-        "RHUMBATRON_ANALYTICS_BATCHES_PER_TICK",
-        "sweep_apply_events_per_day": "RHUMBATRON_ROUTER_CONSUMES_PER_RUN (or keep nudges on)",
-        "sweep_apply_calls_per_day": "RHUMBATRON_ROUTER_APPLY_CALLS_PER_RUN (or keep nudges on; "
-        "it binds when each fetch holds the events of many projects)",
-        "reactions_events_per_day": "RHUMBATRON_ROUTER_FETCH_MAX_RECORDS (at most the spec's "
-        "100: above it a storm waits on the streams)",
-        "prune_events_per_day": "RHUMBATRON_EXPECTED_EVENTS_PER_DAY (or "
-        "RHUMBATRON_PROCESSED_EVENTS_PRUNE_CAP)",
-    }
+    """One warning per ceiling the observed rate has passed 80 % of, naming the setting to
+    raise. Not the prune's: the sweep sizes its chunks for the observed rate (twice it,
+    :func:`tick_prune_rows`), so it keeps up at any rate."""
+    limits = ceilings(settings, observed_per_day).as_dict()
+    del limits["prune_events_per_day"]
     return [
-        f"the streams carry about {observed_per_day:,.0f} events a day but {name} is "
-        f"{limit:,}: raise {advice[name]} (see docs/operations.md)"
-        for name, limit in limits.as_dict().items()
-        if limit < observed_per_day
+        f"the streams carry about {observed_per_day:,.0f} events a day, over "
+        f"{WARN_AT_SHARE:.0%} of {name} ({limit:,}): raise {_ADVICE[name]} "
+        "(see docs/operations.md)"
+        for name, limit in limits.items()
+        if observed_per_day > WARN_AT_SHARE * limit
+    ]
+
+
+def sizing_warnings(settings: Settings) -> list[str]:
+    """One warning per ceiling below ``expected_events_per_day``: what the deployment is
+    sized for but cannot carry (logged when the router starts)."""
+    expected = settings.expected_events_per_day
+    return [
+        f"sized for {expected:,} events a day (RHUMBATRON_EXPECTED_EVENTS_PER_DAY) but "
+        f"{name} is {limit:,}: raise {_ADVICE[name]} (see docs/operations.md)"
+        for name, limit in ceilings(settings).as_dict().items()
+        if limit < expected
     ]
 
 

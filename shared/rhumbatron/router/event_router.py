@@ -261,20 +261,27 @@ class EventRouter:
             )
 
     async def _check_capacity(self) -> list[str]:
-        """At the first sweep of a process: warn when a ceiling is below the observed rate."""
+        """At the first sweep of a process: warn of every ceiling below the volume the
+        deployment is sized for, and of every one the observed rate passed 80 % of."""
         if self._capacity_checked:
             return []
         self._capacity_checked = True
-        from rhumbatron.router.capacity import capacity_warnings, observed_events_per_day
+        from rhumbatron.router.capacity import (
+            capacity_warnings,
+            observed_events_per_day,
+            sizing_warnings,
+        )
 
+        warnings = sizing_warnings(self.settings)
         try:
             rate = await observed_events_per_day(await self.connect())
         except Exception as exc:
             # A missing estimate must not stop a sweep.
             _log.warning("cannot estimate the event rate: %s", exc)
-            return []
+            rate = None
         self._observed_per_day = rate
-        warnings = capacity_warnings(self.settings, rate)
+        if rate is not None:
+            warnings += capacity_warnings(self.settings, rate)
         for warning in warnings:
             _log.warning(warning)
         return warnings
