@@ -105,6 +105,9 @@ class PackagePlan:
     # Tests that read the package's source text (not its behaviour): in the mutated tree they
     # read every mutant's string literals at once, so they fail with no mutant switched on.
     reads_source: tuple[str, ...] = ()
+    # Fast proofs written for a run's survivors, run in every survivor's re-check: adding a
+    # file to ``tests`` would change mutmut's selection, and that resets every verdict.
+    proofs: tuple[str, ...] = ()
 
 
 PLANS: dict[str, PackagePlan] = {
@@ -180,6 +183,7 @@ PLANS: dict[str, PackagePlan] = {
             "tests/lambda_/test_queue_worker.py",
             "tests/lambda_/test_secrets.py",
         ),
+        proofs=("tests/integration/test_atomic_batches.py",),
         # The stream and consumer tables are built at import time.
         recheck=(
             "tests/unit/test_spec_numbers.py",
@@ -564,13 +568,13 @@ def recheck_tests(
     where mutmut's forked worker reused state its parent had built (a cache, a memo). A
     function that runs while a module is imported, or that no test reached in mutmut's
     stats run, gets the plan's re-check files too: only they are known to reach the tables
-    built at import.
+    built at import. Every survivor also gets the plan's ``proofs``.
     """
     function = function_of(mutant)
     tests = tuple(covering.get(function, ()))
     if function in at_import or not tests:
-        return (*plan.recheck, *(t for t in tests if t.partition("::")[0] not in plan.recheck))
-    return tests
+        tests = (*plan.recheck, *(t for t in tests if t.partition("::")[0] not in plan.recheck))
+    return (*tests, *(p for p in plan.proofs if p not in tests))
 
 
 def _covering_tests(workspace: Path) -> dict[str, list[str]]:

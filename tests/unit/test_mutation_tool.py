@@ -8,6 +8,7 @@ import importlib.util
 import json
 import sys
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -200,6 +201,18 @@ def test_a_survivor_is_re_checked_with_its_covering_tests_and_the_plans_files_wh
     )
     # no test reached it in mutmut's stats run: the plan's files
     assert tool.recheck_tests(f"{P}.x_g__mutmut_1", plan, covering, at_import) == plan.recheck
+    # proofs written for survivors go with every re-check, once
+    proved = replace(plan, proofs=("tests/unit/test_proofs.py", "tests/unit/test_kinds.py"))
+    assert tool.recheck_tests(f"{P}.x_f__mutmut_3", proved, covering, at_import) == (
+        "tests/unit/test_ids.py::test_a",
+        "tests/unit/test_ids.py::test_b",
+        "tests/unit/test_proofs.py",
+        "tests/unit/test_kinds.py",
+    )
+    assert tool.recheck_tests(f"{P}.x_g__mutmut_1", proved, covering, at_import) == (
+        "tests/unit/test_kinds.py",
+        "tests/unit/test_proofs.py",
+    )
 
 
 def test_the_functions_run_at_import_are_found_in_a_fresh_interpreter(tmp_path: Path) -> None:
