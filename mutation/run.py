@@ -183,7 +183,11 @@ PLANS: dict[str, PackagePlan] = {
             "tests/lambda_/test_queue_worker.py",
             "tests/lambda_/test_secrets.py",
         ),
-        proofs=("tests/integration/test_atomic_batches.py",),
+        proofs=(
+            "tests/integration/test_atomic_batches.py",
+            "tests/integration/test_fast_batches.py::"
+            "test_a_fast_batch_longer_than_its_flow_windows_waits_for_the_flow_acks_and_ends_whole",
+        ),
         # The stream and consumer tables are built at import time.
         recheck=(
             "tests/unit/test_spec_numbers.py",

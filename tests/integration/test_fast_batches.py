@@ -64,6 +64,18 @@ async def test_a_fast_batch_stores_every_row_in_order_and_its_puback_names_the_l
     assert await on_stream(nc) == [(1, "other"), *((n + 1, f"e{n}") for n in range(1, 6))]
 
 
+async def test_a_fast_batch_longer_than_its_flow_windows_waits_for_the_flow_acks_and_ends_whole(
+    nc: NATS,
+) -> None:
+    # GIVEN more rows than two flow windows of 100 may hold unacknowledged
+    ids = [f"e{n:03d}" for n in range(450)]
+    # WHEN they go out as one fast batch (the sender must read the server's flow acks to go on)
+    ack = await JetStreamSender(nc, ack_timeout_s=5).send_fast_batch(STREAM, messages(*ids))
+    # THEN every row is kept, in order
+    assert (ack.stored, ack.last_sequence) == (450, 450)
+    assert [m for _, m in await on_stream(nc)] == ids
+
+
 async def test_a_row_lost_on_the_way_ends_the_fast_batch_and_nothing_after_it_is_stored(
     nc: NATS,
 ) -> None:
