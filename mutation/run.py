@@ -186,8 +186,8 @@ PLANS: dict[str, PackagePlan] = {
         proofs=(
             "tests/integration/test_atomic_batches.py",
             "tests/integration/test_sender.py",
-            "tests/integration/test_fast_batches.py::"
-            "test_a_fast_batch_longer_than_its_flow_windows_waits_for_the_flow_acks_and_ends_whole",
+            "tests/integration/test_fast_batches.py",
+            "tests/integration/test_durability.py",
         ),
         # The stream and consumer tables are built at import time.
         recheck=(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from rhumbatron.core.settings import load_settings
 from rhumbatron.errors import ConfigurationError, UnsafeStorageError
 from rhumbatron.messaging.connection import connect_nats
-from rhumbatron.messaging.durability import check_durability, check_stream_replicas
+from rhumbatron.messaging.durability import check_durability, check_stream_replicas, read_varz
 from rhumbatron.messaging.streams import ensure_streams
 from rhumbatron.runtime.bootstrap import bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
@@ -115,3 +117,49 @@ def test_retention_windows_that_do_not_nest_are_refused(tmp_path: Path) -> None:
         load_settings(state_dir=tmp_path, duplicate_window_s=10 * 86_400)
     with pytest.raises(ConfigurationError, match="outbox_published_retention_days=1"):
         load_settings(state_dir=tmp_path, outbox_published_retention_days=1)
+
+
+# -- reading /varz, and the replicas of streams that exist ------------------------------------
+
+
+def test_the_monitor_url_may_end_with_a_slash(nats_server: NatsServerProcess) -> None:
+    varz = read_varz(_monitor(nats_server) + "/")
+    assert varz["server_id"] == nats_server.varz()["server_id"]
+
+
+def test_an_unreachable_monitor_url_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(UnsafeStorageError) as refused:
+        read_varz(url)
+    message = str(refused.value)
+    assert message.startswith(f"cannot read {url}/varz to verify JetStream durability (")
+    assert message.endswith("); check RHUMBATRON_NATS_MONITOR_URL")
+
+
+def test_a_monitor_that_never_answers_is_given_up_on_within_its_timeout() -> None:
+    # GIVEN a port that accepts connections and never answers
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        # WHEN /varz is read with a 0.2 s timeout, THEN it is refused, not waited on forever
+        started = time.monotonic()
+        with pytest.raises(UnsafeStorageError, match="timed out"):
+            read_varz(url, timeout_s=0.2)
+        assert time.monotonic() - started < 5
+
+
+def test_streams_with_exactly_three_replicas_pass_and_fewer_are_refused(tmp_path: Path) -> None:
+    demanding = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3)
+    check_stream_replicas(demanding, {"EVENTS_00": 3, "COMMANDS": 5})
+    with pytest.raises(UnsafeStorageError) as refused:
+        check_stream_replicas(demanding, {"EVENTS_00": 3, "EVENTS_01": 2})
+    assert str(refused.value) == (
+        "stream EVENTS_01 has 2 replica(s); durability needs 3 (num_replicas): update the "
+        "stream, or unset RHUMBATRON_REQUIRE_DURABLE_JETSTREAM"
+    )
+    # not demanded: nothing is checked
+    check_stream_replicas(load_settings(state_dir=tmp_path), {"EVENTS_01": 1})

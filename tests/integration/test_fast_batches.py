@@ -17,7 +17,7 @@ from nats.aio.client import Client as NATS
 
 from rhumbatron.actors.publisher import publish_batch_mode
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.errors import BatchRejectedError
+from rhumbatron.errors import BatchRejectedError, NatsUnavailableError
 from rhumbatron.messaging.sender import JetStreamSender, OutgoingMessage
 from rhumbatron.messaging.streams import ensure_streams
 from rhumbatron_dev.local.nats_server import NatsServerProcess
@@ -131,3 +131,16 @@ def test_auto_picks_atomic_batches_where_durability_is_required_and_fast_batches
     for chosen in ("atomic", "fast", "off"):
         pinned = load_settings(nats_url="nats://127.0.0.1:1", publish_batch_mode=chosen)
         assert publish_batch_mode(pinned) == chosen
+
+
+async def test_a_fast_batch_of_one_is_refused_by_name_and_a_closed_connection_is_unavailable(
+    nc: NATS,
+) -> None:
+    sender = JetStreamSender(nc, ack_timeout_s=5)
+    with pytest.raises(
+        ValueError, match=r"^a fast batch needs at least two messages; use send\(\)$"
+    ):
+        await sender.send_fast_batch(STREAM, messages("e1"))
+    await nc.close()
+    with pytest.raises(NatsUnavailableError, match=r"NATS connection lost"):
+        await sender.send_fast_batch(STREAM, messages("e1", "e2"))
