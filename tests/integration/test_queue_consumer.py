@@ -18,7 +18,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -338,15 +338,26 @@ async def test_one_fetch_takes_at_most_the_rows_batch_size(
     assert all(r.fetched <= batch * r.fetches for r in rest)
 
 
-@pytest.mark.parametrize("queue", QUEUES)
+@pytest.mark.parametrize(
+    ("queue", "concurrency"),
+    [
+        *((queue, None) for queue in QUEUES),
+        # sized by the setting instead of the table's 2
+        ("agent-wakeups", 5),
+    ],
+)
 async def test_at_most_the_rows_concurrency_handlers_run_at_once(
-    make_app: AppFactory, queue: str
+    make_app: AppFactory, queue: str, concurrency: int | None
 ) -> None:
     # GIVEN two batches of commands and a handler that counts how many run at once; the
     # first ones wait until the row's concurrency is reached (a serialising runtime would
     # never get there and time out)
     row = QUEUE_CONSUMERS[queue]
-    app = await make_app()
+    if concurrency is None:
+        app = await make_app()
+    else:
+        app = await make_app(queue_concurrency={queue: concurrency})
+        row = replace(row, concurrency=concurrency)
     await send_commands(app, queue, 2 * row.batch_size)
     runtime = await app.queue_runtime()
     running = peak = handled = 0

@@ -221,3 +221,19 @@ def test_two_openers_of_the_same_new_file_both_get_wal(tmp_path: Path) -> None:
         for thread in threads:
             thread.join()
     assert errors == []
+
+
+def test_a_queues_concurrency_is_a_setting_over_the_table_and_names_a_bad_queue(
+    tmp_path: Path,
+) -> None:
+    from rhumbatron.messaging.queue_consumer import queue_row
+    from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS
+
+    sized = load_settings(state_dir=tmp_path, queue_concurrency={"agent-wakeups": 8})
+    assert queue_row("agent-wakeups", sized).concurrency == 8
+    assert queue_row("integration", sized) == QUEUE_CONSUMERS["integration"]
+    assert queue_row("agent-wakeups", load_settings(state_dir=tmp_path)).concurrency == 2
+    with pytest.raises(ConfigurationError, match=r"unknown queue\(s\) agent-wakeup;"):
+        load_settings(state_dir=tmp_path, queue_concurrency={"agent-wakeup": 8})
+    with pytest.raises(ConfigurationError, match="at least 1 handler"):
+        load_settings(state_dir=tmp_path, queue_concurrency={"indexing": 0})

@@ -236,6 +236,13 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Per-queue retry delay overriding the QUEUE_CONSUMERS table (tests).",
     )
+    queue_concurrency: dict[str, int] = Field(
+        default_factory=dict,
+        description=(
+            "Handlers a queue's consumer runs at once, by queue, overriding the "
+            'QUEUE_CONSUMERS table\'s (sizing; e.g. {"agent-wakeups": 8}).'
+        ),
+    )
 
     # -- archive (S3) -------------------------------------------------------------------------
     evidence_bucket: str = "rhumbatron-evidence"
@@ -478,6 +485,25 @@ class Settings(BaseSettings):
 
         if value is not None and value not in CRASH_POINTS:
             raise ValueError(f"unknown crash point; known: {', '.join(sorted(CRASH_POINTS))}")
+        return value
+
+    @field_validator("queue_retry_delay_s", "queue_concurrency")
+    @classmethod
+    def _known_queues(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS
+
+        if unknown := sorted(set(value) - set(QUEUE_CONSUMERS)):
+            raise ValueError(
+                f"unknown queue(s) {', '.join(unknown)}; the queues are "
+                f"{', '.join(QUEUE_CONSUMERS)}"
+            )
+        return value
+
+    @field_validator("queue_concurrency")
+    @classmethod
+    def _some_handlers(cls, value: dict[str, int]) -> dict[str, int]:
+        if low := {queue: n for queue, n in value.items() if n < 1}:
+            raise ValueError(f"a queue runs at least 1 handler at once; got {low}")
         return value
 
     @field_validator("producer_bindings")

@@ -121,19 +121,21 @@ class PollReport:
 
 
 def queue_row(queue: str, settings: Settings) -> QueueConsumer:
-    """The table row of ``queue``, with any retry delay the settings override (tests)."""
+    """The table row of ``queue``, with the retry delay (tests) and the concurrency (sizing)
+    the settings override."""
     try:
         row = QUEUE_CONSUMERS[queue]
     except KeyError:
         raise ValueError(
             f"unknown queue {queue!r}; queues are {', '.join(QUEUE_CONSUMERS)}"
         ) from None
-    delay = settings.queue_retry_delay_s.get(queue)
-    if delay is None:
+    delay = settings.queue_retry_delay_s.get(queue, row.retry_delay_s)
+    concurrency = settings.queue_concurrency.get(queue, row.concurrency)
+    if (delay, concurrency) == (row.retry_delay_s, row.concurrency):
         return row
     from dataclasses import replace
 
-    return replace(row, retry_delay_s=delay)
+    return replace(row, retry_delay_s=delay, concurrency=concurrency)
 
 
 def queue_consumer_config(queue: str, settings: Settings) -> ConsumerConfig:
