@@ -131,6 +131,7 @@ def test_every_operation_answers_fuzzed_requests_as_documented(served_api: str) 
         "PATCH /schedules/{scheduleId}",
         "DELETE /schedules/{scheduleId}",
         "GET /consumers",
+        "GET /capacity",
     }
     strategy = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(
         GenerationMode.NEGATIVE

@@ -274,3 +274,31 @@ async def test_get_consumers_needs_a_token_with_consumers_read(api: httpx.AsyncC
     assert unscoped.status_code == 403, unscoped.text
     assert "consumers:read" in unscoped.text
     assert "consumers" not in anonymous.json() and "consumers" not in unscoped.json()
+
+
+async def test_get_capacity_shows_the_ceilings_and_needs_consumers_read(
+    runtime: Rhumbatron, api: httpx.AsyncClient
+) -> None:
+    # GIVEN events on the streams
+    await arrange_partial_consume(runtime)
+    # WHEN an operator with consumers:read asks for the capacity
+    response = await api.get("/capacity", headers=bearer(WATCHER))
+    # THEN it shows every ceiling the settings allow, the sizing, and no warning at the
+    #   default sizing (a few events over seconds tell no rate: streams spanning under a
+    #   minute are left out)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["ceilings"] == {
+        "archiveEventsPerDay": 144_000,
+        "analyticsEventsPerDay": 115_100,
+        "sweepApplyEventsPerDay": 288_000,
+        "sweepApplyCallsPerDay": 21_600,
+        "reactionsEventsPerDay": 1_152_000,
+        "pruneEventsPerDay": 1_000,
+    }
+    assert (body["expectedEventsPerDay"], body["observedEventsPerDay"]) == (1_000, 0)
+    assert (body["tickPruneRows"], body["warnings"]) == (0, [])
+    # AND without the scope it is refused, listing nothing
+    unscoped = await api.get("/capacity", headers=bearer(NO_SCOPE))
+    assert unscoped.status_code == 403, unscoped.text
+    assert "consumers:read" in unscoped.text and "ceilings" not in unscoped.json()

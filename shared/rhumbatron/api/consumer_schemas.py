@@ -6,7 +6,7 @@ from pydantic.alias_generators import to_camel
 
 from rhumbatron.messaging.cursors import CursorKind, CursorLag
 
-__all__ = ["ConsumerBody", "ConsumersBody"]
+__all__ = ["CapacityBody", "CeilingsBody", "ConsumerBody", "ConsumersBody"]
 
 
 class _Wire(BaseModel):
@@ -51,3 +51,36 @@ class ConsumersBody(_Wire):
     """Every durable consumer: the event streams' (stream × subscription), then the queues'."""
 
     consumers: list[ConsumerBody]
+
+
+class CeilingsBody(_Wire):
+    """Events a day (all streams) each bounded job of the router can keep up with."""
+
+    archive_events_per_day: int = Field(ge=0, description="The audit archiver, sweep-driven.")
+    analytics_events_per_day: int = Field(ge=0, description="The analytics projector.")
+    sweep_apply_events_per_day: int = Field(
+        ge=0, description="Projector and causal router with nudges off."
+    )
+    sweep_apply_calls_per_day: int = Field(
+        ge=0, description="With nudges off, at one event per project per fetch (15 calls a run)."
+    )
+    reactions_events_per_day: int = Field(ge=0, description="Reactions, one batch a stream a tick.")
+    prune_events_per_day: int = Field(ge=0, description="The claims' prune, daily and per tick.")
+
+
+class CapacityBody(_Wire):
+    """The router's ceilings against the volume sized for and the one the streams carry."""
+
+    expected_events_per_day: int = Field(
+        ge=1, description="The volume sized for (RHUMBATRON_EXPECTED_EVENTS_PER_DAY)."
+    )
+    observed_events_per_day: int = Field(
+        ge=0, description="What the streams carry, from their first and last message times."
+    )
+    tick_prune_rows: int = Field(
+        ge=0, description="Rows of each growing table an ordinary tick prunes (0: daily only)."
+    )
+    ceilings: CeilingsBody
+    warnings: list[str] = Field(
+        description="Every ceiling below the sized volume, or passed 80 % by the observed rate."
+    )

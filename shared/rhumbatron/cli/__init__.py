@@ -1,6 +1,7 @@
 """The ``rhumbatron`` command: ``outbox`` (inspect, requeue), ``streams``, ``dead-letters``
 (list, show, retry, dismiss), ``kinds`` (the Event kind grammar), ``subscriptions`` and
-``schedules`` (list, show, create, enable, disable, delete), ``api`` (serve the operator API);
+``schedules`` (list, show, create, enable, disable, delete), ``capacity`` (the router's
+ceilings against the volume), ``api`` (serve the operator API);
 and ``demo``, ``up`` (the local stack, API and dashboard) and ``invoke`` (one function of
 ``template.yaml``, here), which run the development package :mod:`rhumbatron_dev`, imported
 only when they run (the Lambda layer leaves it out).
@@ -31,6 +32,7 @@ from collections.abc import Callable, Sequence
 
 from rhumbatron.cli import (
     api,
+    capacity,
     dead_letters,
     dev,
     kinds,
@@ -58,6 +60,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "kinds": kinds.kinds,
     "replay": replay.replay,
     "views": views.views,
+    "capacity": capacity.capacity,
     "subscriptions": subscriptions.subscriptions,
     "schedules": schedules.schedules,
     "api": api.serve,
@@ -76,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     kinds.add_parser(sub)
     replay.add_parser(sub)
     views.add_parser(sub)
+    capacity.add_parser(sub)
     subscriptions.add_parser(sub)
     schedules.add_parser(sub)
     api.add_parser(sub)

@@ -26,7 +26,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from rhumbatron.core.clock import Clock
@@ -133,8 +133,6 @@ def queue_row(queue: str, settings: Settings) -> QueueConsumer:
     concurrency = settings.queue_concurrency.get(queue, row.concurrency)
     if (delay, concurrency) == (row.retry_delay_s, row.concurrency):
         return row
-    from dataclasses import replace
-
     return replace(row, retry_delay_s=delay, concurrency=concurrency)
 
 

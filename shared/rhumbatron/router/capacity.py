@@ -26,7 +26,9 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
 __all__ = [
+    "CapacityReport",
     "Ceilings",
+    "capacity_report",
     "capacity_warnings",
     "ceilings",
     "observed_events_per_day",
@@ -181,3 +183,49 @@ def _parse(text: str) -> datetime:
         digits = "".join(c for c in rest if c.isdigit())
         text = f"{head}.{digits[:6]}{rest[len(digits) :]}"
     return datetime.fromisoformat(text)
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityReport:
+    """What ``GET /capacity`` and ``rhumbatron capacity`` show: the ceilings the settings
+    allow, the volume sized for and the one observed, the prune's chunk, and the warnings."""
+
+    expected_events_per_day: int
+    observed_events_per_day: float | None
+    tick_prune_rows: int
+    ceilings: Ceilings
+    warnings: list[str]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "expectedEventsPerDay": self.expected_events_per_day,
+            "observedEventsPerDay": (
+                None
+                if self.observed_events_per_day is None
+                else round(self.observed_events_per_day)
+            ),
+            "tickPruneRows": self.tick_prune_rows,
+            "ceilings": {_camel(name): limit for name, limit in self.ceilings.as_dict().items()},
+            "warnings": list(self.warnings),
+        }
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+async def capacity_report(settings: Settings, nc: NATS | None) -> CapacityReport:
+    """The capacity report; the observed rate is read from the streams when ``nc`` is given
+    (None: the settings alone, as when NATS cannot be reached)."""
+    observed = None if nc is None else await observed_events_per_day(nc)
+    warnings = sizing_warnings(settings)
+    if observed is not None:
+        warnings += capacity_warnings(settings, observed)
+    return CapacityReport(
+        expected_events_per_day=settings.expected_events_per_day,
+        observed_events_per_day=observed,
+        tick_prune_rows=tick_prune_rows(settings, observed),
+        ceilings=ceilings(settings, observed),
+        warnings=warnings,
+    )
