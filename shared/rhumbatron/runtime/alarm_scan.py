@@ -121,7 +121,7 @@ class AlarmJobs:
                     return
                 await self._scan_one(queue.popleft(), scan, now_s, should_stop)
 
-        await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+        await asyncio.gather(*(worker() for _ in range(min(self.concurrency, len(queue)))))
         await self.publisher.nudge_streams(i for r in scan.reports for i in r.nudged)
         return scan
 
@@ -159,6 +159,8 @@ class AlarmJobs:
 
         while keys := sink.drain():
             queue.extend(keys)
-            await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+            # No more workers than actors to drain: a busy local invoker drains a key or two
+            # per call, and each idle worker is a task created and run for nothing.
+            await asyncio.gather(*(worker() for _ in range(min(self.concurrency, len(queue)))))
         await self.publisher.nudge_streams(i for r in reports for i in r.nudged)
         return reports
