@@ -241,6 +241,15 @@ async def test_the_dashboard_shows_a_short_run_and_its_retry_closes_the_dead_let
                 "Number(document.getElementById('backlog-published').textContent) > 0",
                 "published outbox rows",
             )
+            await browser.until(
+                "document.getElementById('capacity-binding').textContent === "
+                "'1,000 (pruneEventsPerDay)'",
+                "the lowest ceiling at the default sizing",
+            )
+            assert (
+                await browser.evaluate("document.getElementById('capacity-expected').textContent")
+                == "1,000"
+            )
             row = f'#dead-letter-rows tr[data-letter-id="{letter_id}"]'
             await browser.until(
                 f'document.querySelector(\'{row}[data-status="open"] '
@@ -334,6 +343,8 @@ async def test_the_dashboard_answers_only_loopback_hosts_and_the_runs_token(
         body = summary.json()
         assert len(body["lags"]["rows"]) == 40
         assert set(body["outbox"]) >= {"pending", "retry_wait", "failed"}
+        assert body["capacity"]["ceilings"]["archiveEventsPerDay"] == 144_000
+        assert body["capacity"]["warnings"] == []
         assert set(body["commands"]["queues"]) == {
             "agent-wakeups",
             "integration",

@@ -107,6 +107,18 @@ _PAGE = """<!doctype html>
         <span>published</span></div>
     </div>
   </section>
+  <section id="panel-capacity" class="panel">
+    <h2>Capacity</h2>
+    <p class="note">events a day the router's bounded jobs keep up with, against the volume
+      sized for and the one the streams carry (rhumbatron capacity)</p>
+    <p class="panel-error"></p>
+    <div class="tiles">
+      <div class="tile"><b id="capacity-expected">-</b><span>sized for (a day)</span></div>
+      <div class="tile"><b id="capacity-observed">-</b><span>observed (a day)</span></div>
+      <div class="tile"><b id="capacity-binding">-</b><span>lowest ceiling</span></div>
+    </div>
+    <ul id="capacity-warnings"></ul>
+  </section>
   <section id="panel-errors" class="panel">
     <h2>Publish errors and Clef-flash</h2>
     <p class="panel-error"></p>
@@ -253,6 +265,16 @@ DASHBOARD_SCRIPT = """"use strict";
     text("backlog-published", outbox.published);
   }
 
+  function drawCapacity(capacity) {
+    if (failed("panel-capacity", capacity)) return;
+    text("capacity-expected", capacity.expectedEventsPerDay.toLocaleString("en"));
+    text("capacity-observed", capacity.observedEventsPerDay === null ? "unknown"
+      : capacity.observedEventsPerDay.toLocaleString("en"));
+    const [name, limit] = Object.entries(capacity.ceilings).sort((a, b) => a[1] - b[1])[0];
+    text("capacity-binding", limit.toLocaleString("en") + " (" + name + ")");
+    $("capacity-warnings").replaceChildren(...capacity.warnings.map((w) => el("li", {}, w)));
+  }
+
   function drawErrors(publish, clef) {
     failed("panel-errors", clef);
     text("publish-errors", publish.total);
@@ -359,6 +381,7 @@ DASHBOARD_SCRIPT = """"use strict";
       const summary = await getJson("/dashboard/api/summary");
       drawLag(summary.lags);
       drawBacklog(summary.outbox);
+      drawCapacity(summary.capacity);
       drawErrors(summary.publishErrors, summary.clefFlash);
       drawDeadLetters(summary.deadLetters);
       drawCommands(summary.commands);

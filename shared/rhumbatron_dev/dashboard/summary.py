@@ -5,7 +5,8 @@ Each panel is read where the cloud's metric comes from: consumer lag from JetStr
 every actor file (:meth:`~rhumbatron.runtime.bootstrap.Rhumbatron.outbox_backlog`), dead
 letters from the product database, commands per queue from the COMMANDS stream's consumers,
 Clef-flash calls from the causal store, throughput from the event streams and the
-``EVENT_METRICS`` rows, and the roles' ticks from
+``EVENT_METRICS`` rows, the capacity report from the settings and the streams' rates
+(:func:`~rhumbatron.router.capacity.capacity_report`), and the roles' ticks from
 :class:`~rhumbatron_dev.dashboard.stats.LocalRunStats`.
 
 A panel whose source does not answer (NATS down) carries ``{"error": ...}`` instead of its
@@ -56,6 +57,7 @@ async def collect_summary(app: Rhumbatron, stats: LocalRunStats | None) -> dict[
         "at": now.isoformat(),
         "lags": await _panel(lambda: _lags(app)),
         "outbox": backlog,
+        "capacity": await _panel(lambda: _capacity(app)),
         "deadLetters": _read(lambda: _dead_letters(app)),
         "commands": await _panel(lambda: _commands(app, stats)),
         "publishErrors": _publish_errors(stats, backlog),
@@ -64,6 +66,13 @@ async def collect_summary(app: Rhumbatron, stats: LocalRunStats | None) -> dict[
         "roles": stats.to_wire() if stats is not None else {},
         "routerNudges": stats.router_nudges if stats is not None else None,
     }
+
+
+async def _capacity(app: Rhumbatron) -> dict[str, object]:
+    """The capacity report (``rhumbatron capacity``), the observed rate from the streams."""
+    from rhumbatron.router.capacity import capacity_report
+
+    return (await capacity_report(app.settings, await app.nats())).as_json()
 
 
 async def _panel(read: Callable[[], Awaitable[_T]]) -> _T | dict[str, str]:
