@@ -66,8 +66,30 @@ def test_server_with_sync_always_passes_the_durability_check(tmp_path: Path) -> 
 
 def test_demanding_durability_without_a_monitor_url_is_refused(tmp_path: Path) -> None:
     settings = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3)
-    with pytest.raises(UnsafeStorageError, match="RHUMBATRON_NATS_MONITOR_URL"):
+    with pytest.raises(UnsafeStorageError) as refused:
         check_durability(settings)
+    assert str(refused.value) == (
+        "RHUMBATRON_REQUIRE_DURABLE_JETSTREAM is set but RHUMBATRON_NATS_MONITOR_URL is not: "
+        "the server's sync_interval cannot be verified"
+    )
+
+
+def test_a_server_without_jetstream_and_one_syncing_periodically_are_named(
+    tmp_path: Path,
+) -> None:
+    settings = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3)
+    with pytest.raises(UnsafeStorageError) as plain:
+        check_durability(settings, varz={"server_name": "n1", "jetstream": {}})
+    assert str(plain.value) == "nats-server n1 does not run JetStream"
+    periodic = {"server_name": "n2", "jetstream": {"config": {"sync_interval": 2_000_000_000}}}
+    with pytest.raises(UnsafeStorageError) as refused:
+        check_durability(settings, varz=periodic)
+    assert str(refused.value) == (
+        "nats-server n2 runs JetStream with sync_interval 2s, so an acknowledged publish can "
+        "be lost on power failure; set `sync_interval: always` in its jetstream block"
+    )
+    with pytest.raises(UnsafeStorageError, match=r"^nats-server \? does not run JetStream$"):
+        check_durability(settings, varz={})
 
 
 async def test_existing_single_replica_stream_is_refused_under_durability(
