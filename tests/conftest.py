@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import pytest_asyncio
@@ -16,6 +17,9 @@ from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 from rhumbatron_dev.local.s3_server import S3ServerProcess
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 
 @pytest.fixture
@@ -44,6 +48,20 @@ def clock() -> ManualClock:
 @pytest.fixture
 def settings(tmp_path: Path, nats_server: NatsServerProcess) -> Settings:
     return load_settings(state_dir=tmp_path / "state", nats_url=nats_server.url)
+
+
+@pytest_asyncio.fixture
+async def nc(nats_server: NatsServerProcess, settings: Settings) -> AsyncIterator[NATS]:
+    """A plain nats-py connection to this test's server, the event streams ensured: for the
+    tests of what one sender sends, below the composition root."""
+    import nats
+
+    from rhumbatron.messaging.streams import ensure_streams
+
+    client = await nats.connect(nats_server.url)
+    await ensure_streams(client.jetstream(), settings)
+    yield client
+    await client.close()
 
 
 @pytest.fixture

@@ -7,31 +7,18 @@ tests/faults/test_publisher_faults.py for every ``publish_batch_mode``."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
-import nats
 import pytest
-import pytest_asyncio
 from nats.aio.client import Client as NATS
 
 from rhumbatron.actors.publisher import publish_batch_mode
-from rhumbatron.core.settings import Settings, load_settings
+from rhumbatron.core.settings import load_settings
 from rhumbatron.errors import BatchRejectedError, NatsUnavailableError
 from rhumbatron.messaging.sender import JetStreamSender, OutgoingMessage
-from rhumbatron.messaging.streams import ensure_streams
-from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 SUBJECT = "events.00"
 STREAM = "EVENTS_00"
-
-
-@pytest_asyncio.fixture
-async def nc(nats_server: NatsServerProcess, settings: Settings) -> AsyncIterator[NATS]:
-    client = await nats.connect(nats_server.url)
-    await ensure_streams(client.jetstream(), settings)
-    yield client
-    await client.close()
 
 
 def messages(*ids: str) -> list[OutgoingMessage]:

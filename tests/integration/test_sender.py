@@ -4,26 +4,11 @@ send fails named for what it is (refused by JetStream, or NATS unavailable)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import nats
 import pytest
-import pytest_asyncio
 from nats.aio.client import Client as NATS
 
-from rhumbatron.core.settings import Settings
 from rhumbatron.errors import NatsUnavailableError, SendRefusedError
 from rhumbatron.messaging.sender import JetStreamSender, OutgoingMessage, StoredMessage
-from rhumbatron.messaging.streams import ensure_streams
-from rhumbatron_dev.local.nats_server import NatsServerProcess
-
-
-@pytest_asyncio.fixture
-async def nc(nats_server: NatsServerProcess, settings: Settings) -> AsyncIterator[NATS]:
-    client = await nats.connect(nats_server.url)
-    await ensure_streams(client.jetstream(), settings)
-    yield client
-    await client.close()
 
 
 async def test_a_send_says_where_it_was_stored_and_a_repeat_is_a_duplicate(nc: NATS) -> None:

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from pydantic.alias_generators import to_camel
+
 from rhumbatron.core.settings import Settings
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
@@ -205,14 +207,9 @@ class CapacityReport:
                 else round(self.observed_events_per_day)
             ),
             "tickPruneRows": self.tick_prune_rows,
-            "ceilings": {_camel(name): limit for name, limit in self.ceilings.as_dict().items()},
+            "ceilings": {to_camel(name): limit for name, limit in self.ceilings.as_dict().items()},
             "warnings": list(self.warnings),
         }
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
 
 
 async def capacity_report(settings: Settings, nc: NATS | None) -> CapacityReport:

@@ -266,22 +266,16 @@ class EventRouter:
         if self._capacity_checked:
             return []
         self._capacity_checked = True
-        from rhumbatron.router.capacity import (
-            capacity_warnings,
-            observed_events_per_day,
-            sizing_warnings,
-        )
+        from rhumbatron.router.capacity import capacity_report
 
-        warnings = sizing_warnings(self.settings)
         try:
-            rate = await observed_events_per_day(await self.connect())
+            report = await capacity_report(self.settings, await self.connect())
         except Exception as exc:
-            # A missing estimate must not stop a sweep.
+            # A missing estimate must not stop a sweep: the settings' warnings still hold.
             _log.warning("cannot estimate the event rate: %s", exc)
-            rate = None
-        self._observed_per_day = rate
-        if rate is not None:
-            warnings += capacity_warnings(self.settings, rate)
+            report = await capacity_report(self.settings, None)
+        self._observed_per_day = report.observed_events_per_day
+        warnings = report.warnings
         for warning in warnings:
             _log.warning(warning)
         return warnings
