@@ -364,19 +364,32 @@ def classify(
     exit_codes: dict[str, int | None],
     recheck_codes: dict[str, int],
     equivalent: Iterable[str],
+    *,
     by_rule: Iterable[str] = (),
+    to_confirm: Iterable[str] = (),
 ) -> PackageResult:
     """Sort one package's mutants into killed, survived and not checked.
 
     ``exit_codes`` are mutmut's verdicts; ``recheck_codes`` those of the fresh-process
-    re-check, which can only turn a survivor into a kill. A mutant equivalent ``by_rule`` is
+    re-check, which can turn a survivor into a kill. A mutant equivalent ``by_rule`` is
     never re-checked, so a re-check kill recorded for it (by an older run) is not counted.
+    A kill ``to_confirm`` (one that ran into the per-test limit) counts only when the
+    re-check repeats it: a re-check that passes makes it a survivor, and none yet leaves it
+    not checked.
     """
     result = PackageResult(package)
     result.by_rule = set(by_rule)
+    unconfirmed = set(to_confirm)
     for name, code in exit_codes.items():
         rechecked = None if name in result.by_rule else recheck_codes.get(name)
-        if code in _KILLED_CODES or rechecked in _KILLED_CODES:
+        if name in unconfirmed:
+            if rechecked in _KILLED_CODES:
+                result.killed.add(name)
+            elif rechecked in _SURVIVED_CODES:
+                result.survived.add(name)
+            else:
+                result.not_checked.add(name)
+        elif code in _KILLED_CODES or rechecked in _KILLED_CODES:
             result.killed.add(name)
         elif code in _SURVIVED_CODES:
             result.survived.add(name)
@@ -482,13 +495,23 @@ def _mutmut(workspace: Path, *args: str, capture: bool = False) -> subprocess.Co
     )
 
 
-def _read_meta(workspace: Path, package: str) -> dict[str, tuple[int | None, str]]:
-    """Every mutant's verdict and the hash of the function it mutates.
+@dataclass(frozen=True, slots=True)
+class MutantVerdict:
+    """mutmut's verdict on one mutant: its exit code, the hash of the function it mutates,
+    and how long its tests ran (None when mutmut did not record it)."""
+
+    code: int | None
+    function_hash: str
+    duration_s: float | None = None
+
+
+def _read_meta(workspace: Path, package: str) -> dict[str, MutantVerdict]:
+    """Every mutant's verdict, the hash of the function it mutates and its tests' duration.
 
     A module that moved or was removed since an older run (``messaging/testing.py``, now
     ``rhumbatron_dev.testing``) leaves its verdicts in the workspace: they are not counted.
     """
-    found: dict[str, tuple[int | None, str]] = {}
+    found: dict[str, MutantVerdict] = {}
     mutated = workspace / "mutants" / "src"
     package_dir = mutated / "rhumbatron" / package
     for meta_path in sorted(package_dir.rglob("*.py.meta")):
@@ -496,27 +519,42 @@ def _read_meta(workspace: Path, package: str) -> dict[str, tuple[int | None, str
             continue
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         hashes: dict[str, str] = meta["hash_by_function_name"]
+        durations: dict[str, float] = meta.get("durations_by_key", {})
         for name, code in meta["exit_code_by_key"].items():
             function = name.rpartition(".")[2].partition("__mutmut_")[0]
-            found[name] = (code, hashes.get(function, ""))
+            found[name] = MutantVerdict(code, hashes.get(function, ""), durations.get(name))
     return found
 
 
-def recheck_survivors(
+def kills_to_confirm(verdicts: dict[str, MutantVerdict]) -> set[str]:
+    """mutmut's kills whose tests ran as long as the per-test limit: one of them may only
+    have waited too long on a loaded machine (or in a forked worker's inherited state), so
+    it counts once a fresh re-check repeats it."""
+    return {
+        name
+        for name, verdict in verdicts.items()
+        if verdict.code in _KILLED_CODES
+        and verdict.duration_s is not None
+        and verdict.duration_s >= PER_TEST_TIMEOUT_S
+    }
+
+
+def recheck_mutants(
     workspace: Path,
     plan: PackagePlan,
-    survivors: Sequence[str],
+    mutants: Sequence[str],
     *,
     previous: dict[str, int],
     hashes: dict[str, str],
     max_children: int,
 ) -> dict[str, int]:
-    """Run the plan's re-check tests for each survivor in a fresh interpreter, mutant on.
+    """Run the plan's re-check tests for each mutant in a fresh interpreter, mutant on: the
+    survivors, and the kills to confirm.
 
     Verdicts are saved to ``recheck.json`` as they arrive, so an interrupted run resumes.
     """
     codes = dict(previous)
-    todo = [name for name in survivors if name not in codes]
+    todo = [name for name in mutants if name not in codes]
     if not todo:
         return codes
     # A re-check that fails for another reason would count every survivor as killed: the
@@ -537,6 +575,7 @@ def recheck_survivors(
     at_import = import_time_functions(workspace)
     covering = _covering_tests(workspace)
     saved = workspace / "recheck.json"
+    checking_since = time.monotonic()
     with ThreadPoolExecutor(max_workers=max_children) as pool:
         futures = {
             pool.submit(
@@ -553,6 +592,9 @@ def recheck_survivors(
             codes[name] = future.result()
             verdict = "killed" if codes[name] in _KILLED_CODES else "survived"
             print(f"  re-check {done}/{len(todo)} {name}: {verdict}", flush=True)
+            if done % 10 == 0 or done == len(todo):
+                left_s = (time.monotonic() - checking_since) / done * (len(todo) - done)
+                print(f"  re-check: {done} of {len(todo)} done, about {left_s / 60:.0f} min left")
             record = {n: [c, hashes.get(n, "")] for n, c in codes.items()}
             saved.write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
     return codes
@@ -674,10 +716,10 @@ def _run_recheck(
 
 
 def _load_recheck(workspace: Path, hashes: dict[str, str]) -> dict[str, int]:
-    """Kills of an earlier re-check, for mutants whose function has not changed.
+    """Verdicts of an earlier re-check, for mutants whose function has not changed.
 
-    Only kills are kept: a survivor is re-checked on every run, since a test added since may
-    kill it.
+    A run re-checks the survivors again (a test added since may kill one): see
+    :func:`run_package`. A report reads every verdict.
     """
     path = workspace / "recheck.json"
     if not path.exists():
@@ -686,7 +728,7 @@ def _load_recheck(workspace: Path, hashes: dict[str, str]) -> dict[str, int]:
     return {
         name: int(str(code))
         for name, (code, function_hash) in saved.items()
-        if hashes.get(name) == function_hash and int(str(code)) != 0
+        if hashes.get(name) == function_hash
     }
 
 
@@ -700,7 +742,10 @@ def write_survivors(workspace: Path, result: PackageResult, out_dir: Path = SURV
         json.loads(cached.read_text(encoding="utf-8")) if cached.exists() else {}
     )
     parts = [
-        diffs.get(name, [f"# {name}: survived (no diff recorded)"])[0]
+        # A kill the re-check did not repeat is shown by mutmut as killed: it survived.
+        re.sub(rf"^# {re.escape(name)}: \w+", f"# {name}: survived", diffs[name][0])
+        if name in diffs
+        else f"# {name}: survived (no diff recorded)"
         for name in sorted(result.left)
     ]
     header = (
@@ -732,22 +777,37 @@ def run_package(plan: PackagePlan, *, max_children: int, report_only: bool) -> P
         raise MutationError(
             f"no mutmut results for {plan.name} in {workspace}: run without --report first"
         )
-    codes = {name: code for name, (code, _) in meta.items()}
-    hashes = {name: function_hash for name, (_, function_hash) in meta.items()}
+    codes = {name: verdict.code for name, verdict in meta.items()}
+    hashes = {name: verdict.function_hash for name, verdict in meta.items()}
+    to_confirm = kills_to_confirm(meta)
     recheck = _load_recheck(workspace, hashes)
     survivors = sorted(name for name, code in codes.items() if code in _SURVIVED_CODES)
-    diffs = mutant_diffs(workspace, survivors, hashes)
+    diffs = mutant_diffs(workspace, [*survivors, *sorted(to_confirm)], hashes)
     sql_case = {name for name in survivors if is_sql_case_change(diffs[name])}
     if not report_only:
-        recheck = recheck_survivors(
+        print(
+            f"== re-check of rhumbatron/{plan.name}: {len(survivors) - len(sql_case)} survivors, "
+            f"{len(to_confirm)} kills that ran into the {PER_TEST_TIMEOUT_S} s per-test limit",
+            flush=True,
+        )
+        # Only kills are carried over: a survivor (or a kill not confirmed) is re-checked on
+        # every run, since a test added since may kill it.
+        recheck = recheck_mutants(
             workspace,
             plan,
-            [name for name in survivors if name not in sql_case],
-            previous=recheck,
+            [name for name in survivors if name not in sql_case] + sorted(to_confirm),
+            previous={n: c for n, c in recheck.items() if c in _KILLED_CODES},
             hashes=hashes,
             max_children=max_children,
         )
-    return classify(plan.name, codes, recheck, read_equivalent_list(), by_rule=sql_case)
+    return classify(
+        plan.name,
+        codes,
+        recheck,
+        read_equivalent_list(),
+        by_rule=sql_case,
+        to_confirm=to_confirm,
+    )
 
 
 def mutant_diffs(workspace: Path, names: Sequence[str], hashes: dict[str, str]) -> dict[str, str]:

@@ -38,6 +38,7 @@
      │    └── OutboxError           an Event could not be written to the outbox
      ├── MessagingError             JetStream answered with something we cannot use
      │    ├── NatsUnavailableError  no NATS server reachable (no attempt is counted)
+     │    │    └── LogUnavailableError  connected, but the stream cannot take a write now
      │    ├── StreamConfigError     a stream exists with settings we cannot update to
      │    ├── ConsumerGoneError     the pull consumer was deleted
      │    ├── SendRefusedError      a server answered and refused a send (an attempt)
@@ -106,6 +107,7 @@ __all__ = [
     "ForbiddenError",
     "InvalidRequestError",
     "LocalStackError",
+    "LogUnavailableError",
     "MessagingError",
     "NatsUnavailableError",
     "NotFoundError",
@@ -308,6 +310,14 @@ class MessagingError(RhumbatronError):
 
 class NatsUnavailableError(MessagingError):
     """No NATS server could be reached; publishing did not start, so no attempt counts."""
+
+
+class LogUnavailableError(NatsUnavailableError):
+    """Connected, but the stream could not take the write now: nobody answered it (no
+    responders: no leader, or the stream is missing), its PubAck did not come in time, or
+    JetStream said it is temporarily unavailable (a leader election, a quorum loss, the same
+    message ID still in process). Nothing refused the message, so no attempt counts; the
+    publisher tries again, at least once a second, while it waits for the log."""
 
 
 class StreamConfigError(MessagingError):

@@ -16,7 +16,7 @@ import pytest
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.errors import LocalStackError
+from rhumbatron.errors import LocalStackError, UnsafeStorageError
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
@@ -29,13 +29,15 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 PROJECT = "f2-cluster"
 
 
-def _start_cluster(root: Path) -> list[NatsServerProcess]:
+def _start_cluster(
+    root: Path, sync_intervals: tuple[str, str, str] = ("always", "always", "always")
+) -> list[NatsServerProcess]:
     """Three routed nodes under ``root``; raises if one cannot start."""
     routes = [free_port() for _ in range(3)]
     nodes = [
         NatsServerProcess(
             store_dir=root / f"node{i}" / "jetstream",
-            sync_interval="always",
+            sync_interval=sync_intervals[i],
             server_name=f"node{i}",
             cluster_name="rhumbatron-f2",
             cluster_port=routes[i],
@@ -85,12 +87,15 @@ def _settings(tmp_path: Path, nodes: list[NatsServerProcess]) -> Settings:
 
 
 async def _streams_ready(app: Rhumbatron, *, timeout_s: float = 30) -> None:
-    """Create the R3 streams once the cluster has elected its meta leader."""
+    """Create the R3 streams once the cluster has elected its meta leader; a durability
+    refusal ends the wait at once."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             await app.ensure_streams()
             return
+        except UnsafeStorageError:
+            raise
         except Exception as exc:  # no meta leader elected yet: JetStream answers with errors
             if time.monotonic() > deadline:
                 raise AssertionError(f"cluster never accepted the streams: {exc}") from exc
@@ -218,3 +223,92 @@ async def test_two_of_three_nodes_killed_and_restarted_keep_the_stream_and_its_e
         assert on_stream == written
     finally:
         await app.close()
+
+
+async def test_a_quorum_loss_longer_than_the_backoff_budget_burns_no_attempt(
+    tmp_path: Path, cluster: list[NatsServerProcess]
+) -> None:
+    # GIVEN R3 streams, 200 events in one actor, and a backoff budget of well under a second
+    # (10 attempts of 10 ms doubling to at most 50 ms): were a lost quorum counted as
+    # refusals, every row would be failed long before the outage ends
+    settings = _settings(tmp_path, cluster).model_copy(
+        update={
+            "outbox_backoff_initial_s": 0.01,
+            "outbox_backoff_max_s": 0.05,
+            "publish_ack_timeout_s": 0.5,
+            "publish_unavailable_wait_s": 1.0,
+        }
+    )
+    app = bootstrap(settings)
+    try:
+        await _streams_ready(app)
+        (shard,) = _shards(app, 1)
+        written = write_change_events(shard, "change-0", 200)
+
+        # WHEN two of the three nodes die, and the publisher keeps running for 4 s of outage
+        for node in cluster[:2]:
+            node.kill()
+        outage_ends = time.monotonic() + 4
+        runs = 0
+        while time.monotonic() < outage_ends:
+            await app.fire_due_alarms()
+            runs += 1
+
+        # THEN every row is still pending, with no attempt counted and no error kept
+        rows = outbox_rows(shard)
+        assert runs >= 2
+        assert {(row["state"], row["attempts"], row["last_error"]) for row in rows} == {
+            ("pending", 0, None)
+        }
+
+        # WHEN the nodes come back
+        for node in cluster[:2]:
+            node.start()
+        await _publish_until_done(app, 200, timeout_s=60)
+
+        # THEN every event is on the stream once, in outbox order
+        js = (await app.nats()).jetstream()
+        assert await read_project_stream(js, PROJECT) == written
+    finally:
+        await app.close()
+
+
+async def test_a_cluster_with_one_node_not_syncing_every_write_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a cluster whose node1 syncs every 2 minutes (the default) and the others always
+    nodes = None
+    for attempt in range(3):  # fresh ports when a route port was taken (see `cluster`)
+        try:
+            nodes = _start_cluster(tmp_path / f"try{attempt}", ("always", "2m", "always"))
+            break
+        except LocalStackError:
+            if attempt == 2:
+                raise
+    assert nodes is not None
+    monitors = [f"http://127.0.0.1:{node.http_port}" for node in nodes]
+    try:
+        # WHEN a function starts with every node's monitor URL, THEN start-up refuses,
+        # naming node1 and its URL, before any stream is made
+        every = _settings(tmp_path, nodes).model_copy(
+            update={"require_durable_jetstream": True, "nats_monitor_urls": ",".join(monitors)}
+        )
+        app = bootstrap(every)
+        try:
+            with pytest.raises(UnsafeStorageError, match=rf"^nats-server node1 \({monitors[1]}\)"):
+                await app.ensure_streams()
+        finally:
+            await app.close()
+        # WHEN node1's URL is left out, THEN its replicas give it away: refused, naming it
+        listed = every.model_copy(
+            update={"nats_monitor_urls": ",".join([monitors[0], monitors[2]])}
+        )
+        app = bootstrap(listed)
+        try:
+            with pytest.raises(UnsafeStorageError, match=r"has a replica on node1, whose"):
+                await _streams_ready(app)
+        finally:
+            await app.close()
+    finally:
+        for node in nodes:
+            node.stop()

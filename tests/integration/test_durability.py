@@ -1,4 +1,5 @@
-"""F1: start-up refuses a JetStream deployment that cannot give the durability demanded."""
+"""F1: start-up refuses a JetStream deployment that cannot give the durability demanded: too
+few replicas, or a node that holds one and does not sync every write."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ import pytest
 from rhumbatron.core.settings import load_settings
 from rhumbatron.errors import ConfigurationError, UnsafeStorageError
 from rhumbatron.messaging.connection import connect_nats
-from rhumbatron.messaging.durability import check_durability, check_stream_replicas, read_varz
+from rhumbatron.messaging.durability import (
+    check_durability,
+    check_replica_holders,
+    check_stream_replicas,
+    read_varz,
+)
 from rhumbatron.messaging.streams import ensure_streams
 from rhumbatron.runtime.bootstrap import bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
@@ -28,7 +34,9 @@ def test_durable_demand_with_single_replica_streams_is_refused(tmp_path: Path) -
     settings = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=1)
     # WHEN the check runs THEN it names the replicas setting
     with pytest.raises(UnsafeStorageError, match="RHUMBATRON_STREAM_REPLICAS=1"):
-        check_durability(settings, varz={"jetstream": {"config": {"sync_always": True}}})
+        check_durability(
+            settings, varz_by_url={"n": {"jetstream": {"config": {"sync_always": True}}}}
+        )
 
 
 def test_server_with_periodic_fsync_is_refused_when_durability_is_demanded(
@@ -38,7 +46,7 @@ def test_server_with_periodic_fsync_is_refused_when_durability_is_demanded(
     settings = load_settings(
         state_dir=tmp_path,
         nats_url=nats_server.url,
-        nats_monitor_url=_monitor(nats_server),
+        nats_monitor_urls=_monitor(nats_server),
         require_durable_jetstream=True,
         stream_replicas=3,
     )
@@ -54,12 +62,12 @@ def test_server_with_sync_always_passes_the_durability_check(tmp_path: Path) -> 
     try:
         settings = load_settings(
             state_dir=tmp_path,
-            nats_monitor_url=_monitor(server),
+            nats_monitor_urls=_monitor(server),
             require_durable_jetstream=True,
             stream_replicas=3,
         )
-        # WHEN / THEN: no error
-        check_durability(settings)
+        # WHEN / THEN: no error, and the node is named as verified
+        assert check_durability(settings) == {server.name}
     finally:
         server.stop()
 
@@ -69,8 +77,8 @@ def test_demanding_durability_without_a_monitor_url_is_refused(tmp_path: Path) -
     with pytest.raises(UnsafeStorageError) as refused:
         check_durability(settings)
     assert str(refused.value) == (
-        "RHUMBATRON_REQUIRE_DURABLE_JETSTREAM is set but RHUMBATRON_NATS_MONITOR_URL is not: "
-        "the server's sync_interval cannot be verified"
+        "RHUMBATRON_REQUIRE_DURABLE_JETSTREAM is set but RHUMBATRON_NATS_MONITOR_URLS is not: "
+        "the nodes' sync_interval cannot be verified"
     )
 
 
@@ -79,17 +87,18 @@ def test_a_server_without_jetstream_and_one_syncing_periodically_are_named(
 ) -> None:
     settings = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3)
     with pytest.raises(UnsafeStorageError) as plain:
-        check_durability(settings, varz={"server_name": "n1", "jetstream": {}})
-    assert str(plain.value) == "nats-server n1 does not run JetStream"
+        check_durability(settings, varz_by_url={"http://a": {"server_name": "n1", "jetstream": {}}})
+    assert str(plain.value) == "nats-server n1 (http://a) does not run JetStream"
     periodic = {"server_name": "n2", "jetstream": {"config": {"sync_interval": 2_000_000_000}}}
     with pytest.raises(UnsafeStorageError) as refused:
-        check_durability(settings, varz=periodic)
+        check_durability(settings, varz_by_url={"http://b": periodic})
     assert str(refused.value) == (
-        "nats-server n2 runs JetStream with sync_interval 2s, so an acknowledged publish can "
-        "be lost on power failure; set `sync_interval: always` in its jetstream block"
+        "nats-server n2 (http://b) runs JetStream with sync_interval 2s, so an acknowledged "
+        "publish can be lost on power failure; set `sync_interval: always` in its jetstream "
+        "block"
     )
-    with pytest.raises(UnsafeStorageError, match=r"^nats-server \? does not run JetStream$"):
-        check_durability(settings, varz={})
+    with pytest.raises(UnsafeStorageError, match=r"^nats-server \? \(http://c\) does not run"):
+        check_durability(settings, varz_by_url={"http://c": {}})
 
 
 async def test_existing_single_replica_stream_is_refused_under_durability(
@@ -117,7 +126,7 @@ async def test_bootstrap_refuses_non_durable_server_before_touching_streams(
     settings = load_settings(
         state_dir=tmp_path,
         nats_url=nats_server.url,
-        nats_monitor_url=_monitor(nats_server),
+        nats_monitor_urls=_monitor(nats_server),
         require_durable_jetstream=True,
         stream_replicas=3,
     )
@@ -158,7 +167,7 @@ def test_an_unreachable_monitor_url_is_refused_naming_the_setting(tmp_path: Path
         read_varz(url)
     message = str(refused.value)
     assert message.startswith(f"cannot read {url}/varz to verify JetStream durability (")
-    assert message.endswith("); check RHUMBATRON_NATS_MONITOR_URL")
+    assert message.endswith("); check RHUMBATRON_NATS_MONITOR_URLS")
 
 
 def test_a_monitor_that_never_answers_is_given_up_on_within_its_timeout() -> None:
@@ -185,3 +194,77 @@ def test_streams_with_exactly_three_replicas_pass_and_fewer_are_refused(tmp_path
     )
     # not demanded: nothing is checked
     check_stream_replicas(load_settings(state_dir=tmp_path), {"EVENTS_01": 1})
+
+
+# -- every node of a cluster ------------------------------------------------------------------
+
+
+def _node(name: str, *, sync_always: bool = True) -> dict[str, object]:
+    config = {"sync_always": True} if sync_always else {"sync_interval": 120_000_000_000}
+    return {"server_name": name, "jetstream": {"config": config}}
+
+
+def test_one_node_of_three_that_syncs_periodically_is_refused_by_name(tmp_path: Path) -> None:
+    # GIVEN a cluster where only the first node syncs every write
+    settings = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3)
+    nodes = {
+        "http://a:8222": _node("n1"),
+        "http://b:8222": _node("n2"),
+        "http://c:8222": _node("n3", sync_always=False),
+    }
+    # WHEN the check reads every node, THEN the one that does not is named, with its URL
+    with pytest.raises(UnsafeStorageError, match=r"^nats-server n3 \(http://c:8222\) runs"):
+        check_durability(settings, varz_by_url=nodes)
+
+
+def test_a_node_that_does_not_answer_is_passed_over_only_while_a_majority_is_verified(
+    tmp_path: Path,
+) -> None:
+    settings = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3)
+    down = UnsafeStorageError("cannot read http://c:8222/varz (refused)")
+    # GIVEN two of three nodes verified and one down: it passes, naming the two verified
+    verified = check_durability(
+        settings,
+        varz_by_url={
+            "http://a:8222": _node("n1"),
+            "http://b:8222": _node("n2"),
+            "http://c:8222": down,
+        },
+    )
+    assert verified == {"n1", "n2"}
+    # GIVEN one of three verified: refused, saying why each other node was not read
+    with pytest.raises(UnsafeStorageError) as refused:
+        check_durability(
+            settings,
+            varz_by_url={
+                "http://a:8222": _node("n1"),
+                "http://b:8222": down,
+                "http://c:8222": down,
+            },
+        )
+    assert str(refused.value).startswith(
+        "only 1 of the 3 nodes in RHUMBATRON_NATS_MONITOR_URLS could be verified, and a "
+        "majority must be: cannot read http://c:8222/varz (refused)"
+    )
+    # GIVEN one of two: not a majority either
+    with pytest.raises(UnsafeStorageError, match="only 1 of the 2 nodes"):
+        check_durability(
+            settings, varz_by_url={"http://a:8222": _node("n1"), "http://b:8222": down}
+        )
+
+
+def test_a_live_replica_on_a_node_not_verified_is_refused(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3)
+    # replicas on verified nodes pass
+    check_replica_holders(settings, {"n1", "n2", "n3"}, {"EVENTS_00": {"n1", "n2", "n3"}})
+    # a replica on a node the monitor URLs do not list is refused, naming stream and node
+    with pytest.raises(UnsafeStorageError) as refused:
+        check_replica_holders(
+            settings, {"n1", "n2"}, {"EVENTS_00": {"n1", "n2"}, "COMMANDS": {"n1", "n4"}}
+        )
+    assert str(refused.value) == (
+        "stream COMMANDS has a replica on n4, whose sync_interval was not verified: list every "
+        "node's monitoring URL in RHUMBATRON_NATS_MONITOR_URLS"
+    )
+    # not demanded: nothing is checked
+    check_replica_holders(load_settings(state_dir=tmp_path), set(), {"EVENTS_00": {"n9"}})

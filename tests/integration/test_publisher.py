@@ -30,7 +30,7 @@ from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.messaging.sender import JetStreamSender, OutgoingMessage, StoredMessage
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import stream_index
-from rhumbatron.runtime.bootstrap import Rhumbatron
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 from rhumbatron_dev.testing import SenderWrapper
 
@@ -274,30 +274,87 @@ async def test_a_refused_row_k_holds_back_row_k_plus_1_and_order_survives_the_re
     assert counts_by_state(shard.connection)[RowState.PUBLISHED] == 5
 
 
-async def test_a_send_the_server_refuses_counts_an_attempt_and_retries(
+async def test_a_send_the_stream_refuses_counts_an_attempt_and_retries(
     app: Rhumbatron, reader: JetStreamContext, clock: ManualClock, nudge: RecordingNudge
 ) -> None:
-    # GIVEN EVENTS_00 is missing, so the server answers every publish with "no responders"
+    # GIVEN EVENTS_00 takes no message over 64 bytes, so JetStream refuses the row (10054)
     root = app.project_root(WEB)
     root.create_project(CALLER, name="Web")
-    await reader.delete_stream("EVENTS_00")
+    config = (await reader.stream_info("EVENTS_00")).config
+    config.max_msg_size = 64
+    await reader.update_stream(config)
     publisher = await app.publisher()
     # WHEN the publisher runs
     report = await publisher.publish_due(root)
-    # THEN the row is in retry_wait with one attempt and last_error, and nobody was nudged
+    # THEN the row is in retry_wait with one attempt and the stream's reason, and nobody was
+    # nudged
     [row] = outbox(root.connection)
     assert report.retry_wait == 1
     assert (row["state"], row["attempts"]) == (RowState.RETRY_WAIT, 1)
-    assert row["last_error"]
+    assert "maximum" in row["last_error"]
     assert nudge.nudged == []
-    # WHEN the stream is back and the backoff has passed
-    await app.ensure_streams()
+    # WHEN the stream takes it again and the backoff has passed
+    config.max_msg_size = -1
+    await reader.update_stream(config)
     clock.advance(seconds=2)
     report = await publisher.publish_due(root)
     # THEN the row is published
     assert report.published == 1
     assert [m.msg_id for m in await stored(reader, "EVENTS_00")] == [row["event_id"]]
     assert nudge.nudged == [0]
+
+
+class StreamBackAfter(ManualClock):
+    """The test's clock: the publisher's waits for the log pass at once, and after
+    ``waits`` of them the missing stream is made again (the log is back)."""
+
+    def __init__(self, clock: ManualClock, app: Rhumbatron, waits: int) -> None:
+        super().__init__(clock.now())
+        self.app, self.waits_left = app, waits
+        self.waited: list[float] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.waited.append(seconds)
+        await super().sleep(seconds)
+        self.waits_left -= 1
+        if self.waits_left == 0:
+            await self.app.ensure_streams()
+
+
+async def test_a_stream_nobody_answers_counts_no_attempt_and_its_row_goes_once_it_answers(
+    tmp_path: Path, nats_server: NatsServerProcess, reader: JetStreamContext, clock: ManualClock
+) -> None:
+    # GIVEN EVENTS_00 is gone (as while no replica leads it): no responder answers a publish
+    settings = load_settings(state_dir=tmp_path / "state", nats_url=nats_server.url)
+    app = bootstrap(settings, clock=clock)
+    try:
+        await app.ensure_streams()
+        root = app.project_root(WEB)
+        root.create_project(CALLER, name="Web")
+        await reader.delete_stream("EVENTS_00")
+        # WHEN the publisher runs for longer than its wait for the log (30 s by default)
+        report = await (await app.publisher()).publish_due(root)
+        # THEN it sent again every 0.5 s without counting, then left the row pending
+        [row] = outbox(root.connection)
+        assert report.unavailable
+        assert (report.retry_wait, report.failed) == (0, 0)
+        assert (row["state"], row["attempts"], row["last_error"]) == (RowState.PENDING, 0, None)
+        assert clock.now().timestamp() - row["created_at"] == pytest.approx(30.0)
+    finally:
+        await app.close()
+    # WHEN another run finds the log back after three of its waits
+    back = StreamBackAfter(clock, app, waits=3)
+    app = bootstrap(settings, clock=back)
+    try:
+        report = await (await app.publisher()).publish_due(app.project_root(WEB))
+        # THEN the row went in that run, with no attempt counted, after 3 waits of 0.5 s
+        [row] = outbox(app.project_root(WEB).connection)
+        assert (report.published, report.unavailable) == (1, False)
+        assert (row["state"], row["attempts"]) == (RowState.PUBLISHED, 0)
+        assert back.waited == [0.5, 0.5, 0.5]
+        assert [m.msg_id for m in await stored(reader, "EVENTS_00")] == [row["event_id"]]
+    finally:
+        await app.close()
 
 
 # --------------------------------------------------------------------------- duplicates

@@ -58,7 +58,7 @@ CONFIG_VARIABLES = {
 #: template.yaml's parameters that the infra stacks' outputs of the same name fill.
 APP_PARAMETERS_FROM_INFRA = {
     "NatsUrl": "nats-cluster.yaml",
-    "NatsMonitorUrl": "nats-cluster.yaml",
+    "NatsMonitorUrls": "nats-cluster.yaml",
     "NatsCredentialsSecretArn": "nats-cluster.yaml",
     "VpcId": "network.yaml",
     "SubnetIds": "network.yaml",
@@ -443,7 +443,9 @@ def test_the_configs_boot_a_tls_cluster_the_functions_start_against_with_r3_stre
     settings = load_settings(
         state_dir=tmp_path / "state",
         nats_url=f"tls://{HOST}:{first.client}",
-        nats_monitor_url=f"http://127.0.0.1:{first.monitor}",
+        nats_monitor_urls=",".join(
+            f"http://127.0.0.1:{node.ports.monitor}" for node in booted_cluster.nodes
+        ),
         nats_credentials_secret_arn=arn,
         nats_tls_ca_secret_arn=ca_arn,
         stream_replicas=3,
@@ -791,8 +793,9 @@ def test_the_app_templates_network_and_nats_parameters_are_infra_outputs_of_the_
         assert parameter in cluster["Parameters"] and parameter in network["Outputs"]
     # AND with the default client name the URLs fit what template.yaml accepts.
     client = cluster["Parameters"]["ClientDnsName"]["Default"]
-    for parameter in ("NatsUrl", "NatsMonitorUrl"):
-        value = cluster["Outputs"][parameter]["Value"].value.replace("${ClientDnsName}", client)
+    for parameter in ("NatsUrl", "NatsMonitorUrls"):
+        output = cluster["Outputs"][parameter]["Value"]
+        value = getattr(output, "value", output).replace("${ClientDnsName}", client)
         assert re.fullmatch(app["Parameters"][parameter]["AllowedPattern"], value), value
     arn = (
         "arn:aws:secretsmanager:eu-west-1:123456789012:secret:rhumbatron-nats/nats/functions-Ab1Cd2"

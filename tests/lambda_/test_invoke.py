@@ -130,7 +130,7 @@ def project(tmp_path: Path) -> Path:
 def _target(root: Path) -> LocalTarget:
     return LocalTarget(
         nats_url=NOWHERE_NATS,
-        nats_monitor_url="http://127.0.0.1:2",
+        nats_monitor_urls="http://127.0.0.1:2",
         s3_endpoint_url=NOWHERE_S3,
         state_root=root,
     )

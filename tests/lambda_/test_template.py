@@ -96,7 +96,7 @@ SAMPLE_EVENTS: dict[str, type[BaseModel]] = {
 #: What a parameter could be at deploy time, to load the settings the template sets.
 PARAMETER_SAMPLES = {
     "NatsUrl": "tls://nats.rhumbatron.internal:4222",
-    "NatsMonitorUrl": "http://nats.rhumbatron.internal:8222",
+    "NatsMonitorUrls": "http://nats-1.rhumbatron.internal:8222,http://nats-2.rhumbatron.internal:8222",
     "NatsCredentialsSecretArn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:nats-Ab1",
     "NatsTlsCaSecretArn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:nats-ca-Ab1",
     "AnthropicApiKeySecretArn": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:anth-Ab1",

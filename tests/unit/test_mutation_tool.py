@@ -100,6 +100,44 @@ def test_a_mutant_equivalent_by_the_sql_rule_is_neither_stale_nor_killed_by_a_re
     assert tool.stale_entries([result]) == []
 
 
+def test_a_kill_that_ran_into_the_per_test_limit_counts_only_when_a_fresh_re_check_repeats_it(
+    tmp_path: Path,
+) -> None:
+    # GIVEN mutmut's verdicts: two quick kills, and three kills whose tests ran as long as the
+    # per-test limit (a loaded machine, or a forked worker's inherited state, can do that)
+    limit = float(tool.PER_TEST_TIMEOUT_S)
+    durations = {1: 2.0, 2: limit - 0.1, 3: limit, 4: limit + 5, 5: limit + 6}
+    package_dir = tmp_path / "mutants" / "src" / "rhumbatron" / "protocol"
+    package_dir.mkdir(parents=True)
+    (tmp_path / "src" / "rhumbatron" / "protocol").mkdir(parents=True)
+    (tmp_path / "src" / "rhumbatron" / "protocol" / "ids.py").write_text("")
+    meta = {
+        "exit_code_by_key": {f"{P}.x_f__mutmut_{n}": 1 for n in durations},
+        "hash_by_function_name": {"x_f": "h"},
+        "durations_by_key": {f"{P}.x_f__mutmut_{n}": d for n, d in durations.items()},
+    }
+    (package_dir / "ids.py.meta").write_text(json.dumps(meta))
+    verdicts = tool._read_meta(tmp_path, "protocol")
+    # WHEN the kills to confirm are picked and classified with a re-check that repeated one
+    # kill (3), passed one (4) and has not run the third (5) yet
+    to_confirm = tool.kills_to_confirm(verdicts)
+    codes = {name: verdict.code for name, verdict in verdicts.items()}
+    recheck = {f"{P}.x_f__mutmut_3": 1, f"{P}.x_f__mutmut_4": 0}
+    result = tool.classify("protocol", codes, recheck, [], to_confirm=to_confirm)
+    # THEN only the kills at the limit are confirmed, and each counts by its re-check
+    assert to_confirm == {f"{P}.x_f__mutmut_{n}" for n in (3, 4, 5)}
+    assert result.killed == {f"{P}.x_f__mutmut_{n}" for n in (1, 2, 3)}
+    assert result.left == {f"{P}.x_f__mutmut_4"}
+    assert result.not_checked == {f"{P}.x_f__mutmut_5"}
+    # AND the survivors file names the one that survived as a survivor, though mutmut's diff
+    # calls it killed
+    diff = f"# {P}.x_f__mutmut_4: killed\n--- ids.py\n+++ ids.py\n-x = 1\n+x = 2"
+    (tmp_path / "diffs.json").write_text(json.dumps({f"{P}.x_f__mutmut_4": [diff, "h"]}))
+    path = tool.write_survivors(tmp_path, result, out_dir=tmp_path / "survivors")
+    assert tool.listed_survivors(path) == [f"{P}.x_f__mutmut_4"]
+    assert "+x = 2" in path.read_text()
+
+
 def test_the_workspace_settings_read_back_as_mutmut_and_pytest_see_them() -> None:
     plan = tool.PLANS["router"]
     pytest_options = {"addopts": "-ra", "timeout": 120, "markers": ["a: b"], "testpaths": ["x"]}

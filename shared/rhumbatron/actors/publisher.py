@@ -16,9 +16,13 @@ Per call and per project, at most 100 due rows are sent, in outbox order, to
   window drops rows already stored, and the first row that fails stops the project for this
   call.
 
-Attempts: only a send that reached a server and was refused (or timed out while connected)
-counts. With no server reachable nothing is counted and rows stay ``pending``, so a long
-outage never turns events into ``failed`` rows.
+Attempts: only a send the stream answered and refused counts. With no server reachable
+nothing is counted and rows stay ``pending``, so a long outage never turns events into
+``failed`` rows. A log that is reachable but cannot take the write now (no responders, no
+PubAck in time, a leader election or a quorum loss: :class:`LogUnavailableError`) counts
+nothing either: the row is sent again every ``publish_unavailable_retry_s`` (at most a
+second) for up to ``publish_unavailable_wait_s``, so a leader loss stalls writes for about
+the re-election time, and a longer outage leaves the rows ``pending`` for the next fire.
 """
 
 from __future__ import annotations
@@ -46,9 +50,14 @@ from rhumbatron.actors.outbox import (
 from rhumbatron.core.clock import Clock, SystemClock
 from rhumbatron.core.faults import crash_point
 from rhumbatron.core.settings import Settings
-from rhumbatron.errors import NatsUnavailableError, SendRefusedError
+from rhumbatron.errors import LogUnavailableError, NatsUnavailableError, SendRefusedError
 from rhumbatron.messaging.nudge import NoNudge, RouterNudge
-from rhumbatron.messaging.sender import HEADER_ALLOWANCE_BYTES, EventSender, OutgoingMessage
+from rhumbatron.messaging.sender import (
+    HEADER_ALLOWANCE_BYTES,
+    EventSender,
+    OutgoingMessage,
+    StoredMessage,
+)
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, event_stream_subject
 
 __all__ = [
@@ -268,10 +277,14 @@ class OutboxPublisher:
         if len(messages) >= 2:
             try:
                 stored = await self._send_batch(stream, sendable, messages)
+            except LogUnavailableError:
+                # Maybe stored, maybe not: one by one below waits for the log, and the
+                # duplicate window drops what the batch did store.
+                stored = []
             except NatsUnavailableError:
                 raise _Stop from None
             except SendRefusedError:
-                stored = []  # refused whole or ack lost: fall back to one by one below
+                stored = []  # refused whole: fall back to one by one below
         if len(stored) < len(sendable):
             # What a batch did not store goes one by one: a row the server refuses now waits
             # for its retry, and the rows behind it wait with it.
@@ -318,8 +331,8 @@ class OutboxPublisher:
         stored: list[tuple[int, int | None]] = []
         for row, message in zip(rows, messages, strict=True):
             try:
-                result = await self._sender.send(stream, message)
-            except NatsUnavailableError:
+                result = await self._send_when_the_log_takes_it(stream, message)
+            except NatsUnavailableError:  # gone, or still unavailable after the wait
                 return stored, True
             except SendRefusedError as exc:
                 self._count_failed_attempt(actor, row, str(exc), report)
@@ -327,6 +340,26 @@ class OutboxPublisher:
             stored.append((row.seq, result.sequence))
             report.duplicates += int(result.duplicate)
         return stored, False
+
+    async def _send_when_the_log_takes_it(
+        self, stream: str, message: OutgoingMessage
+    ) -> StoredMessage:
+        """Send ``message``; while the log cannot take it, send it again every
+        ``publish_unavailable_retry_s`` (no attempt counted), for at most
+        ``publish_unavailable_wait_s``. The same ``Nats-Msg-Id`` each time: a send whose
+        PubAck was lost is dropped by the duplicate window when it is repeated."""
+        settings = self._settings
+        started = self._clock.now().timestamp()
+        while True:
+            try:
+                return await self._sender.send(stream, message)
+            except LogUnavailableError:
+                waited_s = self._clock.now().timestamp() - started
+                if waited_s + settings.publish_unavailable_retry_s > (
+                    settings.publish_unavailable_wait_s
+                ):
+                    raise
+                await self._clock.sleep(settings.publish_unavailable_retry_s)
 
     def _count_failed_attempt(
         self, actor: Actor, row: OutboxRow, error: str, report: PublishReport

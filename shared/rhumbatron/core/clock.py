@@ -6,6 +6,7 @@ can jump a backoff of five minutes without sleeping.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -19,12 +20,19 @@ class Clock(Protocol):
         """The current time, timezone-aware, in UTC."""
         ...
 
+    async def sleep(self, seconds: float) -> None:
+        """Let ``seconds`` pass: a real wait on the system clock, a jump on a manual one."""
+        ...
+
 
 class SystemClock:
     """The machine's clock."""
 
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
 
 class ManualClock:
@@ -37,6 +45,11 @@ class ManualClock:
 
     def now(self) -> datetime:
         return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        """Move forward by ``seconds`` at once, and let other tasks run."""
+        self.advance(seconds)
+        await asyncio.sleep(0)
 
     def advance(self, seconds: float = 0.0, **kwargs: float) -> datetime:
         """Move forward by ``seconds`` (and/or ``minutes=``, ``hours=``, ``days=``)."""

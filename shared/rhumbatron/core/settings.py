@@ -95,9 +95,10 @@ class Settings(BaseSettings):
         default=False,
         description="Refuse to start unless streams have >= 3 replicas and sync_interval: always.",
     )
-    nats_monitor_url: str | None = Field(
+    nats_monitor_urls: str | None = Field(
         default=None,
-        description="nats-server monitoring URL (http://host:8222); durability checks read /varz.",
+        description="Every nats-server's monitoring URL (http://host:8222), comma-separated, "
+        "one per node: the durability check reads each node's /varz (sync_interval).",
     )
     nats_tls_ca_secret_arn: str | None = Field(
         default=None,
@@ -114,6 +115,22 @@ class Settings(BaseSettings):
     # -- outbox publisher ---------------------------------------------------------------------
     publish_max_rows_per_project: int = Field(default=100, ge=1, le=1000)
     publish_ack_timeout_s: float = Field(default=5.0, gt=0)
+    publish_unavailable_retry_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=1.0,
+        description="While the log cannot take a write (no responders, no PubAck in time, a "
+        "leader election or quorum loss), the publisher sends the same row again this often, "
+        "counting no attempt: at least once a second, so the write stall after a leader loss "
+        "is about the re-election time.",
+    )
+    publish_unavailable_wait_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="How long one publish run waits for a log that cannot take writes before "
+        "it leaves the rows pending (attempts untouched) for the next fire. Below the "
+        "publisher function's timeout (60 s in template.yaml).",
+    )
     publish_concurrency: int = Field(
         default=16,
         ge=1,
@@ -548,6 +565,12 @@ class Settings(BaseSettings):
         return self
 
     # -- end of retention fit -------------------------------------------------------------------
+
+    @property
+    def monitor_urls(self) -> tuple[str, ...]:
+        """``nats_monitor_urls`` split: one monitoring URL per node."""
+        raw = self.nats_monitor_urls or ""
+        return tuple(url.strip() for url in raw.split(",") if url.strip())
 
     @property
     def maintenance_minute_of_day(self) -> int:

@@ -18,6 +18,12 @@ protocols itself:
   server syncs periodically.
 
 The acks of nats-py's publishes have no timeout of their own; every wait here has one.
+
+What a failed send means decides whether the publisher counts an attempt: a lost
+connection (:class:`NatsUnavailableError`) and a log that cannot take the write right now
+(:class:`LogUnavailableError`: no responders, no PubAck in time, a leader election or quorum
+loss) count none; only a stream that answers and refuses the message
+(:class:`SendRefusedError`) does.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rhumbatron.errors import (
     BatchRejectedError,
+    LogUnavailableError,
     MessagingError,
     NatsUnavailableError,
     SendRefusedError,
@@ -42,11 +49,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HEADER_ALLOWANCE_BYTES",
+    "LOG_UNAVAILABLE_CODES",
     "EventSender",
     "FastBatchAck",
     "JetStreamSender",
     "OutgoingMessage",
     "StoredMessage",
+    "is_log_unavailable_answer",
 ]
 
 
@@ -102,6 +111,20 @@ class EventSender(Protocol):
     async def send_fast_batch(
         self, stream: str, messages: Sequence[OutgoingMessage]
     ) -> FastBatchAck: ...
+
+
+#: JetStream's error codes for "the log cannot take this write now" (a cluster between
+#: leaders, or without quorum): not a refusal of the message. 10008: JetStream system
+#: temporarily unavailable; 10009: JetStream cluster can not handle request (not the
+#: leader); 10118: stream is offline; 10158: duplicate message ID is in process (its first
+#: publish is still being proposed). Any 503 answer means the same.
+LOG_UNAVAILABLE_CODES = frozenset({10008, 10009, 10118, 10158})
+
+
+def is_log_unavailable_answer(error: dict[str, Any]) -> bool:
+    """Whether a JetStream error answer (``{"code", "err_code", "description"}``) says the
+    log cannot take a write now, rather than refusing the message."""
+    return error.get("code") == 503 or error.get("err_code") in LOG_UNAVAILABLE_CODES
 
 
 #: Messages between the server's flow acks that a fast batch asks for (the server may ask
@@ -284,7 +307,7 @@ class JetStreamSender:
             try:
                 msg = await asyncio.wait_for(replies.get(), max(left, 0.0))
             except TimeoutError:
-                raise SendRefusedError(
+                raise LogUnavailableError(
                     f"{what}: no PubAck within {self._ack_timeout_s:g} s"
                 ) from None
             if not msg.data:
@@ -310,13 +333,13 @@ class JetStreamSender:
             raise SendRefusedError(f"{what}: unexpected PubAck {answer!r}") from exc
 
     @staticmethod
-    def _batch_refused(error: dict[str, Any], what: str) -> BatchRejectedError:
-        """The error for a batch JetStream refused whole, with its description and code."""
-        return BatchRejectedError(
-            f"JetStream refused the {what}: {error.get('description')} "
-            f"(code {error.get('err_code')})",
-            error.get("err_code"),
-        )
+    def _batch_refused(error: dict[str, Any], what: str) -> MessagingError:
+        """The error for a batch JetStream did not take whole, with its description and
+        code: refused, or the log could not take it now."""
+        said = f"{error.get('description')} (code {error.get('err_code')})"
+        if is_log_unavailable_answer(error):
+            return LogUnavailableError(f"{what}: the log cannot take it now: {said}")
+        return BatchRejectedError(f"JetStream refused the {what}: {said}", error.get("err_code"))
 
     @staticmethod
     def _fast_flow(answer: dict[str, Any], acked: int, flow: int) -> tuple[int, int]:
@@ -335,7 +358,23 @@ class JetStreamSender:
         }
 
     def _classify(self, exc: Exception, what: str) -> MessagingError:
+        """What a nats-py error on a send means: the connection is gone, the log cannot take
+        the write now, or the stream refused it (the only one that counts an attempt)."""
+        from nats.errors import NoRespondersError
+        from nats.errors import TimeoutError as NatsTimeoutError
+        from nats.js.errors import APIError, NoStreamResponseError
+
         if not self._nc.is_connected:
             # The connection dropped: nobody refused anything, so no attempt is counted.
             return NatsUnavailableError(f"{what}: NATS connection lost ({type(exc).__name__})")
+        if isinstance(exc, NoRespondersError | NoStreamResponseError):
+            return LogUnavailableError(f"{what}: no responders (no stream leader answers)")
+        if isinstance(exc, NatsTimeoutError):
+            return LogUnavailableError(f"{what}: no PubAck within {self._ack_timeout_s:g} s")
+        if isinstance(exc, APIError) and is_log_unavailable_answer(
+            {"code": exc.code, "err_code": exc.err_code}
+        ):
+            return LogUnavailableError(
+                f"{what}: the log cannot take it now: {exc.description} (code {exc.err_code})"
+            )
         return SendRefusedError(f"{what}: {type(exc).__name__}: {exc}".rstrip(": "))

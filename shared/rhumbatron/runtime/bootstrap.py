@@ -122,10 +122,15 @@ class Rhumbatron:
 
     async def ensure_streams(self) -> StreamReport:
         """Create or reconcile the streams; refuse non-durable JetStream when it is demanded."""
-        from rhumbatron.messaging.durability import check_durability, check_stream_replicas
+        from rhumbatron.messaging.durability import (
+            check_durability,
+            check_replica_holders,
+            check_stream_replicas,
+            online_replica_holders,
+        )
         from rhumbatron.messaging.streams import ensure_streams
 
-        check_durability(self.settings)
+        verified = check_durability(self.settings)
         js = (await self.nats()).jetstream()
         report = await ensure_streams(js, self.settings)
         if self.settings.require_durable_jetstream:
@@ -133,6 +138,11 @@ class Rhumbatron:
             infos = [await js.stream_info(name) for name in names]
             check_stream_replicas(
                 self.settings, {i.config.name or "?": i.config.num_replicas or 1 for i in infos}
+            )
+            check_replica_holders(
+                self.settings,
+                verified,
+                {i.config.name or "?": online_replica_holders(i) for i in infos},
             )
         return report
 

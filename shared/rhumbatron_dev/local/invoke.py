@@ -17,7 +17,7 @@ cannot mean the same here is replaced, and every replacement is reported as an
 template value                              locally
 ==========================================  =================================================
 ``RHUMBATRON_NATS_URL`` (``!Ref NatsUrl``)  the embedded nats-server (or ``--nats-url``)
-``RHUMBATRON_NATS_MONITOR_URL``             its monitoring port (unset with ``--nats-url``)
+``RHUMBATRON_NATS_MONITOR_URLS``            its monitoring port (unset with ``--nats-url``)
 ``RHUMBATRON_S3_ENDPOINT_URL`` (added)      moto's S3 server (or ``--s3-endpoint-url``)
 ``RHUMBATRON_STREAM_REPLICAS``              ``1``: one local server cannot hold R3 streams
 ``RHUMBATRON_REQUIRE_DURABLE_JETSTREAM``    ``false``: the local server is no durable cluster
@@ -128,7 +128,7 @@ _LOCAL_SETTINGS: dict[str, tuple[str, str]] = {
     ),
 }
 _NATS_URL = "RHUMBATRON_NATS_URL"
-_NATS_MONITOR_URL = "RHUMBATRON_NATS_MONITOR_URL"
+_NATS_MONITOR_URLS = "RHUMBATRON_NATS_MONITOR_URLS"
 _S3_ENDPOINT_URL = "RHUMBATRON_S3_ENDPOINT_URL"
 # A Lambda sees only its configuration: these prefixes of the calling shell are hidden.
 _HIDDEN_PREFIXES = ("RHUMBATRON_", "POWERTOOLS_")
@@ -527,7 +527,7 @@ class LocalTarget:
     nats_url: str
     state_root: Path
     s3_endpoint_url: str | None = None
-    nats_monitor_url: str | None = None
+    nats_monitor_urls: str | None = None
     region: str = _LOCAL_REGION
 
 
@@ -591,8 +591,8 @@ def local_environment(
     for name, raw in spec.environment.items():
         if name == _NATS_URL:
             mapped(name, raw, target.nats_url, "the local nats-server")
-        elif name == _NATS_MONITOR_URL:
-            mapped(name, raw, target.nats_monitor_url, "the local nats-server's monitoring")
+        elif name == _NATS_MONITOR_URLS:
+            mapped(name, raw, target.nats_monitor_urls, "the local nats-server's monitoring")
         elif name in _LOCAL_SETTINGS:
             mapped(name, raw, *_LOCAL_SETTINGS[name])
         else:
@@ -938,7 +938,7 @@ def local_target(
             s3.start()
         yield LocalTarget(
             nats_url=nats_url or (nats.url if nats else ""),
-            nats_monitor_url=f"http://127.0.0.1:{nats.http_port}" if nats else None,
+            nats_monitor_urls=f"http://127.0.0.1:{nats.http_port}" if nats else None,
             s3_endpoint_url=s3_endpoint_url or (s3.endpoint_url if s3 else None),
             state_root=root,
         )

@@ -197,10 +197,22 @@ class NatsServerProcess:
         """SIGKILL: no flush, no goodbye — what a crash looks like."""
         self._signal(signal.SIGKILL)
 
+    def pause(self) -> None:
+        """SIGSTOP: the process holds its sockets and answers nothing, as a node whose
+        machine stalls (a long GC pause, a frozen VM) does. :meth:`resume` continues it."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT: a paused node carries on where it stopped."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGCONT)
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM and wait; SIGKILL if it does not exit in time."""
         if not self.running or self._process is None:
             return
+        self.resume()  # a paused process cannot act on SIGTERM
         self._process.terminate()
         try:
             self._process.wait(timeout=timeout_s)
