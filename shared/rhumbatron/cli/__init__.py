@@ -23,6 +23,12 @@ tenant's letters. Exit status, so scripts can tell the failures apart:
 3   the letter cannot take that action: it is closed, or it can only be dismissed
 4   NATS did not take the Retry (down, or JetStream refused it); nothing is reserved
 ==  =====================================================================================
+
+Every command ends an error it does not handle itself in one line on stderr, never a
+traceback: ``rhumbatron <command>: <why>``, with exit status 4 when NATS (or the log) cannot
+be reached or answers with an error, 5 when durability is demanded and the deployment cannot
+give it (``RHUMBATRON_REQUIRE_DURABLE_JETSTREAM``), and 1 for a setting that cannot work, a
+file that cannot be written, or any other error Rhumbatron raises on purpose.
 """
 
 from __future__ import annotations
@@ -42,13 +48,22 @@ from rhumbatron.cli import (
     subscriptions,
     views,
 )
-from rhumbatron.cli.common import EXIT_CANNOT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNAVAILABLE
+from rhumbatron.cli.common import (
+    EXIT_CANNOT,
+    EXIT_ERROR,
+    EXIT_NOT_FOUND,
+    EXIT_UNAVAILABLE,
+    EXIT_UNSAFE,
+    exit_status_of,
+    fail,
+)
 
 __all__ = [
     "EXIT_CANNOT",
     "EXIT_ERROR",
     "EXIT_NOT_FOUND",
     "EXIT_UNAVAILABLE",
+    "EXIT_UNSAFE",
     "main",
 ]
 
@@ -95,4 +110,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return dev.launch(args.command, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    return _COMMANDS[args.command](args)
+    from rhumbatron.errors import RhumbatronError
+
+    try:
+        return _COMMANDS[args.command](args)
+    except RhumbatronError as exc:
+        return fail(exit_status_of(exc), str(exc), command=args.command)
+    except OSError as exc:  # a state directory that cannot be made or written, say
+        return fail(EXIT_ERROR, f"{type(exc).__name__}: {exc}", command=args.command)
+    except Exception as exc:
+        # An answer of nats-py we did not turn into our own error (JetStream off on the
+        # server, say) is NATS's, not a bug of this command: one line, not a traceback.
+        if type(exc).__module__.partition(".")[0] != "nats":
+            raise
+        return fail(
+            EXIT_UNAVAILABLE,
+            f"NATS answered with an error: {type(exc).__name__}: {exc}",
+            command=args.command,
+        )

@@ -21,6 +21,8 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_NOT_FOUND",
     "EXIT_UNAVAILABLE",
+    "EXIT_UNSAFE",
+    "exit_status_of",
     "fail",
     "print_json",
     "read_json_object",
@@ -32,6 +34,7 @@ EXIT_ERROR = 1
 EXIT_NOT_FOUND = 2
 EXIT_CANNOT = 3
 EXIT_UNAVAILABLE = 4
+EXIT_UNSAFE = 5
 
 T = TypeVar("T")
 
@@ -40,6 +43,19 @@ def fail(status: int, message: str, *, command: str = "dead-letters") -> int:
     """Say on stderr, in one line naming the command, why it failed; return ``status``."""
     print(f"rhumbatron {command}: {message}", file=sys.stderr)
     return status
+
+
+def exit_status_of(exc: Exception) -> int:
+    """The documented exit status of an error no command handled itself: 4 when NATS or the
+    log cannot be reached, 5 when the storage settings would lose data (durability refused),
+    1 for anything else (a setting that cannot work, a damaged file)."""
+    from rhumbatron.errors import NatsUnavailableError, UnsafeStorageError
+
+    if isinstance(exc, NatsUnavailableError):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, UnsafeStorageError):
+        return EXIT_UNSAFE
+    return EXIT_ERROR
 
 
 def print_json(value: object) -> None:

@@ -1,5 +1,6 @@
 """``rhumbatron replay``: rewind a subscription over a stream, or replay an archive range,
-through its claims. Exit status: 3 a replay that cannot run as asked, 1 one that failed."""
+through its claims. Exit status: 3 a replay that cannot run as asked, 1 one that failed, 4
+NATS cannot be reached."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from rhumbatron.cli.common import EXIT_CANNOT, EXIT_ERROR, fail, run_on_runtime
+from rhumbatron.cli.common import EXIT_CANNOT, EXIT_ERROR, exit_status_of, fail, run_on_runtime
 
 __all__ = ["add_parser", "replay"]
 
@@ -61,7 +62,7 @@ def replay(args: argparse.Namespace) -> int:
     except ReplayError as exc:
         return fail(EXIT_CANNOT, str(exc), command="replay")
     except RhumbatronError as exc:
-        return fail(EXIT_ERROR, str(exc), command="replay")
+        return fail(exit_status_of(exc), str(exc), command="replay")
     print(json.dumps(dataclasses.asdict(report), indent=2, default=str))
     return EXIT_ERROR if report.failed else 0
 

@@ -1,7 +1,7 @@
 """``rhumbatron views rebuild [--project ID | --stream N]``: rebuild project views from the log.
 
 Exit status: 3 a rebuild that cannot run as asked, 1 one that failed (some event could not be
-applied, or part of the history could not be read), 0 otherwise.
+applied, or part of the history could not be read), 4 NATS cannot be reached, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any
 
-from rhumbatron.cli.common import EXIT_CANNOT, EXIT_ERROR, fail, run_on_runtime
+from rhumbatron.cli.common import EXIT_CANNOT, EXIT_ERROR, exit_status_of, fail, run_on_runtime
 
 __all__ = ["add_parser", "views"]
 
@@ -57,6 +57,6 @@ def views(args: argparse.Namespace) -> int:
     except ReplayError as exc:
         return fail(EXIT_CANNOT, str(exc), command="views rebuild")
     except RhumbatronError as exc:
-        return fail(EXIT_ERROR, str(exc), command="views rebuild")
+        return fail(exit_status_of(exc), str(exc), command="views rebuild")
     print(json.dumps(result.as_json(), indent=2))
     return EXIT_ERROR if result.failed or result.gaps else 0

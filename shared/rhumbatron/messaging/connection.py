@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from rhumbatron.errors import ConfigurationError, NatsUnavailableError
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -197,6 +200,8 @@ async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
     tls = await _tls_options(settings)
     nc = Client()
     bound_s = 2 * settings.nats_connect_timeout_s
+    errors = _ConnectionErrors(name)
+
     try:
         await asyncio.wait_for(
             nc.connect(
@@ -210,6 +215,8 @@ async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.25,  # type: ignore[arg-type]
                 pending_size=0,
+                error_cb=errors.on_error,
+                reconnected_cb=errors.on_reconnected,
                 **auth,
                 **tls,
             ),
@@ -229,4 +236,30 @@ async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
             f"({type(exc).__name__}); check RHUMBATRON_NATS_URL and that nats-server is "
             f"running{also}"
         ) from exc
+    errors.connected = True
     return nc
+
+
+class _ConnectionErrors:
+    """nats-py's error and reconnect callbacks, in one line each and few of them.
+
+    nats-py's own error callback logs every failed connect with its traceback: some 500
+    lines for one unreachable server. The first connect's failures end in one
+    :class:`NatsUnavailableError` instead, so they are only debug lines; once connected, the
+    first error of an outage is a warning, and the retries after it are debug lines until
+    the client is back.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.connected = False
+        self._warned = False
+
+    async def on_error(self, exc: Exception) -> None:
+        level = logging.WARNING if self.connected and not self._warned else logging.DEBUG
+        self._warned = self._warned or self.connected
+        _log.log(level, "nats connection %s: %s: %s", self.name, type(exc).__name__, exc)
+
+    async def on_reconnected(self) -> None:
+        self._warned = False
+        _log.info("nats connection %s: reconnected", self.name)
