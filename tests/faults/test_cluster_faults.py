@@ -8,6 +8,7 @@ outbox order. Every node is the same ``nats-server`` binary, on its own loopback
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -312,3 +313,64 @@ async def test_a_cluster_with_one_node_not_syncing_every_write_is_refused_naming
     finally:
         for node in nodes:
             node.stop()
+
+
+async def _replica_of(app: Rhumbatron, stream: str, node: str, last_seq: int) -> None:
+    """Wait until ``node``'s own copy of ``stream`` reaches ``last_seq`` (it restarted)."""
+    deadline = time.monotonic() + 30
+    while True:
+        report = await app.reconcile([int(stream[-2:])])
+        [checked] = report.streams
+        states = [r.state for r in checked.replicas if r.node == node and r.state is not None]
+        if states and states[0].last_seq >= last_seq:
+            return
+        assert time.monotonic() < deadline, f"{node} never reported {stream} again"
+        await asyncio.sleep(0.2)  # polling the restarted node, with a deadline
+
+
+async def test_a_replica_that_lost_acknowledged_events_is_found_and_named_by_id(
+    tmp_path: Path, cluster: list[NatsServerProcess]
+) -> None:
+    # GIVEN 300 acknowledged events on an R3 stream, every node's monitor known
+    monitors = ",".join(f"http://127.0.0.1:{node.http_port}" for node in cluster)
+    settings = _settings(tmp_path, cluster).model_copy(update={"nats_monitor_urls": monitors})
+    app = bootstrap(settings)
+    try:
+        await _streams_ready(app)
+        (shard,) = _shards(app, 1)
+        written = write_change_events(shard, "change-0", 300)
+        await _publish_until_done(app, 300, timeout_s=30)
+        index = stream_index(PROJECT)
+        stream = event_stream_name(index)
+        # ... and reconciliation finds nothing wrong on any replica
+        [clean] = (await app.reconcile([index])).streams
+        assert (clean.expected, clean.has_gap) == (300, False)
+        assert sorted(r.node for r in clean.replicas) == ["node0", "node1", "node2"]
+        assert all((r.found, r.missing, r.holes) == (300, (), 0) for r in clean.replicas)
+
+        # WHEN a follower is stopped gracefully, its newest block file cut by about eight
+        # events, and it is started again (it rebuilds without them, and tells no client)
+        leader = (await (await app.nats()).jetstream().stream_info(stream)).cluster.leader  # type: ignore[union-attr]
+        victim = next(node for node in cluster if node.name != leader)
+        victim.stop()
+        [block] = sorted(victim.store_dir.rglob(f"streams/{stream}/msgs/*.blk"))[-1:]
+        size = block.stat().st_size
+        os.truncate(block, size - 8 * size // 300)
+        victim.start()
+        await _replica_of(app, stream, victim.name, 300)
+
+        # THEN reconciliation names that replica, how many it lost inside its sequence range,
+        # and exactly which events: the newest ones. The others hold all; no event is
+        # missing everywhere, so none may be published again.
+        [damaged] = (await app.reconcile([index])).streams
+        by_node = {r.node: r for r in damaged.replicas}
+        hurt = by_node[victim.name]
+        assert hurt.holes >= 1
+        assert hurt.missing == tuple(written[-hurt.holes :])
+        assert hurt.found == 300 - hurt.holes
+        assert all(
+            (r.found, r.missing, r.holes) == (300, (), 0) for r in damaged.replicas if r is not hurt
+        )
+        assert damaged.has_gap and damaged.missing_everywhere == ()
+    finally:
+        await app.close()

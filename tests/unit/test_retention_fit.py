@@ -73,8 +73,12 @@ _ONE_RULE = {
         {"processed_events_retention_days", "event_stream_max_age_days"},
     ),
     "published rows deleted before their events": (
-        {"outbox_published_retention_days": 6},
+        {"outbox_published_retention_days": 6, "reconcile_window_days": 5},
         {"outbox_published_retention_days", "event_stream_max_age_days"},
+    ),
+    "published rows deleted inside the reconciliation window": (
+        {"reconcile_window_days": 8},
+        {"outbox_published_retention_days", "reconcile_window_days"},
     ),
     "duplicate window longer than the event stream": (
         {"duplicate_window_s": 8 * _DAY_S},

@@ -42,6 +42,7 @@ __all__ = [
     "due_rows",
     "next_due_at",
     "prune_published",
+    "published_since",
     "requeue_failed",
 ]
 
@@ -346,6 +347,22 @@ def prune_published(connection: sqlite3.Connection, *, older_than_s: float, limi
         (older_than_s, limit),
     )
     return cursor.rowcount
+
+
+def published_since(
+    connection: sqlite3.Connection, *, since_s: float
+) -> list[tuple[str, int, int | None]]:
+    """``(event_id, stream_index, stream_seq)`` of every row published at or after
+    ``since_s``, in outbox order: what the log must hold (reconciliation). ``stream_seq`` is
+    None where the PubAck did not name it (the inner rows of a fast batch)."""
+    return [
+        (str(event_id), int(index), None if seq is None else int(seq))
+        for event_id, index, seq in connection.execute(
+            "SELECT event_id, stream_index, stream_seq FROM outbox "
+            "WHERE state = 'published' AND published_at >= ? ORDER BY seq",
+            (since_s,),
+        )
+    ]
 
 
 def counts_by_state(connection: sqlite3.Connection) -> dict[str, int]:

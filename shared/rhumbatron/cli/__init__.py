@@ -1,7 +1,8 @@
 """The ``rhumbatron`` command: ``outbox`` (inspect, requeue), ``streams``, ``dead-letters``
 (list, show, retry, dismiss), ``kinds`` (the Event kind grammar), ``subscriptions`` and
 ``schedules`` (list, show, create, enable, disable, delete), ``capacity`` (the router's
-ceilings against the volume), ``api`` (serve the operator API);
+ceilings against the volume), ``reconcile`` (the log against the outbox), ``api`` (serve the
+operator API);
 and ``demo``, ``up`` (the local stack, API and dashboard) and ``invoke`` (one function of
 ``template.yaml``, here), which run the development package :mod:`rhumbatron_dev`, imported
 only when they run (the Lambda layer leaves it out).
@@ -43,6 +44,7 @@ from rhumbatron.cli import (
     dev,
     kinds,
     outbox,
+    reconcile,
     replay,
     schedules,
     subscriptions,
@@ -51,6 +53,7 @@ from rhumbatron.cli import (
 from rhumbatron.cli.common import (
     EXIT_CANNOT,
     EXIT_ERROR,
+    EXIT_GAP,
     EXIT_NOT_FOUND,
     EXIT_UNAVAILABLE,
     EXIT_UNSAFE,
@@ -61,6 +64,7 @@ from rhumbatron.cli.common import (
 __all__ = [
     "EXIT_CANNOT",
     "EXIT_ERROR",
+    "EXIT_GAP",
     "EXIT_NOT_FOUND",
     "EXIT_UNAVAILABLE",
     "EXIT_UNSAFE",
@@ -76,6 +80,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "replay": replay.replay,
     "views": views.views,
     "capacity": capacity.capacity,
+    "reconcile": reconcile.reconcile,
     "subscriptions": subscriptions.subscriptions,
     "schedules": schedules.schedules,
     "api": api.serve,
@@ -95,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_parser(sub)
     views.add_parser(sub)
     capacity.add_parser(sub)
+    reconcile.add_parser(sub)
     subscriptions.add_parser(sub)
     schedules.add_parser(sub)
     api.add_parser(sub)

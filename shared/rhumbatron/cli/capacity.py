@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -36,9 +35,6 @@ def add_parser(sub: Any) -> None:
 def capacity(args: argparse.Namespace) -> int:
     """Print the capacity report as JSON."""
     from rhumbatron.router.capacity import capacity_report
-
-    # nats-py logs each failed connect with a traceback; the one line below says it.
-    logging.getLogger("nats").setLevel(logging.CRITICAL)
 
     async def report(app: Rhumbatron) -> CapacityReport:
         from rhumbatron.errors import NatsUnavailableError

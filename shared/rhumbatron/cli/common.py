@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_CANNOT",
     "EXIT_ERROR",
+    "EXIT_GAP",
     "EXIT_NOT_FOUND",
     "EXIT_UNAVAILABLE",
     "EXIT_UNSAFE",
@@ -35,6 +36,7 @@ EXIT_NOT_FOUND = 2
 EXIT_CANNOT = 3
 EXIT_UNAVAILABLE = 4
 EXIT_UNSAFE = 5
+EXIT_GAP = 6
 
 T = TypeVar("T")
 

@@ -6,7 +6,8 @@ stricter sum is the one checked). The other windows must nest around it:
 
 * the largest tolerated lag is at least the sweep's round of the eight streams, and the event
   streams keep events longer than that lag plus the replay window;
-* ``processed_events`` claims and published outbox rows outlive the events on the stream;
+* ``processed_events`` claims and published outbox rows outlive the events on the stream, and
+  published rows the reconciliation window too;
 * the JetStream duplicate window fits inside both streams' max ages, yet covers the outbox
   publisher's whole backoff and an operator Retry's resend;
 * the archive keeps its objects for the whole replay window;
@@ -121,6 +122,9 @@ class RetentionWindows(Protocol):
 
     @property
     def outbox_published_retention_days(self) -> float: ...
+
+    @property
+    def reconcile_window_s(self) -> float: ...
 
     @property
     def processed_events_retention_days(self) -> float: ...
@@ -313,6 +317,19 @@ def _published_rows_outlive_stream(
             "deleted while the event is still on its stream, a late retry publishes it again",
             f"raise {_env('outbox_published_retention_days')} to at least "
             f"{_num(s.event_stream_max_age_days)}, or lower {_env('event_stream_max_age_days')}",
+        )
+    window_days = s.reconcile_window_s / _DAY_S
+    if s.outbox_published_retention_days < window_days:
+        yield RetentionMisfit(
+            "published outbox rows are kept at least as long as reconciliation looks back",
+            (
+                ("outbox_published_retention_days", s.outbox_published_retention_days),
+                ("reconcile_window_days", window_days),
+            ),
+            "reconciliation proves the log holds every row the outbox marked published; a row "
+            "pruned inside the window is an event nothing can prove or re-publish",
+            f"raise {_env('outbox_published_retention_days')} to at least "
+            f"{_num(window_days)}, or lower {_env('reconcile_window_days')}",
         )
 
 

@@ -147,6 +147,13 @@ class Settings(BaseSettings):
         "its PubAck. auto: atomic when require_durable_jetstream (sync_interval: always), "
         "else fast. Measured in docs/performance.md.",
     )
+    reconcile_window_days: float | None = Field(
+        default=None,
+        gt=0,
+        description="Days back that reconciliation proves the log holds every event the "
+        "outbox published (rhumbatron reconcile); unset: the event stream's retention. "
+        "Published outbox rows are kept at least this long.",
+    )
     outbox_backoff_initial_s: float = Field(default=1.0, gt=0)
     outbox_backoff_max_s: float = Field(default=300.0, gt=0)
     outbox_backoff_jitter: float = Field(default=0.2, ge=0, lt=1)
@@ -565,6 +572,12 @@ class Settings(BaseSettings):
         return self
 
     # -- end of retention fit -------------------------------------------------------------------
+
+    @property
+    def reconcile_window_s(self) -> float:
+        """How far back reconciliation proves the log against the outbox, in seconds:
+        ``reconcile_window_days``, or the event stream's retention when unset."""
+        return (self.reconcile_window_days or self.event_stream_max_age_days) * 86_400
 
     @property
     def monitor_urls(self) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from rhumbatron.messaging.sender import EventSender
     from rhumbatron.messaging.streams import StreamReport
     from rhumbatron.metrics import MetricsSink
+    from rhumbatron.operator.reconciliation import ReconciliationReport
     from rhumbatron.product.database import ProductDatabase
     from rhumbatron.product.letter_closing import SucceededCommandLetters
     from rhumbatron.reactions.consumer import Reactions
@@ -145,6 +146,16 @@ class Rhumbatron:
                 {i.config.name or "?": online_replica_holders(i) for i in infos},
             )
         return report
+
+    async def reconcile(self, stream_indexes: Sequence[int] | None = None) -> ReconciliationReport:
+        """Prove the log holds every event the outbox published within the reconciliation
+        window (:mod:`rhumbatron.operator.reconciliation`)."""
+        from rhumbatron.operator.reconciliation import reconcile
+
+        js = (await self.nats()).jetstream()
+        return await reconcile(
+            self.actors, js, self.settings, now=self.clock.now(), stream_indexes=stream_indexes
+        )
 
     async def publisher(self) -> OutboxPublisher:
         """The process's publisher, over the current connection.

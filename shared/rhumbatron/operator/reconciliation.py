@@ -1,0 +1,253 @@
+"""Reconciliation: the proof that the log holds every event the outbox marked ``published``.
+
+A PubAck is JetStream's promise that an event is stored on a quorum of replicas. A replica can
+still lose acknowledged events (a node stopped, its newest block file cut, restarted: it
+rebuilds without them and says nothing to clients), and once it leads, they are gone from the
+stream while the outbox still says ``published``. Nothing else in the system would notice.
+
+:func:`reconcile` compares, per event stream, within the reconciliation window
+(``reconcile_window_days``; default the event stream's retention):
+
+* **by event ID, on the leader**: the outbox's published rows of every actor file against the
+  ``Nats-Msg-Id`` values the stream holds (a headers-only scan); an event the leader lacks is
+  listed by ID;
+* **per replica**: each node's own copy (its ``/jsz``, ``RHUMBATRON_NATS_MONITOR_URLS``): a
+  replica whose messages fall short of its sequence range has lost events (a *hole*), which
+  the leader's view alone misses until that replica leads.
+
+The outbox is read before the log, so every row it calls ``published`` was stored before the
+scan began. The window's oldest hour is left out of the check: its events may have aged out
+of the stream (limits retention) since their rows were marked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from rhumbatron.actors.directory import ActorDirectory
+from rhumbatron.actors.outbox import published_since
+from rhumbatron.core.settings import Settings
+from rhumbatron.errors import MessagingError
+from rhumbatron.messaging.log_state import ReplicaState, read_replica_states, read_stream_ids
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name
+
+if TYPE_CHECKING:
+    from nats.js.client import JetStreamContext
+
+__all__ = ["ReconciliationReport", "ReplicaReport", "StreamReconciliation", "reconcile"]
+
+#: The oldest part of the window left out of the check (see the module's docstring).
+AGE_OUT_MARGIN_S = 3_600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReport:
+    """One node's copy of a stream: of the ``expected`` events the outbox published in the
+    window, those it holds (``found``) and the IDs it lacks; and, from its ``/jsz`` when its
+    monitor is known, the messages in its sequence range (``holes``: lost inside it) and how
+    far it is behind the leader."""
+
+    node: str
+    leader: bool
+    expected: int
+    found: int
+    missing: tuple[str, ...]
+    state: ReplicaState | None = None
+    behind: int = 0
+    #: Why this copy could not be read (then nothing about it is proven).
+    error: str | None = None
+
+    @property
+    def holes(self) -> int:
+        return self.state.holes if self.state is not None else 0
+
+    @property
+    def has_gap(self) -> bool:
+        return bool(self.missing or self.holes or self.error)
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "node": self.node,
+            "leader": self.leader,
+            "expected": self.expected,
+            "found": self.found,
+            "missing": list(self.missing),
+            "messages": None if self.state is None else self.state.messages,
+            "firstSeq": None if self.state is None else self.state.first_seq,
+            "lastSeq": None if self.state is None else self.state.last_seq,
+            "holes": self.holes,
+            "behind": self.behind,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReconciliation:
+    """One event stream: the events the outbox published in the window, and each replica's
+    proof against them."""
+
+    stream: str
+    expected: int
+    replicas: tuple[ReplicaReport, ...]
+    #: Why the stream could not be read at all (then nothing about it is proven).
+    error: str | None = None
+
+    @property
+    def has_gap(self) -> bool:
+        """Whether some replica lacks acknowledged events, or something could not be read."""
+        return bool(self.error or any(replica.has_gap for replica in self.replicas))
+
+    @property
+    def missing_everywhere(self) -> tuple[str, ...]:
+        """The events no replica holds: only these may be published again from the outbox."""
+        read = [replica for replica in self.replicas if replica.error is None]
+        if not read:
+            return ()
+        common = set.intersection(*(set(replica.missing) for replica in read))
+        return tuple(event_id for event_id in read[0].missing if event_id in common)
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "stream": self.stream,
+            "expected": self.expected,
+            "gap": self.has_gap,
+            "missingEverywhere": list(self.missing_everywhere),
+            "replicas": [replica.as_json() for replica in self.replicas],
+            "error": self.error,
+        }
+
+
+@dataclass(slots=True)
+class ReconciliationReport:
+    """Every stream checked, the window, the nodes that did not answer, and the cost."""
+
+    checked_from: datetime
+    checked_to: datetime
+    streams: list[StreamReconciliation] = field(default_factory=list)
+    unread_nodes: list[str] = field(default_factory=list)
+    requests: int = 0
+    seconds: float = 0.0
+
+    @property
+    def gaps(self) -> list[StreamReconciliation]:
+        return [stream for stream in self.streams if stream.has_gap]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "checkedFrom": self.checked_from.isoformat(),
+            "checkedTo": self.checked_to.isoformat(),
+            "gap": bool(self.gaps),
+            "streams": [stream.as_json() for stream in self.streams],
+            "unreadNodes": self.unread_nodes,
+            "requests": self.requests,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+async def reconcile(
+    actors: ActorDirectory,
+    js: JetStreamContext,
+    settings: Settings,
+    *,
+    now: datetime,
+    stream_indexes: Sequence[int] | None = None,
+) -> ReconciliationReport:
+    """Prove, for each event stream of ``stream_indexes`` (default all eight) and each of its
+    replicas, that the log holds every event the outbox published within the window; say
+    where it does not."""
+    started = time.monotonic()
+    indexes = sorted(set(range(EVENT_STREAM_COUNT) if stream_indexes is None else stream_indexes))
+    window_s = settings.reconcile_window_s
+    scan_from = datetime.fromtimestamp(now.timestamp() - window_s, UTC)
+    checked_from = now.timestamp() - window_s + min(AGE_OUT_MARGIN_S, window_s / 2)
+    report = ReconciliationReport(
+        checked_from=datetime.fromtimestamp(checked_from, UTC), checked_to=now
+    )
+    expected = await asyncio.to_thread(_published_by_stream, actors, checked_from, set(indexes))
+    names = {index: event_stream_name(index) for index in indexes}
+    states, report.unread_nodes = await asyncio.to_thread(
+        read_replica_states, settings.monitor_urls, names.values()
+    )
+    report.requests += 2 * len(settings.monitor_urls)  # /varz and /jsz of each node
+    for index, name in names.items():
+        stream = await _reconcile_stream(
+            js, name, expected.get(index, {}), [s for s in states if s.stream == name], scan_from
+        )
+        report.requests += stream.requests
+        report.streams.append(stream.result)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    result: StreamReconciliation
+    requests: int
+
+
+async def _reconcile_stream(
+    js: JetStreamContext,
+    name: str,
+    wanted: dict[str, int | None],
+    states: Sequence[ReplicaState],
+    scan_from: datetime,
+) -> _Checked:
+    from nats.errors import Error as NatsError
+
+    try:
+        info = await js.stream_info(name)
+    except NatsError as exc:
+        error = f"cannot read {name}: {type(exc).__name__}: {exc}"
+        return _Checked(StreamReconciliation(name, len(wanted), (), error=error), 1)
+    cluster = info.cluster
+    leader = cluster.leader if cluster is not None else None
+    nodes: list[str | None] = [leader] if leader else [None]
+    if cluster is not None:
+        nodes += [peer.name for peer in cluster.replicas or () if peer.name]
+    state_of = {state.node: state for state in states}
+    leader_last = state_of[leader].last_seq if leader in state_of else info.state.last_seq
+    requests = 1
+    replicas: list[ReplicaReport] = []
+    for node in nodes:
+        state = state_of.get(node or "")
+        behind = max(0, leader_last - state.last_seq) if state is not None else 0
+        label = node or "(server)"
+        try:
+            ids = await read_stream_ids(js, name, since=scan_from, on_node=node)
+        except MessagingError as exc:
+            replicas.append(
+                ReplicaReport(label, node == leader, len(wanted), 0, (), state, behind, str(exc))
+            )
+            continue
+        requests += ids.requests
+        missing = tuple(event_id for event_id in wanted if event_id not in ids.sequence_of)
+        replicas.append(
+            ReplicaReport(
+                label,
+                node == leader,
+                len(wanted),
+                len(wanted) - len(missing),
+                missing,
+                state,
+                behind,
+            )
+        )
+    return _Checked(StreamReconciliation(name, len(wanted), tuple(replicas)), requests)
+
+
+def _published_by_stream(
+    actors: ActorDirectory, since_s: float, indexes: set[int]
+) -> dict[int, dict[str, int | None]]:
+    """The outbox rows published since ``since_s``, per stream, in outbox order."""
+    expected: dict[int, dict[str, int | None]] = {}
+    for ref in actors.actor_refs():
+        with actors.visiting(ref) as actor:
+            for event_id, index, sequence in published_since(actor.connection, since_s=since_s):
+                if index in indexes:
+                    expected.setdefault(index, {})[event_id] = sequence
+    return expected

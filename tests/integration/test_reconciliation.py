@@ -1,0 +1,130 @@
+"""Reconciliation on one node, as an operator runs it: ``rhumbatron reconcile`` proves the log
+holds every event the outbox marked published, and names each one it does not (the cluster
+case, a replica that lost events, is in tests/faults/test_cluster_faults.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
+from rhumbatron.actors.shard_commands import AppendChangeEvents
+from rhumbatron.cli import EXIT_GAP
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
+from rhumbatron.domain.changes import ChangeFact
+from rhumbatron.domain.facts import Caller
+from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+
+pytestmark = pytest.mark.integration
+
+PROJECT = "reconciled"
+CALLER = Caller("acme", "system:test", correlation_id="corr-reconcile")
+
+
+def write_change_events(shard: ResourceShard, change_id: str, count: int) -> list[str]:
+    """Append ``count`` task.ready facts; return their event IDs in outbox order."""
+    facts = tuple(ChangeFact("task.ready", {}, task_id=f"tsk-{i:03d}") for i in range(count))
+    shard.apply(CALLER, AppendChangeEvents(change_id=change_id, status="planned", facts=facts))
+    return [row[0] for row in shard.connection.execute("SELECT event_id FROM outbox ORDER BY seq")]
+
+
+@pytest.fixture
+def settings(tmp_path: Path, nats_server: NatsServerProcess) -> Settings:
+    return load_settings(
+        state_dir=tmp_path / "state",
+        nats_url=nats_server.url,
+        nats_monitor_urls=f"http://127.0.0.1:{nats_server.http_port}",
+    )
+
+
+def _reconcile_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RHUMBATRON_")}
+    env |= {
+        "RHUMBATRON_STATE_DIR": str(settings.state_dir),
+        "RHUMBATRON_NATS_URL": settings.nats_url,
+        "RHUMBATRON_NATS_MONITOR_URLS": settings.nats_monitor_urls or "",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "rhumbatron.cli", "reconcile", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_the_log_holding_every_published_event_is_proven_and_a_lost_one_named(
+    settings: Settings,
+) -> None:
+    # GIVEN 20 events published from one actor
+    app = bootstrap(settings)
+    try:
+        await app.ensure_streams()
+        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
+        written = write_change_events(shard, "chg-1", 20)
+        await app.fire_due_alarms()
+        index = stream_index(PROJECT)
+        stream = event_stream_name(index)
+
+        # WHEN reconciliation runs over that stream, THEN every event is proven held
+        done = _reconcile_cli(settings, "--stream", str(index), "--json")
+        assert done.returncode == 0, done.stderr
+        [clean] = json.loads(done.stdout)["streams"]
+        assert clean["stream"] == stream
+        assert (clean["expected"], clean["gap"], clean["missingEverywhere"]) == (20, False, [])
+        [replica] = clean["replicas"]
+        assert (replica["found"], replica["missing"], replica["holes"]) == (20, [], 0)
+        assert (replica["messages"], replica["firstSeq"], replica["lastSeq"]) == (20, 1, 20)
+
+        # WHEN the log loses the 5th event (its message deleted behind the outbox's back)
+        js = (await app.nats()).jetstream()
+        await js.delete_msg(stream, 5)
+
+        # THEN reconciliation exits 6 and names exactly that event, on the one copy there is;
+        # no copy holds it, so it is the one event that may be published again
+        done = _reconcile_cli(settings, "--stream", str(index), "--json")
+        assert done.returncode == EXIT_GAP, done.stderr
+        [gap] = json.loads(done.stdout)["streams"]
+        assert gap["gap"] is True
+        assert gap["missingEverywhere"] == [written[4]]
+        [replica] = gap["replicas"]
+        assert (replica["found"], replica["missing"], replica["holes"]) == (19, [written[4]], 1)
+        # AND the table says the same to a person
+        table = _reconcile_cli(settings, "--stream", str(index))
+        assert table.returncode == EXIT_GAP
+        assert f"{stream}: GAP: 20 events published" in table.stdout
+        assert f"    missing {written[4]}" in table.stdout
+    finally:
+        await app.close()
+
+
+async def test_events_published_before_the_window_are_not_expected(
+    settings: Settings, clock: ManualClock
+) -> None:
+    # GIVEN 3 events published, and a clock 7 days later: beyond the window (the stream's
+    # retention), where the stream may have dropped them
+    app = bootstrap(settings, clock=clock)
+    try:
+        await app.ensure_streams()
+        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
+        write_change_events(shard, "chg-1", 3)
+        await app.fire_due_alarms()
+        index = stream_index(PROJECT)
+        [now] = (await app.reconcile([index])).streams
+        assert now.expected == 3
+        # WHEN the window has passed them
+        clock.advance(days=7)
+        # THEN none is expected any more, and nothing is a gap
+        [later] = (await app.reconcile([index])).streams
+        assert (later.expected, later.has_gap) == (0, False)
+    finally:
+        await app.close()
