@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
+from rhumbatron.metrics import LOG_GAP_METRIC, recent_points
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.runtime.bootstrap import bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
@@ -126,5 +128,37 @@ async def test_events_published_before_the_window_are_not_expected(
         # THEN none is expected any more, and nothing is a gap
         [later] = (await app.reconcile([index])).streams
         assert (later.expected, later.has_gap) == (0, False)
+    finally:
+        await app.close()
+
+
+async def test_a_sweep_tick_finds_a_replica_short_of_its_range_and_records_the_loss(
+    settings: Settings, nats_server: NatsServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN 10 events published, then the 4th lost from the stream's one copy
+    index = stream_index(PROJECT)
+    # the tick at minute m sweeps stream m mod 8: this one sweeps the project's stream
+    tick_at = datetime(2026, 12, 3, 10, 0, tzinfo=UTC) + timedelta(minutes=index)
+    app = bootstrap(settings, clock=ManualClock(tick_at))
+    try:
+        await app.ensure_streams()
+        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
+        write_change_events(shard, "chg-1", 10)
+        await app.fire_due_alarms()
+        clean = await app.sweep_tick(tick_at)
+        assert clean.log_gaps == {}
+        js = (await app.nats()).jetstream()
+        await js.delete_msg(event_stream_name(index), 4)
+
+        # WHEN the next tick of that stream runs
+        later = tick_at + timedelta(minutes=8)
+        tick = await app.sweep_tick(later)
+
+        # THEN it names the node and the one event lost, warns with the way to the proof,
+        # and records the loss as the log_gap_events metric
+        assert tick.log_gaps == {nats_server.name: 1}
+        assert f"run `rhumbatron reconcile --stream {index}`" in caplog.text
+        [point] = recent_points(app.product().connection, LOG_GAP_METRIC)
+        assert point.value == 1.0
     finally:
         await app.close()

@@ -103,7 +103,7 @@ class QueueWorkerRuntime(RoleRuntime, QueueContext, Protocol):
 class SweepTick:
     """What one sweep tick did: the router's tick, the dead-letter queue's poll, the letters
     closed, the housekeeping, the resumed workflows, the time events, the webhook retries,
-    and the tick's own figures."""
+    the tick's own figures, and the replicas of its stream that lost events."""
 
     router: SweepReport
     letters: PollReport
@@ -116,6 +116,9 @@ class SweepTick:
     dead_letters_open: int
     clef_flash_calls_today: int
     out_of_time: bool
+    #: Events each replica of the tick's stream lost inside its own sequence range, by node
+    #: (only those that lost some; empty without RHUMBATRON_NATS_MONITOR_URLS).
+    log_gaps: dict[str, int]
 
 
 class SweepRuntime(RoleRuntime, Protocol):

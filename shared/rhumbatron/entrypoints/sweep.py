@@ -138,6 +138,7 @@ async def _handle(
         "dead_letters_open": tick.dead_letters_open,
         "clef_flash_calls_today": tick.clef_flash_calls_today,
         "out_of_time": tick.out_of_time,
+        "log_gaps": tick.log_gaps,
     }
 
 

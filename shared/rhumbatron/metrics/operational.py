@@ -23,6 +23,9 @@ metric                      dimensions        recorded by, and what it is
                                               so far on the UTC day (a gauge; its daily maximum
                                               is the day's calls)
 ``sweep_heartbeat``         —                 every sweep tick that got to its end: 1
+``log_gap_events``          —                 a sweep tick that found a replica of its stream
+                                              short of its own sequence range: the events lost
+                                              (no point when none is)
 ==========================  ================  =====================================================
 
 The dimension values follow the local dashboard (:mod:`rhumbatron_dev.dashboard.summary`), in
@@ -45,12 +48,14 @@ __all__ = [
     "COMMANDS_HANDLED_METRIC",
     "COMMAND_OUTCOMES",
     "DEAD_LETTERS_OPEN_METRIC",
+    "LOG_GAP_METRIC",
     "PUBLISH_ERRORS_METRIC",
     "PUBLISH_ERROR_KINDS",
     "SWEEP_HEARTBEAT_METRIC",
     "clef_flash_calls_point",
     "commands_handled_points",
     "dead_letters_open_points",
+    "log_gap_points",
     "publish_error_points",
     "sweep_heartbeat_point",
 ]
@@ -60,6 +65,7 @@ DEAD_LETTERS_OPEN_METRIC = "dead_letters_open"
 COMMANDS_HANDLED_METRIC = "commands_handled"
 PUBLISH_ERRORS_METRIC = "publish_errors"
 CLEF_FLASH_CALLS_TODAY_METRIC = "clef_flash_calls_today"
+LOG_GAP_METRIC = "log_gap_events"
 
 #: The ``outcome`` values of ``commands_handled``: the :class:`PollReport` counters of a
 #: settled command (``left_for_redelivery`` is not settled: the next poll counts it).
@@ -117,6 +123,13 @@ def dead_letters_open_points(counts: Mapping[tuple[str, str], int]) -> list[Data
         DataPoint(DEAD_LETTERS_OPEN_METRIC, count, dimensions={"queue": queue, "kind": kind})
         for (queue, kind), count in sorted(counts.items())
     ]
+
+
+def log_gap_points(lost_by_replica: Mapping[str, int]) -> list[DataPoint]:
+    """The events a tick found lost on its stream's replicas, as one point (none when no
+    replica lost any: the alarm reads missing data as no gap)."""
+    lost = sum(lost_by_replica.values())
+    return [DataPoint(LOG_GAP_METRIC, float(lost))] if lost else []
 
 
 def clef_flash_calls_point(calls: int) -> DataPoint:

@@ -4,7 +4,9 @@ The router's tick (:meth:`~rhumbatron.router.event_router.EventRouter.sweep`), t
 router's role also runs each minute: the dead-letter queue's consumer and, on the 5-minute
 (release-sweep) ticks, the closing of the command letters of ended Changes; the lifecycle's
 housekeeping; the workflows a crash cut short (locally); the time events; the webhook
-retries; and the tick's own metrics with the heartbeat. The sweep role
+retries; the cheap check of the log (each replica of the tick's stream against its own
+sequence range, :mod:`rhumbatron.operator.reconciliation`); and the tick's own metrics with
+the heartbeat. The sweep role
 (:mod:`rhumbatron.entrypoints.sweep`) reads the result through its port and reports it.
 """
 
@@ -76,7 +78,8 @@ async def run_sweep_tick(
             "sweep of stream %d ran out of time; records left wait for its next tick",
             report.run.stream_index,
         )
-    open_letters, clef_flash_calls = _record_tick_metrics(app, letters)
+    log_gaps = await _check_log(app, report.run.stream_index)
+    open_letters, clef_flash_calls = _record_tick_metrics(app, letters, log_gaps)
     return SweepTick(
         router=report,
         letters=letters,
@@ -89,6 +92,7 @@ async def run_sweep_tick(
         dead_letters_open=open_letters,
         clef_flash_calls_today=clef_flash_calls,
         out_of_time=out_of_time,
+        log_gaps=log_gaps,
     )
 
 
@@ -126,7 +130,39 @@ async def _retry_webhooks(
     return report.as_dict()
 
 
-def _record_tick_metrics(app: SweepHost, letters: PollReport) -> tuple[int, int]:
+async def _check_log(app: SweepHost, stream_index: int) -> dict[str, int]:
+    """The events each replica of the tick's stream lost inside its own sequence range (its
+    ``/jsz``), by node; each is logged as a warning naming the way to the proof. Never raises:
+    a monitor that does not answer is a warning, and the tick goes on."""
+    import asyncio
+
+    from rhumbatron.messaging.log_state import read_replica_states
+    from rhumbatron.protocol.ids import event_stream_name
+
+    urls = app.settings.monitor_urls
+    if not urls:
+        return {}
+    stream = event_stream_name(stream_index)
+    states, unread = await asyncio.to_thread(read_replica_states, urls, [stream])
+    for node in unread:
+        _log.warning("log check of %s could not read %s", stream, node)
+    lost = {state.node: state.holes for state in states if state.holes}
+    for node, count in lost.items():
+        _log.warning(
+            "log gap detected: %s's copy of %s lacks %d acknowledged event(s) inside its "
+            "sequence range; run `rhumbatron reconcile --stream %d` (docs/operations.md, "
+            "Log gap detected)",
+            node,
+            stream,
+            count,
+            stream_index,
+        )
+    return lost
+
+
+def _record_tick_metrics(
+    app: SweepHost, letters: PollReport, log_gaps: dict[str, int]
+) -> tuple[int, int]:
     """Record the tick's own METRICS points; return the open letters and today's Clef-flash
     calls.
 
@@ -141,6 +177,7 @@ def _record_tick_metrics(app: SweepHost, letters: PollReport) -> tuple[int, int]
         clef_flash_calls_point,
         commands_handled_points,
         dead_letters_open_points,
+        log_gap_points,
         sweep_heartbeat_point,
     )
     from rhumbatron.queues.dead_letter import open_letter_counts
@@ -151,6 +188,7 @@ def _record_tick_metrics(app: SweepHost, letters: PollReport) -> tuple[int, int]
         *dead_letters_open_points(counts),
         clef_flash_calls_point(calls),
         *commands_handled_points(letters),
+        *log_gap_points(log_gaps),
         sweep_heartbeat_point(),
     ]
     MetricsRecorder(app.product(), app.metrics_sink, app.clock).record(points)
