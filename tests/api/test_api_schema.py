@@ -132,6 +132,7 @@ def test_every_operation_answers_fuzzed_requests_as_documented(served_api: str) 
         "DELETE /schedules/{scheduleId}",
         "GET /consumers",
         "GET /capacity",
+        "GET /reconciliation",
     }
     strategy = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(
         GenerationMode.NEGATIVE

@@ -302,3 +302,33 @@ async def test_get_capacity_shows_the_ceilings_and_needs_consumers_read(
     unscoped = await api.get("/capacity", headers=bearer(NO_SCOPE))
     assert unscoped.status_code == 403, unscoped.text
     assert "consumers:read" in unscoped.text and "ceilings" not in unscoped.json()
+
+
+async def test_get_reconciliation_proves_the_published_events_and_needs_consumers_read(
+    runtime: Rhumbatron, api: httpx.AsyncClient
+) -> None:
+    # GIVEN a project whose creation was published from its outbox
+    runtime.project_root(PROJECT).create_project(CALLER, name="Web")
+    await runtime.fire_due_alarms()
+    # WHEN an operator with consumers:read asks for the proof of the project's stream
+    response = await api.get(f"/reconciliation?stream={STREAM}", headers=bearer(WATCHER))
+    # THEN the one server's copy holds the one event published, and there is no gap
+    assert response.status_code == 200, response.text
+    body = response.json()
+    [stream] = body["streams"]
+    assert (stream["stream"], stream["expected"], stream["gap"]) == (
+        event_stream_name(STREAM),
+        1,
+        False,
+    )
+    [replica] = stream["replicas"]
+    assert (replica["found"], replica["missing"], replica["holes"]) == (1, [], 0)
+    assert body["gap"] is False and body["unreadNodes"] == []
+    # AND a stream index outside 0-7 is refused, naming the parameter
+    outside = await api.get("/reconciliation?stream=8", headers=bearer(WATCHER))
+    assert outside.status_code == 422, outside.text
+    assert "stream" in outside.text
+    # AND without the scope it is refused, proving nothing
+    unscoped = await api.get("/reconciliation", headers=bearer(NO_SCOPE))
+    assert unscoped.status_code == 403, unscoped.text
+    assert "consumers:read" in unscoped.text and "streams" not in unscoped.json()

@@ -6,7 +6,15 @@ from pydantic.alias_generators import to_camel
 
 from rhumbatron.messaging.cursors import CursorKind, CursorLag
 
-__all__ = ["CapacityBody", "CeilingsBody", "ConsumerBody", "ConsumersBody"]
+__all__ = [
+    "CapacityBody",
+    "CeilingsBody",
+    "ConsumerBody",
+    "ConsumersBody",
+    "ReconciliationBody",
+    "ReplicaReconciliationBody",
+    "StreamReconciliationBody",
+]
 
 
 class _Wire(BaseModel):
@@ -84,3 +92,45 @@ class CapacityBody(_Wire):
     warnings: list[str] = Field(
         description="Every ceiling below the sized volume, or passed 80 % by the observed rate."
     )
+
+
+class ReplicaReconciliationBody(_Wire):
+    """One replica's proof against the outbox, and its own counts."""
+
+    node: str = Field(description="The node holding this copy of the stream.")
+    leader: bool = Field(description="Whether it leads the stream.")
+    expected: int = Field(ge=0, description="Events the outbox published in the window.")
+    found: int = Field(ge=0, description="Of them, those this copy holds.")
+    missing: list[str] = Field(description="The event IDs of those it lacks.")
+    messages: int | None = Field(description="Messages in its copy (its /jsz; null: not read).")
+    first_seq: int | None = Field(description="Its first stream sequence.")
+    last_seq: int | None = Field(description="Its last stream sequence.")
+    holes: int = Field(ge=0, description="Messages missing inside its own sequence range.")
+    behind: int = Field(ge=0, description="How far its last sequence is behind the leader's.")
+    error: str | None = Field(description="Why this copy could not be read.")
+
+
+class StreamReconciliationBody(_Wire):
+    """One event stream: the events the outbox published in the window, each replica's
+    proof, and the events no replica holds."""
+
+    stream: str
+    expected: int = Field(ge=0)
+    gap: bool = Field(description="Some replica lacks acknowledged events, or was not read.")
+    missing_everywhere: list[str] = Field(
+        description="Events no replica holds: the only ones the outbox may publish again."
+    )
+    replicas: list[ReplicaReconciliationBody]
+    error: str | None = Field(description="Why the stream could not be read.")
+
+
+class ReconciliationBody(_Wire):
+    """The proof that the log holds every event the outbox marked published."""
+
+    checked_from: AwareDatetime = Field(description="Rows published from here on were checked.")
+    checked_to: AwareDatetime
+    gap: bool = Field(description="Some stream has a gap.")
+    streams: list[StreamReconciliationBody]
+    unread_nodes: list[str] = Field(description="Monitor URLs that did not answer, with why.")
+    requests: int = Field(ge=0, description="Requests the proof took.")
+    seconds: float = Field(ge=0, description="How long it took.")

@@ -5,6 +5,7 @@ satisfies it; the API sits below the composition root and never imports it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from rhumbatron.lifecycle.context import LifecycleWithWorld
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from rhumbatron.lifecycle.requests import AgentCallbacks, ChangeRequests
     from rhumbatron.lifecycle.world import LifecycleWorld
     from rhumbatron.messaging.streams import StreamReport
+    from rhumbatron.operator.reconciliation import ReconciliationReport
     from rhumbatron.router.event_router import EventRouter
 
 __all__ = ["ApiLifecycle", "ApiRuntime"]
@@ -61,5 +63,9 @@ class ApiRuntime(LifecycleWithWorld, OperatorContext, Protocol):
     async def nats(self) -> NATS: ...
 
     async def ensure_streams(self) -> StreamReport: ...
+
+    async def reconcile(
+        self, stream_indexes: Sequence[int] | None = None
+    ) -> ReconciliationReport: ...
 
     async def close(self) -> None: ...
