@@ -8,6 +8,8 @@ outbox order. Every node is the same ``nats-server`` binary, on its own loopback
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -372,5 +374,42 @@ async def test_a_replica_that_lost_acknowledged_events_is_found_and_named_by_id(
             (r.found, r.missing, r.holes) == (300, (), 0) for r in damaged.replicas if r is not hurt
         )
         assert damaged.has_gap and damaged.missing_everywhere == ()
+
+        # WHEN the damaged node comes to lead the stream, and an operator repairs
+        await _lead(app, stream, victim.name)
+        [led] = (await app.reconcile([index])).streams
+        assert [r.node for r in led.replicas if r.leader and r.missing] == [victim.name]
+        report = await app.reconcile([index])
+        planned = await app.repair_log(report, dry_run=True)
+        steps = await app.repair_log(report, dry_run=False)
+
+        # THEN the dry run moved nothing, and the repair moved the lead to a healthy replica;
+        # the damaged one is left to rebuild on its node, and nothing is re-published
+        assert [(s.action, s.done) for s in planned] == [
+            ("move_leader", False),
+            ("rebuild_replica", False),
+        ]
+        assert [(s.action, s.done) for s in steps] == [
+            ("move_leader", True),
+            ("rebuild_replica", False),
+        ]
+        assert steps[1].node == victim.name
+        info = await (await app.nats()).jetstream().stream_info(stream)
+        assert info.cluster is not None and info.cluster.leader == steps[0].node != victim.name
     finally:
         await app.close()
+
+
+async def _lead(app: Rhumbatron, stream: str, node: str) -> None:
+    """Move the stream's lead to ``node``: JetStream's leader stepdown, preferring it."""
+    nc = await app.nats()
+    deadline = time.monotonic() + 30
+    while (await nc.jetstream().stream_info(stream)).cluster.leader != node:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, f"{node} never took the lead of {stream}"
+        with contextlib.suppress(Exception):  # between leaders nobody answers: ask again
+            await nc.request(
+                f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
+                json.dumps({"placement": {"preferred": node}}).encode(),
+                timeout=2,
+            )
+        await asyncio.sleep(0.5)  # an election takes a moment, bounded by the deadline

@@ -1,10 +1,13 @@
-"""``rhumbatron reconcile [--stream N ...] [--json]``: prove the log holds every event the
-outbox published (:mod:`rhumbatron.operator.reconciliation`).
+"""``rhumbatron reconcile [--stream N ...] [--repair [--dry-run]] [--json]``: prove the log
+holds every event the outbox published (:mod:`rhumbatron.operator.reconciliation`).
 
-Prints, per event stream, the events the outbox published within the window and how many of
-them the leader holds, every missing event ID, and each replica's expected and found counts
-(``--json``: the whole report). Exit status: 0 no gap, 6 a gap (some replica lacks
-acknowledged events, or a stream could not be read), 4 NATS cannot be reached.
+Prints, per event stream and replica, the events the outbox published within the window, how
+many of them that replica holds and every missing event ID, with the replica's own counts
+(``--json``: the whole report). ``--repair`` then moves the lead of each stream whose leader
+lost events to a healthy replica, and lists what is left to an operator (rebuilding a damaged
+replica on its node; events no replica holds); ``--dry-run`` only lists it. Exit status: 0 no
+gap, 6 a gap (some replica lacks acknowledged events, or a stream could not be read), 4 NATS
+cannot be reached.
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from rhumbatron.cli.common import EXIT_GAP, print_json, run_on_runtime
+from rhumbatron.cli.common import EXIT_ERROR, EXIT_GAP, fail, print_json, run_on_runtime
 
 if TYPE_CHECKING:
-    from rhumbatron.operator.reconciliation import ReconciliationReport
+    from rhumbatron.operator.reconciliation import ReconciliationReport, RepairStep
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = ["add_parser", "reconcile"]
@@ -35,20 +38,39 @@ def add_parser(sub: Any) -> None:
         choices=range(8),
         help="an event stream index (0-7) to check (repeatable); default: all eight",
     )
+    parser.add_argument(
+        "--repair",
+        action="store_true",
+        help="move the lead away from a replica that lost events; list what is left",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="with --repair: say what it would do, do nothing"
+    )
     parser.add_argument("--json", action="store_true", help="print the whole report as JSON")
 
 
 def reconcile(args: argparse.Namespace) -> int:
     """Run the reconciliation and print what it found."""
 
-    async def run(app: Rhumbatron) -> ReconciliationReport:
-        return await app.reconcile(args.stream)
+    if args.dry_run and not args.repair:
+        return fail(EXIT_ERROR, "--dry-run goes with --repair", command="reconcile")
 
-    report = run_on_runtime(run)
+    async def run(app: Rhumbatron) -> tuple[ReconciliationReport, list[RepairStep]]:
+        report = await app.reconcile(args.stream)
+        steps = await app.repair_log(report, dry_run=args.dry_run) if args.repair else []
+        return report, steps
+
+    report, steps = run_on_runtime(run)
     if args.json:
-        print_json(report.as_json())
+        body = report.as_json()
+        if args.repair:
+            body["repair"] = {"dryRun": args.dry_run, "steps": [s.as_json() for s in steps]}
+        print_json(body)
     else:
         _print_table(report)
+        for step in steps:
+            state = "done" if step.done else ("would do" if args.dry_run else "left to do")
+            print(f"repair {step.stream}: {step.action} {step.node} ({state}): {step.detail}")
     return EXIT_GAP if report.gaps else 0
 
 

@@ -37,9 +37,17 @@ from rhumbatron.messaging.log_state import ReplicaState, read_replica_states, re
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name
 
 if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
     from nats.js.client import JetStreamContext
 
-__all__ = ["ReconciliationReport", "ReplicaReport", "StreamReconciliation", "reconcile"]
+__all__ = [
+    "ReconciliationReport",
+    "RepairStep",
+    "ReplicaReport",
+    "StreamReconciliation",
+    "reconcile",
+    "repair",
+]
 
 #: The oldest part of the window left out of the check (see the module's docstring).
 AGE_OUT_MARGIN_S = 3_600.0
@@ -251,3 +259,94 @@ def _published_by_stream(
                 if index in indexes:
                     expected.setdefault(index, {})[event_id] = sequence
     return expected
+
+
+@dataclass(frozen=True, slots=True)
+class RepairStep:
+    """One thing the repair did (or, in a dry run, would do) for a stream with a gap, or
+    leaves to an operator: ``move_leader`` away from a damaged replica to a healthy one
+    (done here), ``rebuild_replica`` on its node (an operator's step: docs/operations.md),
+    ``republish`` the events no replica holds (not automated: the order caveat)."""
+
+    stream: str
+    action: str
+    node: str
+    detail: str
+    done: bool
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "stream": self.stream,
+            "action": self.action,
+            "node": self.node,
+            "detail": self.detail,
+            "done": self.done,
+        }
+
+
+async def repair(
+    nc: NATS, report: ReconciliationReport, *, dry_run: bool, timeout_s: float = 15.0
+) -> list[RepairStep]:
+    """Make nothing worse, then say what is left: for each stream with a gap whose leader
+    lost events while a healthy replica holds them all, move the lead there (JetStream's
+    leader stepdown, preferring it); list each damaged replica to rebuild from the leader,
+    and the events no replica holds."""
+    steps: list[RepairStep] = []
+    for stream in report.gaps:
+        damaged = [r for r in stream.replicas if r.has_gap]
+        healthy = [r for r in stream.replicas if not r.has_gap]
+        leader = next((r for r in damaged if r.leader), None)
+        if leader is not None and healthy:
+            target = healthy[0].node
+            detail = f"the lead moves from {leader.node}, which lost events, to {target}"
+            if not dry_run:
+                await _move_leader(nc, stream.stream, target, timeout_s)
+            steps.append(RepairStep(stream.stream, "move_leader", target, detail, not dry_run))
+        for replica in damaged:
+            steps.append(
+                RepairStep(
+                    stream.stream,
+                    "rebuild_replica",
+                    replica.node,
+                    f"{len(replica.missing) or replica.holes} event(s) lost: stop the node, "
+                    f"delete its copy of {stream.stream}, start it (docs/operations.md, "
+                    "Log gap detected)",
+                    False,
+                )
+            )
+        if stream.missing_everywhere:
+            steps.append(
+                RepairStep(
+                    stream.stream,
+                    "republish",
+                    "",
+                    f"{len(stream.missing_everywhere)} event(s) no replica holds; not "
+                    "re-published (a re-publish lands after newer events: see the runbook)",
+                    False,
+                )
+            )
+    return steps
+
+
+async def _move_leader(nc: NATS, stream: str, node: str, timeout_s: float) -> None:
+    """Step the stream's leader down, preferring ``node``, until ``node`` leads."""
+    import contextlib
+    import json
+
+    from nats.errors import Error as NatsError
+
+    js = nc.jetstream()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = await js.stream_info(stream)
+        if info.cluster is not None and info.cluster.leader == node:
+            return
+        if time.monotonic() > deadline:
+            raise MessagingError(f"{node} did not take the lead of {stream} in {timeout_s:g} s")
+        with contextlib.suppress(NatsError):  # between leaders nobody answers: ask again
+            await nc.request(
+                f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
+                json.dumps({"placement": {"preferred": node}}).encode(),
+                timeout=2,
+            )
+        await asyncio.sleep(0.5)  # an election takes a moment

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from rhumbatron.messaging.sender import EventSender
     from rhumbatron.messaging.streams import StreamReport
     from rhumbatron.metrics import MetricsSink
-    from rhumbatron.operator.reconciliation import ReconciliationReport
+    from rhumbatron.operator.reconciliation import ReconciliationReport, RepairStep
     from rhumbatron.product.database import ProductDatabase
     from rhumbatron.product.letter_closing import SucceededCommandLetters
     from rhumbatron.reactions.consumer import Reactions
@@ -156,6 +156,13 @@ class Rhumbatron:
         return await reconcile(
             self.actors, js, self.settings, now=self.clock.now(), stream_indexes=stream_indexes
         )
+
+    async def repair_log(self, report: ReconciliationReport, *, dry_run: bool) -> list[RepairStep]:
+        """Move the lead of each stream whose leader lost events to a healthy replica; say
+        what is left (:func:`rhumbatron.operator.reconciliation.repair`)."""
+        from rhumbatron.operator.reconciliation import repair
+
+        return await repair(await self.nats(), report, dry_run=dry_run)
 
     async def publisher(self) -> OutboxPublisher:
         """The process's publisher, over the current connection.
