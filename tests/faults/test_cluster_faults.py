@@ -21,11 +21,25 @@ from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import LocalStackError, UnsafeStorageError
 from rhumbatron.messaging.connection import connect_nats
+from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.router.event_router import EventRouter
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess, free_port
+from rhumbatron_dev.local.s3_server import S3ServerProcess
 
-from .worker import outbox_rows, read_project_stream, write_change_events
+from .test_router_faults import (
+    archived_once,
+    assert_claimed_once_each,
+    assert_views_exact,
+    drain_until_settled,
+    events_applied,
+    make_events,
+    make_stack,
+    projects_on_one_stream,
+    publish,
+)
+from .worker import outbox_rows, read_project_stream, wait_until, write_change_events
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -413,3 +427,70 @@ async def _lead(app: Rhumbatron, stream: str, node: str) -> None:
                 timeout=2,
             )
         await asyncio.sleep(0.5)  # an election takes a moment, bounded by the deadline
+
+
+# -- the consuming side (item 5 of issue #18) ----------------------------------------------
+
+
+async def _drain_through_faults(router: EventRouter, index: int, *, timeout_s: float) -> int:
+    """Drain until the stream's consumers are settled, riding out the errors an election
+    raises meanwhile (the router is not restarted: it must resume by itself); the drains
+    that raised."""
+    deadline = time.monotonic() + timeout_s
+    raised = 0
+    while True:
+        try:
+            await drain_until_settled(
+                router, index, timeout_s=max(1.0, deadline - time.monotonic())
+            )
+            return raised
+        except AssertionError:
+            raise
+        except Exception:  # between leaders: JetStream does not answer yet
+            raised += 1
+            assert time.monotonic() < deadline, "the router never drained after the fault"
+            await asyncio.sleep(0.2)  # the next try, bounded by the deadline
+
+
+async def test_the_router_draining_while_the_stream_leader_dies_loses_and_doubles_nothing(
+    tmp_path: Path, cluster: list[NatsServerProcess], s3_server: S3ServerProcess
+) -> None:
+    # GIVEN R3 streams (their consumers R3 too) and 600 events of two projects on one stream
+    stack = make_stack(
+        tmp_path,
+        cluster[0],
+        s3_server,
+        nats_url=",".join(node.url for node in cluster),
+        stream_replicas=3,
+    )
+    projects = projects_on_one_stream(2, prefix="cluster-drain")
+    index = stream_index(projects[0])
+    events = make_events(projects, 300)
+    app = stack.app()
+    try:
+        await _streams_ready(app)
+        await publish(app, events)
+        router = app.router()
+
+        # WHEN the router drains, and the stream's leader is SIGKILLed once it has begun
+        draining = asyncio.create_task(_drain_through_faults(router, index, timeout_s=90))
+        await wait_until(
+            lambda: events_applied(stack.settings, projects[0]) > 0,
+            timeout_s=30,
+            what="the projector to apply something",
+        )
+        info = await (await app.nats()).jetstream().stream_info(event_stream_name(index))
+        victim = _node_named(cluster, info.cluster.leader or "")  # type: ignore[union-attr]
+        victim.kill()
+        applied_at_kill = sum(events_applied(stack.settings, p) for p in projects)
+        assert applied_at_kill < len(events), "the drain finished before the kill"
+        await draining
+        victim.start()
+
+        # THEN every event was applied once to its view, claimed once by each consumer, and
+        # archived: nothing lost, nothing doubled, and the same router carried on by itself
+        assert_views_exact(stack.settings, events)
+        assert_claimed_once_each(stack.settings, events, tuple(Subscription))
+        assert sorted(archived_once(stack, index)) == sorted(e.event_id for e in events)
+    finally:
+        await app.close()

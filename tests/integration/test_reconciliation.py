@@ -20,6 +20,7 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
+from rhumbatron.domain.project import project_admin_key
 from rhumbatron.metrics import LOG_GAP_METRIC, recent_points
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.runtime.bootstrap import bootstrap
@@ -28,7 +29,16 @@ from rhumbatron_dev.local.nats_server import NatsServerProcess
 pytestmark = pytest.mark.integration
 
 PROJECT = "reconciled"
+CLOCK_PROJECT = "rhumbatron-clock"  # ScheduleSettings.clock_project_id's default
 CALLER = Caller("acme", "system:test", correlation_id="corr-reconcile")
+
+
+def gap_facts(shard: ResourceShard) -> list[dict[str, object]]:
+    """The log.gap_detected facts in ``shard``'s outbox."""
+    rows = shard.connection.execute(
+        "SELECT envelope FROM outbox WHERE event_type = 'log.gap_detected' ORDER BY seq"
+    )
+    return [json.loads(envelope) for (envelope,) in rows]
 
 
 def write_change_events(shard: ResourceShard, change_id: str, count: int) -> list[str]:
@@ -160,5 +170,20 @@ async def test_a_sweep_tick_finds_a_replica_short_of_its_range_and_records_the_l
         assert f"run `rhumbatron reconcile --stream {index}`" in caplog.text
         [point] = recent_points(app.product().connection, LOG_GAP_METRIC)
         assert point.value == 1.0
+        # AND a log.gap_detected fact on the clock project's stream, naming stream and node
+        clock = app.resource_shard(CLOCK_PROJECT, project_admin_key(CLOCK_PROJECT))
+        [fact] = gap_facts(clock)
+        assert fact["payload"] == {
+            "stream": event_stream_name(index),
+            "node": nats_server.name,
+            "lostEvents": 1,
+            "messages": 9,
+            "firstSeq": 1,
+            "lastSeq": 10,
+        }
+        # AND the same loss seen by the stream's next tick that day is not a second fact
+        again = await app.sweep_tick(later + timedelta(minutes=8))
+        assert again.log_gaps == {nats_server.name: 1}
+        assert len(gap_facts(clock)) == 1
     finally:
         await app.close()

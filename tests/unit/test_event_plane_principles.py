@@ -33,6 +33,7 @@ OBSERVED_KINDS: dict[str, str] = {
     "budget.exceeded": "the admission gate's refusal (reactions consumer)",
     "reaction.disabled": "the webhook delivery ledger giving up on an endpoint",
     "schedule.fired": "the clock's tick (schedules)",
+    "log.gap_detected": "reconciliation's check of each replica of the log (the sweep)",
 }
 
 #: The product surfaces: what tenants and operators read. They read run records (actor state,

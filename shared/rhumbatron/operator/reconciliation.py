@@ -31,10 +31,13 @@ from typing import TYPE_CHECKING
 
 from rhumbatron.actors.directory import ActorDirectory
 from rhumbatron.actors.outbox import published_since
+from rhumbatron.core.clock import utc_day
 from rhumbatron.core.settings import Settings
+from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.errors import MessagingError
 from rhumbatron.messaging.log_state import ReplicaState, read_replica_states, read_stream_ids
-from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, stable_event_id
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -45,6 +48,7 @@ __all__ = [
     "RepairStep",
     "ReplicaReport",
     "StreamReconciliation",
+    "log_gap_event",
     "reconcile",
     "repair",
 ]
@@ -350,3 +354,24 @@ async def _move_leader(nc: NATS, stream: str, node: str, timeout_s: float) -> No
                 timeout=2,
             )
         await asyncio.sleep(0.5)  # an election takes a moment
+
+
+def log_gap_event(state: ReplicaState, *, tenant_id: str, project_id: str, now: datetime) -> Event:
+    """The ``log.gap_detected`` fact of a replica short of its own sequence range.
+
+    Its ID is stable for the same loss on the same UTC day: a gap seen by every tick of the
+    day is one fact (the outbox's ``INSERT OR IGNORE`` drops the repeats), a loss that grows
+    is a new one.
+    """
+    day = utc_day(now)
+    caller = Caller(tenant_id, "system:reconciliation", f"log-gap:{state.stream}:{day}")
+    payload = {
+        "stream": state.stream,
+        "node": state.node,
+        "lostEvents": state.holes,
+        "messages": state.messages,
+        "firstSeq": state.first_seq,
+        "lastSeq": state.last_seq,
+    }
+    event_id = stable_event_id(state.stream, "log.gap_detected", state.node, f"{day}:{state.holes}")
+    return FactContext(caller, project_id, now).fact("log.gap_detected", payload, event_id=event_id)

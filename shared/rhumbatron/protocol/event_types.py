@@ -287,6 +287,19 @@ class ScheduleFired(Payload):
     scheduled_at: datetime
 
 
+class LogGapDetected(Payload):
+    """A replica of an event stream holds fewer messages than its own sequence range: it
+    lost acknowledged events (reconciliation's check, each sweep tick). The subject is the
+    stream; ``node`` is the replica's server."""
+
+    stream: str = Field(pattern=r"^EVENTS_\d\d$")
+    node: str = Field(min_length=1, max_length=128)
+    lost_events: int = Field(ge=1)
+    messages: int = Field(ge=0)
+    first_seq: int = Field(ge=0)
+    last_seq: int = Field(ge=0)
+
+
 # --------------------------------------------------------------------------- the registry
 
 _P, _S = Owner.PROJECT_ROOT, Owner.RESOURCE_SHARD
@@ -419,6 +432,14 @@ _ALL: tuple[EventTypeSpec, ...] = (
         _S,
         _MINTED,
         "A schedule fired (the sweep's tick, or a user-defined schedule).",
+    ),
+    # Written in the clock project's shard by the sweep, like its tick.
+    _spec(
+        "log.gap_detected",
+        LogGapDetected,
+        _S,
+        _MINTED,
+        "A replica of an event stream lost acknowledged events (reconciliation).",
     ),
 )
 

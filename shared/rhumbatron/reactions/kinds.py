@@ -69,6 +69,8 @@ class SubjectType(StrEnum):
     SCHEDULE = "schedule"
     #: ``reaction.disabled`` is about the subscription it disabled.
     SUBSCRIPTION = "subscription"
+    #: ``log.gap_detected`` is about the event stream a replica lost events of.
+    STREAM = "stream"
 
     @property
     def id_key(self) -> str:
@@ -89,6 +91,7 @@ _ID_KEYS: Mapping[SubjectType, str] = MappingProxyType(
         SubjectType.AGENT: "payload.agentId",
         SubjectType.SCHEDULE: "payload.scheduleId",
         SubjectType.SUBSCRIPTION: "payload.subscriptionId",
+        SubjectType.STREAM: "payload.stream",
     }
 )
 
@@ -117,6 +120,7 @@ SUBJECT_OF_NOUN: Mapping[str, SubjectType] = MappingProxyType(
         "release": _S.RELEASE,
         "schedule": _S.SCHEDULE,
         "reaction": _S.SUBSCRIPTION,
+        "log": _S.STREAM,
         # A tenant's budget is recorded in the shard of one of its projects (the one whose
         # event met the refusal).
         "budget": _S.PROJECT,
@@ -185,6 +189,8 @@ TRIGGERABLE_EVENT_KINDS: frozenset[str] = frozenset(
         "release.failed",
         # A time-driven reaction is a subscription on the clock's tick (S2-065).
         "schedule.fired",
+        # An ops agent (or a pager's webhook) reacts to a log that lost events.
+        "log.gap_detected",
     }
 )
 

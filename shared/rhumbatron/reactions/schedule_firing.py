@@ -54,6 +54,7 @@ __all__ = [
     "ScheduleContext",
     "ScheduleFire",
     "ScheduleSettings",
+    "ensure_clock_project",
     "fire_due_schedules",
     "schedule_event_id",
     "schedule_fired_event",
@@ -245,11 +246,11 @@ class _Due:
 def _fire(app: ScheduleContext, item: _Due, settings: ScheduleSettings) -> ScheduleFire:
     """Write the fact, then record the fire: a crash between the two fires again at the next
     tick with the same Event ID, which the outbox or JetStream drops."""
-    owner = app.project_tenant(item.project_id)
-    if owner is None and item.schedule_id == SWEEP_SCHEDULE_ID:
-        caller = Caller(item.tenant_id, _ACTOR, f"clock-project:{item.project_id}")
-        app.project_root(item.project_id).create_project(caller, name="Rhumbatron clock")
-        owner = app.project_tenant(item.project_id)
+    owner = (
+        ensure_clock_project(app, settings)
+        if item.schedule_id == SWEEP_SCHEDULE_ID
+        else app.project_tenant(item.project_id)
+    )
     if owner != item.tenant_id:
         # Fail closed: a schedule never writes into a project its tenant does not own.
         where = (
@@ -295,6 +296,18 @@ def _fire(app: ScheduleContext, item: _Due, settings: ScheduleSettings) -> Sched
         event_id=fact.event_id,
         written=result.events_added > 0,
     )
+
+
+def ensure_clock_project(app: ScheduleContext, settings: ScheduleSettings) -> str | None:
+    """The tenant that owns the clock project (whose stream carries the sweep's facts), the
+    project made for the clock tenant first if it does not exist yet."""
+    project_id = settings.clock_project_id
+    owner = app.project_tenant(project_id)
+    if owner is None:
+        caller = Caller(settings.clock_tenant_id, _ACTOR, f"clock-project:{project_id}")
+        app.project_root(project_id).create_project(caller, name="Rhumbatron clock")
+        owner = app.project_tenant(project_id)
+    return owner
 
 
 class _NotOwnedError(ScheduleRegistryError):

@@ -22,6 +22,7 @@ from rhumbatron.queues.context import QueueContext
 from rhumbatron.reactions.schedule_firing import ScheduleContext
 
 if TYPE_CHECKING:
+    from rhumbatron.messaging.log_state import ReplicaState
     from rhumbatron.messaging.queue_consumer import PollReport
     from rhumbatron.reactions.webhook_retries import WebhookRetrier
     from rhumbatron.router.event_router import EventRouter
@@ -78,7 +79,7 @@ async def run_sweep_tick(
             "sweep of stream %d ran out of time; records left wait for its next tick",
             report.run.stream_index,
         )
-    log_gaps = await _check_log(app, report.run.stream_index)
+    log_gaps = await _check_log(app, report.run.stream_index, now)
     open_letters, clef_flash_calls = _record_tick_metrics(app, letters, log_gaps)
     return SweepTick(
         router=report,
@@ -130,10 +131,11 @@ async def _retry_webhooks(
     return report.as_dict()
 
 
-async def _check_log(app: SweepHost, stream_index: int) -> dict[str, int]:
+async def _check_log(app: SweepHost, stream_index: int, now: datetime) -> dict[str, int]:
     """The events each replica of the tick's stream lost inside its own sequence range (its
-    ``/jsz``), by node; each is logged as a warning naming the way to the proof. Never raises:
-    a monitor that does not answer is a warning, and the tick goes on."""
+    ``/jsz``), by node. Each loss is a warning naming the way to the proof, and a
+    ``log.gap_detected`` fact on the clock project's stream (once a day per loss). Never
+    raises: a monitor that does not answer is a warning, and the tick goes on."""
     import asyncio
 
     from rhumbatron.messaging.log_state import read_replica_states
@@ -143,21 +145,60 @@ async def _check_log(app: SweepHost, stream_index: int) -> dict[str, int]:
     if not urls:
         return {}
     stream = event_stream_name(stream_index)
-    states, unread = await asyncio.to_thread(read_replica_states, urls, [stream])
+    try:
+        states, unread = await asyncio.to_thread(read_replica_states, urls, [stream])
+    except Exception:  # the tick goes on; the next tick of this stream looks again
+        _log.exception("log check of %s failed", stream)
+        return {}
     for node in unread:
         _log.warning("log check of %s could not read %s", stream, node)
-    lost = {state.node: state.holes for state in states if state.holes}
-    for node, count in lost.items():
+    damaged = [state for state in states if state.holes]
+    for state in damaged:
         _log.warning(
             "log gap detected: %s's copy of %s lacks %d acknowledged event(s) inside its "
             "sequence range; run `rhumbatron reconcile --stream %d` (docs/operations.md, "
             "Log gap detected)",
-            node,
+            state.node,
             stream,
-            count,
+            state.holes,
             stream_index,
         )
-    return lost
+    if damaged:
+        _write_log_gap_facts(app, damaged, now)
+    return {state.node: state.holes for state in damaged}
+
+
+def _write_log_gap_facts(app: SweepHost, damaged: list[ReplicaState], now: datetime) -> None:
+    """One ``log.gap_detected`` fact per damaged replica, in the clock project's shard."""
+    from rhumbatron.domain.project import project_admin_key
+    from rhumbatron.domain.transition import Transition
+    from rhumbatron.operator.reconciliation import log_gap_event
+    from rhumbatron.reactions.schedule_firing import ScheduleSettings, ensure_clock_project
+
+    clock = ScheduleSettings()
+    try:
+        if ensure_clock_project(app, clock) != clock.clock_tenant_id:
+            _log.warning(
+                "log.gap_detected not written: project %s is not the clock tenant %s's",
+                clock.clock_project_id,
+                clock.clock_tenant_id,
+            )
+            return
+        shard = app.resource_shard(
+            clock.clock_project_id, project_admin_key(clock.clock_project_id)
+        )
+        facts = tuple(
+            log_gap_event(
+                state,
+                tenant_id=clock.clock_tenant_id,
+                project_id=clock.clock_project_id,
+                now=now,
+            )
+            for state in damaged
+        )
+        shard.transact(lambda db: Transition(facts=facts))
+    except Exception:  # the warning and the metric still say it; the next tick writes it
+        _log.exception("log.gap_detected could not be written")
 
 
 def _record_tick_metrics(
