@@ -46,6 +46,7 @@ from rhumbatron.metrics import (
     CLEF_FLASH_CALLS_TODAY_METRIC,
     COMMANDS_HANDLED_METRIC,
     DEAD_LETTERS_OPEN_METRIC,
+    LOG_GAP_METRIC,
     PUBLISH_ERRORS_METRIC,
     SWEEP_HEARTBEAT_METRIC,
 )
@@ -74,12 +75,15 @@ NAMESPACE = "Rhumbatron"
 SINK_DIMENSIONS = {"binding": "METRICS", "service": "rhumbatron"}
 #: The stream the publisher is not bound to: the project events on it fail at once.
 UNBOUND_STREAM = 7
-#: The stream a router nudge reads (not the sweep's, which then still finds no events).
+#: The stream a router nudge reads (not the sweep's).
 NUDGED_STREAM = 3
 #: A queue function's whole time (Timeout 900 in template.yaml).
 FULL_TIME_MS = 900_000
-#: An ordinary tick (no maintenance, no release sweep) on a stream with no events.
+#: An ordinary tick (no maintenance, no release sweep).
 SWEEP_AT = "2026-01-01T10:01:00Z"
+#: The stream the tick at SWEEP_AT sweeps (minute of the day 601 mod 8): one of its events is
+#: lost from the log, so the tick's check of the replicas records a gap.
+SWEPT_STREAM = 1
 CALLER = Caller(tenant_id="acme", actor="agent:test", correlation_id="corr-1")
 
 
@@ -348,6 +352,7 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emitted]:
             "RHUMBATRON_JOURNAL_MODE": "DELETE",
             "RHUMBATRON_NETWORK_FILESYSTEM": "true",
             "RHUMBATRON_NATS_URL": server.url,
+            "RHUMBATRON_NATS_MONITOR_URLS": f"http://127.0.0.1:{server.http_port}",
             "RHUMBATRON_METRICS_EMF": "true",
             "RHUMBATRON_ARCHIVE_EXPIRY_PASS": "false",
             "RHUMBATRON_EVIDENCE_BUCKET": "evidence-unused",
@@ -385,6 +390,22 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emitted]:
                     woke.to_json(),
                     headers={"Nats-Msg-Id": woke.event_id},
                 )
+                # ... and three events on the swept stream, the middle one then lost
+                swept = _project_on_stream(SWEPT_STREAM)
+                facts = [
+                    FactContext(CALLER, swept, datetime.now(UTC)).fact(
+                        "agent.woke", {"agentId": f"agent-{n}"}, change_id="chg-1", key=f"w-{n}"
+                    )
+                    for n in range(3)
+                ]
+                ensure_project_roots(app, facts)
+                for fact in facts:
+                    ack = await js.publish(
+                        event_stream_subject(SWEPT_STREAM),
+                        fact.to_json(),
+                        headers={"Nats-Msg-Id": fact.event_id},
+                    )
+                await js.delete_msg(event_stream_name(SWEPT_STREAM), ack.seq - 1)
                 await app.close()
 
             asyncio.run(arrange())
@@ -482,6 +503,8 @@ def test_the_emitted_metrics_count_what_happened(emitted: Emitted) -> None:
     calls = float(emitted.clef_flash_calls)
     assert emitted.values(CLEF_FLASH_CALLS_TODAY_METRIC) == [calls]
     assert emitted.values(SWEEP_HEARTBEAT_METRIC) == [1.0]
+    # AND the one event lost from the swept stream's only replica
+    assert emitted.values(LOG_GAP_METRIC) == [1.0]
     # AND the freshness of the one batch the nudge projected, for its stream
     (freshness,) = emitted.values(EVENT_FRESHNESS_METRIC, stream=event_stream_name(NUDGED_STREAM))
     assert 0.0 <= freshness < 60.0
@@ -521,13 +544,14 @@ def test_the_dashboard_shows_errors_throttles_and_duration_of_every_function() -
 
 
 def test_the_alarms_fire_as_their_runbooks_say() -> None:
-    # GIVEN the four alarms
+    # GIVEN the five alarms
     template = load_template(TEMPLATE)
     alarms = _alarms(template)
     assert set(alarms) == {
         "DeadLettersOpenAlarm",
         "ConsumerLagAlarm",
         "OutboxFailedRowsAlarm",
+        "LogGapAlarm",
         "SweepHeartbeatAlarm",
     }
     # THEN lag above its threshold for 5 one-minute periods
@@ -547,8 +571,15 @@ def test_the_alarms_fire_as_their_runbooks_say() -> None:
         1,
     )
     assert heartbeat["Period"] * heartbeat["EvaluationPeriods"] == 300
-    # AND any failed outbox row, and open letters at the threshold, fire
+    # AND any failed outbox row, any event a replica lost, and open letters at the
+    # threshold, fire; a minute without a gap point is no gap
     assert alarms["OutboxFailedRowsAlarm"]["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    gap = alarms["LogGapAlarm"]
+    assert (gap["ComparisonOperator"], gap["Threshold"], gap["TreatMissingData"]) == (
+        "GreaterThanOrEqualToThreshold",
+        1,
+        "notBreaching",
+    )
     assert alarms["DeadLettersOpenAlarm"]["Threshold"] == {"Ref": "DeadLetterAlarmThreshold"}
     # AND every alarm notifies the topic when one is given, on ALARM and on recovery
     for props in alarms.values():

@@ -226,7 +226,8 @@ async def _reconcile_stream(
     requests = 1
     replicas: list[ReplicaReport] = []
     for node in nodes:
-        state = state_of.get(node or "")
+        # A server outside a cluster names no leader: its one copy is the one reported.
+        state = state_of.get(node) if node else (states[0] if len(states) == 1 else None)
         behind = max(0, leader_last - state.last_seq) if state is not None else 0
         label = node or "(server)"
         try:
