@@ -2,7 +2,11 @@
 
 SIGKILL the stream leader during 1,000 publishes; separately kill 2 of 3 nodes and restart
 them. No acknowledged event is lost, the stream still exists, and each actor's events stay in
-outbox order. Every node is the same ``nats-server`` binary, on its own loopback ports.
+outbox order. A quorum loss burns no publish attempt; a node that does not sync every write
+is refused at start-up; a replica that lost acknowledged events is found and named, event by
+event (reconciliation); the router and a command queue draining while a stream's leader dies
+lose and double nothing, and carry on by themselves. Every node is the same ``nats-server``
+binary, on its own loopback ports.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ import contextlib
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -22,6 +28,9 @@ from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import LocalStackError, UnsafeStorageError
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.messaging.log_state import read_replica_states
+from rhumbatron.messaging.streams import COMMAND_STREAM
+from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.router.event_router import EventRouter
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
@@ -39,7 +48,13 @@ from .test_router_faults import (
     projects_on_one_stream,
     publish,
 )
-from .worker import outbox_rows, read_project_stream, wait_until, write_change_events
+from .worker import (
+    CommandEffects,
+    outbox_rows,
+    read_project_stream,
+    wait_until,
+    write_change_events,
+)
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -265,18 +280,23 @@ async def test_a_quorum_loss_longer_than_the_backoff_budget_burns_no_attempt(
         # WHEN two of the three nodes die, and the publisher keeps running for 4 s of outage
         for node in cluster[:2]:
             node.kill()
+        killed_at = time.time()
         outage_ends = time.monotonic() + 4
         runs = 0
         while time.monotonic() < outage_ends:
             await app.fire_due_alarms()
             runs += 1
 
-        # THEN every row is still pending, with no attempt counted and no error kept
+        # THEN no row was published in the outage (rows the local alarms published before it
+        # may be), and every other row is still pending, with no attempt and no error kept
         rows = outbox_rows(shard)
         assert runs >= 2
-        assert {(row["state"], row["attempts"], row["last_error"]) for row in rows} == {
-            ("pending", 0, None)
-        }
+        assert all(row["published_at"] < killed_at for row in rows if row["published_at"])
+        assert {
+            (row["state"], row["attempts"], row["last_error"])
+            for row in rows
+            if row["state"] != "published"
+        } == {("pending", 0, None)}
 
         # WHEN the nodes come back
         for node in cluster[:2]:
@@ -335,10 +355,8 @@ async def _replica_of(app: Rhumbatron, stream: str, node: str, last_seq: int) ->
     """Wait until ``node``'s own copy of ``stream`` reaches ``last_seq`` (it restarted)."""
     deadline = time.monotonic() + 30
     while True:
-        report = await app.reconcile([int(stream[-2:])])
-        [checked] = report.streams
-        states = [r.state for r in checked.replicas if r.node == node and r.state is not None]
-        if states and states[0].last_seq >= last_seq:
+        states, _ = read_replica_states(app.settings.monitor_urls, [stream])
+        if any(s.node == node and s.last_seq >= last_seq for s in states):
             return
         assert time.monotonic() < deadline, f"{node} never reported {stream} again"
         await asyncio.sleep(0.2)  # polling the restarted node, with a deadline
@@ -492,5 +510,63 @@ async def test_the_router_draining_while_the_stream_leader_dies_loses_and_double
         assert_views_exact(stack.settings, events)
         assert_claimed_once_each(stack.settings, events, tuple(Subscription))
         assert sorted(archived_once(stack, index)) == sorted(e.event_id for e in events)
+    finally:
+        await app.close()
+
+
+async def test_a_queue_draining_while_the_command_streams_leader_dies_does_each_once(
+    tmp_path: Path, cluster: list[NatsServerProcess]
+) -> None:
+    # GIVEN 60 commands on an R3 COMMANDS stream (its queue consumers R3 too), a 3 s ack
+    # wait, and a handler whose effect is keyed on the command ID
+    settings = _settings(tmp_path, cluster).model_copy(
+        update={
+            "command_ack_wait_s": 3.0,
+            "command_in_progress_s": 1.0,
+            "queue_retry_delay_s": {"integration": 0.0},
+        }
+    )
+    app = bootstrap(settings)
+    effects = CommandEffects(tmp_path)
+    try:
+        await _streams_ready(app)
+        bus = await app.command_bus()
+        ids = [f"cmd_cluster_{n:02d}" for n in range(60)]
+        for command_id in ids:
+            command = Command.create(
+                command_id=command_id,
+                command_type="agent.wake",
+                project_id=PROJECT,
+                created_at=datetime.now(UTC),
+                payload={"agentId": "agent-1", "reason": "task.ready"},
+            )
+            await bus.send("integration", command)
+        runtime = await app.queue_runtime()
+
+        # WHEN the queue is polled, and the stream's leader is SIGKILLed once some are done
+        async def drain() -> None:
+            deadline = time.monotonic() + 60
+            while len(set(effects.effects())) < len(ids):
+                assert time.monotonic() < deadline, f"not drained: {len(effects.effects())}"
+                try:
+                    report = await runtime.poll("integration", effects)
+                except Exception:  # between leaders: JetStream does not answer yet
+                    await asyncio.sleep(0.2)  # the next poll, bounded by the deadline
+                    continue
+                if not report.fetched:
+                    await asyncio.sleep(
+                        0.05
+                    )  # a dead leader's deliveries return after the ack wait
+
+        draining = asyncio.create_task(drain())
+        await wait_until(lambda: len(effects.effects()) >= 5, timeout_s=30, what="some effects")
+        info = await (await app.nats()).jetstream().stream_info(COMMAND_STREAM)
+        _node_named(cluster, info.cluster.leader or "").kill()  # type: ignore[union-attr]
+        done_at_kill = len(effects.effects())
+        await draining
+
+        # THEN every command's effect happened exactly once, and the same runtime carried on
+        assert done_at_kill < len(ids), "the queue drained before the kill"
+        assert Counter(effects.effects()) == dict.fromkeys(ids, 1)
     finally:
         await app.close()

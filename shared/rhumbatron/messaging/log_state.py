@@ -193,26 +193,40 @@ async def _consumer_on(
 SCAN_STALLS = 10
 
 
+#: How long a scan waits for a replica behind the leader to catch up to the leader's last
+#: sequence (a follower applies what the leader stored a moment ago): a replica still short
+#: after it is reported as it is.
+CATCH_UP_S = 5.0
+
+
 async def _scan(
     js: JetStreamContext, stream: str, consumer: str, last_seq: int, batch: int
 ) -> tuple[dict[str, int], int]:
-    """Fetch the consumer's headers until its last pending message (or ``last_seq``): each
-    ID at its sequence, and the requests it took. A fetch that times out ends the scan only
-    when the consumer has nothing pending: a slow answer is not the end of the copy."""
+    """Fetch the consumer's headers up to ``last_seq``: each ID at its sequence, and the
+    requests it took. A fetch that times out ends the scan only when the consumer has nothing
+    pending, and, short of ``last_seq``, once the replica had :data:`CATCH_UP_S` to catch up:
+    a slow answer or a lagging follower is not the end of the copy."""
+    import time
+
     from nats.errors import TimeoutError as NatsTimeoutError
 
     subscription = await js.pull_subscribe_bind(consumer=consumer, stream=stream)
     sequence_of: dict[str, int] = {}
     requests = stalls = 0
+    seen = 0
+    catch_up_until: float | None = None
     try:
-        while True:
+        while seen < last_seq:
             requests += 1
             try:
                 messages = await subscription.fetch(batch, timeout=1.0)
             except (NatsTimeoutError, TimeoutError):  # nats-py raises either
                 requests += 1
                 if (await subscription.consumer_info()).num_pending == 0:
-                    break
+                    catch_up_until = catch_up_until or time.monotonic() + CATCH_UP_S
+                    if time.monotonic() >= catch_up_until:
+                        break  # the replica's copy ends here
+                    continue
                 stalls += 1
                 if stalls >= SCAN_STALLS:
                     raise MessagingError(
@@ -225,9 +239,7 @@ async def _scan(
                 event_id = (msg.headers or {}).get("Nats-Msg-Id")
                 if event_id is not None:
                     sequence_of[event_id] = msg.metadata.sequence.stream
-            last = messages[-1].metadata
-            if last.sequence.stream >= last_seq or last.num_pending == 0:
-                break
+                seen = max(seen, msg.metadata.sequence.stream)
     finally:
         await subscription.unsubscribe()
     return sequence_of, requests

@@ -230,6 +230,9 @@ async def _reconcile_stream(
         state = state_of.get(node) if node else (states[0] if len(states) == 1 else None)
         behind = max(0, leader_last - state.last_seq) if state is not None else 0
         label = node or "(server)"
+        if not wanted:  # nothing published in the window: nothing to prove by ID here
+            replicas.append(ReplicaReport(label, node == leader, 0, 0, (), state, behind))
+            continue
         try:
             ids = await read_stream_ids(js, name, since=scan_from, on_node=node)
         except MessagingError as exc:
