@@ -268,3 +268,17 @@ def test_a_live_replica_on_a_node_not_verified_is_refused(tmp_path: Path) -> Non
     )
     # not demanded: nothing is checked
     check_replica_holders(load_settings(state_dir=tmp_path), set(), {"EVENTS_00": {"n9"}})
+
+
+def test_a_node_that_reports_no_sync_interval_is_refused_as_syncing_every_0s(
+    tmp_path: Path,
+) -> None:
+    # A /varz whose JetStream config names no sync_interval (and no sync_always) is not
+    # durable: the refusal reads its interval as 0 s, never as some other default.
+    settings = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3)
+    silent = {"server_name": "n9", "jetstream": {"config": {"max_memory": 1}}}
+    with pytest.raises(UnsafeStorageError) as refused:
+        check_durability(settings, varz_by_url={"http://n9": silent})
+    assert str(refused.value).startswith(
+        "nats-server n9 (http://n9) runs JetStream with sync_interval 0s, so"
+    )
