@@ -470,8 +470,9 @@ async def _drain_through_faults(router: EventRouter, index: int, *, timeout_s: f
             await asyncio.sleep(0.2)  # the next try, bounded by the deadline
 
 
-async def test_the_router_draining_while_the_stream_leader_dies_loses_and_doubles_nothing(
-    tmp_path: Path, cluster: list[NatsServerProcess], s3_server: S3ServerProcess
+@pytest.mark.parametrize("whose", ["stream", "projector consumer"])
+async def test_the_router_draining_while_a_leader_dies_loses_and_doubles_nothing(
+    tmp_path: Path, cluster: list[NatsServerProcess], s3_server: S3ServerProcess, whose: str
 ) -> None:
     # GIVEN R3 streams (their consumers R3 too) and 600 events of two projects on one stream
     stack = make_stack(
@@ -490,14 +491,21 @@ async def test_the_router_draining_while_the_stream_leader_dies_loses_and_double
         await publish(app, events)
         router = app.router()
 
-        # WHEN the router drains, and the stream's leader is SIGKILLed once it has begun
+        # WHEN the router drains, and once it has begun, the leader of the stream (or of the
+        # projector's R3 durable consumer) is SIGKILLed
         draining = asyncio.create_task(_drain_through_faults(router, index, timeout_s=90))
         await wait_until(
             lambda: events_applied(stack.settings, projects[0]) > 0,
             timeout_s=30,
             what="the projector to apply something",
         )
-        info = await (await app.nats()).jetstream().stream_info(event_stream_name(index))
+        js = (await app.nats()).jetstream()
+        stream = event_stream_name(index)
+        info = (
+            await js.stream_info(stream)
+            if whose == "stream"
+            else await js.consumer_info(stream, Subscription.PROJECT_VIEW_PROJECTOR.value)
+        )
         victim = _node_named(cluster, info.cluster.leader or "")  # type: ignore[union-attr]
         victim.kill()
         applied_at_kill = sum(events_applied(stack.settings, p) for p in projects)
