@@ -470,7 +470,7 @@ async def _drain_through_faults(router: EventRouter, index: int, *, timeout_s: f
             await asyncio.sleep(0.2)  # the next try, bounded by the deadline
 
 
-@pytest.mark.parametrize("whose", ["stream", "projector consumer"])
+@pytest.mark.parametrize("whose", ["stream", "projector consumer", "stream, paused 30 s"])
 async def test_the_router_draining_while_a_leader_dies_loses_and_doubles_nothing(
     tmp_path: Path, cluster: list[NatsServerProcess], s3_server: S3ServerProcess, whose: str
 ) -> None:
@@ -502,16 +502,26 @@ async def test_the_router_draining_while_a_leader_dies_loses_and_doubles_nothing
         js = (await app.nats()).jetstream()
         stream = event_stream_name(index)
         info = (
-            await js.stream_info(stream)
-            if whose == "stream"
-            else await js.consumer_info(stream, Subscription.PROJECT_VIEW_PROJECTOR.value)
+            await js.consumer_info(stream, Subscription.PROJECT_VIEW_PROJECTOR.value)
+            if whose == "projector consumer"
+            else await js.stream_info(stream)
         )
         victim = _node_named(cluster, info.cluster.leader or "")  # type: ignore[union-attr]
-        victim.kill()
+        paused = whose.endswith("paused 30 s")
+        if paused:
+            victim.pause()
+        else:
+            victim.kill()
+        struck_at = time.monotonic()
         applied_at_kill = sum(events_applied(stack.settings, p) for p in projects)
-        assert applied_at_kill < len(events), "the drain finished before the kill"
+        assert applied_at_kill < len(events), "the drain finished before the fault"
         await draining
-        victim.start()
+        if paused:
+            # the node stays stalled its whole 30 s (the drain did not need it), then goes on
+            await asyncio.sleep(max(0.0, 30 - (time.monotonic() - struck_at)))
+            victim.resume()
+        else:
+            victim.start()
 
         # THEN every event was applied once to its view, claimed once by each consumer, and
         # archived: nothing lost, nothing doubled, and the same router carried on by itself
