@@ -32,6 +32,7 @@ from rhumbatron.messaging.log_state import read_replica_states
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.protocol.queue_consumers import consumer_name
 from rhumbatron.router.event_router import EventRouter
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess, free_port
@@ -450,6 +451,12 @@ async def _lead(app: Rhumbatron, stream: str, node: str) -> None:
 # -- the consuming side (item 5 of issue #18) ----------------------------------------------
 
 
+async def _connected_node(app: Rhumbatron, cluster: list[NatsServerProcess]) -> NatsServerProcess:
+    """The node the runtime's NATS client is connected to now."""
+    port = (await app.nats()).connected_url.port  # type: ignore[union-attr]
+    return next(node for node in cluster if node.url.endswith(f":{port}"))
+
+
 async def _drain_through_faults(router: EventRouter, index: int, *, timeout_s: float) -> int:
     """Drain until the stream's consumers are settled, riding out the errors an election
     raises meanwhile (the router is not restarted: it must resume by itself); the drains
@@ -508,6 +515,8 @@ async def test_the_router_draining_while_a_leader_dies_loses_and_doubles_nothing
         )
         victim = _node_named(cluster, info.cluster.leader or "")  # type: ignore[union-attr]
         paused = whose.endswith("paused 30 s")
+        if paused:  # the hardest node to lose: the one the router's client talks to
+            victim = await _connected_node(app, cluster)
         if paused:
             victim.pause()
         else:
@@ -532,8 +541,9 @@ async def test_the_router_draining_while_a_leader_dies_loses_and_doubles_nothing
         await app.close()
 
 
-async def test_a_queue_draining_while_the_command_streams_leader_dies_does_each_once(
-    tmp_path: Path, cluster: list[NatsServerProcess]
+@pytest.mark.parametrize("whose", ["stream", "queue consumer", "stream, paused 30 s"])
+async def test_a_queue_draining_while_a_leader_dies_does_each_command_once(
+    tmp_path: Path, cluster: list[NatsServerProcess], whose: str
 ) -> None:
     # GIVEN 60 commands on an R3 COMMANDS stream (its queue consumers R3 too), a 3 s ack
     # wait, and a handler whose effect is keyed on the command ID
@@ -578,10 +588,26 @@ async def test_a_queue_draining_while_the_command_streams_leader_dies_does_each_
 
         draining = asyncio.create_task(drain())
         await wait_until(lambda: len(effects.effects()) >= 5, timeout_s=30, what="some effects")
-        info = await (await app.nats()).jetstream().stream_info(COMMAND_STREAM)
-        _node_named(cluster, info.cluster.leader or "").kill()  # type: ignore[union-attr]
+        js = (await app.nats()).jetstream()
+        info = (
+            await js.consumer_info(COMMAND_STREAM, consumer_name("integration"))
+            if whose == "queue consumer"
+            else await js.stream_info(COMMAND_STREAM)
+        )
+        victim = _node_named(cluster, info.cluster.leader or "")  # type: ignore[union-attr]
+        paused = whose.endswith("paused 30 s")
+        if paused:  # the hardest node to lose: the one the queue's client talks to
+            victim = await _connected_node(app, cluster)
+            victim.pause()
+        else:
+            victim.kill()
+        struck_at = time.monotonic()
         done_at_kill = len(effects.effects())
         await draining
+        if paused:
+            # the node stays stalled its whole 30 s (the drain did not need it), then goes on
+            await asyncio.sleep(max(0.0, 30 - (time.monotonic() - struck_at)))
+            victim.resume()
 
         # THEN every command's effect happened exactly once, and the same runtime carried on
         assert done_at_kill < len(ids), "the queue drained before the kill"

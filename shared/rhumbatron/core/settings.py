@@ -87,6 +87,14 @@ class Settings(BaseSettings):
         description="One NATS URL, or several comma-separated seeds of a cluster.",
     )
     nats_connect_timeout_s: float = Field(default=2.0, gt=0)
+    nats_ping_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often the client pings the server it is connected to; two pings "
+        "unanswered and it reconnects to another node. A stalled server (a paused VM) keeps "
+        "its TCP connection open: nats-py's default of 2 minutes would hold every request for "
+        "up to 4.",
+    )
     event_stream_max_age_days: float = Field(default=7, gt=0)
     command_stream_max_age_days: float = Field(default=14, gt=0)
     duplicate_window_s: float = Field(default=2 * 3600, gt=0)

@@ -214,6 +214,9 @@ async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.25,  # type: ignore[arg-type]
+                # A server that stalls holds its connection open: found by its pings.
+                ping_interval=settings.nats_ping_interval_s,  # type: ignore[arg-type]
+                max_outstanding_pings=2,
                 pending_size=0,
                 error_cb=errors.on_error,
                 reconnected_cb=errors.on_reconnected,
