@@ -203,28 +203,8 @@ async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
     errors = _ConnectionErrors(name)
 
     try:
-        await asyncio.wait_for(
-            nc.connect(
-                # Several seeds, comma-separated, for a cluster; the client also learns the
-                # other members from the server it reaches.
-                servers=[url.strip() for url in settings.nats_url.split(",") if url.strip()],
-                name=name,
-                # nats-py annotates these as int, but uses them as asyncio timeouts (floats).
-                connect_timeout=settings.nats_connect_timeout_s,  # type: ignore[arg-type]
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25,  # type: ignore[arg-type]
-                # A server that stalls holds its connection open: found by its pings.
-                ping_interval=settings.nats_ping_interval_s,  # type: ignore[arg-type]
-                max_outstanding_pings=2,
-                pending_size=0,
-                error_cb=errors.on_error,
-                reconnected_cb=errors.on_reconnected,
-                **auth,
-                **tls,
-            ),
-            timeout=bound_s,
-        )
+        options = {**_client_options(settings, name, errors), **auth, **tls}
+        await asyncio.wait_for(nc.connect(**options), timeout=bound_s)
     except (TimeoutError, NoServersError, OSError) as exc:
         await nc.close()
         # nats-py retries a refused authorization like an unreachable server, until the
@@ -241,6 +221,28 @@ async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
         ) from exc
     errors.connected = True
     return nc
+
+
+def _client_options(settings: Settings, name: str, errors: _ConnectionErrors) -> dict[str, Any]:
+    """nats-py's connect options: reconnect for ever, buffer nothing while disconnected, and
+    leave a server that stalls."""
+    return {
+        # Several seeds, comma-separated, for a cluster; the client also learns the other
+        # members from the server it reaches.
+        "servers": [url.strip() for url in settings.nats_url.split(",") if url.strip()],
+        "name": name,
+        # nats-py annotates these as int, but uses them as asyncio timeouts (floats).
+        "connect_timeout": settings.nats_connect_timeout_s,
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.25,
+        # A server that stalls holds its connection open: found by its pings.
+        "ping_interval": settings.nats_ping_interval_s,
+        "max_outstanding_pings": 2,
+        "pending_size": 0,
+        "error_cb": errors.on_error,
+        "reconnected_cb": errors.on_reconnected,
+    }
 
 
 class _ConnectionErrors:
