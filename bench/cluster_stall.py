@@ -34,11 +34,10 @@ from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
-from rhumbatron.errors import LocalStackError
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron_dev.local.nats_server import NatsServerProcess, free_port
+from rhumbatron_dev.local.nats_server import start_cluster
 
 PROJECT = "bench-stall"
 CALLER = Caller("bench", "system:bench", correlation_id="bench-stall")
@@ -52,29 +51,6 @@ class StallResult:
     reelection_s: float
     stall_s: float
     attempts: int
-
-
-def _start_cluster(root: Path) -> list[NatsServerProcess]:
-    routes = [free_port() for _ in range(3)]
-    nodes = [
-        NatsServerProcess(
-            store_dir=root / f"node{i}" / "jetstream",
-            sync_interval="always",
-            server_name=f"node{i}",
-            cluster_name="rhumbatron-bench",
-            cluster_port=routes[i],
-            cluster_routes=tuple(port for j, port in enumerate(routes) if j != i),
-        )
-        for i in range(3)
-    ]
-    try:
-        for node in nodes:
-            node.start()
-    except LocalStackError:
-        for node in nodes:
-            node.stop()
-        raise
-    return nodes
 
 
 async def _streams_ready(app: Rhumbatron, timeout_s: float = 30) -> None:
@@ -91,7 +67,7 @@ async def _streams_ready(app: Rhumbatron, timeout_s: float = 30) -> None:
 
 async def one_repeat(root: Path, *, rate: int, seconds: float) -> StallResult:
     """Offer ``rate`` events a second for ``seconds``; kill the stream leader a third in."""
-    nodes = _start_cluster(root)
+    nodes = start_cluster(root, cluster_name="rhumbatron-bench")
     settings = load_settings(
         state_dir=root / "state",
         nats_url=",".join(node.url for node in nodes),

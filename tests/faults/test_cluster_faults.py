@@ -24,7 +24,7 @@ import pytest
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.errors import LocalStackError, NatsUnavailableError, UnsafeStorageError
+from rhumbatron.errors import NatsUnavailableError, UnsafeStorageError
 from rhumbatron.messaging.commands import CommandBus
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.messaging.event_log import Subscription
@@ -35,10 +35,11 @@ from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.protocol.queue_consumers import consumer_name
 from rhumbatron.router.event_router import EventRouter
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron_dev.local.nats_server import NatsServerProcess, free_port
+from rhumbatron_dev.local.nats_server import NatsServerProcess, start_cluster
 from rhumbatron_dev.local.s3_server import S3ServerProcess
 
 from .test_router_faults import (
+    Stack,
     archived_once,
     assert_claimed_once_each,
     assert_views_exact,
@@ -60,51 +61,29 @@ from .worker import (
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
 PROJECT = "f2-cluster"
-
-
-def _start_cluster(
-    root: Path, sync_intervals: tuple[str, str, str] = ("always", "always", "always")
-) -> list[NatsServerProcess]:
-    """Three routed nodes under ``root``; raises if one cannot start."""
-    routes = [free_port() for _ in range(3)]
-    nodes = [
-        NatsServerProcess(
-            store_dir=root / f"node{i}" / "jetstream",
-            sync_interval=sync_intervals[i],
-            server_name=f"node{i}",
-            cluster_name="rhumbatron-f2",
-            cluster_port=routes[i],
-            cluster_routes=tuple(port for j, port in enumerate(routes) if j != i),
-        )
-        for i in range(3)
-    ]
-    try:
-        for node in nodes:
-            node.start()
-    except LocalStackError:
-        for node in nodes:
-            node.stop()
-        raise
-    return nodes
+CLUSTER = "rhumbatron-f2"
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[list[NatsServerProcess]]:
-    """Three routed nodes, JetStream fsyncing every write.
-
-    A free port is only free until someone takes it: the first node's outgoing route
-    connections take ephemeral ports, and one may be a later node's route port (CI saw
-    "bind: address already in use"). Such a start is tried again on fresh ports, twice."""
-    for attempt in range(3):
-        try:
-            nodes = _start_cluster(tmp_path / f"try{attempt}")
-            break
-        except LocalStackError:
-            if attempt == 2:
-                raise
+    """Three routed nodes, JetStream fsyncing every write."""
+    nodes = start_cluster(tmp_path, cluster_name=CLUSTER)
     yield nodes
     for node in nodes:
         node.stop()
+
+
+def _cluster_stack(
+    tmp_path: Path, cluster: list[NatsServerProcess], s3_server: S3ServerProcess
+) -> Stack:
+    """The router tests' stack on the cluster's nodes, with R3 streams."""
+    return make_stack(
+        tmp_path,
+        cluster[0],
+        s3_server,
+        nats_url=",".join(node.url for node in cluster),
+        stream_replicas=3,
+    )
 
 
 def _settings(tmp_path: Path, nodes: list[NatsServerProcess]) -> Settings:
@@ -311,15 +290,7 @@ async def test_a_cluster_with_one_node_not_syncing_every_write_is_refused_naming
     tmp_path: Path,
 ) -> None:
     # GIVEN a cluster whose node1 syncs every 2 minutes (the default) and the others always
-    nodes = None
-    for attempt in range(3):  # fresh ports when a route port was taken (see `cluster`)
-        try:
-            nodes = _start_cluster(tmp_path / f"try{attempt}", ("always", "2m", "always"))
-            break
-        except LocalStackError:
-            if attempt == 2:
-                raise
-    assert nodes is not None
+    nodes = start_cluster(tmp_path, cluster_name=CLUSTER, sync_intervals=("always", "2m", "always"))
     monitors = [f"http://127.0.0.1:{node.http_port}" for node in nodes]
     try:
         # WHEN a function starts with every node's monitor URL, THEN start-up refuses,
@@ -473,13 +444,7 @@ async def test_the_router_draining_while_a_leader_dies_loses_and_doubles_nothing
     tmp_path: Path, cluster: list[NatsServerProcess], s3_server: S3ServerProcess, whose: str
 ) -> None:
     # GIVEN R3 streams (their consumers R3 too) and 300 events of two projects on one stream
-    stack = make_stack(
-        tmp_path,
-        cluster[0],
-        s3_server,
-        nats_url=",".join(node.url for node in cluster),
-        stream_replicas=3,
-    )
+    stack = _cluster_stack(tmp_path, cluster, s3_server)
     projects = projects_on_one_stream(2, prefix="cluster-drain")
     index = stream_index(projects[0])
     events = make_events(projects, 150)
@@ -601,13 +566,7 @@ async def test_a_node_paused_30_s_under_the_router_and_a_queue_costs_no_effect(
     tmp_path: Path, cluster: list[NatsServerProcess], s3_server: S3ServerProcess
 ) -> None:
     # GIVEN events on an R3 stream and commands on R3 COMMANDS, both draining from one runtime
-    stack = make_stack(
-        tmp_path,
-        cluster[0],
-        s3_server,
-        nats_url=",".join(node.url for node in cluster),
-        stream_replicas=3,
-    )
+    stack = _cluster_stack(tmp_path, cluster, s3_server)
     projects = projects_on_one_stream(2, prefix="cluster-pause")
     index = stream_index(projects[0])
     events = make_events(projects, 300)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rhumbatron.errors import LocalStackError
 
-__all__ = ["NatsServerProcess", "find_nats_server_binary", "free_port"]
+__all__ = ["NatsServerProcess", "find_nats_server_binary", "free_port", "start_cluster"]
 
 
 def free_port() -> int:
@@ -229,3 +229,44 @@ class NatsServerProcess:
             return
         self._process.send_signal(sig)
         self._process.wait(timeout=10)
+
+
+def start_cluster(
+    root: Path,
+    *,
+    cluster_name: str,
+    sync_intervals: tuple[str, ...] = ("always", "always", "always"),
+    tries: int = 3,
+) -> list[NatsServerProcess]:
+    """Routed nodes ``node0`` … under ``root`` on free loopback ports, one per entry of
+    ``sync_intervals``; raises :class:`LocalStackError` if they cannot start.
+
+    A free port is only free until someone takes it: the first node's outgoing route
+    connections take ephemeral ports, and one may be a later node's route port (CI saw
+    "bind: address already in use"). Such a start is tried again on fresh ports, under
+    ``root/try<n>``, ``tries`` times in all.
+    """
+    for attempt in range(tries):
+        routes = [free_port() for _ in sync_intervals]
+        nodes = [
+            NatsServerProcess(
+                store_dir=root / f"try{attempt}" / f"node{i}" / "jetstream",
+                sync_interval=sync_interval,
+                server_name=f"node{i}",
+                cluster_name=cluster_name,
+                cluster_port=routes[i],
+                cluster_routes=tuple(port for j, port in enumerate(routes) if j != i),
+            )
+            for i, sync_interval in enumerate(sync_intervals)
+        ]
+        try:
+            for node in nodes:
+                node.start()
+        except LocalStackError:
+            for node in nodes:
+                node.stop()
+            if attempt == tries - 1:
+                raise
+            continue
+        return nodes
+    raise LocalStackError(f"tries={tries}: a cluster needs at least one try")
