@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from rhumbatron.errors import SendRefusedError
 from rhumbatron.messaging.sender import EventSender, FastBatchAck, OutgoingMessage, StoredMessage
 
-__all__ = ["MemorySender", "RefusingSender", "SenderWrapper"]
+__all__ = ["MemorySender", "RefuseFirstRowOnce", "RefusingSender", "SenderWrapper"]
 
 
 @dataclass
@@ -99,4 +99,32 @@ class SenderWrapper:
     async def send_fast_batch(
         self, stream: str, messages: Sequence[OutgoingMessage]
     ) -> FastBatchAck:
+        return await self.inner.send_fast_batch(stream, messages)
+
+
+class RefuseFirstRowOnce(SenderWrapper):
+    """The server refuses the first row once (and any batch while that refusal is pending)."""
+
+    def __init__(self, inner: EventSender) -> None:
+        super().__init__(inner)
+        self.refusals_left = 1
+
+    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
+        if self.refusals_left:
+            self.refusals_left -= 1
+            raise SendRefusedError(f"{message.message_id}: refused once by the test server")
+        return await self.inner.send(stream, message)
+
+    async def send_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> list[StoredMessage]:
+        if self.refusals_left:
+            raise SendRefusedError("batch refused by the test server")
+        return await self.inner.send_batch(stream, messages)
+
+    async def send_fast_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> FastBatchAck:
+        if self.refusals_left:
+            raise SendRefusedError("fast batch refused by the test server")
         return await self.inner.send_fast_batch(stream, messages)

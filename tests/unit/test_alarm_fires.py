@@ -3,7 +3,6 @@ the every-minute scan), with an in-memory sender where the server's answers are 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -17,42 +16,13 @@ from rhumbatron.core.clock import ManualClock, utc_day
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
-from rhumbatron.errors import ActorError, SendRefusedError
+from rhumbatron.errors import ActorError
 from rhumbatron.messaging.nudge import RecordingNudge
-from rhumbatron.messaging.sender import FastBatchAck, OutgoingMessage, StoredMessage
 from rhumbatron.protocol.ids import stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron_dev.testing import MemorySender, SenderWrapper
+from rhumbatron_dev.testing import MemorySender, RefuseFirstRowOnce
 
 CALLER = Caller("acme", "system:test", "corr-fires")
-
-
-class RefuseFirstRowOnce(SenderWrapper):
-    """The server refuses the first row once (and any batch while that refusal is pending)."""
-
-    def __init__(self, inner: MemorySender) -> None:
-        super().__init__(inner)
-        self.refusals_left = 1
-
-    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
-        if self.refusals_left:
-            self.refusals_left -= 1
-            raise SendRefusedError(f"{message.message_id}: refused once by the test server")
-        return await self.inner.send(stream, message)
-
-    async def send_batch(
-        self, stream: str, messages: Sequence[OutgoingMessage]
-    ) -> list[StoredMessage]:
-        if self.refusals_left:
-            raise SendRefusedError("batch refused by the test server")
-        return await self.inner.send_batch(stream, messages)
-
-    async def send_fast_batch(
-        self, stream: str, messages: Sequence[OutgoingMessage]
-    ) -> FastBatchAck:
-        if self.refusals_left:
-            raise SendRefusedError("fast batch refused by the test server")
-        return await self.inner.send_fast_batch(stream, messages)
 
 
 def runtime(

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any, ClassVar
 
 from rhumbatron.actors.alarms import ALARM_SCHEMA, AlarmSink, NoAlarmSink, set_alarm
+from rhumbatron.actors.due_index import DueIndex
 from rhumbatron.actors.outbox import OUTBOX_SCHEMA, append_facts
 from rhumbatron.actors.storage import open_with_schema, schema_version, write_transaction
 from rhumbatron.core.clock import Clock, SystemClock
@@ -126,6 +127,8 @@ class Actor:
         self.clock = clock or SystemClock()
         self.alarms = alarms or NoAlarmSink()
         self.path = ref.path(settings.state_dir)
+        #: Where this actor's alarm is marked for the every-minute scan.
+        self.due_index = DueIndex.of_state_dir(settings.state_dir)
         self._connection: sqlite3.Connection | None = None
         # The publisher commits on a worker thread; the lock keeps one transaction of this
         # process on the actor's connection at a time.
@@ -232,6 +235,10 @@ class Actor:
             )
             if added:
                 alarm_moved = set_alarm(connection, now.timestamp())
+                if alarm_moved:
+                    # Before COMMIT: a marker without its alarm costs the scan a visit; an
+                    # alarm without its marker would never be scanned (see due_index).
+                    self.due_index.mark(self.ref.key, now.timestamp())
             crash_point(self.settings.crash_at, "in_txn")
         if alarm_moved:
             # After COMMIT: announcing an alarm for rows that may roll back would be a lie.

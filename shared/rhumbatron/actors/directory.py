@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from rhumbatron.actors.actor import Actor, ActorKind, ActorRef
 from rhumbatron.actors.alarms import AlarmSink
+from rhumbatron.actors.due_index import DueIndex
 from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.resource_shard import ResourceShard
@@ -46,6 +47,11 @@ class ActorDirectory:
             actor = cls(ref, self.settings, clock=self.clock, alarms=self.alarms)
             self._actors[ref] = actor
         return actor
+
+    @property
+    def due_index(self) -> DueIndex:
+        """The index of actors that may hold an alarm (the every-minute scan reads it)."""
+        return DueIndex.of_state_dir(self.settings.state_dir)
 
     def check_shard(self, ref: ActorRef) -> None:
         """Refuse a shard index the project does not have (a stale or mistyped key)."""

@@ -109,10 +109,13 @@ class PublishReport:
 
 @dataclass
 class ScanReport:
-    """What one every-minute scan did: a report per fired actor, and actors not reached."""
+    """What one every-minute scan did: a report per fired actor, the actor files it opened,
+    those it did not reach, and whether it walked every actor file (see due_index)."""
 
     reports: list[PublishReport] = field(default_factory=list)
     actors_left: int = 0
+    actors_visited: int = 0
+    full_walk: bool = False
 
 
 class _Stop(Exception):
@@ -246,6 +249,9 @@ class OutboxPublisher:
                 self._guard.count_fire(db, fire_at)
             report.next_alarm_at = next_due_at(db, now_s=now_s)
             replace_alarm(db, report.next_alarm_at)
+            if report.next_alarm_at is not None:
+                # An alarm left for work still due keeps its marker no later than itself.
+                actor.due_index.mark(actor.ref.key, report.next_alarm_at)
             if stored:
                 # Published rows past their retention go in the commit that publishes more:
                 # an outbox stays at its retention's worth of rows with no commit of its own,
@@ -443,6 +449,7 @@ def requeue_failed_rows(actor: Actor, event_ids: Sequence[str] | None = None) ->
         count = requeue_failed(db, event_ids)
         if count:
             replace_alarm(db, actor.clock.now().timestamp())
+            actor.due_index.mark(actor.ref.key, actor.clock.now().timestamp())
     if count:
         actor.alarms.alarm_set(actor.ref.key, actor.clock.now())
     return count

@@ -142,7 +142,11 @@ async def _handle(
             "(the next schedule continues)",
             left,
         )
-    return _summary("fire_due_alarms", reports, stopped_early=left > 0, actors_left=left)
+    summary = _summary("fire_due_alarms", reports, stopped_early=left > 0, actors_left=left)
+    # What the scan cost: the actor files it opened, and whether this was the day's full walk.
+    summary["actors_visited"] = scan.actors_visited
+    summary["full_walk"] = scan.full_walk
+    return summary
 
 
 def _summary(

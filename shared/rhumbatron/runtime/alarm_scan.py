@@ -1,13 +1,13 @@
 """The alarm jobs: an actor's alarm fired, the every-minute scan, and the local drain.
 
-A fire asks the actor's AlarmGuard, then publishes while rows are due. The scan visits every
-actor file whose alarm is due, up to ``publish_concurrency`` at once; the local invoker drains
-the alarms a :class:`~rhumbatron.actors.alarms.RecordingAlarmSink` announced. Each job nudges
-the router once per stream it moved, when it ends: not once per actor, nor once per
-100-row publish, so a busy run costs the router one run per stream, not one per actor. One actor's
-failure (a damaged or locked file) is recorded in its report and does not stop the others.
-These are the composition root's jobs: they read the actor directory and the publisher it
-built, and :class:`~rhumbatron.runtime.bootstrap.Rhumbatron` runs them.
+A fire asks the actor's AlarmGuard, then publishes while rows are due. The scan visits the
+actors the due-actor index names as due, up to ``publish_concurrency`` at once; the local
+invoker drains the alarms a :class:`~rhumbatron.actors.alarms.RecordingAlarmSink` announced.
+Each job nudges the router once per stream it moved, when it ends: not once per actor, nor
+once per 100-row publish, so a busy run costs the router one run per stream, not one per
+actor. One actor's failure (a damaged or locked file) is recorded in its report and does not
+stop the others. These are the composition root's jobs: they read the actor directory and the
+publisher it built, and :class:`~rhumbatron.runtime.bootstrap.Rhumbatron` runs them.
 """
 
 from __future__ import annotations
@@ -99,19 +99,29 @@ class AlarmJobs:
     ) -> ScanReport:
         """The every-minute scan: fire every due alarm, up to ``concurrency`` at once.
 
+        The actors visited are those the due-actor index names as due
+        (:mod:`~rhumbatron.actors.due_index`), the longest-due first; no other actor file is
+        opened. Once a day, and on the first scan of a state directory from before the
+        index, it walks every actor file instead, settles each one's marker, and stamps the
+        index complete. Each visit settles the actor's marker under its write lock.
+
         Order is per actor, and the publish lock keeps two publishers off one actor.
         ``should_stop`` is asked before each actor and between publishes (a Lambda stops
-        before its time runs out; the next scan continues). ``rotate`` starts at a random
-        actor so a scan that runs out of time does not starve the actors at the end of the
-        list. Actor files opened only for the scan are closed again: a warm container must
-        not collect open files.
+        before its time runs out; the next scan continues). ``rotate`` starts a full walk at
+        a random actor so a walk that runs out of time does not starve the actors at the end
+        of the list. Actor files opened only for the scan are closed again: a warm container
+        must not collect open files.
         """
-        refs = list(self.actors.actor_refs())
-        if rotate and refs:
-            start = random.randrange(len(refs))
-            refs = refs[start:] + refs[:start]
-        scan = ScanReport()
+        index = self.actors.due_index
         now_s = self.clock.now().timestamp()
+        scan = ScanReport(full_walk=index.needs_full_walk(now_s))
+        if scan.full_walk:
+            refs = list(self.actors.actor_refs())
+            if rotate and refs:
+                start = random.randrange(len(refs))
+                refs = refs[start:] + refs[:start]
+        else:
+            refs = self._indexed_refs(index.due(now_s))
         queue = deque(refs)
 
         async def worker() -> None:
@@ -122,8 +132,30 @@ class AlarmJobs:
                 await self._scan_one(queue.popleft(), scan, now_s, should_stop)
 
         await asyncio.gather(*(worker() for _ in range(min(self.concurrency, len(queue)))))
+        if scan.full_walk and scan.actors_left == 0:
+            index.mark_complete(now_s)
         await self.publisher.nudge_streams(i for r in scan.reports for i in r.nudged)
         return scan
+
+    def _indexed_refs(self, keys: list[str]) -> list[ActorRef]:
+        """The actors behind the index's due keys; a stray name or a marker whose actor file
+        is gone is dropped from the index (visiting it would create the file)."""
+        index = self.actors.due_index
+        state_dir = self.actors.settings.state_dir
+        refs: list[ActorRef] = []
+        for key in keys:
+            try:
+                ref = ActorRef.parse(key)
+                self.actors.check_shard(ref)
+            except ActorError as exc:
+                _log.warning("the due-actor index holds %r, which is no actor: %s", key, exc)
+                index.forget(key)
+                continue
+            if not self.actors.is_open(ref) and not ref.path(state_dir).exists():
+                index.forget(key)
+                continue
+            refs.append(ref)
+        return refs
 
     async def _scan_one(
         self,
@@ -134,13 +166,23 @@ class AlarmJobs:
     ) -> None:
         try:
             with self.actors.visiting(ref) as actor:
+                scan.actors_visited += 1
                 due = alarm_due_at(actor.connection)
-                if due is None or due > now_s:
-                    return
-                report = await self._drain_actor(actor, should_stop, publish_when_capped=True)
-                scan.reports.append(report)
+                if due is not None and due <= now_s:
+                    report = await self._drain_actor(actor, should_stop, publish_when_capped=True)
+                    scan.reports.append(report)
+                await asyncio.to_thread(self._settle_marker, actor)
         except (RhumbatronError, sqlite3.Error) as exc:
             scan.reports.append(_failed_report(ref.key, exc))
+            # Visited again by the next scan: a failure must not drop the actor from the index.
+            self.actors.due_index.mark(ref.key, now_s)
+
+    @staticmethod
+    def _settle_marker(actor: Actor) -> None:
+        """The actor's marker set to the alarm its file holds, read under its write lock
+        (BEGIN IMMEDIATE, no write: nothing is synced)."""
+        with actor.write() as db:
+            actor.due_index.settle(actor.ref.key, alarm_due_at(db))
 
     async def drain_alarms(self, sink: RecordingAlarmSink) -> list[PublishReport]:
         """The local invoker: fire every alarm ``sink`` announced, up to ``concurrency`` at

@@ -1,0 +1,141 @@
+"""The due-actor index: which actor files may hold an alarm, and from when, unopened.
+
+The every-minute scan used to open every actor file to read its alarm. On EFS each open is
+several metadata operations, and a deployment of thousands of projects paid them every minute
+for the handful of actors with work. The index is a directory, ``<state>/alarms/``, holding
+one empty file per actor that may have an alarm, named by the actor's key, whose mtime is no
+later than that alarm. One listing of the directory (the mtimes come with it) names the
+actors the scan must visit; nothing else is opened.
+
+The invariant: **an actor whose file holds an alarm due at t has a marker whose mtime is at
+most t.** It is kept like this:
+
+* A write that moves an alarm earlier marks it *inside* its write transaction, before COMMIT
+  (:meth:`DueIndex.mark`). A writer killed between the mark and the commit leaves a marker
+  that is too early, which only costs the scan a visit.
+* Only a visit settles a marker (:meth:`DueIndex.settle`), and only under the actor's write
+  lock, from the alarm it reads there: no alarm and the marker goes; a later alarm and its
+  mtime moves to it. No writer can come between that read and the settle, so no committed
+  alarm is ever left without its marker.
+* A state directory from before the index has no ``.complete`` stamp: the first scan walks
+  every actor file, settles each one's marker, then writes the stamp (:meth:`mark_complete`).
+  The walk is repeated once a day (:data:`FULL_WALK_EVERY_S`): a marker's directory entry is
+  not fsynced, so a power cut on a local disk could lose one whose alarm's commit survived;
+  the day's walk finds it again. On EFS each create and utime is durable when it returns.
+
+A marker whose alarm was deleted by a fire stays until the next scan visits it once; the fire
+path pays nothing for the index, and the scan's visits are bounded by the actors that had
+work since the last scan, not by the actor files on disk.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from rhumbatron.paths import path_under
+
+__all__ = ["FULL_WALK_EVERY_S", "DueIndex"]
+
+_COMPLETE = ".complete"
+_NS = 1_000_000_000
+
+#: How long a full walk's stamp stands before the scan walks every actor file again.
+FULL_WALK_EVERY_S = 86_400.0
+
+
+def _ns(at_s: float) -> int:
+    return round(at_s * _NS)
+
+
+@dataclass(frozen=True, slots=True)
+class DueIndex:
+    """The markers under ``root`` (``<state>/alarms``)."""
+
+    root: Path
+
+    @classmethod
+    def of_state_dir(cls, state_dir: Path) -> DueIndex:
+        """The index of the actors under ``state_dir``."""
+        return cls(state_dir / "alarms")
+
+    def _marker(self, actor_key: str) -> Path:
+        return path_under(self.root, actor_key)
+
+    def mark(self, actor_key: str, due_at_s: float) -> None:
+        """Make sure the marker of ``actor_key`` is due no later than ``due_at_s``.
+
+        Call it inside the write transaction that sets the alarm (see the module docstring).
+        An existing marker already as early costs one ``stat``.
+        """
+        marker = self._marker(actor_key)
+        due_ns = _ns(due_at_s)
+        try:
+            if marker.stat().st_mtime_ns <= due_ns:
+                return
+        except FileNotFoundError:
+            self._create(marker)
+        os.utime(marker, ns=(due_ns, due_ns))
+
+    def settle(self, actor_key: str, alarm_at_s: float | None) -> None:
+        """Set the marker of ``actor_key`` to the alarm its file holds: none removes it.
+
+        Only under the actor's write lock, with ``alarm_at_s`` read under that same lock.
+        """
+        marker = self._marker(actor_key)
+        if alarm_at_s is None:
+            marker.unlink(missing_ok=True)
+            return
+        if not marker.exists():
+            self._create(marker)
+        due_ns = _ns(alarm_at_s)
+        os.utime(marker, ns=(due_ns, due_ns))
+
+    def forget(self, actor_key: str) -> None:
+        """Drop the marker of an actor whose file is gone."""
+        self._marker(actor_key).unlink(missing_ok=True)
+
+    def due(self, now_s: float) -> list[str]:
+        """The keys of the actors whose marker is due at ``now_s``, the longest-due first.
+
+        Names are returned as they are: the caller parses each as an actor key, and skips
+        (and forgets) a stray one.
+        """
+        now_ns = _ns(now_s)
+        due: list[tuple[int, str]] = []
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            try:
+                mtime_ns = entry.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue  # settled by another scan since the listing
+            if mtime_ns > now_ns:
+                continue
+            due.append((mtime_ns, entry.name))
+        due.sort()
+        return [key for _, key in due]
+
+    def needs_full_walk(self, now_s: float) -> bool:
+        """Whether the scan must walk every actor file: never walked, or the last full walk
+        is :data:`FULL_WALK_EVERY_S` old."""
+        try:
+            walked_ns = (self.root / _COMPLETE).stat().st_mtime_ns
+        except FileNotFoundError:
+            return True
+        return walked_ns + _ns(FULL_WALK_EVERY_S) <= _ns(now_s)
+
+    def mark_complete(self, now_s: float) -> None:
+        """Record that a full walk at ``now_s`` settled every actor's marker."""
+        stamp = self.root / _COMPLETE
+        self._create(stamp)
+        os.utime(stamp, ns=(_ns(now_s), _ns(now_s)))
+
+    def _create(self, path: Path) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
