@@ -958,6 +958,59 @@ async def test_the_daily_tick_drops_lag_points_older_than_30_days_and_keeps_even
     assert metric_counts(product, MetricBinding.METRICS)["consumer_num_pending"] == 40
 
 
+async def test_analytics_points_are_kept_90_days_and_pruned_after(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a project's analytics points, written by a sweep
+    app = await make_app()
+    (project,) = projects_on_stream(6, 1)
+    await publish(app, lifecycle(project, clock.now())[:2])
+    first = sweep_minute(6)
+    clock.set(first)
+    await app.router().sweep(now=first)
+    product = app.product().connection
+    written = metric_counts(product, MetricBinding.EVENT_METRICS)
+    assert written["change_created"] == 1
+    assert app.settings.event_metrics_retention_days == 90
+
+    # WHEN the daily tick comes 89 days later, THEN they are kept
+    tick = (first + timedelta(days=89)).replace(hour=4, minute=17)
+    clock.set(tick)
+    await app.router().sweep(now=tick)
+    assert metric_counts(product, MetricBinding.EVENT_METRICS) == written
+
+    # WHEN it comes 91 days later, THEN every one of them is gone: the table that grows
+    # with the events stays bounded
+    tick += timedelta(days=2)
+    clock.set(tick)
+    sweep = await app.router().sweep(now=tick)
+    assert metric_counts(product, MetricBinding.EVENT_METRICS) == {}
+    assert sweep.pruned_metric_rows >= sum(written.values())
+
+
+async def test_an_ordinary_tick_prunes_old_metric_points_when_sized_above_the_daily_cap(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a deployment sized above what the daily prune keeps up with (a chunk of 1 row a
+    #   table a tick), and lag points 31 days old
+    app = await make_app(expected_events_per_day=10, processed_events_prune_cap=4)
+    first = sweep_minute(2)
+    clock.set(first)
+    await app.router().sweep(now=first)
+    product = app.product().connection
+    old = "SELECT COUNT(*) FROM platform_metrics WHERE recorded_at_s <= ?"
+    old_points = product.execute(old, (first.timestamp(),)).fetchone()[0]
+    assert old_points > 1
+    # WHEN an ordinary tick runs 31 days later
+    tick = (first + timedelta(days=31)).replace(hour=10, minute=3)
+    clock.set(tick)
+    sweep = await app.router().sweep(now=tick)
+    # THEN it pruned its chunk of them, not waiting for the daily tick
+    assert not sweep.maintenance
+    assert sweep.pruned_metric_rows == 1
+    assert product.execute(old, (first.timestamp(),)).fetchone()[0] == old_points - 1
+
+
 async def test_a_view_file_held_by_another_writer_is_retried_not_counted(
     make_app: AppFactory, clock: ManualClock
 ) -> None:

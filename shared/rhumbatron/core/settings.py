@@ -246,6 +246,15 @@ class Settings(BaseSettings):
     lag_metrics_retention_days: float = Field(
         default=30, gt=0, description="METRICS rows (lag, backlog) kept in platform_metrics."
     )
+    event_metrics_retention_days: float = Field(
+        default=90,
+        gt=0,
+        description=(
+            "EVENT_METRICS rows (one per lifecycle Event: the analytics) kept in "
+            "platform_metrics. CloudWatch keeps the same points 15 months in the cloud; "
+            "the table is the local record and the dashboards' recent window."
+        ),
+    )
     metrics_prune_cap: int = Field(default=200_000, ge=1)
     metrics_emf: bool = Field(
         default=False, description="Also print metrics as CloudWatch EMF lines (on in Lambda)."

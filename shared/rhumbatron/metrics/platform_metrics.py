@@ -51,6 +51,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS platform_metrics_event
     ON platform_metrics (binding, event_id, name) WHERE event_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS platform_metrics_name_time
     ON platform_metrics (name, recorded_at_s);
+CREATE INDEX IF NOT EXISTS platform_metrics_binding_time
+    ON platform_metrics (binding, recorded_at_s);
 """
 
 #: The units CloudWatch accepts, spelled as CloudWatch spells them (``"None"`` included).

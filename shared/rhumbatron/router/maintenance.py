@@ -5,7 +5,8 @@ At the daily maintenance tick (04:17 UTC) at most ``processed_events_prune_cap``
 the 8 router stream files, the product database and the 8 view stores. The project views'
 feed rows age out with the same cap, and so does the reactions' bookkeeping older than
 ``reaction_history_days`` (finished webhook deliveries, suppressions, cause chains,
-admissions). Where the archive store has no lifecycle rule (moto
+admissions); ``platform_metrics`` rows past their binding's retention go too, up to
+``metrics_prune_cap`` of each. Where the archive store has no lifecycle rule (moto
 locally) the same tick deletes archive objects older than 365 days, in a bounded pass.
 
 Above the volume that daily cap keeps up with, every other tick prunes the same tables too,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from rhumbatron.router.reports import SweepReport
 
 __all__ = [
-    "prune_lag_metrics",
+    "prune_metrics",
     "prune_processed_events",
     "run_daily_maintenance",
     "run_maintenance",
@@ -89,21 +90,30 @@ def prune_processed_events(
     return cap - claims_left, cap - feed_left
 
 
-def prune_lag_metrics(router: MaintainedRouter, *, now_s: float, cap: int) -> int:
-    """Delete METRICS rows older than ``lag_metrics_retention_days``, at most the cap.
+def prune_metrics(router: MaintainedRouter, *, now_s: float, cap: int) -> int:
+    """Delete ``platform_metrics`` rows past their binding's retention, at most ``cap`` of
+    each binding; returns the rows deleted.
 
-    Every tick writes 83 lag and backlog points (119,520 a day); the dashboards read
-    CloudWatch in the cloud, so the table keeps a window, not a history. EVENT_METRICS rows
-    (one per lifecycle Event) are the analytics themselves and are kept.
+    METRICS rows go after ``lag_metrics_retention_days`` (30): every tick writes 83 lag and
+    backlog points (119,520 a day), and the dashboards read CloudWatch in the cloud, so the
+    table keeps a window, not a history. EVENT_METRICS rows (one per lifecycle Event, the
+    analytics) go after ``event_metrics_retention_days`` (90): they grow with the events, so
+    without a retention the table would grow for ever at any volume.
     """
     settings = router.settings
-    cutoff = now_s - settings.lag_metrics_retention_days * _DAY_S
+    windows = (
+        ("METRICS", settings.lag_metrics_retention_days),
+        ("EVENT_METRICS", settings.event_metrics_retention_days),
+    )
+    deleted = 0
     with router.product.transaction() as db:
-        return db.execute(
-            "DELETE FROM platform_metrics WHERE id IN (SELECT id FROM platform_metrics "
-            "WHERE binding = 'METRICS' AND recorded_at_s < ? LIMIT ?)",
-            (cutoff, cap),
-        ).rowcount
+        for binding, days in windows:
+            deleted += db.execute(
+                "DELETE FROM platform_metrics WHERE id IN (SELECT id FROM platform_metrics "
+                "WHERE binding = ? AND recorded_at_s < ? LIMIT ?)",
+                (binding, now_s - days * _DAY_S, cap),
+            ).rowcount
+    return deleted
 
 
 async def run_maintenance(
@@ -126,6 +136,7 @@ async def run_maintenance(
             router, now_s=now_s, cap=rows, should_stop=should_stop
         )
         sweep.pruned_reaction_rows = router.prune_reaction_history(now_s, rows)
+        sweep.pruned_metric_rows = prune_metrics(router, now_s=now_s, cap=rows)
 
 
 async def run_daily_maintenance(
@@ -137,7 +148,7 @@ async def run_daily_maintenance(
     sweep.pruned_claims, sweep.pruned_feed_rows = prune_processed_events(
         router, now_s=now.timestamp(), cap=cap
     )
-    sweep.pruned_metric_rows = prune_lag_metrics(
+    sweep.pruned_metric_rows = prune_metrics(
         router, now_s=now.timestamp(), cap=settings.metrics_prune_cap
     )
     sweep.pruned_reaction_rows = router.prune_reaction_history(now.timestamp(), cap)
