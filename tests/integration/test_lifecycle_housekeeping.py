@@ -37,7 +37,8 @@ from rhumbatron.actors.shard_commands import (
     SetProjectStatus,
     StartTask,
 )
-from rhumbatron.core.clock import ManualClock
+from rhumbatron.causal.store import StoredDecision
+from rhumbatron.core.clock import ManualClock, utc_day
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import ChangeStatus, TaskPlan
@@ -853,3 +854,36 @@ async def test_a_retried_tick_sends_nothing_twice_and_the_summary_counts_it(
     assert len(handled(lifecycle, "release.recover")) == 1
     assert status_of(app, project, releasing) == "completed"
     assert status_of(app, project, failed) == "failed"
+
+
+async def test_the_daily_tick_prunes_the_causal_routers_bookkeeping_past_14_days(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN the causal router's bookkeeping of a day 15 days before a daily tick, and of
+    #   the day before it
+    store = app.lifecycle().causal_store
+    for days_before in (15, 1):
+        moment = at(12, 0, days=-days_before)
+        store.record_decision(
+            StoredDecision(
+                f"evt-{days_before}",
+                "agent-1",
+                "skip",
+                0.1,
+                "r",
+                "model",
+                "haiku",
+                None,
+                moment.timestamp(),
+            )
+        )
+        assert store.admit_command(utc_day(moment), "chg-1", 1_000, command_id=f"cmd-{days_before}")
+    # WHEN an ordinary tick runs, THEN it prunes nothing (the default sizing)
+    clock.set(at(10, 12))
+    assert (await tick(app))["causal_rows_pruned"] == 0
+    # WHEN the 04:17 tick runs
+    clock.set(at(4, 17, days=1))
+    daily = await tick(app)
+    # THEN the old day's decision, counter and admission are gone, the fresh day's kept
+    assert daily["causal_rows_pruned"] == 3
+    assert [d.event_id for d in store.decisions()] == ["evt-1"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rhumbatron.causal.command_cap import DROPPED_METRIC, CommandCap
-from rhumbatron.causal.store import CausalStore, CommandCount
+from rhumbatron.causal.store import CausalStore, CommandCount, StoredDecision
 from rhumbatron.core.clock import ManualClock, utc_day
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import UnknownTypeError
@@ -288,3 +288,41 @@ def test_a_change_never_counted_has_a_zero_count_in_the_causal_file(
     assert cap.count("chg-never", utc_day(NOON)) == CommandCount(admitted=0, dropped=0)
     # the counts live in the causal store's own file, which operators back up by name
     assert (settings.state_dir / "causal.sqlite").is_file()
+
+
+def test_the_causal_bookkeeping_ages_out_past_the_claims_retention_within_the_limit(
+    make_settings: Callable[..., Settings], stores: list[CausalStore]
+) -> None:
+    # GIVEN a decision, a model call, a counted command and its admission on an old day
+    #   and on a fresh one
+    store = CausalStore(make_settings())
+    stores.append(store)
+    old, fresh = NOON - timedelta(days=15), NOON
+    for at in (old, fresh):
+        tag = utc_day(at)
+        store.record_decision(
+            StoredDecision(
+                f"evt-{tag}", "agent-1", "wake", 0.9, "r", "model", "haiku", None, at.timestamp()
+            )
+        )
+        assert store.reserve_call(tag, "*", 200)
+        assert store.admit_command(tag, "chg-1", 1_000, command_id=f"cmd-{tag}") == (True, True)
+    # WHEN the rows from before 14 days ago are pruned, with a limit of 1 row a table, twice
+    before_s = (NOON - timedelta(days=14)).timestamp()
+    first = store.prune(before_s=before_s, limit=1)
+    second = store.prune(before_s=before_s, limit=1)
+    # THEN the first call took the old row of each of the 4 tables, the second found none,
+    #   and every fresh row is kept
+    assert (first, second) == (4, 0)
+    assert [d.event_id for d in store.decisions()] == [f"evt-{utc_day(fresh)}"]
+    assert store.calls(utc_day(old), "*") == 0
+    assert store.calls(utc_day(fresh), "*") == 1
+    assert store.command_count(utc_day(old), "chg-1") == CommandCount()
+    assert store.command_count(utc_day(fresh), "chg-1") == CommandCount(1, 0)
+    # AND a repeat of the fresh command still gets its first verdict (its admission is kept)
+    assert store.admit_command(
+        utc_day(fresh), "chg-1", 1_000, command_id=f"cmd-{utc_day(fresh)}"
+    ) == (
+        True,
+        False,
+    )

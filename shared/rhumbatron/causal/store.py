@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
 
 from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.core.clock import utc_day
 from rhumbatron.core.settings import Settings
 
 __all__ = [
@@ -45,6 +47,7 @@ CREATE TABLE IF NOT EXISTS clef_flash_decisions (
     decided_at_s  REAL NOT NULL,
     PRIMARY KEY (event_id, agent_id)
 );
+CREATE INDEX IF NOT EXISTS clef_flash_decisions_time ON clef_flash_decisions (decided_at_s);
 CREATE TABLE IF NOT EXISTS clef_flash_calls (
     day    TEXT NOT NULL /* UTC YYYY-MM-DD */,
     scope  TEXT NOT NULL /* '*' for the deployment, else 'tenant:<id>' */,
@@ -230,6 +233,33 @@ class CausalStore(SqliteStore):
             (day, change_id),
         )
         return CommandCount(int(rows[0][0]), int(rows[0][1])) if rows else CommandCount()
+
+    # -- retention --------------------------------------------------------------------------
+
+    def prune(self, *, before_s: float, limit: int) -> int:
+        """Delete at most ``limit`` rows of each table written before ``before_s`` (decisions
+        by their time, the daily counters and admissions by their UTC day); return how many.
+
+        Every table here grows with the routed Events (a decision per ambiguous (event,
+        agent), an admission per counted command, a counter per Change and day), and none is
+        read once its Event can no longer come back: the router calls this with its claims'
+        retention (14 days), past which a redelivery is no longer deduplicated anyway.
+        """
+        before_day = utc_day(datetime.fromtimestamp(before_s, UTC))
+        deleted = 0
+        with self.transaction() as connection:
+            deleted += connection.execute(
+                "DELETE FROM clef_flash_decisions WHERE rowid IN (SELECT rowid FROM "
+                "clef_flash_decisions WHERE decided_at_s < ? LIMIT ?)",
+                (before_s, limit),
+            ).rowcount
+            for table in ("change_command_admissions", "change_command_counts", "clef_flash_calls"):
+                deleted += connection.execute(
+                    f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
+                    "WHERE day < ? LIMIT ?)",
+                    (before_day, limit),
+                ).rowcount
+        return deleted
 
     def _read(self, sql: str, params: tuple[object, ...]) -> list[sqlite3.Row]:
         # Under the store's lock: the connection is shared by the process's threads, and a

@@ -119,6 +119,8 @@ class SweepTick:
     #: Events each replica of the tick's stream lost inside its own sequence range, by node
     #: (only those that lost some; empty without RHUMBATRON_NATS_MONITOR_URLS).
     log_gaps: dict[str, int]
+    #: Rows of the causal router's bookkeeping (decisions, daily counters) past retention.
+    causal_rows_pruned: int = 0
 
 
 class SweepRuntime(RoleRuntime, Protocol):

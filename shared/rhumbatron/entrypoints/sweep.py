@@ -139,6 +139,7 @@ async def _handle(
         "clef_flash_calls_today": tick.clef_flash_calls_today,
         "out_of_time": tick.out_of_time,
         "log_gaps": tick.log_gaps,
+        "causal_rows_pruned": tick.causal_rows_pruned,
     }
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from rhumbatron.messaging.queue_consumer import PollReport
     from rhumbatron.reactions.webhook_retries import WebhookRetrier
     from rhumbatron.router.event_router import EventRouter
+    from rhumbatron.router.reports import SweepReport
     from rhumbatron.runtime.lifecycle_assembly import Lifecycle
 
 __all__ = ["SweepHost", "run_sweep_tick"]
@@ -64,6 +65,7 @@ async def run_sweep_tick(
     # commands, keyed on the tick so a retried tick sends nothing twice.
     lifecycle = app.lifecycle()
     housekeeping = await lifecycle.housekeeper.run(now)
+    causal_rows_pruned = _prune_causal_history(app, report, now)
     # Locally the workflows run in this process: a run cut short by a crash resumes here.
     resume_running = getattr(lifecycle.engine, "resume_running", None)
     resumed: list[str] = await resume_running() if resume_running is not None else []
@@ -94,7 +96,22 @@ async def run_sweep_tick(
         clef_flash_calls_today=clef_flash_calls,
         out_of_time=out_of_time,
         log_gaps=log_gaps,
+        causal_rows_pruned=causal_rows_pruned,
     )
+
+
+def _prune_causal_history(app: SweepHost, report: SweepReport, now: datetime) -> int:
+    """The causal router's bookkeeping (``causal.sqlite``) past the claims' retention: up to
+    the daily cap on the 04:17 tick, and on every other tick the chunk the sizing needs (none
+    at the default sizing), like the claims themselves."""
+    from rhumbatron.router.capacity import tick_prune_rows
+
+    settings = app.settings
+    rows = settings.processed_events_prune_cap if report.maintenance else tick_prune_rows(settings)
+    if not rows:
+        return 0
+    before_s = now.timestamp() - settings.processed_events_retention_days * 86_400
+    return app.lifecycle().causal_store.prune(before_s=before_s, limit=rows)
 
 
 def _fire_schedules(app: SweepHost, at: datetime) -> tuple[list[str], dict[str, str]]:
