@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -716,11 +717,14 @@ async def test_each_wake_without_the_models_word_is_logged_as_a_warning_saying_w
         f"Clef-flash answer unusable for event {event.event_id}: no decide_wake tool call in "
         "the response (stop_reason='refusal')"
     )
-    assert warnings[2] == (
-        f"Clef-flash call for event {event.event_id}, agent agent-1 failed (OverloadedError: "
-        "Error code: 529 - {'type': 'error', 'error': {'type': 'api_error', 'message': "
-        "'Overloaded'}}): abstaining, which wakes"
-    )
+    # The SDK's own text of the error sits between its type and our ending; its wording is
+    # the SDK's (it changed in anthropic 2.17), so only its status and message are pinned.
+    assert re.fullmatch(
+        re.escape(f"Clef-flash call for event {event.event_id}, agent agent-1 failed (")
+        + r"OverloadedError: [^\n]*529[^\n]*Overloaded[^\n]*"
+        + re.escape("): abstaining, which wakes"),
+        warnings[2],
+    ), warnings[2]
     assert len(warnings) == 3
 
 
@@ -732,4 +736,4 @@ async def test_a_long_api_error_is_kept_as_its_first_500_characters(
     decision = await decide(h)
     assert decision.source == "error"
     assert len(decision.reason) == 500
-    assert decision.reason.startswith("InternalServerError: Error code: 500")
+    assert re.match(r"InternalServerError: (Error code: )?500 x", decision.reason), decision.reason
