@@ -25,7 +25,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.nats_server import find_nats_server_binary, free_port
 
-from .support import CloudFormationLoader, Tag
+from .support import CloudFormationLoader, Tag, TlsFiles, issue_certificates
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -154,7 +153,7 @@ def test_common_config_fsyncs_every_write_to_the_volume_and_admits_only_tls_and_
 
 def test_every_node_config_passes_nats_server_config_test(tmp_path: Path) -> None:
     # GIVEN the configs with their TLS files and store in a temp dir, the passwords in the env
-    tls = _certificates(tmp_path / "tls")
+    tls = issue_certificates(tmp_path / "tls")
     env = {**os.environ, **_credentials_env()}
     for n in NODES:
         _render_for_loopback(tmp_path / f"node{n}", n, tls, _ports())
@@ -183,89 +182,6 @@ def _ports() -> _Ports:
     return _Ports(free_port(), free_port(), free_port())
 
 
-@dataclass(frozen=True)
-class _Tls:
-    directory: Path
-    ca: Path
-
-
-def _certificates(directory: Path) -> _Tls:
-    """A CA, and one certificate it signs for ``localhost`` (server and client use), written
-    under the file names the configs read (server/route, their keys, the CA). A name, not an
-    address, as in the cloud: the members the client and the routes learn from the cluster
-    are addresses, verified against the name they were reached by."""
-    pytest.importorskip("cryptography")
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    directory.mkdir(parents=True)
-    now = datetime.now(UTC)
-
-    def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rhumbatron test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=1))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    leaf = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=1))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(HOST)]),
-            critical=False,
-        )
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    ca_path = directory / "ca.pem"
-    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    for name in ("server", "route"):
-        (directory / f"{name}.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-        (directory / f"{name}-key.pem").write_bytes(_pem_key(key))
-    return _Tls(directory, ca_path)
-
-
 def _password() -> str:
     """Letters and digits, as the stack generates them (ExcludePunctuation)."""
     alphabet = string.ascii_letters + string.digits
@@ -284,7 +200,11 @@ def _credentials_env(functions_password: str | None = None) -> dict[str, str]:
 
 
 def _render_for_loopback(
-    directory: Path, n: int, tls: _Tls, ports: _Ports, cluster_ports: dict[int, int] | None = None
+    directory: Path,
+    n: int,
+    tls: TlsFiles,
+    ports: _Ports,
+    cluster_ports: dict[int, int] | None = None,
 ) -> None:
     """node{n}.conf and common.conf as a deployment runs them, but on loopback: the ports,
     the Cloud Map names, the volume and the TLS directory are the only things rewritten."""
@@ -348,7 +268,7 @@ class _Node:
 @dataclass(frozen=True)
 class _Cluster:
     nodes: list[_Node]
-    tls: _Tls
+    tls: TlsFiles
     user: str
     password: str
 
@@ -356,7 +276,7 @@ class _Cluster:
 @pytest.fixture
 def booted_cluster(tmp_path: Path) -> Iterator[_Cluster]:
     """Three nats-server processes from infra/nats/*.conf, routed to each other on loopback."""
-    tls = _certificates(tmp_path / "tls")
+    tls = issue_certificates(tmp_path / "tls")
     env = _credentials_env()
     ports = {n: _ports() for n in NODES}
     cluster_ports = {n: p.cluster for n, p in ports.items()}
@@ -583,7 +503,7 @@ def _under(text: str, root: Path) -> str:
     return text.replace("/etc/nats/", f"{root}/etc/nats/").replace("/data/", f"{root}/data/")
 
 
-def _container_env(cluster: dict[str, Any], root: Path, tls: _Tls) -> dict[str, str]:
+def _container_env(cluster: dict[str, Any], root: Path, tls: TlsFiles) -> dict[str, str]:
     """What ECS gives the container: the configs (its Environment), the TLS material and the
     credentials (its Secrets)."""
     environment = {e["Name"]: _under(e["Value"], root) for e in _container(cluster)["Environment"]}
@@ -608,7 +528,7 @@ def test_the_container_starts_the_node_its_volume_names_with_files_nats_server_a
     # GIVEN node 2's volume at /data (its marker), and the container's environment
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / ".rhumbatron-nats-node").write_text("2\n")
-    env = _container_env(cluster, tmp_path, _certificates(tmp_path / "issued"))
+    env = _container_env(cluster, tmp_path, issue_certificates(tmp_path / "issued"))
 
     # WHEN the container's start script runs
     result = _run_start_script(cluster, tmp_path, env)
@@ -629,7 +549,7 @@ def test_the_container_refuses_to_start_on_a_disk_that_is_not_a_nodes_volume(
 ) -> None:
     # GIVEN /data without the marker the instance writes on the node's EBS volume
     (tmp_path / "data").mkdir()
-    env = _container_env(cluster, tmp_path, _certificates(tmp_path / "issued"))
+    env = _container_env(cluster, tmp_path, issue_certificates(tmp_path / "issued"))
     # WHEN the container's start script runs
     result = _run_start_script(cluster, tmp_path, env)
     # THEN it stops before anything is written, and says why

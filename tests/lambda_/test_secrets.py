@@ -1,5 +1,5 @@
-"""The secrets the functions read from Secrets Manager: the NATS credentials (at connect) and
-the Anthropic key (where Clef-flash is built).
+"""The secrets the functions read from Secrets Manager: the NATS credentials and the NATS
+servers' CA (at connect), and the Anthropic key (where Clef-flash is built).
 
 Secrets Manager is moto's, through boto3; NATS is a real nats-server that demands the
 credentials; the Anthropic API is an httpx2 transport that records what reached it.
@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import re
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +31,7 @@ from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 
-from .support import FakeLambdaContext, load_app, sample_event
+from .support import FakeLambdaContext, TlsFiles, issue_certificates, load_app, sample_event
 
 pytestmark = pytest.mark.integration
 
@@ -43,6 +46,34 @@ class AuthNatsServer(NatsServerProcess):
 
     def config_text(self) -> str:
         return super().config_text() + f"authorization {{ {self.authorization} }}\n"
+
+
+@dataclass
+class TlsNatsServer(NatsServerProcess):
+    """A nats-server that speaks only TLS, with a certificate for ``localhost``."""
+
+    tls: TlsFiles | None = None
+
+    def config_text(self) -> str:
+        assert self.tls is not None
+        directory = self.tls.directory
+        return (
+            super().config_text()
+            + f'tls {{\n  cert_file: "{directory}/server.pem"\n'
+            + f'  key_file: "{directory}/server-key.pem"\n}}\n'
+        )
+
+    @property
+    def tls_url(self) -> str:
+        return f"tls://localhost:{self.port}"
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[TlsNatsServer]:
+    server = TlsNatsServer(store_dir=tmp_path / "nats", tls=issue_certificates(tmp_path / "tls"))
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture
@@ -155,6 +186,84 @@ def test_refused_credentials_fail_like_an_outage_naming_the_secret(
         asyncio.run(_round_trip(settings))
     assert arn in str(refused.value)
     assert "not-the-token-at-all" not in str(refused.value)
+
+
+def test_a_function_trusts_exactly_the_ca_in_its_secret(
+    tmp_path: Path, secrets: Any, tls_server: TlsNatsServer
+) -> None:
+    # GIVEN a cluster whose certificate a private CA signed, and that CA in a secret
+    assert tls_server.tls is not None
+    arn = _secret(secrets, tls_server.tls.ca.read_text())
+    # WHEN a client connects with the secret THEN it gets a round trip through over TLS
+    trusted = _settings(tmp_path, tls_server.tls_url, nats_tls_ca_secret_arn=arn)
+    asyncio.run(_round_trip(trusted))
+    # AND one trusting another CA, or only the system's, is refused like an unreachable server
+    stranger = issue_certificates(tmp_path / "stranger")
+    other_arn = _secret(secrets, stranger.ca.read_text())
+    for settings in (
+        _settings(tmp_path, tls_server.tls_url, nats_tls_ca_secret_arn=other_arn),
+        _settings(tmp_path, tls_server.tls_url),
+    ):
+        with pytest.raises(NatsUnavailableError, match=re.escape(tls_server.tls_url)):
+            asyncio.run(_round_trip(settings))
+
+
+def test_a_ca_secret_without_a_certificate_is_named_by_its_arn(
+    tmp_path: Path, secrets: Any
+) -> None:
+    arn = _secret(secrets, "-----BEGIN NOTHING-----\nhunter2\n-----END NOTHING-----\n")
+    settings = _settings(tmp_path, "tls://localhost:1", nats_tls_ca_secret_arn=arn)
+    with pytest.raises(ConfigurationError) as refused:
+        asyncio.run(_round_trip(settings))
+    assert str(refused.value) == (
+        f"the secret {arn} (RHUMBATRON_NATS_TLS_CA_SECRET_ARN) holds no usable PEM certificate "
+        "(SSLError); store the CA certificate's PEM text in it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("setting", "purpose"),
+    [
+        ("nats_tls_ca_secret_arn", "the NATS servers' CA (RHUMBATRON_NATS_TLS_CA_SECRET_ARN)"),
+        (
+            "nats_credentials_secret_arn",
+            "the NATS credentials (RHUMBATRON_NATS_CREDENTIALS_SECRET_ARN)",
+        ),
+    ],
+)
+def test_a_nats_secret_that_cannot_be_read_says_what_it_was_for(
+    tmp_path: Path, secrets: Any, setting: str, purpose: str
+) -> None:
+    arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:rhumbatron/gone-AbCdEf"
+    settings = _settings(tmp_path, "nats://127.0.0.1:1", **{setting: arn})
+    with pytest.raises(ConfigurationError) as refused:
+        asyncio.run(_round_trip(settings))
+    assert str(refused.value).startswith(
+        f"cannot read {purpose} from the Secrets Manager secret {arn}: "
+    )
+
+
+@pytest.mark.parametrize("setting", ["nats_tls_ca_secret_arn", "nats_credentials_secret_arn"])
+def test_a_secrets_manager_that_never_answers_holds_a_connect_only_as_long_as_its_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    # GIVEN a Secrets Manager endpoint that accepts connections and never answers
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        silent.listen(16)
+        monkeypatch.setenv(
+            "AWS_ENDPOINT_URL_SECRETS_MANAGER", f"http://127.0.0.1:{silent.getsockname()[1]}"
+        )
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(name, "testing")
+        arn = f"arn:aws:secretsmanager:eu-west-1:123456789012:secret:rhumbatron/{setting}-x"
+        settings = _settings(tmp_path, "nats://127.0.0.1:1", **{setting: arn})
+        # WHEN a function connects
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError, match="cannot read"):
+            asyncio.run(_round_trip(settings))
+        # THEN the read gave up on the connect timeout (0.5 s; two tries), not botocore's
+        # 60 s default
+        assert time.monotonic() - started < 10
 
 
 @pytest.mark.parametrize(
