@@ -189,6 +189,10 @@ PLANS: dict[str, PackagePlan] = {
             "tests/integration/test_fast_batches.py",
             "tests/integration/test_durability.py",
             "tests/integration/test_command_bus.py",
+            "tests/integration/test_puller.py",
+            "tests/integration/test_ensure_consumer.py",
+            "tests/integration/test_connection.py",
+            "tests/lambda_/test_secrets.py",
             "tests/faults/test_queue_faults.py::"
             "test_a_worker_killed_after_the_dead_letter_send_still_leaves_one_dead_letter",
         ),

@@ -17,6 +17,7 @@ import pytest_asyncio
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 from nats.js.client import JetStreamContext
 
+from rhumbatron.errors import MessagingError
 from rhumbatron.messaging.pull import ConsumerChange, ensure_consumer
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 
@@ -111,3 +112,30 @@ async def test_a_managed_field_that_differs_updates_the_consumer(
     assert await ensure_consumer(js, STREAM, config(**ensured_with)) is ConsumerChange.UPDATED
     info = await js.consumer_info(STREAM, DURABLE)
     assert getattr(info.config, field) == server_value
+
+
+async def test_a_change_jetstream_refuses_names_the_consumer_and_what_to_do(
+    js: JetStreamContext,
+) -> None:
+    # GIVEN a consumer with explicit acks
+    await ensure_consumer(js, STREAM, config())
+    # WHEN it is ensured with another ack policy, which JetStream never changes in place
+    with pytest.raises(MessagingError) as refused:
+        await ensure_consumer(js, STREAM, config(ack_policy=AckPolicy.ALL))
+    # THEN the refusal says which consumer, what the server said, and what to do
+    message = str(refused.value)
+    assert message.startswith(f"JetStream refused to update consumer {DURABLE} on {STREAM}: ")
+    assert message.endswith(
+        "; if its ack or deliver policy changed, delete the consumer (it is recreated at its "
+        "next read)"
+    )
+    assert "(code 10" in message  # the server's own error code, e.g. 10012
+    # AND a create that the server refuses says "create", word for word
+    with pytest.raises(MessagingError) as refused_create:
+        await ensure_consumer(js, STREAM, config(durable_name="other", ack_wait=-1.0))
+    assert str(refused_create.value) == (
+        f"JetStream refused to create consumer other on {STREAM}: consumer ack wait needs to "
+        "be positive (code 10183); if its ack or deliver policy changed, delete the consumer "
+        "(it is recreated at its next read)"
+    )
+
