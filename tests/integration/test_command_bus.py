@@ -49,6 +49,14 @@ async def test_a_command_another_stream_would_take_is_refused_naming_it_and_the_
             "match (code 10060)"
         )
         assert (await client.jetstream().stream_info("ELSEWHERE")).state.messages == 0
+        # AND a raw body (a record that never decoded, on its way to the dead letters) is
+        #   named by the message ID it was sent under
+        with pytest.raises(MessagingError) as refused_raw:
+            await bus.send_raw("dead-letter", b"not a command", message_id="dlq_raw_1")
+        assert str(refused_raw.value) == (
+            "JetStream refused command dlq_raw_1 on dead-letter: expected stream does not "
+            "match (code 10060)"
+        )
     finally:
         await client.close()
 
