@@ -481,7 +481,8 @@ def test_the_task_writes_every_tls_file_the_configs_read_from_the_tls_secret(
         key = variable.removeprefix("NATS_TLS_").lower()
         assert from_secrets[variable] == Tag("Sub", f"${{NatsTlsSecretArn}}:{key}::")
     # Each node is started with its own configuration, which includes the shared one.
-    assert "printf '%s' \"$NATS_CONF_COMMON\" > /etc/nats/common.conf" in script
+    assert "printf '%s' \"$NATS_CONF_COMMON\" |" in script
+    assert "> /etc/nats/common.conf" in script
     assert script.rstrip().endswith("exec nats-server -c /etc/nats/node.conf")
 
 
@@ -503,10 +504,17 @@ def _under(text: str, root: Path) -> str:
     return text.replace("/etc/nats/", f"{root}/etc/nats/").replace("/data/", f"{root}/data/")
 
 
-def _container_env(cluster: dict[str, Any], root: Path, tls: TlsFiles) -> dict[str, str]:
-    """What ECS gives the container: the configs (its Environment), the TLS material and the
-    credentials (its Secrets)."""
-    environment = {e["Name"]: _under(e["Value"], root) for e in _container(cluster)["Environment"]}
+def _container_env(
+    cluster: dict[str, Any], root: Path, tls: TlsFiles, tier: str = "1000"
+) -> dict[str, str]:
+    """What ECS gives the container for the sizing ``tier``: the configs and the tier's store
+    limit (its Environment), the TLS material and the credentials (its Secrets)."""
+    environment = {
+        e["Name"]: _under(e["Value"], root)
+        for e in _container(cluster)["Environment"]
+        if isinstance(e["Value"], str)
+    }
+    environment["NATS_MAX_FILE_STORE"] = f"{_tier(cluster, tier)['MaxFileStoreGB']}GB"
     pem = {
         "NATS_TLS_CA": "ca.pem",
         "NATS_TLS_SERVER_CERT": "server.pem",
@@ -621,8 +629,10 @@ def test_each_node_keeps_its_jetstream_store_on_its_own_persistent_volume(
     ].value
     assert "/data/nats xfs" in user_data and "mount /data/nats" in user_data
     # The volumes outlive instances, tasks and the stack itself.
+    # The smallest tier's store limit is the one common.conf names (the container writes
+    # a larger tier's over it).
     max_store_gb = int(re.findall(r"max_file_store: (\d+)GB", _config("common.conf"))[0])
-    assert cluster["Parameters"]["VolumeSizeGiB"]["MinValue"] > max_store_gb
+    assert max_store_gb == min(t["MaxFileStoreGB"] for t in cluster["Mappings"]["Sizing"].values())
     for n in NODES:
         ebs = resources[f"Node{n}Volume"]
         assert ebs["DeletionPolicy"] == ebs["UpdateReplacePolicy"] == "Snapshot"
@@ -634,6 +644,106 @@ def test_each_node_keeps_its_jetstream_store_on_its_own_persistent_volume(
     (script,) = container["Command"]
     assert "cat /data/.rhumbatron-nats-node" in script
     assert "/data/nats/.rhumbatron-nats-node" in user_data
+
+
+def _tier(cluster: dict[str, Any], tier: str) -> dict[str, int]:
+    sizing: dict[str, dict[str, int]] = cluster["Mappings"]["Sizing"]
+    return sizing[tier]
+
+
+#: On-disk bytes per stored event (envelope, headers and the store's index), the sizing model
+#: of nats-cluster.yaml's Sizing mapping.
+_BYTES_PER_STORED_EVENT = 1_536
+#: Peak rate over the day's average the IOPS are sized for.
+_PEAK_OVER_AVERAGE = 3
+
+
+def test_every_sizing_tier_holds_its_volume_of_events_and_their_fsyncs(
+    cluster: dict[str, Any],
+) -> None:
+    settings = load_settings(state_dir=Path("/tmp/unused"), nats_url="nats://127.0.0.1:1")
+    parameter = cluster["Parameters"]["ExpectedEventsPerDay"]
+    tiers = cluster["Mappings"]["Sizing"]
+    assert parameter["AllowedValues"] == list(tiers) and parameter["Default"] == "1000"
+    # The app's default volume is the smallest tier's
+    app = _stack("template.yaml")["Parameters"]["ExpectedEventsPerDay"]
+    assert app["Default"] <= int(parameter["Default"])
+    for name, tier in tiers.items():
+        per_day = int(name)
+        # Each node stores every stream (R3): the event streams' max age of events, and the
+        # command stream (much smaller: a command per routed event at most, kept 14 days,
+        # counted here at a tenth of the events)
+        stored_gb = (
+            per_day
+            * _BYTES_PER_STORED_EVENT
+            * (settings.event_stream_max_age_days + settings.command_stream_max_age_days / 10)
+            / 1e9
+        )
+        assert tier["MaxFileStoreGB"] >= stored_gb, (name, stored_gb)
+        # The file system needs room beyond the store limit
+        assert tier["VolumeSizeGiB"] * 2**30 >= 1.1 * tier["MaxFileStoreGB"] * 1e9, name
+        # Every stored message waits for an fsync (sync_interval: always), at least 2 writes
+        fsyncs_at_peak = per_day / 86_400 * _PEAK_OVER_AVERAGE
+        assert tier["VolumeIops"] >= max(3_000, 2 * fsyncs_at_peak), name
+        assert tier["VolumeThroughputMiBps"] >= 125
+    # At 10^8 a day the default store would fill in under 2 days of the stream's 7
+    assert _tier(cluster, "100000000")["MaxFileStoreGB"] > _tier(cluster, "1000")["MaxFileStoreGB"]
+
+
+def test_each_volume_takes_its_tiers_size_iops_and_throughput_unless_overridden(
+    cluster: dict[str, Any],
+) -> None:
+    parameters = cluster["Parameters"]
+    for n in NODES:
+        properties = cluster["Resources"][f"Node{n}Volume"]["Properties"]
+        for field, parameter, condition in (
+            ("Size", "VolumeSizeGiB", "VolumeSizeFromSizing"),
+            ("Iops", "VolumeIops", "VolumeIopsFromSizing"),
+            ("Throughput", "VolumeThroughputMiBps", "VolumeThroughputFromSizing"),
+        ):
+            key = {"Size": "VolumeSizeGiB"}.get(field, parameter)
+            assert properties[field] == Tag(
+                "If",
+                [
+                    condition,
+                    Tag("FindInMap", ["Sizing", Tag("Ref", "ExpectedEventsPerDay"), key]),
+                    Tag("Ref", parameter),
+                ],
+            ), (n, field)
+            assert cluster["Conditions"][condition] == Tag("Equals", [Tag("Ref", parameter), 0])
+            assert parameters[parameter]["Default"] == 0
+
+
+def test_the_container_writes_its_tiers_store_limit_and_nats_server_accepts_it(
+    tmp_path: Path, cluster: dict[str, Any]
+) -> None:
+    # GIVEN node 1's volume and the container's environment of the 10^8-a-day tier
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / ".rhumbatron-nats-node").write_text("1\n")
+    env = _container_env(cluster, tmp_path, issue_certificates(tmp_path / "issued"), "100000000")
+    environment = {e["Name"]: e["Value"] for e in _container(cluster)["Environment"]}
+    assert environment["NATS_MAX_FILE_STORE"] == Tag(
+        "Sub",
+        [
+            "${Gb}GB",
+            {
+                "Gb": Tag(
+                    "FindInMap", ["Sizing", Tag("Ref", "ExpectedEventsPerDay"), "MaxFileStoreGB"]
+                )
+            },
+        ],
+    )
+    # WHEN the start script runs
+    result = _run_start_script(cluster, tmp_path, env)
+    # THEN common.conf holds that tier's limit in place of the smallest's, and nothing else
+    #   changed; nats-server accepts it
+    assert result.returncode == 0, result.stderr + result.stdout
+    written = (tmp_path / "etc" / "nats" / "common.conf").read_text()
+    expected = _under(_config("common.conf"), tmp_path).replace(
+        "  max_file_store: 200GB\n", "  max_file_store: 1300GB\n"
+    )
+    assert written == expected
+    assert "max_file_store: 1300GB" in written
 
 
 def test_nodes_update_one_at_a_time(cluster: dict[str, Any]) -> None:
