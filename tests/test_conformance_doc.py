@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -19,7 +20,9 @@ def _rows(path: Path) -> list[str]:
     return [m.group(1) for line in path.read_text().splitlines() if (m := _ROW.match(line))]
 
 
+@functools.cache
 def _test_names(path: Path) -> set[str]:
+    # Cached: the page names some files hundreds of times, and parsing each once is the test.
     tree = ast.parse(path.read_text())
     return {
         node.name
