@@ -30,6 +30,7 @@ work since the last scan, not by the actor files on disk.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,8 @@ FULL_WALK_EVERY_S = 86_400.0
 
 
 def _ns(at_s: float) -> int:
-    return round(at_s * _NS)
+    # Down, never up: a marker must never come out later than the alarm it stands for.
+    return math.floor(at_s * _NS)
 
 
 @dataclass(frozen=True, slots=True)
