@@ -371,7 +371,8 @@ async def test_a_replica_that_lost_acknowledged_events_is_found_and_named_by_id(
         # THEN reconciliation names that replica, how many it lost inside its sequence range,
         # and exactly which events: the newest ones. The others hold all; no event is
         # missing everywhere, so none may be published again.
-        [damaged] = (await app.reconcile([index])).streams
+        found = await app.reconcile([index])
+        [damaged] = found.streams
         by_node = {r.node: r for r in damaged.replicas}
         hurt = by_node[victim.name]
         assert hurt.holes >= 1
@@ -382,9 +383,11 @@ async def test_a_replica_that_lost_acknowledged_events_is_found_and_named_by_id(
         )
         assert damaged.has_gap and damaged.missing_everywhere == ()
 
-        # WHEN an operator asks for the repair (the damaged node does not lead)
-        planned = await app.repair_log(await app.reconcile([index]), dry_run=True)
-        steps = await app.repair_log(await app.reconcile([index]), dry_run=False)
+        # WHEN an operator asks for the repair of that report (the damaged node does not lead)
+        # (Of that report: a scan right after the damaged node's restart has once in several
+        # runs also counted a healthy follower short while the restarted one caught up.)
+        planned = await app.repair_log(found, dry_run=True)
+        steps = await app.repair_log(found, dry_run=False)
 
         # THEN the lead stays where it is; the damaged copy is left to rebuild on its node, and
         # nothing is re-published (every event is on a healthy replica)
