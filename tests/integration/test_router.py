@@ -8,6 +8,7 @@ import itertools
 import json
 import sqlite3
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -1060,3 +1061,78 @@ async def test_a_consumer_deleted_under_a_warm_router_is_created_again_without_d
     assert (projector.applied, projector.duplicates) == (3, 3)
     assert view_count(app, project) == 6
     assert (await js.consumer_info(event_stream_name(0), PROJECTOR.value)).num_pending == 0
+
+
+# -- drain mode (issue #17): sized above what the sweep alone carries --------------------
+
+
+#: Above half of the sweep-only ceilings (analytics': 1,151 ticks × 100 = 115,100 a day).
+SIZED_FOR_DRAIN_MODE = {"expected_events_per_day": 1_000_000}
+
+
+def archived_ids(app: Rhumbatron) -> Counter[str]:
+    reader = ArchiveReader(app.s3(), app.settings.evidence_bucket)
+    return Counter(event.event_id for event in reader.iter_events())
+
+
+async def test_at_the_default_sizing_a_nudge_leaves_the_archive_to_the_sweep(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    app = await make_app()
+    (project,) = projects_on_stream(2, 1)
+    await publish(app, wakes(project, clock.now(), 5))
+    report = await app.router().nudge(2)
+    assert set(report.subscriptions) == {
+        Subscription.PROJECT_VIEW_PROJECTOR.value,
+        Subscription.CAUSAL_ROUTER.value,
+    }
+    assert archived_ids(app) == Counter()
+
+
+async def test_in_drain_mode_one_nudge_drains_the_archive_analytics_and_reactions(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a deployment sized for 10^6 a day, and 350 events on one stream (more than the
+    #   sweep's one batch of 100 a tick)
+    app = await make_app(**SIZED_FOR_DRAIN_MODE)
+    (project,) = projects_on_stream(2, 1)
+    events = wakes(project, clock.now(), 350)
+    await publish(app, events)
+    # WHEN the stream is nudged once
+    report = await app.router().nudge(2)
+    # THEN the archiver, analytics and reactions took every event, as the projector did
+    for subscription in (
+        Subscription.AUDIT_ARCHIVER,
+        Subscription.ANALYTICS_PROJECTOR,
+        Subscription.REACTIONS,
+    ):
+        assert report.subscriptions[subscription.value].applied == 350, subscription
+    # AND the archive holds each event exactly once, across its objects
+    assert archived_ids(app) == Counter(e.event_id for e in events)
+
+
+async def test_in_drain_mode_a_tick_drains_every_stream_and_archives_each_event_once(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN drain mode, 150 events on each of two streams, and a nudge of one of them
+    #   that drained part of its backlog before the rest arrived
+    app = await make_app(**SIZED_FOR_DRAIN_MODE)
+    (first,) = projects_on_stream(3, 1)
+    (second,) = projects_on_stream(5, 1)
+    early = wakes(first, clock.now(), 150)
+    await publish(app, early)
+    await app.router().nudge(3)
+    late = wakes(second, clock.now(), 150)
+    await publish(app, late)
+    # WHEN a sweep tick that visits a third stream runs
+    tick = sweep_minute(0)
+    clock.set(tick)
+    sweep = await app.router().sweep(now=tick)
+    # THEN it drained the other streams' archiver, analytics and reactions too
+    drained = sweep.drained_elsewhere["EVENTS_05"].subscriptions
+    assert drained[Subscription.AUDIT_ARCHIVER.value].applied == 150
+    assert drained[Subscription.REACTIONS.value].applied == 150
+    assert drained[Subscription.ANALYTICS_PROJECTOR.value].applied == 150
+    # AND every event is archived exactly once, whichever run archived it
+    assert archived_ids(app) == Counter(e.event_id for e in [*early, *late])
+    assert sum(count for _, count in sweep.archive_objects) == 150

@@ -8,13 +8,16 @@ import re
 from pathlib import Path
 
 from rhumbatron.core.settings import load_settings
+from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.router.capacity import (
+    DRAIN_AT_SHARE,
     capacity_warnings,
     ceilings,
+    drain_mode,
     sizing_warnings,
     tick_prune_rows,
 )
-from rhumbatron.router.ticks import in_fetches, sweep_plan
+from rhumbatron.router.ticks import drain_plan, in_fetches, sweep_plan
 
 
 def test_at_the_spec_values_the_archive_keeps_up_with_144000_events_a_day() -> None:
@@ -40,13 +43,20 @@ def test_raising_the_batch_settings_raises_the_ceilings() -> None:
 
 
 def test_a_rate_past_80_percent_of_a_ceiling_warns_naming_the_setting_to_raise() -> None:
-    # 80 % of the archive's 144,000 is 115,200
-    warnings = capacity_warnings(load_settings(), observed_per_day=115_201)
+    # 80 % of the archive's 144,000 is 115,200 (drain mode off: it would lift the ceiling)
+    sweep_only = load_settings(router_drain_mode=False)
+    warnings = capacity_warnings(sweep_only, observed_per_day=115_201)
     (archive,) = [w for w in warnings if "archive_events_per_day" in w]
     assert "over 80% of archive_events_per_day (144,000)" in archive
     assert "RHUMBATRON_ARCHIVE_BATCHES_PER_TICK" in archive
-    below = capacity_warnings(load_settings(), observed_per_day=115_199)
+    below = capacity_warnings(sweep_only, observed_per_day=115_199)
     assert not [w for w in below if "archive_events_per_day" in w]
+    # with drain mode deciding (the default), that rate drains instead of warning
+    assert not [
+        w
+        for w in capacity_warnings(load_settings(), observed_per_day=115_201)
+        if "archive_events_per_day" in w
+    ]
     # the prune sizes its chunks for the observed rate, so it is never the one that binds
     assert not [w for w in warnings if "prune_events_per_day" in w]
     assert capacity_warnings(load_settings(), observed_per_day=1_000) == []
@@ -54,16 +64,22 @@ def test_a_rate_past_80_percent_of_a_ceiling_warns_naming_the_setting_to_raise()
 
 def test_a_deployment_sized_above_a_ceiling_is_warned_at_start() -> None:
     assert sizing_warnings(load_settings()) == []
-    warnings = sizing_warnings(load_settings(expected_events_per_day=200_000))
+    warnings = sizing_warnings(
+        load_settings(expected_events_per_day=200_000, router_drain_mode=False)
+    )
     names = sorted(w.split(" but ")[1].split(" is ")[0] for w in warnings)
-    # 200,000 a day: above the archive, analytics and the 15-call ceilings; the prune is
-    # sized for it
+    # 200,000 a day on the sweep's cadence alone: above the archive, analytics and the
+    # 15-call ceilings; the prune is sized for it
     assert names == [
         "analytics_events_per_day",
         "archive_events_per_day",
         "sweep_apply_calls_per_day",
     ]
     assert all("sized for 200,000 events a day" in w for w in warnings)
+    # in drain mode (which that sizing turns on) only the 15-call ceiling is left: it binds
+    # with nudges off
+    drained = sizing_warnings(load_settings(expected_events_per_day=200_000))
+    assert [w.split(" but ")[1].split(" is ")[0] for w in drained] == ["sweep_apply_calls_per_day"]
 
 
 # -- the prune that keeps up with the volume (issue #17) --------------------------------------
@@ -119,3 +135,42 @@ def test_the_operations_table_shows_every_ceiling_the_code_computes() -> None:
         if field and figure:
             shown[field.group(1)] = int(figure.group(1).replace(",", ""))
     assert shown == ceilings(load_settings()).as_dict()
+
+
+# -- drain mode (the archiver, analytics and reactions drain above a sized rate) ----------
+
+
+def test_the_default_sizing_keeps_the_specs_cadences() -> None:
+    settings = load_settings()
+    assert not drain_mode(settings)
+    assert not drain_mode(settings, observed_per_day=1_000)
+    assert sweep_plan(settings, analytics=True) == sweep_plan(settings, analytics=True, drain=False)
+    assert ceilings(settings).archive_events_per_day == 144_000
+
+
+def test_drain_mode_starts_above_half_of_the_lowest_sweep_only_ceiling() -> None:
+    analytics_ceiling = ceilings(load_settings()).analytics_events_per_day
+    assert analytics_ceiling == 115_100  # the lowest of archive, analytics and reactions
+    threshold = DRAIN_AT_SHARE * analytics_ceiling
+    assert not drain_mode(load_settings(expected_events_per_day=int(threshold)))
+    assert drain_mode(load_settings(expected_events_per_day=int(threshold) + 1))
+    # the rate the streams were seen to carry counts too
+    assert drain_mode(load_settings(), observed_per_day=threshold + 1)
+
+
+def test_in_drain_mode_the_ceilings_are_every_tick_draining_every_stream() -> None:
+    settings = load_settings(expected_events_per_day=1_000_000)
+    drained = 1_440 * 8 * settings.router_drain_max_fetches * 100
+    limits = ceilings(settings)
+    assert limits.archive_events_per_day == limits.analytics_events_per_day == drained
+    assert limits.reactions_events_per_day == drained
+    assert drained > 10**8
+    assert [step[0] for step in drain_plan(settings)] == [
+        Subscription.AUDIT_ARCHIVER,
+        Subscription.ANALYTICS_PROJECTOR,
+        Subscription.REACTIONS,
+    ]
+    assert [step[0] for step in drain_plan(settings, analytics=False)] == [
+        Subscription.AUDIT_ARCHIVER,
+        Subscription.REACTIONS,
+    ]

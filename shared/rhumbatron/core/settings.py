@@ -212,6 +212,23 @@ class Settings(BaseSettings):
         description="The router-nudge Lambda the publisher invokes asynchronously after a "
         "publish (the cloud); None nudges in process or not at all.",
     )
+    router_drain_mode: bool | None = Field(
+        default=None,
+        description=(
+            "Whether the archiver, analytics and reactions drain on nudges and on every "
+            "stream at each tick. None (the default) decides from the sizing: on above half "
+            "of what their sweep-only cadence carries a day (router.capacity.drain_mode)."
+        ),
+    )
+    router_drain_max_fetches: int = Field(
+        default=1_000,
+        ge=1,
+        description=(
+            "In drain mode (a sizing above what the sweep alone carries), the most fetches a "
+            "run makes for the archiver, analytics and reactions of one stream; a run also "
+            "stops on a short fetch (caught up) or when its invocation's time is up."
+        ),
+    )
     archive_batch_size: int = Field(default=100, ge=1, le=1000)
     archive_batches_per_tick: int = Field(default=1, ge=1)
     analytics_batch_size: int = Field(default=100, ge=1, le=1000)

@@ -176,6 +176,11 @@ def sweep_summary(report: SweepReport) -> dict[str, Any]:
         "reactions_elsewhere": {
             stream: counts_of(sub) for stream, sub in report.reactions_elsewhere.items()
         },
+        # drain mode: the archiver, analytics and reactions of every other stream
+        "drained_elsewhere": {
+            stream: {name: counts_of(sub) for name, sub in run.subscriptions.items()}
+            for stream, run in report.drained_elsewhere.items()
+        },
         # capacity warnings the router raised at its first sweep in this process
         "warnings": list(report.warnings),
     }

@@ -28,11 +28,13 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
 __all__ = [
+    "DRAIN_AT_SHARE",
     "CapacityReport",
     "Ceilings",
     "capacity_report",
     "capacity_warnings",
     "ceilings",
+    "drain_mode",
     "observed_events_per_day",
     "sizing_warnings",
     "tick_prune_rows",
@@ -73,16 +75,12 @@ def tick_prune_rows(settings: Settings, observed_per_day: float | None = None) -
     return math.ceil(2 * per_day / _MINUTES_PER_DAY)
 
 
-def ceilings(settings: Settings, observed_per_day: float | None = None) -> Ceilings:
-    """The ceilings the settings allow (the prune's for ``observed_per_day`` too: its chunks
-    grow with the rate the streams were seen to carry).
+def _sweep_only_ceilings(settings: Settings) -> dict[str, int]:
+    """What the archiver, analytics and reactions carry a day on the sweep's cadence alone.
 
     Every tick visits one stream, so the day's 1,440 ticks are the budget of all 8 streams
     together. Analytics skips the daily tick and the release-sweep ticks (1 in
-    ``release_sweep_every_min``). The projector and the causal router also run on every
-    nudge; their sweep ceiling is what holds with nudges off. The prune deletes its daily cap
-    and its tick chunks of claim rows a day, and every event leaves up to one row per
-    subscription.
+    ``release_sweep_every_min``).
     """
     ticks = _MINUTES_PER_DAY
     analytics_ticks = ticks - ticks // settings.release_sweep_every_min - 1
@@ -93,15 +91,44 @@ def ceilings(settings: Settings, observed_per_day: float | None = None) -> Ceili
     analytics = math.prod(
         in_fetches(settings, settings.analytics_batches_per_tick, settings.analytics_batch_size)
     )
+    return {
+        "archive_events_per_day": ticks * archive,
+        "analytics_events_per_day": analytics_ticks * analytics,
+        # One reactions batch per stream on every tick (its own stream's and the others').
+        "reactions_events_per_day": ticks * EVENT_STREAM_COUNT * settings.router_fetch_max_records,
+    }
+
+
+def ceilings(settings: Settings, observed_per_day: float | None = None) -> Ceilings:
+    """The ceilings the settings allow (the prune's for ``observed_per_day`` too: its chunks
+    grow with the rate the streams were seen to carry).
+
+    The archiver, analytics and reactions carry what their sweep cadence allows
+    (:func:`_sweep_only_ceilings`), or, in drain mode (:func:`drain_mode`), what every tick
+    draining every stream allows: 1,440 ticks × 8 streams × ``router_drain_max_fetches``
+    fetches (the nudges drain besides). The projector and the causal router also run on
+    every nudge; their sweep ceiling is what holds with nudges off. The prune deletes its
+    daily cap and its tick chunks of claim rows a day, and every event leaves up to one row
+    per subscription.
+    """
+    ticks = _MINUTES_PER_DAY
+    carried = _sweep_only_ceilings(settings)
+    if drain_mode(settings, observed_per_day):
+        drained = ticks * EVENT_STREAM_COUNT * settings.router_drain_max_fetches
+        per_fetch = {
+            "archive_events_per_day": in_fetches(settings, 1, settings.archive_batch_size)[1],
+            "analytics_events_per_day": in_fetches(settings, 1, settings.analytics_batch_size)[1],
+            "reactions_events_per_day": settings.router_fetch_max_records,
+        }
+        carried = {name: drained * size for name, size in per_fetch.items()}
     return Ceilings(
-        archive_events_per_day=ticks * archive,
-        analytics_events_per_day=analytics_ticks * analytics,
+        archive_events_per_day=carried["archive_events_per_day"],
+        analytics_events_per_day=carried["analytics_events_per_day"],
         sweep_apply_events_per_day=ticks
         * settings.router_consumes_per_run
         * settings.router_fetch_max_records,
         sweep_apply_calls_per_day=ticks * settings.router_apply_calls_per_run,
-        # One reactions batch per stream on every tick (its own stream's and the others').
-        reactions_events_per_day=ticks * EVENT_STREAM_COUNT * settings.router_fetch_max_records,
+        reactions_events_per_day=carried["reactions_events_per_day"],
         prune_events_per_day=(
             settings.processed_events_prune_cap
             + (ticks - 1) * tick_prune_rows(settings, observed_per_day)
@@ -127,6 +154,21 @@ _ADVICE = {
 
 #: The share of a ceiling the observed rate may reach before the sweep warns.
 WARN_AT_SHARE = 0.8
+#: The share of the sweep-only ceilings (archive, analytics, reactions) above which those
+#: subscriptions also drain on nudges and on every stream at each tick (drain mode).
+DRAIN_AT_SHARE = 0.5
+
+
+def drain_mode(settings: Settings, observed_per_day: float | None = None) -> bool:
+    """Whether the archiver, analytics and reactions run as drain loops: as
+    ``router_drain_mode`` says, or, by default, when the volume the deployment is sized for
+    (or the rate observed, when higher) passes half of what their sweep-only cadence carries
+    a day. At the spec's default sizing it is off, and the cadences are the spec's."""
+    if settings.router_drain_mode is not None:
+        return settings.router_drain_mode
+    sweep_only = _sweep_only_ceilings(settings)
+    volume = max(settings.expected_events_per_day, observed_per_day or 0.0)
+    return volume > DRAIN_AT_SHARE * min(sweep_only.values())
 
 
 def capacity_warnings(settings: Settings, observed_per_day: float) -> list[str]:
@@ -197,6 +239,8 @@ class CapacityReport:
     tick_prune_rows: int
     ceilings: Ceilings
     warnings: list[str]
+    #: Whether the archiver, analytics and reactions drain (:func:`drain_mode`).
+    drain_mode: bool = False
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -207,6 +251,7 @@ class CapacityReport:
                 else round(self.observed_events_per_day)
             ),
             "tickPruneRows": self.tick_prune_rows,
+            "drainMode": self.drain_mode,
             "ceilings": {to_camel(name): limit for name, limit in self.ceilings.as_dict().items()},
             "warnings": list(self.warnings),
         }
@@ -225,4 +270,5 @@ async def capacity_report(settings: Settings, nc: NATS | None) -> CapacityReport
         tick_prune_rows=tick_prune_rows(settings, observed),
         ceilings=ceilings(settings, observed),
         warnings=warnings,
+        drain_mode=drain_mode(settings, observed),
     )

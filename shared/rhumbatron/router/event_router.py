@@ -170,7 +170,9 @@ class EventRouter:
     async def nudge(
         self, stream_index: int, *, should_stop: Callable[[], bool] | None = None
     ) -> RunReport:
-        """A nudge for ``stream_index``: the projector, then the causal router."""
+        """A nudge for ``stream_index``: the projector, then the causal router; in drain
+        mode (:func:`~rhumbatron.router.capacity.drain_mode`) the archiver, analytics and
+        reactions of the stream drain after them, until caught up or ``should_stop``."""
         _check_stream(stream_index)
         report = RunReport(stream_index, "nudge")
         consumes = self.settings.router_consumes_per_run
@@ -193,8 +195,34 @@ class EventRouter:
         )
         for subscription, result in zip(subscriptions, results, strict=True):
             report.subscriptions[subscription.value] = result
+        if self._drain_mode():
+            await self._drain(stream_index, report, should_stop, analytics=True)
         await self._flush_freshness(force=False)
         return report
+
+    def _drain_mode(self) -> bool:
+        from rhumbatron.router.capacity import drain_mode
+
+        return drain_mode(self.settings, self._observed_per_day)
+
+    async def _drain(
+        self,
+        stream_index: int,
+        report: RunReport,
+        should_stop: Callable[[], bool] | None,
+        *,
+        analytics: bool,
+    ) -> None:
+        """Drain the archiver, analytics and reactions of ``stream_index`` into ``report``."""
+        from rhumbatron.router.ticks import drain_plan
+
+        run = self._run_context(stream_index)
+        for subscription, consumes, batch in drain_plan(self.settings, analytics=analytics):
+            if should_stop is not None and should_stop():
+                return
+            report.subscriptions[subscription.value] = await self.consume(
+                run, subscription, consumes=consumes, batch=batch, should_stop=should_stop
+            )
 
     async def _flush_freshness(self, *, force: bool) -> None:
         """Write the freshness points kept in memory, when a flush is due (``force``: now)."""
@@ -213,7 +241,8 @@ class EventRouter:
         run = self._run_context(stream_index)
         report = RunReport(stream_index, "sweep")
         analytics = not (maintenance or release_sweep)
-        plan = sweep_plan(self.settings, analytics=analytics)
+        drain = self._drain_mode()
+        plan = sweep_plan(self.settings, analytics=analytics, drain=drain)
         archiver = self.handler(stream_index, Subscription.AUDIT_ARCHIVER)
         assert isinstance(archiver, AuditArchiver)
         archived_before = len(archiver.objects_written)
@@ -230,8 +259,13 @@ class EventRouter:
             archive_objects=archiver.objects_written[archived_before:],
             warnings=warnings,
         )
+        if drain:
+            # Drain mode: every other stream drains too, so none waits 8 minutes for its tick
+            # (a stream with nothing waiting costs one empty pull per subscription).
+            await self._drain_elsewhere(sweep, stream_index, should_stop, analytics=analytics)
+        else:
+            await self._sweep_reactions_elsewhere(sweep, stream_index, should_stop)
         del archiver.objects_written[:archived_before]
-        await self._sweep_reactions_elsewhere(sweep, stream_index, should_stop)
         from rhumbatron.router.maintenance import run_maintenance
 
         await run_maintenance(
@@ -242,6 +276,28 @@ class EventRouter:
         await record_lag(self, sweep)
         await self._flush_freshness(force=True)
         return sweep
+
+    async def _drain_elsewhere(
+        self,
+        sweep: SweepReport,
+        stream_index: int,
+        should_stop: Callable[[], bool] | None,
+        *,
+        analytics: bool,
+    ) -> None:
+        """Drain mode's tick on every other stream: its archiver, analytics and reactions."""
+        for other in range(EVENT_STREAM_COUNT):
+            if other == stream_index or (should_stop is not None and should_stop()):
+                continue
+            archiver = self.handler(other, Subscription.AUDIT_ARCHIVER)
+            assert isinstance(archiver, AuditArchiver)
+            archived_before = len(archiver.objects_written)
+            report = RunReport(other, "sweep")
+            await self._drain(other, report, should_stop, analytics=analytics)
+            sweep.drained_elsewhere[event_stream_name(other)] = report
+            sweep.archive_objects += archiver.objects_written[archived_before:]
+            # A warm process keeps no list of every object it ever wrote.
+            archiver.objects_written.clear()
 
     async def _sweep_reactions_elsewhere(
         self, sweep: SweepReport, stream_index: int, should_stop: Callable[[], bool] | None

@@ -79,3 +79,5 @@ class SweepReport:
     warnings: list[str] = field(default_factory=list)
     #: The reactions batch of every other stream, by stream name.
     reactions_elsewhere: dict[str, SubscriptionReport] = field(default_factory=dict)
+    #: Drain mode: the archiver, analytics and reactions run on every other stream, by name.
+    drained_elsewhere: dict[str, RunReport] = field(default_factory=dict)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from rhumbatron.core.settings import Settings
 
-__all__ = ["in_fetches", "sweep_plan", "tick_kind"]
+__all__ = ["DRAINED", "drain_plan", "in_fetches", "sweep_plan", "tick_kind"]
 
 
 def tick_kind(settings: Settings, now: datetime) -> tuple[int, bool, bool]:
@@ -38,9 +38,59 @@ def in_fetches(settings: Settings, batches: int, batch_size: int) -> tuple[int, 
     return batches * math.ceil(batch_size / per_fetch), per_fetch
 
 
-def sweep_plan(settings: Settings, *, analytics: bool) -> list[tuple[Subscription, int, int]]:
+#: The subscriptions drain mode runs on nudges and drains on every stream at each tick.
+DRAINED = (
+    Subscription.AUDIT_ARCHIVER,
+    Subscription.ANALYTICS_PROJECTOR,
+    Subscription.REACTIONS,
+)
+
+
+def drain_plan(
+    settings: Settings, *, analytics: bool = True
+) -> list[tuple[Subscription, int, int]]:
+    """Drain mode's consumes of one stream: the archiver, analytics (unless ``analytics`` is
+    False: the sweep's housekeeping minutes) and reactions, each up to
+    ``router_drain_max_fetches`` fetches (a run stops sooner on a short fetch, caught up, or
+    when its time is up). The archive's objects stay one per fetch, keyed by its events'
+    IDs."""
+    fetches = settings.router_drain_max_fetches
+    plan = [
+        (
+            Subscription.AUDIT_ARCHIVER,
+            fetches,
+            in_fetches(settings, 1, settings.archive_batch_size)[1],
+        ),
+        (
+            Subscription.ANALYTICS_PROJECTOR,
+            fetches,
+            in_fetches(settings, 1, settings.analytics_batch_size)[1],
+        ),
+        (Subscription.REACTIONS, fetches, settings.router_fetch_max_records),
+    ]
+    return [step for step in plan if analytics or step[0] is not Subscription.ANALYTICS_PROJECTOR]
+
+
+def sweep_plan(
+    settings: Settings, *, analytics: bool, drain: bool = False
+) -> list[tuple[Subscription, int, int]]:
     """The subscriptions a sweep tick consumes on its stream, in order, each with its number
-    of consumes and its batch size."""
+    of consumes and its batch size. In drain mode the archiver, analytics and reactions
+    drain (:func:`drain_plan`) instead of taking the tick's batches."""
+    if drain:
+        return [
+            (
+                Subscription.PROJECT_VIEW_PROJECTOR,
+                settings.router_consumes_per_run,
+                settings.router_fetch_max_records,
+            ),
+            (
+                Subscription.CAUSAL_ROUTER,
+                settings.router_consumes_per_run,
+                settings.router_fetch_max_records,
+            ),
+            *drain_plan(settings, analytics=analytics),
+        ]
     plan: list[tuple[Subscription, int, int]] = [
         (
             Subscription.PROJECT_VIEW_PROJECTOR,
