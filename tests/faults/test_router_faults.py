@@ -526,7 +526,7 @@ async def retried_when_redelivered(
     deadline = time.monotonic() + REDELIVERY_BOUND_S
     while retried < expect:
         report = await router.consume(
-            router._run_context(index), subscription, consumes=1, batch=expect
+            router.run_context(index), subscription, consumes=1, batch=expect
         )
         retried += report.retried
         if time.monotonic() > deadline:

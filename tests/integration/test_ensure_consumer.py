@@ -138,4 +138,3 @@ async def test_a_change_jetstream_refuses_names_the_consumer_and_what_to_do(
         "be positive (code 10183); if its ack or deliver policy changed, delete the consumer "
         "(it is recreated at its next read)"
     )
-

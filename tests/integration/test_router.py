@@ -358,7 +358,7 @@ async def test_the_same_batch_delivered_again_applies_nothing_and_is_acked(
     await publish(app, [event])
     log = await router.event_log()
     messages = await log.fetch(0, PROJECTOR, 100)
-    run = router._run_context(0)
+    run = router.run_context(0)
     first = await router.projector.handle(decode_records(messages, 0, router.project_owners), run)
     assert first[event.event_id].outcome.value == "applied"
     await messages[0].nak()  # JetStream delivers the same message again (at least once)

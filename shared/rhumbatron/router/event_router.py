@@ -184,7 +184,7 @@ class EventRouter:
         results = await run_together(
             *(
                 self.consume(
-                    self._run_context(stream_index),
+                    self.run_context(stream_index),
                     subscription,
                     consumes=consumes,
                     batch=batch,
@@ -196,7 +196,9 @@ class EventRouter:
         for subscription, result in zip(subscriptions, results, strict=True):
             report.subscriptions[subscription.value] = result
         if self._drain_mode():
-            await self._drain(stream_index, report, should_stop, analytics=True)
+            from rhumbatron.router.other_streams import drain_stream
+
+            await drain_stream(self, stream_index, report, should_stop, analytics=True)
         await self._flush_freshness(force=False)
         return report
 
@@ -204,25 +206,6 @@ class EventRouter:
         from rhumbatron.router.capacity import drain_mode
 
         return drain_mode(self.settings, self._observed_per_day)
-
-    async def _drain(
-        self,
-        stream_index: int,
-        report: RunReport,
-        should_stop: Callable[[], bool] | None,
-        *,
-        analytics: bool,
-    ) -> None:
-        """Drain the archiver, analytics and reactions of ``stream_index`` into ``report``."""
-        from rhumbatron.router.ticks import drain_plan
-
-        run = self._run_context(stream_index)
-        for subscription, consumes, batch in drain_plan(self.settings, analytics=analytics):
-            if should_stop is not None and should_stop():
-                return
-            report.subscriptions[subscription.value] = await self.consume(
-                run, subscription, consumes=consumes, batch=batch, should_stop=should_stop
-            )
 
     async def _flush_freshness(self, *, force: bool) -> None:
         """Write the freshness points kept in memory, when a flush is due (``force``: now)."""
@@ -238,7 +221,7 @@ class EventRouter:
         now = now or self.clock.now()
         warnings = await self._check_capacity()
         stream_index, maintenance, release_sweep = tick_kind(self.settings, now)
-        run = self._run_context(stream_index)
+        run = self.run_context(stream_index)
         report = RunReport(stream_index, "sweep")
         analytics = not (maintenance or release_sweep)
         drain = self._drain_mode()
@@ -259,12 +242,14 @@ class EventRouter:
             archive_objects=archiver.objects_written[archived_before:],
             warnings=warnings,
         )
+        from rhumbatron.router.other_streams import drain_other_streams, reactions_elsewhere
+
         if drain:
             # Drain mode: every other stream drains too, so none waits 8 minutes for its tick
             # (a stream with nothing waiting costs one empty pull per subscription).
-            await self._drain_elsewhere(sweep, stream_index, should_stop, analytics=analytics)
+            await drain_other_streams(self, sweep, stream_index, should_stop, analytics=analytics)
         else:
-            await self._sweep_reactions_elsewhere(sweep, stream_index, should_stop)
+            await reactions_elsewhere(self, sweep, stream_index, should_stop)
         del archiver.objects_written[:archived_before]
         from rhumbatron.router.maintenance import run_maintenance
 
@@ -276,45 +261,6 @@ class EventRouter:
         await record_lag(self, sweep)
         await self._flush_freshness(force=True)
         return sweep
-
-    async def _drain_elsewhere(
-        self,
-        sweep: SweepReport,
-        stream_index: int,
-        should_stop: Callable[[], bool] | None,
-        *,
-        analytics: bool,
-    ) -> None:
-        """Drain mode's tick on every other stream: its archiver, analytics and reactions."""
-        for other in range(EVENT_STREAM_COUNT):
-            if other == stream_index or (should_stop is not None and should_stop()):
-                continue
-            archiver = self.handler(other, Subscription.AUDIT_ARCHIVER)
-            assert isinstance(archiver, AuditArchiver)
-            archived_before = len(archiver.objects_written)
-            report = RunReport(other, "sweep")
-            await self._drain(other, report, should_stop, analytics=analytics)
-            sweep.drained_elsewhere[event_stream_name(other)] = report
-            sweep.archive_objects += archiver.objects_written[archived_before:]
-            # A warm process keeps no list of every object it ever wrote.
-            archiver.objects_written.clear()
-
-    async def _sweep_reactions_elsewhere(
-        self, sweep: SweepReport, stream_index: int, should_stop: Callable[[], bool] | None
-    ) -> None:
-        """One reactions batch on every other stream."""
-        # The other streams' reactions too: a reaction follows its fact within a minute
-        # (not the 8 a stream waits for its own tick), and each cursor moves a batch a minute.
-        for other in range(EVENT_STREAM_COUNT):
-            if other == stream_index or (should_stop is not None and should_stop()):
-                continue
-            sweep.reactions_elsewhere[event_stream_name(other)] = await self.consume(
-                self._run_context(other),
-                Subscription.REACTIONS,
-                consumes=1,
-                batch=self.settings.router_fetch_max_records,
-                should_stop=should_stop,
-            )
 
     async def _check_capacity(self) -> list[str]:
         """At the first sweep of a process: warn of every ceiling below the volume the
@@ -336,7 +282,8 @@ class EventRouter:
             _log.warning(warning)
         return warnings
 
-    def _run_context(self, stream_index: int) -> RunContext:
+    def run_context(self, stream_index: int) -> RunContext:
+        """A run's context on ``stream_index``: its time and its budget of apply calls."""
         return RunContext(
             stream_index=stream_index,
             now_s=self.clock.now().timestamp(),
@@ -510,7 +457,7 @@ class EventRouter:
         for _ in range(max_rounds):
             moved = 0
             for index in range(EVENT_STREAM_COUNT):
-                run = self._run_context(index)
+                run = self.run_context(index)
                 for subscription in Subscription:
                     sub = await self.consume(
                         run,

@@ -14,13 +14,13 @@ if TYPE_CHECKING:
     from rhumbatron.actors.storage import SqliteStore
     from rhumbatron.core.clock import Clock
     from rhumbatron.core.settings import Settings
-    from rhumbatron.messaging.event_log import ConsumerLag
+    from rhumbatron.messaging.event_log import ConsumerLag, Subscription
     from rhumbatron.metrics import MetricsSink
-    from rhumbatron.router.handlers import ProjectViewProjector
-    from rhumbatron.router.reports import RunReport
+    from rhumbatron.router.handlers import ProjectViewProjector, RecordHandler, RunContext
+    from rhumbatron.router.reports import RunReport, SubscriptionReport
     from rhumbatron.router.stream_state import StreamState
 
-__all__ = ["MaintainedRouter", "NudgedRouter", "TurnedRouter"]
+__all__ = ["ConsumingRouter", "MaintainedRouter", "NudgedRouter", "TurnedRouter"]
 
 
 class MaintainedRouter(Protocol):
@@ -53,6 +53,28 @@ class MaintainedRouter(Protocol):
     def projector(self) -> ProjectViewProjector: ...
 
     async def consumer_lags(self) -> list[ConsumerLag]: ...
+
+
+class ConsumingRouter(Protocol):
+    """What the passes over other streams (``other_streams``) drive: a subscription's
+    consumes on a stream, and its handler (the archiver's objects written)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def run_context(self, stream_index: int) -> RunContext: ...
+
+    def handler(self, stream_index: int, subscription: Subscription) -> RecordHandler: ...
+
+    async def consume(
+        self,
+        run: RunContext,
+        subscription: Subscription,
+        *,
+        consumes: int,
+        batch: int,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> SubscriptionReport: ...
 
 
 class NudgedRouter(Protocol):
