@@ -47,10 +47,18 @@ def test_a_deployment_sized_above_a_ceiling_is_warned_of_by_name(
     assert main(["capacity"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["tickPruneRows"] == 6_945
-    assert any(
-        "sized for 1,000,000 events a day" in w and "archive_events_per_day is 144,000" in w
-        for w in report["warnings"]
-    )
+    # sized above what the sweep alone archives, the archiver drains: only the projector's
+    # sweep-only ceilings (nudges off) are left below the volume, and they are named
+    assert report["drainMode"] is True
+    named = sorted(w.split(" but ")[1].split(" is ")[0] for w in report["warnings"])
+    assert named == ["sweep_apply_calls_per_day", "sweep_apply_events_per_day"]
+    assert all("sized for 1,000,000 events a day" in w for w in report["warnings"])
+    # with drain mode off, the archive's ceiling is named too
+    monkeypatch.setenv("RHUMBATRON_ROUTER_DRAIN_MODE", "false")
+    assert main(["capacity"]) == 0
+    sweep_only = json.loads(capsys.readouterr().out)
+    assert sweep_only["drainMode"] is False
+    assert any("archive_events_per_day is 144,000" in w for w in sweep_only["warnings"])
 
 
 def test_without_nats_the_report_comes_from_the_settings_and_says_so(
