@@ -1136,3 +1136,25 @@ async def test_in_drain_mode_a_tick_drains_every_stream_and_archives_each_event_
     # AND every event is archived exactly once, whichever run archived it
     assert archived_ids(app) == Counter(e.event_id for e in [*early, *late])
     assert sum(count for _, count in sweep.archive_objects) == 150
+
+
+async def test_a_warm_router_measures_its_capacity_again_every_hour(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a deployment sized above a sweep-only ceiling (drain mode off: the archive's
+    #   144,000 a day is below it)
+    app = await make_app(expected_events_per_day=200_000, router_drain_mode=False)
+    router = app.router()
+    assert app.settings.router_capacity_check_every_s == 3_600
+    # WHEN its first sweep runs, THEN it warns of the ceilings below the sized volume
+    first = sweep_minute(0)
+    clock.set(first)
+    assert any("archive_events_per_day" in w for w in (await router.sweep(now=first)).warnings)
+    # WHEN the warm router sweeps again within the hour, THEN it does not measure again
+    within = first + timedelta(minutes=59)
+    clock.set(within)
+    assert (await router.sweep(now=within)).warnings == []
+    # WHEN an hour has passed, THEN it measures again, and warns again
+    later = first + timedelta(hours=1)
+    clock.set(later)
+    assert any("archive_events_per_day" in w for w in (await router.sweep(now=later)).warnings)

@@ -252,6 +252,14 @@ class Settings(BaseSettings):
     release_sweep_every_min: int = Field(
         default=5, ge=1, le=60, description="Release-sweep ticks: minutes 4, 9, 14 … of an hour."
     )
+    router_capacity_check_every_s: float = Field(
+        default=3_600.0,
+        gt=0,
+        description=(
+            "How often a warm router measures the streams' event rate again: its capacity "
+            "warnings and drain mode follow the rate, not only the first sweep's."
+        ),
+    )
     router_freshness_flush_s: float = Field(
         default=60.0,
         ge=0,

@@ -181,6 +181,6 @@ def sweep_summary(report: SweepReport) -> dict[str, Any]:
             stream: {name: counts_of(sub) for name, sub in run.subscriptions.items()}
             for stream, run in report.drained_elsewhere.items()
         },
-        # capacity warnings the router raised at its first sweep in this process
+        # capacity warnings of the router's check (its first sweep, then hourly)
         "warnings": list(report.warnings),
     }

@@ -6,7 +6,8 @@ cannot keep ``processed_events`` bounded above about a thousand events a day (ea
 up to one claim row per subscription); above that, ``expected_events_per_day`` makes every
 other tick prune too (:func:`tick_prune_rows`). :func:`ceilings` computes them from the settings;
 :func:`capacity_warnings` compares them with the rate the streams actually carry, and the
-router logs the warnings at its first sweep in a process (``docs/operations.md``).
+router logs the warnings at its first sweep in a process and every hour after
+(``docs/operations.md``).
 """
 
 from __future__ import annotations

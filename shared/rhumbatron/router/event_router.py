@@ -109,8 +109,9 @@ class EventRouter:
     _handlers: dict[tuple[int, Subscription], RecordHandler] = field(default_factory=dict)
     _projector: ProjectViewProjector | None = None
     _locks: dict[tuple[int, Subscription], asyncio.Lock] = field(default_factory=dict)
-    _capacity_checked: bool = False
-    #: The event rate the streams carried at this process's first sweep (None: unknown).
+    #: When (the clock's seconds) this process last measured the streams' event rate.
+    _capacity_checked_at: float | None = None
+    #: The event rate the streams carried at the last capacity check (None: unknown).
     _observed_per_day: float | None = None
     _decoded: DecodedEvents = field(default_factory=DecodedEvents)
 
@@ -263,11 +264,14 @@ class EventRouter:
         return sweep
 
     async def _check_capacity(self) -> list[str]:
-        """At the first sweep of a process: warn of every ceiling below the volume the
-        deployment is sized for, and of every one the observed rate passed 80 % of."""
-        if self._capacity_checked:
+        """At the first sweep of a process, and every ``router_capacity_check_every_s`` after
+        in a warm one: measure the streams' event rate, and warn of every ceiling below the
+        volume the deployment is sized for and of every one the rate passed 80 % of."""
+        now_s = self.clock.now().timestamp()
+        last = self._capacity_checked_at
+        if last is not None and now_s - last < self.settings.router_capacity_check_every_s:
             return []
-        self._capacity_checked = True
+        self._capacity_checked_at = now_s
         from rhumbatron.router.capacity import capacity_report
 
         try:
