@@ -332,3 +332,19 @@ async def test_get_reconciliation_proves_the_published_events_and_needs_consumer
     unscoped = await api.get("/reconciliation", headers=bearer(NO_SCOPE))
     assert unscoped.status_code == 403, unscoped.text
     assert "consumers:read" in unscoped.text and "streams" not in unscoped.json()
+
+
+async def test_the_log_reads_a_record_by_its_place_and_says_when_the_stream_lost_it(
+    runtime: Rhumbatron,
+) -> None:
+    # GIVEN a record and an empty one on stream 4
+    nc = await runtime.nats()
+    js = nc.jetstream()
+    stored = await js.publish(event_stream_subject(4), b'{"a": 1}')
+    empty = await js.publish(event_stream_subject(4), b"")
+    log = EventLogClient(nc, runtime.settings)
+    # THEN each is read back by its sequence, byte for byte, and a place the stream does
+    # not hold (never written, or gone with its max age) reads as None
+    assert await log.read_at(4, stored.seq) == b'{"a": 1}'
+    assert await log.read_at(4, empty.seq) == b""
+    assert await log.read_at(4, empty.seq + 100) is None

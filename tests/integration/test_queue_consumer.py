@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sqlite3
 import time
 import uuid
@@ -811,7 +812,7 @@ async def test_an_undecodable_body_goes_to_on_undecodable_when_given(
 
 
 async def test_a_dead_letter_send_that_fails_leaves_the_message_for_another_try(
-    make_app: AppFactory, tap: AckTap
+    make_app: AppFactory, tap: AckTap, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN two commands that always fail, a short retry delay (a test override), and the
     # COMMANDS stream full: it may hold two messages (the commands) and refuses new ones,
@@ -841,6 +842,22 @@ async def test_a_dead_letter_send_that_fails_leaves_the_message_for_another_try(
     acks = await tap.seen(app)
     assert {(a.kind, a.delay_s) for a in acks} == {("-NAK", 0.2)}
     assert await counts_become(app, {"cmd.integration": 2}) == {"cmd.integration": 2}
+    # AND each refused send is an error that names why the command gave up, why the send
+    # failed, and what happens next
+    refusals = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.ERROR and r.getMessage().startswith("cannot dead-letter ")
+    ]
+    assert refusals
+    assert all(
+        re.fullmatch(
+            r"cannot dead-letter .*RuntimeError: broken.*: JetStream refused command \S+ on "
+            r"dead-letter: .*; it will be tried again",
+            message,
+        )
+        for message in refusals
+    ), refusals
 
     # WHEN the stream takes messages again
     await js.update_stream(info.config)
