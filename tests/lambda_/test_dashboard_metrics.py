@@ -43,6 +43,7 @@ from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.messaging.commands import LAST_ERROR_HEADER, ORIGIN_QUEUE_HEADER
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import (
+    CAPACITY_USED_METRIC,
     CLEF_FLASH_CALLS_TODAY_METRIC,
     COMMANDS_HANDLED_METRIC,
     DEAD_LETTERS_OPEN_METRIC,
@@ -505,6 +506,10 @@ def test_the_emitted_metrics_count_what_happened(emitted: Emitted) -> None:
     assert emitted.values(SWEEP_HEARTBEAT_METRIC) == [1.0]
     # AND the one event lost from the swept stream's only replica
     assert emitted.values(LOG_GAP_METRIC) == [1.0]
+    # AND the capacity check of the process's first tick: the share of the tightest ceiling
+    #   the streams' measured rate uses, as `rhumbatron capacity` would compute it
+    (used,) = emitted.values(CAPACITY_USED_METRIC)
+    assert used >= 0.0
     # AND the freshness of the one batch the nudge projected, for its stream
     (freshness,) = emitted.values(EVENT_FRESHNESS_METRIC, stream=event_stream_name(NUDGED_STREAM))
     assert 0.0 <= freshness < 60.0
@@ -544,7 +549,7 @@ def test_the_dashboard_shows_errors_throttles_and_duration_of_every_function() -
 
 
 def test_the_alarms_fire_as_their_runbooks_say() -> None:
-    # GIVEN the five alarms
+    # GIVEN the six alarms
     template = load_template(TEMPLATE)
     alarms = _alarms(template)
     assert set(alarms) == {
@@ -552,8 +557,17 @@ def test_the_alarms_fire_as_their_runbooks_say() -> None:
         "ConsumerLagAlarm",
         "OutboxFailedRowsAlarm",
         "LogGapAlarm",
+        "CapacityAlarm",
         "SweepHeartbeatAlarm",
     }
+    # THEN the capacity alarm fires at the warnings' 80 % of a ceiling, on the hourly point
+    capacity = alarms["CapacityAlarm"]
+    assert (
+        capacity["ComparisonOperator"],
+        capacity["Threshold"],
+        capacity["Period"],
+        capacity["TreatMissingData"],
+    ) == ("GreaterThanOrEqualToThreshold", 80, 3600, "notBreaching")
     # THEN lag above its threshold for 5 one-minute periods
     lag = alarms["ConsumerLagAlarm"]
     assert lag["Threshold"] == {"Ref": "ConsumerLagAlarmThreshold"}

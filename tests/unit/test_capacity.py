@@ -3,14 +3,18 @@ when the streams carry more than a bounded job can keep up with."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
+
+import pytest
 
 from rhumbatron.core.settings import load_settings
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.router.capacity import (
     DRAIN_AT_SHARE,
+    capacity_report,
     capacity_warnings,
     ceilings,
     drain_mode,
@@ -174,3 +178,19 @@ def test_in_drain_mode_the_ceilings_are_every_tick_draining_every_stream() -> No
         Subscription.AUDIT_ARCHIVER,
         Subscription.REACTIONS,
     ]
+
+
+# -- the capacity alarm's point ---------------------------------------------------------------
+
+
+async def test_the_capacity_point_is_the_share_of_the_tightest_ceiling_that_binds() -> None:
+    # nudges off (no router-nudge function): the projector's 15-call ceiling, 21,600, binds
+    quiet = await capacity_report(load_settings(), None)
+    assert quiet.used_percent is None  # no rate measured, no point
+    report = dataclasses.replace(quiet, observed_events_per_day=10_800.0)
+    assert report.used_percent == pytest.approx(50.0)
+    # nudged: the tightest is then analytics' sweep-only 115,100
+    nudged = dataclasses.replace(report, nudged=True)
+    assert nudged.used_percent == pytest.approx(100 * 10_800 / 115_100)
+    settings = load_settings(router_nudge_function="rhumbatron-router-nudge")
+    assert (await capacity_report(settings, None)).nudged

@@ -14,6 +14,7 @@ from __future__ import annotations
 from rhumbatron.metrics.analytics import ANALYTICS_METRICS, analytics_point
 from rhumbatron.metrics.emf import EmfSink, MetricsSink, NoEmf, RecordingSink
 from rhumbatron.metrics.operational import (
+    CAPACITY_USED_METRIC,
     CLEF_FLASH_CALLS_TODAY_METRIC,
     COMMAND_OUTCOMES,
     COMMANDS_HANDLED_METRIC,
@@ -22,6 +23,7 @@ from rhumbatron.metrics.operational import (
     PUBLISH_ERROR_KINDS,
     PUBLISH_ERRORS_METRIC,
     SWEEP_HEARTBEAT_METRIC,
+    capacity_used_point,
     clef_flash_calls_point,
     commands_handled_points,
     dead_letters_open_points,
@@ -49,6 +51,7 @@ from rhumbatron.metrics.recorder import (
 
 __all__ = [
     "ANALYTICS_METRICS",
+    "CAPACITY_USED_METRIC",
     "CLEF_FLASH_CALLS_TODAY_METRIC",
     "CLOUDWATCH_UNITS",
     "COMMANDS_HANDLED_METRIC",
@@ -70,6 +73,7 @@ __all__ = [
     "RecordingSink",
     "StoredPoint",
     "analytics_point",
+    "capacity_used_point",
     "clef_flash_calls_point",
     "commands_handled_points",
     "dead_letters_open_points",

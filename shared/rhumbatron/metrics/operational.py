@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from rhumbatron.messaging.queue_consumer import PollReport
 
 __all__ = [
+    "CAPACITY_USED_METRIC",
     "CLEF_FLASH_CALLS_TODAY_METRIC",
     "COMMANDS_HANDLED_METRIC",
     "COMMAND_OUTCOMES",
@@ -52,6 +53,7 @@ __all__ = [
     "PUBLISH_ERRORS_METRIC",
     "PUBLISH_ERROR_KINDS",
     "SWEEP_HEARTBEAT_METRIC",
+    "capacity_used_point",
     "clef_flash_calls_point",
     "commands_handled_points",
     "dead_letters_open_points",
@@ -66,6 +68,7 @@ COMMANDS_HANDLED_METRIC = "commands_handled"
 PUBLISH_ERRORS_METRIC = "publish_errors"
 CLEF_FLASH_CALLS_TODAY_METRIC = "clef_flash_calls_today"
 LOG_GAP_METRIC = "log_gap_events"
+CAPACITY_USED_METRIC = "capacity_used_percent"
 
 #: The ``outcome`` values of ``commands_handled``: the :class:`PollReport` counters of a
 #: settled command (``left_for_redelivery`` is not settled: the next poll counts it).
@@ -130,6 +133,12 @@ def log_gap_points(lost_by_replica: Mapping[str, int]) -> list[DataPoint]:
     replica lost any: the alarm reads missing data as no gap)."""
     lost = sum(lost_by_replica.values())
     return [DataPoint(LOG_GAP_METRIC, float(lost))] if lost else []
+
+
+def capacity_used_point(percent: float) -> DataPoint:
+    """The share of its tightest ceiling the streams' measured rate uses (the capacity check,
+    hourly): the capacity alarm fires at the 80 % the warnings name."""
+    return DataPoint(CAPACITY_USED_METRIC, round(percent, 2), unit="Percent")
 
 
 def clef_flash_calls_point(calls: int) -> DataPoint:

@@ -242,6 +242,24 @@ class CapacityReport:
     warnings: list[str]
     #: Whether the archiver, analytics and reactions drain (:func:`drain_mode`).
     drain_mode: bool = False
+    #: Whether publishes nudge the router (a router-nudge function is named): then the
+    #: projector's sweep-only ceilings do not bind.
+    nudged: bool = False
+
+    @property
+    def used_percent(self) -> float | None:
+        """The share of its tightest binding ceiling the measured rate uses, in percent; None
+        when no rate was measured. The prune's is left out (it follows the rate), and so are
+        the projector's sweep-only ones while publishes nudge the router."""
+        if self.observed_events_per_day is None:
+            return None
+        limits = self.ceilings.as_dict()
+        unbound = ["prune_events_per_day"]
+        if self.nudged:
+            unbound += ["sweep_apply_events_per_day", "sweep_apply_calls_per_day"]
+        for name in unbound:
+            del limits[name]
+        return 100 * self.observed_events_per_day / min(limits.values())
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -272,4 +290,5 @@ async def capacity_report(settings: Settings, nc: NATS | None) -> CapacityReport
         ceilings=ceilings(settings, observed),
         warnings=warnings,
         drain_mode=drain_mode(settings, observed),
+        nudged=settings.router_nudge_function is not None,
     )

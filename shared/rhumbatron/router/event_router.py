@@ -220,7 +220,7 @@ class EventRouter:
     ) -> SweepReport:
         """One sweep tick for the minute of ``now`` (the clock's time by default)."""
         now = now or self.clock.now()
-        warnings = await self._check_capacity()
+        warnings, capacity_used = await self._check_capacity()
         stream_index, maintenance, release_sweep = tick_kind(self.settings, now)
         run = self.run_context(stream_index)
         report = RunReport(stream_index, "sweep")
@@ -242,6 +242,7 @@ class EventRouter:
             analytics=analytics,
             archive_objects=archiver.objects_written[archived_before:],
             warnings=warnings,
+            capacity_used_percent=capacity_used,
         )
         from rhumbatron.router.other_streams import drain_other_streams, reactions_elsewhere
 
@@ -263,14 +264,14 @@ class EventRouter:
         await self._flush_freshness(force=True)
         return sweep
 
-    async def _check_capacity(self) -> list[str]:
+    async def _check_capacity(self) -> tuple[list[str], float | None]:
         """At the first sweep of a process, and every ``router_capacity_check_every_s`` after
         in a warm one: measure the streams' event rate, and warn of every ceiling below the
         volume the deployment is sized for and of every one the rate passed 80 % of."""
         now_s = self.clock.now().timestamp()
         last = self._capacity_checked_at
         if last is not None and now_s - last < self.settings.router_capacity_check_every_s:
-            return []
+            return [], None
         self._capacity_checked_at = now_s
         from rhumbatron.router.capacity import capacity_report
 
@@ -284,7 +285,7 @@ class EventRouter:
         warnings = report.warnings
         for warning in warnings:
             _log.warning(warning)
-        return warnings
+        return warnings, report.used_percent
 
     def run_context(self, stream_index: int) -> RunContext:
         """A run's context on ``stream_index``: its time and its budget of apply calls."""

@@ -77,6 +77,9 @@ class SweepReport:
     archive_objects_expired: int = 0
     archive_objects: list[tuple[str, int]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: The capacity check's share of the tightest ceiling the measured rate uses (percent);
+    #: None when this tick did not measure (hourly) or could not.
+    capacity_used_percent: float | None = None
     #: The reactions batch of every other stream, by stream name.
     reactions_elsewhere: dict[str, SubscriptionReport] = field(default_factory=dict)
     #: Drain mode: the archiver, analytics and reactions run on every other stream, by name.

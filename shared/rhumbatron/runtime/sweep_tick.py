@@ -82,7 +82,9 @@ async def run_sweep_tick(
             report.run.stream_index,
         )
     log_gaps = await _check_log(app, report.run.stream_index, now)
-    open_letters, clef_flash_calls = _record_tick_metrics(app, letters, log_gaps)
+    open_letters, clef_flash_calls = _record_tick_metrics(
+        app, letters, log_gaps, report.capacity_used_percent
+    )
     return SweepTick(
         router=report,
         letters=letters,
@@ -219,7 +221,10 @@ def _write_log_gap_facts(app: SweepHost, damaged: list[ReplicaState], now: datet
 
 
 def _record_tick_metrics(
-    app: SweepHost, letters: PollReport, log_gaps: dict[str, int]
+    app: SweepHost,
+    letters: PollReport,
+    log_gaps: dict[str, int],
+    capacity_used_percent: float | None,
 ) -> tuple[int, int]:
     """Record the tick's own METRICS points; return the open letters and today's Clef-flash
     calls.
@@ -232,6 +237,7 @@ def _record_tick_metrics(
     from rhumbatron.core.clock import utc_day
     from rhumbatron.metrics import (
         MetricsRecorder,
+        capacity_used_point,
         clef_flash_calls_point,
         commands_handled_points,
         dead_letters_open_points,
@@ -249,5 +255,7 @@ def _record_tick_metrics(
         *log_gap_points(log_gaps),
         sweep_heartbeat_point(),
     ]
+    if capacity_used_percent is not None:
+        points.append(capacity_used_point(capacity_used_percent))
     MetricsRecorder(app.product(), app.metrics_sink, app.clock).record(points)
     return sum(counts.values()), calls
