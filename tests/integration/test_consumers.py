@@ -297,7 +297,7 @@ async def test_get_capacity_shows_the_ceilings_and_needs_consumers_read(
         "pruneEventsPerDay": 1_000,
     }
     assert (body["expectedEventsPerDay"], body["observedEventsPerDay"]) == (1_000, 0)
-    assert (body["tickPruneRows"], body["warnings"]) == (0, [])
+    assert (body["tickPruneRows"], body["warnings"], body["drainMode"]) == (0, [], False)
     # AND without the scope it is refused, listing nothing
     unscoped = await api.get("/capacity", headers=bearer(NO_SCOPE))
     assert unscoped.status_code == 403, unscoped.text
@@ -323,6 +323,7 @@ async def test_get_reconciliation_proves_the_published_events_and_needs_consumer
     )
     [replica] = stream["replicas"]
     assert (replica["found"], replica["missing"], replica["holes"]) == (1, [], 0)
+    assert replica["catchingUp"] == []
     assert body["gap"] is False and body["unreadNodes"] == []
     # AND a stream index outside 0-7 is refused, naming the parameter
     outside = await api.get("/reconciliation?stream=8", headers=bearer(WATCHER))

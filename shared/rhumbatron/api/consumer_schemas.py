@@ -92,6 +92,10 @@ class CapacityBody(_Wire):
     warnings: list[str] = Field(
         description="Every ceiling below the sized volume, or passed 80 % by the observed rate."
     )
+    drain_mode: bool = Field(
+        description="Whether the archiver, analytics and reactions drain on nudges and on "
+        "every stream at each tick (above half of their sweep-only ceilings)."
+    )
 
 
 class ReplicaReconciliationBody(_Wire):
@@ -101,12 +105,16 @@ class ReplicaReconciliationBody(_Wire):
     leader: bool = Field(description="Whether it leads the stream.")
     expected: int = Field(ge=0, description="Events the outbox published in the window.")
     found: int = Field(ge=0, description="Of them, those this copy holds.")
-    missing: list[str] = Field(description="The event IDs of those it lacks.")
+    missing: list[str] = Field(description="The event IDs of those it lost.")
     messages: int | None = Field(description="Messages in its copy (its /jsz; null: not read).")
     first_seq: int | None = Field(description="Its first stream sequence.")
     last_seq: int | None = Field(description="Its last stream sequence.")
     holes: int = Field(ge=0, description="Messages missing inside its own sequence range.")
     behind: int = Field(ge=0, description="How far its last sequence is behind the leader's.")
+    catching_up: list[str] = Field(
+        description="Event IDs stored beyond its own last sequence: not yet replicated to it "
+        "(a follower catching up), not lost."
+    )
     error: str | None = Field(description="Why this copy could not be read.")
 
 

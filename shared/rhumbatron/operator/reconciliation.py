@@ -51,6 +51,7 @@ __all__ = [
     "log_gap_event",
     "reconcile",
     "repair",
+    "split_missing",
 ]
 
 #: The oldest part of the window left out of the check (see the module's docstring).
@@ -73,6 +74,9 @@ class ReplicaReport:
     behind: int = 0
     #: Why this copy could not be read (then nothing about it is proven).
     error: str | None = None
+    #: Missing IDs stored beyond this copy's own last sequence: a follower still catching up
+    #: (a node that lost stored events keeps its range, with holes in it), not a loss.
+    catching_up: tuple[str, ...] = ()
 
     @property
     def holes(self) -> int:
@@ -94,6 +98,7 @@ class ReplicaReport:
             "lastSeq": None if self.state is None else self.state.last_seq,
             "holes": self.holes,
             "behind": self.behind,
+            "catchingUp": list(self.catching_up),
             "error": self.error,
         }
 
@@ -241,19 +246,44 @@ async def _reconcile_stream(
             )
             continue
         requests += ids.requests
-        missing = tuple(event_id for event_id in wanted if event_id not in ids.sequence_of)
+        missing, catching_up = split_missing(wanted, ids.sequence_of, state)
         replicas.append(
             ReplicaReport(
                 label,
                 node == leader,
                 len(wanted),
-                len(wanted) - len(missing),
+                len(wanted) - len(missing) - len(catching_up),
                 missing,
                 state,
                 behind,
+                catching_up=catching_up,
             )
         )
     return _Checked(StreamReconciliation(name, len(wanted), tuple(replicas)), requests)
+
+
+def split_missing(
+    wanted: dict[str, int | None], found: dict[str, int], state: ReplicaState | None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The published IDs a replica's scan did not find, split into those it lost and those
+    it has not received yet.
+
+    An event the outbox saw stored at a sequence beyond the replica's own last sequence (its
+    ``/jsz``) has not reached it: a follower catching up, after a restart or a slow
+    disk. One inside its range, or of unknown place, is lost: a node that lost stored events
+    keeps its sequence range, with holes in it. Without the replica's ``/jsz`` nothing is
+    known of its range, and every missing ID counts as lost.
+    """
+    lost: list[str] = []
+    catching_up: list[str] = []
+    for event_id, sequence in wanted.items():
+        if event_id in found:
+            continue
+        if state is not None and sequence is not None and sequence > state.last_seq:
+            catching_up.append(event_id)
+        else:
+            lost.append(event_id)
+    return tuple(lost), tuple(catching_up)
 
 
 def _published_by_stream(

@@ -96,6 +96,7 @@ async def read_capacity(runtime: Runtime, principal: ConsumersReader) -> Capacit
         tick_prune_rows=report.tick_prune_rows,
         ceilings=CeilingsBody(**report.ceilings.as_dict()),
         warnings=report.warnings,
+        drain_mode=report.drain_mode,
     )
 
 
