@@ -23,7 +23,7 @@ from pydantic.alias_generators import to_camel
 from rhumbatron.core.settings import Settings
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
-from rhumbatron.router.ticks import in_fetches
+from rhumbatron.router.ticks import drain_plan, in_fetches
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -115,13 +115,16 @@ def ceilings(settings: Settings, observed_per_day: float | None = None) -> Ceili
     ticks = _MINUTES_PER_DAY
     carried = _sweep_only_ceilings(settings)
     if drain_mode(settings, observed_per_day):
-        drained = ticks * EVENT_STREAM_COUNT * settings.router_drain_max_fetches
-        per_fetch = {
-            "archive_events_per_day": in_fetches(settings, 1, settings.archive_batch_size)[1],
-            "analytics_events_per_day": in_fetches(settings, 1, settings.analytics_batch_size)[1],
-            "reactions_events_per_day": settings.router_fetch_max_records,
+        # Every tick drains every stream: what one stream's drain fetches, 8 × 1,440 a day.
+        name_of = {
+            Subscription.AUDIT_ARCHIVER: "archive_events_per_day",
+            Subscription.ANALYTICS_PROJECTOR: "analytics_events_per_day",
+            Subscription.REACTIONS: "reactions_events_per_day",
         }
-        carried = {name: drained * size for name, size in per_fetch.items()}
+        carried = {
+            name_of[subscription]: ticks * EVENT_STREAM_COUNT * fetches * batch
+            for subscription, fetches, batch in drain_plan(settings)
+        }
     return Ceilings(
         archive_events_per_day=carried["archive_events_per_day"],
         analytics_events_per_day=carried["analytics_events_per_day"],

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from rhumbatron.core.settings import Settings
 
-__all__ = ["DRAINED", "drain_plan", "in_fetches", "sweep_plan", "tick_kind"]
+__all__ = ["drain_plan", "in_fetches", "sweep_plan", "tick_kind"]
 
 
 def tick_kind(settings: Settings, now: datetime) -> tuple[int, bool, bool]:
@@ -36,14 +36,6 @@ def in_fetches(settings: Settings, batches: int, batch_size: int) -> tuple[int, 
     is ten fetches, each settled (and archived) on its own."""
     per_fetch = min(batch_size, settings.router_fetch_max_records)
     return batches * math.ceil(batch_size / per_fetch), per_fetch
-
-
-#: The subscriptions drain mode runs on nudges and drains on every stream at each tick.
-DRAINED = (
-    Subscription.AUDIT_ARCHIVER,
-    Subscription.ANALYTICS_PROJECTOR,
-    Subscription.REACTIONS,
-)
 
 
 def drain_plan(
@@ -77,20 +69,6 @@ def sweep_plan(
     """The subscriptions a sweep tick consumes on its stream, in order, each with its number
     of consumes and its batch size. In drain mode the archiver, analytics and reactions
     drain (:func:`drain_plan`) instead of taking the tick's batches."""
-    if drain:
-        return [
-            (
-                Subscription.PROJECT_VIEW_PROJECTOR,
-                settings.router_consumes_per_run,
-                settings.router_fetch_max_records,
-            ),
-            (
-                Subscription.CAUSAL_ROUTER,
-                settings.router_consumes_per_run,
-                settings.router_fetch_max_records,
-            ),
-            *drain_plan(settings, analytics=analytics),
-        ]
     plan: list[tuple[Subscription, int, int]] = [
         (
             Subscription.PROJECT_VIEW_PROJECTOR,
@@ -102,11 +80,15 @@ def sweep_plan(
             settings.router_consumes_per_run,
             settings.router_fetch_max_records,
         ),
+    ]
+    if drain:
+        return [*plan, *drain_plan(settings, analytics=analytics)]
+    plan.append(
         (
             Subscription.AUDIT_ARCHIVER,
             *in_fetches(settings, settings.archive_batches_per_tick, settings.archive_batch_size),
-        ),
-    ]
+        )
+    )
     if analytics:
         plan.append(
             (
