@@ -11,10 +11,11 @@ import nats
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from rhumbatron.errors import ConsumerGoneError, MessagingError
-from rhumbatron.messaging.pull import Puller, ensure_consumer
+from rhumbatron.messaging.pull import Puller, delivery, ensure_consumer
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 pytestmark = pytest.mark.integration
@@ -101,5 +102,99 @@ async def test_a_pull_the_server_refuses_names_its_status_and_its_words(nc: NATS
         )
         # AND a pull within the limit still gets the message
         assert [m.data for m in await puller.pull(1)] == [b"one"]
+    finally:
+        await puller.close()
+
+
+async def test_held_messages_come_first_and_the_server_is_asked_only_for_the_rest(
+    nc: NATS,
+) -> None:
+    # GIVEN ten messages, and a pull of four whose last two the reader hands back unsettled
+    js = nc.jetstream()
+    for n in range(10):
+        await js.publish("pulled.a", f"m{n}".encode())
+    puller = await reader(nc)
+    try:
+        first = await puller.pull(4)
+        puller.hold(first[2:])
+
+        # WHEN it pulls four again
+        second = await puller.pull(4)
+
+        # THEN the two held come first, then two new ones: the server sent only two more
+        assert [m.data for m in second] == [b"m2", b"m3", b"m4", b"m5"]
+        info = await js.consumer_info(STREAM, DURABLE)
+        assert (info.num_pending, info.num_ack_pending, info.num_redelivered) == (4, 6, 0)
+
+        # AND what is held is given back by release, once
+        puller.hold(second[3:])
+        assert [m.data for m in await puller.release()] == [b"m5"]
+        assert await puller.release() == []
+    finally:
+        await puller.close()
+
+
+async def test_a_held_message_is_kept_no_longer_than_the_late_messages_limit(nc: NATS) -> None:
+    # GIVEN a reader that keeps messages 0 s after their arrival, and one message held
+    await nc.jetstream().publish("pulled.a", b"old")
+    puller = await reader(nc)
+    puller.keep_late_s = 0.0
+    try:
+        puller.hold(await puller.pull(1))
+        # WHEN it pulls again, THEN the held message is not handed out (JetStream will send
+        #   it again after the ack wait), and nothing else is waiting
+        assert await puller.pull(1) == []
+    finally:
+        await puller.close()
+
+
+async def test_a_messages_delivery_is_read_off_its_reply_subject_as_nats_py_reads_it(
+    nc: NATS,
+) -> None:
+    # GIVEN messages pulled from a real server, one of them delivered twice
+    js = nc.jetstream()
+    for n in range(3):
+        await js.publish("pulled.a", f"m{n}".encode())
+    puller = await reader(nc)
+    try:
+        first = await puller.pull(3)
+        await first[1].nak()
+        await nc.flush()
+        again = await puller.pull(3)
+        # THEN the stream sequence and delivery count match nats.py's full metadata
+        for msg in [*first, *again]:
+            expected = (msg.metadata.sequence.stream, msg.metadata.num_delivered)
+            assert delivery(msg) == expected
+        assert [delivery(m) for m in again] == [(2, 2)]
+    finally:
+        await puller.close()
+
+
+def test_a_reply_subject_of_the_domain_form_is_read_too() -> None:
+    # The 12-token form a server with a JetStream domain sends (nats.py reads both)
+    reply = "$JS.ACK.hub.ACCHASH.PULLED.reader.3.41.17.1700000000000000000.5.token"
+    assert delivery(Msg(_client=None, reply=reply)) == (41, 3)  # type: ignore[arg-type]
+
+
+async def test_a_prefetch_delivers_now_what_the_next_pull_hands_out(nc: NATS) -> None:
+    # GIVEN five messages, and a reader that prefetches three
+    js = nc.jetstream()
+    for n in range(5):
+        await js.publish("pulled.a", f"m{n}".encode())
+    puller = await reader(nc)
+    try:
+        await puller.prefetch(3)
+        # THEN the server delivers them at once, before any pull asks (it serves a request
+        #   on a queue of its own: asked a bounded number of times)
+        for _ in range(200):
+            info = await js.consumer_info(STREAM, DURABLE)
+            if info.num_ack_pending == 3:
+                break
+        assert (info.num_ack_pending, info.num_pending) == (3, 2)
+        # AND the next pull of three hands out exactly those
+        assert [m.data for m in await puller.pull(3)] == [b"m0", b"m1", b"m2"]
+        # AND a prefetch in flight is waited for by release, which returns its messages
+        await puller.prefetch(2)
+        assert [m.data for m in await puller.release()] == [b"m3", b"m4"]
     finally:
         await puller.close()

@@ -473,8 +473,8 @@ async def test_the_apply_cap_holds_across_the_fetches_of_one_run(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
     # GIVEN four projects with two events each on one stream, fetches of 4 records and a
-    #   cap of 2 apply calls per run
-    app = await make_app(router_apply_calls_per_run=2, router_fetch_max_records=4)
+    #   cap of 3 apply calls per run
+    app = await make_app(router_apply_calls_per_run=3, router_fetch_max_records=4)
     projects = projects_on_stream(0, 4)
     for project in projects:
         await publish(app, lifecycle(project, clock.now())[:2])
@@ -482,11 +482,105 @@ async def test_the_apply_cap_holds_across_the_fetches_of_one_run(
     # WHEN one nudge runs (two fetches: the first two projects, then the last two)
     report = await app.router().nudge(0)
 
-    # THEN the first fetch spent the run's two calls and the second fetch applied nothing
+    # THEN the first fetch spent two calls and the second fetch one: its second project waits
     projector = report.subscriptions[PROJECTOR.value]
     assert (projector.consumes, projector.fetched) == (2, 8)
-    assert (projector.applied, projector.deferred) == (4, 4)
-    assert [view_count(app, p) for p in projects] == [2, 2, 0, 0]
+    assert (projector.applied, projector.deferred) == (6, 2)
+    assert [view_count(app, p) for p in projects] == [2, 2, 2, 0]
+    assert report.left_waiting
+
+
+async def test_a_run_whose_calls_are_spent_fetches_nothing_more(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN four projects with two events each, fetches of 4 records and 2 calls per run
+    app = await make_app(router_apply_calls_per_run=2, router_fetch_max_records=4)
+    projects = projects_on_stream(0, 4)
+    for project in projects:
+        await publish(app, lifecycle(project, clock.now())[:2])
+
+    # WHEN one nudge runs
+    report = await app.router().nudge(0)
+
+    # THEN its first fetch spent both calls, and it fetched no second batch only to defer it
+    projector = report.subscriptions[PROJECTOR.value]
+    assert (projector.consumes, projector.fetched, projector.applied) == (1, 4, 4)
+    assert projector.deferred == 0 and not report.left_waiting
+    lag = await (await app.router().event_log()).lag(0, PROJECTOR)
+    assert (lag.num_pending, lag.num_ack_pending) == (4, 0)
+
+
+async def test_deferred_records_are_kept_for_the_next_run_not_delivered_again(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN five projects with two events each on one stream and a cap of 2 calls per run
+    app = await make_app(router_apply_calls_per_run=2)
+    projects = projects_on_stream(0, 5)
+    for project in projects:
+        await publish(app, lifecycle(project, clock.now())[:2])
+    router = app.router()
+    js = (await app.nats()).jetstream()
+
+    # WHEN three nudges run one after the other in this process
+    applied = []
+    for _ in range(3):
+        report = await router.nudge(0)
+        applied.append(report.subscriptions[PROJECTOR.value].applied)
+        info = await js.consumer_info(event_stream_name(0), PROJECTOR.value)
+        # THEN after each, the records it deferred are still delivered to this process,
+        #   unacknowledged, and JetStream never had to send one of them again
+        assert info.num_redelivered == 0
+        assert info.num_ack_pending == report.subscriptions[PROJECTOR.value].deferred
+
+    # AND the three runs applied two projects each, from the one delivery
+    assert applied == [4, 4, 2]
+    assert [view_count(app, p) for p in projects] == [2] * 5
+    assert await router.release_held(0) == 0
+
+
+async def test_records_left_waiting_are_nacked_for_any_reader_when_no_run_follows(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a run that left six records waiting (five projects, a cap of 2 calls)
+    first = await make_app(router_apply_calls_per_run=2)
+    projects = projects_on_stream(0, 5)
+    for project in projects:
+        await publish(first, lifecycle(project, clock.now())[:2])
+    report = await first.router().nudge(0)
+    assert report.subscriptions[PROJECTOR.value].deferred == 6
+    # AND another process whose run finds them delivered elsewhere, so nothing to do
+    second = await make_app(router_apply_calls_per_run=15)
+    assert (await second.router().nudge(0)).subscriptions[PROJECTOR.value].fetched == 0
+
+    # WHEN the first process releases what it kept
+    assert await first.router().release_held(0) == 6
+
+    # THEN they are nacked without delay: the other process applies them at once
+    report = await second.router().nudge(0)
+    assert report.subscriptions[PROJECTOR.value].applied == 6
+    assert [view_count(second, p) for p in projects] == [2] * 5
+
+
+async def test_an_in_process_nudge_runs_again_while_its_runs_leave_records_waiting(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN five projects with two events each and a cap of 2 calls per run
+    nudge = InProcessNudge()
+    app = await make_app(nudge=nudge, router_apply_calls_per_run=2)
+    app.router()  # binds the nudge
+    projects = projects_on_stream(0, 5)
+    for project in projects:
+        await publish(app, lifecycle(project, clock.now())[:2])
+
+    # WHEN one nudge arrives
+    await nudge.nudge(0)
+    await nudge.settle()
+
+    # THEN its runs went on until nothing was left waiting: three runs of two calls at most
+    assert nudge.runs == 3
+    assert [view_count(app, p) for p in projects] == [2] * 5
+    lag = await (await app.router().event_log()).lag(0, PROJECTOR)
+    assert (lag.num_pending, lag.num_ack_pending) == (0, 0)
 
 
 async def test_a_failing_record_is_counted_and_redelivered_only_after_the_nack_delay(
@@ -1158,3 +1252,27 @@ async def test_a_warm_router_measures_its_capacity_again_every_hour(
     later = first + timedelta(hours=1)
     clock.set(later)
     assert any("archive_events_per_day" in w for w in (await router.sweep(now=later)).warnings)
+
+
+async def test_a_sweep_nacks_what_its_projector_left_waiting_when_it_ends(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN five projects with two events each on stream 0 and a cap of 2 calls per run
+    app = await make_app(router_apply_calls_per_run=2)
+    projects = projects_on_stream(0, 5)
+    for project in projects:
+        await publish(app, lifecycle(project, clock.now())[:2])
+
+    # WHEN the sweep tick of stream 0 runs (no run of this process follows it)
+    sweep = await app.router().sweep(now=sweep_minute(0))
+
+    # THEN its projector applied two projects and nacked the rest: none is held, unacked,
+    #   by a process no run of the stream may come back to, so another router gets them
+    #   at once (held, they would come back only after the 5-minute ack wait)
+    projector = sweep.run.subscriptions[PROJECTOR.value]
+    assert (projector.applied, projector.deferred) == (4, 6)
+    other = await make_app()
+    await until(
+        lambda: other.router().nudge(0),
+        lambda _: [view_count(other, p) for p in projects] == [2] * 5,
+    )

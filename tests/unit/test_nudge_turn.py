@@ -89,9 +89,17 @@ class BusyRouter:
     run_s: float = 1.0
     runs: int = 0
     merged: list[bool] = field(default_factory=list)
+    #: Runs (by number) that leave fetched records waiting for the next run.
+    leave_waiting: set[int] = field(default_factory=set)
+    released: list[int] = field(default_factory=list)
 
     def stream_state(self, stream_index: int) -> StreamState:
         return self.state
+
+    async def release_held(self, stream_index: int | None = None) -> int:
+        assert stream_index is not None
+        self.released.append(stream_index)
+        return 0
 
     async def nudge(
         self, stream_index: int, *, should_stop: Callable[[], bool] | None = None
@@ -103,7 +111,10 @@ class BusyRouter:
         self.runs += 1
         self.clock.advance(seconds=self.run_s)
         report = RunReport(stream_index, "nudge")
-        report.subscriptions["project-view-projector"] = SubscriptionReport(fetched=2, applied=2)
+        deferred = 1 if self.runs in self.leave_waiting else 0
+        report.subscriptions["project-view-projector"] = SubscriptionReport(
+            fetched=2 + deferred, applied=2, deferred=deferred
+        )
         return report
 
 
@@ -119,6 +130,26 @@ async def test_nudges_during_a_run_cost_one_more_run_whatever_their_number(
     assert (turn.runs, turn.merged, router.runs) == (3, False, 3)
     assert turn.report.subscriptions["project-view-projector"].applied == 6
     # AND the turn is free again
+    assert state.take_nudge_turn("next", now_s=router.clock.now().timestamp(), hold_s=60)
+
+
+async def test_a_run_that_leaves_records_waiting_runs_again_in_its_turn(
+    state: StreamState,
+) -> None:
+    # GIVEN runs 1 and 2 that leave fetched records waiting (the apply-call cap), no nudges
+    router = BusyRouter(state, ManualClock(NOW), nudges_during=[], leave_waiting={1, 2})
+    # WHEN one nudge runs in the stream's turn
+    turn = await nudge_in_turn(router, 3, hold_s=60)
+    # THEN it ran until a run left nothing waiting, then released what was kept, once
+    assert (turn.runs, router.runs) == (3, 3)
+    assert router.released == [3]
+    assert state.take_nudge_turn("next", now_s=router.clock.now().timestamp(), hold_s=60)
+
+
+async def test_a_run_out_of_time_releases_what_it_left_waiting(state: StreamState) -> None:
+    router = BusyRouter(state, ManualClock(NOW), nudges_during=[], leave_waiting={1, 2})
+    turn = await nudge_in_turn(router, 3, hold_s=60, should_stop=lambda: router.runs >= 1)
+    assert (turn.runs, router.released) == (1, [3])
     assert state.take_nudge_turn("next", now_s=router.clock.now().timestamp(), hold_s=60)
 
 

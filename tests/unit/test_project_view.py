@@ -133,16 +133,19 @@ def test_one_projects_bad_event_rolls_back_alone_and_the_others_commit(
         "BEGIN SELECT RAISE(ABORT, 'refused'); END"
     )
     bad = FactContext(CALLER, first, NOW).fact("task.ready", {}, change_id="c1", task_id="t-bad")
+    fine = FactContext(CALLER, first, NOW).fact("task.ready", {}, change_id="c1", task_id="t-ok")
     good = task_events(second, change_id="c2")[0]
 
-    # WHEN both are applied in one fetch
-    outcomes = store.apply([[record(bad, 1)], [record(good, 2)]], now_s=1.0)
+    # WHEN both are applied in one fetch, the bad event after a good one of its project
+    outcomes = store.apply([[record(fine, 1), record(bad, 2)], [record(good, 3)]], now_s=1.0)
 
-    # THEN the bad event failed alone; the other project's event applied
+    # THEN the bad event failed alone; every other event applied, in its project too
     assert outcomes[bad.event_id].outcome is Outcome.FAILED
+    assert outcomes[fine.event_id].outcome is Outcome.APPLIED
     assert outcomes[good.event_id].outcome is Outcome.APPLIED
     assert ProjectView(store, second).snapshot()["eventsApplied"] == 1
-    assert ProjectView(store, first).snapshot()["eventsApplied"] == 0
+    assert ProjectView(store, first).snapshot()["eventsApplied"] == 1
+    assert ProjectView(store, first).snapshot()["tasksByState"] == {"ready": 1}
 
 
 def test_forgetting_a_project_keeps_the_others_and_the_dead_letter_marks(

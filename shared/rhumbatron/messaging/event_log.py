@@ -111,6 +111,29 @@ class EventLogClient:
             puller = await self._puller(stream_index, subscription)
             return await puller.pull(batch)
 
+    def hold(self, stream_index: int, subscription: Subscription, messages: list[Msg]) -> None:
+        """Keep ``messages`` of the last fetch, unsettled, for the next fetch of the same
+        subscription and stream in this process (:meth:`Puller.hold`)."""
+        puller = self._pullers.get((stream_index, subscription))
+        if puller is not None:
+            puller.hold(messages)
+
+    async def prefetch(
+        self, stream_index: int, subscription: Subscription, max_records: int
+    ) -> None:
+        """Ask now for the next fetch's records (:meth:`Puller.prefetch`), so it finds them
+        here; a consumer not read yet in this process is left alone."""
+        puller = self._pullers.get((stream_index, subscription))
+        if puller is not None:
+            await puller.prefetch(min(max_records, self.settings.router_fetch_max_records))
+
+    async def release_held(self, stream_index: int, subscription: Subscription) -> list[Msg]:
+        """Every message kept for a next fetch of ``subscription`` on stream
+        ``stream_index``, no longer kept: the caller nacks them, so any reader gets them at
+        once."""
+        puller = self._pullers.get((stream_index, subscription))
+        return [] if puller is None else await puller.release()
+
     async def lag(self, stream_index: int, subscription: Subscription) -> ConsumerLag:
         """The consumer's lag; a consumer not created yet lags by the whole stream."""
         from nats.js.errors import NotFoundError

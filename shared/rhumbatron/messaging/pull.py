@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from nats.js.api import ConsumerConfig
     from nats.js.client import JetStreamContext
 
-__all__ = ["ConsumerChange", "Puller", "ensure_consumer"]
+__all__ = ["ConsumerChange", "Puller", "delivery", "ensure_consumer"]
 
 #: Fields of a consumer we set and keep in line with the settings.
 _MANAGED = ("ack_wait", "max_ack_pending", "max_deliver", "filter_subject", "ack_policy")
@@ -101,6 +101,11 @@ class Puller:
     end-of-batch status there, so a status that arrives late for an earlier pull cannot end
     a later one. A message that arrives after its pull gave up is kept for the next pull,
     but only for ``keep_late_s`` (less than the ack wait): older, JetStream redelivers it.
+
+    The caller may also hand messages back unsettled (:meth:`hold`): the next pull returns
+    them first and asks the server only for the rest, so a record a run could not take is
+    not nacked, sent again and parsed again. :meth:`release` gives every message kept here
+    back to the caller, to be nacked when no pull follows soon.
     """
 
     nc: NATS
@@ -116,6 +121,9 @@ class Puller:
     _want: int = 0
     _done: asyncio.Future[None] | None = None
     _failure: MessagingError | None = None
+    #: When each message of the last pull arrived (keyed by identity): a held message keeps
+    #: its arrival, so holding never stretches it past ``keep_late_s``.
+    _arrived: dict[int, float] = field(default_factory=dict)
 
     async def _on_message(self, msg: Msg) -> None:
         status = msg.headers.get("Status") if msg.headers else None
@@ -150,44 +158,86 @@ class Puller:
 
     async def pull(self, batch: int) -> list[Msg]:
         """Up to ``batch`` messages available now; ``[]`` when there are none."""
+        prefetched = self._done is not None
+        await self._request_ended()
+        if not prefetched or len(self._fresh()) < batch:
+            await self._ask(batch)
+            await self._request_ended()
+        taken, self._batch = self._batch[:batch], self._batch[batch:]
+        self._arrived = {id(msg): at for at, msg in taken}
+        failure, self._failure = self._failure, None
+        if failure is not None and not taken:
+            raise failure
+        return _one_copy_each([msg for _, msg in taken])
+
+    async def prefetch(self, batch: int) -> None:
+        """Ask now for what ``batch`` leaves to fill after the messages kept here, and return
+        at once: the messages gather here while the caller works, and the next :meth:`pull`
+        hands them out without a round trip when they fill it. Nothing is asked while
+        another request is in flight."""
+        if self._done is None:
+            await self._ask(batch)
+
+    def _fresh(self) -> list[tuple[float, Msg]]:
+        """The messages kept here, less those kept too long: their ack wait is running out,
+        and JetStream will deliver them again (a second copy in one batch would be handled
+        twice)."""
+        fresh_after = asyncio.get_running_loop().time() - self.keep_late_s
+        self._batch = [(at, msg) for at, msg in self._batch if at >= fresh_after]
+        return self._batch
+
+    async def _ask(self, batch: int) -> None:
+        """Send a no-wait request for what ``batch`` leaves to fill (none when the messages
+        kept here fill it); :meth:`_request_ended` waits for it."""
         from nats.errors import Error as NatsError
 
-        request = json.dumps({"batch": batch, "no_wait": True}).encode()
-        loop = asyncio.get_running_loop()
-        # Late messages held too long: their ack wait is running out, and JetStream will
-        # deliver them again; a second copy in one batch would be handled twice.
-        fresh_after = loop.time() - self.keep_late_s
-        self._batch = [(at, msg) for at, msg in self._batch if at >= fresh_after]
-        self._done = loop.create_future()
+        kept = len(self._fresh())
+        self._done = asyncio.get_running_loop().create_future()
         self._want, self._failure = batch, None
-        if len(self._batch) >= batch:  # late messages of an earlier pull fill this one
+        if kept >= batch:  # late or held messages of earlier pulls fill this one
             self._finish()
+            return
+        request = json.dumps({"batch": batch - kept, "no_wait": True}).encode()
         try:
             if self._sub is None or self._inbox is None:
                 self._inbox = self.nc.new_inbox()
                 self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_message)
             self._pulls += 1
             self._reply = f"{self._inbox}.{self._pulls}"
-            if not self._done.done():
-                await self.nc.publish(
-                    f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}",
-                    request,
-                    self._reply,
-                )
+            await self.nc.publish(
+                f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}", request, self._reply
+            )
         except NatsError as exc:
+            self._want, self._done = 0, None
             # Disconnected (no client-side buffer: see connect_nats) or closed for good.
             raise NatsUnavailableError(
                 f"cannot pull from consumer {self.durable} on {self.stream}: "
                 f"{type(exc).__name__}: {exc}; the next run tries again"
             ) from exc
+
+    async def _request_ended(self) -> None:
+        """Wait until the request in flight, if any, ended: its end-of-batch status came,
+        or all it asked for, or ``timeout_s`` passed (then what arrived is its answer)."""
+        if self._done is None:
+            return
         with contextlib.suppress(TimeoutError):
-            # No end-of-batch status in time: what arrived is the batch.
             await asyncio.wait_for(asyncio.shield(self._done), self.timeout_s)
         self._want, self._done = 0, None
-        taken, self._batch = self._batch[:batch], self._batch[batch:]
-        if self._failure is not None and not taken:
-            raise self._failure
-        return _one_copy_each([msg for _, msg in taken])
+
+    def hold(self, messages: list[Msg]) -> None:
+        """Keep ``messages`` (of the last pull, unsettled) for the next pull, ahead of anything
+        else: they stay delivered to this consumer, unacknowledged, until the next pull hands
+        them out again or ``keep_late_s`` after their arrival."""
+        now = asyncio.get_running_loop().time()
+        kept = [(self._arrived.get(id(msg), now), msg) for msg in messages]
+        self._batch[:0] = kept
+
+    async def release(self) -> list[Msg]:
+        """Every message kept here (held, prefetched or late), no longer kept, once a request
+        in flight ended: the caller settles them."""
+        await self._request_ended()
+        kept, self._batch = self._batch, []
+        return [msg for _, msg in kept]
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -197,10 +247,26 @@ class Puller:
             self._sub = None
 
 
+def delivery(msg: Msg) -> tuple[int, int]:
+    """``(stream sequence, times delivered)`` of a JetStream message, read off its reply
+    subject. The common form (``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.…``,
+    9 tokens) is read here, a tenth of the cost of nats.py's full ``metadata`` (which also
+    builds a datetime per message); any other form takes ``metadata``."""
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        try:
+            return int(tokens[5]), int(tokens[4])
+        except ValueError:
+            pass
+    metadata = msg.metadata
+    return metadata.sequence.stream, metadata.num_delivered
+
+
 def _one_copy_each(messages: list[Msg]) -> list[Msg]:
     """Drop a second delivery of the same stream message within one batch (a late copy and
     its redelivery); the copy kept is the newest, whose ack JetStream expects."""
-    newest: dict[int, Msg] = {}
-    for msg in messages:
-        newest[msg.metadata.sequence.stream] = msg
-    return [msg for msg in messages if newest[msg.metadata.sequence.stream] is msg]
+    seqs = [delivery(msg)[0] for msg in messages]
+    if len(set(seqs)) == len(seqs):
+        return messages
+    newest = dict(zip(seqs, messages, strict=True))
+    return [msg for seq, msg in zip(seqs, messages, strict=True) if newest[seq] is msg]

@@ -35,7 +35,7 @@ from rhumbatron.protocol.payloads import WIRE_MODEL_CONFIG, Payload
 from rhumbatron.protocol.values import IDENTIFIER, MAX_ATTEMPT, MAX_WIRE_INTEGER
 from rhumbatron.redaction import describe_input
 
-__all__ = ["Command", "Event", "format_timestamp"]
+__all__ = ["Command", "Event", "format_timestamp", "remember_arrived_timestamp"]
 
 ACTOR_PATTERN = r"^(agent|user|system|workflow|operator):[^\s\x00-\x1f\x7f]{1,200}$"
 COMMAND_ID_PATTERN = r"^cmd_[A-Za-z0-9_.:\-]{1,200}$"
@@ -43,12 +43,32 @@ _UNREADABLE_PAYLOAD = "cannot read the payload"
 _NO_OFFSET = timedelta(0)
 
 
+#: Timestamps read off the wire in this format, each with the text it arrived as: formatting
+#: one again gives that text back with one lookup (the hot paths write timestamps as they
+#: arrive). Keyed by value, so an equal moment formats alike; cleared when full.
+_ARRIVED_TEXT: dict[datetime, str] = {}
+_ARRIVED_LIMIT = 8_192
+
+
+def remember_arrived_timestamp(moment: datetime, text: str) -> None:
+    """Note that ``text``, in this module's format, was read as ``moment``:
+    ``format_timestamp(moment)`` returns it from now on. The caller vouches that the text is
+    in the format (the fast decode checks it)."""
+    if len(_ARRIVED_TEXT) >= _ARRIVED_LIMIT:
+        _ARRIVED_TEXT.clear()
+    _ARRIVED_TEXT[moment] = text
+
+
 def format_timestamp(moment: datetime) -> str:
     """UTC ISO-8601 with milliseconds and ``Z``: the envelopes' one timestamp format.
 
     Milliseconds are truncated, as the envelopes keep them. ``isoformat`` runs in C: the
     router formats several timestamps per event, and ``strftime`` cost a tenth of its time.
+    A moment read off the wire gives back the text it arrived as (one dict lookup).
     """
+    arrived = _ARRIVED_TEXT.get(moment)
+    if arrived is not None:
+        return arrived
     if moment.utcoffset() != _NO_OFFSET:
         moment = moment.astimezone(UTC)
     return moment.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"

@@ -25,7 +25,13 @@ import msgspec
 from pydantic import ValidationError
 
 from rhumbatron.protocol.command_types import COMMAND_TYPES
-from rhumbatron.protocol.envelopes import ACTOR_PATTERN, COMMAND_ID_PATTERN, Command, Event
+from rhumbatron.protocol.envelopes import (
+    ACTOR_PATTERN,
+    COMMAND_ID_PATTERN,
+    Command,
+    Event,
+    remember_arrived_timestamp,
+)
 from rhumbatron.protocol.event_types import EVENT_TYPES
 from rhumbatron.protocol.ids import EVENT_ID_PATTERN, PROJECT_ID_PATTERN
 from rhumbatron.protocol.values import IDENTIFIER, MAX_ATTEMPT, MAX_WIRE_INTEGER
@@ -249,4 +255,7 @@ def _fast_command(raw: bytes) -> Command:
 def _timestamp(value: str) -> datetime:
     if _CANONICAL_TIMESTAMP.fullmatch(value) is None:
         raise _Unfit
-    return datetime.fromisoformat(value)  # ValueError: a date that is none
+    moment = datetime.fromisoformat(value)  # ValueError: a date that is none
+    # The canonical text is what format_timestamp would write: the router writes it as is.
+    remember_arrived_timestamp(moment, value)
+    return moment

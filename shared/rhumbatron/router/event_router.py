@@ -10,8 +10,10 @@ an event storm waits on the stream instead of stampeding, and a reaction follows
 within a minute; issue #7). The sweep is the correctness path: with nudges off every event
 is still applied, 8 minutes later at most.
 
-For every fetched record the router settles one outcome (see ``records``): ack, nack (after
-the delay, or at once for a deferral), or — on the 5th failure of the same event for the same
+For every fetched record the router settles one outcome (see ``records``): ack, nack after
+the delay, hold for the stream's next run (a deferral: the run that leaves records waiting is
+followed at once by another, and what is still held when no run follows is nacked at once,
+``release_held``), or — on the 5th failure of the same event for the same
 subscription — a ``poison_event`` dead letter, the event marked processed, and an ack, so one
 bad record never dams its stream. A record that is not its project's — on another project's
 stream, with a tenant that is not its project root's, or of a project with no root here — is
@@ -37,7 +39,7 @@ from rhumbatron.core.faults import crash_point
 from rhumbatron.core.settings import Settings
 from rhumbatron.errors import RhumbatronError
 from rhumbatron.messaging.event_log import ConsumerLag, EventLogClient, Subscription
-from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 from rhumbatron.router.handlers import (
     AnalyticsProjector,
     AuditArchiver,
@@ -57,6 +59,7 @@ from rhumbatron.router.records import (
     decode_records,
 )
 from rhumbatron.router.reports import RunReport, SubscriptionReport, SweepReport
+from rhumbatron.router.settling import HeldRecords, prefetch_next, settle_failure
 from rhumbatron.router.stream_state import StreamState
 from rhumbatron.router.ticks import sweep_plan, tick_kind
 
@@ -114,6 +117,8 @@ class EventRouter:
     #: The event rate the streams carried at the last capacity check (None: unknown).
     _observed_per_day: float | None = None
     _decoded: DecodedEvents = field(default_factory=DecodedEvents)
+    #: The records this process keeps for each stream's next run (``settling``).
+    _held: HeldRecords = field(default_factory=HeldRecords)
 
     # -- wiring ------------------------------------------------------------------------------
     async def event_log(self) -> EventLogClient:
@@ -261,6 +266,9 @@ class EventRouter:
         from rhumbatron.router.lag import record_lag
 
         await record_lag(self, sweep)
+        # No run of this process follows a sweep's: what its projector runs left waiting is
+        # nacked, for the next nudge or sweep wherever it runs.
+        await self.release_held(None if drain else stream_index)
         await self._flush_freshness(force=True)
         return sweep
 
@@ -317,6 +325,10 @@ class EventRouter:
             for _ in range(consumes):
                 if should_stop is not None and should_stop():
                     break
+                if subscription is Subscription.PROJECT_VIEW_PROJECTOR and (
+                    run.apply_calls_left <= 0
+                ):
+                    break  # the run's calls are spent: whatever it fetched now, it would defer
                 messages = await log.fetch(run.stream_index, subscription, batch)
                 # Leases are measured from each fetch, not from the start of the run: a
                 # lease read against a stale clock could look live after JetStream has
@@ -326,11 +338,24 @@ class EventRouter:
                 if not messages:
                     break
                 report.fetched += len(messages)
-                records = decode_records(
-                    messages, run.stream_index, self.project_owners, self._decoded
+                records = self._held.take(
+                    run.stream_index,
+                    messages,
+                    lambda fresh: decode_records(
+                        fresh, run.stream_index, self.project_owners, self._decoded
+                    ),
                 )
-                await self._settle_batch(run, subscription, records, report)
-                if len(messages) < min(batch, self.settings.router_fetch_max_records):
+                full = len(messages) >= min(batch, self.settings.router_fetch_max_records)
+                if (
+                    full
+                    and subscription is Subscription.PROJECT_VIEW_PROJECTOR
+                    and not (should_stop is not None and should_stop())
+                ):
+                    await prefetch_next(
+                        log, self.projector, run, records, batch, more=_ < consumes - 1
+                    )
+                await self._settle_batch(log, run, subscription, records, report)
+                if not full:
                     break
             if log.nc.is_connected:
                 await log.nc.flush()
@@ -352,6 +377,7 @@ class EventRouter:
 
     async def _settle_batch(
         self,
+        log: EventLogClient,
         run: RunContext,
         subscription: Subscription,
         records: list[Record],
@@ -369,6 +395,7 @@ class EventRouter:
                 retry = RecordOutcome.retry(f"{type(exc).__name__}: {exc}")
                 outcomes = {r.key: retry for r in decoded}
         nak_delay = self.settings.router_nak_delay_s
+        deferred: list[Record] = []
         for record in records:
             outcome = outcomes.get(record.key)
             if record.error is not None:
@@ -382,68 +409,50 @@ class EventRouter:
                 case Outcome.APPLIED | Outcome.DUPLICATE:
                     await record.msg.ack()
                 case Outcome.DEFERRED:
-                    await record.msg.nak()
+                    deferred.append(record)
                 case Outcome.RETRY:
                     _log.warning("%s will retry %s: %s", subscription, record.key, outcome.reason)
                     await record.msg.nak(delay=nak_delay)
                 case Outcome.FAILED:
-                    try:
-                        dead = await self._count_failure(
-                            run, subscription, handler, record, outcome
-                        )
-                    except (RhumbatronError, sqlite3.Error) as exc:
-                        _log.error("cannot count the failure of %s: %s", record.key, exc)
-                        dead = False  # counted next time; never acked uncounted
-                    if dead:
-                        report.dead_lettered += 1
-                        await record.msg.ack()
-                    else:
-                        await record.msg.nak(delay=nak_delay)
+                    report.dead_lettered += await settle_failure(
+                        self.settings,
+                        state=self.stream_state(run.stream_index),
+                        product=self.product,
+                        run=run,
+                        subscription=subscription,
+                        handler=handler,
+                        record=record,
+                        outcome=outcome,
+                    )
+        if deferred:
+            # Kept for the stream's next run in this process, which takes them before
+            # anything new: nacked, each would be sent, parsed and fetched again. Whoever
+            # ends the runs nacks what is still kept (``release_held``).
+            self._held.keep(log, run, subscription, deferred)
 
-    async def _count_failure(
-        self,
-        run: RunContext,
-        subscription: Subscription,
-        handler: RecordHandler,
-        record: Record,
-        outcome: RecordOutcome,
-    ) -> bool:
-        """Count the failure; on the 5th write the dead letter and mark the record processed.
-        Returns whether the record became a dead letter (and is to be acked)."""
-        from rhumbatron.product.dead_letters import record_poison_event
-
-        failures = self.stream_state(run.stream_index).count_failure(
-            subscription.value, record.key, outcome.reason, now_s=run.now_s
-        )
-        _log.warning(
-            "%s failed %s (%d/%d): %s",
-            subscription,
-            record.key,
-            failures,
-            self.settings.router_max_failures,
-            outcome.reason,
-        )
-        if failures < self.settings.router_max_failures:
-            return False
-        event = record.event
-        with self.product.transaction() as db:
-            record_poison_event(
-                db,
-                consumer=subscription.value,
-                event_key=record.key,
-                stream=event_stream_name(run.stream_index),
-                stream_seq=record.stream_seq,
-                reason=outcome.reason,
-                body=record.body,
-                now_s=run.now_s,
-                tenant_id=event.tenant_id if event else None,
-                project_id=event.project_id if event else None,
-                change_id=event.change_id if event else None,
-                task_id=event.task_id if event else None,
-            )
-        if event is not None:
-            handler.mark_processed([record], run)
-        return True
+    async def release_held(self, stream_index: int | None = None) -> int:
+        """Nack, without delay, every record this process keeps for a next run of stream
+        ``stream_index`` (every stream for None), so any reader gets them at once; returns
+        how many. Called when no run of the stream follows in this process."""
+        log = self._log_client
+        if log is None:
+            return 0
+        streams = range(EVENT_STREAM_COUNT) if stream_index is None else (stream_index,)
+        released = 0
+        for index in streams:
+            for subscription in Subscription:
+                lock = self._locks.get((index, subscription))
+                if lock is None:
+                    continue  # never consumed here: nothing kept
+                async with lock:  # a consume in flight settles (and may hold) first
+                    messages = await log.release_held(index, subscription)
+                    released += len(messages)
+                    if messages and log.nc.is_connected:
+                        for msg in messages:
+                            await msg.nak()
+                        await log.nc.flush()
+            self._held.forget(index)
+        return released
 
     # -- lag ---------------------------------------------------------------------------------
     async def consumer_lags(self) -> list[ConsumerLag]:
@@ -458,27 +467,16 @@ class EventRouter:
     async def drain(self, *, max_rounds: int = 1_000) -> dict[str, Any]:
         """Run every subscription of every stream until nothing is waiting (the local demo
         and tests; the deployed router only nudges and sweeps)."""
-        totals: dict[str, int] = {}
-        for _ in range(max_rounds):
-            moved = 0
-            for index in range(EVENT_STREAM_COUNT):
-                run = self.run_context(index)
-                for subscription in Subscription:
-                    sub = await self.consume(
-                        run,
-                        subscription,
-                        consumes=1,
-                        batch=self.settings.router_fetch_max_records,
-                    )
-                    moved += sub.applied + sub.duplicates + sub.dead_lettered
-                    for name in ("applied", "duplicates", "deferred", "failed", "dead_lettered"):
-                        totals[name] = totals.get(name, 0) + getattr(sub, name)
-            if moved == 0:
-                break
-        return totals
+        from rhumbatron.router.other_streams import drain_everything
+
+        return await drain_everything(self, max_rounds=max_rounds)
 
     async def close(self) -> None:
         if self._log_client is not None:
+            try:
+                await self.release_held()
+            except Exception as exc:  # closing anyway: JetStream redelivers after the ack wait
+                _log.warning("cannot nack the records kept for a next run: %s", exc)
             await self._log_client.close()
             self._log_client = None
         for state in self._states.values():

@@ -126,8 +126,9 @@ class ProjectViewProjector:
     """Applies each project's fresh events to its view, at most N apply calls per run.
 
     One ``apply_delta`` call per project per fetch; a project beyond the run's budget is
-    deferred whole — never claimed, so it simply comes back with the next delivery. The calls
-    of one fetch commit together: the views of a stream share one file (``view_store``).
+    deferred whole — never claimed, and held by the router for the stream's next run (see
+    ``records``). The calls of one fetch commit together: the views of a stream share one
+    file (``view_store``).
     """
 
     settings: Settings
@@ -147,11 +148,25 @@ class ProjectViewProjector:
         """The view of ``project_id``, in the store of its stream."""
         return ProjectView(self.views(stream_index(project_id)), project_id)
 
-    async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
+    @staticmethod
+    def _by_project(records: Sequence[Record]) -> dict[str, list[Record]]:
+        """The records of each project, projects in the order of their first record: one
+        ``apply_delta`` call each, while the run's calls last."""
         by_project: dict[str, list[Record]] = {}
         for record in records:
             assert record.event is not None
             by_project.setdefault(record.event.project_id, []).append(record)
+        return by_project
+
+    def budget_after(self, records: Sequence[Record], run: RunContext) -> tuple[int, int]:
+        """What applying ``records`` (decoded) will leave of ``run``: the calls left, and
+        how many of the records it must defer. ``run`` is not changed."""
+        groups = list(self._by_project(records).values())
+        left = run.apply_calls_left
+        return max(left - len(groups), 0), sum(len(group) for group in groups[max(left, 0) :])
+
+    async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
+        by_project = self._by_project(records)
         outcomes: dict[str, RecordOutcome] = {}
         calls: list[list[Record]] = []
         for group in by_project.values():

@@ -50,14 +50,22 @@ class InProcessNudge:
         assert self.router is not None
         while True:
             self._again.discard(stream_index)
+            left_waiting = False
             try:
-                await self.router.nudge(stream_index)
+                report = await self.router.nudge(stream_index)
                 self.runs += 1
+                left_waiting = report.left_waiting
             except Exception:
                 # Whatever went wrong, the sweep applies what this nudge missed.
                 _log.exception("router nudge for stream %d failed", stream_index)
-            if stream_index not in self._again:
-                return
+            # A run that left fetched records waiting (the apply-call cap) runs again at once:
+            # its records are kept here, not nacked, and would otherwise wait for a nudge.
+            if stream_index not in self._again and not left_waiting:
+                break
+        try:
+            await self.router.release_held(stream_index)
+        except Exception:
+            _log.exception("cannot release the records kept for stream %d", stream_index)
 
     async def settle(self) -> None:
         """Wait until no nudge is running (tests and the demo, instead of sleeping)."""

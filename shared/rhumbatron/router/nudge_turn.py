@@ -68,14 +68,21 @@ async def nudge_in_turn(
     held = True
     try:
         while held:
-            turn.report.absorb(await router.nudge(stream_index, should_stop=should_stop))
+            report = await router.nudge(stream_index, should_stop=should_stop)
+            turn.report.absorb(report)
             turn.runs += 1
             if should_stop is not None and should_stop():
                 break
             held = await asyncio.to_thread(
-                state.next_nudge_turn, holder, now_s=now_s(), hold_s=hold_s
+                state.next_nudge_turn,
+                holder,
+                now_s=now_s(),
+                hold_s=hold_s,
+                left_waiting=report.left_waiting,
             )
     finally:
         if held:
             await asyncio.to_thread(state.give_back_nudge_turn, holder)
+        # The records the last run left waiting were kept for a next run here; none follows.
+        await router.release_held(stream_index)
     return turn

@@ -1,5 +1,5 @@
 """What a run does beyond its own stream's projector and causal router: drain mode's drains,
-and the sweep's reactions batch on every other stream.
+the sweep's reactions batch on every other stream, and the local drain of everything.
 
 In drain mode (:func:`~rhumbatron.router.capacity.drain_mode`) a nudge drains its stream's
 archiver, analytics and reactions after the projector and the causal router, and a sweep tick
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from rhumbatron.router.ports import ConsumingRouter
     from rhumbatron.router.reports import SweepReport
 
-__all__ = ["drain_other_streams", "drain_stream", "reactions_elsewhere"]
+__all__ = ["drain_everything", "drain_other_streams", "drain_stream", "reactions_elsewhere"]
 
 
 async def drain_stream(
@@ -86,3 +86,25 @@ async def reactions_elsewhere(
             batch=router.settings.router_fetch_max_records,
             should_stop=should_stop,
         )
+
+
+async def drain_everything(router: ConsumingRouter, *, max_rounds: int) -> dict[str, int]:
+    """Every subscription of every stream, one fetch each per round, until a round moves
+    nothing (at most ``max_rounds``); then what a projector run left waiting is nacked. The
+    local demo and tests use it: the deployed router only nudges and sweeps."""
+    totals: dict[str, int] = {}
+    for _ in range(max_rounds):
+        moved = 0
+        for index in range(EVENT_STREAM_COUNT):
+            run = router.run_context(index)
+            for subscription in Subscription:
+                sub = await router.consume(
+                    run, subscription, consumes=1, batch=router.settings.router_fetch_max_records
+                )
+                moved += sub.applied + sub.duplicates + sub.dead_lettered
+                for name in ("applied", "duplicates", "deferred", "failed", "dead_lettered"):
+                    totals[name] = totals.get(name, 0) + getattr(sub, name)
+        if moved == 0:
+            break
+    await router.release_held()
+    return totals

@@ -76,6 +76,8 @@ class ConsumingRouter(Protocol):
         should_stop: Callable[[], bool] | None = None,
     ) -> SubscriptionReport: ...
 
+    async def release_held(self, stream_index: int | None = None) -> int: ...
+
 
 class NudgedRouter(Protocol):
     """What a nudge runs: the projector and the causal router of one stream."""
@@ -83,6 +85,8 @@ class NudgedRouter(Protocol):
     async def nudge(
         self, stream_index: int, *, should_stop: Callable[[], bool] | None = None
     ) -> RunReport: ...
+
+    async def release_held(self, stream_index: int | None = None) -> int: ...
 
 
 class TurnedRouter(NudgedRouter, Protocol):

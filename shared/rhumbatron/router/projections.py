@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from rhumbatron.protocol.envelopes import Event, format_timestamp
 
-__all__ = ["VIEW_SCHEMA", "apply_events"]
+__all__ = ["VIEW_SCHEMA", "apply_events", "apply_groups"]
 
 VIEW_SCHEMA = """
 CREATE TABLE IF NOT EXISTS view_project (
@@ -91,9 +91,55 @@ CREATE INDEX IF NOT EXISTS project_events_order ON project_events (project_id, s
 CREATE INDEX IF NOT EXISTS project_events_age ON project_events (applied_at_s);
 """
 
-#: A projection: the connection, the event, its stream sequence and its timestamp as the
+
+class _Writes(Protocol):
+    """What a projection writes through: a connection, or :class:`_Batched`."""
+
+    def execute(self, sql: str, parameters: tuple[Any, ...], /) -> object: ...
+
+
+#: A projection: where it writes, the event, its stream sequence and its timestamp as the
 #: wire writes it (formatted once per event, not once per row).
-_Projection = Callable[[sqlite3.Connection, Event, int, str], None]
+_Projection = Callable[[_Writes, Event, int, str], None]
+
+_FEED_SQL = (
+    "INSERT INTO project_events (event_id, project_id, stream_seq, event_type, change_id, "
+    "task_id, actor, occurred_at, applied_at_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_BUMP_SQL = (
+    "INSERT INTO view_project (project_id, tenant_id, events_applied, last_event_at) "
+    "VALUES (?, ?, ?, ?) ON CONFLICT (project_id) DO UPDATE SET "
+    "events_applied = events_applied + excluded.events_applied, "
+    "last_event_at = max(coalesce(last_event_at, ''), excluded.last_event_at)"
+)
+
+
+class _Batched:
+    """Runs each run of consecutive writes of the same statement as one ``executemany``.
+
+    The rows still reach SQLite in the order they were written, one statement after the
+    other, so the result is that of one ``execute`` each; a stream of ``task.*`` Events
+    costs one call into SQLite per fetch instead of one per Event. The projections only
+    write (they read no result), which is what makes the deferral safe.
+    """
+
+    __slots__ = ("_db", "_rows", "_sql")
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self._sql = ""
+        self._rows: list[tuple[Any, ...]] = []
+
+    def execute(self, sql: str, parameters: tuple[Any, ...], /) -> None:
+        if sql is not self._sql and sql != self._sql:
+            self.flush()
+            self._sql = sql
+        self._rows.append(parameters)
+
+    def flush(self) -> None:
+        if self._rows:
+            self._db.executemany(self._sql, self._rows)
+            self._rows = []
 
 
 def apply_events(
@@ -101,40 +147,48 @@ def apply_events(
 ) -> None:
     """The feed rows, the project row and every projection of ``events`` (all of one
     project, none applied yet), in the caller's transaction."""
-    stamps = [format_timestamp(e.timestamp) for e in events]
-    db.executemany(
-        "INSERT INTO project_events (event_id, project_id, stream_seq, event_type, change_id, "
-        "task_id, actor, occurred_at, applied_at_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            (
-                e.event_id,
-                e.project_id,
-                seq,
-                e.event_type,
-                e.change_id,
-                e.task_id,
-                e.actor,
-                at,
-                now_s,
+    apply_groups(db, [(events, seqs)], now_s)
+
+
+def apply_groups(
+    db: sqlite3.Connection,
+    groups: Sequence[tuple[Sequence[Event], Sequence[int]]],
+    now_s: float,
+) -> None:
+    """:func:`apply_events` for several projects' groups at once (a fetch), in the caller's
+    transaction: every feed row, then every project row, then each Event's projection in
+    the order given. A project's row exists before its projections read it, and each table
+    sees its writes in the Events' order, as one group after the other would."""
+    feed: list[tuple[Any, ...]] = []
+    bumps: list[tuple[Any, ...]] = []
+    stamped: list[tuple[Event, int, str]] = []
+    for events, seqs in groups:
+        stamps = [format_timestamp(e.timestamp) for e in events]
+        for event, seq, at in zip(events, seqs, stamps, strict=True):
+            feed.append(
+                (
+                    event.event_id,
+                    event.project_id,
+                    seq,
+                    event.event_type,
+                    event.change_id,
+                    event.task_id,
+                    event.actor,
+                    at,
+                    now_s,
+                )
             )
-            for e, seq, at in zip(events, seqs, stamps, strict=True)
-        ],
-    )
-    _bump_project(db, events[0], len(events), max(stamps))
-    for event, seq, at in zip(events, seqs, stamps, strict=True):
-        projection = _PROJECTIONS.get(event.event_type.split(".")[0])
+            stamped.append((event, seq, at))
+        first = events[0]
+        bumps.append((first.project_id, first.tenant_id, len(events), max(stamps)))
+    db.executemany(_FEED_SQL, feed)
+    db.executemany(_BUMP_SQL, bumps)
+    writes = _Batched(db)
+    for event, seq, at in stamped:
+        projection = _projection_of(event.event_type)
         if projection is not None:
-            projection(db, event, seq, at)
-
-
-def _bump_project(db: sqlite3.Connection, event: Event, count: int, last_at: str) -> None:
-    db.execute(
-        "INSERT INTO view_project (project_id, tenant_id, events_applied, last_event_at) "
-        "VALUES (?, ?, ?, ?) ON CONFLICT (project_id) DO UPDATE SET "
-        "events_applied = events_applied + excluded.events_applied, "
-        "last_event_at = max(coalesce(last_event_at, ''), excluded.last_event_at)",
-        (event.project_id, event.tenant_id, count, last_at),
-    )
+            projection(writes, event, seq, at)
+    writes.flush()
 
 
 def _payload(event: Event) -> Any:
@@ -142,7 +196,14 @@ def _payload(event: Event) -> Any:
     return event.payload
 
 
-def _project(db: sqlite3.Connection, event: Event, seq: int, at: str) -> None:
+def _optional(payload: Any, name: str, default: Any) -> Any:
+    """A field only some payload types have. Read from the model's fields directly:
+    ``getattr`` with a default on a missing name goes through pydantic's ``__getattr__``
+    and costs more than the row write it feeds."""
+    return payload.__dict__.get(name, default)
+
+
+def _project(db: _Writes, event: Event, seq: int, at: str) -> None:
     if event.event_type == "project.created":
         db.execute(
             "UPDATE view_project SET name = ? WHERE project_id = ?",
@@ -150,7 +211,7 @@ def _project(db: sqlite3.Connection, event: Event, seq: int, at: str) -> None:
         )
 
 
-def _canonical(db: sqlite3.Connection, event: Event, seq: int, at: str) -> None:
+def _canonical(db: _Writes, event: Event, seq: int, at: str) -> None:
     payload = _payload(event)
     db.execute(
         "UPDATE view_project SET canonical_generation = ?, canonical_candidate_id = ? "
@@ -160,7 +221,7 @@ def _canonical(db: sqlite3.Connection, event: Event, seq: int, at: str) -> None:
 
 
 def _set_change(
-    db: sqlite3.Connection,
+    db: _Writes,
     event: Event,
     seq: int,
     at: str,
@@ -179,7 +240,7 @@ def _set_change(
     )
 
 
-def _change(db: sqlite3.Connection, event: Event, seq: int, at: str) -> None:
+def _change(db: _Writes, event: Event, seq: int, at: str) -> None:
     payload = _payload(event)
     verb = event.event_type.split(".", 1)[1]
     if verb == "created":
@@ -188,14 +249,14 @@ def _change(db: sqlite3.Connection, event: Event, seq: int, at: str) -> None:
         for task_id in payload.task_ids:
             _set_task(db, event, seq, at, task_id, status="planned")
     elif verb in ("status_changed", "settled"):
-        reason = getattr(payload, "reason", "")
+        reason = _optional(payload, "reason", "")
         _set_change(db, event, seq, at, status=payload.to_status, reason=reason)
     else:  # completed, failed, cancelled, not_selected, declined: the verb is the state
-        _set_change(db, event, seq, at, status=verb, reason=getattr(payload, "reason", ""))
+        _set_change(db, event, seq, at, status=verb, reason=_optional(payload, "reason", ""))
 
 
 def _set_task(
-    db: sqlite3.Connection,
+    db: _Writes,
     event: Event,
     seq: int,
     at: str,
@@ -215,10 +276,10 @@ def _set_task(
     )
 
 
-def _task(db: sqlite3.Connection, event: Event, seq: int, at: str) -> None:
+def _task(db: _Writes, event: Event, seq: int, at: str) -> None:
     verb = event.event_type.split(".", 1)[1]
     assert event.task_id is not None
-    agent_id = getattr(_payload(event), "agent_id", None)
+    agent_id = _optional(_payload(event), "agent_id", None)
     _set_task(db, event, seq, at, event.task_id, status=verb, agent_id=agent_id)
     if verb == "assigned" and agent_id:
         _agent_active(db, event, seq, at, agent_id)
@@ -230,7 +291,7 @@ def _task(db: sqlite3.Connection, event: Event, seq: int, at: str) -> None:
         )
 
 
-def _agent_active(db: sqlite3.Connection, event: Event, seq: int, at: str, agent_id: str) -> None:
+def _agent_active(db: _Writes, event: Event, seq: int, at: str, agent_id: str) -> None:
     db.execute(
         "INSERT INTO view_agents (project_id, agent_id, change_id, task_id, since, "
         "updated_seq) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project_id, agent_id) DO UPDATE "
@@ -240,13 +301,13 @@ def _agent_active(db: sqlite3.Connection, event: Event, seq: int, at: str, agent
     )
 
 
-def _agent(db: sqlite3.Connection, event: Event, seq: int, at: str) -> None:
+def _agent(db: _Writes, event: Event, seq: int, at: str) -> None:
     payload = _payload(event)
-    if event.event_type == "agent.woke" and not getattr(payload, "false_wakeup", False):
+    if event.event_type == "agent.woke" and not _optional(payload, "false_wakeup", False):
         _agent_active(db, event, seq, at, payload.agent_id)
 
 
-def _candidate(db: sqlite3.Connection, event: Event, seq: int, at: str) -> None:
+def _candidate(db: _Writes, event: Event, seq: int, at: str) -> None:
     payload = _payload(event)
     _set_candidate(
         db,
@@ -255,12 +316,12 @@ def _candidate(db: sqlite3.Connection, event: Event, seq: int, at: str) -> None:
         at,
         payload.candidate_id,
         status=event.event_type.split(".", 1)[1],
-        base_generation=getattr(payload, "base_generation", None),
+        base_generation=_optional(payload, "base_generation", None),
     )
 
 
 def _set_candidate(
-    db: sqlite3.Connection,
+    db: _Writes,
     event: Event,
     seq: int,
     at: str,
@@ -280,13 +341,13 @@ def _set_candidate(
     )
 
 
-def _promotion(db: sqlite3.Connection, event: Event, seq: int, at: str) -> None:
+def _promotion(db: _Writes, event: Event, seq: int, at: str) -> None:
     payload = _payload(event)
     if event.event_type == "promotion.completed" and payload.outcome == "promoted":
         _set_candidate(db, event, seq, at, payload.candidate_id, status="promoted")
 
 
-def _release(db: sqlite3.Connection, event: Event, seq: int, at: str) -> None:
+def _release(db: _Writes, event: Event, seq: int, at: str) -> None:
     payload = _payload(event)
     db.execute(
         "INSERT INTO view_releases (project_id, release_id, generation, status, updated_seq) "
@@ -314,3 +375,14 @@ _PROJECTIONS: dict[str, _Projection] = {
     "promotion": _promotion,
     "release": _release,
 }
+
+_BY_TYPE: dict[str, _Projection | None] = {}
+
+
+def _projection_of(event_type: str) -> _Projection | None:
+    """The projection of ``event_type`` (by its subject), looked up once per type."""
+    try:
+        return _BY_TYPE[event_type]
+    except KeyError:
+        projection = _BY_TYPE[event_type] = _PROJECTIONS.get(event_type.split(".", maxsplit=1)[0])
+        return projection

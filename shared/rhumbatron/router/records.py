@@ -3,8 +3,10 @@
 Every record gets its own outcome (JetStream acknowledges per message):
 
 * ``APPLIED`` / ``DUPLICATE`` — ack.
-* ``DEFERRED`` — the 15-call cap left it for later: its claim is released and it is nacked
-  without delay; no failure is counted (spec: a deferral is not a failure).
+* ``DEFERRED`` — the 15-call cap left it for later: it is never claimed, and no failure is
+  counted (spec: a deferral is not a failure). The process keeps it, unacknowledged, for the
+  stream's next run, which it starts at once; when no run follows (the turn ends, a sweep
+  ends, the function's time is up) it is nacked without delay.
 * ``RETRY`` — something outside the event failed (S3 down, a busy file): claim released,
   nacked after the nack delay, no failure counted, so an outage never dead-letters good
   events.
@@ -51,6 +53,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from rhumbatron.errors import EnvelopeError, RhumbatronError
+from rhumbatron.messaging.pull import delivery
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.fast_decode import decode_event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
@@ -66,6 +69,7 @@ __all__ = [
     "Record",
     "RecordOutcome",
     "checked_record",
+    "decode_record",
     "decode_records",
 ]
 
@@ -228,20 +232,18 @@ class DecodedEvents:
         return event
 
 
-def _decode(
-    msg: Msg, read_from: int, owners: ProjectOwners, decoded: DecodedEvents | None
+def decode_record(
+    msg: Msg, read_from: int, owners: ProjectOwners, decoded: DecodedEvents | None = None
 ) -> Record:
-    metadata = msg.metadata
-    seq = metadata.sequence.stream
+    """One message of :func:`decode_records`."""
+    seq, delivered = delivery(msg)
     raw = msg.data or b""
     try:
         event = decode_event(raw) if decoded is None else decoded.decode(read_from, seq, raw)
     except EnvelopeError as exc:
         key = (msg.headers or {}).get("Nats-Msg-Id") or f"seq:{seq}"
-        return Record(msg, seq, metadata.num_delivered, key, None, f"undecodable record: {exc}")
-    return checked_record(
-        msg, seq, metadata.num_delivered, event, read_from=read_from, owners=owners
-    )
+        return Record(msg, seq, delivered, key, None, f"undecodable record: {exc}")
+    return checked_record(msg, seq, delivered, event, read_from=read_from, owners=owners)
 
 
 def decode_records(
@@ -254,4 +256,4 @@ def decode_records(
     through ``decoded`` when given); one that does not decode, or that is not its project's
     (its stream, its root's tenant, a root at all), becomes a record with an error and no
     event (see :func:`checked_record`)."""
-    return [_decode(msg, read_from, owners, decoded) for msg in messages]
+    return [decode_record(msg, read_from, owners, decoded) for msg in messages]

@@ -53,6 +53,12 @@ class RunReport:
     def total(self, name: str) -> int:
         return sum(getattr(report, name) for report in self.subscriptions.values())
 
+    @property
+    def left_waiting(self) -> bool:
+        """Whether the run fetched records it had to leave for the next run (deferred by the
+        apply-call cap): its process keeps them, and runs the stream again."""
+        return self.total("deferred") > 0
+
     def absorb(self, other: RunReport) -> None:
         """Add the counts of ``other`` (a later run on the same stream) to this one's."""
         for name, counts in other.subscriptions.items():

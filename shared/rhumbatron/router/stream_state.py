@@ -99,15 +99,18 @@ class StreamState(SqliteStore):
             )
             return True
 
-    def next_nudge_turn(self, holder: str, *, now_s: float, hold_s: float) -> bool:
-        """After ``holder``'s run: True, still holding, when a nudge was merged meanwhile (run
-        again); otherwise the turn is given back. False too when the turn is no longer
-        ``holder``'s (its time ran out and another run took it)."""
+    def next_nudge_turn(
+        self, holder: str, *, now_s: float, hold_s: float, left_waiting: bool = False
+    ) -> bool:
+        """After ``holder``'s run: True, still holding, when a nudge was merged meanwhile or
+        the run ``left_waiting`` records it fetched (run again); otherwise the turn is given
+        back. False too when the turn is no longer ``holder``'s (its time ran out and another
+        run took it)."""
         with self.transaction() as db:
             row = db.execute("SELECT holder, pending FROM nudge_turn WHERE id = 1").fetchone()
             if row is None or row[0] != holder:
                 return False
-            if row[1]:
+            if row[1] or left_waiting:
                 db.execute(
                     "UPDATE nudge_turn SET pending = 0, expires_at_s = ? WHERE id = 1",
                     (now_s + hold_s,),

@@ -1,0 +1,189 @@
+"""What the router keeps between the fetches and runs of a stream, and a failure's count.
+
+* :class:`HeldRecords` — the records a run left waiting (the 15-call cap), kept by this
+  process for the stream's next run: their messages stay delivered and unacknowledged in the
+  consumer's puller, which hands them out first; the next run takes each record as it was,
+  not decoded again. Nothing is fetched, sent or parsed twice (DECISIONS, "The 15-call cap").
+* :func:`prefetch_next` — while the projector commits a full fetch, it asks already for the
+  records the stream's next fetch will take, so they arrive during the commit.
+* :func:`settle_failure` — a record's failure counted per ``(consumer, event key)`` and
+  nacked after the delay; the 5th makes it a ``poison_event`` dead letter, marks it
+  processed and acks it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from rhumbatron.errors import RhumbatronError
+from rhumbatron.messaging.event_log import EventLogClient, Subscription
+from rhumbatron.protocol.ids import event_stream_name
+from rhumbatron.router.records import Record, RecordOutcome
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
+    from rhumbatron.core.settings import Settings
+    from rhumbatron.product.database import ProductDatabase
+    from rhumbatron.router.handlers import ProjectViewProjector, RecordHandler, RunContext
+    from rhumbatron.router.stream_state import StreamState
+
+__all__ = ["HeldRecords", "prefetch_next", "settle_failure"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class HeldRecords:
+    """The records this process keeps for each stream's next run, by message identity.
+
+    A held message is kept by its puller (``Puller.hold``) until a pull hands it out again or
+    it has been kept too long; a record whose message the puller dropped unseen stays here
+    until the stream's records are forgotten, or the limit clears them (a record is only ever
+    taken back for its own message, so a stale one is never used)."""
+
+    limit: int = 10_000
+    _by_stream: dict[int, dict[int, Record]] = field(default_factory=dict)
+
+    def take(
+        self, stream: int, messages: list[Msg], decode: Callable[[list[Msg]], list[Record]]
+    ) -> list[Record]:
+        """The records of ``messages``: a held one as it was, every other by ``decode``."""
+        held = self._by_stream.get(stream)
+        if not held:
+            return decode(messages)
+        records: list[Record | None] = []
+        missing: list[Msg] = []
+        for msg in messages:
+            record = held.pop(id(msg), None)
+            if record is None or record.msg is not msg:
+                record = None
+                missing.append(msg)
+            records.append(record)
+        decoded = iter(decode(missing))
+        return [record if record is not None else next(decoded) for record in records]
+
+    def keep(
+        self,
+        log: EventLogClient,
+        run: RunContext,
+        subscription: Subscription,
+        records: list[Record],
+    ) -> None:
+        """Keep ``records`` (deferred, unsettled) for the stream's next run."""
+        log.hold(run.stream_index, subscription, [record.msg for record in records])
+        held = self._by_stream.setdefault(run.stream_index, {})
+        if len(held) > self.limit:
+            held.clear()  # records the puller dropped unseen: decoded again if they come
+        held.update((id(record.msg), record) for record in records)
+
+    def forget(self, stream: int) -> None:
+        """The stream's held messages were released (nacked): drop their records."""
+        self._by_stream.pop(stream, None)
+
+
+async def prefetch_next(
+    log: EventLogClient,
+    projector: ProjectViewProjector,
+    run: RunContext,
+    records: list[Record],
+    batch: int,
+    *,
+    more: bool,
+) -> None:
+    """Before the projector applies a full fetch: ask for the records the next fetch of the
+    stream will take, so they arrive while the fetch's commit runs — this run's next fetch
+    when its calls last (``more``: it may fetch again), else the next run's when this fetch
+    leaves records waiting (the next run takes those first, then these)."""
+    calls_left, deferring = projector.budget_after([r for r in records if r.event], run)
+    if deferring:
+        await log.prefetch(run.stream_index, Subscription.PROJECT_VIEW_PROJECTOR, batch - deferring)
+    elif more and calls_left > 0:
+        await log.prefetch(run.stream_index, Subscription.PROJECT_VIEW_PROJECTOR, batch)
+
+
+async def settle_failure(
+    settings: Settings,
+    *,
+    state: StreamState,
+    product: ProductDatabase,
+    run: RunContext,
+    subscription: Subscription,
+    handler: RecordHandler,
+    record: Record,
+    outcome: RecordOutcome,
+) -> bool:
+    """Settle a failed record: count the failure and nack the record after the delay; on
+    the 5th failure it becomes a dead letter and is acked. Returns whether it did. A count
+    that cannot be written is logged and the record nacked: it is counted next time, never
+    acked uncounted."""
+    try:
+        dead = _count_failure(
+            settings,
+            state=state,
+            product=product,
+            run=run,
+            subscription=subscription,
+            handler=handler,
+            record=record,
+            outcome=outcome,
+        )
+    except (RhumbatronError, sqlite3.Error) as exc:
+        _log.error("cannot count the failure of %s: %s", record.key, exc)
+        dead = False
+    if dead:
+        await record.msg.ack()
+    else:
+        await record.msg.nak(delay=settings.router_nak_delay_s)
+    return dead
+
+
+def _count_failure(
+    settings: Settings,
+    *,
+    state: StreamState,
+    product: ProductDatabase,
+    run: RunContext,
+    subscription: Subscription,
+    handler: RecordHandler,
+    record: Record,
+    outcome: RecordOutcome,
+) -> bool:
+    """Count the failure; on the 5th write the dead letter and mark the record processed.
+    Returns whether the record became a dead letter (and is to be acked)."""
+    from rhumbatron.product.dead_letters import record_poison_event
+
+    failures = state.count_failure(subscription.value, record.key, outcome.reason, now_s=run.now_s)
+    _log.warning(
+        "%s failed %s (%d/%d): %s",
+        subscription,
+        record.key,
+        failures,
+        settings.router_max_failures,
+        outcome.reason,
+    )
+    if failures < settings.router_max_failures:
+        return False
+    event = record.event
+    with product.transaction() as db:
+        record_poison_event(
+            db,
+            consumer=subscription.value,
+            event_key=record.key,
+            stream=event_stream_name(run.stream_index),
+            stream_seq=record.stream_seq,
+            reason=outcome.reason,
+            body=record.body,
+            now_s=run.now_s,
+            tenant_id=event.tenant_id if event else None,
+            project_id=event.project_id if event else None,
+            change_id=event.change_id if event else None,
+            task_id=event.task_id if event else None,
+        )
+    if event is not None:
+        handler.mark_processed([record], run)
+    return True
