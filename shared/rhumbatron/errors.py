@@ -18,7 +18,8 @@
      │    ├── ProjectIdUnavailableError  the project ID is another tenant's
      │    ├── ProjectExistsError    the project exists under another name
      │    ├── ProjectNotActiveError  the request needs an active project
-     │    └── ProjectActiveError    the request needs a project that is not active
+     │    ├── ProjectActiveError    the request needs a project that is not active
+     │    └── UnknownSubjectError   a command refers to what does not exist (also LookupError)
      ├── ChangeNotFoundError        no such Change in the project (also LookupError)
      ├── TaskNotFoundError          no such Task of the Change (also LookupError)
      ├── EventNotFoundError         no such event on the project's stream (also LookupError)
@@ -138,6 +139,7 @@ __all__ = [
     "SubscriptionRegistryError",
     "TaskNotFoundError",
     "UnavailableError",
+    "UnknownSubjectError",
     "UnknownTypeError",
     "UnsafePathError",
     "UnsafeStorageError",
@@ -284,6 +286,17 @@ class AgentNotFoundError(AgentRegistryError, LookupError):
 
 class ProjectNotFoundError(RhumbatronError, LookupError):
     """No project with that ID for this tenant (404)."""
+
+
+class UnknownSubjectError(DomainError, LookupError):
+    """A command refers to something that does not exist (a Change, a Candidate, a
+    generation, an app): ``field`` names where, as the API's clients spell it
+    (``command.payload.generation``). The API answers 422; a queue handler counts a failure,
+    so the command ends as a dead letter, never as done."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 # -- actors ----------------------------------------------------------------------------------

@@ -192,6 +192,24 @@ def queued(url: str, command_id: str | None = None) -> list[Queued]:
     return [m for m in messages if command_id is None or m.command["commandId"] == command_id]
 
 
+def publish_command(url: str, cmd: Command) -> None:
+    """Put ``cmd`` on its queue as a producer inside the system does (the command bus's
+    subject and message ID), over a connection of its own: a command ``POST /commands``
+    would refuse at the door (its subject does not exist) can still reach a queue that way."""
+
+    async def publish() -> None:
+        nc = await nats.connect(url)
+        try:
+            queue = cmd.spec.queue
+            await nc.jetstream().publish(
+                f"cmd.{queue}", cmd.to_json(), headers={"Nats-Msg-Id": f"{queue}:{cmd.command_id}"}
+            )
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
+
+
 def wait_until(condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
     """Poll a condition another thread or process makes true (a reconnect), bounded."""
     deadline = time.monotonic() + timeout_s

@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
@@ -14,8 +15,11 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import TaskPlan
 from rhumbatron.domain.facts import Caller
+from rhumbatron.errors import UnknownSubjectError
 from rhumbatron.lifecycle.commands import lifecycle_command
 from rhumbatron.lifecycle.scripted_agent import ScriptLibrary
+from rhumbatron.lifecycle.subjects import check_command_subject
+from rhumbatron.protocol.envelopes import Command
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.loop import LocalLoop
 from rhumbatron_dev.local.stack import LocalStack
@@ -137,6 +141,41 @@ async def test_a_change_moves_from_request_to_release_by_events_and_commands(
     assert decisions and all(v == "abstain" for r in decisions for _, v in r.clef_flash)
     live = app.settings.state_dir / "apps" / project_id / "storefront" / "live.txt"
     assert live.read_text() == "1\n"
+
+    # AND the door (POST /commands, the integration module) accepts the workflow starts of
+    #   what exists — this Change's Candidate, generation 1 to the live app — and refuses
+    #   each reference to what does not, naming its field
+    promoted = shard.candidates(change_id=change_id)[0].candidate_id
+
+    def start(kind: str, payload: dict[str, object], change: str | None = change_id) -> Command:
+        return lifecycle_command(
+            kind,
+            f"cmd_door_{kind}",
+            project_id=project_id,
+            change_id=change,
+            now=now,
+            payload=payload,
+        )
+
+    release = {"releaseId": "rel-door", "generation": 1}
+    check_command_subject(world, start("verification.start", {"candidateId": promoted}))
+    check_command_subject(
+        world,
+        start("release.start", {**release, "candidateId": promoted, "appName": "storefront"}),
+    )
+    refused = {
+        "command.payload.candidateId": start("verification.start", {"candidateId": "cand-x"}),
+        "command.changeId": start("verification.start", {"candidateId": promoted}, "chg-x"),
+        "command.payload.generation": start("release.start", {**release, "generation": 2}),
+        "command.payload.appName": start("release.start", {**release, "appName": "no-app"}),
+    }
+    for field, command in refused.items():
+        with pytest.raises(UnknownSubjectError) as raised:
+            check_command_subject(world, command)
+        assert raised.value.field == field
+    no_change = start("release.start", release, change=None)
+    with pytest.raises(UnknownSubjectError, match="names no Change"):
+        check_command_subject(world, no_change)
 
 
 async def test_a_promotion_makes_the_other_candidate_stale_and_it_is_recomposed_on_the_new_base(

@@ -43,6 +43,7 @@ from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.candidates import CandidateState, CandidateStatus
 from rhumbatron.domain.changes import ChangeStatus, TaskPlan
 from rhumbatron.domain.facts import Caller
+from rhumbatron.domain.project import project_admin_key
 from rhumbatron.domain.releases import ReleaseStatus, release_id_for
 from rhumbatron.domain.tasks import TaskStatus
 from rhumbatron.entrypoints import sweep
@@ -887,3 +888,56 @@ async def test_the_daily_tick_prunes_the_causal_routers_bookkeeping_past_14_days
     # THEN the old day's decision, counter and admission are gone, the fresh day's kept
     assert daily["causal_rows_pruned"] == 3
     assert [d.event_id for d in store.decisions()] == ["evt-1"]
+
+
+# -- the door, behind it (issue #19) ----------------------------------------------------------
+
+
+async def test_a_command_whose_subject_is_missing_fails_on_its_queue_and_is_never_done(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN, sent by a producer inside the system (past POST /commands' check), app.provision
+    #   for a project never provisioned and verification.start of a Candidate of a Change
+    #   that do not exist
+    lifecycle = app.lifecycle()
+    new_project(app, "proj-door")
+    now = app.clock.now()
+    ghost_app = lifecycle_command(
+        "app.provision",
+        "cmd_app_ghost",
+        project_id="proj-ghost",
+        now=now,
+        payload={"appName": "storefront"},
+    )
+    ghost_verify = lifecycle_command(
+        "verification.start",
+        "cmd_verify_ghost",
+        project_id="proj-door",
+        change_id="chg-none",
+        now=now,
+        payload={"candidateId": "cand-none"},
+    )
+    bus = await app.command_bus()
+    for command in (ghost_app, ghost_verify):
+        await bus.send("integration", command)
+
+    # WHEN the integration queue runs until both are given up (4 deliveries each)
+    queues = await app.queue_runtime()
+    handler = lifecycle.handler("integration")
+    done = dead_lettered = 0
+    for _ in range(2_000):
+        report = await queues.poll("integration", handler, max_fetches=1)
+        done += report.done
+        dead_lettered += report.dead_lettered
+        if dead_lettered == 2:
+            break
+    # THEN both failed to the dead-letter queue and neither was done
+    assert (dead_lettered, done) == (2, 0)
+    # AND no app of the never-provisioned project, nor a verification workflow, was made
+    world = lifecycle.world
+    assert not world.project_exists("proj-ghost")
+    ghost_admin = ResourceShard.ref_for(
+        "proj-ghost", project_admin_key("proj-ghost"), app.settings.resource_shard_count
+    )
+    assert not ghost_admin.path(app.settings.state_dir).exists()
+    assert handled(lifecycle, "app.provision") == handled(lifecycle, "verification.start") == []

@@ -331,3 +331,27 @@ def test_the_package_declares_exactly_its_public_names() -> None:
     # THEN every declared name exists and every public name is declared
     assert all(hasattr(package, name) for name in package.__all__)
     assert public == set(package.__all__)
+
+
+@pytest.mark.parametrize("missing", ["changeId", "candidate_id", "app_name"])
+async def test_a_release_step_whose_input_lacks_a_subject_fails_naming_it_never_writing_none(
+    missing: str,
+) -> None:
+    # GIVEN the release's first step, and an input whose subject is null (as from a
+    #   release.start that named no Change, Candidate or app)
+    from rhumbatron.lifecycle.workflows import LifecycleWorkflows
+
+    start = dict(LifecycleWorkflows(None, None, None).definitions()["release"].steps)["start"]  # type: ignore[arg-type]
+    given: dict[str, Any] = {
+        "projectId": PROJECT,
+        "changeId": "chg-1",
+        "release_id": RELEASE,
+        "generation": 3,
+        "candidate_id": CANDIDATE,
+        "app_name": "storefront",
+    }
+    given[missing] = None
+    # WHEN it runs THEN it fails, naming the missing key, before it writes anything (the
+    #   world it would write through is not even there)
+    with pytest.raises(DomainError, match=f"the workflow input has no '{missing}'"):
+        await start(given, {})

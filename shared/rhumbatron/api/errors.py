@@ -15,7 +15,9 @@ Every error answer has the body ``{"error": {"code", "message", "field"}}``
        what the request names refuses it (a project not active, a Task another Agent holds)
 413    the body is over ``api_max_body_bytes`` (1 MiB), declared or streamed
        (``payload_too_large``, answered by :mod:`rhumbatron.api.body_limit`)
-422    the request is invalid; ``field`` names the first bad field
+422    the request is invalid; ``field`` names the first bad field; or a command refers to
+       what does not exist (``unknown_subject``: a project never provisioned, a Change, a
+       Candidate, a generation never promoted, an app not live), ``field`` naming it
 503    NATS is down, or the product file is busy or full (``Retry-After``)
 =====  ==========================================================================
 
@@ -80,6 +82,7 @@ from rhumbatron.errors import (
     ProjectNotFoundError,
     RhumbatronError,
     TaskNotFoundError,
+    UnknownSubjectError,
 )
 from rhumbatron.redaction import describe_input
 
@@ -139,6 +142,7 @@ _STATUS_OF: tuple[tuple[type[Exception], int, str, str | None], ...] = (
     (ActorBusyError, 503, "storage_busy", None),
     (ActorError, 503, "storage_unavailable", None),
     (EnvelopeError, 422, "invalid_request", None),
+    (UnknownSubjectError, 422, "unknown_subject", None),
 )
 
 
@@ -173,7 +177,7 @@ async def _rhumbatron_error(request: Request, exc: Exception) -> JSONResponse:
                 status,
                 code,
                 str(exc),
-                field=field,
+                field=field or getattr(exc, "field", None),
                 headers=_unavailable_headers(request) if status == 503 else None,
             )
     return await _unexpected(request, exc)

@@ -38,6 +38,7 @@ from rhumbatron.lifecycle.composition import CompositionHandlers
 from rhumbatron.lifecycle.integration_core import change_of
 from rhumbatron.lifecycle.releasing import ReleaseHandlers
 from rhumbatron.lifecycle.settling import SettleHandler
+from rhumbatron.lifecycle.subjects import check_command_subject
 from rhumbatron.messaging.queue_consumer import Delivery, Retry
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.workflows.engine import workflow_start_for
@@ -115,6 +116,7 @@ class IntegrationModule(SettleHandler, CompositionHandlers, ReleaseHandlers):
         return None
 
     async def provision_app(self, command: Command, delivery: Delivery) -> Retry | None:
+        check_command_subject(self.world, command)  # an app of no project: a failure
         app_name = str(command.payload.model_dump()["app_name"])
         await self.apps.provision(command.project_id, app_name, command.attempt)
         shard = self.world.admin_shard(command.project_id)
@@ -172,7 +174,9 @@ class IntegrationModule(SettleHandler, CompositionHandlers, ReleaseHandlers):
 
     async def start_workflow(self, command: Command, delivery: Delivery) -> Retry | None:
         """``verification.start`` / ``release.start``: the idempotency key is the workflow
-        instance ID, so a redelivery finds the existing instance."""
+        instance ID, so a redelivery finds the existing instance. A start whose Change,
+        Candidate, generation or app does not exist is a failure, never started."""
+        check_command_subject(self.world, command)
         workflow, instance_id = workflow_start_for(command)
         await self.engine.start(workflow, instance_id, workflow_input(command))
         return None

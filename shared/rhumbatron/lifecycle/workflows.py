@@ -27,6 +27,7 @@ from rhumbatron.domain.candidates import CandidateStatus
 from rhumbatron.domain.changes import ChangeStatus
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.releases import ReleaseStatus
+from rhumbatron.errors import DomainError
 from rhumbatron.workflows.in_process import WorkflowDefinition
 
 if TYPE_CHECKING:
@@ -35,6 +36,18 @@ if TYPE_CHECKING:
     from rhumbatron.lifecycle.world import LifecycleWorld
 
 __all__ = ["LifecycleWorkflows", "check_files"]
+
+
+def _text(input: Mapping[str, Any], name: str) -> str:
+    """The workflow input's ``name``, which must be set: a missing or null value is never
+    written into a fact as ``"None"``; the step fails, naming it."""
+    value = input.get(name)
+    if value is None or value == "":
+        raise DomainError(
+            f"the workflow input has no {name!r} (keys: {', '.join(sorted(input))}); the "
+            "command that started it must name it"
+        )
+    return str(value)
 
 
 def check_files(files: Mapping[str, str]) -> list[str]:
@@ -79,19 +92,19 @@ class LifecycleWorkflows:
         }
 
     def _caller(self, input: Mapping[str, Any], workflow: str, instance_id: str) -> Caller:
-        project_id = str(input["projectId"])
+        project_id = _text(input, "projectId")
         tenant = self.world.actors.project_tenant(project_id) or "platform"
         return Caller(tenant, f"workflow:{workflow}", instance_id)
 
     # -- verification ----------------------------------------------------------------------
     async def _check(self, input: Mapping[str, Any], state: dict[str, Any]) -> dict[str, Any]:
-        files = self.forks.read(str(input["projectId"]), str(input["candidate_id"]))
+        files = self.forks.read(_text(input, "projectId"), _text(input, "candidate_id"))
         problems = ["the candidate's fork is missing"] if files is None else check_files(files)
         return {"problems": problems}
 
     async def _decide(self, input: Mapping[str, Any], state: dict[str, Any]) -> dict[str, Any]:
-        project_id, candidate_id = str(input["projectId"]), str(input["candidate_id"])
-        shard = self.world.change_shard(project_id, str(input["changeId"]))
+        project_id, candidate_id = _text(input, "projectId"), _text(input, "candidate_id")
+        shard = self.world.change_shard(project_id, _text(input, "changeId"))
         candidate = shard.candidate(candidate_id)
         if candidate is None or candidate.status is not CandidateStatus.CREATED:
             status = candidate.status.value if candidate else "missing"
@@ -122,34 +135,32 @@ class LifecycleWorkflows:
 
     # -- release ---------------------------------------------------------------------------
     async def _start(self, input: Mapping[str, Any], state: dict[str, Any]) -> dict[str, Any]:
-        project_id, release_id = str(input["projectId"]), str(input["release_id"])
-        shard = self.world.change_shard(project_id, str(input["changeId"]))
-        shard.apply(
-            self._caller(input, "release", release_id),
-            StartRelease(
-                change_id=str(input["changeId"]),
-                generation=int(input["generation"]),
-                candidate_id=str(input["candidate_id"]),
-                app_name=str(input["app_name"]),
-            ),
+        project_id, release_id = _text(input, "projectId"), _text(input, "release_id")
+        start = StartRelease(  # every subject read before anything is written
+            change_id=_text(input, "changeId"),
+            generation=int(input["generation"]),
+            candidate_id=_text(input, "candidate_id"),
+            app_name=_text(input, "app_name"),
         )
+        shard = self.world.change_shard(project_id, start.change_id)
+        shard.apply(self._caller(input, "release", release_id), start)
         return {"releaseId": release_id}
 
     async def _deploy(self, input: Mapping[str, Any], state: dict[str, Any]) -> dict[str, Any]:
-        project_id = str(input["projectId"])
-        files = self.forks.read(project_id, str(input["candidate_id"]))
+        project_id = _text(input, "projectId")
+        files = self.forks.read(project_id, _text(input, "candidate_id"))
         if files is None:
             raise FileNotFoundError(
                 f"the fork of candidate {input['candidate_id']} is gone; it cannot be released"
             )
         target = await self.deployer.deploy(
-            project_id, str(input["app_name"]), int(input["generation"]), files
+            project_id, _text(input, "app_name"), int(input["generation"]), files
         )
         return {"deployedTo": str(target), "files": len(files)}
 
     async def _finish(self, input: Mapping[str, Any], state: dict[str, Any]) -> dict[str, Any]:
-        release_id = str(input["release_id"])
-        shard = self.world.change_shard(str(input["projectId"]), str(input["changeId"]))
+        release_id = _text(input, "release_id")
+        shard = self.world.change_shard(_text(input, "projectId"), _text(input, "changeId"))
         shard.apply(
             self._caller(input, "release", release_id),
             FinishRelease(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rhumbatron.core.settings import ANY_TENANT
@@ -21,13 +22,21 @@ _log = logging.getLogger(__name__)
 
 
 async def send_command(
-    app: OperatorContext, queue: str, command: Command, *, tenant_id: str
+    app: OperatorContext,
+    queue: str,
+    command: Command,
+    *,
+    tenant_id: str,
+    check_subject: Callable[[Command], None] | None = None,
 ) -> SendResult:
     """Send an operator's command on ``queue`` under ``<queue>:<commandId>[:<attempt>]``.
 
     The command's project must not belong to another tenant: its owner is read from the
     project's root actor when the project exists, and from the payload of a
-    ``project.provision``. Raises :class:`ProjectNotFoundError`, and
+    ``project.provision``. ``check_subject`` (the lifecycle's
+    :func:`~rhumbatron.lifecycle.subjects.check_command_subject`) then refuses a command
+    that refers to what does not exist, before anything is sent. Raises
+    :class:`ProjectNotFoundError`, what ``check_subject`` raises, and
     ``NatsUnavailableError`` or ``MessagingError`` when the send failed (sending the same
     command again is harmless).
     """
@@ -36,6 +45,8 @@ async def send_command(
     # (except its own provisioning, whose payload names the tenant).
     if tenant_id not in (ANY_TENANT, owner):  # owner None: nobody's project yet
         raise ProjectNotFoundError(f"no project {command.project_id!r}")
+    if check_subject is not None:
+        check_subject(command)
     bus = await app.command_bus()
     result = await bus.send(queue, command)
     _log.info(
