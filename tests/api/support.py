@@ -47,6 +47,7 @@ ALL_SCOPES = [
     "agents:write",
     "replay:write",
     "consumers:read",
+    "audit:read",
 ]
 TOKENS: dict[str, dict[str, Any]] = {
     OPERATOR: {"tenant": TENANT, "scopes": ALL_SCOPES},

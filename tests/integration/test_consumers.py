@@ -48,9 +48,13 @@ CALLER = Caller("tenant-a", "system:test", correlation_id="corr-consumers")
 PROJECTOR = Subscription.PROJECT_VIEW_PROJECTOR
 WATCHER = "consumers-token-ffffffffffff"
 NO_SCOPE = "operator-token-ffffffffffff"
+REPAIRER = "repairer-token-ffffffffffff"
+TENANT_REPAIRER = "repairer-token-aaaaaaaaaaaa"
 TOKENS: dict[str, dict[str, Any]] = {
     WATCHER: {"tenant": "*", "scopes": ["consumers:read"]},
     NO_SCOPE: {"tenant": "*", "scopes": ["dead-letters:read", "replay:write"]},
+    REPAIRER: {"tenant": "*", "scopes": ["consumers:write", "audit:read"]},
+    TENANT_REPAIRER: {"tenant": "tenant-a", "scopes": ["consumers:write"]},
 }
 EVERY_CURSOR = EVENT_STREAM_COUNT * len(Subscription) + len(QUEUE_CONSUMERS)
 
@@ -333,6 +337,41 @@ async def test_get_reconciliation_proves_the_published_events_and_needs_consumer
     unscoped = await api.get("/reconciliation", headers=bearer(NO_SCOPE))
     assert unscoped.status_code == 403, unscoped.text
     assert "consumers:read" in unscoped.text and "streams" not in unscoped.json()
+
+
+async def test_a_repair_of_a_whole_log_does_nothing_says_so_and_is_audited(
+    runtime: Rhumbatron, api: httpx.AsyncClient
+) -> None:
+    # GIVEN a published event on the one server, whose copy holds it (no gap)
+    runtime.project_root(PROJECT).create_project(CALLER, name="Web")
+    await runtime.fire_due_alarms()
+    # WHEN a platform operator asks for a repair, first as a dry run, then for real
+    dry = await api.post(
+        "/reconciliation/repair",
+        json={"streams": [STREAM], "dryRun": True},
+        headers=bearer(REPAIRER),
+    )
+    real = await api.post("/reconciliation/repair", json={}, headers=bearer(REPAIRER))
+    # THEN there is nothing to repair, and each answer says which kind of call it was
+    assert dry.status_code == 200, dry.text
+    assert dry.json() == {"dryRun": True, "gap": False, "steps": []}
+    assert real.json() == {"dryRun": False, "gap": False, "steps": []}
+    # AND both calls are in the audit, by the operator's principal
+    audit = (await api.get("/audit", headers=bearer(REPAIRER))).json()["items"]
+    assert [(e["operation"], e["outcome"]) for e in audit] == [
+        ("repair_log", "succeeded"),
+        ("repair_log", "succeeded"),
+    ]
+    # AND a stream index outside 0-7 is refused, naming the field
+    outside = await api.post(
+        "/reconciliation/repair", json={"streams": [8]}, headers=bearer(REPAIRER)
+    )
+    assert outside.status_code == 422, outside.text
+    assert outside.json()["error"]["field"] == "streams"
+    # AND a token without consumers:write, or of one tenant, is refused
+    for token in (WATCHER, TENANT_REPAIRER):
+        refused = await api.post("/reconciliation/repair", json={}, headers=bearer(token))
+        assert refused.status_code == 403, refused.text
 
 
 async def test_the_log_reads_a_record_by_its_place_and_says_when_the_stream_lost_it(

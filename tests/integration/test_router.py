@@ -27,6 +27,7 @@ from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.pull import ConsumerChange
 from rhumbatron.metrics import MetricBinding, metric_counts
+from rhumbatron.product.audit import list_audit, record_audit
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
 from rhumbatron.router.nudge import InProcessNudge
@@ -1276,3 +1277,31 @@ async def test_a_sweep_nacks_what_its_projector_left_waiting_when_it_ends(
         lambda: other.router().nudge(0),
         lambda _: [view_count(other, p) for p in projects] == [2] * 5,
     )
+
+
+async def test_the_daily_tick_drops_audit_rows_past_their_year_and_keeps_the_rest(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN audit rows 366 and 364 days before a daily tick
+    app = await make_app()
+    tick = (sweep_minute(0) + timedelta(days=1)).replace(hour=4, minute=17)
+    clock.set(tick)
+    with app.product().transaction() as db:
+        for age_days in (366, 364):
+            record_audit(
+                db,
+                at_s=(tick - timedelta(days=age_days)).timestamp(),
+                principal="token:0",
+                tenant_id="acme",
+                operation="dismiss_dead_letter",
+                method="POST",
+                path="/dead-letters/dl_1/dismiss",
+                target={"id": "dl_1"},
+                status_code=200,
+            )
+    # WHEN the 04:17 UTC tick runs
+    sweep = await app.router().sweep(now=tick)
+    # THEN the row past 365 days went, the other stayed
+    assert (sweep.maintenance, sweep.pruned_audit_rows) == (True, 1)
+    (kept,) = list_audit(app.product().connection)
+    assert round((tick.timestamp() - kept.at_s) / 86_400) == 364

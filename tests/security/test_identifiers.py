@@ -40,6 +40,7 @@ from rhumbatron.lifecycle.forks import ForkStore
 from rhumbatron.messaging.queue_consumer import Delivery
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.paths import path_under
+from rhumbatron.product.audit import list_audit
 from rhumbatron.product.dead_letters import claim_retry
 from rhumbatron.protocol.command_types import COMMAND_TYPES
 from rhumbatron.protocol.envelopes import Command, Event
@@ -106,8 +107,16 @@ def test_post_commands_refuses_an_app_name_that_climbs_out_of_the_state_dir(
     assert error["field"].startswith("command.payload")
     assert "appName" in error["message"]
     assert asyncio.run(_stored_subjects(runtime)) == []
-    assert _everything_under(tmp_path) - before == set()
+    # (but the product database: the audit trail wrote the refusal there)
+    product = {"state/product.sqlite", "state/product.sqlite-wal", "state/product.sqlite-shm"}
+    assert _everything_under(tmp_path) - before <= product
     assert not any("pwn-app" in p for p in _everything_under(tmp_path.parent))
+    (audited,) = list_audit(runtime.product().connection)
+    assert (audited.operation, audited.status_code, audited.error_code) == (
+        "send_command",
+        422,
+        "invalid_request",
+    )
 
 
 @pytest.mark.parametrize("name", ["..", "a.b", "a/b", "-x"])

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
+from rhumbatron.api.audit_trail import AuditTrail
 from rhumbatron.api.body_limit import BodyLimit
 from rhumbatron.api.errors import install_error_handlers
 from rhumbatron.api.routes import ROUTERS
@@ -83,6 +84,8 @@ def create_api(app: ApiRuntime, auth: Authenticator, *, manage_runtime: bool = T
     install_error_handlers(api)
     # Outside every route: a body over the limit is refused before anything reads it.
     api.add_middleware(BodyLimit, max_bytes=app.settings.api_max_body_bytes)
+    # Outermost: every mutating request that reached an operation is audited.
+    api.add_middleware(AuditTrail)
     for router in ROUTERS:
         api.include_router(router)
     return api

@@ -44,10 +44,12 @@ __all__ = [
     "SCOPES",
     "SCOPE_AGENTS_READ",
     "SCOPE_AGENTS_WRITE",
+    "SCOPE_AUDIT_READ",
     "SCOPE_CHANGES_READ",
     "SCOPE_CHANGES_WRITE",
     "SCOPE_COMMANDS_SEND",
     "SCOPE_CONSUMERS_READ",
+    "SCOPE_CONSUMERS_WRITE",
     "SCOPE_DEAD_LETTERS_READ",
     "SCOPE_DEAD_LETTERS_WRITE",
     "SCOPE_PROJECTS_READ",
@@ -81,6 +83,11 @@ SCOPE_AGENTS_WRITE: Final = "agents:write"
 SCOPE_REPLAY_WRITE: Final = "replay:write"
 #: Read every durable consumer's lag (a platform operator's scope: it spans every tenant).
 SCOPE_CONSUMERS_READ: Final = "consumers:read"
+#: Act on the log's consumers and replicas: repair a stream whose replica lost events (a
+#: platform operator's scope).
+SCOPE_CONSUMERS_WRITE: Final = "consumers:write"
+#: Read the audit log (a tenant's rows; a platform token's: every tenant's).
+SCOPE_AUDIT_READ: Final = "audit:read"
 #: Every scope an operation can ask for (the settings' ApiScope literal holds the same).
 SCOPES: Final = frozenset(
     {
@@ -95,6 +102,8 @@ SCOPES: Final = frozenset(
         SCOPE_AGENTS_WRITE,
         SCOPE_REPLAY_WRITE,
         SCOPE_CONSUMERS_READ,
+        SCOPE_CONSUMERS_WRITE,
+        SCOPE_AUDIT_READ,
     }
 )
 

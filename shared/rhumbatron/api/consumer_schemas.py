@@ -1,7 +1,7 @@
 """The consumers API's response bodies: frozen pydantic models, camelCase on the wire, like
 :mod:`rhumbatron.api.schemas`."""
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from rhumbatron.messaging.cursors import CursorKind, CursorLag
@@ -12,6 +12,9 @@ __all__ = [
     "ConsumerBody",
     "ConsumersBody",
     "ReconciliationBody",
+    "RepairBody",
+    "RepairRequest",
+    "RepairStepBody",
     "ReplicaReconciliationBody",
     "StreamReconciliationBody",
 ]
@@ -142,3 +145,38 @@ class ReconciliationBody(_Wire):
     unread_nodes: list[str] = Field(description="Monitor URLs that did not answer, with why.")
     requests: int = Field(ge=0, description="Requests the proof took.")
     seconds: float = Field(ge=0, description="How long it took.")
+
+
+class RepairRequest(_Wire):
+    """What to repair: the event streams (every one for none), and whether only to say it."""
+
+    streams: list[int] | None = Field(
+        default=None, description="Event stream indexes (0-7); default: all."
+    )
+    dry_run: bool = Field(default=False, description="Say what the repair would do; do nothing.")
+
+    @field_validator("streams")
+    @classmethod
+    def _indexes(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(not 0 <= index <= 7 for index in value):
+            raise ValueError(f"stream indexes are 0-7, not {value}")
+        return value
+
+
+class RepairStepBody(_Wire):
+    """One step of a repair: done here (``move_leader``), or left to an operator
+    (``rebuild_replica``, ``republish``: docs/operations.md, "Log gap detected")."""
+
+    stream: str
+    action: str = Field(description="move_leader, rebuild_replica or republish.")
+    node: str = Field(description="The node it concerns ('' when none).")
+    detail: str
+    done: bool = Field(description="Whether this call did it (never in a dry run).")
+
+
+class RepairBody(_Wire):
+    """What a repair found and did."""
+
+    dry_run: bool
+    gap: bool = Field(description="The reconciliation before the repair found a gap.")
+    steps: list[RepairStepBody]

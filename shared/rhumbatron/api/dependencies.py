@@ -15,13 +15,16 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer, SecurityScopes
 
+from rhumbatron.api.audit_trail import PRINCIPAL_STATE_KEY
 from rhumbatron.api.auth import (
     SCOPE_AGENTS_READ,
     SCOPE_AGENTS_WRITE,
+    SCOPE_AUDIT_READ,
     SCOPE_CHANGES_READ,
     SCOPE_CHANGES_WRITE,
     SCOPE_COMMANDS_SEND,
     SCOPE_CONSUMERS_READ,
+    SCOPE_CONSUMERS_WRITE,
     SCOPE_DEAD_LETTERS_READ,
     SCOPE_DEAD_LETTERS_WRITE,
     SCOPE_PROJECTS_READ,
@@ -39,12 +42,14 @@ if TYPE_CHECKING:
 __all__ = [
     "AgentsReader",
     "AgentsWriter",
+    "AuditReader",
     "ChangesReader",
     "ChangesWriter",
     "CommandSender",
     "ConsumersReader",
     "DeadLettersReader",
     "DeadLettersWriter",
+    "LogRepairer",
     "ProjectsReader",
     "ProjectsWriter",
     "Replayer",
@@ -82,6 +87,8 @@ async def get_principal(
     authenticator = request.app.state.authenticator
     assert isinstance(authenticator, Authenticator)
     principal = authenticator.authenticate(credentials.credentials)
+    # The audit trail names who asked, whatever the answer (a 403 included).
+    setattr(request.state, PRINCIPAL_STATE_KEY, principal)
     for scope in security_scopes.scopes:
         if scope not in principal.scopes:
             raise PermissionDeniedError(scope, tenant=principal.tenant_id, has=principal.scopes)
@@ -138,6 +145,7 @@ ChangesWriter = Annotated[Principal, _scoped(SCOPE_CHANGES_WRITE)]
 # Subscriptions and schedules reuse the agents' scopes.
 AgentsReader = Annotated[Principal, _scoped(SCOPE_AGENTS_READ)]
 AgentsWriter = Annotated[Principal, _scoped(SCOPE_AGENTS_WRITE)]
+AuditReader = Annotated[Principal, _scoped(SCOPE_AUDIT_READ)]
 
 # Platform tokens only: a stream holds every tenant's events, and the consumers' counts
 # span every tenant's records.
@@ -151,5 +159,13 @@ ConsumersReader = Annotated[
     Principal,
     Depends(
         platform_principal(get_principal, scope=SCOPE_CONSUMERS_READ, doing="the consumers' lag")
+    ),
+]
+LogRepairer = Annotated[
+    Principal,
+    Depends(
+        platform_principal(
+            get_principal, scope=SCOPE_CONSUMERS_WRITE, doing="a repair of the log's replicas"
+        )
     ),
 ]

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from rhumbatron.lifecycle.requests import AgentCallbacks, ChangeRequests
     from rhumbatron.lifecycle.world import LifecycleWorld
     from rhumbatron.messaging.streams import StreamReport
-    from rhumbatron.operator.reconciliation import ReconciliationReport
+    from rhumbatron.operator.reconciliation import ReconciliationReport, RepairStep
     from rhumbatron.router.event_router import EventRouter
 
 __all__ = ["ApiLifecycle", "ApiRuntime"]
@@ -67,5 +67,9 @@ class ApiRuntime(LifecycleWithWorld, OperatorContext, Protocol):
     async def reconcile(
         self, stream_indexes: Sequence[int] | None = None
     ) -> ReconciliationReport: ...
+
+    async def repair_log(
+        self, report: ReconciliationReport, *, dry_run: bool
+    ) -> list[RepairStep]: ...
 
     async def close(self) -> None: ...

@@ -43,6 +43,8 @@ ApiScope = Literal[
     "agents:write",
     "replay:write",
     "consumers:read",
+    "consumers:write",
+    "audit:read",
 ]
 #: A grant's tenant that sees every tenant's records (a platform operator: letters of
 #: commands such as forks.sweep carry no tenant).
@@ -270,6 +272,14 @@ class Settings(BaseSettings):
     )
     lag_metrics_retention_days: float = Field(
         default=30, gt=0, description="METRICS rows (lag, backlog) kept in platform_metrics."
+    )
+    audit_retention_days: float = Field(
+        default=365,
+        gt=0,
+        description=(
+            "Rows of the audit log (every mutation asked of the API) kept in the product "
+            "database; the daily maintenance deletes older ones."
+        ),
     )
     event_metrics_retention_days: float = Field(
         default=90,

@@ -171,6 +171,7 @@ def sweep_summary(report: SweepReport) -> dict[str, Any]:
         "pruned_feed_rows": report.pruned_feed_rows,
         "pruned_metric_rows": report.pruned_metric_rows,
         "pruned_reaction_rows": report.pruned_reaction_rows,
+        "pruned_audit_rows": report.pruned_audit_rows,
         "archive_objects_expired": report.archive_objects_expired,
         # the reactions batch of every other stream (the tick's own is under subscriptions)
         "reactions_elsewhere": {

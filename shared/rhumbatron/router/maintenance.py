@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from rhumbatron.router.reports import SweepReport
 
 __all__ = [
+    "prune_audit_log",
     "prune_metrics",
     "prune_processed_events",
     "run_daily_maintenance",
@@ -116,6 +117,16 @@ def prune_metrics(router: MaintainedRouter, *, now_s: float, cap: int) -> int:
     return deleted
 
 
+def prune_audit_log(router: MaintainedRouter, *, now_s: float, cap: int) -> int:
+    """Delete at most ``cap`` rows of the audit log older than ``audit_retention_days``
+    (365): API mutations are few, so one daily pass keeps up."""
+    from rhumbatron.product.audit import prune_audit
+
+    older_than_s = now_s - router.settings.audit_retention_days * _DAY_S
+    with router.product.transaction() as db:
+        return prune_audit(db, older_than_s=older_than_s, limit=cap)
+
+
 async def run_maintenance(
     router: MaintainedRouter,
     sweep: SweepReport,
@@ -152,6 +163,9 @@ async def run_daily_maintenance(
         router, now_s=now.timestamp(), cap=settings.metrics_prune_cap
     )
     sweep.pruned_reaction_rows = router.prune_reaction_history(now.timestamp(), cap)
+    sweep.pruned_audit_rows = prune_audit_log(
+        router, now_s=now.timestamp(), cap=settings.metrics_prune_cap
+    )
     if router.settings.archive_expiry_pass:
         from rhumbatron.archive import expire_archive
 

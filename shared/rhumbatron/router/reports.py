@@ -79,6 +79,7 @@ class SweepReport:
     pruned_claims: int = 0
     pruned_feed_rows: int = 0
     pruned_metric_rows: int = 0
+    pruned_audit_rows: int = 0
     pruned_reaction_rows: int = 0
     archive_objects_expired: int = 0
     archive_objects: list[tuple[str, int]] = field(default_factory=list)

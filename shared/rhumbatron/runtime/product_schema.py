@@ -9,6 +9,7 @@ from rhumbatron.agents.registry import AGENTS_SCHEMA, migrate_agents
 from rhumbatron.core.settings import Settings
 from rhumbatron.indexing.indexer import PROJECT_INDEXES_SCHEMA
 from rhumbatron.metrics.platform_metrics import PLATFORM_METRICS_SCHEMA
+from rhumbatron.product.audit import AUDIT_SCHEMA
 from rhumbatron.product.database import CHANGE_REQUESTS_SCHEMA, ProductDatabase
 from rhumbatron.product.dead_letters import DEAD_LETTERS_SCHEMA, migrate_dead_letters
 from rhumbatron.queues.wake_consumer import AGENT_EVENT_WAKES_SCHEMA
@@ -30,6 +31,7 @@ PRODUCT_SCHEMA = (
     + SCHEDULES_SCHEMA
     + REACTIONS_SCHEMA
     + AGENT_EVENT_WAKES_SCHEMA
+    + AUDIT_SCHEMA
 )
 PRODUCT_MIGRATIONS = (migrate_dead_letters, migrate_agents)
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter
 
 from rhumbatron.api.routes import (
     agents,
+    audit,
     changes,
     commands,
     consumers,
@@ -35,4 +36,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     subscriptions.router,
     schedules.router,
     consumers.router,
+    audit.router,
 )

@@ -22,8 +22,11 @@ from rhumbatron.api.consumer_schemas import (
     ConsumerBody,
     ConsumersBody,
     ReconciliationBody,
+    RepairBody,
+    RepairRequest,
+    RepairStepBody,
 )
-from rhumbatron.api.dependencies import ConsumersReader, Runtime
+from rhumbatron.api.dependencies import ConsumersReader, LogRepairer, Runtime
 from rhumbatron.api.errors import error_responses
 from rhumbatron.errors import NatsUnavailableError
 from rhumbatron.messaging.cursors import read_cursors
@@ -134,3 +137,37 @@ async def read_reconciliation(
             f"cannot read the streams from JetStream: {type(exc).__name__}: {exc}"
         ) from exc
     return ReconciliationBody.model_validate(report.as_json())
+
+
+@router.post(
+    "/reconciliation/repair",
+    response_model=RepairBody,
+    summary="Repair the streams whose replica lost events (dry run first)",
+    responses=error_responses(
+        401,
+        403,
+        422,
+        503,
+        e403="The token lacks consumers:write, or is not a platform token (tenant '*').",
+    ),
+)
+async def repair_log(runtime: Runtime, principal: LogRepairer, body: RepairRequest) -> RepairBody:
+    """Reconciles the streams, then makes nothing worse: where a stream's leader lost
+    events and a healthy replica holds them all, the lead moves there; each damaged replica
+    to rebuild and the events no replica holds are listed for an operator, not acted on
+    (docs/operations.md, "Log gap detected"). ``dryRun`` says what it would do. Audited,
+    like every mutation (``GET /audit``)."""
+    from nats.errors import Error as NatsError
+
+    try:
+        report = await runtime.reconcile(body.streams)
+        steps = await runtime.repair_log(report, dry_run=body.dry_run)
+    except (NatsError, TimeoutError) as exc:
+        raise NatsUnavailableError(
+            f"cannot repair the streams through JetStream: {type(exc).__name__}: {exc}"
+        ) from exc
+    return RepairBody(
+        dry_run=body.dry_run,
+        gap=bool(report.gaps),
+        steps=[RepairStepBody.model_validate(step.as_json()) for step in steps],
+    )
