@@ -135,6 +135,9 @@ def test_every_operation_answers_fuzzed_requests_as_documented(served_api: str) 
         "GET /reconciliation",
         "POST /reconciliation/repair",
         "GET /audit",
+        "GET /dead-letters/groups",
+        "POST /dead-letters/groups/{groupId}/retry",
+        "POST /dead-letters/groups/{groupId}/dismiss",
     }
     strategy = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(
         GenerationMode.NEGATIVE

@@ -15,6 +15,7 @@ from pydantic.alias_generators import to_camel
 
 from rhumbatron.messaging.commands import SendResult
 from rhumbatron.operator import DeadLetterPage, Inspection, RetryOutcome
+from rhumbatron.operator.letter_groups import can_retry
 from rhumbatron.product.dead_letters import (
     DeadLetter,
     DeadLetterKind,
@@ -69,6 +70,9 @@ class DeadLetterSummary(_Wire):
         default=None, description="The attempt an operator's Retry reserved (and sent)."
     )
     retried_at: datetime | None = None
+    retryable: bool = Field(
+        default=False, description="Whether Retry can send it again; false: dismiss only."
+    )
     tenant_id: str | None = None
     project_id: str | None = None
     change_id: str | None = None
@@ -99,6 +103,7 @@ def _summary_fields(letter: DeadLetter) -> dict[str, Any]:
         "attempt": letter.attempt,
         "retried_attempt": letter.retried_attempt,
         "retried_at": _at(letter.retried_at_s),
+        "retryable": can_retry(letter),
         "tenant_id": letter.tenant_id,
         "project_id": letter.project_id,
         "change_id": letter.change_id,

@@ -7,6 +7,12 @@ from fastapi import APIRouter, Path, Query
 
 from rhumbatron import operator
 from rhumbatron.api.dependencies import DeadLettersReader, DeadLettersWriter, Runtime, Streams
+from rhumbatron.api.letter_group_schemas import (
+    GroupActionBody,
+    GroupActionRequest,
+    LetterGroupBody,
+    LetterGroupsBody,
+)
 from rhumbatron.api.routes._presets import base_errors, record_errors, refusable_errors
 from rhumbatron.api.schemas import (
     DeadLetterDetail,
@@ -15,12 +21,14 @@ from rhumbatron.api.schemas import (
     RetryBody,
 )
 from rhumbatron.errors import DeadLetterNotFoundError, InvalidRequestError
+from rhumbatron.operator import letter_groups
 from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
 
 __all__ = ["router"]
 
 LetterId = Annotated[str, Path(alias="id", min_length=1, max_length=64)]
+GroupId = Annotated[str, Path(alias="groupId", pattern=r"^grp_[0-9a-f]{16}$")]
 
 router = APIRouter()
 
@@ -64,6 +72,69 @@ async def list_dead_letters(
     except DeadLetterNotFoundError as exc:
         raise InvalidRequestError(str(exc), field="after") from None
     return DeadLetterPageBody.of(page)
+
+
+@router.get(
+    "/dead-letters/groups",
+    response_model=LetterGroupsBody,
+    summary="List the open dead letters in groups that failed the same way",
+    responses=base_errors(),
+)
+async def list_dead_letter_groups(
+    runtime: Runtime, principal: DeadLettersReader
+) -> LetterGroupsBody:
+    """The caller's tenant's open letters grouped by kind, queue (or subscription), command
+    type and failure reason, the reason's IDs, numbers and quoted values elided — so the
+    same error about different records is one group. The largest group first; a group
+    that can only be dismissed says ``retryable: false``."""
+    groups = letter_groups.group_dead_letters(runtime, tenant_id=principal.tenant_id)
+    return LetterGroupsBody(groups=[LetterGroupBody.of(g) for g in groups])
+
+
+@router.post(
+    "/dead-letters/groups/{groupId}/retry",
+    response_model=GroupActionBody,
+    summary="Retry every open dead letter of a group",
+    responses=refusable_errors(
+        e404="No group of open letters with that ID for this tenant: list the groups again.",
+        e409="The group's letters can only be dismissed.",
+    ),
+)
+async def retry_dead_letter_group(
+    runtime: Runtime,
+    streams: Streams,
+    principal: DeadLettersWriter,
+    group_id: GroupId,
+    body: GroupActionRequest,
+) -> GroupActionBody:
+    """Retries each open letter of the group, as one Retry each: a letter whose attempt
+    another Retry reserved is ``already``, so retrying a group twice sends nothing twice.
+    ``dryRun`` lists the letters it would retry and sends nothing."""
+    if not body.dry_run:
+        await streams.ready()
+    action = await letter_groups.retry_group(
+        runtime, group_id, tenant_id=principal.tenant_id, dry_run=body.dry_run
+    )
+    return GroupActionBody.of(action)
+
+
+@router.post(
+    "/dead-letters/groups/{groupId}/dismiss",
+    response_model=GroupActionBody,
+    summary="Dismiss every open dead letter of a group",
+    responses=record_errors(
+        e404="No group of open letters with that ID for this tenant: list the groups again."
+    ),
+)
+async def dismiss_dead_letter_group(
+    runtime: Runtime, principal: DeadLettersWriter, group_id: GroupId, body: GroupActionRequest
+) -> GroupActionBody:
+    """Dismisses each open letter of the group; one closed meanwhile is ``already``.
+    ``dryRun`` lists the letters it would dismiss and closes nothing."""
+    action = letter_groups.dismiss_group(
+        runtime, group_id, tenant_id=principal.tenant_id, dry_run=body.dry_run
+    )
+    return GroupActionBody.of(action)
 
 
 @router.get(
