@@ -138,6 +138,8 @@ def test_every_operation_answers_fuzzed_requests_as_documented(served_api: str) 
         "GET /dead-letters/groups",
         "POST /dead-letters/groups/{groupId}/retry",
         "POST /dead-letters/groups/{groupId}/dismiss",
+        "GET /outbox",
+        "POST /outbox/requeue",
     }
     strategy = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(
         GenerationMode.NEGATIVE

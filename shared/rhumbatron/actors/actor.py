@@ -151,6 +151,11 @@ class Actor:
             )
         return self._connection
 
+    @property
+    def is_open(self) -> bool:
+        """Whether this process has the actor's file open now."""
+        return self._connection is not None
+
     def close(self) -> None:
         # Under the lock: the publisher may be committing on a worker thread.
         with self._lock:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from rhumbatron.lifecycle.context import LifecycleWithWorld
-from rhumbatron.operator import OperatorContext
+from rhumbatron.operator.outbox import OutboxContext
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -46,7 +46,7 @@ class ApiLifecycle(Protocol):
     def world(self) -> LifecycleWorld: ...
 
 
-class ApiRuntime(LifecycleWithWorld, OperatorContext, Protocol):
+class ApiRuntime(LifecycleWithWorld, OutboxContext, Protocol):
     """Everything the API reads of the process: the lifecycle's and the operator's ports,
     the event router (replays, lags, an event's lookup), the NATS connection and the
     streams, and closing it all (a local API that owns its runtime)."""

@@ -15,6 +15,7 @@ from rhumbatron.api.routes import (
     consumers,
     dead_letters,
     health,
+    outbox,
     projects,
     replays,
     schedules,
@@ -36,5 +37,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     subscriptions.router,
     schedules.router,
     consumers.router,
+    outbox.router,
     audit.router,
 )
