@@ -43,6 +43,7 @@ from rhumbatron.cli import (
     dead_letters,
     dev,
     kinds,
+    mcp,
     outbox,
     reconcile,
     replay,
@@ -84,6 +85,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "subscriptions": subscriptions.subscriptions,
     "schedules": schedules.schedules,
     "api": api.serve,
+    "mcp": mcp.serve,
+    "openapi": mcp.openapi,
     "invoke": dev.invoke,
 }
 
@@ -104,6 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     subscriptions.add_parser(sub)
     schedules.add_parser(sub)
     api.add_parser(sub)
+    mcp.add_parser(sub)
     dev.add_invoke_parser(sub)
     return parser
 
