@@ -134,6 +134,7 @@ _API_SCOPES = [
     "projects:write",
     "changes:read",
     "changes:write",
+    "audit:read",
 ]
 #: The demo's ``clientRequestId`` of its app provisioning: the API makes the command ID of it,
 #: so the demo knows the ID of the command it expects to be dead-lettered.
@@ -581,6 +582,8 @@ class _Demo:
     problems: list[str] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
     retries_sent: list[bool] = field(default_factory=list)
+    #: The operator's Retries the audit holds, read over MCP at the end.
+    audited_retries: int | None = None
     resend_outcome: str | None = None
     change: CreatedChange | None = None
     repeat: CreatedChange | None = None
@@ -748,6 +751,7 @@ class _Demo:
             ("status", letter["status"]),
         ):
             self.say(f"    {label:<9}{value}")
+        await self._triage_over_mcp(api, letter_id)
         first = await api.call("POST", f"/dead-letters/{letter_id}/retry")
         retry = first.body
         self.say(
@@ -780,6 +784,42 @@ class _Demo:
         self.say(f"  attempt {retry['attempt']} on integration: done; app {s.app_name} is live")
         closed = await api.call("GET", f"/dead-letters/{letter_id}")
         self.say(f"{closed.line}: {closed.body['status']}, resolution {closed.body['resolution']}")
+
+    async def _triage_over_mcp(self, api: _ApiClient, letter_id: str) -> None:
+        """An ops agent's view of the same letter, through the MCP tools (the MCP SDK's own
+        client, in process): the failure groups, then the group holding this letter."""
+        from rhumbatron_dev.mcp_agent import McpAgent
+
+        async with McpAgent.connect(api.http, self.say) as agent:
+            self.say(f"an ops agent triages it over MCP ({agent.tools} tools, one per operation):")
+            try:
+                groups = (await agent.call("list_dead_letter_groups", {}))["groups"]
+                await agent.call("inspect_dead_letter", {"id": letter_id})
+            except RuntimeError as exc:
+                raise _StepError(str(exc)) from exc
+            mine = next((g for g in groups if letter_id in g["letterIds"]), None)
+            if mine is None:
+                raise _StepError(f"no dead-letter group holds {letter_id}: {groups}")
+            self.say(
+                f"    group {mine['id']}: {mine['count']} letter(s), {mine['commandType']} on "
+                f"{mine['queue']}, retryable={str(mine['retryable']).lower()}: {mine['reason']}"
+            )
+
+    async def audit_over_mcp(self, api: _ApiClient) -> None:
+        """The audit of the run's mutations, read by the ops agent over MCP."""
+        from rhumbatron_dev.mcp_agent import McpAgent
+
+        async with McpAgent.connect(api.http, self.say) as agent:
+            try:
+                items = (await agent.call("read_audit", {"limit": 200}))["items"]
+            except RuntimeError as exc:
+                raise _StepError(str(exc)) from exc
+        retries = [e for e in items if e["operation"] == "retry_dead_letter"]
+        self.say(
+            f"    {len(items)} audited mutation(s); the Retries: "
+            + ", ".join(f"{e['status']} {e['outcome']}" for e in reversed(retries))
+        )
+        self.audited_retries = len(retries)
 
     async def resend(self) -> None:
         """A producer repeating a command inside the duplicate window: JetStream drops it.
@@ -1260,6 +1300,11 @@ def check_summary(summary: dict[str, Any]) -> list[str]:
     ):
         outcome = [(x["commandId"], x["status"], x["resolution"]) for x in letters]
         problems.append(f"expected one letter closed as succeeded by attempt 2; found {outcome}")
+    if summary.get("auditedRetries") != 2:
+        problems.append(
+            f"the audit read over MCP holds {summary.get('auditedRetries')} Retries, not the 2 "
+            "the operator clicked"
+        )
     problems += _check_change(summary["change"])
     problems += _check_reactions(summary["reactions"])
     if summary["duplicatesDropped"]["commandResends"] != 1:
@@ -1498,6 +1543,8 @@ async def run_demo(root: Path, sample_path: Path, out: TextIO = sys.stdout) -> d
                 swept = await _sweep(app, sample.project_id)
                 streams = await read_streams(stack.nats.url)
                 change_body = await demo.read_back(api)
+                demo.say("\n== the audit, read by the ops agent over MCP")
+                await demo.attempt(demo.audit_over_mcp(api))
             await demo.attempt(
                 demo._timed(
                     "replay", reactions.replay_dry_run(demo.say, started_at - _REPLAY_MARGIN)
@@ -1516,6 +1563,7 @@ async def run_demo(root: Path, sample_path: Path, out: TextIO = sys.stdout) -> d
                 "commands": await _commands(app),
                 "duplicatesDropped": _duplicates(demo),
                 "deadLetters": _dead_letters(app),
+                "auditedRetries": demo.audited_retries,
                 "apiCalls": api.calls,
                 **swept,
                 "change": _change_report(demo, streams, change_body),

@@ -597,3 +597,16 @@ def test_a_replay_dry_run_from_the_archive_finds_every_event_already_applied(
         f"  {events} archived events: would apply 0, already applied {events}, in flight 0; "
         "nothing changed"
     ) in printed
+
+
+def test_an_ops_agent_triages_the_dead_letter_and_reads_the_audit_over_mcp(demo: Demo) -> None:
+    # GIVEN the demo's run, WHEN its ops agent uses the MCP tools (the SDK's own client)
+    summary, _, printed = demo
+    # THEN it found the dead letter's group, inspected it, and read the two Retries the
+    #   operator clicked in the audit; every tool call is printed
+    assert "an ops agent triages it over MCP (" in printed
+    assert "  mcp tool list_dead_letter_groups() -> ok" in printed
+    assert '  mcp tool inspect_dead_letter({"id": "dl_' in printed
+    assert "retryable=true: app.provision <id> failed on integration" in printed
+    assert '  mcp tool read_audit({"limit": 200}) -> ok' in printed
+    assert summary["auditedRetries"] == 2
