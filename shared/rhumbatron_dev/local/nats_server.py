@@ -197,11 +197,24 @@ class NatsServerProcess:
         """SIGKILL: no flush, no goodbye — what a crash looks like."""
         self._signal(signal.SIGKILL)
 
-    def pause(self) -> None:
+    def pause(self, timeout_s: float = 5.0) -> None:
         """SIGSTOP: the process holds its sockets and answers nothing, as a node whose
-        machine stalls (a long GC pause, a frozen VM) does. :meth:`resume` continues it."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.send_signal(signal.SIGSTOP)
+        machine stalls (a long GC pause, a frozen VM) does. :meth:`resume` continues it.
+
+        Returns once the kernel reports the process stopped: a signal is delivered
+        asynchronously, and a request sent right after ``kill`` could otherwise still be
+        answered by a thread running on another core."""
+        if self._process is None or self._process.poll() is not None:
+            return
+        self._process.send_signal(signal.SIGSTOP)
+        stat = Path(f"/proc/{self._process.pid}/stat")
+        deadline = time.monotonic() + timeout_s
+        while stat.exists() and time.monotonic() < deadline:
+            # The state is the field after the parenthesised command name.
+            state = stat.read_text().rpartition(")")[2].split()[0]
+            if state in ("T", "t"):
+                return
+            time.sleep(0.001)  # the kernel's own delivery: nothing to wait on but the state
 
     def resume(self) -> None:
         """SIGCONT: a paused node carries on where it stopped."""
