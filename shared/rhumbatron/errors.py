@@ -34,6 +34,7 @@
      ├── AgentRegistryError         an Agent registration or rotation that cannot be done
      │    └── AgentNotFoundError    no such Agent for the tenant (also LookupError)
      ├── ProjectNotFoundError       no such project for the tenant (404; also LookupError)
+     ├── CursorNotFoundError        no such durable cursor of the system (404; also LookupError)
      ├── ActorError                 an actor file could not be opened or written
      │    ├── ActorBusyError        another writer held the file past the busy timeout
      │    └── OutboxError           an Event could not be written to the outbox
@@ -99,6 +100,7 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "ConsumerGoneError",
+    "CursorNotFoundError",
     "DeadLetterClosedError",
     "DeadLetterError",
     "DeadLetterNotFoundError",
@@ -282,6 +284,10 @@ class AgentRegistryError(RhumbatronError, ValueError):
 
 class AgentNotFoundError(AgentRegistryError, LookupError):
     """The tenant has no Agent with that ID."""
+
+
+class CursorNotFoundError(RhumbatronError, LookupError):
+    """No durable cursor of the system with that stream and consumer (404)."""
 
 
 class ProjectNotFoundError(RhumbatronError, LookupError):

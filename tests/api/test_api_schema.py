@@ -140,6 +140,8 @@ def test_every_operation_answers_fuzzed_requests_as_documented(served_api: str) 
         "POST /dead-letters/groups/{groupId}/dismiss",
         "GET /outbox",
         "POST /outbox/requeue",
+        "POST /consumers/{stream}/{consumer}/pause",
+        "POST /consumers/{stream}/{consumer}/resume",
     }
     strategy = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(
         GenerationMode.NEGATIVE

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,11 @@ import pytest_asyncio
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.api import StaticTokenAuth, create_api
-from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.clock import ManualClock, SystemClock
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.messaging.cursors import CursorKind, CursorLag, durable_cursors, read_cursors
-from rhumbatron.messaging.event_log import EventLogClient, Subscription
+from rhumbatron.messaging.event_log import EventLogClient, Subscription, consumer_config
 from rhumbatron.messaging.pull import Puller, ensure_consumer
 from rhumbatron.messaging.queue_consumer import queue_consumer_config
 from rhumbatron.messaging.streams import COMMAND_STREAM
@@ -372,6 +372,59 @@ async def test_a_repair_of_a_whole_log_does_nothing_says_so_and_is_audited(
     for token in (WATCHER, TENANT_REPAIRER):
         refused = await api.post("/reconciliation/repair", json={}, headers=bearer(token))
         assert refused.status_code == 403, refused.text
+
+
+async def test_a_paused_cursor_is_delivered_nothing_until_resumed_and_both_are_audited(
+    runtime: Rhumbatron, api: httpx.AsyncClient
+) -> None:
+    # GIVEN the projector's cursor on the project's stream, with events waiting
+    await publish(runtime, events(3))
+    nc = await runtime.nats()
+    await ensure_consumer(
+        nc.jetstream(), event_stream_name(STREAM), consumer_config(PROJECTOR, runtime.settings)
+    )
+    path = f"/consumers/{event_stream_name(STREAM)}/{PROJECTOR.value}"
+    log = EventLogClient(nc, runtime.settings)
+    try:
+        # WHEN a platform operator pauses it for an hour (by the servers' clock)
+        until = SystemClock().now() + timedelta(hours=1)
+        paused = await api.post(
+            f"{path}/pause", json={"until": until.isoformat()}, headers=bearer(REPAIRER)
+        )
+        # THEN it is paused until then: listed so, and a fetch gets nothing, nothing lost
+        assert paused.status_code == 200, paused.text
+        assert paused.json()["pausedUntil"] is not None
+        listed = (await api.get("/consumers", headers=bearer(WATCHER))).json()["consumers"]
+        mine = next(
+            c
+            for c in listed
+            if c["stream"] == event_stream_name(STREAM) and c["consumer"] == PROJECTOR.value
+        )
+        assert mine["pausedUntil"] is not None and mine["numPending"] == 3
+        assert await log.fetch(STREAM, PROJECTOR, 10) == []
+        # WHEN it is resumed THEN the waiting events are delivered
+        resumed = await api.post(f"{path}/resume", headers=bearer(REPAIRER))
+        assert (resumed.status_code, resumed.json()["pausedUntil"]) == (200, None)
+        assert len(await log.fetch(STREAM, PROJECTOR, 10)) == 3
+    finally:
+        await log.close()
+    # AND both are audited; a pause in the past, or past 7 days, is refused naming `until`
+    audit = (await api.get("/audit", headers=bearer(REPAIRER))).json()["items"]
+    assert [e["operation"] for e in audit] == ["resume_consumer", "pause_consumer"]
+    for when in (SystemClock().now() - timedelta(minutes=1), until + timedelta(days=7)):
+        refused = await api.post(
+            f"{path}/pause", json={"until": when.isoformat()}, headers=bearer(REPAIRER)
+        )
+        assert (refused.status_code, refused.json()["error"]["field"]) == (422, "until")
+    # AND a cursor the system does not have is not found; a watcher may not pause
+    unknown = await api.post(
+        "/consumers/EVENTS_00/nobody/pause",
+        json={"until": until.isoformat()},
+        headers=bearer(REPAIRER),
+    )
+    assert unknown.status_code == 404
+    watcher = await api.post(f"{path}/resume", headers=bearer(WATCHER))
+    assert watcher.status_code == 403
 
 
 async def test_the_log_reads_a_record_by_its_place_and_says_when_the_stream_lost_it(

@@ -11,6 +11,8 @@ __all__ = [
     "CeilingsBody",
     "ConsumerBody",
     "ConsumersBody",
+    "PauseBody",
+    "PauseRequest",
     "ReconciliationBody",
     "RepairBody",
     "RepairRequest",
@@ -39,6 +41,11 @@ class ConsumerBody(_Wire):
     num_ack_pending: int = Field(ge=0, description="Delivered, not yet acknowledged.")
     last_delivered_seq: int = Field(ge=0, description="Stream sequence last delivered (0: none).")
     last_delivered_at: AwareDatetime | None = Field(description="When it was last delivered to.")
+    paused_until: AwareDatetime | None = Field(
+        default=None,
+        description="Paused by an operator until then (JetStream delivers "
+        "nothing to it meanwhile); null: not paused.",
+    )
 
     @classmethod
     def of(cls, lag: CursorLag) -> "ConsumerBody":
@@ -55,6 +62,7 @@ class ConsumerBody(_Wire):
             num_ack_pending=lag.num_ack_pending,
             last_delivered_seq=lag.last_delivered_seq,
             last_delivered_at=lag.last_delivered_at,
+            paused_until=lag.paused_until,
         )
 
 
@@ -180,3 +188,17 @@ class RepairBody(_Wire):
     dry_run: bool
     gap: bool = Field(description="The reconciliation before the repair found a gap.")
     steps: list[RepairStepBody]
+
+
+class PauseRequest(_Wire):
+    """Until when to pause a cursor (it resumes by itself then)."""
+
+    until: AwareDatetime = Field(description="A time in the future, at most 7 days ahead.")
+
+
+class PauseBody(_Wire):
+    """A cursor's pause, as JetStream keeps it."""
+
+    stream: str
+    consumer: str
+    paused_until: AwareDatetime | None = Field(description="null: resumed.")

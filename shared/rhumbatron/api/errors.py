@@ -65,6 +65,7 @@ from rhumbatron.errors import (
     ApiError,
     ChangeNotFoundError,
     ConflictError,
+    CursorNotFoundError,
     DeadLetterClosedError,
     DeadLetterError,
     DeadLetterNotFoundError,
@@ -127,6 +128,7 @@ class ErrorResponse(BaseModel):
 _STATUS_OF: tuple[tuple[type[Exception], int, str, str | None], ...] = (
     (DeadLetterNotFoundError, 404, "not_found", None),
     (ProjectNotFoundError, 404, "not_found", None),
+    (CursorNotFoundError, 404, "not_found", None),
     (ChangeNotFoundError, 404, "not_found", None),
     (TaskNotFoundError, 404, "not_found", None),
     (EventNotFoundError, 404, "not_found", None),

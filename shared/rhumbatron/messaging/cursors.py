@@ -28,7 +28,16 @@ from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, consumer_name
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
-__all__ = ["CursorKind", "CursorLag", "DurableCursor", "durable_cursors", "read_cursors"]
+__all__ = [
+    "CursorKind",
+    "CursorLag",
+    "DurableCursor",
+    "durable_cursors",
+    "find_cursor",
+    "pause_cursor",
+    "read_cursors",
+    "resume_cursor",
+]
 
 
 class CursorKind(StrEnum):
@@ -66,6 +75,8 @@ class CursorLag:
     last_delivered_seq: int
     last_delivered_at: datetime | None
     exists: bool = True
+    #: Until when an operator paused it (JetStream delivers nothing to it meanwhile).
+    paused_until: datetime | None = None
 
 
 def durable_cursors() -> list[DurableCursor]:
@@ -117,7 +128,45 @@ async def _read(js: JetStreamContext, cursor: DurableCursor) -> CursorLag:
         num_ack_pending=info.num_ack_pending or 0,
         last_delivered_seq=delivered.stream_seq if delivered is not None else 0,
         last_delivered_at=delivered.last_active if delivered is not None else None,
+        paused_until=_paused_until(info),
     )
+
+
+def _paused_until(info: object) -> datetime | None:
+    """When a paused consumer resumes by itself (None: it is not paused)."""
+    if not getattr(info, "paused", False):
+        return None
+    until = getattr(getattr(info, "config", None), "pause_until", None)
+    return datetime.fromisoformat(until) if isinstance(until, str) else None
+
+
+def find_cursor(stream: str, consumer: str) -> DurableCursor:
+    """The system's durable cursor ``consumer`` on ``stream``; raises
+    :class:`~rhumbatron.errors.CursorNotFoundError` for any other (an operator may pause
+    only the system's own cursors)."""
+    from rhumbatron.errors import CursorNotFoundError
+
+    for cursor in durable_cursors():
+        if (cursor.stream, cursor.consumer) == (stream, consumer):
+            return cursor
+    raise CursorNotFoundError(
+        f"no durable cursor {consumer!r} on {stream!r}; GET /consumers lists them"
+    )
+
+
+async def pause_cursor(js: JetStreamContext, cursor: DurableCursor, until: datetime) -> datetime:
+    """Pause ``cursor`` until ``until`` (UTC): JetStream delivers it nothing meanwhile, so
+    its subscription or queue waits, nothing lost; it resumes by itself then. Returns
+    ``until`` as the server keeps it."""
+    answer = await js.pause_consumer(
+        cursor.stream, cursor.consumer, until.isoformat().replace("+00:00", "Z")
+    )
+    return datetime.fromisoformat(str(answer.pause_until)) if answer.pause_until else until
+
+
+async def resume_cursor(js: JetStreamContext, cursor: DurableCursor) -> None:
+    """Resume a paused ``cursor`` now (a cursor not paused stays as it is)."""
+    await js.resume_consumer(cursor.stream, cursor.consumer)
 
 
 async def _unread(js: JetStreamContext, cursor: DurableCursor) -> int:

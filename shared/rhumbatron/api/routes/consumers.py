@@ -11,9 +11,10 @@ yet is listed too, with ``exists: false``.
 ``GET /capacity`` and ``GET /reconciliation`` need it too: they read every tenant's events.
 """
 
+from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from pydantic import Field
 
 from rhumbatron.api.consumer_schemas import (
@@ -21,6 +22,8 @@ from rhumbatron.api.consumer_schemas import (
     CeilingsBody,
     ConsumerBody,
     ConsumersBody,
+    PauseBody,
+    PauseRequest,
     ReconciliationBody,
     RepairBody,
     RepairRequest,
@@ -28,8 +31,9 @@ from rhumbatron.api.consumer_schemas import (
 )
 from rhumbatron.api.dependencies import ConsumersReader, LogRepairer, Runtime
 from rhumbatron.api.errors import error_responses
-from rhumbatron.errors import NatsUnavailableError
-from rhumbatron.messaging.cursors import read_cursors
+from rhumbatron.core.clock import SystemClock
+from rhumbatron.errors import InvalidRequestError, NatsUnavailableError
+from rhumbatron.messaging.cursors import find_cursor, pause_cursor, read_cursors, resume_cursor
 
 __all__ = ["router"]
 
@@ -171,3 +175,86 @@ async def repair_log(runtime: Runtime, principal: LogRepairer, body: RepairReque
         gap=bool(report.gaps),
         steps=[RepairStepBody.model_validate(step.as_json()) for step in steps],
     )
+
+
+#: The longest pause an operator may ask for: a forgotten pause ends by itself.
+MAX_PAUSE = timedelta(days=7)
+
+
+@router.post(
+    "/consumers/{stream}/{consumer}/pause",
+    response_model=PauseBody,
+    summary="Pause a durable cursor until a time (it resumes by itself then)",
+    responses=error_responses(
+        401,
+        403,
+        404,
+        422,
+        503,
+        e403="The token lacks consumers:write, or is not a platform token (tenant '*').",
+        e404="The system has no durable cursor of that name on that stream.",
+    ),
+)
+async def pause_consumer(
+    runtime: Runtime,
+    principal: LogRepairer,
+    stream: Annotated[str, Path(max_length=64)],
+    consumer: Annotated[str, Path(max_length=64)],
+    body: PauseRequest,
+) -> PauseBody:
+    """JetStream delivers nothing to the cursor until ``until``: its subscription or queue
+    waits (what arrives meanwhile stays on the stream, nothing is lost), then resumes by
+    itself. Use it to hold a subscription or a queue while its cause is fixed; resume it
+    with ``/resume``. At most 7 days ahead. Audited."""
+    from nats.errors import Error as NatsError
+
+    cursor = find_cursor(stream, consumer)
+    # JetStream keeps a pause by the servers' wall clock, not by this runtime's clock.
+    now = SystemClock().now()
+    if not now < body.until <= now + MAX_PAUSE:
+        raise InvalidRequestError(
+            f"until {body.until.isoformat()} must be after now ({now.isoformat()}) and at "
+            f"most {MAX_PAUSE.days} days ahead",
+            field="until",
+        )
+    try:
+        until = await pause_cursor((await runtime.nats()).jetstream(), cursor, body.until)
+    except (NatsError, TimeoutError) as exc:
+        raise NatsUnavailableError(
+            f"cannot pause {consumer} on {stream}: {type(exc).__name__}: {exc}"
+        ) from exc
+    return PauseBody(stream=stream, consumer=consumer, paused_until=until)
+
+
+@router.post(
+    "/consumers/{stream}/{consumer}/resume",
+    response_model=PauseBody,
+    summary="Resume a paused durable cursor now",
+    responses=error_responses(
+        401,
+        403,
+        404,
+        422,
+        503,
+        e403="The token lacks consumers:write, or is not a platform token (tenant '*').",
+        e404="The system has no durable cursor of that name on that stream.",
+    ),
+)
+async def resume_consumer(
+    runtime: Runtime,
+    principal: LogRepairer,
+    stream: Annotated[str, Path(max_length=64)],
+    consumer: Annotated[str, Path(max_length=64)],
+) -> PauseBody:
+    """JetStream delivers to the cursor again at once (one not paused stays as it is).
+    Audited."""
+    from nats.errors import Error as NatsError
+
+    cursor = find_cursor(stream, consumer)
+    try:
+        await resume_cursor((await runtime.nats()).jetstream(), cursor)
+    except (NatsError, TimeoutError) as exc:
+        raise NatsUnavailableError(
+            f"cannot resume {consumer} on {stream}: {type(exc).__name__}: {exc}"
+        ) from exc
+    return PauseBody(stream=stream, consumer=consumer, paused_until=None)
