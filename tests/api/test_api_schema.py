@@ -142,6 +142,7 @@ def test_every_operation_answers_fuzzed_requests_as_documented(served_api: str) 
         "POST /outbox/requeue",
         "POST /consumers/{stream}/{consumer}/pause",
         "POST /consumers/{stream}/{consumer}/resume",
+        "POST /schedules/{scheduleId}/fire",
     }
     strategy = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(
         GenerationMode.NEGATIVE

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller
+from rhumbatron.domain.project import project_admin_key
 from rhumbatron.reactions.schedule_firing import ScheduleSettings, fire_due_schedules
 from rhumbatron.runtime.bootstrap import Rhumbatron
 from rhumbatron_dev.local.nats_server import NatsServerProcess
@@ -200,3 +201,33 @@ def test_an_unknown_schedule_id_is_404_and_a_malformed_one_422(client: TestClien
     assert missing.status_code == 404
     assert malformed.status_code == 422
     assert malformed.json()["error"]["field"] == "scheduleId"
+
+
+def test_a_schedule_fired_now_writes_one_fact_a_minute_and_keeps_its_timing(
+    client: TestClient, runtime: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN a disabled every-15-minutes schedule
+    sched = _create(client, _every(enabled=False)).json()
+    url = f"/schedules/{sched['scheduleId']}"
+    # WHEN an operator fires it now, twice in the minute
+    first = client.post(f"{url}/fire", headers=AUTH)
+    second = client.post(f"{url}/fire", headers=AUTH)
+    # THEN one schedule.fired was written, for this minute, under the schedule's ID for it
+    assert first.status_code == 200, first.text
+    fired = first.json()
+    assert fired["written"] is True and second.json()["written"] is False
+    assert second.json()["eventId"] == fired["eventId"]
+    assert fired["scheduledAt"].startswith(clock.now().strftime("%Y-%m-%dT%H:%M"))
+    admin = runtime.resource_shard(PROJECT, project_admin_key(PROJECT))
+    rows = admin.connection.execute(
+        "SELECT event_id FROM outbox WHERE event_type = 'schedule.fired'"
+    ).fetchall()
+    assert [r[0] for r in rows] == [fired["eventId"]]
+    # AND it is not its timing's fire: still disabled, no due fire recorded
+    read = client.get(url, headers=AUTH).json()
+    assert (read["enabled"], read["lastFiredFor"]) == (False, None)
+    # AND another tenant cannot fire it; a reader may not; the fire is audited
+    assert client.post(f"{url}/fire", headers=bearer(OTHER_OPERATOR)).status_code == 404
+    assert client.post(f"{url}/fire", headers=bearer(VIEWER)).status_code == 403
+    audit = client.get("/audit", params={"operation": "fire_schedule"}, headers=AUTH)
+    assert [e["status"] for e in audit.json()["items"]] == [403, 200, 200]

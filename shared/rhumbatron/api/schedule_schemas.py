@@ -4,7 +4,7 @@ wire, like :mod:`rhumbatron.api.schemas`."""
 from datetime import datetime
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
@@ -15,7 +15,13 @@ from rhumbatron.reactions.schedule_models import (
     ScheduleRecord,
 )
 
-__all__ = ["CreateScheduleRequest", "ScheduleBody", "ScheduleListBody", "UpdateScheduleRequest"]
+__all__ = [
+    "CreateScheduleRequest",
+    "ScheduleBody",
+    "ScheduleFiredBody",
+    "ScheduleListBody",
+    "UpdateScheduleRequest",
+]
 
 
 class _Wire(BaseModel):
@@ -88,3 +94,14 @@ class ScheduleListBody(_Wire):
     """Schedules by tenant, then name."""
 
     items: list[ScheduleBody]
+
+
+class ScheduleFiredBody(_Wire):
+    """A fire asked for now: the ``schedule.fired`` fact written for this minute."""
+
+    schedule_id: str
+    event_id: str = Field(description="The fact's ID: the schedule's for this minute.")
+    scheduled_at: AwareDatetime = Field(description="The UTC minute it fired for.")
+    written: bool = Field(
+        description="False: this minute's fire was written already (by a fire or its tick)."
+    )

@@ -40,7 +40,7 @@ from rhumbatron.domain.transition import Transition
 from rhumbatron.errors import RhumbatronError, ScheduleRegistryError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN, stable_event_id
-from rhumbatron.reactions.schedule_models import latest_due, utc_minute
+from rhumbatron.reactions.schedule_models import ScheduleRecord, latest_due, utc_minute
 from rhumbatron.reactions.schedule_registry import ScheduleRegistry
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ __all__ = [
     "ScheduleSettings",
     "ensure_clock_project",
     "fire_due_schedules",
+    "fire_now",
     "schedule_event_id",
     "schedule_fired_event",
 ]
@@ -243,7 +244,27 @@ class _Due:
     scheduled_at: datetime
 
 
-def _fire(app: ScheduleContext, item: _Due, settings: ScheduleSettings) -> ScheduleFire:
+def fire_now(
+    app: ScheduleContext, record: ScheduleRecord, *, settings: ScheduleSettings | None = None
+) -> ScheduleFire:
+    """An operator's fire of ``record`` now, enabled or not: its ``schedule.fired`` for the
+    current UTC minute. Its Event ID is the schedule's for that minute, so a second fire in
+    the same minute, or the schedule's own due fire at it, adds nothing; and it is not
+    recorded as a due fire, so the schedule's timing goes on as it was."""
+    item = _Due(
+        record.schedule_id,
+        record.name,
+        record.timing.mode,
+        record.tenant_id,
+        record.project_id,
+        utc_minute(app.clock.now()),
+    )
+    return _fire(app, item, settings or ScheduleSettings(), record_fire=False)
+
+
+def _fire(
+    app: ScheduleContext, item: _Due, settings: ScheduleSettings, *, record_fire: bool = True
+) -> ScheduleFire:
     """Write the fact, then record the fire: a crash between the two fires again at the next
     tick with the same Event ID, which the outbox or JetStream drops."""
     owner = (
@@ -274,18 +295,13 @@ def _fire(app: ScheduleContext, item: _Due, settings: ScheduleSettings) -> Sched
     )
     shard = app.resource_shard(item.project_id, project_admin_key(item.project_id))
     result = shard.transact(lambda db: Transition(facts=(fact,)))
-    with app.product().transaction() as db:
-        db.execute(
-            "INSERT OR IGNORE INTO schedule_fires (schedule_id, scheduled_at, event_id, "
-            "fired_at) VALUES (?, ?, ?, ?)",
-            (
-                item.schedule_id,
-                item.scheduled_at.isoformat(),
-                fact.event_id,
-                app.clock.now().isoformat(),
-            ),
+    if not record_fire:
+        _log.info("schedule %s fired now by an operator (%s)", item.schedule_id, fact.event_id)
+    else:
+        _record_fire(app, item, fact.event_id)
+        _log.info(
+            "schedule %s fired for %s (%s)", item.schedule_id, item.scheduled_at, fact.event_id
         )
-    _log.info("schedule %s fired for %s (%s)", item.schedule_id, item.scheduled_at, fact.event_id)
     return ScheduleFire(
         schedule_id=item.schedule_id,
         name=item.name,
@@ -296,6 +312,20 @@ def _fire(app: ScheduleContext, item: _Due, settings: ScheduleSettings) -> Sched
         event_id=fact.event_id,
         written=result.events_added > 0,
     )
+
+
+def _record_fire(app: ScheduleContext, item: _Due, event_id: str) -> None:
+    with app.product().transaction() as db:
+        db.execute(
+            "INSERT OR IGNORE INTO schedule_fires (schedule_id, scheduled_at, event_id, "
+            "fired_at) VALUES (?, ?, ?, ?)",
+            (
+                item.schedule_id,
+                item.scheduled_at.isoformat(),
+                event_id,
+                app.clock.now().isoformat(),
+            ),
+        )
 
 
 def ensure_clock_project(app: ScheduleContext, settings: ScheduleSettings) -> str | None:

@@ -23,6 +23,7 @@ from rhumbatron.api.routes._presets import base_errors, record_errors
 from rhumbatron.api.schedule_schemas import (
     CreateScheduleRequest,
     ScheduleBody,
+    ScheduleFiredBody,
     ScheduleListBody,
     UpdateScheduleRequest,
 )
@@ -166,6 +167,33 @@ async def delete_schedule(
     with _refused():
         record = _registry(runtime).delete(principal.tenant_scope, schedule_id)
     return ScheduleBody.of(record)
+
+
+@router.post(
+    "/schedules/{scheduleId}/fire",
+    response_model=ScheduleFiredBody,
+    summary="Fire a schedule now",
+    responses=record_errors(_NOT_FOUND),
+)
+async def fire_schedule(
+    runtime: Runtime, principal: AgentsWriter, schedule_id: _ScheduleId
+) -> ScheduleFiredBody:
+    """Writes the schedule's ``schedule.fired`` for the current minute now, enabled or not:
+    what reacts to it reacts as to a due fire. Firing twice in one minute, or in the minute
+    it was due anyway, writes one fact; its timing goes on as it was. Audited."""
+    from rhumbatron.reactions.schedule_firing import fire_now
+
+    record = _registry(runtime).get(principal.tenant_scope, schedule_id)
+    if record is None:
+        raise NotFoundError(f"no schedule {schedule_id!r}; GET /schedules lists them")
+    with _refused():
+        fire = fire_now(runtime, record)
+    return ScheduleFiredBody(
+        schedule_id=fire.schedule_id,
+        event_id=fire.event_id,
+        scheduled_at=fire.scheduled_at,
+        written=fire.written,
+    )
 
 
 @contextmanager
