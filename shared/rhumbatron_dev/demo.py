@@ -43,7 +43,7 @@ It prints each step, then a summary: events per stream and type, commands per qu
 duplicates dropped, the dead letters, the archive objects, the reactions (deliveries,
 suppressions, the replay), the Change's timeline with timings, its states in order, the
 Clef-flash decisions, the index search and the release. It writes the same to
-``.rhumbatron/demo-summary.json`` and exits non-zero, naming each miss, when an expected
+``.rhumbatron/demo/demo-summary.json`` and exits non-zero, naming each miss, when an expected
 outcome is missing.
 """
 
@@ -128,6 +128,9 @@ _ENDED = frozenset(
 #: Scopes of the demo's one API token: what its calls need and no more — the operator's
 #: dead-letter actions, provisioning the project and its app, requesting, approving and
 #: reading the Change. (No agent registers over HTTP: the sample's agents are scripted.)
+#: The demo's folder: it wipes its state and NATS store at each run, so it is never the
+#: folder `rhumbatron up` keeps its state in (``.rhumbatron``).
+DEFAULT_ROOT = Path(".rhumbatron/demo")
 _API_SCOPES = [
     "dead-letters:read",
     "dead-letters:write",
@@ -1590,7 +1593,12 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="rhumbatron demo", description=__doc__)
-    parser.add_argument("--root", type=Path, default=Path(".rhumbatron"))
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=DEFAULT_ROOT,
+        help="the demo's own folder: its state and NATS store are wiped at each run",
+    )
     parser.add_argument("--sample", type=Path, default=Path("samplefiles/lifecycle.json"))
     args = parser.parse_args(argv)
     # The demo prints every step itself; the runtime's warnings about the command it fails on

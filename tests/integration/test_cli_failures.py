@@ -73,3 +73,18 @@ def test_a_setting_that_cannot_work_is_one_line_naming_it_and_exit_1(tmp_path: P
         "rhumbatron streams: invalid settings: RHUMBATRON_STREAM_REPLICAS='9': Input should be "
         "less than or equal to 5"
     ]
+
+
+def test_a_reader_that_goes_away_stops_the_command_without_a_traceback(tmp_path: Path) -> None:
+    # GIVEN a command printing a long document into a pipe whose reader reads one byte
+    command = [str(Path(sys.executable).with_name("rhumbatron")), "openapi"]
+    env = {**os.environ, "RHUMBATRON_STATE_DIR": str(tmp_path / "state")}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    # WHEN the reader goes away after its first byte
+    assert process.stdout.read(1) == b"{"
+    process.stdout.close()
+    errors = process.stderr.read().decode()
+    # THEN the command stops as a shell reports SIGPIPE, and says nothing
+    assert process.wait(timeout=60) == 141
+    assert "Traceback" not in errors and "BrokenPipe" not in errors, errors

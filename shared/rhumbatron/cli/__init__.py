@@ -29,12 +29,16 @@ Every command ends an error it does not handle itself in one line on stderr, nev
 traceback: ``rhumbatron <command>: <why>``, with exit status 4 when NATS (or the log) cannot
 be reached or answers with an error, 5 when durability is demanded and the deployment cannot
 give it (``RHUMBATRON_REQUIRE_DURABLE_JETSTREAM``), and 1 for a setting that cannot work, a
-file that cannot be written, or any other error Rhumbatron raises on purpose.
+file that cannot be written, or any other error Rhumbatron raises on purpose. A command whose
+reader goes away (``| head``) stops without a word, with exit status 141, as a shell reports
+a process ended by SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Callable, Sequence
 
 from rhumbatron.cli import (
@@ -112,6 +116,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The exit status of a command whose output's reader went away (``| head``): a shell's for a
+#: process ended by SIGPIPE (128 + 13).
+EXIT_READER_GONE = 141
+
+
+def _reader_gone() -> int:
+    """The output's reader closed the pipe: no traceback, and nothing more written. stdout
+    points at /dev/null from here, so the interpreter's last flush at exit cannot fail too."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_READER_GONE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rhumbatron`` command; returns the exit status."""
     parser = _parser()
@@ -123,7 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rhumbatron.errors import RhumbatronError
 
     try:
-        return _COMMANDS[args.command](args)
+        status = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # a reader gone (``| head``) shows here, not at exit
+        return status
+    except BrokenPipeError:
+        return _reader_gone()
     except RhumbatronError as exc:
         return fail(exit_status_of(exc), str(exc), command=args.command)
     except OSError as exc:  # a state directory that cannot be made or written, say

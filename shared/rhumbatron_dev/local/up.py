@@ -63,6 +63,10 @@ if TYPE_CHECKING:
 
 __all__ = ["UpHandle", "UpSchedule", "main", "run_up"]
 
+#: Where `rhumbatron up` keeps its state and NATS store between runs (the demo uses a folder
+#: of its own under it, which it wipes).
+DEFAULT_ROOT = Path(".rhumbatron")
+
 _log = logging.getLogger(__name__)
 
 #: How long a stop waits for the tick in progress before cancelling it.
@@ -407,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         description="The embedded stack, the operator API and a live dashboard on 127.0.0.1, "
         "with every role running on the template's schedules; Ctrl-C stops.",
     )
-    parser.add_argument("--root", type=Path, default=Path(".rhumbatron"))
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     parser.add_argument("--port", type=int, default=None, help="the API's port (default: free)")
     parser.add_argument("--duration", type=float, default=None, help="stop after this many s")
     args = parser.parse_args(argv)
