@@ -867,6 +867,11 @@ def test_api_routes_ask_at_the_edge_for_the_scopes_the_app_asks_for(
     # THEN /health is open on both sides
     assert routes.pop("GET /health") == {"Authorizer": "NONE"}
     assert app_routes.pop("GET /health") == []
+    # AND the docs page, its assets and the OpenAPI document are open at the edge; the app
+    #   serves them without a token (they are no operations of its document)
+    for public in ("GET /docs", "GET /docs/static/{proxy+}", "GET /openapi.json"):
+        assert routes.pop(public) == {"Authorizer": "NONE"}, public
+        assert public not in app_routes
     # AND every route the template lists asks for exactly the app's scopes
     catch_all = routes.pop("ANY /{proxy+}")
     assert catch_all == {}, "the catch-all takes the default (JWT) authorizer, no scopes"

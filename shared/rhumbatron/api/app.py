@@ -25,6 +25,7 @@ from fastapi import FastAPI
 
 from rhumbatron.api.audit_trail import AuditTrail
 from rhumbatron.api.body_limit import BodyLimit
+from rhumbatron.api.docs_page import install_docs_page
 from rhumbatron.api.errors import install_error_handlers
 from rhumbatron.api.routes import ROUTERS
 from rhumbatron.errors import RhumbatronError
@@ -75,6 +76,10 @@ def create_api(app: ApiRuntime, auth: Authenticator, *, manage_runtime: bool = T
         lifespan=lifespan,
         # operationId = the route function's name: retry_dead_letter, send_command, ...
         generate_unique_id_function=lambda route: route.name,
+        # FastAPI's pages load their assets from a CDN: /docs is served from the package
+        # instead (docs_page), and ReDoc is not offered.
+        docs_url=None,
+        redoc_url=None,
     )
     # What the routes' dependencies read (rhumbatron.api.dependencies).
     api.state.rhumbatron = app
@@ -88,6 +93,7 @@ def create_api(app: ApiRuntime, auth: Authenticator, *, manage_runtime: bool = T
     api.add_middleware(AuditTrail)
     for router in ROUTERS:
         api.include_router(router)
+    install_docs_page(api)
     return api
 
 
