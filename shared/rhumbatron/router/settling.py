@@ -122,16 +122,27 @@ async def settle_failure(
     that cannot be written is logged and the record nacked: it is counted next time, never
     acked uncounted."""
     try:
-        dead = _count_failure(
-            settings,
-            state=state,
-            product=product,
-            run=run,
-            subscription=subscription,
-            handler=handler,
-            record=record,
-            outcome=outcome,
+        failures = state.count_failure(
+            subscription.value, record.key, outcome.reason, now_s=run.now_s
         )
+        _log.warning(
+            "%s failed %s (%d/%d): %s",
+            subscription,
+            record.key,
+            failures,
+            settings.router_max_failures,
+            outcome.reason,
+        )
+        dead = failures >= settings.router_max_failures
+        if dead:
+            _dead_letter(
+                product,
+                run=run,
+                subscription=subscription,
+                handler=handler,
+                record=record,
+                outcome=outcome,
+            )
     except (RhumbatronError, sqlite3.Error) as exc:
         _log.error("cannot count the failure of %s: %s", record.key, exc)
         dead = False
@@ -142,32 +153,19 @@ async def settle_failure(
     return dead
 
 
-def _count_failure(
-    settings: Settings,
-    *,
-    state: StreamState,
+def _dead_letter(
     product: ProductDatabase,
+    *,
     run: RunContext,
     subscription: Subscription,
     handler: RecordHandler,
     record: Record,
     outcome: RecordOutcome,
-) -> bool:
-    """Count the failure; on the 5th write the dead letter and mark the record processed.
-    Returns whether the record became a dead letter (and is to be acked)."""
+) -> None:
+    """The 5th failure: write the ``poison_event`` dead letter and mark the record
+    processed, so a redelivery skips it."""
     from rhumbatron.product.dead_letters import record_poison_event
 
-    failures = state.count_failure(subscription.value, record.key, outcome.reason, now_s=run.now_s)
-    _log.warning(
-        "%s failed %s (%d/%d): %s",
-        subscription,
-        record.key,
-        failures,
-        settings.router_max_failures,
-        outcome.reason,
-    )
-    if failures < settings.router_max_failures:
-        return False
     event = record.event
     with product.transaction() as db:
         record_poison_event(
@@ -186,4 +184,3 @@ def _count_failure(
         )
     if event is not None:
         handler.mark_processed([record], run)
-    return True

@@ -11,6 +11,8 @@ yet is listed too, with ``exists: false``.
 ``GET /capacity`` and ``GET /reconciliation`` need it too: they read every tenant's events.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Annotated
 
@@ -40,6 +42,18 @@ __all__ = ["router"]
 router = APIRouter()
 
 
+@contextmanager
+def _jetstream(doing: str) -> Iterator[None]:
+    """A dropped connection or a JetStream that does not answer while ``doing``: NATS is
+    unavailable to this request (503), not a fault of the API."""
+    from nats.errors import Error as NatsError
+
+    try:
+        yield
+    except (NatsError, TimeoutError) as exc:
+        raise NatsUnavailableError(f"cannot {doing}: {type(exc).__name__}: {exc}") from exc
+
+
 @router.get(
     "/consumers",
     response_model=ConsumersBody,
@@ -56,17 +70,9 @@ async def list_consumers(runtime: Runtime, principal: ConsumersReader) -> Consum
     """Every event stream × subscription consumer, then every command queue's, each with
     ``numPending``, ``numAckPending`` and its last delivery, as JetStream reports them.
     Only a platform token may read them: they count every tenant's records."""
-    from nats.errors import Error as NatsError
-
     nc = await runtime.nats()
-    try:
+    with _jetstream("read the consumers from JetStream"):
         lags = await read_cursors(nc.jetstream())
-    except (NatsError, TimeoutError) as exc:
-        # A dropped connection or a JetStream that does not answer: NATS is unavailable
-        # to this request (503), not a fault of the API.
-        raise NatsUnavailableError(
-            f"cannot read the consumers from JetStream: {type(exc).__name__}: {exc}"
-        ) from exc
     return ConsumersBody(consumers=[ConsumerBody.of(lag) for lag in lags])
 
 
@@ -86,17 +92,11 @@ async def read_capacity(runtime: Runtime, principal: ConsumersReader) -> Capacit
     """Every ceiling of the router's bounded jobs (events a day, all streams), the volume the
     deployment is sized for and the one its streams carry, the prune's chunk per tick, and the
     warnings the router logs (docs/operations.md, "The event router's ceilings")."""
-    from nats.errors import Error as NatsError
-
     from rhumbatron.router.capacity import capacity_report
 
     nc = await runtime.nats()
-    try:
+    with _jetstream("read the streams' rates from JetStream"):
         report = await capacity_report(runtime.settings, nc)
-    except (NatsError, TimeoutError) as exc:
-        raise NatsUnavailableError(
-            f"cannot read the streams' rates from JetStream: {type(exc).__name__}: {exc}"
-        ) from exc
     return CapacityBody(
         expected_events_per_day=report.expected_events_per_day,
         observed_events_per_day=round(report.observed_events_per_day or 0),
@@ -132,14 +132,8 @@ async def read_reconciliation(
     the replica holds and every missing event ID; each replica's own counts; and the events no
     replica holds (docs/operations.md, "Log gap detected"). It reads every replica's copy: on
     a large window this takes seconds per 10^4 events."""
-    from nats.errors import Error as NatsError
-
-    try:
+    with _jetstream("read the streams from JetStream"):
         report = await runtime.reconcile(stream)
-    except (NatsError, TimeoutError) as exc:
-        raise NatsUnavailableError(
-            f"cannot read the streams from JetStream: {type(exc).__name__}: {exc}"
-        ) from exc
     return ReconciliationBody.model_validate(report.as_json())
 
 
@@ -161,15 +155,9 @@ async def repair_log(runtime: Runtime, principal: LogRepairer, body: RepairReque
     to rebuild and the events no replica holds are listed for an operator, not acted on
     (docs/operations.md, "Log gap detected"). ``dryRun`` says what it would do. Audited,
     like every mutation (``GET /audit``)."""
-    from nats.errors import Error as NatsError
-
-    try:
+    with _jetstream("repair the streams through JetStream"):
         report = await runtime.reconcile(body.streams)
         steps = await runtime.repair_log(report, dry_run=body.dry_run)
-    except (NatsError, TimeoutError) as exc:
-        raise NatsUnavailableError(
-            f"cannot repair the streams through JetStream: {type(exc).__name__}: {exc}"
-        ) from exc
     return RepairBody(
         dry_run=body.dry_run,
         gap=bool(report.gaps),
@@ -179,35 +167,36 @@ async def repair_log(runtime: Runtime, principal: LogRepairer, body: RepairReque
 
 #: The longest pause an operator may ask for: a forgotten pause ends by itself.
 MAX_PAUSE = timedelta(days=7)
+_StreamName = Annotated[str, Path(max_length=64)]
+_ConsumerName = Annotated[str, Path(max_length=64)]
+_CURSOR_ACTION_ERRORS = error_responses(
+    401,
+    403,
+    404,
+    422,
+    503,
+    e403="The token lacks consumers:write, or is not a platform token (tenant '*').",
+    e404="The system has no durable cursor of that name on that stream.",
+)
 
 
 @router.post(
     "/consumers/{stream}/{consumer}/pause",
     response_model=PauseBody,
     summary="Pause a durable cursor until a time (it resumes by itself then)",
-    responses=error_responses(
-        401,
-        403,
-        404,
-        422,
-        503,
-        e403="The token lacks consumers:write, or is not a platform token (tenant '*').",
-        e404="The system has no durable cursor of that name on that stream.",
-    ),
+    responses=_CURSOR_ACTION_ERRORS,
 )
 async def pause_consumer(
     runtime: Runtime,
     principal: LogRepairer,
-    stream: Annotated[str, Path(max_length=64)],
-    consumer: Annotated[str, Path(max_length=64)],
+    stream: _StreamName,
+    consumer: _ConsumerName,
     body: PauseRequest,
 ) -> PauseBody:
     """JetStream delivers nothing to the cursor until ``until``: its subscription or queue
     waits (what arrives meanwhile stays on the stream, nothing is lost), then resumes by
     itself. Use it to hold a subscription or a queue while its cause is fixed; resume it
     with ``/resume``. At most 7 days ahead. Audited."""
-    from nats.errors import Error as NatsError
-
     cursor = find_cursor(stream, consumer)
     # JetStream keeps a pause by the servers' wall clock, not by this runtime's clock.
     now = SystemClock().now()
@@ -217,12 +206,8 @@ async def pause_consumer(
             f"most {MAX_PAUSE.days} days ahead",
             field="until",
         )
-    try:
+    with _jetstream(f"pause {consumer} on {stream}"):
         until = await pause_cursor((await runtime.nats()).jetstream(), cursor, body.until)
-    except (NatsError, TimeoutError) as exc:
-        raise NatsUnavailableError(
-            f"cannot pause {consumer} on {stream}: {type(exc).__name__}: {exc}"
-        ) from exc
     return PauseBody(stream=stream, consumer=consumer, paused_until=until)
 
 
@@ -230,31 +215,17 @@ async def pause_consumer(
     "/consumers/{stream}/{consumer}/resume",
     response_model=PauseBody,
     summary="Resume a paused durable cursor now",
-    responses=error_responses(
-        401,
-        403,
-        404,
-        422,
-        503,
-        e403="The token lacks consumers:write, or is not a platform token (tenant '*').",
-        e404="The system has no durable cursor of that name on that stream.",
-    ),
+    responses=_CURSOR_ACTION_ERRORS,
 )
 async def resume_consumer(
     runtime: Runtime,
     principal: LogRepairer,
-    stream: Annotated[str, Path(max_length=64)],
-    consumer: Annotated[str, Path(max_length=64)],
+    stream: _StreamName,
+    consumer: _ConsumerName,
 ) -> PauseBody:
     """JetStream delivers to the cursor again at once (one not paused stays as it is).
     Audited."""
-    from nats.errors import Error as NatsError
-
     cursor = find_cursor(stream, consumer)
-    try:
+    with _jetstream(f"resume {consumer} on {stream}"):
         await resume_cursor((await runtime.nats()).jetstream(), cursor)
-    except (NatsError, TimeoutError) as exc:
-        raise NatsUnavailableError(
-            f"cannot resume {consumer} on {stream}: {type(exc).__name__}: {exc}"
-        ) from exc
     return PauseBody(stream=stream, consumer=consumer, paused_until=None)
