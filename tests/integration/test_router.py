@@ -161,6 +161,15 @@ async def publish(app: Rhumbatron, events: list[Event]) -> None:
         await js.publish(subject, event.to_json(), headers={"Nats-Msg-Id": event.event_id})
 
 
+async def two_events_each(app: Rhumbatron, clock: ManualClock, count: int) -> list[str]:
+    """``count`` projects of stream 0, each with the first two facts of its lifecycle on the
+    stream (published in project order); their IDs."""
+    projects = projects_on_stream(0, count)
+    for project in projects:
+        await publish(app, lifecycle(project, clock.now())[:2])
+    return projects
+
+
 async def publish_raw(app: Rhumbatron, stream: int, body: bytes, msg_id: str) -> None:
     js = (await app.nats()).jetstream()
     await js.publish(event_stream_subject(stream), body, headers={"Nats-Msg-Id": msg_id})
@@ -448,9 +457,7 @@ async def test_the_apply_cap_defers_events_without_counting_a_failure(
 ) -> None:
     # GIVEN five projects with events on one stream and a cap of 2 apply calls per run
     app = await make_app(router_apply_calls_per_run=2)
-    projects = projects_on_stream(0, 5)
-    for project in projects:
-        await publish(app, lifecycle(project, clock.now())[:2])
+    projects = await two_events_each(app, clock, 5)
 
     # WHEN one nudge runs
     report = await app.router().nudge(0)
@@ -476,9 +483,7 @@ async def test_the_apply_cap_holds_across_the_fetches_of_one_run(
     # GIVEN four projects with two events each on one stream, fetches of 4 records and a
     #   cap of 3 apply calls per run
     app = await make_app(router_apply_calls_per_run=3, router_fetch_max_records=4)
-    projects = projects_on_stream(0, 4)
-    for project in projects:
-        await publish(app, lifecycle(project, clock.now())[:2])
+    projects = await two_events_each(app, clock, 4)
 
     # WHEN one nudge runs (two fetches: the first two projects, then the last two)
     report = await app.router().nudge(0)
@@ -496,9 +501,7 @@ async def test_a_run_whose_calls_are_spent_fetches_nothing_more(
 ) -> None:
     # GIVEN four projects with two events each, fetches of 4 records and 2 calls per run
     app = await make_app(router_apply_calls_per_run=2, router_fetch_max_records=4)
-    projects = projects_on_stream(0, 4)
-    for project in projects:
-        await publish(app, lifecycle(project, clock.now())[:2])
+    await two_events_each(app, clock, 4)
 
     # WHEN one nudge runs
     report = await app.router().nudge(0)
@@ -516,9 +519,7 @@ async def test_deferred_records_are_kept_for_the_next_run_not_delivered_again(
 ) -> None:
     # GIVEN five projects with two events each on one stream and a cap of 2 calls per run
     app = await make_app(router_apply_calls_per_run=2)
-    projects = projects_on_stream(0, 5)
-    for project in projects:
-        await publish(app, lifecycle(project, clock.now())[:2])
+    projects = await two_events_each(app, clock, 5)
     router = app.router()
     js = (await app.nats()).jetstream()
 
@@ -544,9 +545,7 @@ async def test_records_left_waiting_are_nacked_for_any_reader_when_no_run_follow
 ) -> None:
     # GIVEN a run that left six records waiting (five projects, a cap of 2 calls)
     first = await make_app(router_apply_calls_per_run=2)
-    projects = projects_on_stream(0, 5)
-    for project in projects:
-        await publish(first, lifecycle(project, clock.now())[:2])
+    projects = await two_events_each(first, clock, 5)
     report = await first.router().nudge(0)
     assert report.subscriptions[PROJECTOR.value].deferred == 6
     # AND another process whose run finds them delivered elsewhere, so nothing to do
@@ -569,9 +568,7 @@ async def test_an_in_process_nudge_runs_again_while_its_runs_leave_records_waiti
     nudge = InProcessNudge()
     app = await make_app(nudge=nudge, router_apply_calls_per_run=2)
     app.router()  # binds the nudge
-    projects = projects_on_stream(0, 5)
-    for project in projects:
-        await publish(app, lifecycle(project, clock.now())[:2])
+    projects = await two_events_each(app, clock, 5)
 
     # WHEN one nudge arrives
     await nudge.nudge(0)
@@ -1260,9 +1257,7 @@ async def test_a_sweep_nacks_what_its_projector_left_waiting_when_it_ends(
 ) -> None:
     # GIVEN five projects with two events each on stream 0 and a cap of 2 calls per run
     app = await make_app(router_apply_calls_per_run=2)
-    projects = projects_on_stream(0, 5)
-    for project in projects:
-        await publish(app, lifecycle(project, clock.now())[:2])
+    projects = await two_events_each(app, clock, 5)
 
     # WHEN the sweep tick of stream 0 runs (no run of this process follows it)
     sweep = await app.router().sweep(now=sweep_minute(0))
