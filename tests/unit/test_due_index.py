@@ -4,6 +4,7 @@ the actor files that may have due work, never every file, and no alarm is left u
 from __future__ import annotations
 
 import os
+from fractions import Fraction
 from pathlib import Path
 
 from rhumbatron.actors.alarms import RecordingAlarmSink, alarm_due_at
@@ -69,6 +70,19 @@ def test_a_marker_only_ever_moves_earlier_when_marked(tmp_path: Path) -> None:
     assert index.due(1_000.0) == ["project_root:p1"]
     index.mark("project_root:p1", 500.0)
     assert index.due(500.0) == ["project_root:p1"]
+
+
+def test_a_marker_is_never_later_than_its_alarm_to_the_nanosecond(tmp_path: Path) -> None:
+    # At today's epoch a float second times 1e9 rounds to 256 ns; this alarm's rounded product
+    # lies 121 ns above it, so a marker taken from that product would be due after its alarm.
+    index = DueIndex(tmp_path / "alarms")
+    alarm_at = 1767225601.0395324
+    index.mark("project_root:p1", alarm_at)
+    index.settle("project_root:p2", alarm_at)
+    for key in ("project_root:p1", "project_root:p2"):
+        marked_ns = (tmp_path / "alarms" / key).stat().st_mtime_ns
+        assert Fraction(marked_ns, 10**9) <= Fraction(alarm_at) < Fraction(marked_ns + 1, 10**9)
+    assert index.due(alarm_at) == ["project_root:p1", "project_root:p2"]
 
 
 def test_a_visit_settles_the_marker_to_the_alarm_it_read_or_removes_it(tmp_path: Path) -> None:

@@ -30,7 +30,6 @@ work since the last scan, not by the actor files on disk.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,8 +46,11 @@ FULL_WALK_EVERY_S = 86_400.0
 
 
 def _ns(at_s: float) -> int:
-    # Down, never up: a marker must never come out later than the alarm it stands for.
-    return math.floor(at_s * _NS)
+    # Down, never up: a marker must never come out later than the alarm it stands for. The
+    # float product ``at_s * 1e9`` is rounded (to 256 ns at today's epoch), and its floor can
+    # land above the alarm; the exact ratio of the float cannot.
+    numerator, denominator = at_s.as_integer_ratio()
+    return numerator * _NS // denominator
 
 
 @dataclass(frozen=True, slots=True)
