@@ -10,6 +10,9 @@ write again, and the scan runs two ways on the same files in the same run:
 Printed per way: the wall and CPU milliseconds of one scan (median of the repeats), the actor
 files it opened, and the ratio full walk / indexed. Sending goes to an in-memory sender: the
 point is what finding the work costs, not publishing it.
+
+Then the sweep's outbox backlog gauge, the same two ways, with K actors holding a pending row:
+every actor file read (``every_actor=True``, the gauge before) and the index's marked actors.
 """
 
 from __future__ import annotations
@@ -31,10 +34,9 @@ from rhumbatron_dev.testing import MemorySender
 CALLER = Caller("bench", "system:bench", correlation_id="bench-alarm-scan")
 
 
-async def one_scan(
-    app: Rhumbatron, clock: ManualClock, due: list[str], *, full: bool
-) -> tuple[float, float, int]:
-    for project in due:
+def _write(app: Rhumbatron, projects: list[str]) -> None:
+    """One promotion in each of ``projects``: a pending row and an alarm each."""
+    for project in projects:
         root = app.project_root(project)
         state = root.state()
         assert state is not None
@@ -44,6 +46,12 @@ async def one_scan(
             artifact_id="a",
             expected_generation=state.canonical_generation,
         )
+
+
+async def one_scan(
+    app: Rhumbatron, clock: ManualClock, due: list[str], *, full: bool
+) -> tuple[float, float, int]:
+    _write(app, due)
     await app.close()  # a fresh container: nothing open
     if full:
         (app.settings.state_dir / "alarms" / ".complete").unlink()
@@ -72,6 +80,7 @@ async def measure(root: Path, actors: int, due: int, repeats: int) -> None:
         results["full walk"].append(await one_scan(app, clock, writers, full=True))
         writers = projects[-(repeat + 1) * due : len(projects) - repeat * due]
         results["indexed"].append(await one_scan(app, clock, writers, full=False))
+    gauge = await _gauge(app, clock, projects[repeats * due : (repeats + 1) * due], repeats)
     await app.close()
     medians = {}
     for way, runs in results.items():
@@ -83,6 +92,36 @@ async def measure(root: Path, actors: int, due: int, repeats: int) -> None:
         f"full walk / indexed: {medians['full walk'] / medians['indexed']:.1f}x "
         f"({actors} actor files, {due} with due work)"
     )
+    for way, (wall, cpu) in gauge.items():
+        print(f"backlog gauge, {way:>9}: {wall:8.1f} ms wall, {cpu:8.1f} ms CPU")
+    print(
+        f"backlog gauge, every file / indexed: {gauge['every file'][0] / gauge['indexed'][0]:.1f}x"
+    )
+
+
+async def _gauge(
+    app: Rhumbatron, clock: ManualClock, pending: list[str], repeats: int
+) -> dict[str, tuple[float, float]]:
+    """The backlog gauge's median wall and CPU ms, reading every file and the index, with a
+    pending row in each of ``pending`` (written, not published)."""
+    _write(app, pending)
+    await app.close()
+    medians: dict[str, tuple[float, float]] = {}
+    pending_seen: set[int] = set()
+    for way, every in (("every file", True), ("indexed", False)):
+        runs = []
+        for _ in range(repeats):
+            wall, cpu = time.perf_counter(), time.process_time()
+            backlog = app.outbox_backlog(every_actor=every)
+            runs.append(((time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3))
+            pending_seen.add(backlog["pending"])
+        medians[way] = (
+            statistics.median(r[0] for r in runs),
+            statistics.median(r[1] for r in runs),
+        )
+    # A promotion writes two events: both ways must count the same pending rows.
+    assert len(pending_seen) == 1 and pending_seen.pop() >= len(pending), pending_seen
+    return medians
 
 
 def main() -> None:

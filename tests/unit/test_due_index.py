@@ -4,13 +4,17 @@ the actor files that may have due work, never every file, and no alarm is left u
 from __future__ import annotations
 
 import os
+import shutil
 from fractions import Fraction
 from pathlib import Path
 
+import pytest
+
 from rhumbatron.actors.alarms import RecordingAlarmSink, alarm_due_at
-from rhumbatron.actors.due_index import FULL_WALK_EVERY_S, DueIndex
+from rhumbatron.actors.due_index import FULL_WALK_EVERY_S, NEVER_DUE_S, DueIndex
 from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.actors.project_root import ProjectRoot
+from rhumbatron.actors.publisher import requeue_failed_rows
 from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.core.clock import ManualClock
@@ -19,7 +23,7 @@ from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
 from rhumbatron.messaging.sender import EventSender
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron_dev.testing import MemorySender, RefuseFirstRowOnce
+from rhumbatron_dev.testing import MemorySender, RefuseFirstRowOnce, RefusingSender
 
 CALLER = Caller("acme", "system:test", "corr-due-index")
 
@@ -78,7 +82,7 @@ def test_a_marker_is_never_later_than_its_alarm_to_the_nanosecond(tmp_path: Path
     index = DueIndex(tmp_path / "alarms")
     alarm_at = 1767225601.0395324
     index.mark("project_root:p1", alarm_at)
-    index.settle("project_root:p2", alarm_at)
+    index.settle("project_root:p2", alarm_at, failed_rows=0)
     for key in ("project_root:p1", "project_root:p2"):
         marked_ns = (tmp_path / "alarms" / key).stat().st_mtime_ns
         assert Fraction(marked_ns, 10**9) <= Fraction(alarm_at) < Fraction(marked_ns + 1, 10**9)
@@ -88,12 +92,15 @@ def test_a_marker_is_never_later_than_its_alarm_to_the_nanosecond(tmp_path: Path
 def test_a_visit_settles_the_marker_to_the_alarm_it_read_or_removes_it(tmp_path: Path) -> None:
     index = DueIndex(tmp_path / "alarms")
     index.mark("project_root:p1", 100.0)
-    index.settle("project_root:p1", 5_000.0)  # only a backoff left: wait for it
+    index.settle("project_root:p1", 5_000.0, failed_rows=0)  # only a backoff left: wait for it
     assert index.due(4_999.0) == []
     assert index.due(5_000.0) == ["project_root:p1"]
-    index.settle("project_root:p1", None)
-    assert index.due(10**9) == []
-    index.settle("project_root:p1", None)  # settling twice is harmless
+    index.settle("project_root:p1", None, failed_rows=2)  # failed rows: listed, never due
+    assert index.due(NEVER_DUE_S - 1) == []
+    assert index.marked() == ["project_root:p1"]
+    index.settle("project_root:p1", None, failed_rows=0)
+    assert index.due(10**9) == [] and index.marked() == []
+    index.settle("project_root:p1", None, failed_rows=0)  # settling twice is harmless
 
 
 def test_due_actors_come_longest_due_first(tmp_path: Path) -> None:
@@ -288,4 +295,123 @@ async def test_an_actor_the_scan_cannot_read_stays_in_the_index(
 
     assert [r.error is not None for r in scan.reports] == [True]
     assert app.actors.due_index.due(clock.now().timestamp()) == [key]
+    await app.close()
+
+
+# --------------------------------------------------------------------------- the backlog gauge
+
+
+async def _one_failed_one_pending(
+    tmp_path: Path, clock: ManualClock
+) -> tuple[Rhumbatron, str, str]:
+    """40 published projects; then a row of p-000 refused once with one attempt allowed
+    (failed, so no alarm is left) and a row of p-001 written and not yet published."""
+    app = runtime(tmp_path, clock, MemorySender())
+    await projects_created_and_published(app, 40)
+    await app.close()
+    settings = load_settings(
+        state_dir=tmp_path / "state", nats_url="nats://127.0.0.1:1", outbox_max_attempts=1
+    )
+    refusing = bootstrap(
+        settings, clock=clock, alarms=RecordingAlarmSink(), sender=RefusingSender()
+    )
+    failed_key = write_tasks(refusing, "p-000")
+    [report] = await refusing.drain_alarms()
+    assert report.failed == 1
+    await refusing.close()
+    pending_key = write_tasks(app, "p-001")
+    await app.close()
+    return app, failed_key, pending_key
+
+
+async def test_the_backlog_gauge_opens_only_the_actors_with_open_rows(
+    tmp_path: Path, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN 40 published projects, one actor with a failed row and one with a pending row
+    app, failed_key, pending_key = await _one_failed_one_pending(tmp_path, clock)
+    # AND every other actor file damaged, so that opening any of them would be logged
+    others = [ref for ref in app.actor_refs() if ref.key not in (failed_key, pending_key)]
+    assert len(others) == 40
+    for ref in others:
+        ref.path(app.settings.state_dir).write_bytes(b"not a database" * 100)
+
+    # WHEN the sweep's gauge reads the backlog
+    backlog = app.outbox_backlog()
+
+    # THEN it counts both open rows, and opened no other actor file
+    assert backlog == {"pending": 1, "retry_wait": 0, "failed": 1}
+    assert "cannot read the outbox" not in caplog.text
+    assert sorted(DueIndex(app.settings.state_dir / "alarms").marked()) == sorted(
+        [failed_key, pending_key]
+    )
+    await app.close()
+
+
+async def test_a_failed_row_keeps_its_actor_in_the_index_never_due_until_it_is_requeued(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN an actor whose only open row failed, settled by a scan (its alarm is gone)
+    app, failed_key, _ = await _one_failed_one_pending(tmp_path, clock)
+    clock.advance(minutes=1)
+    await app.fire_due_alarms()
+    assert marker_at(app, failed_key) == NEVER_DUE_S
+    # THEN the scan never opens it for that, and the gauge still counts its row
+    clock.advance(minutes=1)
+    assert (await app.fire_due_alarms()).actors_visited == 0
+    assert app.outbox_backlog()["failed"] == 1
+
+    # WHEN an operator requeues it and the scan publishes it
+    shard = app.resource_shard("p-000", change_resource_key("chg-1"))
+    assert requeue_failed_rows(shard) == 1
+    await app.close()
+    clock.advance(minutes=1)
+    assert [r.published for r in (await app.fire_due_alarms()).reports] == [1]
+
+    # THEN its marker is gone with its last open row
+    assert marker_at(app, failed_key) is None
+    assert app.outbox_backlog() == {"pending": 0, "retry_wait": 0, "failed": 0}
+    await app.close()
+
+
+async def test_a_full_walk_marks_the_failed_rows_of_a_state_directory_from_before_the_index(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a state directory whose index was lost, with a failed row in it
+    app, failed_key, pending_key = await _one_failed_one_pending(tmp_path, clock)
+    shutil.rmtree(app.settings.state_dir / "alarms")
+    # THEN the gauge walks every file until a scan has settled the index
+    assert app.outbox_backlog() == {"pending": 1, "retry_wait": 0, "failed": 1}
+    clock.advance(minutes=1)
+    assert (await app.fire_due_alarms()).full_walk
+    # AND after the walk it finds the failed row through the index alone
+    assert marker_at(app, failed_key) == NEVER_DUE_S
+    assert marker_at(app, pending_key) is None  # published by the walk
+    assert app.outbox_backlog() == {"pending": 0, "retry_wait": 0, "failed": 1}
+    await app.close()
+
+
+async def test_the_dashboard_reads_every_actor_file_published_rows_included(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    app, _, _ = await _one_failed_one_pending(tmp_path, clock)
+    backlog = app.outbox_backlog(every_actor=True)
+    # 40 project.created, plus the failed and the pending task.ready
+    assert backlog == {"pending": 1, "retry_wait": 0, "published": 40, "failed": 1}
+    await app.close()
+
+
+async def test_a_row_that_fails_marks_its_actor_even_when_its_marker_was_lost(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    settings = load_settings(
+        state_dir=tmp_path / "state", nats_url="nats://127.0.0.1:1", outbox_max_attempts=1
+    )
+    app = bootstrap(settings, clock=clock, alarms=RecordingAlarmSink(), sender=RefusingSender())
+    app.actors.due_index.mark_complete(clock.now().timestamp())
+    key = write_tasks(app, "p-000")
+    marker(app, key).unlink()  # a power cut took the marker's directory entry
+    [report] = await app.drain_alarms()
+    assert report.failed == 1
+    assert marker_at(app, key) == NEVER_DUE_S
+    assert app.outbox_backlog()["failed"] == 1
     await app.close()

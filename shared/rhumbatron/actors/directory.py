@@ -123,18 +123,44 @@ class ActorDirectory:
             state = root.state()
         return None if state is None else state.tenant_id
 
-    def outbox_backlog(self) -> dict[str, int]:
-        """Outbox rows by state over every actor file (the dashboards' backlog). An actor
-        that cannot be read is logged and left out; files opened for it are closed again."""
-        totals = {state.value: 0 for state in RowState}
-        for ref in self.actor_refs():
+    def outbox_backlog(self, *, every_actor: bool = False) -> dict[str, int]:
+        """Open outbox rows by state (pending, retry_wait, failed): the dashboards' backlog.
+
+        Every actor with an open row has a marker in the due-actor index (see
+        :mod:`~rhumbatron.actors.due_index`), so only those actors are opened, not every
+        actor file; a state directory the index does not cover yet (no full walk so far) is
+        walked whole. ``every_actor`` walks every file and adds the published rows the
+        outboxes still hold (the local dashboard). An actor that cannot be read is logged
+        and left out; files opened for it are closed again.
+        """
+        states = list(RowState) if every_actor else [s for s in RowState if s.is_open]
+        totals = {state.value: 0 for state in states}
+        refs = self.actor_refs() if every_actor else self._backlog_refs()
+        for ref in refs:
             try:
                 with self.visiting(ref) as actor:
-                    for state, count in counts_by_state(actor.connection).items():
-                        totals[state] = totals.get(state, 0) + count
+                    counts = counts_by_state(actor.connection)
             except (RhumbatronError, sqlite3.Error) as exc:
                 _log.error("cannot read the outbox of %s: %s", ref.key, exc)
+                continue
+            for state in totals:
+                totals[state] += counts[state]
         return totals
+
+    def _backlog_refs(self) -> Iterator[ActorRef]:
+        index = self.due_index
+        if not index.is_complete():
+            yield from self.actor_refs()
+            return
+        state_dir = self.settings.state_dir
+        for key in index.marked():
+            try:
+                ref = ActorRef.parse(key)
+                self.check_shard(ref)
+            except ActorError:
+                continue  # a stray name: the scan forgets it
+            if ref in self._actors or ref.path(state_dir).exists():
+                yield ref
 
     def close(self) -> None:
         """Close every actor file this directory opened."""

@@ -26,6 +26,13 @@ most t.** It is kept like this:
 A marker whose alarm was deleted by a fire stays until the next scan visits it once; the fire
 path pays nothing for the index, and the scan's visits are bounded by the actors that had
 work since the last scan, not by the actor files on disk.
+
+The index also names every actor whose outbox holds a ``failed`` row, which has no alarm: its
+marker stands at :data:`NEVER_DUE_S`, so the scan never visits it for that, while the outbox
+backlog gauge, which reads every marker (:meth:`DueIndex.marked`), does. So **every actor with an
+open outbox row (pending, retry_wait or failed) has a marker**, and the gauge opens those
+actors, not every actor file. The transaction that fails a row marks it; a settle keeps it for
+as long as a failed row is left.
 """
 
 from __future__ import annotations
@@ -36,13 +43,18 @@ from pathlib import Path
 
 from rhumbatron.paths import path_under
 
-__all__ = ["FULL_WALK_EVERY_S", "DueIndex"]
+__all__ = ["FULL_WALK_EVERY_S", "NEVER_DUE_S", "DueIndex"]
 
 _COMPLETE = ".complete"
 _NS = 1_000_000_000
 
 #: How long a full walk's stamp stands before the scan walks every actor file again.
 FULL_WALK_EVERY_S = 86_400.0
+
+#: The mtime of the marker of an actor whose outbox holds failed rows and no alarm
+#: (2100-01-01): listed by :meth:`DueIndex.marked`, never due. Far below the 2**63 ns a file
+#: time holds.
+NEVER_DUE_S = 4_102_444_800.0
 
 
 def _ns(at_s: float) -> int:
@@ -82,15 +94,18 @@ class DueIndex:
             self._create(marker)
         os.utime(marker, ns=(due_ns, due_ns))
 
-    def settle(self, actor_key: str, alarm_at_s: float | None) -> None:
-        """Set the marker of ``actor_key`` to the alarm its file holds: none removes it.
+    def settle(self, actor_key: str, alarm_at_s: float | None, *, failed_rows: int) -> None:
+        """Set the marker of ``actor_key`` to the alarm its file holds; with no alarm, to
+        :data:`NEVER_DUE_S` while it holds ``failed_rows``, else remove it.
 
-        Only under the actor's write lock, with ``alarm_at_s`` read under that same lock.
+        Only under the actor's write lock, with both read under that same lock.
         """
         marker = self._marker(actor_key)
         if alarm_at_s is None:
-            marker.unlink(missing_ok=True)
-            return
+            if not failed_rows:
+                marker.unlink(missing_ok=True)
+                return
+            alarm_at_s = NEVER_DUE_S
         if not marker.exists():
             self._create(marker)
         due_ns = _ns(alarm_at_s)
@@ -99,6 +114,19 @@ class DueIndex:
     def forget(self, actor_key: str) -> None:
         """Drop the marker of an actor whose file is gone."""
         self._marker(actor_key).unlink(missing_ok=True)
+
+    def marked(self) -> list[str]:
+        """The keys of every marked actor, due or not: the actors with an alarm or a failed
+        outbox row (and, until a visit settles them, those whose alarm a fire deleted)."""
+        try:
+            return sorted(e.name for e in os.scandir(self.root) if not e.name.startswith("."))
+        except FileNotFoundError:
+            return []
+
+    def is_complete(self) -> bool:
+        """Whether a full walk ever settled every actor's marker (a state directory from
+        before the index has none until its first scan)."""
+        return (self.root / _COMPLETE).exists()
 
     def due(self, now_s: float) -> list[str]:
         """The keys of the actors whose marker is due at ``now_s``, the longest-due first.

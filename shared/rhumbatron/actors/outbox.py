@@ -53,6 +53,11 @@ class RowState(StrEnum):
     PUBLISHED = "published"
     FAILED = "failed"
 
+    @property
+    def is_open(self) -> bool:
+        """Whether a row in this state is backlog: not yet published (failed included)."""
+        return self is not RowState.PUBLISHED
+
 
 OUTBOX_SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (

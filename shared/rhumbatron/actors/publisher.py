@@ -35,6 +35,7 @@ from datetime import datetime
 
 from rhumbatron.actors.actor import Actor
 from rhumbatron.actors.alarms import AlarmGuard, FireDecision, alarm_due_at, replace_alarm
+from rhumbatron.actors.due_index import NEVER_DUE_S
 from rhumbatron.actors.outbox import (
     OutboxRow,
     RowState,
@@ -387,6 +388,9 @@ class OutboxPublisher:
                 max_attempts=settings.outbox_max_attempts,
                 delay_s=delay,
             )
+            if state is RowState.FAILED:
+                # A failed row has no alarm; its marker lets the backlog gauge find it.
+                actor.due_index.mark(actor.ref.key, NEVER_DUE_S)
         if state is RowState.FAILED:
             report.failed += 1
         else:
@@ -408,6 +412,7 @@ class OutboxPublisher:
             with actor.write() as db:
                 for seq, reason in doomed:
                     mark_failed(db, seq, reason)
+                actor.due_index.mark(actor.ref.key, NEVER_DUE_S)
             report.failed += len(doomed)
         return sendable
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from rhumbatron.actors.actor import Actor, ActorRef
 from rhumbatron.actors.alarms import FireDecision, RecordingAlarmSink, alarm_due_at
 from rhumbatron.actors.directory import ActorDirectory
+from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.actors.publisher import OutboxPublisher, PublishReport, ScanReport
 from rhumbatron.core.clock import Clock
 from rhumbatron.errors import ActorError, RhumbatronError
@@ -182,10 +183,11 @@ class AlarmJobs:
 
     @staticmethod
     def _settle_marker(actor: Actor) -> None:
-        """The actor's marker set to the alarm its file holds, read under its write lock
-        (BEGIN IMMEDIATE, no write: nothing is synced)."""
+        """The actor's marker set to the alarm its file holds, and kept for its failed rows,
+        both read under its write lock (BEGIN IMMEDIATE, no write: nothing is synced)."""
         with actor.write() as db:
-            actor.due_index.settle(actor.ref.key, alarm_due_at(db))
+            failed = counts_by_state(db)[RowState.FAILED]
+            actor.due_index.settle(actor.ref.key, alarm_due_at(db), failed_rows=failed)
 
     async def drain_alarms(self, sink: RecordingAlarmSink) -> list[PublishReport]:
         """The local invoker: fire every alarm ``sink`` announced, up to ``concurrency`` at

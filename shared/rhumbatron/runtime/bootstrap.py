@@ -347,9 +347,11 @@ class Rhumbatron:
             self._lifecycle = Lifecycle(self)
         return self._lifecycle
 
-    def outbox_backlog(self) -> dict[str, int]:
-        """Outbox rows by state over every actor file (the dashboards' backlog)."""
-        return self.actors.outbox_backlog()
+    def outbox_backlog(self, *, every_actor: bool = False) -> dict[str, int]:
+        """Open outbox rows by state, from the actors the due-actor index names
+        (:meth:`ActorDirectory.outbox_backlog`); ``every_actor`` walks every file and adds
+        the published rows."""
+        return self.actors.outbox_backlog(every_actor=every_actor)
 
     # -- alarms ------------------------------------------------------------------------------
     async def alarm_jobs(self) -> AlarmJobs:

@@ -2,10 +2,11 @@
 
 Each panel is read where the cloud's metric comes from: consumer lag from JetStream
 (:meth:`~rhumbatron.router.event_router.EventRouter.consumer_lags`), the outbox backlog from
-every actor file (:meth:`~rhumbatron.runtime.bootstrap.Rhumbatron.outbox_backlog`), dead
-letters from the product database, commands per queue from the COMMANDS stream's consumers,
-Clef-flash calls from the causal store, throughput from the event streams and the
-``EVENT_METRICS`` rows, the capacity report from the settings and the streams' rates
+every actor file, published rows included
+(:meth:`~rhumbatron.runtime.bootstrap.Rhumbatron.outbox_backlog`), dead letters from the
+product database, commands per queue from the COMMANDS stream's consumers, Clef-flash calls
+from the causal store, throughput from the event streams and the ``EVENT_METRICS`` rows, the
+capacity report from the settings and the streams' rates
 (:func:`~rhumbatron.router.capacity.capacity_report`), and the roles' ticks from
 :class:`~rhumbatron_dev.dashboard.stats.LocalRunStats`.
 
@@ -52,7 +53,7 @@ async def collect_summary(app: Rhumbatron, stats: LocalRunStats | None) -> dict[
     now = app.clock.now()
     # The product and actor files are read on the event loop, as the API's routes read
     # them: one connection per file serves the process, and no transaction awaits inside.
-    backlog = _read(app.outbox_backlog)
+    backlog = _read(lambda: app.outbox_backlog(every_actor=True))
     return {
         "at": now.isoformat(),
         "lags": await _panel(lambda: _lags(app)),
