@@ -1252,6 +1252,41 @@ async def test_a_warm_router_measures_its_capacity_again_every_hour(
     assert any("archive_events_per_day" in w for w in (await router.sweep(now=later)).warnings)
 
 
+async def test_the_projectors_sweep_ceilings_warn_only_while_no_nudge_runs(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a deployment sized for 10^8 a day: only the projector's sweep-only ceilings are
+    #   below it, and they bind only while nothing nudges the router
+    app = await make_app(expected_events_per_day=100_000_000)
+    first = sweep_minute(0)
+    clock.set(first)
+    sweep_only = {"sweep_apply_events_per_day", "sweep_apply_calls_per_day"}
+
+    def warned(warnings: list[str]) -> set[str]:
+        return {name for name in sweep_only for w in warnings if f" {name} " in w}
+
+    # WHEN a router sweeps with no nudge run anywhere, THEN it warns of both
+    assert warned((await app.router().sweep(now=first)).warnings) == sweep_only
+    # WHEN the nudge function (another process) takes a stream's turn, THEN the next
+    #   hour's check of a fresh router warns of neither
+    assert (
+        app.router().stream_state(3).take_nudge_turn("nudger", now_s=first.timestamp(), hold_s=60)
+    )
+    await app.close()
+    later = first + timedelta(minutes=30)
+    clock.set(later)
+    assert warned((await app.router().sweep(now=later)).warnings) == set()
+    # WHEN an hour and more passes with no nudge, THEN they bind again, and it says so
+    quiet = later + timedelta(hours=2)
+    clock.set(quiet)
+    assert warned((await app.router().sweep(now=quiet)).warnings) == sweep_only
+    # WHEN this process nudges a stream itself, THEN the next check warns of neither
+    await app.router().nudge(0)
+    again = quiet + timedelta(hours=1)
+    clock.set(again)
+    assert warned((await app.router().sweep(now=again)).warnings) == set()
+
+
 async def test_a_sweep_nacks_what_its_projector_left_waiting_when_it_ends(
     make_app: AppFactory, clock: ManualClock
 ) -> None:

@@ -86,6 +86,21 @@ def test_a_deployment_sized_above_a_ceiling_is_warned_at_start() -> None:
     assert [w.split(" but ")[1].split(" is ")[0] for w in drained] == ["sweep_apply_calls_per_day"]
 
 
+def test_while_nudges_run_the_projectors_sweep_only_ceilings_warn_of_nothing() -> None:
+    # sized for 10^8 a day in drain mode: only the projector's sweep-only ceilings are below
+    settings = load_settings(expected_events_per_day=100_000_000)
+    names = sorted(w.split(" but ")[1].split(" is ")[0] for w in sizing_warnings(settings))
+    assert names == ["sweep_apply_calls_per_day", "sweep_apply_events_per_day"]
+    assert sizing_warnings(settings, nudged=True) == []
+    # and the rate of 10^8 a day passes 80 % of them only while nothing nudges
+    observed = capacity_warnings(settings, observed_per_day=1e8)
+    assert {w.split(" of ")[1].split(" ")[0] for w in observed} == {
+        "sweep_apply_calls_per_day",
+        "sweep_apply_events_per_day",
+    }
+    assert capacity_warnings(settings, observed_per_day=1e8, nudged=True) == []
+
+
 # -- the prune that keeps up with the volume (issue #17) --------------------------------------
 
 
@@ -194,3 +209,6 @@ async def test_the_capacity_point_is_the_share_of_the_tightest_ceiling_that_bind
     assert nudged.used_percent == pytest.approx(100 * 10_800 / 115_100)
     settings = load_settings(router_nudge_function="rhumbatron-router-nudge")
     assert (await capacity_report(settings, None)).nudged
+    # the router says what it saw, whatever its own settings name
+    assert (await capacity_report(load_settings(), None, nudged=True)).nudged
+    assert not (await capacity_report(settings, None, nudged=False)).nudged

@@ -11,6 +11,7 @@ import pytest
 from rhumbatron.actors.storage import (
     check_journal_mode,
     is_network_filesystem,
+    observe_commits,
     open_database,
     write_transaction,
 )
@@ -189,6 +190,28 @@ def test_write_transaction_rolls_back_when_the_block_raises(tmp_path: Path) -> N
         db.execute("INSERT INTO t VALUES (1)")
         raise RuntimeError("boom")
     assert connection.execute("SELECT COUNT(*) FROM t").fetchone()[0] == 0
+    connection.close()
+
+
+def test_commit_observers_see_each_commit_that_wrote_and_nothing_else(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path)
+    path = tmp_path / "actor.sqlite"
+    connection = open_database(path, settings)
+    connection.execute("CREATE TABLE t (x INTEGER)")
+    seen: list[Path] = []
+    stop = observe_commits(seen.append)
+    with write_transaction(connection, path) as db:
+        db.execute("INSERT INTO t VALUES (1)")
+    with write_transaction(connection, path) as db:  # read under the lock: nothing synced
+        db.execute("SELECT COUNT(*) FROM t").fetchone()
+    with pytest.raises(RuntimeError), write_transaction(connection, path) as db:
+        db.execute("INSERT INTO t VALUES (2)")
+        raise RuntimeError("rolled back")
+    assert seen == [path]
+    stop()
+    with write_transaction(connection, path) as db:
+        db.execute("INSERT INTO t VALUES (3)")
+    assert seen == [path]
     connection.close()
 
 

@@ -4,6 +4,10 @@ SQLite's WAL needs shared memory, which a network filesystem (EFS, NFS) cannot g
 such a path corrupts files. :func:`check_journal_mode` refuses that combination at start-up.
 Every write transaction starts with ``BEGIN IMMEDIATE`` so one writer holds a file at a time
 and a second one waits up to the busy timeout, then gets :class:`ActorBusyError`.
+
+Every write of every SQLite file the system keeps goes through :func:`write_transaction`, so
+:func:`observe_commits` sees each durable commit (the benchmarks count commits per event and
+per file with it; with no observer it costs one truth test per commit).
 """
 
 from __future__ import annotations
@@ -26,11 +30,31 @@ __all__ = [
     "check_journal_mode",
     "fsync_directory",
     "is_network_filesystem",
+    "observe_commits",
     "open_database",
     "open_with_schema",
     "sqlite_error",
     "write_transaction",
 ]
+
+# Called with the file's path after each COMMIT that wrote a row (a transaction that only read
+# under the write lock commits nothing to disk). A list, not a set: observers are few and
+# their order is their registration's.
+_commit_observers: list[Callable[[Path], None]] = []
+
+
+def observe_commits(observer: Callable[[Path], None]) -> Callable[[], None]:
+    """Call ``observer(path)`` after every write transaction that changed a row, in any
+    thread; returns the function that stops it. The observer must be quick and must not
+    raise: it runs after the COMMIT, inside the writer's call."""
+    _commit_observers.append(observer)
+
+    def stop() -> None:
+        if observer in _commit_observers:
+            _commit_observers.remove(observer)
+
+    return stop
+
 
 NETWORK_FILESYSTEMS = frozenset(
     {"nfs", "nfs4", "efs", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "lustre", "glusterfs"}
@@ -132,6 +156,7 @@ def write_transaction(connection: sqlite3.Connection, path: Path) -> Iterator[sq
         connection.execute("BEGIN IMMEDIATE")
     except sqlite3.OperationalError as exc:
         raise sqlite_error(exc, path, "cannot start a transaction") from exc
+    changes_before = connection.total_changes
     try:
         yield connection
     except BaseException:
@@ -146,6 +171,9 @@ def write_transaction(connection: sqlite3.Connection, path: Path) -> Iterator[sq
         if connection.in_transaction:
             connection.execute("ROLLBACK")
         raise sqlite_error(exc, path, "commit failed") from exc
+    if _commit_observers and connection.total_changes != changes_before:
+        for observer in _commit_observers:
+            observer(path)
 
 
 def schema_version(schema: str) -> int:

@@ -175,11 +175,24 @@ def drain_mode(settings: Settings, observed_per_day: float | None = None) -> boo
     return volume > DRAIN_AT_SHARE * min(sweep_only.values())
 
 
-def capacity_warnings(settings: Settings, observed_per_day: float) -> list[str]:
-    """One warning per ceiling the observed rate has passed 80 % of, naming the setting to
-    raise. Not the prune's: the sweep sizes its chunks for the observed rate (twice it,
-    :func:`tick_prune_rows`), so it keeps up at any rate."""
-    limits = ceilings(settings, observed_per_day).as_dict()
+#: The ceilings of the sweep's own projector and causal runs: while publishes nudge the
+#: router, the nudges apply the events and these do not bind.
+_SWEEP_APPLY_CEILINGS = ("sweep_apply_events_per_day", "sweep_apply_calls_per_day")
+
+
+def _binding(limits: dict[str, int], *, nudged: bool) -> dict[str, int]:
+    """``limits`` without the ones that do not bind: the projector's sweep-only ones while
+    publishes nudge the router."""
+    return {k: v for k, v in limits.items() if not (nudged and k in _SWEEP_APPLY_CEILINGS)}
+
+
+def capacity_warnings(
+    settings: Settings, observed_per_day: float, *, nudged: bool = False
+) -> list[str]:
+    """One warning per binding ceiling the observed rate has passed 80 % of, naming the
+    setting to raise (see :func:`_binding`). Not the prune's: the sweep sizes its chunks for
+    the observed rate (twice it, :func:`tick_prune_rows`), so it keeps up at any rate."""
+    limits = _binding(ceilings(settings, observed_per_day).as_dict(), nudged=nudged)
     del limits["prune_events_per_day"]
     return [
         f"the streams carry about {observed_per_day:,.0f} events a day, over "
@@ -190,14 +203,14 @@ def capacity_warnings(settings: Settings, observed_per_day: float) -> list[str]:
     ]
 
 
-def sizing_warnings(settings: Settings) -> list[str]:
-    """One warning per ceiling below ``expected_events_per_day``: what the deployment is
-    sized for but cannot carry (logged when the router starts)."""
+def sizing_warnings(settings: Settings, *, nudged: bool = False) -> list[str]:
+    """One warning per binding ceiling below ``expected_events_per_day``: what the deployment
+    is sized for but cannot carry (logged when the router starts)."""
     expected = settings.expected_events_per_day
     return [
         f"sized for {expected:,} events a day (RHUMBATRON_EXPECTED_EVENTS_PER_DAY) but "
         f"{name} is {limit:,}: raise {_ADVICE[name]} (see docs/operations.md)"
-        for name, limit in ceilings(settings).as_dict().items()
+        for name, limit in _binding(ceilings(settings).as_dict(), nudged=nudged).items()
         if limit < expected
     ]
 
@@ -256,12 +269,8 @@ class CapacityReport:
         the projector's sweep-only ones while publishes nudge the router."""
         if self.observed_events_per_day is None:
             return None
-        limits = self.ceilings.as_dict()
-        unbound = ["prune_events_per_day"]
-        if self.nudged:
-            unbound += ["sweep_apply_events_per_day", "sweep_apply_calls_per_day"]
-        for name in unbound:
-            del limits[name]
+        limits = _binding(self.ceilings.as_dict(), nudged=self.nudged)
+        del limits["prune_events_per_day"]
         return 100 * self.observed_events_per_day / min(limits.values())
 
     def as_json(self) -> dict[str, object]:
@@ -279,13 +288,19 @@ class CapacityReport:
         }
 
 
-async def capacity_report(settings: Settings, nc: NATS | None) -> CapacityReport:
+async def capacity_report(
+    settings: Settings, nc: NATS | None, *, nudged: bool | None = None
+) -> CapacityReport:
     """The capacity report; the observed rate is read from the streams when ``nc`` is given
-    (None: the settings alone, as when NATS cannot be reached)."""
+    (None: the settings alone, as when NATS cannot be reached). ``nudged`` says whether
+    publishes nudge the router (the router knows: :meth:`EventRouter.nudged_lately`); by
+    default, whether these settings name a router-nudge function."""
+    if nudged is None:
+        nudged = settings.router_nudge_function is not None
     observed = None if nc is None else await observed_events_per_day(nc)
-    warnings = sizing_warnings(settings)
+    warnings = sizing_warnings(settings, nudged=nudged)
     if observed is not None:
-        warnings += capacity_warnings(settings, observed)
+        warnings += capacity_warnings(settings, observed, nudged=nudged)
     return CapacityReport(
         expected_events_per_day=settings.expected_events_per_day,
         observed_events_per_day=observed,
@@ -293,5 +308,5 @@ async def capacity_report(settings: Settings, nc: NATS | None) -> CapacityReport
         ceilings=ceilings(settings, observed),
         warnings=warnings,
         drain_mode=drain_mode(settings, observed),
-        nudged=settings.router_nudge_function is not None,
+        nudged=nudged,
     )

@@ -4,11 +4,9 @@ A **nudge** for stream N runs ``project-view-projector`` then ``causal-router``,
 consumes each. A **sweep tick** (the start of every minute) visits stream
 ``minute-of-day mod 8`` and runs the same two, then the ``audit-archiver`` batch(es), then —
 on a tick that is neither the daily maintenance tick nor a release-sweep tick — the
-``analytics-projector`` batch(es); every sweep tick ends with one ``reactions`` batch on
-each of the 8 streams (the reactions run in the sweep only, a batch per stream a minute, so
-an event storm waits on the stream instead of stampeding, and a reaction follows its fact
-within a minute; issue #7). The sweep is the correctness path: with nudges off every event
-is still applied, 8 minutes later at most.
+``analytics-projector`` batch(es); every tick ends with one ``reactions`` batch on each of
+the 8 streams (so an event storm waits on the stream instead of stampeding; issue #7). The
+sweep is the correctness path: with nudges off every event is applied, 8 minutes later at most.
 
 For every fetched record the router settles one outcome (see ``records``): ack, nack after
 the delay, hold for the stream's next run (a deferral: the run that leaves records waiting is
@@ -50,6 +48,7 @@ from rhumbatron.router.handlers import (
     RecordHandler,
     RunContext,
 )
+from rhumbatron.router.nudge_turn import turn_taken_since
 from rhumbatron.router.records import (
     DecodedEvents,
     Outcome,
@@ -116,6 +115,8 @@ class EventRouter:
     _capacity_checked_at: float | None = None
     #: The event rate the streams carried at the last capacity check (None: unknown).
     _observed_per_day: float | None = None
+    # When this process last ran a nudge (the local invoker nudges in process).
+    _last_nudge_at_s: float | None = None
     _decoded: DecodedEvents = field(default_factory=DecodedEvents)
     #: The records this process keeps for each stream's next run (``settling``).
     _held: HeldRecords = field(default_factory=HeldRecords)
@@ -180,6 +181,7 @@ class EventRouter:
         mode (:func:`~rhumbatron.router.capacity.drain_mode`) the archiver, analytics and
         reactions of the stream drain after them, until caught up or ``should_stop``."""
         _check_stream(stream_index)
+        self._last_nudge_at_s = self.clock.now().timestamp()
         report = RunReport(stream_index, "nudge")
         consumes = self.settings.router_consumes_per_run
         batch = self.settings.router_fetch_max_records
@@ -283,17 +285,25 @@ class EventRouter:
         self._capacity_checked_at = now_s
         from rhumbatron.router.capacity import capacity_report
 
+        nudged = self.nudged_lately(now_s)
         try:
-            report = await capacity_report(self.settings, await self.connect())
+            report = await capacity_report(self.settings, await self.connect(), nudged=nudged)
         except Exception as exc:
             # A missing estimate must not stop a sweep: the settings' warnings still hold.
             _log.warning("cannot estimate the event rate: %s", exc)
-            report = await capacity_report(self.settings, None)
+            report = await capacity_report(self.settings, None, nudged=nudged)
         self._observed_per_day = report.observed_events_per_day
         warnings = report.warnings
         for warning in warnings:
             _log.warning(warning)
         return warnings, report.used_percent
+
+    def nudged_lately(self, now_s: float) -> bool:
+        """Whether nudges ran in the last ``router_capacity_check_every_s``, here or through a
+        stream's turn (:func:`~rhumbatron.router.nudge_turn.turn_taken_since`)."""
+        since_s = now_s - self.settings.router_capacity_check_every_s
+        last = self._last_nudge_at_s
+        return (last is not None and last >= since_s) or turn_taken_since(self, since_s)
 
     def run_context(self, stream_index: int) -> RunContext:
         """A run's context on ``stream_index``: its time and its budget of apply calls."""

@@ -22,12 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 from rhumbatron.router.reports import RunReport
 
 if TYPE_CHECKING:
     from rhumbatron.router.ports import TurnedRouter
 
-__all__ = ["NudgeTurnReport", "nudge_in_turn"]
+__all__ = ["NudgeTurnReport", "nudge_in_turn", "turn_taken_since"]
 
 
 @dataclass
@@ -86,3 +87,14 @@ async def nudge_in_turn(
         # The records the last run left waiting were kept for a next run here; none follows.
         await router.release_held(stream_index)
     return turn
+
+
+def turn_taken_since(router: TurnedRouter, since_s: float) -> bool:
+    """Whether any stream's nudge turn was held at or after ``since_s``: the nudge function
+    ran. While nudges run, the projector's sweep-only ceilings do not bind (the nudges apply
+    the events); when they stop, those ceilings bind again, and the capacity check says so."""
+    for index in range(EVENT_STREAM_COUNT):
+        ends_s = router.stream_state(index).last_nudge_turn_s()
+        if ends_s is not None and ends_s >= since_s:
+            return True
+    return False

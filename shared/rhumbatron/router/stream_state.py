@@ -119,6 +119,12 @@ class StreamState(SqliteStore):
             db.execute("UPDATE nudge_turn SET holder = NULL WHERE id = 1")
             return False
 
+    def last_nudge_turn_s(self) -> float | None:
+        """When the last nudge turn taken on this stream ends (its holder's deadline); None
+        when no nudge ever took one."""
+        row = self.connection.execute("SELECT expires_at_s FROM nudge_turn WHERE id = 1").fetchone()
+        return None if row is None else float(row[0])
+
     def give_back_nudge_turn(self, holder: str) -> None:
         """Give the turn back now (out of time, or the run failed); a pending nudge stays
         pending, for the next nudge or the sweep."""
