@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 MUTATION_STAMP := $(VENV)/.installed-mutation
 
-.PHONY: venv demo up test lint sam-check bench mutation clean
+.PHONY: venv demo up test lint sam-check bench soak mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,12 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 ## Benchmarks: prints a table and writes bench/results.json.
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.run
+
+## The soak (issue #17): a million events over four simulated days on the embedded stack;
+## prints its figures with PASS or FAIL per check and writes bench/soak-results.json.
+## `make soak EVENTS=100000` sends fewer.
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak $(if $(EVENTS),--events $(EVENTS))
 
 # Mutation testing needs the `mutation` extra (mutmut), which dev also installs.
 $(MUTATION_STAMP): $(STAMP) pyproject.toml

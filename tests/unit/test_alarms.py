@@ -171,6 +171,22 @@ def test_guard_fires_again_on_the_next_utc_day(tmp_path: Path, clock: ManualCloc
     root.close()
 
 
+def test_an_actor_keeps_the_fire_counts_of_today_and_yesterday_only(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    settings = offline(tmp_path)
+    clock.set(datetime(2026, 1, 1, 12, tzinfo=UTC))
+    root = project_root(settings, clock, RecordingAlarmSink())
+    root.create_project(CALLER, name="Acme")
+    guard = AlarmGuard(settings.alarm_max_fires_per_day)
+    for _ in range(30):  # a month of daily fires
+        admit(root, guard, clock.now())
+        clock.advance(days=1)
+    days = [day for (day,) in root.connection.execute("SELECT day FROM alarm_fires ORDER BY day")]
+    assert days == ["2026-01-29", "2026-01-30"]
+    root.close()
+
+
 def test_guard_at_the_default_cap_admits_2000_fires_and_refuses_the_2001st(
     tmp_path: Path, clock: ManualClock
 ) -> None:

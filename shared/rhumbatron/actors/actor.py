@@ -89,10 +89,15 @@ class ActorRef:
             "'resource_shard:<project>:<shard>'"
         )
 
+    @property
+    def file_name(self) -> str:
+        """``root.sqlite`` or ``shard-<NN>.sqlite``: the file's name in its project's
+        directory."""
+        return "root.sqlite" if self.shard is None else f"shard-{self.shard:02d}.sqlite"
+
     def path(self, state_dir: Path) -> Path:
         """``<state>/projects/<project>/root.sqlite`` or ``…/shard-<NN>.sqlite``."""
-        name = "root.sqlite" if self.shard is None else f"shard-{self.shard:02d}.sqlite"
-        return path_under(state_dir / "projects", self.project_id, name)
+        return path_under(state_dir / "projects", self.project_id, self.file_name)
 
 
 @dataclass(frozen=True, slots=True)

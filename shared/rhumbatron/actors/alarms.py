@@ -174,6 +174,10 @@ class AlarmGuard:
             f"ON CONFLICT (day) DO UPDATE SET {column} = {column} + 1",
             (day,),
         )
+        # Only today's count caps fires; yesterday's stays for the operator. Older days go
+        # here, in the fire's own transaction (a key range of a table of two or three rows),
+        # or an actor file would keep a row for every day it ever fired.
+        connection.execute("DELETE FROM alarm_fires WHERE day < date(?, '-1 day')", (day,))
 
     @staticmethod
     def fires_on(connection: sqlite3.Connection, day: str) -> tuple[int, int]:
