@@ -62,3 +62,21 @@ def test_a_plan_that_cannot_show_a_steady_state_is_refused_naming_the_value() ->
         SoakPlan(days=2).check()
     with pytest.raises(ValueError, match="--projects 4"):
         SoakPlan(projects=4).check()
+
+
+def test_the_targets_are_a_million_events_in_twenty_minutes_half_a_commit_and_five_dollars() -> (
+    None
+):
+    result = SoakResult(SoakPlan())
+    result.events, result.wall_s = 1_000_000, 990.0
+    result.commits_by_role = {"actor": 146_304, "publisher": 147_524, "router": 67_008}
+    result.cpu_s_by_role = {"publisher": 244.0, "router": 367.0, "sweep": 91.0}
+    result.nudges, result.alarm_fires, result.s3_puts = 9_200, 147_500, 11_000
+    assert result.targets() == dict.fromkeys(result.targets(), True)
+    # one commit per event more, beside the actor's: the commits and the cost both miss
+    result.commits_by_role["publisher"] += 1_000_000
+    missed = [name for name, ok in result.targets().items() if not ok]
+    assert [name.split(" ")[0] for name in missed] == ["commits", "USD"]
+    # and a short run never passes the first
+    result.events = 999_999
+    assert not result.targets()["1,000,000 events in under 20 minutes"]

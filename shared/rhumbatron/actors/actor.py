@@ -9,6 +9,7 @@ decision that raises leaves neither state nor outbox row behind.
 from __future__ import annotations
 
 import fcntl
+import functools
 import re
 import sqlite3
 import threading
@@ -97,7 +98,14 @@ class ActorRef:
 
     def path(self, state_dir: Path) -> Path:
         """``<state>/projects/<project>/root.sqlite`` or ``…/shard-<NN>.sqlite``."""
-        return path_under(state_dir / "projects", self.project_id, self.file_name)
+        return _actor_path(state_dir, self.project_id, self.file_name)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _actor_path(state_dir: Path, project_id: str, file_name: str) -> Path:
+    # Checked once per process and actor: scans, the backlog gauge and the lifecycle's reads
+    # ask for the same paths again and again, and path_under resolves two paths each time.
+    return path_under(state_dir / "projects", project_id, file_name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ as long as a failed row is left.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,13 @@ FULL_WALK_EVERY_S = 86_400.0
 #: (2100-01-01): listed by :meth:`DueIndex.marked`, never due. Far below the 2**63 ns a file
 #: time holds.
 NEVER_DUE_S = 4_102_444_800.0
+
+
+@functools.lru_cache(maxsize=65_536)
+def _marker_path(root: Path, actor_key: str) -> Path:
+    # Checked once per process and key: every write that moves an alarm marks its actor, and
+    # path_under resolves two paths (several syscalls) each time.
+    return path_under(root, actor_key)
 
 
 def _ns(at_s: float) -> int:
@@ -77,7 +85,7 @@ class DueIndex:
         return cls(state_dir / "alarms")
 
     def _marker(self, actor_key: str) -> Path:
-        return path_under(self.root, actor_key)
+        return _marker_path(self.root, actor_key)
 
     def mark(self, actor_key: str, due_at_s: float) -> None:
         """Make sure the marker of ``actor_key`` is due no later than ``due_at_s``.
