@@ -70,6 +70,7 @@ from rhumbatron.operator.cost_model import CostBreakdown, EfsMode, Workload, cos
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, stable_event_id
 from rhumbatron.queues.dead_letter import open_letter_counts
 from rhumbatron.router.event_router import EventRouter
+from rhumbatron.router.nudge_turn import nudge_in_turn
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
 __all__ = ["FLAT_TOLERANCE", "SoakPlan", "SoakResult", "run_soak"]
@@ -409,18 +410,15 @@ def table_figures(state_dir: Path) -> tuple[dict[str, int], dict[str, int], dict
 
 
 async def _route(router: EventRouter, nudge: RecordingNudge) -> int:
-    """Run the nudges the publisher sent, as the nudge function does: each stream once, again
-    while a run leaves records waiting, then its held records released. Returns the runs."""
+    """Run the nudges the publisher sent, as the nudge function does: each stream in its
+    nudge turn (:func:`~rhumbatron.router.nudge_turn.nudge_in_turn`: again while a run leaves
+    records waiting, then its held records released). Returns the runs."""
     streams = sorted(set(nudge.nudged))
     nudge.nudged.clear()
     runs = 0
     for index in streams:
-        while True:
-            report = await router.nudge(index)
-            runs += 1
-            if not report.left_waiting:
-                break
-        await router.release_held(index)
+        turn = await nudge_in_turn(router, index, hold_s=router.settings.router_nudge_turn_s)
+        runs += turn.runs
     return runs
 
 
