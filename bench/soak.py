@@ -44,7 +44,6 @@ import gzip
 import json
 import math
 import os
-import sqlite3
 import sys
 import tempfile
 import time
@@ -67,6 +66,7 @@ from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
 from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.operator.cost_model import CostBreakdown, EfsMode, Workload, cost_per_million
+from rhumbatron.operator.inspect import file_kind, inspect_state, totals
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, stable_event_id
 from rhumbatron.queues.dead_letter import open_letter_counts
 from rhumbatron.router.event_router import EventRouter
@@ -331,18 +331,6 @@ def write_facts(app: Rhumbatron, facts: Sequence[_Fact]) -> int:
 # --------------------------------------------------------------------------- measuring
 
 
-def _file_kind(path: Path, state_dir: Path) -> str:
-    try:
-        parts = path.relative_to(state_dir).parts
-    except ValueError:
-        return "other"
-    if len(parts) > 1:
-        return {"projects": "actor", "views": "view", "router": "stream_state"}.get(
-            parts[0], parts[0]
-        )
-    return path.stem
-
-
 class _Roles:
     """Which role the run is in, and the CPU seconds and commits each role spent."""
 
@@ -358,7 +346,7 @@ class _Roles:
         self.commits[self.role] += 1
         kind = self._kinds.get(path)
         if kind is None:
-            kind = self._kinds[path] = _file_kind(path, self.state_dir)
+            kind = self._kinds[path] = file_kind(path, self.state_dir)
         self.commits_by_file[(self.role, kind)] += 1
 
     @contextmanager
@@ -373,37 +361,12 @@ class _Roles:
 
 
 def table_figures(state_dir: Path) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-    """Rows per ``kind.table`` summed over every SQLite file; per kind of file, the bytes its
-    databases use (pages in use, the WAL's included, free pages not) and the bytes of their
-    WAL files. The files on disk lag the pages in use until a checkpoint, so the flat check
+    """Rows per ``kind.table`` over every SQLite file; per kind of file, the bytes its pages in
+    use take (the WAL's included) and those of its WAL files (:mod:`rhumbatron.operator.
+    inspect`). The files on disk lag the pages in use until a checkpoint, so the flat check
     reads the pages."""
-    rows: Counter[str] = Counter()
-    used_bytes: Counter[str] = Counter()
-    wal_bytes: Counter[str] = Counter()
-    for path in sorted(state_dir.rglob("*.sqlite")):
-        kind = _file_kind(path, state_dir)
-        wal = path.with_name(path.name + "-wal")
-        if wal.exists():
-            wal_bytes[kind] += wal.stat().st_size
-        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            pages = connection.execute("PRAGMA page_count").fetchone()[0]
-            free = connection.execute("PRAGMA freelist_count").fetchone()[0]
-            page_size = connection.execute("PRAGMA page_size").fetchone()[0]
-            used_bytes[kind] += (pages - free) * page_size
-            tables = [
-                name
-                for (name,) in connection.execute(
-                    "SELECT name FROM sqlite_master WHERE type = 'table' "
-                    "AND name NOT LIKE 'sqlite_%'"
-                )
-            ]
-            for table in tables:
-                (count,) = connection.execute(f'SELECT count(*) FROM "{table}"').fetchone()
-                rows[f"{kind}.{table}"] += count
-        finally:
-            connection.close()
-    return dict(rows), dict(used_bytes), dict(wal_bytes)
+    by_kind = totals(inspect_state(state_dir))
+    return by_kind.rows, by_kind.used_bytes, by_kind.wal_bytes
 
 
 # --------------------------------------------------------------------------- the run

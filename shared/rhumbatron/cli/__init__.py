@@ -1,8 +1,8 @@
 """The ``rhumbatron`` command: ``outbox`` (inspect, requeue), ``streams``, ``dead-letters``
 (list, show, retry, dismiss), ``kinds`` (the Event kind grammar), ``subscriptions`` and
 ``schedules`` (list, show, create, enable, disable, delete), ``capacity`` (the router's
-ceilings against the volume), ``reconcile`` (the log against the outbox), ``api`` (serve the
-operator API);
+ceilings against the volume), ``inspect`` (what the state's SQLite files hold),
+``reconcile`` (the log against the outbox), ``api`` (serve the operator API);
 and ``demo``, ``up`` (the local stack, API and dashboard) and ``invoke`` (one function of
 ``template.yaml``, here), which run the development package :mod:`rhumbatron_dev`, imported
 only when they run (the Lambda layer leaves it out).
@@ -46,6 +46,7 @@ from rhumbatron.cli import (
     capacity,
     dead_letters,
     dev,
+    inspect,
     kinds,
     mcp,
     outbox,
@@ -85,6 +86,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "replay": replay.replay,
     "views": views.views,
     "capacity": capacity.capacity,
+    "inspect": inspect.inspect,
     "reconcile": reconcile.reconcile,
     "subscriptions": subscriptions.subscriptions,
     "schedules": schedules.schedules,
@@ -107,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_parser(sub)
     views.add_parser(sub)
     capacity.add_parser(sub)
+    inspect.add_parser(sub)
     reconcile.add_parser(sub)
     subscriptions.add_parser(sub)
     schedules.add_parser(sub)
