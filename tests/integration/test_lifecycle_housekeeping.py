@@ -376,6 +376,25 @@ async def test_a_quiet_open_change_is_settled_at_the_next_release_sweep_tick(
     assert task is not None and (task.status, task.agent_id) == (TaskStatus.RUNNING, AGENT)
 
 
+async def test_the_release_sweep_closes_every_shard_file_it_opened_to_read(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN three projects with an open Change each, in a fresh process (nothing open)
+    clock.set(at(10, 4))
+    for number in range(3):
+        new_project(app, f"acme-{number}")
+        open_change(app, f"acme-{number}", f"req-{number}")
+    await app.close()
+    # WHEN the 10:14 release-sweep tick reads every shard of every project
+    clock.set(at(10, 14))
+    assert (await tick(app))["release_sweep"] is True
+    # THEN it left none of them open: a warm sweep holds no file per shard it read (the
+    #   clock project's, which the tick writes to, aside)
+    shards = [ref for ref in app.actor_refs() if ref.shard is not None and "acme" in ref.key]
+    assert len(shards) >= 3
+    assert [ref.key for ref in shards if app.actors.is_open(ref)] == []
+
+
 async def test_a_change_open_for_hours_is_quiet_from_its_last_task_move(
     app: Rhumbatron, clock: ManualClock
 ) -> None:

@@ -74,7 +74,7 @@ class LifecycleWorld:
             }
         )
 
-    def shards(self, project_id: str) -> Iterator[ResourceShard]:
+    def _shard_refs(self, project_id: str) -> Iterator[ActorRef]:
         """The project's shard files that exist, from one listing of its directory (the
         release sweep asks this of every project every five minutes)."""
         project_dir = ProjectRoot.ref_for(project_id).path(self.actors.settings.state_dir).parent
@@ -85,7 +85,21 @@ class LifecycleWorld:
         for index in range(self.actors.settings.resource_shard_count):
             ref = ActorRef(ActorKind.RESOURCE_SHARD, project_id, index)
             if ref.file_name in names:
-                actor = self.actors.actor(ref)
+                yield ref
+
+    def shards(self, project_id: str) -> Iterator[ResourceShard]:
+        """The project's shard files that exist."""
+        for ref in self._shard_refs(project_id):
+            actor = self.actors.actor(ref)
+            assert isinstance(actor, ResourceShard)
+            yield actor
+
+    def visited_shards(self, project_id: str) -> Iterator[ResourceShard]:
+        """The project's shard files that exist, each closed again once the loop moves on if
+        it was opened for the visit: the release sweep reads every shard of every project,
+        and a warm sweep must not keep a file open for each."""
+        for ref in self._shard_refs(project_id):
+            with self.actors.visiting(ref) as actor:
                 assert isinstance(actor, ResourceShard)
                 yield actor
 
@@ -217,7 +231,7 @@ class LifecycleWorld:
     def releasing_changes(self, promoted_before: datetime, limit: int) -> list[ReleasingChange]:
         found: list[ReleasingChange] = []
         for project_id in self.project_ids():
-            for shard in self.shards(project_id):
+            for shard in self.visited_shards(project_id):
                 for change in shard.changes(statuses=(ChangeStatus.RELEASING.value,)):
                     promoted = parse_timestamp(change.promoted_at)
                     if promoted is None or promoted >= promoted_before:
@@ -256,7 +270,7 @@ class LifecycleWorld:
         its status, so a Change open for hours whose Task failed just now is not quiet."""
         found: list[QuietChange] = []
         for project_id in self.project_ids():
-            for shard in self.shards(project_id):
+            for shard in self.visited_shards(project_id):
                 for change in shard.changes(statuses=_SETTLEABLE):
                     updated = _last_moved(shard, change)
                     if updated is None or not updated_after <= updated <= updated_before:
