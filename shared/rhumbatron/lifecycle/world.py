@@ -110,7 +110,10 @@ class LifecycleWorld:
         )
         if not ref.path(self.actors.settings.state_dir).exists():
             return "active"
-        return self.admin_shard(project_id).project_status()
+        # A visit: the release sweep asks this of every project every five minutes.
+        with self.actors.visiting(ref) as shard:
+            assert isinstance(shard, ResourceShard)
+            return shard.project_status()
 
     def canonical_generation(self, project_id: str) -> int:
         if not self.project_exists(project_id):
