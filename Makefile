@@ -78,8 +78,8 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.run
 
 ## The soak (issue #17): a million events over four simulated days on the embedded stack;
-## prints its figures with PASS or FAIL per check and writes bench/soak-results.json.
-## `make soak EVENTS=100000` sends fewer.
+## prints its figures with PASS or FAIL per check and target and writes bench/soak-results.json.
+## `make soak EVENTS=100000` sends fewer (its checks count; the targets are a million's).
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak $(if $(EVENTS),--events $(EVENTS))
 
