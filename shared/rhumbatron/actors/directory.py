@@ -152,15 +152,27 @@ class ActorDirectory:
         if not index.is_complete():
             yield from self.actor_refs()
             return
+        yield from self.indexed_refs(index.marked())
+
+    def indexed_refs(self, keys: list[str]) -> list[ActorRef]:
+        """The actors behind the due-actor index's ``keys``; a stray name or a marker whose
+        actor file is gone is dropped from the index (visiting it would create the file)."""
+        index = self.due_index
         state_dir = self.settings.state_dir
-        for key in index.marked():
+        refs: list[ActorRef] = []
+        for key in keys:
             try:
                 ref = ActorRef.parse(key)
                 self.check_shard(ref)
-            except ActorError:
-                continue  # a stray name: the scan forgets it
-            if ref in self._actors or ref.path(state_dir).exists():
-                yield ref
+            except ActorError as exc:
+                _log.warning("the due-actor index holds %r, which is no actor: %s", key, exc)
+                index.forget(key)
+                continue
+            if not self.is_open(ref) and not ref.path(state_dir).exists():
+                index.forget(key)
+                continue
+            refs.append(ref)
+        return refs
 
     def close(self) -> None:
         """Close every actor file this directory opened."""

@@ -122,7 +122,7 @@ class AlarmJobs:
                 start = random.randrange(len(refs))
                 refs = refs[start:] + refs[:start]
         else:
-            refs = self._indexed_refs(index.due(now_s))
+            refs = self.actors.indexed_refs(index.due(now_s))
         queue = deque(refs)
 
         async def worker() -> None:
@@ -137,26 +137,6 @@ class AlarmJobs:
             index.mark_complete(now_s)
         await self.publisher.nudge_streams(i for r in scan.reports for i in r.nudged)
         return scan
-
-    def _indexed_refs(self, keys: list[str]) -> list[ActorRef]:
-        """The actors behind the index's due keys; a stray name or a marker whose actor file
-        is gone is dropped from the index (visiting it would create the file)."""
-        index = self.actors.due_index
-        state_dir = self.actors.settings.state_dir
-        refs: list[ActorRef] = []
-        for key in keys:
-            try:
-                ref = ActorRef.parse(key)
-                self.actors.check_shard(ref)
-            except ActorError as exc:
-                _log.warning("the due-actor index holds %r, which is no actor: %s", key, exc)
-                index.forget(key)
-                continue
-            if not self.actors.is_open(ref) and not ref.path(state_dir).exists():
-                index.forget(key)
-                continue
-            refs.append(ref)
-        return refs
 
     async def _scan_one(
         self,
