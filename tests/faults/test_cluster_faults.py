@@ -12,23 +12,29 @@ binary, on its own loopback ports.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
+import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from nats.errors import Error as NatsError
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
-from rhumbatron.core.settings import Settings, load_settings
+from rhumbatron.api import StaticTokenAuth, create_api
+from rhumbatron.core.settings import ApiTokenGrant, Settings, load_settings
 from rhumbatron.errors import NatsUnavailableError, UnsafeStorageError
 from rhumbatron.messaging.commands import CommandBus
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.messaging.event_log import Subscription
-from rhumbatron.messaging.log_state import read_replica_states
+from rhumbatron.messaging.log_state import read_replica_states, read_stream_ids
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.ids import event_stream_name, stream_index
@@ -335,6 +341,39 @@ async def _replica_of(
         await asyncio.sleep(0.2)  # polling the restarted node, with a deadline
 
 
+#: Times the graceful-stop-and-cut fault is applied before a run gives up on seeing a loss.
+CUT_TRIES = 4
+
+
+async def _cut_newest_events(
+    app: Rhumbatron, stream: str, victim: NatsServerProcess, total: int
+) -> int:
+    """Stop ``victim`` gracefully, cut its newest block file by about eight events, start it,
+    and return how many events its copy lost inside its sequence range.
+
+    The loss shows only when the node's shutdown snapshot of the stream's raft group won its
+    race with the raft node closing (nats-server's ``doSnapshot`` on a clean stop is best
+    effort): without that snapshot the restarted node replays the cut events from its raft
+    log and holds them all again. Such a run applies the fault again, up to
+    :data:`CUT_TRIES` times; the node's own ``/jsz`` says which happened.
+    """
+    for _ in range(CUT_TRIES):
+        victim.stop()
+        [block] = sorted(victim.store_dir.rglob(f"streams/{stream}/msgs/*.blk"))[-1:]
+        size = block.stat().st_size
+        os.truncate(block, size - 8 * size // total)
+        victim.start()
+        await _replica_of(app, stream, victim.name, total)
+        states, _ = read_replica_states(app.settings.monitor_urls, [stream])
+        [copy] = [state for state in states if state.node == victim.name]
+        if copy.holes:
+            return copy.holes
+    raise AssertionError(
+        f"{victim.name} replayed the cut events from its raft log {CUT_TRIES} times in a row: "
+        "its shutdown snapshot never won the race, so no loss could be made to find"
+    )
+
+
 async def test_a_replica_that_lost_acknowledged_events_is_found_and_named_by_id(
     tmp_path: Path, cluster: list[NatsServerProcess]
 ) -> None:
@@ -345,6 +384,7 @@ async def test_a_replica_that_lost_acknowledged_events_is_found_and_named_by_id(
     try:
         await _streams_ready(app)
         (shard,) = _shards(app, 1)
+        written_since = datetime.now(UTC) - timedelta(minutes=1)
         written = write_change_events(shard, "change-0", 300)
         await _publish_until_done(app, 300, timeout_s=30)
         index = stream_index(PROJECT)
@@ -354,7 +394,7 @@ async def test_a_replica_that_lost_acknowledged_events_is_found_and_named_by_id(
             await _replica_of(app, stream, node.name, 300, messages=300)
         [clean] = (await app.reconcile([index])).streams
         # (What each replica reported, should it not be clean: a read error under load shows.)
-        assert (clean.expected, clean.has_gap) == (300, False), clean.as_json()
+        assert (clean.expected, clean.has_gap) == (300, False), json.dumps(clean.as_json())
         assert sorted(r.node for r in clean.replicas) == ["node0", "node1", "node2"]
         assert all((r.found, r.missing, r.holes) == (300, (), 0) for r in clean.replicas)
 
@@ -362,12 +402,7 @@ async def test_a_replica_that_lost_acknowledged_events_is_found_and_named_by_id(
         # events, and it is started again (it rebuilds without them, and tells no client)
         leader = (await (await app.nats()).jetstream().stream_info(stream)).cluster.leader  # type: ignore[union-attr]
         victim = next(node for node in cluster if node.name != leader)
-        victim.stop()
-        [block] = sorted(victim.store_dir.rglob(f"streams/{stream}/msgs/*.blk"))[-1:]
-        size = block.stat().st_size
-        os.truncate(block, size - 8 * size // 300)
-        victim.start()
-        await _replica_of(app, stream, victim.name, 300)
+        lost = await _cut_newest_events(app, stream, victim, 300)
 
         # THEN reconciliation names that replica, how many it lost inside its sequence range,
         # and exactly which events: the newest ones. The others hold all; no event is
@@ -376,9 +411,9 @@ async def test_a_replica_that_lost_acknowledged_events_is_found_and_named_by_id(
         [damaged] = found.streams
         by_node = {r.node: r for r in damaged.replicas}
         hurt = by_node[victim.name]
-        assert hurt.holes >= 1
-        assert hurt.missing == tuple(written[-hurt.holes :])
-        assert hurt.found == 300 - hurt.holes
+        assert hurt.holes == lost
+        assert hurt.missing == tuple(written[-lost:])
+        assert hurt.found == 300 - lost
         assert all(
             (r.found, r.missing, r.holes) == (300, (), 0) for r in damaged.replicas if r is not hurt
         )
@@ -398,8 +433,86 @@ async def test_a_replica_that_lost_acknowledged_events_is_found_and_named_by_id(
             ]
         info = await (await app.nats()).jetstream().stream_info(stream)
         assert info.cluster is not None and info.cluster.leader == leader
+
+        # WHEN the damaged replica comes to lead the stream (from here on, a read through the
+        # stream misses what it lost), and an operator asks the API for a dry run, then for
+        # the repair
+        await _stepdown_until_leads(app, stream, victim.name)
+        async with _operator_api(app) as api:
+            ask = {"streams": [index], "dryRun": True}
+            dry = await api.post("/reconciliation/repair", json=ask, headers=OPERATOR_HEADERS)
+            ask["dryRun"] = False
+            real = await api.post("/reconciliation/repair", json=ask, headers=OPERATOR_HEADERS)
+            audit = (await api.get("/audit", headers=OPERATOR_HEADERS)).json()["items"]
+
+        # THEN the dry run says the lead moves to a replica that holds every event and does
+        # nothing; the repair moves it there; both leave the damaged copy to its node, and
+        # both are audited
+        healthy = sorted(node.name for node in cluster if node is not victim)
+        assert dry.status_code == real.status_code == 200, (dry.text, real.text)
+        for answer, moved in ((dry.json(), False), (real.json(), True)):
+            assert answer["gap"], answer
+            actions = [(s["action"], s["node"] in healthy, s["done"]) for s in answer["steps"]]
+            assert actions == [("move_leader", True, moved), ("rebuild_replica", False, False)]
+        info = await (await app.nats()).jetstream().stream_info(stream)
+        assert info.cluster is not None and info.cluster.leader in healthy
+        assert [e["operation"] for e in audit] == ["repair_log", "repair_log"]
+
+        # WHEN the operator rebuilds the damaged copy on its node (the runbook's step 2: stop
+        # it, delete its copy of the stream, start it)
+        victim.stop()
+        [copy] = victim.store_dir.rglob(f"streams/{stream}")
+        shutil.rmtree(copy)
+        victim.start()
+        await _replica_of(app, stream, victim.name, 300, messages=300)
+
+        # THEN every replica holds every event exactly once, in the order it was published,
+        # and reconciliation over the API finds no gap
+        states, _ = read_replica_states(app.settings.monitor_urls, [stream])
+        assert sorted((s.node, s.messages, s.last_seq) for s in states) == [
+            (node.name, 300, 300) for node in cluster
+        ]
+        js = (await app.nats()).jetstream()
+        for node in cluster:
+            ids = await read_stream_ids(js, stream, since=written_since, on_node=node.name)
+            in_order = sorted(ids.sequence_of, key=ids.sequence_of.__getitem__)
+            assert in_order == written, f"{node.name}'s copy is not the published order"
+        async with _operator_api(app) as api:
+            proof = await api.get(f"/reconciliation?stream={index}", headers=OPERATOR_HEADERS)
+        assert proof.status_code == 200 and proof.json()["gap"] is False, proof.text
     finally:
         await app.close()
+
+
+OPERATOR_TOKEN = "operator-token-ffffffffffff"
+OPERATOR_HEADERS = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+
+
+@contextlib.asynccontextmanager
+async def _operator_api(app: Rhumbatron) -> AsyncIterator[httpx.AsyncClient]:
+    """The API on ``app``, called as a platform operator through httpx's ASGI transport."""
+    scopes = ("consumers:read", "consumers:write", "audit:read")
+    tokens = {OPERATOR_TOKEN: ApiTokenGrant(tenant="*", scopes=scopes)}
+    asgi = create_api(app, StaticTokenAuth(tokens), manage_runtime=False)
+    transport = httpx.ASGITransport(app=asgi)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+        yield client
+
+
+async def _stepdown_until_leads(app: Rhumbatron, stream: str, node: str) -> None:
+    """Ask the stream's leader to step down in favour of ``node`` until ``node`` leads (what
+    the restarts of its peers can also bring about)."""
+    nc = await app.nats()
+    deadline = time.monotonic() + 30
+    while (await nc.jetstream().stream_info(stream)).cluster.leader != node:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, f"{node} never took the lead of {stream}"
+        with contextlib.suppress(NatsError):  # between leaders nobody answers: ask again
+            await nc.request(
+                f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
+                json.dumps({"placement": {"preferred": node}}).encode(),
+                timeout=2,
+            )
+        await asyncio.sleep(0.5)  # an election takes a moment
 
 
 # -- the consuming side (item 5 of issue #18) ----------------------------------------------

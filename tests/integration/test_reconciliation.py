@@ -4,6 +4,7 @@ case, a replica that lost events, is in tests/faults/test_cluster_faults.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.actors.shard_commands import AppendChangeEvents
@@ -21,6 +23,8 @@ from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.project import project_admin_key
+from rhumbatron.errors import MessagingError
+from rhumbatron.messaging.log_state import CATCH_UP_S, SCAN_BATCH, _scan
 from rhumbatron.metrics import LOG_GAP_METRIC, recent_points
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.runtime.bootstrap import bootstrap
@@ -115,6 +119,71 @@ async def test_the_log_holding_every_published_event_is_proven_and_a_lost_one_na
         assert table.returncode == EXIT_GAP
         assert f"{stream}: GAP: 20 events published" in table.stdout
         assert f"    missing {written[4]}" in table.stdout
+    finally:
+        await app.close()
+
+
+async def test_a_scan_whose_consumer_answers_late_reads_every_event_and_one_never_answered_fails(
+    settings: Settings,
+) -> None:
+    # GIVEN 20 published events, and a scan consumer that does not answer yet (as one placed on
+    # another node does until its interest reaches the client's server: JetStream answers 503)
+    app = bootstrap(settings)
+    try:
+        await app.ensure_streams()
+        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
+        written = write_change_events(shard, "chg-1", 20)
+        await app.fire_due_alarms()
+        stream = event_stream_name(stream_index(PROJECT))
+        js = (await app.nats()).jetstream()
+        headers_only = ConsumerConfig(
+            name="late-scan",
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.NONE,
+            headers_only=True,
+        )
+
+        # WHEN the scan starts, and its consumer comes half a second later (the fault)
+        scan = asyncio.create_task(_scan(js, stream, "late-scan", 20, SCAN_BATCH))
+        await asyncio.sleep(0.5)  # the fault's delay, not a wait for the scan
+        await js.add_consumer(stream, headers_only)
+        sequence_of, requests = await scan
+
+        # THEN the unanswered fetches were asked again, and the scan read every event
+        assert sorted(sequence_of, key=sequence_of.__getitem__) == written
+        assert requests > 1, "the scan never met an unanswered fetch: the fault did not happen"
+
+        # AND a consumer that never answers ends the scan with an error that says so, within
+        # its bound (a read error is reported per replica, not taken for a lost copy)
+        with pytest.raises(MessagingError, match=f"nobody answered the scan of {stream}"):
+            await asyncio.wait_for(_scan(js, stream, "never-made", 20, SCAN_BATCH), 30)
+    finally:
+        await app.close()
+
+
+async def test_a_copy_that_lost_its_newest_event_is_reported_without_waiting_for_a_catch_up(
+    settings: Settings,
+) -> None:
+    # GIVEN 20 published events, the newest of which the log loses (its copy's own last
+    # sequence, in its /jsz, stays 20: the copy is not behind, it lost the event)
+    app = bootstrap(settings)
+    try:
+        await app.ensure_streams()
+        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
+        written = write_change_events(shard, "chg-1", 20)
+        await app.fire_due_alarms()
+        index = stream_index(PROJECT)
+        await (await app.nats()).jetstream().delete_msg(event_stream_name(index), 20)
+
+        # WHEN reconciliation runs over that stream
+        report = await app.reconcile([index])
+
+        # THEN it names the lost event, and its scan ended where the copy's messages do: it
+        # did not wait the catch-up time a follower behind its leader is given
+        [stream] = report.streams
+        [replica] = stream.replicas
+        assert (replica.missing, replica.holes, replica.behind) == ((written[-1],), 1, 0)
+        assert report.seconds < CATCH_UP_S, f"the scan waited {report.seconds:.1f} s"
     finally:
         await app.close()
 

@@ -6,12 +6,14 @@
   short of its sequence range has a *hole*: acknowledged events it lost, as a node does
   whose newest block file was cut before a restart. A replica only *behind* the leader (a
   lower last sequence, no hole) is catching up, not damaged.
-* **By event ID, on the leader**: an ephemeral, headers-only consumer reads every
-  ``Nats-Msg-Id`` and its stream sequence from a start time on, a thousand per request.
+* **By event ID, per replica**: an ephemeral, headers-only R1 consumer placed on that replica
+  reads every ``Nats-Msg-Id`` and its stream sequence from a start time on, a thousand per
+  request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import urllib.request
@@ -125,6 +127,7 @@ async def read_stream_ids(
     *,
     since: datetime,
     on_node: str | None = None,
+    copy_last_seq: int | None = None,
     batch: int = SCAN_BATCH,
 ) -> StreamIds:
     """Every ``Nats-Msg-Id`` on ``stream`` stored at or after ``since``, read by a
@@ -133,7 +136,10 @@ async def read_stream_ids(
 
     An R1 consumer reads the copy of the server it is placed on, and JetStream places it on
     any replica: with ``on_node``, a consumer placed elsewhere is deleted and made again
-    until it lands there, so the scan proves that replica's copy.
+    until it lands there, so the scan proves that replica's copy. ``copy_last_seq`` is that
+    copy's own last sequence (its ``/jsz``), when known: a copy already that far has nothing
+    left to catch up, so its scan ends where its messages do instead of waiting
+    :data:`CATCH_UP_S` for the ones it lost.
     """
     from nats.errors import Error as NatsError
 
@@ -143,7 +149,10 @@ async def read_stream_ids(
             return StreamIds(stream, on_node, {}, 1)
         name, requests = await _consumer_on(js, stream, since, on_node)
         try:
-            sequence_of, fetches = await _scan(js, stream, name, last_seq, batch)
+            caught_up = copy_last_seq is not None and copy_last_seq >= last_seq
+            sequence_of, fetches = await _scan(
+                js, stream, name, last_seq, batch, caught_up=caught_up
+            )
         finally:
             await js.delete_consumer(stream, name)
     except NatsError as exc:
@@ -193,6 +202,11 @@ async def _consumer_on(
 SCAN_STALLS = 10
 
 
+#: How long a scan asks again while nobody answers its fetches (503), and the pause between.
+UNANSWERED_S = 5.0
+UNANSWERED_PAUSE_S = 0.2
+
+
 #: How long a scan waits for a replica behind the leader to catch up to the leader's last
 #: sequence (a follower applies what the leader stored a moment ago): a replica still short
 #: after it is reported as it is.
@@ -200,29 +214,51 @@ CATCH_UP_S = 5.0
 
 
 async def _scan(
-    js: JetStreamContext, stream: str, consumer: str, last_seq: int, batch: int
+    js: JetStreamContext,
+    stream: str,
+    consumer: str,
+    last_seq: int,
+    batch: int,
+    *,
+    caught_up: bool = False,
 ) -> tuple[dict[str, int], int]:
     """Fetch the consumer's headers up to ``last_seq``: each ID at its sequence, and the
     requests it took. A fetch that times out ends the scan only when the consumer has nothing
-    pending, and, short of ``last_seq``, once the replica had :data:`CATCH_UP_S` to catch up:
-    a slow answer or a lagging follower is not the end of the copy."""
+    pending, and, short of ``last_seq``, once the replica had :data:`CATCH_UP_S` to catch up
+    (at once when its copy is known to have ``caught_up`` to ``last_seq``): a slow answer or a
+    lagging follower is not the end of the copy. A fetch nobody answers
+    (503) is a stall too: a consumer just placed on another node takes a moment before its
+    interest reaches the server this client is connected to."""
     import time
 
+    from nats.errors import NoRespondersError
     from nats.errors import TimeoutError as NatsTimeoutError
+    from nats.js.errors import ServiceUnavailableError
 
     subscription = await js.pull_subscribe_bind(consumer=consumer, stream=stream)
     sequence_of: dict[str, int] = {}
     requests = stalls = 0
     seen = 0
     catch_up_until: float | None = None
+    unanswered_until: float | None = None
     try:
         while seen < last_seq:
             requests += 1
             try:
                 messages = await subscription.fetch(batch, timeout=1.0)
+            except (ServiceUnavailableError, NoRespondersError):
+                unanswered_until = unanswered_until or time.monotonic() + UNANSWERED_S
+                if time.monotonic() >= unanswered_until:
+                    raise MessagingError(
+                        f"nobody answered the scan of {stream} for {UNANSWERED_S:g} s"
+                    ) from None
+                await asyncio.sleep(UNANSWERED_PAUSE_S)
+                continue
             except (NatsTimeoutError, TimeoutError):  # nats-py raises either
                 requests += 1
                 if (await subscription.consumer_info()).num_pending == 0:
+                    if caught_up:
+                        break  # the copy's messages end here; the rest it lost
                     catch_up_until = catch_up_until or time.monotonic() + CATCH_UP_S
                     if time.monotonic() >= catch_up_until:
                         break  # the replica's copy ends here
@@ -235,6 +271,7 @@ async def _scan(
                     ) from None
                 continue
             stalls = 0
+            unanswered_until = None
             for msg in messages:
                 event_id = (msg.headers or {}).get("Nats-Msg-Id")
                 if event_id is not None:

@@ -239,7 +239,13 @@ async def _reconcile_stream(
             replicas.append(ReplicaReport(label, node == leader, 0, 0, (), state, behind))
             continue
         try:
-            ids = await read_stream_ids(js, name, since=scan_from, on_node=node)
+            ids = await read_stream_ids(
+                js,
+                name,
+                since=scan_from,
+                on_node=node,
+                copy_last_seq=state.last_seq if state is not None else None,
+            )
         except MessagingError as exc:
             replicas.append(
                 ReplicaReport(label, node == leader, len(wanted), 0, (), state, behind, str(exc))
