@@ -27,6 +27,7 @@ from rhumbatron.errors import MessagingError
 from rhumbatron.messaging.log_state import CATCH_UP_S, SCAN_BATCH, _scan
 from rhumbatron.metrics import LOG_GAP_METRIC, recent_points
 from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.router.ticks import log_proof_due
 from rhumbatron.runtime.bootstrap import bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 
@@ -256,3 +257,86 @@ async def test_a_sweep_tick_finds_a_replica_short_of_its_range_and_records_the_l
         assert len(gap_facts(clock)) == 1
     finally:
         await app.close()
+
+
+def _visit(stream: int, at_or_after: datetime) -> datetime:
+    """The first sweep tick at or after ``at_or_after`` that visits ``stream`` (minute of the
+    day mod 8)."""
+    tick = at_or_after.replace(second=0, microsecond=0)
+    while (tick.hour * 60 + tick.minute) % 8 != stream:
+        tick += timedelta(minutes=1)
+    return tick
+
+
+async def test_the_sweep_proves_each_stream_by_event_id_once_an_hour_and_records_a_loss(
+    settings: Settings, nats_server: NatsServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN 10 events published at 10:30, then every message of the stream purged: the copy's
+    # range moves past them, so its own counts show no hole, and only a proof by ID sees it
+    index = stream_index(PROJECT)
+    clock = ManualClock(datetime(2026, 12, 3, 10, 30, tzinfo=UTC))
+    app = bootstrap(settings, clock=clock)
+    try:
+        await app.ensure_streams()
+        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
+        written = write_change_events(shard, "chg-1", 10)
+        await app.fire_due_alarms()
+        stream = event_stream_name(index)
+        await (await app.nats()).jetstream().purge_stream(stream)
+
+        # WHEN the stream's next tick runs within the hour (not its first visit of the hour)
+        within = await app.sweep_tick(_visit(index, clock.now()))
+        # THEN it runs only the cheap check, which sees nothing wrong
+        assert (within.log_proof, within.log_gaps) == (None, {})
+
+        # WHEN the stream's first tick of the next hour runs (the hourly proof's default)
+        hourly = await app.sweep_tick(_visit(index, datetime(2026, 12, 3, 11, 0, tzinfo=UTC)))
+
+        # THEN it proves the stream by event ID, finds all ten lacking on the one copy (and on
+        # every copy), warns with the way to the repair, and records the loss: the metric
+        # and a log.gap_detected fact with the count
+        assert hourly.log_proof is not None
+        assert {k: hourly.log_proof[k] for k in ("stream", "expected", "gap")} == {
+            "stream": stream,
+            "expected": 10,
+            "gap": True,
+        }
+        assert hourly.log_proof["missingEverywhere"] == 10
+        assert hourly.log_gaps == {nats_server.name: 10}
+        assert f"lacks 10 event(s) the outbox published (first {written[0]})" in caplog.text
+        [point] = recent_points(app.product().connection, LOG_GAP_METRIC)
+        assert point.value == 10.0
+        clock_shard = app.resource_shard(CLOCK_PROJECT, project_admin_key(CLOCK_PROJECT))
+        [fact] = gap_facts(clock_shard)
+        assert (fact["payload"]["node"], fact["payload"]["lostEvents"]) == (nats_server.name, 10)
+    finally:
+        await app.close()
+
+    # AND with the schedule off, the same tick proves nothing
+    off = settings.model_copy(update={"reconcile_proof_every_hours": 0})
+    app = bootstrap(off, clock=clock)
+    try:
+        quiet = await app.sweep_tick(_visit(index, datetime(2026, 12, 3, 11, 0, tzinfo=UTC)))
+        assert (quiet.log_proof, quiet.log_gaps) == (None, {})
+    finally:
+        await app.close()
+
+
+def test_the_proof_is_due_on_each_streams_first_tick_of_its_period_and_spans_it() -> None:
+    # GIVEN the default schedule (hourly) and a 6-hourly one
+    hourly = load_settings()
+    six_hourly = load_settings(reconcile_proof_every_hours=6)
+    day = datetime(2026, 12, 3, tzinfo=UTC)
+    minutes = [day + timedelta(minutes=m) for m in range(24 * 60)]
+    # THEN every stream is proven once in each period, on its first visit in it, over the
+    # period and two visits more
+    for settings, period_min in ((hourly, 60), (six_hourly, 360)):
+        due = [(t, log_proof_due(settings, t)) for t in minutes]
+        proofs = [(t, span) for t, span in due if span is not None]
+        assert len(proofs) == 8 * (24 * 60 // period_min)
+        assert {span for _, span in proofs} == {period_min * 60 + 2 * 8 * 60}
+        for t, _ in proofs:
+            assert (t.hour * 60 + t.minute) % period_min < 8
+    # AND 0 turns the schedule off
+    off = load_settings(reconcile_proof_every_hours=0)
+    assert all(log_proof_due(off, t) is None for t in minutes)

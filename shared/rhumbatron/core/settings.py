@@ -164,6 +164,15 @@ class Settings(BaseSettings):
         "outbox published (rhumbatron reconcile); unset: the event stream's retention. "
         "Published outbox rows are kept at least this long.",
     )
+    reconcile_proof_every_hours: float = Field(
+        default=1.0,
+        ge=0,
+        le=24,
+        description="How often the sweep runs the full proof (by event ID, on every replica) "
+        "of each event stream, on the first tick of the stream in each such period, over "
+        "the events published in the last two periods (one missed tick is still covered); "
+        "0: only the cheap check every tick and the proof on demand.",
+    )
     outbox_backoff_initial_s: float = Field(default=1.0, gt=0)
     outbox_backoff_max_s: float = Field(default=300.0, gt=0)
     outbox_backoff_jitter: float = Field(default=0.2, ge=0, lt=1)

@@ -121,6 +121,9 @@ class SweepTick:
     log_gaps: dict[str, int]
     #: Rows of the causal router's bookkeeping (decisions, daily counters) past retention.
     causal_rows_pruned: int = 0
+    #: The scheduled full proof of the tick's stream, when this tick ran it: the events
+    #: checked, whether a replica lacked some, the seconds and requests it took.
+    log_proof: dict[str, object] | None = None
 
 
 class SweepRuntime(RoleRuntime, Protocol):

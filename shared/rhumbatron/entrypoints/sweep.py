@@ -140,6 +140,7 @@ async def _handle(
         "out_of_time": tick.out_of_time,
         "log_gaps": tick.log_gaps,
         "causal_rows_pruned": tick.causal_rows_pruned,
+        "log_proof": tick.log_proof,
     }
 
 

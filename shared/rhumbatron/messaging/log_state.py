@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
@@ -226,52 +227,32 @@ async def _scan(
     requests it took. A fetch that times out ends the scan only when the consumer has nothing
     pending, and, short of ``last_seq``, once the replica had :data:`CATCH_UP_S` to catch up
     (at once when its copy is known to have ``caught_up`` to ``last_seq``): a slow answer or a
-    lagging follower is not the end of the copy. A fetch nobody answers
-    (503) is a stall too: a consumer just placed on another node takes a moment before its
-    interest reaches the server this client is connected to."""
-    import time
-
+    lagging follower is not the end of the copy. A fetch nobody answers (503) is a stall too:
+    a consumer just placed on another node takes a moment before its interest reaches the
+    server this client is connected to."""
     from nats.errors import NoRespondersError
     from nats.errors import TimeoutError as NatsTimeoutError
     from nats.js.errors import ServiceUnavailableError
 
     subscription = await js.pull_subscribe_bind(consumer=consumer, stream=stream)
     sequence_of: dict[str, int] = {}
-    requests = stalls = 0
+    pacing = _ScanPacing(stream, caught_up=caught_up)
     seen = 0
-    catch_up_until: float | None = None
-    unanswered_until: float | None = None
     try:
         while seen < last_seq:
-            requests += 1
+            pacing.requests += 1
             try:
                 messages = await subscription.fetch(batch, timeout=1.0)
             except (ServiceUnavailableError, NoRespondersError):
-                unanswered_until = unanswered_until or time.monotonic() + UNANSWERED_S
-                if time.monotonic() >= unanswered_until:
-                    raise MessagingError(
-                        f"nobody answered the scan of {stream} for {UNANSWERED_S:g} s"
-                    ) from None
-                await asyncio.sleep(UNANSWERED_PAUSE_S)
+                await pacing.unanswered()
                 continue
             except (NatsTimeoutError, TimeoutError):  # nats-py raises either
-                requests += 1
-                if (await subscription.consumer_info()).num_pending == 0:
-                    if caught_up:
-                        break  # the copy's messages end here; the rest it lost
-                    catch_up_until = catch_up_until or time.monotonic() + CATCH_UP_S
-                    if time.monotonic() >= catch_up_until:
-                        break  # the replica's copy ends here
-                    continue
-                stalls += 1
-                if stalls >= SCAN_STALLS:
-                    raise MessagingError(
-                        f"the scan of {stream} got nothing in {SCAN_STALLS} fetches in a row "
-                        "with messages still pending"
-                    ) from None
+                pacing.requests += 1
+                pending = (await subscription.consumer_info()).num_pending
+                if pacing.timed_out_ends_copy(pending):
+                    break  # the replica's copy ends here
                 continue
-            stalls = 0
-            unanswered_until = None
+            pacing.answered()
             for msg in messages:
                 event_id = (msg.headers or {}).get("Nats-Msg-Id")
                 if event_id is not None:
@@ -279,4 +260,50 @@ async def _scan(
                 seen = max(seen, msg.metadata.sequence.stream)
     finally:
         await subscription.unsubscribe()
-    return sequence_of, requests
+    return sequence_of, pacing.requests
+
+
+class _ScanPacing:
+    """When a scan's fetch that brought nothing ends the scan, waits, or fails it; and the
+    requests the scan made."""
+
+    def __init__(self, stream: str, *, caught_up: bool) -> None:
+        self.stream = stream
+        self.caught_up = caught_up
+        self.requests = 0
+        self._stalls = 0
+        self._catch_up_until: float | None = None
+        self._unanswered_until: float | None = None
+
+    def answered(self) -> None:
+        self._stalls = 0
+        self._unanswered_until = None
+
+    async def unanswered(self) -> None:
+        """A fetch nobody answered: ask again after a pause, for up to
+        :data:`UNANSWERED_S`."""
+        now = time.monotonic()
+        self._unanswered_until = self._unanswered_until or now + UNANSWERED_S
+        if now >= self._unanswered_until:
+            raise MessagingError(
+                f"nobody answered the scan of {self.stream} for {UNANSWERED_S:g} s"
+            )
+        await asyncio.sleep(UNANSWERED_PAUSE_S)
+
+    def timed_out_ends_copy(self, pending: int | None) -> bool:
+        """A fetch timed out with ``pending`` messages left for the consumer: whether the
+        copy ends here (nothing pending, and caught up or given its catch-up time); raises
+        after :data:`SCAN_STALLS` empty fetches in a row with messages still pending."""
+        if pending == 0:
+            if self.caught_up:
+                return True  # the copy's messages end here; the rest it lost
+            now = time.monotonic()
+            self._catch_up_until = self._catch_up_until or now + CATCH_UP_S
+            return now >= self._catch_up_until
+        self._stalls += 1
+        if self._stalls >= SCAN_STALLS:
+            raise MessagingError(
+                f"the scan of {self.stream} got nothing in {SCAN_STALLS} fetches in a row "
+                "with messages still pending"
+            )
+        return False

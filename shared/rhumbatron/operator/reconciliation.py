@@ -37,7 +37,12 @@ from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.errors import MessagingError
 from rhumbatron.messaging.log_state import ReplicaState, read_replica_states, read_stream_ids
 from rhumbatron.protocol.envelopes import Event
-from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, stable_event_id
+from rhumbatron.protocol.ids import (
+    EVENT_STREAM_COUNT,
+    event_stream_name,
+    stable_event_id,
+    stream_index,
+)
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -173,15 +178,20 @@ async def reconcile(
     *,
     now: datetime,
     stream_indexes: Sequence[int] | None = None,
+    within_s: float | None = None,
 ) -> ReconciliationReport:
     """Prove, for each event stream of ``stream_indexes`` (default all eight) and each of its
-    replicas, that the log holds every event the outbox published within the window; say
-    where it does not."""
+    replicas, that the log holds every event the outbox published within the window (or,
+    with ``within_s``, within that many seconds before ``now``, when it is shorter: the
+    sweep's scheduled proof); say where it does not."""
     started = time.monotonic()
     indexes = sorted(set(range(EVENT_STREAM_COUNT) if stream_indexes is None else stream_indexes))
     window_s = settings.reconcile_window_s
     scan_from = datetime.fromtimestamp(now.timestamp() - window_s, UTC)
     checked_from = now.timestamp() - window_s + min(AGE_OUT_MARGIN_S, window_s / 2)
+    if within_s is not None and within_s < window_s - min(AGE_OUT_MARGIN_S, window_s / 2):
+        checked_from = now.timestamp() - within_s
+        scan_from = datetime.fromtimestamp(checked_from, UTC)
     report = ReconciliationReport(
         checked_from=datetime.fromtimestamp(checked_from, UTC), checked_to=now
     )
@@ -298,6 +308,10 @@ def _published_by_stream(
     """The outbox rows published since ``since_s``, per stream, in outbox order."""
     expected: dict[int, dict[str, int | None]] = {}
     for ref in actors.actor_refs():
+        # An actor's events are its project's, and a project's events are on one stream:
+        # an actor of a project on another stream is not opened.
+        if stream_index(ref.project_id) not in indexes:
+            continue
         with actors.visiting(ref) as actor:
             for event_id, index, sequence in published_since(actor.connection, since_s=since_s):
                 if index in indexes:
@@ -396,22 +410,33 @@ async def _move_leader(nc: NATS, stream: str, node: str, timeout_s: float) -> No
         await asyncio.sleep(0.5)  # an election takes a moment
 
 
-def log_gap_event(state: ReplicaState, *, tenant_id: str, project_id: str, now: datetime) -> Event:
-    """The ``log.gap_detected`` fact of a replica short of its own sequence range.
+def log_gap_event(
+    stream: str,
+    node: str,
+    lost: int,
+    state: ReplicaState | None,
+    *,
+    tenant_id: str,
+    project_id: str,
+    now: datetime,
+) -> Event:
+    """The ``log.gap_detected`` fact of ``node``'s copy of ``stream`` lacking ``lost``
+    acknowledged events: short of its own sequence range (``state``, its ``/jsz``), or, by
+    the full proof, of events the outbox published.
 
     Its ID is stable for the same loss on the same UTC day: a gap seen by every tick of the
     day is one fact (the outbox's ``INSERT OR IGNORE`` drops the repeats), a loss that grows
     is a new one.
     """
     day = utc_day(now)
-    caller = Caller(tenant_id, "system:reconciliation", f"log-gap:{state.stream}:{day}")
+    caller = Caller(tenant_id, "system:reconciliation", f"log-gap:{stream}:{day}")
     payload = {
-        "stream": state.stream,
-        "node": state.node,
-        "lostEvents": state.holes,
-        "messages": state.messages,
-        "firstSeq": state.first_seq,
-        "lastSeq": state.last_seq,
+        "stream": stream,
+        "node": node,
+        "lostEvents": lost,
+        "messages": None if state is None else state.messages,
+        "firstSeq": None if state is None else state.first_seq,
+        "lastSeq": None if state is None else state.last_seq,
     }
-    event_id = stable_event_id(state.stream, "log.gap_detected", state.node, f"{day}:{state.holes}")
+    event_id = stable_event_id(stream, "log.gap_detected", node, f"{day}:{lost}")
     return FactContext(caller, project_id, now).fact("log.gap_detected", payload, event_id=event_id)

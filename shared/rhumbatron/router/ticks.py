@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from rhumbatron.core.settings import Settings
 
-__all__ = ["drain_plan", "in_fetches", "sweep_plan", "tick_kind"]
+__all__ = ["drain_plan", "in_fetches", "log_proof_due", "sweep_plan", "tick_kind"]
 
 
 def tick_kind(settings: Settings, now: datetime) -> tuple[int, bool, bool]:
@@ -28,6 +28,22 @@ def tick_kind(settings: Settings, now: datetime) -> tuple[int, bool, bool]:
         minute_of_day == settings.maintenance_minute_of_day,
         now.minute % every == every - 1,
     )
+
+
+def log_proof_due(settings: Settings, now: datetime) -> float | None:
+    """Whether the tick of ``now`` runs the scheduled full proof of its stream, and over how
+    many seconds back: the first tick of a stream in each ``reconcile_proof_every_hours``
+    period does (a stream's ticks are eight minutes apart, so exactly one of them starts each
+    period), over that period and two of the stream's visits more (a proof slower than a
+    visit still overlaps the next). ``None``: not this tick (or the schedule is off)."""
+    period_s = settings.reconcile_proof_every_hours * 3_600
+    if period_s <= 0:
+        return None
+    visit_s = EVENT_STREAM_COUNT * 60
+    minute_s = (now.timestamp() // 60) * 60
+    if minute_s // period_s == (minute_s - visit_s) // period_s:
+        return None
+    return period_s + 2 * visit_s
 
 
 def in_fetches(settings: Settings, batches: int, batch_size: int) -> tuple[int, int]:

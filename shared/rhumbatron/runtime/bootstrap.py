@@ -147,14 +147,26 @@ class Rhumbatron:
             )
         return report
 
-    async def reconcile(self, stream_indexes: Sequence[int] | None = None) -> ReconciliationReport:
+    async def reconcile(
+        self,
+        stream_indexes: Sequence[int] | None = None,
+        *,
+        now: datetime | None = None,
+        within_s: float | None = None,
+    ) -> ReconciliationReport:
         """Prove the log holds every event the outbox published within the reconciliation
-        window (:mod:`rhumbatron.operator.reconciliation`)."""
+        window, or the last ``within_s`` seconds of it
+        (:mod:`rhumbatron.operator.reconciliation`)."""
         from rhumbatron.operator.reconciliation import reconcile
 
         js = (await self.nats()).jetstream()
         return await reconcile(
-            self.actors, js, self.settings, now=self.clock.now(), stream_indexes=stream_indexes
+            self.actors,
+            js,
+            self.settings,
+            now=now or self.clock.now(),
+            stream_indexes=stream_indexes,
+            within_s=within_s,
         )
 
     async def repair_log(self, report: ReconciliationReport, *, dry_run: bool) -> list[RepairStep]:

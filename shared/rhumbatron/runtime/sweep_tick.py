@@ -13,7 +13,7 @@ the heartbeat. The sweep role
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,6 +24,7 @@ from rhumbatron.reactions.schedule_firing import ScheduleContext
 if TYPE_CHECKING:
     from rhumbatron.messaging.log_state import ReplicaState
     from rhumbatron.messaging.queue_consumer import PollReport
+    from rhumbatron.operator.reconciliation import ReconciliationReport
     from rhumbatron.reactions.webhook_retries import WebhookRetrier
     from rhumbatron.router.event_router import EventRouter
     from rhumbatron.router.reports import SweepReport
@@ -43,6 +44,14 @@ class SweepHost(QueueContext, ScheduleContext, Protocol):
     def lifecycle(self) -> Lifecycle: ...
 
     def webhook_retrier(self) -> WebhookRetrier: ...
+
+    async def reconcile(
+        self,
+        stream_indexes: Sequence[int] | None = None,
+        *,
+        now: datetime | None = None,
+        within_s: float | None = None,
+    ) -> ReconciliationReport: ...
 
 
 async def run_sweep_tick(
@@ -81,7 +90,7 @@ async def run_sweep_tick(
             "sweep of stream %d ran out of time; records left wait for its next tick",
             report.run.stream_index,
         )
-    log_gaps = await _check_log(app, report.run.stream_index, now)
+    log_gaps, log_proof = await _watch_log(app, report.run.stream_index, now, out_of_time)
     open_letters, clef_flash_calls = _record_tick_metrics(
         app, letters, log_gaps, report.capacity_used_percent
     )
@@ -99,6 +108,7 @@ async def run_sweep_tick(
         out_of_time=out_of_time,
         log_gaps=log_gaps,
         causal_rows_pruned=causal_rows_pruned,
+        log_proof=log_proof,
     )
 
 
@@ -150,6 +160,24 @@ async def _retry_webhooks(
     return report.as_dict()
 
 
+async def _watch_log(
+    app: SweepHost, stream_index: int, now: datetime, out_of_time: bool
+) -> tuple[dict[str, int], dict[str, object] | None]:
+    """The log's watch on the tick's stream: the cheap check, and the full proof when this
+    tick is due to run it and has time left. Returns the events each damaged replica lacks
+    by node (the larger count of the two), and the proof's summary when it ran."""
+    log_gaps = await _check_log(app, stream_index, now)
+    proved = None if out_of_time else await _prove_log(app, stream_index, now)
+    if proved is None:
+        return log_gaps, None
+    log_proof, lacking = proved
+    merged = {
+        node: max(log_gaps.get(node, 0), lacking.get(node, 0))
+        for node in log_gaps.keys() | lacking.keys()
+    }
+    return merged, log_proof
+
+
 async def _check_log(app: SweepHost, stream_index: int, now: datetime) -> dict[str, int]:
     """The events each replica of the tick's stream lost inside its own sequence range (its
     ``/jsz``), by node. Each loss is a warning naming the way to the proof, and a
@@ -183,12 +211,77 @@ async def _check_log(app: SweepHost, stream_index: int, now: datetime) -> dict[s
             stream_index,
         )
     if damaged:
-        _write_log_gap_facts(app, damaged, now)
+        losses = [(state.stream, state.node, state.holes, state) for state in damaged]
+        _write_log_gap_facts(app, losses, now)
     return {state.node: state.holes for state in damaged}
 
 
-def _write_log_gap_facts(app: SweepHost, damaged: list[ReplicaState], now: datetime) -> None:
-    """One ``log.gap_detected`` fact per damaged replica, in the clock project's shard."""
+async def _prove_log(
+    app: SweepHost, stream_index: int, now: datetime
+) -> tuple[dict[str, object], dict[str, int]] | None:
+    """The scheduled full proof of the tick's stream, when this tick is due to run it
+    (:func:`~rhumbatron.router.ticks.log_proof_due`): every event the outbox published over
+    the proof's span, looked up by ID on every replica. Each replica lacking some is a
+    warning and a ``log.gap_detected`` fact, like a hole the cheap check finds. Returns the
+    proof's summary and the events each damaged replica lacks, by node; never raises (a
+    proof that failed is a warning, and the next period proves the span again)."""
+    from rhumbatron.protocol.ids import event_stream_name
+    from rhumbatron.router.ticks import log_proof_due
+
+    within_s = log_proof_due(app.settings, now)
+    if within_s is None:
+        return None
+    stream = event_stream_name(stream_index)
+    try:
+        report = await app.reconcile([stream_index], now=now, within_s=within_s)
+    except Exception as exc:  # the tick goes on; the cheap check still ran
+        _log.exception("the scheduled proof of %s failed", stream)
+        return {"stream": stream, "error": f"{type(exc).__name__}: {exc}"}, {}
+    [proof] = report.streams
+    lacking: dict[str, int] = {}
+    losses: list[tuple[str, str, int, ReplicaState | None]] = []
+    for replica in proof.replicas:
+        if replica.error is not None:
+            _log.warning(
+                "the scheduled proof could not read %s's copy of %s: %s",
+                replica.node,
+                stream,
+                replica.error,
+            )
+        if replica.missing:
+            lacking[replica.node] = len(replica.missing)
+            losses.append((stream, replica.node, len(replica.missing), replica.state))
+            _log.warning(
+                "log gap detected: %s's copy of %s lacks %d event(s) the outbox published "
+                "(first %s); run `rhumbatron reconcile --stream %d` (docs/operations.md, "
+                "Log gap detected)",
+                replica.node,
+                stream,
+                len(replica.missing),
+                replica.missing[0],
+                stream_index,
+            )
+    if losses:
+        _write_log_gap_facts(app, losses, now)
+    summary: dict[str, object] = {
+        "stream": stream,
+        "checkedFrom": report.checked_from.isoformat(),
+        "expected": proof.expected,
+        "gap": proof.has_gap,
+        "missingEverywhere": len(proof.missing_everywhere),
+        "seconds": round(report.seconds, 3),
+        "requests": report.requests,
+    }
+    return summary, lacking
+
+
+def _write_log_gap_facts(
+    app: SweepHost,
+    losses: Sequence[tuple[str, str, int, ReplicaState | None]],
+    now: datetime,
+) -> None:
+    """One ``log.gap_detected`` fact per damaged replica (stream, node, events lost, its
+    ``/jsz`` state when read), in the clock project's shard."""
     from rhumbatron.domain.project import project_admin_key
     from rhumbatron.domain.transition import Transition
     from rhumbatron.operator.reconciliation import log_gap_event
@@ -208,12 +301,15 @@ def _write_log_gap_facts(app: SweepHost, damaged: list[ReplicaState], now: datet
         )
         facts = tuple(
             log_gap_event(
+                stream,
+                node,
+                lost,
                 state,
                 tenant_id=clock.clock_tenant_id,
                 project_id=clock.clock_project_id,
                 now=now,
             )
-            for state in damaged
+            for stream, node, lost, state in losses
         )
         shard.transact(lambda db: Transition(facts=facts))
     except Exception:  # the warning and the metric still say it; the next tick writes it
