@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -24,11 +25,11 @@ from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.project import project_admin_key
 from rhumbatron.errors import MessagingError
-from rhumbatron.messaging.log_state import CATCH_UP_S, SCAN_BATCH, _scan
+from rhumbatron.messaging.log_state import CATCH_UP_S, SCAN_BATCH, _scan, read_stream_ids
 from rhumbatron.metrics import LOG_GAP_METRIC, recent_points
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.router.ticks import log_proof_due
-from rhumbatron.runtime.bootstrap import bootstrap
+from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 pytestmark = pytest.mark.integration
@@ -340,3 +341,78 @@ def test_the_proof_is_due_on_each_streams_first_tick_of_its_period_and_spans_it(
     # AND 0 turns the schedule off
     off = load_settings(reconcile_proof_every_hours=0)
     assert all(log_proof_due(off, t) is None for t in minutes)
+
+
+async def _answering_again(app: Rhumbatron, stream: str) -> None:
+    """Wait (bounded) until JetStream answers the app's connection again after its server
+    restarted (nats-py notices the restart, reconnects, and JetStream recovers the stream)."""
+    from nats.errors import Error as NatsError
+
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            await (await app.nats()).jetstream().stream_info(stream)
+            return
+        except NatsError:
+            assert time.monotonic() < deadline, "the server never answered again"
+            await asyncio.sleep(0.1)  # polling the reconnect, with a deadline
+
+
+async def test_a_repair_publishes_again_only_what_no_copy_holds_and_the_log_is_whole_after(
+    settings: Settings, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN 20 published events, and the server stopped gracefully, its newest block file
+    # cut by about three events and started again: it rebuilds without them (and forgets
+    # their IDs with them), so no copy holds them
+    app = bootstrap(settings)
+    try:
+        await app.ensure_streams()
+        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
+        written = write_change_events(shard, "chg-1", 20)
+        await app.fire_due_alarms()
+        index = stream_index(PROJECT)
+        stream = event_stream_name(index)
+        nats_server.stop()
+        [block] = sorted(nats_server.store_dir.rglob(f"streams/{stream}/msgs/*.blk"))[-1:]
+        os.truncate(block, block.stat().st_size - 3 * block.stat().st_size // 20)
+        nats_server.start()
+        await _answering_again(app, stream)
+        report = await app.reconcile([index])
+        [gap] = report.streams
+        lost = gap.missing_everywhere
+        assert lost and lost == tuple(written[-len(lost) :]), gap.as_json()
+
+        # WHEN an operator asks for the dry run, then for the repair
+        planned = await app.repair_log(report, dry_run=True)
+        after_dry_run = (await app.reconcile([index])).streams[0].missing_everywhere
+        steps = await app.repair_log(report, dry_run=False)
+
+        # THEN the dry run says what it would publish and publishes nothing; the repair
+        # publishes exactly those again (with no copy to rebuild from, none is listed for a
+        # rebuild: deleting the only copy would lose the rest)
+        assert [(s.action, s.done) for s in planned] == [("republish", False)]
+        assert f"{len(lost)} event(s) no replica holds would be published" in planned[0].detail
+        assert after_dry_run == lost
+        [republished] = steps
+        assert (republished.action, republished.done) == ("republish", True)
+        assert republished.detail.startswith(f"{len(lost)} of {len(lost)} event(s)")
+
+        # AND the log then holds every event exactly once: the proof finds no gap, the
+        # stream holds 20 messages, the lost ones after the others (the order caveat), and
+        # each outbox row knows its event's new place
+        [whole] = (await app.reconcile([index])).streams
+        assert not whole.has_gap, whole.as_json()
+        js = (await app.nats()).jetstream()
+        ids = await read_stream_ids(js, stream, since=datetime(2000, 1, 1, tzinfo=UTC))
+        assert sorted(ids.sequence_of, key=ids.sequence_of.__getitem__) == written
+        assert (await js.stream_info(stream)).state.messages == 20
+        places = dict(shard.connection.execute("SELECT event_id, stream_seq FROM outbox"))
+        assert {event_id: places[event_id] for event_id in lost} == {
+            event_id: ids.sequence_of[event_id] for event_id in lost
+        }
+        assert min(places[event_id] for event_id in lost) > 20
+
+        # AND a second repair finds nothing left to do
+        assert await app.repair_log(await app.reconcile([index]), dry_run=False) == []
+    finally:
+        await app.close()

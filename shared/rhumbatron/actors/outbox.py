@@ -370,6 +370,30 @@ def published_since(
     ]
 
 
+def published_envelopes(
+    connection: sqlite3.Connection, event_ids: Iterable[str]
+) -> list[tuple[int, str, bytes]]:
+    """``(seq, event_id, envelope)`` of the published rows among ``event_ids``, in outbox
+    order: what a re-publish of events the log lost sends again."""
+    rows = []
+    for event_id in event_ids:
+        row = connection.execute(
+            "SELECT seq, envelope FROM outbox WHERE event_id = ? AND state = 'published'",
+            (event_id,),
+        ).fetchone()
+        if row is not None:
+            rows.append((int(row[0]), event_id, bytes(row[1])))
+    return sorted(rows)
+
+
+def record_stream_seqs(connection: sqlite3.Connection, stored: Sequence[tuple[int, int]]) -> None:
+    """Rows ``(seq, stream_seq)`` stored again at a new stream sequence (a re-publish)."""
+    connection.executemany(
+        "UPDATE outbox SET stream_seq = ? WHERE seq = ? AND state = 'published'",
+        [(stream_seq, seq) for seq, stream_seq in stored],
+    )
+
+
 def counts_by_state(connection: sqlite3.Connection) -> dict[str, int]:
     """Rows per state, every state present (0 when none): the counters the outbox's
     triggers keep, four rows read whatever the outbox holds."""

@@ -46,6 +46,8 @@ from rhumbatron.actors.outbox import (
     mark_published,
     next_due_at,
     prune_published,
+    published_envelopes,
+    record_stream_seqs,
     requeue_failed,
 )
 from rhumbatron.core.clock import Clock, SystemClock
@@ -59,7 +61,12 @@ from rhumbatron.messaging.sender import (
     OutgoingMessage,
     StoredMessage,
 )
-from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, event_stream_subject
+from rhumbatron.protocol.ids import (
+    EVENT_STREAM_COUNT,
+    event_stream_name,
+    event_stream_subject,
+    stream_index,
+)
 
 __all__ = [
     "OutboxPublisher",
@@ -458,3 +465,29 @@ def requeue_failed_rows(actor: Actor, event_ids: Sequence[str] | None = None) ->
     if count:
         actor.alarms.alarm_set(actor.ref.key, actor.clock.now())
     return count
+
+
+async def republish_rows(
+    actor: Actor, sender: EventSender, event_ids: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """Operator action (a log repair): send ``actor``'s published rows among ``event_ids``
+    again, one at a time in outbox order, each with its own ``Nats-Msg-Id``; move each
+    stored row's ``stream_seq`` to its new place. Returns the IDs stored and those the
+    stream's duplicate window dropped as repeats (it still remembers them). Only events no
+    replica holds may be sent again (:mod:`rhumbatron.operator.log_repair`)."""
+    stored: list[str] = []
+    repeats: list[str] = []
+    placed: list[tuple[int, int]] = []
+    for seq, event_id, envelope in published_envelopes(actor.connection, event_ids):
+        index = stream_index(actor.ref.project_id)
+        message = OutgoingMessage(event_stream_subject(index), event_id, envelope)
+        answer = await sender.send(event_stream_name(index), message)
+        if answer.duplicate:
+            repeats.append(event_id)
+        else:
+            stored.append(event_id)
+            placed.append((seq, answer.sequence))
+    if placed:
+        with actor.write() as db:
+            record_stream_seqs(db, placed)
+    return stored, repeats

@@ -172,8 +172,8 @@ class RepairRequest(_Wire):
 
 
 class RepairStepBody(_Wire):
-    """One step of a repair: done here (``move_leader``), or left to an operator
-    (``rebuild_replica``, ``republish``: docs/operations.md, "Log gap detected")."""
+    """One step of a repair: done here (``move_leader``, ``republish``), or left to an
+    operator (``rebuild_replica``: docs/operations.md, "Log gap detected")."""
 
     stream: str
     action: str = Field(description="move_leader, rebuild_replica or republish.")

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from rhumbatron.lifecycle.requests import AgentCallbacks, ChangeRequests
     from rhumbatron.lifecycle.world import LifecycleWorld
     from rhumbatron.messaging.streams import StreamReport
-    from rhumbatron.operator.reconciliation import ReconciliationReport, RepairStep
+    from rhumbatron.operator.log_repair import RepairStep
+    from rhumbatron.operator.reconciliation import ReconciliationReport
     from rhumbatron.router.event_router import EventRouter
 
 __all__ = ["ApiLifecycle", "ApiRuntime"]

@@ -4,8 +4,9 @@ holds every event the outbox published (:mod:`rhumbatron.operator.reconciliation
 Prints, per event stream and replica, the events the outbox published within the window, how
 many of them that replica holds and every missing event ID, with the replica's own counts
 (``--json``: the whole report). ``--repair`` then moves the lead of each stream whose leader
-lost events to a healthy replica, and lists what is left to an operator (rebuilding a damaged
-replica on its node; events no replica holds); ``--dry-run`` only lists it. Exit status: 0 no
+lost events to a healthy replica, publishes again from the outbox the events no replica holds,
+and lists what is left to an operator (rebuilding a damaged replica on its node);
+``--dry-run`` only lists it all. Exit status: 0 no
 gap, 6 a gap (some replica lacks acknowledged events, or a stream could not be read), 4 NATS
 cannot be reached.
 """
@@ -18,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from rhumbatron.cli.common import EXIT_ERROR, EXIT_GAP, fail, print_json, run_on_runtime
 
 if TYPE_CHECKING:
-    from rhumbatron.operator.reconciliation import ReconciliationReport, RepairStep
+    from rhumbatron.operator.log_repair import RepairStep
+    from rhumbatron.operator.reconciliation import ReconciliationReport
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
 __all__ = ["add_parser", "reconcile"]

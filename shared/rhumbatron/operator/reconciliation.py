@@ -8,9 +8,9 @@ stream while the outbox still says ``published``. Nothing else in the system wou
 :func:`reconcile` compares, per event stream, within the reconciliation window
 (``reconcile_window_days``; default the event stream's retention):
 
-* **by event ID, on the leader**: the outbox's published rows of every actor file against the
-  ``Nats-Msg-Id`` values the stream holds (a headers-only scan); an event the leader lacks is
-  listed by ID;
+* **by event ID, on every replica**: the outbox's published rows of the stream's actor files
+  against the ``Nats-Msg-Id`` values each replica's copy holds (a headers-only scan on that
+  node); an event a copy lacks is listed by ID;
 * **per replica**: each node's own copy (its ``/jsz``, ``RHUMBATRON_NATS_MONITOR_URLS``): a
   replica whose messages fall short of its sequence range has lost events (a *hole*), which
   the leader's view alone misses until that replica leads.
@@ -45,17 +45,14 @@ from rhumbatron.protocol.ids import (
 )
 
 if TYPE_CHECKING:
-    from nats.aio.client import Client as NATS
     from nats.js.client import JetStreamContext
 
 __all__ = [
     "ReconciliationReport",
-    "RepairStep",
     "ReplicaReport",
     "StreamReconciliation",
     "log_gap_event",
     "reconcile",
-    "repair",
     "split_missing",
 ]
 
@@ -89,7 +86,11 @@ class ReplicaReport:
 
     @property
     def has_gap(self) -> bool:
-        return bool(self.missing or self.holes or self.error)
+        """Whether this copy lacks acknowledged events: IDs its scan did not find, a read
+        that failed, or, where no event was there to look up by ID, holes in its range. A
+        copy that holds every published event by ID has no gap even with holes: they are
+        sequences whose events were published again (a repair) or deleted on purpose."""
+        return bool(self.missing or self.error or (self.holes and not self.expected))
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -243,59 +244,78 @@ async def _reconcile_stream(
     for node in nodes:
         # A server outside a cluster names no leader: its one copy is the one reported.
         state = state_of.get(node) if node else (states[0] if len(states) == 1 else None)
-        behind = max(0, leader_last - state.last_seq) if state is not None else 0
-        label = node or "(server)"
-        if not wanted:  # nothing published in the window: nothing to prove by ID here
-            replicas.append(ReplicaReport(label, node == leader, 0, 0, (), state, behind))
-            continue
-        try:
-            ids = await read_stream_ids(
-                js,
-                name,
-                since=scan_from,
-                on_node=node,
-                copy_last_seq=state.last_seq if state is not None else None,
-            )
-        except MessagingError as exc:
-            replicas.append(
-                ReplicaReport(label, node == leader, len(wanted), 0, (), state, behind, str(exc))
-            )
-            continue
-        requests += ids.requests
-        missing, catching_up = split_missing(wanted, ids.sequence_of, state)
-        replicas.append(
-            ReplicaReport(
-                label,
-                node == leader,
-                len(wanted),
-                len(wanted) - len(missing) - len(catching_up),
-                missing,
-                state,
-                behind,
-                catching_up=catching_up,
-            )
+        replica, used = await _prove_replica(
+            js, name, wanted, node, state, leader=leader, leader_last=leader_last, since=scan_from
         )
+        replicas.append(replica)
+        requests += used
     return _Checked(StreamReconciliation(name, len(wanted), tuple(replicas)), requests)
 
 
+async def _prove_replica(
+    js: JetStreamContext,
+    name: str,
+    wanted: dict[str, int | None],
+    node: str | None,
+    state: ReplicaState | None,
+    *,
+    leader: str | None,
+    leader_last: int,
+    since: datetime,
+) -> tuple[ReplicaReport, int]:
+    """One copy of stream ``name`` (on ``node``; ``None``: the one server) against the
+    events the outbox published; and the requests its scan took."""
+    behind = max(0, leader_last - state.last_seq) if state is not None else 0
+    label = node or "(server)"
+    if not wanted:  # nothing published in the window: nothing to prove by ID here
+        return ReplicaReport(label, node == leader, 0, 0, (), state, behind), 0
+    copy_last_seq = state.last_seq if state is not None else None
+    try:
+        ids = await read_stream_ids(
+            js, name, since=since, on_node=node, copy_last_seq=copy_last_seq
+        )
+    except MessagingError as exc:
+        failed = ReplicaReport(label, node == leader, len(wanted), 0, (), state, behind, str(exc))
+        return failed, 0
+    missing, catching_up = split_missing(wanted, ids.sequence_of, state, leader_last=leader_last)
+    report = ReplicaReport(
+        label,
+        node == leader,
+        len(wanted),
+        len(wanted) - len(missing) - len(catching_up),
+        missing,
+        state,
+        behind,
+        catching_up=catching_up,
+    )
+    return report, ids.requests
+
+
 def split_missing(
-    wanted: dict[str, int | None], found: dict[str, int], state: ReplicaState | None
+    wanted: dict[str, int | None],
+    found: dict[str, int],
+    state: ReplicaState | None,
+    *,
+    leader_last: int,
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The published IDs a replica's scan did not find, split into those it lost and those
     it has not received yet.
 
     An event the outbox saw stored at a sequence beyond the replica's own last sequence (its
-    ``/jsz``) has not reached it: a follower catching up, after a restart or a slow
-    disk. One inside its range, or of unknown place, is lost: a node that lost stored events
-    keeps its sequence range, with holes in it. Without the replica's ``/jsz`` nothing is
-    known of its range, and every missing ID counts as lost.
+    ``/jsz``) but within the leader's (``leader_last``) has not reached it: a follower
+    catching up, after a restart or a slow disk. One inside its range, or of unknown place,
+    is lost: a node that lost stored events keeps its sequence range, with holes in it. One
+    beyond the leader's last sequence too is lost: the leader (or a server on its own) lost
+    its newest events and their sequences with them, and nobody has them to send. Without
+    the replica's ``/jsz`` nothing is known of its range, and every missing ID counts as
+    lost.
     """
     lost: list[str] = []
     catching_up: list[str] = []
     for event_id, sequence in wanted.items():
         if event_id in found:
             continue
-        if state is not None and sequence is not None and sequence > state.last_seq:
+        if state is not None and sequence is not None and state.last_seq < sequence <= leader_last:
             catching_up.append(event_id)
         else:
             lost.append(event_id)
@@ -317,97 +337,6 @@ def _published_by_stream(
                 if index in indexes:
                     expected.setdefault(index, {})[event_id] = sequence
     return expected
-
-
-@dataclass(frozen=True, slots=True)
-class RepairStep:
-    """One thing the repair did (or, in a dry run, would do) for a stream with a gap, or
-    leaves to an operator: ``move_leader`` away from a damaged replica to a healthy one
-    (done here), ``rebuild_replica`` on its node (an operator's step: docs/operations.md),
-    ``republish`` the events no replica holds (not automated: the order caveat)."""
-
-    stream: str
-    action: str
-    node: str
-    detail: str
-    done: bool
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "stream": self.stream,
-            "action": self.action,
-            "node": self.node,
-            "detail": self.detail,
-            "done": self.done,
-        }
-
-
-async def repair(
-    nc: NATS, report: ReconciliationReport, *, dry_run: bool, timeout_s: float = 15.0
-) -> list[RepairStep]:
-    """Make nothing worse, then say what is left: for each stream with a gap whose leader
-    lost events while a healthy replica holds them all, move the lead there (JetStream's
-    leader stepdown, preferring it); list each damaged replica to rebuild from the leader,
-    and the events no replica holds."""
-    steps: list[RepairStep] = []
-    for stream in report.gaps:
-        damaged = [r for r in stream.replicas if r.has_gap]
-        healthy = [r for r in stream.replicas if not r.has_gap]
-        leader = next((r for r in damaged if r.leader), None)
-        if leader is not None and healthy:
-            target = healthy[0].node
-            detail = f"the lead moves from {leader.node}, which lost events, to {target}"
-            if not dry_run:
-                await _move_leader(nc, stream.stream, target, timeout_s)
-            steps.append(RepairStep(stream.stream, "move_leader", target, detail, not dry_run))
-        for replica in damaged:
-            steps.append(
-                RepairStep(
-                    stream.stream,
-                    "rebuild_replica",
-                    replica.node,
-                    f"{len(replica.missing) or replica.holes} event(s) lost: stop the node, "
-                    f"delete its copy of {stream.stream}, start it (docs/operations.md, "
-                    "Log gap detected)",
-                    False,
-                )
-            )
-        if stream.missing_everywhere:
-            steps.append(
-                RepairStep(
-                    stream.stream,
-                    "republish",
-                    "",
-                    f"{len(stream.missing_everywhere)} event(s) no replica holds; not "
-                    "re-published (a re-publish lands after newer events: see the runbook)",
-                    False,
-                )
-            )
-    return steps
-
-
-async def _move_leader(nc: NATS, stream: str, node: str, timeout_s: float) -> None:
-    """Step the stream's leader down, preferring ``node``, until ``node`` leads."""
-    import contextlib
-    import json
-
-    from nats.errors import Error as NatsError
-
-    js = nc.jetstream()
-    deadline = time.monotonic() + timeout_s
-    while True:
-        info = await js.stream_info(stream)
-        if info.cluster is not None and info.cluster.leader == node:
-            return
-        if time.monotonic() > deadline:
-            raise MessagingError(f"{node} did not take the lead of {stream} in {timeout_s:g} s")
-        with contextlib.suppress(NatsError):  # between leaders nobody answers: ask again
-            await nc.request(
-                f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
-                json.dumps({"placement": {"preferred": node}}).encode(),
-                timeout=2,
-            )
-        await asyncio.sleep(0.5)  # an election takes a moment
 
 
 def log_gap_event(

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from rhumbatron.messaging.sender import EventSender
     from rhumbatron.messaging.streams import StreamReport
     from rhumbatron.metrics import MetricsSink
-    from rhumbatron.operator.reconciliation import ReconciliationReport, RepairStep
+    from rhumbatron.operator.log_repair import RepairStep
+    from rhumbatron.operator.reconciliation import ReconciliationReport
     from rhumbatron.product.database import ProductDatabase
     from rhumbatron.product.letter_closing import SucceededCommandLetters
     from rhumbatron.reactions.consumer import Reactions
@@ -170,11 +171,16 @@ class Rhumbatron:
         )
 
     async def repair_log(self, report: ReconciliationReport, *, dry_run: bool) -> list[RepairStep]:
-        """Move the lead of each stream whose leader lost events to a healthy replica; say
-        what is left (:func:`rhumbatron.operator.reconciliation.repair`)."""
-        from rhumbatron.operator.reconciliation import repair
+        """Move the lead of each stream whose leader lost events to a healthy replica; publish
+        again, from the outbox, the events no replica holds; say what is left
+        (:func:`rhumbatron.operator.reconciliation.repair`)."""
+        from rhumbatron.messaging.sender import JetStreamSender
+        from rhumbatron.operator.log_repair import Republisher, repair
 
-        return await repair(await self.nats(), report, dry_run=dry_run)
+        nc = await self.nats()
+        sender = JetStreamSender(nc, ack_timeout_s=self.settings.publish_ack_timeout_s)
+        republisher = Republisher(self.actors, sender)
+        return await repair(nc, report, dry_run=dry_run, republisher=republisher)
 
     async def publisher(self) -> OutboxPublisher:
         """The process's publisher, over the current connection.

@@ -151,8 +151,9 @@ async def read_reconciliation(
 )
 async def repair_log(runtime: Runtime, principal: LogRepairer, body: RepairRequest) -> RepairBody:
     """Reconciles the streams, then makes nothing worse: where a stream's leader lost
-    events and a healthy replica holds them all, the lead moves there; each damaged replica
-    to rebuild and the events no replica holds are listed for an operator, not acted on
+    events and a healthy replica holds them all, the lead moves there; the events no
+    replica holds are published again from their outbox rows (they land after the stream's
+    newer events); each damaged replica to rebuild is listed for an operator
     (docs/operations.md, "Log gap detected"). ``dryRun`` says what it would do. Audited,
     like every mutation (``GET /audit``)."""
     with _jetstream("repair the streams through JetStream"):
