@@ -105,6 +105,17 @@ async def _republish_step(
     cannot (no republisher)."""
     lost = stream.missing_everywhere
     caveat = "each lands after the stream's newer events (docs/operations.md, Log gap detected)"
+    unread = [replica.node for replica in stream.replicas if replica.error is not None]
+    if unread:  # a copy not read may hold them: a re-publish would be a duplicate there
+        return RepairStep(
+            stream.stream,
+            "republish",
+            "",
+            f"{len(lost)} event(s) no copy read holds are not published again: "
+            f"{', '.join(unread)} could not be read, and may hold them; repair again once "
+            "every copy answers",
+            False,
+        )
     if dry_run or republisher is None:
         why = "would be published again from the outbox" if dry_run else "not published again"
         return RepairStep(
