@@ -228,6 +228,20 @@ PLANS: dict[str, PackagePlan] = {
         ),
         # It scans the source for every .fact(...) kind, actors' included.
         reads_source=("tests/unit/test_kinds.py",),
+        proofs=(
+            "tests/unit/test_due_index.py::"
+            "test_a_marker_for_an_actor_with_no_file_or_no_valid_name_creates_nothing",
+            "tests/unit/test_due_index.py::"
+            "test_an_actor_file_the_gauge_cannot_read_is_named_and_the_others_still_count",
+            "tests/unit/test_outbox_states.py::"
+            "test_the_published_rows_since_a_time_name_their_stream_and_place_in_outbox_order",
+            "tests/unit/test_outbox_states.py::"
+            "test_the_publish_runs_of_one_alarm_fire_add_up_in_its_report",
+            "tests/unit/test_settings_and_storage.py::"
+            "test_sqlite_failures_become_errors_that_say_what_to_do",
+            "tests/faults/test_actor_faults.py::"
+            "test_network_filesystem_is_detected_from_the_mount_table",
+        ),
     ),
     "router": PackagePlan(
         "router",

@@ -316,11 +316,17 @@ def test_network_filesystem_is_detected_from_the_mount_table(tmp_path: Path) -> 
         directory.mkdir()
     mounts = root / "mounts"
     escaped = str(spaced).replace(" ", "\\040")
+    overmounted = root / "overmounted"
+    overmounted.mkdir()
     mounts.write_text(
         "overlay / overlay rw,relatime 0 0\n"
+        "a line too short to read\n"
         f"fs-0123.efs.eu-west-1.amazonaws.com:/ {efs} nfs4 rw,vers=4.1 0 0\n"
-        f"//server/share {escaped} cifs rw 0 0\n"
+        f"//server/share {escaped} cifs\n"  # the three fields a mount needs, no more
         f"tmpfs {nested} tmpfs rw 0 0\n"
+        # a local disk mounted over an NFS mount: the last mount on a point is the one seen
+        f"fs-0123.efs.eu-west-1.amazonaws.com:/ {overmounted} nfs4 rw 0 0\n"
+        f"/dev/sdb1 {overmounted} ext4 rw 0 0\n"
     )
 
     # WHEN / THEN paths under the network mounts are network paths, even before they exist
@@ -331,5 +337,6 @@ def test_network_filesystem_is_detected_from_the_mount_table(tmp_path: Path) -> 
     assert not is_network_filesystem(nested / "db.sqlite", mounts_file=mounts)
     assert not is_network_filesystem(sibling / "state", mounts_file=mounts)
     assert not is_network_filesystem(root / "local", mounts_file=mounts)
+    assert not is_network_filesystem(overmounted / "state", mounts_file=mounts)
     # ... and an unreadable mount table detects nothing
     assert not is_network_filesystem(efs, mounts_file=root / "missing")

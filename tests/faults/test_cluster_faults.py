@@ -616,7 +616,12 @@ async def test_a_queue_draining_while_a_leader_dies_does_each_command_once(
         runtime = await app.queue_runtime()
 
         # WHEN the queue is polled, and the stream's leader is SIGKILLed once some are done
-        draining = asyncio.create_task(_drain_queue(runtime, effects, ids))
+        # (The drain holds after 5 effects until the kill: a fast handler cannot finish the
+        # queue while the test looks the leader up.)
+        killed = asyncio.Event()
+        draining = asyncio.create_task(
+            _drain_queue(runtime, effects, ids, hold_at=5, resume=killed)
+        )
         await wait_until(lambda: len(effects.effects()) >= 5, timeout_s=30, what="some effects")
         js = (await app.nats()).jetstream()
         info = (
@@ -626,6 +631,7 @@ async def test_a_queue_draining_while_a_leader_dies_does_each_command_once(
         )
         _node_named(cluster, info.cluster.leader or "").kill()  # type: ignore[union-attr]
         done_at_kill = len(effects.effects())
+        killed.set()
         await draining
 
         # THEN every command's effect happened exactly once, and the same runtime carried on
@@ -665,11 +671,24 @@ async def _send_commands(app: Rhumbatron, count: int) -> list[str]:
     return ids
 
 
-async def _drain_queue(runtime: Any, effects: CommandEffects, ids: list[str]) -> None:
-    """Poll integration until every command's effect is there, riding out an election."""
+async def _drain_queue(
+    runtime: Any,
+    effects: CommandEffects,
+    ids: list[str],
+    *,
+    hold_at: int | None = None,
+    resume: asyncio.Event | None = None,
+) -> None:
+    """Poll integration until every command's effect is there, riding out an election.
+
+    With ``hold_at``, the drain stops polling once that many effects are there, until
+    ``resume`` is set: the fault lands with the queue part-way drained, however fast the
+    handler runs."""
     deadline = time.monotonic() + 60
     while len(set(effects.effects())) < len(ids):
         assert time.monotonic() < deadline, f"not drained: {len(effects.effects())}"
+        if hold_at is not None and resume is not None and len(effects.effects()) >= hold_at:
+            await resume.wait()
         try:
             report = await runtime.poll("integration", effects)
         except Exception:  # between leaders: JetStream does not answer yet

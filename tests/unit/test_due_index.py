@@ -3,8 +3,10 @@ the actor files that may have due work, never every file, and no alarm is left u
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sqlite3
 from fractions import Fraction
 from pathlib import Path
 
@@ -232,8 +234,10 @@ async def test_a_marker_left_by_a_writer_killed_before_its_commit_costs_one_visi
 
 
 async def test_a_marker_for_an_actor_with_no_file_or_no_valid_name_creates_nothing(
-    tmp_path: Path, clock: ManualClock
+    tmp_path: Path, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # GIVEN markers longest due of all for an actor never created, a shard the project
+    # cannot have and a stray file; and, due after them, an actor with a row to publish
     app = runtime(tmp_path, clock, MemorySender())
     await projects_created_and_published(app, 1)
     index = app.actors.due_index
@@ -241,12 +245,18 @@ async def test_a_marker_for_an_actor_with_no_file_or_no_valid_name_creates_nothi
     index.mark("resource_shard:p-000:99", 0.0)  # a shard the project cannot have
     (index.root / "stray.txt").touch()
     os.utime(index.root / "stray.txt", ns=(0, 0))
+    real = write_tasks(app, "p-000")
 
+    # WHEN the every-minute scan runs
     scan = await app.fire_due_alarms()
 
-    assert (scan.actors_visited, scan.reports) == (0, [])
+    # THEN it visits only the real actor, creates no file for the others, drops their
+    # markers, and names each marker that is no actor in a warning
+    assert [report.actor_key for report in scan.reports] == [real]
     assert not ProjectRoot.ref_for("never-created").path(app.settings.state_dir).exists()
     assert sorted(p.name for p in index.root.iterdir()) == [".complete"]
+    for stray in ("stray.txt", "resource_shard:p-000:99"):
+        assert f"the due-actor index holds {stray!r}, which is no actor: " in caplog.text
     await app.close()
 
 
@@ -397,6 +407,24 @@ async def test_the_dashboard_reads_every_actor_file_published_rows_included(
     backlog = app.outbox_backlog(every_actor=True)
     # 40 project.created, plus the failed and the pending task.ready
     assert backlog == {"pending": 1, "retry_wait": 0, "published": 40, "failed": 1}
+    await app.close()
+
+
+async def test_an_actor_file_the_gauge_cannot_read_is_named_and_the_others_still_count(
+    tmp_path: Path, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN 40 published projects, and the first actor file in the walk's order damaged
+    app, _, _ = await _one_failed_one_pending(tmp_path, clock)
+    [first, *_] = list(app.actor_refs())
+    path = first.path(app.settings.state_dir)
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        (rows_of_first,) = db.execute("SELECT count(*) FROM outbox").fetchone()
+    path.write_bytes(b"not a database" * 100)
+    # WHEN the dashboard reads every actor file
+    backlog = app.outbox_backlog(every_actor=True)
+    # THEN the damaged one is named in an error, and every other actor's rows still count
+    assert f"cannot read the outbox of {first.key}: " in caplog.text
+    assert sum(backlog.values()) == 40 + 2 - rows_of_first
     await app.close()
 
 

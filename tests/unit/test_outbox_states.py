@@ -25,10 +25,11 @@ from rhumbatron.actors.outbox import (
     mark_failed,
     mark_published,
     prune_published,
+    published_since,
     requeue_failed,
 )
 from rhumbatron.actors.project_root import ProjectRoot
-from rhumbatron.actors.publisher import OutboxPublisher, requeue_failed_rows
+from rhumbatron.actors.publisher import OutboxPublisher, PublishReport, requeue_failed_rows
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.actors.storage import write_transaction
@@ -285,6 +286,28 @@ async def test_a_sent_row_becomes_published_and_is_not_sent_again(
     # published is terminal: the next run sends nothing
     assert (await publisher.publish_due(root)).published == 0
     assert len(sender.sent) == 1
+    root.close()
+
+
+async def test_the_published_rows_since_a_time_name_their_stream_and_place_in_outbox_order(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a project created, then published; and a change's two facts published later
+    settings = offline(tmp_path)
+    root = new_root(settings, clock)
+    root.create_project(CALLER, name="Acme")
+    publisher = OutboxPublisher(MemorySender(), settings, clock=clock)
+    await publisher.publish_due(root)
+    created_at = clock.now().timestamp()
+    clock.advance(seconds=60)
+    root.create_project(CALLER, name="Acme")  # the same fact again: no second row
+    # WHEN reconciliation asks for what was published since, before and after the publish
+    [(event_id, index, place)] = published_since(root.connection, since_s=created_at)
+    later = published_since(root.connection, since_s=created_at + 1)
+    # THEN the row is named with its stream index and its stream sequence; none is later
+    assert (index, place) == (0, 1)
+    assert event_id == rows(root.connection)[0]["event_id"]
+    assert later == []
     root.close()
 
 
@@ -615,3 +638,31 @@ def test_the_outbox_accepts_only_the_four_states(tmp_path: Path, clock: ManualCl
         root.connection.execute("UPDATE outbox SET state = 'sent'")
     assert json.loads(bytes(rows(root.connection)[0]["envelope"]))["eventType"] == "project.created"
     root.close()
+
+
+def test_the_publish_runs_of_one_alarm_fire_add_up_in_its_report() -> None:
+    # GIVEN the report of a first publish run, and a later run of the same fire
+    first = PublishReport(
+        "project_root:p", published=3, duplicates=1, retry_wait=2, failed=1, nudged=[2], pruned=4
+    )
+    later = PublishReport(
+        "project_root:p",
+        published=5,
+        duplicates=2,
+        retry_wait=1,
+        failed=3,
+        busy=True,
+        unavailable=True,
+        nudged=[2, 5],
+        next_alarm_at=61.0,
+        last_published=5,
+        pruned=6,
+    )
+    # WHEN the fire's report takes the later run in
+    first.absorb(later)
+    # THEN the counts add up, the streams nudged are each listed once, and the state is the
+    # later run's
+    assert (first.published, first.duplicates, first.retry_wait, first.failed) == (8, 3, 3, 4)
+    assert (first.pruned, first.nudged) == (10, [2, 5])
+    assert (first.busy, first.unavailable) == (True, True)
+    assert (first.next_alarm_at, first.last_published) == (61.0, 5)

@@ -13,10 +13,11 @@ from rhumbatron.actors.storage import (
     is_network_filesystem,
     observe_commits,
     open_database,
+    sqlite_error,
     write_transaction,
 )
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.errors import ActorBusyError, ConfigurationError, UnsafeStorageError
+from rhumbatron.errors import ActorBusyError, ActorError, ConfigurationError, UnsafeStorageError
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 from rhumbatron.runtime.bootstrap import bootstrap
 
@@ -260,3 +261,21 @@ def test_a_queues_concurrency_is_a_setting_over_the_table_and_names_a_bad_queue(
         load_settings(state_dir=tmp_path, queue_concurrency={"agent-wakeup": 8})
     with pytest.raises(ConfigurationError, match="at least 1 handler"):
         load_settings(state_dir=tmp_path, queue_concurrency={"indexing": 0})
+
+
+def test_sqlite_failures_become_errors_that_say_what_to_do() -> None:
+    path = Path("/state/projects/p1/root.sqlite")
+    for text in ("database is locked", "database is busy"):
+        busy = sqlite_error(sqlite3.OperationalError(text), path, "writing")
+        assert isinstance(busy, ActorBusyError)
+        assert str(busy) == (
+            f"actor file {path} is held by another writer past the busy timeout (writing); "
+            "retry later, or raise RHUMBATRON_SQLITE_BUSY_TIMEOUT_MS"
+        )
+    full = sqlite_error(sqlite3.OperationalError("database or disk is full"), path, "writing")
+    assert type(full) is ActorError
+    assert str(full) == (
+        f"writing on {path}: the disk is full (database or disk is full); free space and retry"
+    )
+    other = sqlite_error(sqlite3.DatabaseError("file is not a database"), path, "opening")
+    assert (type(other), str(other)) == (ActorError, f"opening on {path}: file is not a database")

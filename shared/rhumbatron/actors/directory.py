@@ -123,7 +123,7 @@ class ActorDirectory:
             state = root.state()
         return None if state is None else state.tenant_id
 
-    def outbox_backlog(self, *, every_actor: bool = False) -> dict[str, int]:
+    def outbox_backlog(self, *, every_actor: bool) -> dict[str, int]:
         """Open outbox rows by state (pending, retry_wait, failed): the dashboards' backlog.
 
         Every actor with an open row has a marker in the due-actor index (see

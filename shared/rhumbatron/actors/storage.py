@@ -74,7 +74,9 @@ def _mount_type(path: Path, mounts_file: Path) -> str | None:
             continue
         mount_point = parts[1].replace("\\040", " ")
         inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
-        if inside and (best is None or len(mount_point) > best[0]):
+        # The longest mount point holding the path; of mounts on the same point, the last
+        # listed, which is mounted over the others and the one the path reaches.
+        if inside and (best is None or len(mount_point) >= best[0]):
             best = (len(mount_point), parts[2])
     return best[1] if best else None
 
