@@ -233,6 +233,8 @@ PLANS: dict[str, PackagePlan] = {
             "test_a_marker_for_an_actor_with_no_file_or_no_valid_name_creates_nothing",
             "tests/unit/test_due_index.py::"
             "test_an_actor_file_the_gauge_cannot_read_is_named_and_the_others_still_count",
+            "tests/unit/test_due_index.py::"
+            "test_the_index_lists_its_markers_not_its_own_files_and_forgets_twice_harmlessly",
             "tests/unit/test_outbox_states.py::"
             "test_the_published_rows_since_a_time_name_their_stream_and_place_in_outbox_order",
             "tests/unit/test_outbox_states.py::"

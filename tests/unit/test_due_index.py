@@ -105,6 +105,20 @@ def test_a_visit_settles_the_marker_to_the_alarm_it_read_or_removes_it(tmp_path:
     index.settle("project_root:p1", None, failed_rows=0)  # settling twice is harmless
 
 
+def test_the_index_lists_its_markers_not_its_own_files_and_forgets_twice_harmlessly(
+    tmp_path: Path,
+) -> None:
+    # GIVEN an index that a full walk covered (its own dot file beside the markers)
+    index = DueIndex(tmp_path / "alarms")
+    index.mark("project_root:p1", 10.0)
+    index.mark_complete(0.0)
+    # THEN it lists the actor's marker only, and forgetting an actor twice is harmless
+    assert index.marked() == ["project_root:p1"]
+    index.forget("project_root:p1")
+    index.forget("project_root:p1")
+    assert index.marked() == []
+
+
 def test_due_actors_come_longest_due_first(tmp_path: Path) -> None:
     index = DueIndex(tmp_path / "alarms")
     for key, at in (("project_root:b", 30.0), ("project_root:a", 20.0), ("project_root:c", 10.0)):

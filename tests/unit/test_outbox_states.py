@@ -420,16 +420,16 @@ async def test_requeue_puts_failed_rows_back_to_pending_with_attempts_reset(
     await publisher.publish_due(root)  # row 3 fails
     assert counts_by_state(root.connection)[RowState.FAILED] == 3
     ids = [r["event_id"] for r in rows(root.connection)]
-    # WHEN the operator requeues one of them by ID, then all the rest
+    # WHEN the operator requeues two of them by ID, then all the rest
     with write_transaction(root.connection, root.path) as db:
-        assert requeue_failed(db, [ids[1]]) == 1
+        assert requeue_failed(db, [ids[1], ids[2]]) == 2
     assert [(r["state"], r["attempts"]) for r in rows(root.connection)] == [
         (RowState.FAILED, 1),
         (RowState.PENDING, 0),
-        (RowState.FAILED, 1),
+        (RowState.PENDING, 0),
     ]
     with write_transaction(root.connection, root.path) as db:
-        assert requeue_failed(db) == 2
+        assert requeue_failed(db) == 1
     # THEN every row is pending again and a working publisher sends them, in outbox order
     assert counts_by_state(root.connection)[RowState.PENDING] == 3
     sender = MemorySender()
@@ -449,6 +449,7 @@ async def test_requeue_failed_rows_sets_and_announces_the_alarm(
     assert alarm_due_at(root.connection) is None
     sink.announced.clear()
     clock.advance(seconds=10)
+    assert requeue_failed_rows(root, ["evt_of_another_row"]) == 0  # only the rows named
     assert requeue_failed_rows(root) == 1
     assert alarm_due_at(root.connection) == clock.now().timestamp()
     assert sink.announced == [(root.ref.key, clock.now())]
