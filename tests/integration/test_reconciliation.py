@@ -25,7 +25,13 @@ from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.project import project_admin_key
 from rhumbatron.errors import MessagingError
-from rhumbatron.messaging.log_state import CATCH_UP_S, SCAN_BATCH, _scan, read_stream_ids
+from rhumbatron.messaging.log_state import (
+    CATCH_UP_S,
+    SCAN_BATCH,
+    ScanStopped,
+    _scan,
+    read_stream_ids,
+)
 from rhumbatron.metrics import LOG_GAP_METRIC, recent_points
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.router.ticks import log_proof_due
@@ -414,5 +420,27 @@ async def test_a_repair_publishes_again_only_what_no_copy_holds_and_the_log_is_w
 
         # AND a second repair finds nothing left to do
         assert await app.repair_log(await app.reconcile([index]), dry_run=False) == []
+    finally:
+        await app.close()
+
+
+async def test_a_proof_whose_time_is_up_stops_proves_nothing_and_leaves_no_consumer(
+    settings: Settings,
+) -> None:
+    # GIVEN 5 published events
+    app = bootstrap(settings)
+    try:
+        await app.ensure_streams()
+        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
+        write_change_events(shard, "chg-1", 5)
+        await app.fire_due_alarms()
+        index = stream_index(PROJECT)
+        js = (await app.nats()).jetstream()
+        # WHEN a proof runs with its caller's time already up (as a sweep tick's can be)
+        # THEN it stops before its first fetch, claims no gap, and deletes its scan consumer
+        with pytest.raises(ScanStopped, match="out of time"):
+            await app.reconcile([index], should_stop=lambda: True)
+        names = [c.name for c in await js.consumers_info(event_stream_name(index))]
+        assert not [name for name in names if name.startswith("reconcile-")], names
     finally:
         await app.close()

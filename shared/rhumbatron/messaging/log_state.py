@@ -18,7 +18,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -30,10 +30,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ReplicaState",
+    "ScanStopped",
     "StreamIds",
     "read_replica_states",
     "read_stream_ids",
 ]
+
+
+class ScanStopped(Exception):
+    """A scan stopped because its caller's time was up: nothing about the copy is proven."""
+
 
 #: Messages one fetch of the headers-only scan asks for.
 SCAN_BATCH = 1_000
@@ -130,6 +136,7 @@ async def read_stream_ids(
     on_node: str | None = None,
     copy_last_seq: int | None = None,
     batch: int = SCAN_BATCH,
+    should_stop: Callable[[], bool] | None = None,
 ) -> StreamIds:
     """Every ``Nats-Msg-Id`` on ``stream`` stored at or after ``since``, read by a
     headers-only R1 consumer (no bodies cross the wire), up to the last sequence the stream
@@ -140,7 +147,8 @@ async def read_stream_ids(
     until it lands there, so the scan proves that replica's copy. ``copy_last_seq`` is that
     copy's own last sequence (its ``/jsz``), when known: a copy already that far has nothing
     left to catch up, so its scan ends where its messages do instead of waiting
-    :data:`CATCH_UP_S` for the ones it lost.
+    :data:`CATCH_UP_S` for the ones it lost. ``should_stop`` is asked before each fetch;
+    when it says yes the scan raises :class:`ScanStopped` (its consumer is deleted).
     """
     from nats.errors import Error as NatsError
 
@@ -152,7 +160,7 @@ async def read_stream_ids(
         try:
             caught_up = copy_last_seq is not None and copy_last_seq >= last_seq
             sequence_of, fetches = await _scan(
-                js, stream, name, last_seq, batch, caught_up=caught_up
+                js, stream, name, last_seq, batch, caught_up=caught_up, should_stop=should_stop
             )
         finally:
             await js.delete_consumer(stream, name)
@@ -222,6 +230,7 @@ async def _scan(
     batch: int,
     *,
     caught_up: bool = False,
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[dict[str, int], int]:
     """Fetch the consumer's headers up to ``last_seq``: each ID at its sequence, and the
     requests it took. A fetch that times out ends the scan only when the consumer has nothing
@@ -240,6 +249,8 @@ async def _scan(
     seen = 0
     try:
         while seen < last_seq:
+            if should_stop is not None and should_stop():
+                raise ScanStopped(f"the scan of {stream} stopped at sequence {seen}: out of time")
             pacing.requests += 1
             try:
                 messages = await subscription.fetch(batch, timeout=1.0)

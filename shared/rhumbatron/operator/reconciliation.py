@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -180,11 +180,14 @@ async def reconcile(
     now: datetime,
     stream_indexes: Sequence[int] | None = None,
     within_s: float | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> ReconciliationReport:
     """Prove, for each event stream of ``stream_indexes`` (default all eight) and each of its
     replicas, that the log holds every event the outbox published within the window (or,
     with ``within_s``, within that many seconds before ``now``, when it is shorter: the
-    sweep's scheduled proof); say where it does not."""
+    sweep's scheduled proof); say where it does not. ``should_stop`` is asked before each
+    fetch of the scans: when time is up the proof raises
+    :class:`~rhumbatron.messaging.log_state.ScanStopped`, and proves nothing."""
     started = time.monotonic()
     indexes = sorted(set(range(EVENT_STREAM_COUNT) if stream_indexes is None else stream_indexes))
     window_s = settings.reconcile_window_s
@@ -204,7 +207,12 @@ async def reconcile(
     report.requests += 2 * len(settings.monitor_urls)  # /varz and /jsz of each node
     for index, name in names.items():
         stream = await _reconcile_stream(
-            js, name, expected.get(index, {}), [s for s in states if s.stream == name], scan_from
+            js,
+            name,
+            expected.get(index, {}),
+            [s for s in states if s.stream == name],
+            scan_from,
+            should_stop=should_stop,
         )
         report.requests += stream.requests
         report.streams.append(stream.result)
@@ -224,6 +232,8 @@ async def _reconcile_stream(
     wanted: dict[str, int | None],
     states: Sequence[ReplicaState],
     scan_from: datetime,
+    *,
+    should_stop: Callable[[], bool] | None,
 ) -> _Checked:
     from nats.errors import Error as NatsError
 
@@ -245,7 +255,15 @@ async def _reconcile_stream(
         # A server outside a cluster names no leader: its one copy is the one reported.
         state = state_of.get(node) if node else (states[0] if len(states) == 1 else None)
         replica, used = await _prove_replica(
-            js, name, wanted, node, state, leader=leader, leader_last=leader_last, since=scan_from
+            js,
+            name,
+            wanted,
+            node,
+            state,
+            leader=leader,
+            leader_last=leader_last,
+            since=scan_from,
+            should_stop=should_stop,
         )
         replicas.append(replica)
         requests += used
@@ -262,6 +280,7 @@ async def _prove_replica(
     leader: str | None,
     leader_last: int,
     since: datetime,
+    should_stop: Callable[[], bool] | None,
 ) -> tuple[ReplicaReport, int]:
     """One copy of stream ``name`` (on ``node``; ``None``: the one server) against the
     events the outbox published; and the requests its scan took."""
@@ -272,7 +291,12 @@ async def _prove_replica(
     copy_last_seq = state.last_seq if state is not None else None
     try:
         ids = await read_stream_ids(
-            js, name, since=since, on_node=node, copy_last_seq=copy_last_seq
+            js,
+            name,
+            since=since,
+            on_node=node,
+            copy_last_seq=copy_last_seq,
+            should_stop=should_stop,
         )
     except MessagingError as exc:
         failed = ReplicaReport(label, node == leader, len(wanted), 0, (), state, behind, str(exc))

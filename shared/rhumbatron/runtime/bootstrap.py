@@ -154,6 +154,7 @@ class Rhumbatron:
         *,
         now: datetime | None = None,
         within_s: float | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> ReconciliationReport:
         """Prove the log holds every event the outbox published within the reconciliation
         window, or the last ``within_s`` seconds of it
@@ -168,6 +169,7 @@ class Rhumbatron:
             now=now or self.clock.now(),
             stream_indexes=stream_indexes,
             within_s=within_s,
+            should_stop=should_stop,
         )
 
     async def repair_log(self, report: ReconciliationReport, *, dry_run: bool) -> list[RepairStep]:

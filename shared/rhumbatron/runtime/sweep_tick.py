@@ -51,6 +51,7 @@ class SweepHost(QueueContext, ScheduleContext, Protocol):
         *,
         now: datetime | None = None,
         within_s: float | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> ReconciliationReport: ...
 
 
@@ -90,7 +91,9 @@ async def run_sweep_tick(
             "sweep of stream %d ran out of time; records left wait for its next tick",
             report.run.stream_index,
         )
-    log_gaps, log_proof = await _watch_log(app, report.run.stream_index, now, out_of_time)
+    log_gaps, log_proof = await _watch_log(
+        app, report.run.stream_index, now, None if out_of_time else should_stop
+    )
     open_letters, clef_flash_calls = _record_tick_metrics(
         app, letters, log_gaps, report.capacity_used_percent
     )
@@ -161,13 +164,18 @@ async def _retry_webhooks(
 
 
 async def _watch_log(
-    app: SweepHost, stream_index: int, now: datetime, out_of_time: bool
+    app: SweepHost,
+    stream_index: int,
+    now: datetime,
+    should_stop: Callable[[], bool] | None,
 ) -> tuple[dict[str, int], dict[str, object] | None]:
     """The log's watch on the tick's stream: the cheap check, and the full proof when this
-    tick is due to run it and has time left. Returns the events each damaged replica lacks
-    by node (the larger count of the two), and the proof's summary when it ran."""
+    tick is due to run it and has time left (``should_stop`` ends a proof whose time is up:
+    it then proves nothing, and the next period's proof covers its span). Returns the
+    events each damaged replica lacks by node (the larger count of the two), and the
+    proof's summary when it ran."""
     log_gaps = await _check_log(app, stream_index, now)
-    proved = None if out_of_time else await _prove_log(app, stream_index, now)
+    proved = await _prove_log(app, stream_index, now, should_stop)
     if proved is None:
         return log_gaps, None
     log_proof, lacking = proved
@@ -217,7 +225,7 @@ async def _check_log(app: SweepHost, stream_index: int, now: datetime) -> dict[s
 
 
 async def _prove_log(
-    app: SweepHost, stream_index: int, now: datetime
+    app: SweepHost, stream_index: int, now: datetime, should_stop: Callable[[], bool] | None
 ) -> tuple[dict[str, object], dict[str, int]] | None:
     """The scheduled full proof of the tick's stream, when this tick is due to run it
     (:func:`~rhumbatron.router.ticks.log_proof_due`): every event the outbox published over
@@ -232,8 +240,15 @@ async def _prove_log(
     if within_s is None:
         return None
     stream = event_stream_name(stream_index)
+    from rhumbatron.messaging.log_state import ScanStopped
+
     try:
-        report = await app.reconcile([stream_index], now=now, within_s=within_s)
+        report = await app.reconcile(
+            [stream_index], now=now, within_s=within_s, should_stop=should_stop
+        )
+    except ScanStopped as stopped:  # out of time: nothing proven, no gap claimed
+        _log.warning("the scheduled proof of %s did not finish: %s", stream, stopped)
+        return {"stream": stream, "unfinished": True}, {}
     except Exception as exc:  # the tick goes on; the cheap check still ran
         _log.exception("the scheduled proof of %s failed", stream)
         return {"stream": stream, "error": f"{type(exc).__name__}: {exc}"}, {}
