@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         UnsafePathError,
         WebhookSignatureError,
         WorkflowEngineError,
+        WorkflowNotFoundError,
     )
     from rhumbatron.protocol.envelopes import Command, Event
     from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
@@ -80,6 +81,7 @@ __all__ = [
     "UnsafePathError",
     "WebhookSignatureError",
     "WorkflowEngineError",
+    "WorkflowNotFoundError",
     "__version__",
     "bootstrap",
     "load_settings",
@@ -115,6 +117,7 @@ _LAZY: dict[str, str] = {
             "DeadLetterError",
             "AppProvisioningError",
             "WorkflowEngineError",
+            "WorkflowNotFoundError",
             "LocalStackError",
             "ChangeNotFoundError",
             "TaskNotFoundError",

@@ -151,6 +151,7 @@ __all__ = [
     "WebhookSecretError",
     "WebhookSignatureError",
     "WorkflowEngineError",
+    "WorkflowNotFoundError",
 ]
 
 
@@ -439,6 +440,10 @@ class AppProvisioningError(RhumbatronError):
 
 class WorkflowEngineError(RhumbatronError):
     """The workflow engine answered with an error we cannot use (throttled, denied, down)."""
+
+
+class WorkflowNotFoundError(RhumbatronError, LookupError):
+    """No instance of that workflow with that ID."""
 
 
 class LocalStackError(RhumbatronError):

@@ -267,3 +267,71 @@ def test_over_http_every_request_needs_a_token_and_the_tools_act_with_it(
         )
     )
     assert [g["count"] for g in groups["groups"]] == [2]
+
+
+PLATFORM_OPERATOR = "mcp-platform-token-aaaa"
+
+
+class _CutShort(BaseException):
+    """Stands for the process dying inside a step: the instance stays running."""
+
+
+def running_verification(env: dict[str, str], candidate: str) -> None:
+    """A verification instance left running in the state directory's workflow store, as a
+    process that died inside its ``check`` step leaves it."""
+    from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
+
+    async def dies(input: Any, state: Any) -> None:
+        raise _CutShort
+
+    settings = load_settings(state_dir=Path(env["RHUMBATRON_STATE_DIR"]), nats_url="x")
+    engine = InProcessEngine(
+        settings.state_dir / "workflows.sqlite",
+        settings,
+        ManualClock(),
+        {"verification": WorkflowDefinition("verification", (("check", dies),))},
+    )
+    with pytest.raises(_CutShort):
+        asyncio.run(engine.start("verification", candidate, {"candidateId": candidate}))
+    engine.close()
+
+
+def test_an_ops_agent_reads_and_cancels_a_workflow_over_stdio(env: dict[str, str]) -> None:
+    # GIVEN a verification left running, and a platform operator's token
+    running_verification(env, "cand_stuck")
+    tokens = {
+        **TOKENS,
+        PLATFORM_OPERATOR: {"tenant": "*", "scopes": ["changes:read", "changes:write"]},
+    }
+    env = {**env, "RHUMBATRON_API_TOKENS": json.dumps(tokens)}
+
+    async def cancel() -> dict[str, Any]:
+        async with stdio_session(env, PLATFORM_OPERATOR) as session:
+            # WHEN the agent lists the running verifications and reads the stuck one
+            listed = answer(
+                await session.call_tool(
+                    "list_workflows", {"workflow": "verification", "status": "running"}
+                )
+            )
+            read = answer(
+                await session.call_tool(
+                    "read_workflow", {"workflow": "verification", "instanceId": "cand_stuck"}
+                )
+            )
+            # AND cancels it, confirming
+            where = {"workflow": "verification", "instanceId": "cand_stuck"}
+            cancelled = await session.call_tool(
+                "cancel_workflow", {**where, "body": {"reason": "stuck"}, "confirm": True}
+            )
+            after = answer(await session.call_tool("read_workflow", where))
+            return {"listed": listed, "read": read, "cancelled": cancelled, "after": after}
+
+    seen = asyncio.run(cancel())
+    # THEN it found the instance waiting on its check step, cancelled it with the reason,
+    #   and the instance is cancelled
+    assert [i["instanceId"] for i in seen["listed"]["items"]] == ["cand_stuck"]
+    assert seen["read"]["pendingStep"] == "check"
+    assert not seen["cancelled"].is_error
+    assert answer(seen["cancelled"])["done"] is True
+    assert seen["after"]["instance"]["status"] == "cancelled"
+    assert seen["after"]["instance"]["error"] == "cancelled by an operator: stuck"

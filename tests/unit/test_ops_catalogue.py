@@ -45,4 +45,9 @@ def test_the_catalogue_holds_every_operation_and_tool_with_its_scope(
         "repair_log",
         "pause_consumer",
         "resume_consumer",
+        "list_workflows",
+        "read_workflow",
+        "cancel_workflow",
+        "terminate_workflow",
+        "redrive_workflow",
     }

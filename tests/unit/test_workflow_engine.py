@@ -355,3 +355,118 @@ async def test_a_release_step_whose_input_lacks_a_subject_fails_naming_it_never_
     #   world it would write through is not even there)
     with pytest.raises(DomainError, match=f"the workflow input has no '{missing}'"):
         await start(given, {})
+
+
+# --------------------------------------------------------------------------- operations
+
+
+async def test_a_failed_instance_shows_each_step_and_is_redriven_from_the_failed_one(
+    engine: InProcessEngine, steps: Steps, clock: ManualClock
+) -> None:
+    # GIVEN an instance whose step two failed, twice (a redrive that failed again)
+    steps.fail_in = "two"
+    await engine.start("verification", CANDIDATE, {"candidate": CANDIDATE})
+    clock.advance(seconds=60)
+    first_redrive = await engine.redrive("verification", CANDIDATE)
+    # WHEN its history is read
+    history = await engine.history("verification", CANDIDATE)
+    # THEN it lists every step: one finished once, two failed twice with its error, three
+    # not started; nothing is pending, and this engine retries nothing by itself
+    assert first_redrive is not None and first_redrive.done
+    assert history is not None
+    assert history.instance.status is WorkflowStatus.failed
+    assert [(s.name, s.status, s.attempts) for s in history.steps] == [
+        ("one", "succeeded", 1),
+        ("two", "failed", 2),
+        ("three", "not_started", 0),
+    ]
+    assert history.steps[1].error == f"step 'two': ValueError: two broke on {CANDIDATE}"
+    assert history.steps[1].at == clock.now().isoformat()
+    assert (history.pending_step, history.next_retry_at) == (None, None)
+
+    # WHEN the step is mended and the instance redriven
+    steps.fail_in = None
+    redriven = await engine.redrive("verification", CANDIDATE)
+    # THEN it ran on from step two (step one not again) and succeeded
+    assert redriven is not None
+    assert (redriven.done, redriven.status) == (True, WorkflowStatus.succeeded)
+    assert steps.runs == Counter({"one": 1, "two": 3, "three": 1})
+    # AND a redrive of a succeeded instance changes nothing and says why
+    again = await engine.redrive("verification", CANDIDATE)
+    assert again is not None and not again.done
+    assert again.detail == "only a failed instance is redriven; this one is succeeded"
+    assert await engine.redrive("verification", "cand_unknown") is None
+
+
+async def test_a_cancelled_instance_runs_no_further_step_and_is_never_redriven(
+    engine: InProcessEngine, steps: Steps
+) -> None:
+    # GIVEN an instance held inside step one
+    steps.gate = asyncio.Event()
+    run = asyncio.create_task(engine.start("verification", CANDIDATE, {"candidate": CANDIDATE}))
+    await steps.entered.wait()
+    pending = await engine.history("verification", CANDIDATE)
+    # WHEN an operator cancels it, and the step in flight then finishes
+    cancelled = await engine.cancel("verification", CANDIDATE, "wrong candidate")
+    steps.gate.set()
+    await run
+    # THEN the step in flight was the pending one; its result stands, no later step ran,
+    # and the instance is cancelled with the operator's reason
+    assert pending is not None and pending.pending_step == "one"
+    assert cancelled is not None and cancelled.done
+    assert steps.runs == Counter({"one": 1})
+    instance = await engine.describe("verification", CANDIDATE)
+    assert instance is not None
+    assert (instance.status, instance.error) == (
+        WorkflowStatus.cancelled,
+        "cancelled by an operator: wrong candidate",
+    )
+    # AND cancelling again, terminating or redriving it changes nothing
+    for control in (
+        await engine.cancel("verification", CANDIDATE, "again"),
+        await engine.terminate("verification", CANDIDATE, "again"),
+        await engine.redrive("verification", CANDIDATE),
+    ):
+        assert control is not None and not control.done
+    assert steps.runs == Counter({"one": 1})
+
+
+async def test_a_terminated_instance_is_a_failure_a_redrive_runs_on_from_where_it_stopped(
+    engine: InProcessEngine, steps: Steps, store: Path, offline_settings: Settings
+) -> None:
+    # GIVEN an instance cut short inside step two (still running, as after a crash)
+    steps.kill_in = "two"
+    with pytest.raises(Killed):
+        await engine.start("verification", CANDIDATE, {"candidate": CANDIDATE})
+    # WHEN an operator terminates it
+    terminated = await engine.terminate("verification", CANDIDATE, "stuck")
+    # THEN it failed with the reason, and the sweep's resume leaves it alone
+    assert terminated is not None
+    assert (terminated.done, terminated.status) == (True, WorkflowStatus.failed)
+    assert await engine.resume_running() == []
+    # WHEN it is redriven THEN step two and three run, and it succeeds
+    redriven = await engine.redrive("verification", CANDIDATE)
+    assert redriven is not None and redriven.status is WorkflowStatus.succeeded
+    assert steps.runs == Counter({"one": 1, "two": 2, "three": 1})
+
+
+async def test_instances_are_listed_newest_first_and_by_status(
+    engine: InProcessEngine, steps: Steps, clock: ManualClock
+) -> None:
+    steps.fail_in = "three"
+    await engine.start("verification", "cand_a", {"candidate": "cand_a"})
+    clock.advance(seconds=1)
+    steps.fail_in = None
+    await engine.start("verification", "cand_b", {"candidate": "cand_b"})
+    listed = await engine.list_instances("verification")
+    assert [(i.instance_id, i.status) for i in listed] == [
+        ("cand_b", WorkflowStatus.succeeded),
+        ("cand_a", WorkflowStatus.failed),
+    ]
+    failed = await engine.list_instances("verification", status=WorkflowStatus.failed)
+    assert [i.instance_id for i in failed] == ["cand_a"]
+    assert [i.instance_id for i in await engine.list_instances("verification", limit=1)] == [
+        "cand_b"
+    ]
+    with pytest.raises(DomainError, match="unknown workflow 'deploy'"):
+        await engine.list_instances("deploy")

@@ -84,6 +84,8 @@ from rhumbatron.errors import (
     RhumbatronError,
     TaskNotFoundError,
     UnknownSubjectError,
+    WorkflowEngineError,
+    WorkflowNotFoundError,
 )
 from rhumbatron.redaction import describe_input
 
@@ -132,6 +134,7 @@ _STATUS_OF: tuple[tuple[type[Exception], int, str, str | None], ...] = (
     (ChangeNotFoundError, 404, "not_found", None),
     (TaskNotFoundError, 404, "not_found", None),
     (EventNotFoundError, 404, "not_found", None),
+    (WorkflowNotFoundError, 404, "not_found", None),
     (DeadLetterClosedError, 409, "already_closed", None),
     (DeadLetterError, 409, "not_retryable", None),
     (ProjectIdUnavailableError, 409, "project_id_unavailable", "projectId"),
@@ -143,6 +146,7 @@ _STATUS_OF: tuple[tuple[type[Exception], int, str, str | None], ...] = (
     (MessagingError, 503, "messaging_unavailable", None),
     (ActorBusyError, 503, "storage_busy", None),
     (ActorError, 503, "storage_unavailable", None),
+    (WorkflowEngineError, 503, "workflow_engine_unavailable", None),
     (EnvelopeError, 422, "invalid_request", None),
     (UnknownSubjectError, 422, "unknown_subject", None),
 )

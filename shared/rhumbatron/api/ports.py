@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rhumbatron.operator.log_repair import RepairStep
     from rhumbatron.operator.reconciliation import ReconciliationReport
     from rhumbatron.router.event_router import EventRouter
+    from rhumbatron.workflows.engine import OperableWorkflowEngine
 
 __all__ = ["ApiLifecycle", "ApiRuntime"]
 
@@ -45,6 +46,9 @@ class ApiLifecycle(Protocol):
 
     @property
     def world(self) -> LifecycleWorld: ...
+
+    @property
+    def engine(self) -> OperableWorkflowEngine: ...
 
 
 class ApiRuntime(LifecycleWithWorld, OutboxContext, Protocol):

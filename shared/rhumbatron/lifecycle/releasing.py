@@ -55,13 +55,13 @@ class ReleaseHandlers(IntegrationCore):
                 await resume(release_id)
             elif instance is None:
                 await self.start_release(project_id, change_id, caller, direct=True)
-        elif instance.status is WorkflowStatus.failed:
+        elif instance.status in (WorkflowStatus.failed, WorkflowStatus.cancelled):
             shard.apply(
                 caller,
                 FinishRelease(
                     release_id=release_id,
                     outcome=ReleaseStatus.FAILED,
-                    reason=f"release workflow failed: {instance.error}",
+                    reason=f"release workflow {instance.status}: {instance.error}",
                 ),
             )
         else:

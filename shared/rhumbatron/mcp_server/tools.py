@@ -45,6 +45,8 @@ DESTRUCTIVE = frozenset(
         "replay",
         "replay_skipped",
         "repair_log",
+        "cancel_workflow",
+        "terminate_workflow",
     }
 )
 _METHODS = ("get", "post", "put", "patch", "delete")

@@ -35,7 +35,7 @@ from rhumbatron.lifecycle.world import LifecycleWorld
 from rhumbatron.metrics import MetricsRecorder
 from rhumbatron.queues.context import QueueContext
 from rhumbatron.queues.wake_consumer import WakeConsumer
-from rhumbatron.workflows.engine import WorkflowEngine
+from rhumbatron.workflows.engine import OperableWorkflowEngine
 
 if TYPE_CHECKING:
     from rhumbatron.actors.directory import ActorDirectory
@@ -127,7 +127,7 @@ class Lifecycle:
         return LifecycleWorkflows(self.world, self.forks, self.apps)
 
     @cached_property
-    def engine(self) -> WorkflowEngine:
+    def engine(self) -> OperableWorkflowEngine:
         settings = self.app.settings
         if settings.workflow_engine == "step_functions":
             import boto3

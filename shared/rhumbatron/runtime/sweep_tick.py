@@ -24,7 +24,7 @@ from rhumbatron.reactions.schedule_firing import ScheduleContext
 if TYPE_CHECKING:
     from rhumbatron.messaging.log_state import ReplicaState
     from rhumbatron.messaging.queue_consumer import PollReport
-    from rhumbatron.operator.reconciliation import ReconciliationReport
+    from rhumbatron.operator.reconciliation import ReconciliationReport, StreamReconciliation
     from rhumbatron.reactions.webhook_retries import WebhookRetrier
     from rhumbatron.router.event_router import EventRouter
     from rhumbatron.router.reports import SweepReport
@@ -233,6 +233,7 @@ async def _prove_log(
     warning and a ``log.gap_detected`` fact, like a hole the cheap check finds. Returns the
     proof's summary and the events each damaged replica lacks, by node; never raises (a
     proof that failed is a warning, and the next period proves the span again)."""
+    from rhumbatron.messaging.log_state import ScanStopped
     from rhumbatron.protocol.ids import event_stream_name
     from rhumbatron.router.ticks import log_proof_due
 
@@ -240,8 +241,6 @@ async def _prove_log(
     if within_s is None:
         return None
     stream = event_stream_name(stream_index)
-    from rhumbatron.messaging.log_state import ScanStopped
-
     try:
         report = await app.reconcile(
             [stream_index], now=now, within_s=within_s, should_stop=should_stop
@@ -253,31 +252,7 @@ async def _prove_log(
         _log.exception("the scheduled proof of %s failed", stream)
         return {"stream": stream, "error": f"{type(exc).__name__}: {exc}"}, {}
     [proof] = report.streams
-    lacking: dict[str, int] = {}
-    losses: list[tuple[str, str, int, ReplicaState | None]] = []
-    for replica in proof.replicas:
-        if replica.error is not None:
-            _log.warning(
-                "the scheduled proof could not read %s's copy of %s: %s",
-                replica.node,
-                stream,
-                replica.error,
-            )
-        if replica.missing:
-            lacking[replica.node] = len(replica.missing)
-            losses.append((stream, replica.node, len(replica.missing), replica.state))
-            _log.warning(
-                "log gap detected: %s's copy of %s lacks %d event(s) the outbox published "
-                "(first %s); run `rhumbatron reconcile --stream %d` (docs/operations.md, "
-                "Log gap detected)",
-                replica.node,
-                stream,
-                len(replica.missing),
-                replica.missing[0],
-                stream_index,
-            )
-    if losses:
-        _write_log_gap_facts(app, losses, now)
+    lacking = _record_proven_losses(app, proof, stream_index, now)
     summary: dict[str, object] = {
         "stream": stream,
         "checkedFrom": report.checked_from.isoformat(),
@@ -288,6 +263,40 @@ async def _prove_log(
         "requests": report.requests,
     }
     return summary, lacking
+
+
+def _record_proven_losses(
+    app: SweepHost, proof: StreamReconciliation, stream_index: int, now: datetime
+) -> dict[str, int]:
+    """Warn of each replica the proof could not read, and of each that lacks events (a
+    warning naming the way to the repair and a ``log.gap_detected`` fact); return the
+    events each lacks, by node."""
+    lacking: dict[str, int] = {}
+    losses: list[tuple[str, str, int, ReplicaState | None]] = []
+    for replica in proof.replicas:
+        if replica.error is not None:
+            _log.warning(
+                "the scheduled proof could not read %s's copy of %s: %s",
+                replica.node,
+                proof.stream,
+                replica.error,
+            )
+        if replica.missing:
+            lacking[replica.node] = len(replica.missing)
+            losses.append((proof.stream, replica.node, len(replica.missing), replica.state))
+            _log.warning(
+                "log gap detected: %s's copy of %s lacks %d event(s) the outbox published "
+                "(first %s); run `rhumbatron reconcile --stream %d` (docs/operations.md, "
+                "Log gap detected)",
+                replica.node,
+                proof.stream,
+                len(replica.missing),
+                replica.missing[0],
+                stream_index,
+            )
+    if losses:
+        _write_log_gap_facts(app, losses, now)
+    return lacking
 
 
 def _write_log_gap_facts(

@@ -25,10 +25,15 @@ from rhumbatron.protocol.envelopes import Command
 __all__ = [
     "INSTANCE_ID_PATTERN",
     "WORKFLOW_COMMANDS",
+    "OperableWorkflowEngine",
+    "WorkflowControl",
     "WorkflowEngine",
+    "WorkflowHistory",
     "WorkflowInstance",
+    "WorkflowOperations",
     "WorkflowStart",
     "WorkflowStatus",
+    "WorkflowStepRecord",
     "check_instance_id",
     "workflow_start_for",
 ]
@@ -58,11 +63,14 @@ class WorkflowStart:
 
 
 class WorkflowStatus(StrEnum):
-    """Where an instance is: still running, or finished one way or the other."""
+    """Where an instance is: still running, or finished one way or the other. A
+    ``cancelled`` instance was stopped by an operator for good; a ``failed`` one (a step
+    failed, or an operator terminated it) may be redriven from its failed step."""
 
     running = "running"
     succeeded = "succeeded"
     failed = "failed"
+    cancelled = "cancelled"
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,43 @@ class WorkflowInstance:
     error: str | None
 
 
+@dataclass(frozen=True)
+class WorkflowStepRecord:
+    """One step of an instance: ``succeeded``, ``failed``, ``running`` (the pending step of
+    a running instance) or ``not_started``; how many times it ran, when it last finished or
+    failed, and its last error."""
+
+    name: str
+    status: str
+    attempts: int
+    at: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class WorkflowHistory:
+    """An instance with its steps in order, the step it waits on, and when that step is
+    retried next (``None``: the engine retries nothing by itself)."""
+
+    instance: WorkflowInstance
+    steps: tuple[WorkflowStepRecord, ...]
+    pending_step: str | None
+    next_retry_at: str | None
+
+
+@dataclass(frozen=True)
+class WorkflowControl:
+    """What a control action (cancel, terminate, redrive) did: ``done`` is False when the
+    instance was already past it (then nothing changed), and ``detail`` says why."""
+
+    workflow: str
+    instance_id: str
+    action: str
+    done: bool
+    status: WorkflowStatus
+    detail: str
+
+
 class WorkflowEngine(Protocol):
     """Starts and describes Workflow instances; one instance per ID, ever."""
 
@@ -87,6 +132,38 @@ class WorkflowEngine(Protocol):
 
     async def describe(self, workflow: str, instance_id: str) -> WorkflowInstance | None:
         """The instance of ``workflow`` with this ID, or None if it was never started."""
+        ...
+
+
+class WorkflowOperations(Protocol):
+    """An operator's view and control of the instances (docs/operations.md, "Workflows").
+
+    Each control action is idempotent: it acts on an instance in the state it applies to
+    and answers ``done=False`` for one already past it, so a retried call changes nothing.
+    """
+
+    async def list_instances(
+        self, workflow: str, *, status: WorkflowStatus | None = None, limit: int = 100
+    ) -> list[WorkflowInstance]:
+        """The newest instances of ``workflow`` first, at most ``limit``."""
+        ...
+
+    async def history(self, workflow: str, instance_id: str) -> WorkflowHistory | None:
+        """The instance's steps with their attempts and failures, or None if none."""
+        ...
+
+    async def cancel(self, workflow: str, instance_id: str, reason: str) -> WorkflowControl | None:
+        """Stop a running instance for good before its next step (``cancelled``)."""
+        ...
+
+    async def terminate(
+        self, workflow: str, instance_id: str, reason: str
+    ) -> WorkflowControl | None:
+        """Stop a running instance now, as a failure (``failed``), which may be redriven."""
+        ...
+
+    async def redrive(self, workflow: str, instance_id: str) -> WorkflowControl | None:
+        """Run a failed instance again from its failed step (its finished steps stand)."""
         ...
 
 
@@ -118,3 +195,7 @@ def workflow_start_for(command: Command) -> tuple[str, str]:
     payload = command.payload.model_dump()
     instance_id = payload[_INSTANCE_ID_FIELD[command.command_type]]
     return workflow, check_instance_id(str(instance_id))
+
+
+class OperableWorkflowEngine(WorkflowEngine, WorkflowOperations, Protocol):
+    """An engine an operator can read and steer: both adapters are one."""

@@ -27,9 +27,12 @@ from rhumbatron.core.clock import Clock
 from rhumbatron.core.settings import Settings
 from rhumbatron.errors import DomainError, WorkflowEngineError
 from rhumbatron.workflows.engine import (
+    WorkflowControl,
+    WorkflowHistory,
     WorkflowInstance,
     WorkflowStart,
     WorkflowStatus,
+    WorkflowStepRecord,
     check_instance_id,
 )
 
@@ -60,6 +63,14 @@ CREATE TABLE IF NOT EXISTS workflow_steps (
     finished_at TEXT NOT NULL,
     PRIMARY KEY (instance_id, step)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS workflow_step_failures (
+    instance_id TEXT NOT NULL,
+    step        TEXT NOT NULL,
+    failed_at   TEXT NOT NULL,
+    error       TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS workflow_step_failures_instance
+    ON workflow_step_failures (instance_id, step);
 """
 
 
@@ -186,6 +197,146 @@ class InProcessEngine:
             await self.resume(instance_id)
         return ids
 
+    # -- an operator's view and control (WorkflowOperations) ----------------------------
+
+    async def list_instances(
+        self, workflow: str, *, status: WorkflowStatus | None = None, limit: int = 100
+    ) -> list[WorkflowInstance]:
+        """The newest instances of ``workflow`` first, at most ``limit``."""
+        self._definition(workflow)
+        rows = self._store.connection.execute(
+            "SELECT instance_id FROM workflow_instances WHERE workflow = ? "
+            "AND (? IS NULL OR status = ?) ORDER BY started_at DESC, instance_id LIMIT ?",
+            (workflow, status, status, limit),
+        ).fetchall()
+        found = [await self.describe(workflow, str(row["instance_id"])) for row in rows]
+        return [instance for instance in found if instance is not None]
+
+    async def history(self, workflow: str, instance_id: str) -> WorkflowHistory | None:
+        """Every step of the definition in order: finished, failed (with each failure an
+        attempt), the one a running instance waits on, or not started. This engine retries
+        nothing by itself: a failed step runs again only on a redrive."""
+        instance = await self.describe(workflow, instance_id)
+        if instance is None:
+            return None
+        db = self._store.connection
+        finished = {
+            str(row["step"]): str(row["finished_at"])
+            for row in db.execute(
+                "SELECT step, finished_at FROM workflow_steps WHERE instance_id = ?",
+                (instance_id,),
+            )
+        }
+        failures: dict[str, list[sqlite3.Row]] = {}
+        for row in db.execute(
+            "SELECT step, failed_at, error FROM workflow_step_failures WHERE instance_id = ? "
+            "ORDER BY rowid",
+            (instance_id,),
+        ):
+            failures.setdefault(str(row["step"]), []).append(row)
+        steps: list[WorkflowStepRecord] = []
+        pending: str | None = None
+        for name, _ in self._definition(workflow).steps:
+            failed = failures.get(name, [])
+            last_failure = failed[-1] if failed else None
+            if name in finished:
+                status, at = "succeeded", finished[name]
+            elif last_failure is not None and instance.status is not WorkflowStatus.running:
+                status, at = "failed", str(last_failure["failed_at"])
+            elif instance.status is WorkflowStatus.running and pending is None:
+                status, at, pending = "running", None, name
+            else:
+                status, at = "not_started", None
+            steps.append(
+                WorkflowStepRecord(
+                    name=name,
+                    status=status,
+                    attempts=len(failed) + (1 if name in finished else 0),
+                    at=at,
+                    error=None if last_failure is None else str(last_failure["error"]),
+                )
+            )
+        return WorkflowHistory(instance, tuple(steps), pending, next_retry_at=None)
+
+    async def cancel(self, workflow: str, instance_id: str, reason: str) -> WorkflowControl | None:
+        """Stop a running instance for good: no further step runs (a step in flight in this
+        process finishes, and its result is recorded)."""
+        return await self._stop(workflow, instance_id, "cancel", WorkflowStatus.cancelled, reason)
+
+    async def terminate(
+        self, workflow: str, instance_id: str, reason: str
+    ) -> WorkflowControl | None:
+        """Stop a running instance as a failure, so that a redrive can run it on from the
+        step it stopped at."""
+        return await self._stop(workflow, instance_id, "terminate", WorkflowStatus.failed, reason)
+
+    async def redrive(self, workflow: str, instance_id: str) -> WorkflowControl | None:
+        """Run a failed instance again from its first unfinished step (the failed one); its
+        finished steps are not run again. A cancelled or succeeded instance is left alone."""
+        instance = await self.describe(workflow, instance_id)
+        if instance is None:
+            return None
+        if instance.status is not WorkflowStatus.failed:
+            return WorkflowControl(
+                workflow,
+                instance_id,
+                "redrive",
+                False,
+                instance.status,
+                f"only a failed instance is redriven; this one is {instance.status}",
+            )
+        with self._store.transaction() as db:
+            db.execute(
+                "UPDATE workflow_instances SET status = ?, error = NULL, updated_at = ? "
+                "WHERE instance_id = ? AND status = ?",
+                (
+                    WorkflowStatus.running,
+                    self._clock.now().isoformat(),
+                    instance_id,
+                    WorkflowStatus.failed,
+                ),
+            )
+        after = await self.resume(instance_id)
+        status = after.status if after is not None else WorkflowStatus.running
+        return WorkflowControl(
+            workflow,
+            instance_id,
+            "redrive",
+            True,
+            status,
+            f"ran again from its failed step: {status}",
+        )
+
+    async def _stop(
+        self,
+        workflow: str,
+        instance_id: str,
+        action: str,
+        to: WorkflowStatus,
+        reason: str,
+    ) -> WorkflowControl | None:
+        instance = await self.describe(workflow, instance_id)
+        if instance is None:
+            return None
+        done = {"cancel": "cancelled", "terminate": "terminated"}[action]
+        error = f"{done} by an operator: {reason}"
+        with self._store.transaction() as db:
+            stopped = db.execute(
+                "UPDATE workflow_instances SET status = ?, error = ?, updated_at = ? "
+                "WHERE instance_id = ? AND status = ?",
+                (to, error, self._clock.now().isoformat(), instance_id, WorkflowStatus.running),
+            ).rowcount
+        if not stopped:
+            return WorkflowControl(
+                workflow,
+                instance_id,
+                action,
+                False,
+                instance.status,
+                f"only a running instance is stopped; this one is {instance.status}",
+            )
+        return WorkflowControl(workflow, instance_id, action, True, to, error)
+
     def close(self) -> None:
         """Close the SQLite file."""
         self._store.close()
@@ -219,6 +370,8 @@ class InProcessEngine:
         for name, step in definition.steps:
             if name in finished:
                 continue
+            if not self._still_running(instance_id):
+                return  # an operator cancelled or terminated it: no further step runs
             try:
                 # A fresh copy for each step: only what a step returns reaches the record.
                 result = await step(input_, json.loads(state_json))
@@ -226,10 +379,12 @@ class InProcessEngine:
             except Exception as exc:
                 # BaseException (cancellation, a killed process) is not caught: the instance
                 # stays running and resume() continues it from this step.
-                self._fail(instance_id, f"step {name!r}: {type(exc).__name__}: {exc}")
+                self._fail(instance_id, name, f"step {name!r}: {type(exc).__name__}: {exc}")
                 return
             now = self._clock.now().isoformat()
             with self._store.transaction() as db:
+                # The step's work is done whatever happened meanwhile: it is recorded, but an
+                # instance stopped while it ran keeps its status (no next step runs).
                 db.execute(
                     "INSERT INTO workflow_steps (instance_id, step, finished_at) VALUES (?, ?, ?)",
                     (instance_id, name, now),
@@ -245,13 +400,23 @@ class InProcessEngine:
                 (WorkflowStatus.succeeded, self._clock.now().isoformat(), instance_id, "running"),
             )
 
-    def _fail(self, instance_id: str, error: str) -> None:
+    def _fail(self, instance_id: str, step: str, error: str) -> None:
+        now = self._clock.now().isoformat()
         with self._store.transaction() as db:
             db.execute(
-                "UPDATE workflow_instances SET status = ?, error = ?, updated_at = ? "
-                "WHERE instance_id = ?",
-                (WorkflowStatus.failed, error, self._clock.now().isoformat(), instance_id),
+                "INSERT INTO workflow_step_failures (instance_id, step, failed_at, error) "
+                "VALUES (?, ?, ?, ?)",
+                (instance_id, step, now, error),
             )
+            db.execute(
+                "UPDATE workflow_instances SET status = ?, error = ?, updated_at = ? "
+                "WHERE instance_id = ? AND status = ?",
+                (WorkflowStatus.failed, error, now, instance_id, WorkflowStatus.running),
+            )
+
+    def _still_running(self, instance_id: str) -> bool:
+        row = _row(self._store.connection, instance_id)
+        return row is not None and row["status"] == WorkflowStatus.running
 
 
 def _row(db: sqlite3.Connection, instance_id: str) -> sqlite3.Row | None:

@@ -15,20 +15,31 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from rhumbatron.errors import ConfigurationError, WorkflowEngineError
 from rhumbatron.workflows.engine import (
+    WorkflowControl,
+    WorkflowHistory,
     WorkflowInstance,
     WorkflowStart,
     WorkflowStatus,
+    WorkflowStepRecord,
     check_instance_id,
 )
 
-__all__ = ["STATUS_OF_EXECUTION", "StepFunctionsEngine", "execution_arn"]
+__all__ = [
+    "CANCELLED_ERROR",
+    "STATUS_OF_EXECUTION",
+    "TERMINATED_ERROR",
+    "StepFunctionsEngine",
+    "execution_arn",
+    "steps_of_history",
+]
 
 #: Step Functions execution status → ours. A timed-out or aborted execution failed.
 STATUS_OF_EXECUTION: Mapping[str, WorkflowStatus] = {
@@ -45,6 +56,80 @@ _ARN_SETTING = {
     "verification": "verification_state_machine_arn",
     "release": "release_state_machine_arn",
 }
+
+
+#: The errors our StopExecution calls record: a cancelled execution is told from one
+#: terminated (or aborted by anyone else), which stays a failure that may be redriven.
+CANCELLED_ERROR = "rhumbatron.cancelled"
+TERMINATED_ERROR = "rhumbatron.terminated"
+
+#: Our status → the Step Functions status a listing filters on (then each is described).
+_LISTED_AS: Mapping[WorkflowStatus, str] = {
+    WorkflowStatus.running: "RUNNING",
+    WorkflowStatus.succeeded: "SUCCEEDED",
+    WorkflowStatus.failed: "FAILED",
+    WorkflowStatus.cancelled: "ABORTED",
+}
+
+# History event types that schedule a task (each one an attempt of its state).
+_SCHEDULED = ("TaskScheduled", "LambdaFunctionScheduled", "ActivityScheduled")
+
+
+def steps_of_history(
+    events: Sequence[Mapping[str, Any]], status: WorkflowStatus
+) -> list[WorkflowStepRecord]:
+    """Step Functions' event history as our steps: a state per ``…StateEntered`` event, in
+    order; ``succeeded`` once exited, ``failed`` when the execution ended in it with an
+    error, ``running`` while a running execution is in it. A ``…Failed`` event's error and
+    cause are its state's last error."""
+    steps: dict[str, dict[str, Any]] = {}
+    current: str | None = None
+    for event in events:
+        kind = str(event.get("type", ""))
+        at = event.get("timestamp")
+        when = None if at is None else (at.isoformat() if isinstance(at, datetime) else str(at))
+        if kind.endswith("StateEntered"):
+            current = str(event.get("stateEnteredEventDetails", {}).get("name", ""))
+            step = steps.setdefault(
+                current, {"status": "running", "tasks": 0, "entered": 0, "at": None, "error": None}
+            )
+            step["entered"] += 1
+            step["status"] = "running"
+        elif kind.endswith("StateExited"):
+            name = str(event.get("stateExitedEventDetails", {}).get("name", current or ""))
+            if name in steps:
+                steps[name].update(status="succeeded", at=when)
+            current = None
+        elif kind in _SCHEDULED and current in steps:
+            steps[current]["tasks"] += 1
+        elif kind.endswith("Failed") or kind.endswith("TimedOut") or kind.endswith("Aborted"):
+            details: Mapping[str, Any] = next(
+                (v for k, v in event.items() if k.endswith("EventDetails")), {}
+            )
+            error = details.get("error") or kind
+            cause = details.get("cause")
+            if current in steps:
+                steps[current]["error"] = f"{error}: {cause}" if cause else str(error)
+                steps[current]["at"] = when
+                if kind.startswith("Execution"):
+                    steps[current]["status"] = "failed"
+    records = []
+    for name, step in steps.items():
+        state = step["status"]
+        if state == "running" and status is not WorkflowStatus.running:
+            state = (
+                "failed" if status in (WorkflowStatus.failed, WorkflowStatus.cancelled) else state
+            )
+        records.append(
+            WorkflowStepRecord(
+                name=name,
+                status=state,
+                attempts=step["tasks"] or step["entered"],
+                at=step["at"],
+                error=step["error"],
+            )
+        )
+    return records
 
 
 def execution_arn(state_machine_arn: str, instance_id: str) -> str:
@@ -105,6 +190,8 @@ class StepFunctionsEngine:
             return None
         raw_status = str(answer.get("status", ""))
         status = STATUS_OF_EXECUTION.get(raw_status)
+        if raw_status == "ABORTED" and answer.get("error") == CANCELLED_ERROR:
+            status = WorkflowStatus.cancelled
         if status is None:
             raise WorkflowEngineError(
                 f"execution {instance_id!r} of workflow {workflow!r} has status {raw_status!r}, "
@@ -122,6 +209,115 @@ class StepFunctionsEngine:
             output=json.loads(output) if status is WorkflowStatus.succeeded and output else None,
             error=None if error is None else (f"{error}: {cause}" if cause else str(error)),
         )
+
+    # -- an operator's view and control (WorkflowOperations) ----------------------------
+
+    async def list_instances(
+        self, workflow: str, *, status: WorkflowStatus | None = None, limit: int = 100
+    ) -> list[WorkflowInstance]:
+        """The newest executions first, at most ``limit``, each described (its error and
+        output); with ``status``, those in it."""
+        arn = self._state_machine(workflow)
+        try:
+            answer = await asyncio.to_thread(
+                self._client.list_executions,
+                stateMachineArn=arn,
+                maxResults=min(1000, limit if status is None else 1000),
+                **({} if status is None else {"statusFilter": _LISTED_AS[status]}),
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise self._engine_error("list", workflow, "*", exc) from exc
+        found: list[WorkflowInstance] = []
+        for execution in answer.get("executions", []):
+            instance = await self.describe(workflow, str(execution["name"]))
+            if instance is not None and (status is None or instance.status is status):
+                found.append(instance)
+            if len(found) == limit:
+                break
+        return found
+
+    async def history(self, workflow: str, instance_id: str) -> WorkflowHistory | None:
+        """The execution's states in the order they were entered, from its event history:
+        each state's attempts (its task schedules, retries included; one for a state with
+        no task), its last error, and the state a running execution is in. Step Functions
+        does not say when a retry is due (``next_retry_at`` is None)."""
+        instance = await self.describe(workflow, instance_id)
+        if instance is None:
+            return None
+        arn = execution_arn(self._state_machine(workflow), instance_id)
+        try:
+            answer = await asyncio.to_thread(
+                self._client.get_execution_history, executionArn=arn, maxResults=1000
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise self._engine_error("read the history of", workflow, instance_id, exc) from exc
+        steps = steps_of_history(answer.get("events", []), instance.status)
+        pending = next((step.name for step in steps if step.status == "running"), None)
+        return WorkflowHistory(instance, tuple(steps), pending, next_retry_at=None)
+
+    async def cancel(self, workflow: str, instance_id: str, reason: str) -> WorkflowControl | None:
+        """Stop a running execution for good (``StopExecution`` with the error
+        ``rhumbatron.cancelled``: described as ``cancelled``, never redriven by us)."""
+        return await self._stop(workflow, instance_id, "cancel", CANCELLED_ERROR, reason)
+
+    async def terminate(
+        self, workflow: str, instance_id: str, reason: str
+    ) -> WorkflowControl | None:
+        """Stop a running execution as a failure (``StopExecution`` with the error
+        ``rhumbatron.terminated``: ABORTED, which Step Functions can redrive)."""
+        return await self._stop(workflow, instance_id, "terminate", TERMINATED_ERROR, reason)
+
+    async def redrive(self, workflow: str, instance_id: str) -> WorkflowControl | None:
+        """``RedriveExecution``: Step Functions runs a failed, timed-out or aborted Standard
+        execution again from its failed state, within 14 days of its end. Where it refuses
+        (``ExecutionNotRedrivable``, ``ExecutionLimitExceeded``), the answer says so."""
+        instance = await self.describe(workflow, instance_id)
+        if instance is None:
+            return None
+        if instance.status is not WorkflowStatus.failed:
+            return WorkflowControl(
+                workflow,
+                instance_id,
+                "redrive",
+                False,
+                instance.status,
+                f"only a failed instance is redriven; this one is {instance.status}",
+            )
+        arn = execution_arn(self._state_machine(workflow), instance_id)
+        try:
+            await asyncio.to_thread(self._client.redrive_execution, executionArn=arn)
+        except ClientError as exc:
+            if _error_code(exc) in ("ExecutionNotRedrivable", "ExecutionLimitExceeded"):
+                detail = f"Step Functions does not redrive it: {exc}"
+                return WorkflowControl(
+                    workflow, instance_id, "redrive", False, instance.status, detail
+                )
+            raise self._engine_error("redrive", workflow, instance_id, exc) from exc
+        except BotoCoreError as exc:
+            raise self._engine_error("redrive", workflow, instance_id, exc) from exc
+        detail = "Step Functions runs it again from its failed state"
+        return WorkflowControl(
+            workflow, instance_id, "redrive", True, WorkflowStatus.running, detail
+        )
+
+    async def _stop(
+        self, workflow: str, instance_id: str, action: str, error: str, reason: str
+    ) -> WorkflowControl | None:
+        instance = await self.describe(workflow, instance_id)
+        if instance is None:
+            return None
+        if instance.status is not WorkflowStatus.running:
+            detail = f"only a running instance is stopped; this one is {instance.status}"
+            return WorkflowControl(workflow, instance_id, action, False, instance.status, detail)
+        arn = execution_arn(self._state_machine(workflow), instance_id)
+        try:
+            await asyncio.to_thread(
+                self._client.stop_execution, executionArn=arn, error=error, cause=reason[:32_768]
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise self._engine_error(f"{action}", workflow, instance_id, exc) from exc
+        to = WorkflowStatus.cancelled if error == CANCELLED_ERROR else WorkflowStatus.failed
+        return WorkflowControl(workflow, instance_id, action, True, to, f"{error}: {reason}")
 
     async def _describe_raw(
         self, workflow: str, arn: str, instance_id: str

@@ -21,6 +21,7 @@ from rhumbatron.api.routes import (
     schedules,
     subscriptions,
     tasks,
+    workflows,
 )
 
 __all__ = ["ROUTERS"]
@@ -38,5 +39,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     schedules.router,
     consumers.router,
     outbox.router,
+    workflows.router,
     audit.router,
 )
