@@ -154,12 +154,14 @@ async def test_another_step_functions_error_is_a_workflow_engine_error(client: A
 async def test_executions_are_listed_newest_first_and_a_running_one_cancelled_or_terminated(
     engine: StepFunctionsEngine, state_machine: str, client: Any
 ) -> None:
-    # GIVEN two running executions (moto keeps them running)
-    await engine.start("verification", "cand_a", {"candidateId": "cand_a"})
-    await engine.start("verification", "cand_b", {"candidateId": "cand_b"})
+    # GIVEN two running executions of two Changes (moto keeps them running)
+    await engine.start("verification", "cand_a", {"candidateId": "cand_a", "changeId": "chg-1"})
+    await engine.start("verification", "cand_b", {"candidateId": "cand_b", "changeId": "chg-2"})
     listed = await engine.list_instances("verification")
     assert {i.instance_id for i in listed} == {"cand_a", "cand_b"}
     assert all(i.status is WorkflowStatus.running for i in listed)
+    of_change = await engine.list_instances("verification", change_id="chg-1")
+    assert [(i.instance_id, i.change_id) for i in of_change] == [("cand_a", "chg-1")]
     # WHEN an operator cancels one and terminates the other
     cancelled = await engine.cancel("verification", "cand_a", "wrong candidate")
     terminated = await engine.terminate("verification", "cand_b", "stuck")

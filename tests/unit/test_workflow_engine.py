@@ -454,10 +454,11 @@ async def test_instances_are_listed_newest_first_and_by_status(
     engine: InProcessEngine, steps: Steps, clock: ManualClock
 ) -> None:
     steps.fail_in = "three"
-    await engine.start("verification", "cand_a", {"candidate": "cand_a"})
+    a = {"candidate": "cand_a", "projectId": PROJECT, "changeId": "chg-1"}
+    await engine.start("verification", "cand_a", a)
     clock.advance(seconds=1)
     steps.fail_in = None
-    await engine.start("verification", "cand_b", {"candidate": "cand_b"})
+    await engine.start("verification", "cand_b", {**a, "candidate": "cand_b", "changeId": "chg-2"})
     listed = await engine.list_instances("verification")
     assert [(i.instance_id, i.status) for i in listed] == [
         ("cand_b", WorkflowStatus.succeeded),
@@ -468,5 +469,9 @@ async def test_instances_are_listed_newest_first_and_by_status(
     assert [i.instance_id for i in await engine.list_instances("verification", limit=1)] == [
         "cand_b"
     ]
+    # ... in ledger terms too: each names its project and Change, and a Change's are found
+    assert [(i.project_id, i.change_id) for i in listed] == [(PROJECT, "chg-2"), (PROJECT, "chg-1")]
+    of_change = await engine.list_instances("verification", change_id="chg-1")
+    assert [i.instance_id for i in of_change] == ["cand_a"]
     with pytest.raises(DomainError, match="unknown workflow 'deploy'"):
         await engine.list_instances("deploy")

@@ -39,6 +39,8 @@ class WorkflowBody(_Wire):
 
     workflow: WorkflowName
     instance_id: str
+    project_id: str | None = Field(description="The project it works for (from its input).")
+    change_id: str | None = Field(description="The Change it works for (from its input).")
     status: WorkflowStatus
     error: str | None = Field(description="Why it failed or was stopped.")
     output: dict[str, object] | None = Field(description="What it returned, once succeeded.")
@@ -48,6 +50,8 @@ class WorkflowBody(_Wire):
         return cls(
             workflow=instance.workflow,
             instance_id=instance.instance_id,
+            project_id=instance.project_id,
+            change_id=instance.change_id,
             status=instance.status,
             error=instance.error,
             output=instance.output,

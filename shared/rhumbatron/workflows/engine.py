@@ -35,6 +35,7 @@ __all__ = [
     "WorkflowStatus",
     "WorkflowStepRecord",
     "check_instance_id",
+    "ledger_ids",
     "workflow_start_for",
 ]
 
@@ -75,13 +76,27 @@ class WorkflowStatus(StrEnum):
 
 @dataclass(frozen=True)
 class WorkflowInstance:
-    """One instance as the engine sees it; ``output`` only once it succeeded."""
+    """One instance as the engine sees it; ``output`` only once it succeeded. The project
+    and Change it works for come from its input (every start carries them, see
+    ``workflow_input``), so an operator finds a Change's instances in ledger terms."""
 
     workflow: str
     instance_id: str
     status: WorkflowStatus
     output: dict[str, Any] | None
     error: str | None
+    project_id: str | None = None
+    change_id: str | None = None
+
+
+def ledger_ids(input: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
+    """``(projectId, changeId)`` of a start's input, each None where it is not a string."""
+    values = input or {}
+    project, change = values.get("projectId"), values.get("changeId")
+    return (
+        project if isinstance(project, str) else None,
+        change if isinstance(change, str) else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -143,9 +158,15 @@ class WorkflowOperations(Protocol):
     """
 
     async def list_instances(
-        self, workflow: str, *, status: WorkflowStatus | None = None, limit: int = 100
+        self,
+        workflow: str,
+        *,
+        status: WorkflowStatus | None = None,
+        change_id: str | None = None,
+        limit: int = 100,
     ) -> list[WorkflowInstance]:
-        """The newest instances of ``workflow`` first, at most ``limit``."""
+        """The newest instances of ``workflow`` first (of one Change's, with ``change_id``),
+        at most ``limit``."""
         ...
 
     async def history(self, workflow: str, instance_id: str) -> WorkflowHistory | None:

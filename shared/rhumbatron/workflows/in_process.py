@@ -34,6 +34,7 @@ from rhumbatron.workflows.engine import (
     WorkflowStatus,
     WorkflowStepRecord,
     check_instance_id,
+    ledger_ids,
 )
 
 __all__ = ["InProcessEngine", "StepFunction", "WorkflowDefinition", "WorkflowStep"]
@@ -160,12 +161,15 @@ class InProcessEngine:
         if row is None or row["workflow"] != workflow:
             return None
         status = WorkflowStatus(row["status"])
+        project_id, change_id = ledger_ids(json.loads(row["input"]))
         return WorkflowInstance(
             workflow=workflow,
             instance_id=instance_id,
             status=status,
             output=json.loads(row["state"]) if status is WorkflowStatus.succeeded else None,
             error=row["error"],
+            project_id=project_id,
+            change_id=change_id,
         )
 
     async def resume(self, instance_id: str) -> WorkflowInstance | None:
@@ -200,14 +204,22 @@ class InProcessEngine:
     # -- an operator's view and control (WorkflowOperations) ----------------------------
 
     async def list_instances(
-        self, workflow: str, *, status: WorkflowStatus | None = None, limit: int = 100
+        self,
+        workflow: str,
+        *,
+        status: WorkflowStatus | None = None,
+        change_id: str | None = None,
+        limit: int = 100,
     ) -> list[WorkflowInstance]:
-        """The newest instances of ``workflow`` first, at most ``limit``."""
+        """The newest instances of ``workflow`` first (of one Change's, with
+        ``change_id``), at most ``limit``."""
         self._definition(workflow)
         rows = self._store.connection.execute(
             "SELECT instance_id FROM workflow_instances WHERE workflow = ? "
-            "AND (? IS NULL OR status = ?) ORDER BY started_at DESC, instance_id LIMIT ?",
-            (workflow, status, status, limit),
+            "AND (? IS NULL OR status = ?) "
+            "AND (? IS NULL OR json_extract(input, '$.changeId') = ?) "
+            "ORDER BY started_at DESC, instance_id LIMIT ?",
+            (workflow, status, status, change_id, change_id, limit),
         ).fetchall()
         found = [await self.describe(workflow, str(row["instance_id"])) for row in rows]
         return [instance for instance in found if instance is not None]

@@ -30,6 +30,7 @@ from rhumbatron.workflows.engine import (
     WorkflowStatus,
     WorkflowStepRecord,
     check_instance_id,
+    ledger_ids,
 )
 
 __all__ = [
@@ -202,27 +203,39 @@ class StepFunctionsEngine:
         cause = answer.get("cause")
         if status is WorkflowStatus.failed and error is None:
             error = raw_status  # a timed-out or aborted execution carries no error code
+        try:
+            project_id, change_id = ledger_ids(json.loads(answer.get("input") or "{}"))
+        except (TypeError, ValueError):
+            project_id, change_id = None, None
         return WorkflowInstance(
             workflow=workflow,
             instance_id=instance_id,
             status=status,
             output=json.loads(output) if status is WorkflowStatus.succeeded and output else None,
             error=None if error is None else (f"{error}: {cause}" if cause else str(error)),
+            project_id=project_id,
+            change_id=change_id,
         )
 
     # -- an operator's view and control (WorkflowOperations) ----------------------------
 
     async def list_instances(
-        self, workflow: str, *, status: WorkflowStatus | None = None, limit: int = 100
+        self,
+        workflow: str,
+        *,
+        status: WorkflowStatus | None = None,
+        change_id: str | None = None,
+        limit: int = 100,
     ) -> list[WorkflowInstance]:
-        """The newest executions first, at most ``limit``, each described (its error and
-        output); with ``status``, those in it."""
+        """The newest executions first, at most ``limit``, each described (its error,
+        output and the Change its input names); with ``status`` or ``change_id``, those that
+        match."""
         arn = self._state_machine(workflow)
         try:
             answer = await asyncio.to_thread(
                 self._client.list_executions,
                 stateMachineArn=arn,
-                maxResults=min(1000, limit if status is None else 1000),
+                maxResults=limit if status is None and change_id is None else 1000,
                 **({} if status is None else {"statusFilter": _LISTED_AS[status]}),
             )
         except (BotoCoreError, ClientError) as exc:
@@ -230,7 +243,11 @@ class StepFunctionsEngine:
         found: list[WorkflowInstance] = []
         for execution in answer.get("executions", []):
             instance = await self.describe(workflow, str(execution["name"]))
-            if instance is not None and (status is None or instance.status is status):
+            if (
+                instance is not None
+                and (status is None or instance.status is status)
+                and (change_id is None or instance.change_id == change_id)
+            ):
                 found.append(instance)
             if len(found) == limit:
                 break

@@ -20,6 +20,7 @@ from rhumbatron.api.auth import (
 )
 from rhumbatron.api.dependencies import Runtime, get_principal
 from rhumbatron.api.errors import error_responses
+from rhumbatron.api.lifecycle_schemas import KEY_ID
 from rhumbatron.api.workflow_schemas import (
     StopRequest,
     WorkflowBody,
@@ -71,17 +72,24 @@ def _found(control: WorkflowControl | None, workflow: str, instance_id: str) -> 
     responses=error_responses(401, 403, 422, 503, e403=_E403, e503=_E503),
 )
 async def list_workflows(
+    *,
     runtime: Runtime,
     principal: WorkflowsReader,
     workflow: WorkflowName,
     status: Annotated[WorkflowStatus | None, Query(description="Only those in it.")] = None,
+    change_id: Annotated[
+        str | None,
+        Query(alias="changeId", pattern=KEY_ID, description="Only the Change's instances."),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> WorkflowListBody:
     """Instances of ``workflow`` (``verification``: one per Candidate; ``release``: one per
-    promoted generation), each with its status and error. Use it to find the failed or
-    stuck ones; then read one's history."""
+    promoted generation), each with its status, error, project and Change. Use it to find
+    the failed or stuck ones, or a Change's; then read one's history."""
     engine = runtime.lifecycle().engine
-    instances = await engine.list_instances(workflow, status=status, limit=limit)
+    instances = await engine.list_instances(
+        workflow, status=status, change_id=change_id, limit=limit
+    )
     return WorkflowListBody(items=[WorkflowBody.of(instance) for instance in instances])
 
 
