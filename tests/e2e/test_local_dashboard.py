@@ -24,7 +24,12 @@ import httpx
 import pytest
 
 from rhumbatron.lifecycle.commands import lifecycle_command
-from rhumbatron.product.dead_letters import command_dead_letter_id, get_dead_letter
+from rhumbatron.product.dead_letters import (
+    command_dead_letter_id,
+    get_dead_letter,
+    poison_dead_letter_id,
+    record_poison_event,
+)
 from rhumbatron_dev.local.up import UpHandle, run_up
 
 pytestmark = pytest.mark.integration
@@ -200,36 +205,64 @@ def chromium() -> str:
     return CHROMIUM
 
 
+def _poison_letter(up: UpHandle) -> str:
+    """What the router writes for an event a subscription failed to apply 5 times."""
+    consumer, event_key = "projection-view", "evt_dashboard_poison"
+    with up.app.product().transaction() as db:
+        record_poison_event(
+            db,
+            consumer=consumer,
+            event_key=event_key,
+            stream="EVENTS_03",
+            stream_seq=42,
+            reason="ValueError: cannot apply",
+            body=json.dumps({"eventId": event_key, "eventType": "task.completed"}),
+            now_s=up.app.clock.now().timestamp(),
+            tenant_id=TENANT,
+            project_id=PROJECT,
+        )
+    return poison_dead_letter_id(consumer, event_key)
+
+
 async def test_the_dashboard_shows_a_short_run_and_its_retry_closes_the_dead_letter(
     chromium: str, tmp_path: Path
 ) -> None:
     async with running_up(tmp_path / "up") as up:
-        # GIVEN a project provisioned, and an app whose first attempt fails into the
-        # dead-letter queue, sent as a producer sends them
-        lifecycle = up.app.lifecycle()
-        now = up.app.clock.now()
-        for command in (
-            lifecycle_command(
-                "project.provision",
-                f"cmd_project.provision_{PROJECT}",
-                project_id=PROJECT,
-                now=now,
-                payload={"name": "Dashboard shop", "tenantId": TENANT},
-            ),
-            lifecycle_command(
-                "app.provision",
-                APP_COMMAND,
-                project_id=PROJECT,
-                now=now,
-                payload={"appName": APP},
-            ),
-        ):
-            await lifecycle.sender.send(command)
-        letter_id = command_dead_letter_id(APP_COMMAND)
         browser = await Browser.launch(tmp_path / "profile", tmp_path / "chromium.log")
         try:
-            # WHEN the dashboard is opened
+            # GIVEN the dashboard of a run that has not failed anything yet
             await browser.call("Page.navigate", {"url": up.dashboard_url})
+            # THEN its dead letters panel says so, instead of showing an empty table
+            empty = await browser.until(
+                "document.querySelector('#dead-letter-rows tr[data-empty]')?.textContent",
+                "the dead letters' empty state",
+            )
+            assert empty == "No dead letters: nothing has failed for good."
+            # GIVEN a project provisioned, and an app whose first attempt fails into the
+            # dead-letter queue, sent as a producer sends them
+            lifecycle = up.app.lifecycle()
+            now = up.app.clock.now()
+            for command in (
+                lifecycle_command(
+                    "project.provision",
+                    f"cmd_project.provision_{PROJECT}",
+                    project_id=PROJECT,
+                    now=now,
+                    payload={"name": "Dashboard shop", "tenantId": TENANT},
+                ),
+                lifecycle_command(
+                    "app.provision",
+                    APP_COMMAND,
+                    project_id=PROJECT,
+                    now=now,
+                    payload={"appName": APP},
+                ),
+            ):
+                await lifecycle.sender.send(command)
+            letter_id = command_dead_letter_id(APP_COMMAND)
+            # AND an event a subscription gave up on: a letter that can only be dismissed
+            poison = _poison_letter(up)
+            # WHEN the dashboard shows them
 
             # THEN its panels show the run: 40 lag cells (5 consumers x 8 streams), the
             # published outbox rows, the open dead letter, the commands, the roles, the feed
@@ -258,13 +291,45 @@ async def test_the_dashboard_shows_a_short_run_and_its_retry_closes_the_dead_let
             )
             assert (
                 await browser.evaluate("document.getElementById('dead-letters-open').textContent")
-                == "1"
+                == "2"
             )
             assert (
                 await browser.evaluate(
                     "document.querySelector('#dead-letter-count-rows "
                     'tr[data-queue="integration"][data-kind="command"]\').dataset.count'
                 )
+                == "1"
+            )
+            # ... the poison event offers Dismiss and no Retry (the API would refuse it)
+            poisoned = f'#dead-letter-rows tr[data-letter-id="{poison}"]'
+            buttons = await browser.evaluate(
+                f"[...document.querySelectorAll('{poisoned} button')].map((b) => b.dataset.action)"
+            )
+            assert buttons == ["dismiss"]
+
+            # WHEN the operator clicks its Dismiss and declines the question
+            await browser.evaluate(
+                "window.asked = [];"
+                "window.confirm = (m) => { window.asked.push(m); return false; };"
+                f"document.querySelector('{poisoned} button[data-action=\"dismiss\"]').click()"
+            )
+            # THEN the page asked, and nothing was sent: the letter is still open
+            assert await browser.evaluate("window.asked") == [
+                f"Dismiss {poison}? It closes for good and cannot be retried after."
+            ]
+            assert get_dead_letter(up.app.product().connection, poison).status.value == "open"
+            # WHEN the operator clicks it again and confirms
+            await browser.evaluate(
+                "window.confirm = () => true;"
+                f"document.querySelector('{poisoned} button[data-action=\"dismiss\"]').click()"
+            )
+            # THEN it is dismissed
+            await browser.until(
+                f"document.querySelector('{poisoned}[data-status=\"closed\"]') !== null",
+                f"letter {poison} closed",
+            )
+            assert (
+                await browser.evaluate("document.getElementById('dead-letters-open').textContent")
                 == "1"
             )
             deliveries = await browser.until(

@@ -91,6 +91,7 @@ _PAGE = """<!doctype html>
     </table>
     <p>total pending <b id="lag-total-pending">-</b>, unacknowledged
        <b id="lag-total-ack-pending">-</b></p>
+    <ul id="lag-waiting" class="note"></ul>
   </section>
   <section id="panel-backlog" class="panel">
     <h2>Outbox backlog</h2>
@@ -250,11 +251,19 @@ DASHBOARD_SCRIPT = """"use strict";
         "data-num-ack-pending": r.numAckPending, "data-exists": r.exists },
         `${r.numPending} / ${r.numAckPending}`);
     };
-    $("lag-rows").replaceChildren(...consumers.map((consumer) =>
+    $("lag-rows").replaceChildren(...(consumers.length ? consumers.map((consumer) =>
       el("tr", { "data-consumer": consumer }, el("th", {}, consumer),
-        ...streams.map((stream) => cell(stream, consumer)))));
+        ...streams.map((stream) => cell(stream, consumer))))
+      : [el("tr", { "data-empty": "true" },
+          el("td", {}, "No consumers yet: the router makes them when the streams exist."))]));
     text("lag-total-pending", lags.totalPending);
     text("lag-total-ack-pending", lags.totalAckPending);
+    // Why records wait: a nudge applies a stream's events as they are published; what is
+    // left waits for the stream's sweep tick, every 8 minutes.
+    $("lag-waiting").replaceChildren(...lags.waiting.map((w) => el("li",
+      { "data-stream": w.stream, "data-next-sweep-at": w.nextSweepAt },
+      `${w.stream}: ${w.pending} waiting for the stream's next sweep tick at ` +
+      `${w.nextSweepAt.slice(11, 16)} UTC (every 8 minutes), or a nudge sooner`)));
   }
 
   function drawBacklog(outbox) {
@@ -290,8 +299,9 @@ DASHBOARD_SCRIPT = """"use strict";
     const button = (action, label) =>
       el("button", { type: "button", "data-action": action, "data-letter-id": letter.id }, label);
     if (letter.status === "open") {
-      // A poison event can only be dismissed: the API refuses its Retry (409).
-      if (letter.kind === "command") cell.append(button("retry", "Retry"));
+      // A letter that can only be dismissed (a poison event, a body that is no command)
+      // offers no Retry: the API would refuse it (409).
+      if (letter.retryable) cell.append(button("retry", "Retry"));
       cell.append(button("dismiss", "Dismiss"));
     }
     const done = actions.get(letter.id);
@@ -307,6 +317,11 @@ DASHBOARD_SCRIPT = """"use strict";
     $("dead-letter-count-rows").replaceChildren(...letters.openByQueueAndKind.map((c) =>
       el("tr", { "data-queue": c.queue, "data-kind": c.kind, "data-count": c.count },
         el("td", {}, c.queue), el("td", {}, c.kind), num(c.count))));
+    if (!letters.letters.length) {
+      $("dead-letter-rows").replaceChildren(el("tr", { "data-empty": "true" },
+        el("td", { colspan: "8" }, "No dead letters: nothing has failed for good.")));
+      return;
+    }
     $("dead-letter-rows").replaceChildren(...letters.letters.map((x) => {
       const done = actions.get(x.id);
       return el("tr", { "data-letter-id": x.id, "data-status": x.status,
@@ -408,6 +423,11 @@ DASHBOARD_SCRIPT = """"use strict";
   async function act(button) {
     const id = button.getAttribute("data-letter-id");
     const action = button.getAttribute("data-action");
+    // A dismissal closes the letter for good: ask first.
+    if (action === "dismiss" &&
+        !window.confirm(`Dismiss ${id}? It closes for good and cannot be retried after.`)) {
+      return;
+    }
     button.disabled = true;
     let done;
     try {

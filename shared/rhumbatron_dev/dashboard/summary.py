@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rhumbatron.core.clock import utc_day
@@ -56,7 +56,7 @@ async def collect_summary(app: Rhumbatron, stats: LocalRunStats | None) -> dict[
     backlog = _read(lambda: app.outbox_backlog(every_actor=True))
     return {
         "at": now.isoformat(),
-        "lags": await _panel(lambda: _lags(app)),
+        "lags": await _panel(lambda: _lags(app, now)),
         "outbox": backlog,
         "capacity": await _panel(lambda: _capacity(app)),
         "deadLetters": _read(lambda: _dead_letters(app)),
@@ -100,8 +100,21 @@ def _unavailable(exc: BaseException) -> dict[str, str]:
     return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-async def _lags(app: Rhumbatron) -> dict[str, Any]:
+def next_sweep_visit(stream_index: int, now: datetime) -> datetime:
+    """The first sweep tick after ``now`` that visits event stream ``stream_index`` (the
+    tick at minute ``m`` of the day sweeps stream ``m mod 8``)."""
+    tick = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    while (tick.hour * 60 + tick.minute) % EVENT_STREAM_COUNT != stream_index:
+        tick += timedelta(minutes=1)
+    return tick
+
+
+async def _lags(app: Rhumbatron, now: datetime) -> dict[str, Any]:
     lags = await app.router().consumer_lags()
+    waiting: dict[str, int] = {}
+    for lag in lags:
+        if lag.num_pending:
+            waiting[lag.stream] = waiting.get(lag.stream, 0) + lag.num_pending
     rows = [
         {
             "stream": lag.stream,
@@ -114,9 +127,24 @@ async def _lags(app: Rhumbatron) -> dict[str, Any]:
     ]
     return {
         "rows": rows,
+        # Why a stream's records wait: a nudge applies a stream's events as they are
+        # published; whatever is left (the archiver's and analytics' batches, a nudge that
+        # found its stream's turn taken) waits for the stream's sweep tick, every 8 minutes.
+        "waiting": [
+            {
+                "stream": stream,
+                "pending": pending,
+                "nextSweepAt": next_sweep_visit(_stream_index(stream), now).isoformat(),
+            }
+            for stream, pending in sorted(waiting.items())
+        ],
         "totalPending": sum(lag.num_pending for lag in lags),
         "totalAckPending": sum(lag.num_ack_pending for lag in lags),
     }
+
+
+def _stream_index(stream: str) -> int:
+    return next(i for i in range(EVENT_STREAM_COUNT) if event_stream_name(i) == stream)
 
 
 def _dead_letters(app: Rhumbatron) -> dict[str, Any]:
