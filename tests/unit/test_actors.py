@@ -556,3 +556,17 @@ def test_closing_an_actor_handle_gives_up_a_publish_lock_it_still_held(
         assert held
     # AND the dead caller's late exit is harmless
     lock.__exit__(None, None, None)
+
+
+def test_a_projects_tenant_is_read_from_its_root_and_none_before_it_is_created(
+    offline_app: Rhumbatron,
+) -> None:
+    # GIVEN a project never made, one whose root file exists but holds no project yet, and
+    # one created by a tenant
+    assert offline_app.project_tenant("never-made") is None
+    offline_app.project_root("file-only")  # opening a root creates its file, no state
+    offline_app.project_root("made").create_project(Caller("acme", "user:ann", "c"), name="M")
+    # THEN only the created one names its tenant, and no file is made for the one never made
+    assert offline_app.project_tenant("file-only") is None
+    assert offline_app.project_tenant("made") == "acme"
+    assert not ProjectRoot.ref_for("never-made").path(offline_app.settings.state_dir).exists()

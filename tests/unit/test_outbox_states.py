@@ -667,3 +667,11 @@ def test_the_publish_runs_of_one_alarm_fire_add_up_in_its_report() -> None:
     assert (first.pruned, first.nudged) == (10, [2, 5])
     assert (first.busy, first.unavailable) == (True, True)
     assert (first.next_alarm_at, first.last_published) == (61.0, 5)
+
+
+def test_an_outbox_with_no_row_counts_zero_in_every_state(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    root = new_root(offline(tmp_path), clock)  # its file exists; no fact was ever written
+    assert counts_by_state(root.connection) == {state.value: 0 for state in RowState}
+    root.close()
