@@ -275,6 +275,12 @@ def test_the_migration_from_the_global_agent_id_keeps_every_row_and_its_tenant(
         assert key == {"tenant_id": 1, "agent_id": 2}
         names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
         assert not {n for n in names if n.startswith("agents") and n != "agents"}
+        # ... and the columns keep their constraints: a kind the CHECK does not list is refused
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            db.execute(
+                "INSERT INTO agents (tenant_id, agent_id, kind, created_at, updated_at) "
+                "VALUES ('t', 'x', 'robot', 'a', 'b')"
+            )
         runtime.product().close()
     # WHEN, on the migrated file, tenant B registers the agent ID tenant A has
     runtime = make_runtime(api_settings, clock)

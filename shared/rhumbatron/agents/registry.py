@@ -228,21 +228,24 @@ def migrate_agents(connection: sqlite3.Connection) -> None:
     """Bring an ``agents`` table keyed by ``agent_id`` alone (one namespace across tenants)
     up to the ``(tenant_id, agent_id)`` key; a current table is left as it is.
 
-    SQLite cannot change a primary key: the rows are copied into a table of the current
-    shape, which then takes the old one's name — inside the caller's (schema) transaction,
-    so a crash leaves either table whole. Every row keeps its tenant: under the old key no
-    two rows shared an agent ID, so none collide under the new one.
+    SQLite cannot change a primary key: sqlite-utils' ``transform`` copies the rows into a
+    table of the current shape (its columns' constraints, CHECK included, kept), which then
+    takes the old one's name — inside the caller's (schema) transaction, which ``transform``
+    joins (sqlite-utils 4), so a crash leaves either table whole. Every row keeps its
+    tenant: under the old key no two rows shared an agent ID, so none collide under the new
+    one.
     """
+    import sqlite_utils
+
     keyed = {row[1]: row[5] for row in connection.execute("PRAGMA table_info(agents)")}
     if not keyed or keyed.get("tenant_id"):
         return  # no table yet (the schema creates it), or tenant_id is in the key already
-    columns = "tenant_id, agent_id, kind, url, secrets, created_at, updated_at"
-    connection.execute(f"CREATE TABLE agents_by_tenant_and_id ({_AGENTS_COLUMNS})")
-    connection.execute(
-        f"INSERT INTO agents_by_tenant_and_id ({columns}) SELECT {columns} FROM agents"
+    sqlite_utils.Database(connection).table("agents").transform(
+        pk=("tenant_id", "agent_id"), column_order=["tenant_id", "agent_id"]
     )
-    connection.execute("DROP TABLE agents")  # and its index, agents_by_tenant
-    connection.execute("ALTER TABLE agents_by_tenant_and_id RENAME TO agents")
+    # transform keeps the old table's indexes: the old shape's by-tenant index is the new
+    # key's prefix, so it only costs writes.
+    connection.execute("DROP INDEX IF EXISTS agents_by_tenant")
 
 
 def _check_ids(tenant_id: str, agent_id: str) -> None:

@@ -183,7 +183,9 @@ def migrate_dead_letters(connection: sqlite3.Connection) -> None:
     """Bring a ``dead_letters`` table made before ``reaction`` letters existed up to date.
 
     Its ``kind`` CHECK listed two kinds, and SQLite cannot alter a CHECK: the table is copied
-    into a new one of the current shape, inside the caller's (schema) transaction.
+    into a new one of the current shape, inside the caller's (schema) transaction. (Not
+    sqlite-utils' ``transform``, as the agents' migration is: it keeps a column's CHECK and
+    has no way to change one.)
     """
     row = connection.execute(
         "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'dead_letters'"
