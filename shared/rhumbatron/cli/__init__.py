@@ -1,7 +1,8 @@
 """The ``rhumbatron`` command: ``outbox`` (inspect, requeue), ``streams``, ``dead-letters``
 (list, show, retry, dismiss), ``kinds`` (the Event kind grammar), ``subscriptions`` and
 ``schedules`` (list, show, create, enable, disable, delete), ``capacity`` (the router's
-ceilings against the volume), ``inspect`` (what the state's SQLite files hold),
+ceilings against the volume), ``doctor`` (what the deployment needs, checked),
+``inspect`` (what the state's SQLite files hold),
 ``reconcile`` (the log against the outbox), ``api`` (serve the operator API);
 and ``demo``, ``up`` (the local stack, API and dashboard) and ``invoke`` (one function of
 ``template.yaml``, here), which run the development package :mod:`rhumbatron_dev`, imported
@@ -46,6 +47,7 @@ from rhumbatron.cli import (
     capacity,
     dead_letters,
     dev,
+    doctor,
     inspect,
     kinds,
     mcp,
@@ -86,6 +88,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "replay": replay.replay,
     "views": views.views,
     "capacity": capacity.capacity,
+    "doctor": doctor.doctor,
     "inspect": inspect.inspect,
     "reconcile": reconcile.reconcile,
     "subscriptions": subscriptions.subscriptions,
@@ -109,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_parser(sub)
     views.add_parser(sub)
     capacity.add_parser(sub)
+    doctor.add_parser(sub)
     inspect.add_parser(sub)
     reconcile.add_parser(sub)
     subscriptions.add_parser(sub)
