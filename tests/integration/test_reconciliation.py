@@ -296,8 +296,14 @@ async def test_the_sweep_proves_each_stream_by_event_id_once_an_hour_and_records
         # THEN it runs only the cheap check, which sees nothing wrong
         assert (within.log_proof, within.log_gaps) == (None, {})
 
-        # WHEN the stream's first tick of the next hour runs (the hourly proof's default)
-        hourly = await app.sweep_tick(_visit(index, datetime(2026, 12, 3, 11, 0, tzinfo=UTC)))
+        # WHEN the stream's first tick of the next hour runs out of time before the proof
+        proof_tick = _visit(index, datetime(2026, 12, 3, 11, 0, tzinfo=UTC))
+        late = await app.sweep_tick(proof_tick, should_stop=lambda: True)
+        # THEN it skips the proof (the tick's time is the router's first)
+        assert (late.out_of_time, late.log_proof) == (True, None)
+
+        # WHEN that tick runs with time to spare (the hourly proof's default)
+        hourly = await app.sweep_tick(proof_tick)
 
         # THEN it proves the stream by event ID, finds all ten lacking on the one copy (and on
         # every copy), warns with the way to the repair, and records the loss: the metric

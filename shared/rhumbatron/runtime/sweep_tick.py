@@ -92,7 +92,7 @@ async def run_sweep_tick(
             report.run.stream_index,
         )
     log_gaps, log_proof = await _watch_log(
-        app, report.run.stream_index, now, None if out_of_time else should_stop
+        app, report.run.stream_index, now, should_stop, out_of_time=out_of_time
     )
     open_letters, clef_flash_calls = _record_tick_metrics(
         app, letters, log_gaps, report.capacity_used_percent
@@ -168,14 +168,16 @@ async def _watch_log(
     stream_index: int,
     now: datetime,
     should_stop: Callable[[], bool] | None,
+    *,
+    out_of_time: bool,
 ) -> tuple[dict[str, int], dict[str, object] | None]:
     """The log's watch on the tick's stream: the cheap check, and the full proof when this
-    tick is due to run it and has time left (``should_stop`` ends a proof whose time is up:
-    it then proves nothing, and the next period's proof covers its span). Returns the
+    tick is due to run it and has time left (a tick ``out_of_time`` skips it, and
+    ``should_stop`` ends one whose time runs out: it then proves nothing). Returns the
     events each damaged replica lacks by node (the larger count of the two), and the
     proof's summary when it ran."""
     log_gaps = await _check_log(app, stream_index, now)
-    proved = await _prove_log(app, stream_index, now, should_stop)
+    proved = None if out_of_time else await _prove_log(app, stream_index, now, should_stop)
     if proved is None:
         return log_gaps, None
     log_proof, lacking = proved
