@@ -243,6 +243,10 @@ PLANS: dict[str, PackagePlan] = {
             "test_an_outbox_with_no_row_counts_zero_in_every_state",
             "tests/unit/test_actors.py::"
             "test_a_projects_tenant_is_read_from_its_root_and_none_before_it_is_created",
+            # The repair's re-publish (published_envelopes, record_stream_seqs,
+            # republish_rows) on one real server.
+            "tests/integration/test_reconciliation.py::"
+            "test_a_repair_publishes_again_only_what_no_copy_holds_and_the_log_is_whole_after",
             "tests/unit/test_settings_and_storage.py::"
             "test_sqlite_failures_become_errors_that_say_what_to_do",
             "tests/faults/test_actor_faults.py::"
