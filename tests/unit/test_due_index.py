@@ -47,9 +47,11 @@ def marker(app: Rhumbatron, key: str) -> Path:
     return app.settings.state_dir / "alarms" / key
 
 
-def marker_at(app: Rhumbatron, key: str) -> float | None:
+def marker_at(app: Rhumbatron, key: str) -> Fraction | None:
+    """The marker's time, exactly: ``st_mtime_ns / 1e9`` as a float can round above the
+    alarm the marker was floored to, and a comparison with the alarm would then fail."""
     try:
-        return marker(app, key).stat().st_mtime_ns / 1e9
+        return Fraction(marker(app, key).stat().st_mtime_ns, 10**9)
     except FileNotFoundError:
         return None
 
