@@ -6,16 +6,13 @@ tests/integration/test_step_functions_engine.py."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from rhumbatron.runtime.bootstrap import Rhumbatron
-from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
+from workflow_instances import left_running
 
 from .support import OPERATOR, PLATFORM, bearer
 
@@ -24,35 +21,12 @@ pytestmark = pytest.mark.integration
 AS_PLATFORM = bearer(PLATFORM)
 
 
-class _CutShort(BaseException):
-    """Stands for the process dying inside a step: the instance stays running."""
-
-
-def left_running(runtime: Rhumbatron, candidate: str) -> None:
-    """A verification of ``candidate`` left running in the runtime's workflow store, as a
-    process that died inside its ``check`` step leaves it."""
-
-    async def dies(input: Mapping[str, Any], state: dict[str, Any]) -> None:
-        raise _CutShort
-
-    settings = runtime.settings
-    engine = InProcessEngine(
-        settings.state_dir / "workflows.sqlite",
-        settings,
-        runtime.clock,
-        {"verification": WorkflowDefinition("verification", (("check", dies),))},
-    )
-    with pytest.raises(_CutShort):
-        asyncio.run(engine.start("verification", candidate, {"candidateId": candidate}))
-    engine.close()
-
-
 def test_an_operator_reads_cancels_terminates_and_redrives_instances_and_each_is_audited(
     runtime: Rhumbatron, client: TestClient
 ) -> None:
     # GIVEN two verifications left running
-    left_running(runtime, "cand_a")
-    left_running(runtime, "cand_b")
+    left_running(runtime.settings, runtime.clock, "cand_a")
+    left_running(runtime.settings, runtime.clock, "cand_b")
     # WHEN the operator lists the running ones and reads one
     listed = client.get("/workflows/verification?status=running", headers=AS_PLATFORM)
     read = client.get("/workflows/verification/cand_a", headers=AS_PLATFORM)
@@ -96,7 +70,7 @@ def test_an_operator_reads_cancels_terminates_and_redrives_instances_and_each_is
 def test_workflow_operations_are_refused_as_documented(
     runtime: Rhumbatron, client: TestClient
 ) -> None:
-    left_running(runtime, "cand_a")
+    left_running(runtime.settings, runtime.clock, "cand_a")
     # A tenant's token, whatever its scopes: 403 (an instance is the platform's)
     tenant = client.get("/workflows/verification", headers=bearer(OPERATOR))
     assert tenant.status_code == 403, tenant.text

@@ -23,13 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
+from api.support import poison_letter
 from rhumbatron.lifecycle.commands import lifecycle_command
-from rhumbatron.product.dead_letters import (
-    command_dead_letter_id,
-    get_dead_letter,
-    poison_dead_letter_id,
-    record_poison_event,
-)
+from rhumbatron.product.dead_letters import command_dead_letter_id, get_dead_letter
 from rhumbatron_dev.local.up import UpHandle, run_up
 
 pytestmark = pytest.mark.integration
@@ -205,25 +201,6 @@ def chromium() -> str:
     return CHROMIUM
 
 
-def _poison_letter(up: UpHandle) -> str:
-    """What the router writes for an event a subscription failed to apply 5 times."""
-    consumer, event_key = "projection-view", "evt_dashboard_poison"
-    with up.app.product().transaction() as db:
-        record_poison_event(
-            db,
-            consumer=consumer,
-            event_key=event_key,
-            stream="EVENTS_03",
-            stream_seq=42,
-            reason="ValueError: cannot apply",
-            body=json.dumps({"eventId": event_key, "eventType": "task.completed"}),
-            now_s=up.app.clock.now().timestamp(),
-            tenant_id=TENANT,
-            project_id=PROJECT,
-        )
-    return poison_dead_letter_id(consumer, event_key)
-
-
 async def test_the_dashboard_shows_a_short_run_and_its_retry_closes_the_dead_letter(
     chromium: str, tmp_path: Path
 ) -> None:
@@ -261,7 +238,7 @@ async def test_the_dashboard_shows_a_short_run_and_its_retry_closes_the_dead_let
                 await lifecycle.sender.send(command)
             letter_id = command_dead_letter_id(APP_COMMAND)
             # AND an event a subscription gave up on: a letter that can only be dismissed
-            poison = _poison_letter(up)
+            poison = poison_letter(up.app, tenant=TENANT)
             # WHEN the dashboard shows them
 
             # THEN its panels show the run: 40 lag cells (5 consumers x 8 streams), the

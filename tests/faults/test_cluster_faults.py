@@ -25,7 +25,6 @@ from typing import Any
 
 import httpx
 import pytest
-from nats.errors import Error as NatsError
 
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.api import StaticTokenAuth, create_api
@@ -36,6 +35,7 @@ from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.log_state import read_replica_states, read_stream_ids
 from rhumbatron.messaging.streams import COMMAND_STREAM
+from rhumbatron.operator.log_repair import move_leader
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.protocol.queue_consumers import consumer_name
@@ -437,7 +437,7 @@ async def test_a_replica_that_lost_acknowledged_events_is_found_and_named_by_id(
         # WHEN the damaged replica comes to lead the stream (from here on, a read through the
         # stream misses what it lost), and an operator asks the API for a dry run, then for
         # the repair
-        await _stepdown_until_leads(app, stream, victim.name)
+        await move_leader(await app.nats(), stream, victim.name, timeout_s=30)
         async with _operator_api(app) as api:
             ask = {"streams": [index], "dryRun": True}
             dry = await api.post("/reconciliation/repair", json=ask, headers=OPERATOR_HEADERS)
@@ -497,22 +497,6 @@ async def _operator_api(app: Rhumbatron) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=asgi)
     async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
         yield client
-
-
-async def _stepdown_until_leads(app: Rhumbatron, stream: str, node: str) -> None:
-    """Ask the stream's leader to step down in favour of ``node`` until ``node`` leads (what
-    the restarts of its peers can also bring about)."""
-    nc = await app.nats()
-    deadline = time.monotonic() + 30
-    while (await nc.jetstream().stream_info(stream)).cluster.leader != node:  # type: ignore[union-attr]
-        assert time.monotonic() < deadline, f"{node} never took the lead of {stream}"
-        with contextlib.suppress(NatsError):  # between leaders nobody answers: ask again
-            await nc.request(
-                f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
-                json.dumps({"placement": {"preferred": node}}).encode(),
-                timeout=2,
-            )
-        await asyncio.sleep(0.5)  # an election takes a moment
 
 
 # -- the consuming side (item 5 of issue #18) ----------------------------------------------

@@ -30,6 +30,7 @@ from rhumbatron.product.dead_letters import command_dead_letter_id, record_comma
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.runtime.bootstrap import bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess, free_port
+from workflow_instances import left_running
 
 pytestmark = pytest.mark.integration
 
@@ -272,33 +273,10 @@ def test_over_http_every_request_needs_a_token_and_the_tools_act_with_it(
 PLATFORM_OPERATOR = "mcp-platform-token-aaaa"
 
 
-class _CutShort(BaseException):
-    """Stands for the process dying inside a step: the instance stays running."""
-
-
-def running_verification(env: dict[str, str], candidate: str) -> None:
-    """A verification instance left running in the state directory's workflow store, as a
-    process that died inside its ``check`` step leaves it."""
-    from rhumbatron.workflows.in_process import InProcessEngine, WorkflowDefinition
-
-    async def dies(input: Any, state: Any) -> None:
-        raise _CutShort
-
-    settings = load_settings(state_dir=Path(env["RHUMBATRON_STATE_DIR"]), nats_url="x")
-    engine = InProcessEngine(
-        settings.state_dir / "workflows.sqlite",
-        settings,
-        ManualClock(),
-        {"verification": WorkflowDefinition("verification", (("check", dies),))},
-    )
-    with pytest.raises(_CutShort):
-        asyncio.run(engine.start("verification", candidate, {"candidateId": candidate}))
-    engine.close()
-
-
 def test_an_ops_agent_reads_and_cancels_a_workflow_over_stdio(env: dict[str, str]) -> None:
     # GIVEN a verification left running, and a platform operator's token
-    running_verification(env, "cand_stuck")
+    settings = load_settings(state_dir=Path(env["RHUMBATRON_STATE_DIR"]), nats_url="x")
+    left_running(settings, ManualClock(), "cand_stuck")
     tokens = {
         **TOKENS,
         PLATFORM_OPERATOR: {"tenant": "*", "scopes": ["changes:read", "changes:write"]},

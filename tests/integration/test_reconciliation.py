@@ -60,6 +60,16 @@ def write_change_events(shard: ResourceShard, change_id: str, count: int) -> lis
     return [row[0] for row in shard.connection.execute("SELECT event_id FROM outbox ORDER BY seq")]
 
 
+async def published_events(app: Rhumbatron, count: int) -> tuple[ResourceShard, list[str]]:
+    """``count`` task.ready facts of one Change, published to streams that exist: the shard
+    that wrote them, and their event IDs in outbox order."""
+    await app.ensure_streams()
+    shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
+    written = write_change_events(shard, "chg-1", count)
+    await app.fire_due_alarms()
+    return shard, written
+
+
 @pytest.fixture
 def settings(tmp_path: Path, nats_server: NatsServerProcess) -> Settings:
     return load_settings(
@@ -92,10 +102,7 @@ async def test_the_log_holding_every_published_event_is_proven_and_a_lost_one_na
     # GIVEN 20 events published from one actor
     app = bootstrap(settings)
     try:
-        await app.ensure_streams()
-        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
-        written = write_change_events(shard, "chg-1", 20)
-        await app.fire_due_alarms()
+        _, written = await published_events(app, 20)
         index = stream_index(PROJECT)
         stream = event_stream_name(index)
 
@@ -138,10 +145,7 @@ async def test_a_scan_whose_consumer_answers_late_reads_every_event_and_one_neve
     # another node does until its interest reaches the client's server: JetStream answers 503)
     app = bootstrap(settings)
     try:
-        await app.ensure_streams()
-        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
-        written = write_change_events(shard, "chg-1", 20)
-        await app.fire_due_alarms()
+        _, written = await published_events(app, 20)
         stream = event_stream_name(stream_index(PROJECT))
         js = (await app.nats()).jetstream()
         headers_only = ConsumerConfig(
@@ -176,10 +180,7 @@ async def test_a_copy_that_lost_its_newest_event_is_reported_without_waiting_for
     # sequence, in its /jsz, stays 20: the copy is not behind, it lost the event)
     app = bootstrap(settings)
     try:
-        await app.ensure_streams()
-        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
-        written = write_change_events(shard, "chg-1", 20)
-        await app.fire_due_alarms()
+        _, written = await published_events(app, 20)
         index = stream_index(PROJECT)
         await (await app.nats()).jetstream().delete_msg(event_stream_name(index), 20)
 
@@ -203,10 +204,7 @@ async def test_events_published_before_the_window_are_not_expected(
     # retention), where the stream may have dropped them
     app = bootstrap(settings, clock=clock)
     try:
-        await app.ensure_streams()
-        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
-        write_change_events(shard, "chg-1", 3)
-        await app.fire_due_alarms()
+        await published_events(app, 3)
         index = stream_index(PROJECT)
         [now] = (await app.reconcile([index])).streams
         assert now.expected == 3
@@ -228,10 +226,7 @@ async def test_a_sweep_tick_finds_a_replica_short_of_its_range_and_records_the_l
     tick_at = datetime(2026, 12, 3, 10, 0, tzinfo=UTC) + timedelta(minutes=index)
     app = bootstrap(settings, clock=ManualClock(tick_at))
     try:
-        await app.ensure_streams()
-        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
-        write_change_events(shard, "chg-1", 10)
-        await app.fire_due_alarms()
+        await published_events(app, 10)
         clean = await app.sweep_tick(tick_at)
         assert clean.log_gaps == {}
         js = (await app.nats()).jetstream()
@@ -284,10 +279,7 @@ async def test_the_sweep_proves_each_stream_by_event_id_once_an_hour_and_records
     clock = ManualClock(datetime(2026, 12, 3, 10, 30, tzinfo=UTC))
     app = bootstrap(settings, clock=clock)
     try:
-        await app.ensure_streams()
-        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
-        written = write_change_events(shard, "chg-1", 10)
-        await app.fire_due_alarms()
+        _, written = await published_events(app, 10)
         stream = event_stream_name(index)
         await (await app.nats()).jetstream().purge_stream(stream)
 
@@ -378,10 +370,7 @@ async def test_a_repair_publishes_again_only_what_no_copy_holds_and_the_log_is_w
     # their IDs with them), so no copy holds them
     app = bootstrap(settings)
     try:
-        await app.ensure_streams()
-        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
-        written = write_change_events(shard, "chg-1", 20)
-        await app.fire_due_alarms()
+        shard, written = await published_events(app, 20)
         index = stream_index(PROJECT)
         stream = event_stream_name(index)
         nats_server.stop()
@@ -436,10 +425,7 @@ async def test_a_proof_whose_time_is_up_stops_proves_nothing_and_leaves_no_consu
     # GIVEN 5 published events
     app = bootstrap(settings)
     try:
-        await app.ensure_streams()
-        shard = app.resource_shard(PROJECT, change_resource_key("chg-1"))
-        write_change_events(shard, "chg-1", 5)
-        await app.fire_due_alarms()
+        await published_events(app, 5)
         index = stream_index(PROJECT)
         js = (await app.nats()).jetstream()
         # WHEN a proof runs with its caller's time already up (as a sweep tick's can be)

@@ -23,12 +23,12 @@ from rhumbatron.actors.publisher import republish_rows
 from rhumbatron.errors import MessagingError
 from rhumbatron.messaging.sender import EventSender
 from rhumbatron.operator.reconciliation import ReconciliationReport, StreamReconciliation
-from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, stream_index
+from rhumbatron.protocol.ids import event_stream_index, stream_index
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
-__all__ = ["RepairStep", "Republished", "Republisher", "repair"]
+__all__ = ["RepairStep", "Republished", "Republisher", "move_leader", "repair"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +77,7 @@ async def repair(
             target = healthy[0].node
             detail = f"the lead moves from {leader.node}, which lost events, to {target}"
             if not dry_run:
-                await _move_leader(nc, stream.stream, target, timeout_s)
+                await move_leader(nc, stream.stream, target, timeout_s=timeout_s)
             steps.append(RepairStep(stream.stream, "move_leader", target, detail, not dry_run))
         # A damaged copy is rebuilt from a healthy one; with none (a server on its own, or
         # every copy short), deleting a copy would lose what it still holds.
@@ -162,7 +162,7 @@ class Republisher:
         self._sender = sender
 
     async def republish(self, stream: str, event_ids: Sequence[str]) -> Republished:
-        index = next(i for i in range(EVENT_STREAM_COUNT) if event_stream_name(i) == stream)
+        index = event_stream_index(stream)
         wanted = set(event_ids)
         stored: list[str] = []
         repeats: list[str] = []
@@ -182,7 +182,7 @@ class Republisher:
         return Republished(tuple(stored), tuple(repeats), unknown)
 
 
-async def _move_leader(nc: NATS, stream: str, node: str, timeout_s: float) -> None:
+async def move_leader(nc: NATS, stream: str, node: str, *, timeout_s: float = 15.0) -> None:
     """Step the stream's leader down, preferring ``node``, until ``node`` leads."""
     import contextlib
     import json

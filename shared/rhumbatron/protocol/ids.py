@@ -16,6 +16,7 @@ __all__ = [
     "EVENT_ID_PATTERN",
     "EVENT_STREAM_COUNT",
     "PROJECT_ID_PATTERN",
+    "event_stream_index",
     "event_stream_name",
     "event_stream_subject",
     "fnv1a32",
@@ -81,6 +82,15 @@ def event_stream_name(index: int) -> str:
     """``EVENTS_00`` … ``EVENTS_07``."""
     _check_stream_index(index)
     return f"EVENTS_{index:02d}"
+
+
+def event_stream_index(name: str) -> int:
+    """The index of the event stream called ``name`` (``EVENTS_03`` → 3); raises
+    ``ValueError`` naming it when it is no event stream."""
+    for index in range(EVENT_STREAM_COUNT):
+        if event_stream_name(index) == name:
+            return index
+    raise ValueError(f"{name!r} is no event stream: EVENTS_00 … EVENTS_0{EVENT_STREAM_COUNT - 1}")
 
 
 def event_stream_subject(index: int) -> str:

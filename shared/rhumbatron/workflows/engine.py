@@ -135,6 +135,20 @@ class WorkflowControl:
     status: WorkflowStatus
     detail: str
 
+    @classmethod
+    def past(cls, instance: WorkflowInstance, action: str) -> WorkflowControl:
+        """The answer to ``action`` (cancel, terminate, redrive) on an instance already past
+        the state it applies to: nothing changed, and the detail says why."""
+        wanted, acted = ("failed", "redriven") if action == "redrive" else ("running", "stopped")
+        return cls(
+            instance.workflow,
+            instance.instance_id,
+            action,
+            False,
+            instance.status,
+            f"only a {wanted} instance is {acted}; this one is {instance.status}",
+        )
+
 
 class WorkflowEngine(Protocol):
     """Starts and describes Workflow instances; one instance per ID, ever."""

@@ -289,14 +289,7 @@ class InProcessEngine:
         if instance is None:
             return None
         if instance.status is not WorkflowStatus.failed:
-            return WorkflowControl(
-                workflow,
-                instance_id,
-                "redrive",
-                False,
-                instance.status,
-                f"only a failed instance is redriven; this one is {instance.status}",
-            )
+            return WorkflowControl.past(instance, "redrive")
         with self._store.transaction() as db:
             db.execute(
                 "UPDATE workflow_instances SET status = ?, error = NULL, updated_at = ? "
@@ -339,14 +332,7 @@ class InProcessEngine:
                 (to, error, self._clock.now().isoformat(), instance_id, WorkflowStatus.running),
             ).rowcount
         if not stopped:
-            return WorkflowControl(
-                workflow,
-                instance_id,
-                action,
-                False,
-                instance.status,
-                f"only a running instance is stopped; this one is {instance.status}",
-            )
+            return WorkflowControl.past(instance, action)
         return WorkflowControl(workflow, instance_id, action, True, to, error)
 
     def close(self) -> None:

@@ -292,14 +292,7 @@ class StepFunctionsEngine:
         if instance is None:
             return None
         if instance.status is not WorkflowStatus.failed:
-            return WorkflowControl(
-                workflow,
-                instance_id,
-                "redrive",
-                False,
-                instance.status,
-                f"only a failed instance is redriven; this one is {instance.status}",
-            )
+            return WorkflowControl.past(instance, "redrive")
         arn = execution_arn(self._state_machine(workflow), instance_id)
         try:
             await asyncio.to_thread(self._client.redrive_execution, executionArn=arn)
@@ -324,8 +317,7 @@ class StepFunctionsEngine:
         if instance is None:
             return None
         if instance.status is not WorkflowStatus.running:
-            detail = f"only a running instance is stopped; this one is {instance.status}"
-            return WorkflowControl(workflow, instance_id, action, False, instance.status, detail)
+            return WorkflowControl.past(instance, action)
         arn = execution_arn(self._state_machine(workflow), instance_id)
         try:
             await asyncio.to_thread(

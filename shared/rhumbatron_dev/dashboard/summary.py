@@ -26,7 +26,7 @@ from rhumbatron.core.clock import utc_day
 from rhumbatron.errors import RhumbatronError
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.metrics.platform_metrics import MetricBinding
-from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_index, event_stream_name
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS, consumer_name
 
 if TYPE_CHECKING:
@@ -134,17 +134,13 @@ async def _lags(app: Rhumbatron, now: datetime) -> dict[str, Any]:
             {
                 "stream": stream,
                 "pending": pending,
-                "nextSweepAt": next_sweep_visit(_stream_index(stream), now).isoformat(),
+                "nextSweepAt": next_sweep_visit(event_stream_index(stream), now).isoformat(),
             }
             for stream, pending in sorted(waiting.items())
         ],
         "totalPending": sum(lag.num_pending for lag in lags),
         "totalAckPending": sum(lag.num_ack_pending for lag in lags),
     }
-
-
-def _stream_index(stream: str) -> int:
-    return next(i for i in range(EVENT_STREAM_COUNT) if event_stream_name(i) == stream)
 
 
 def _dead_letters(app: Rhumbatron) -> dict[str, Any]:
