@@ -100,6 +100,19 @@ def test_a_mutant_equivalent_by_the_sql_rule_is_neither_stale_nor_killed_by_a_re
     assert tool.stale_entries([result]) == []
 
 
+def test_a_sql_case_change_whose_kill_ran_into_the_limit_is_equivalent_not_unchecked() -> None:
+    # GIVEN a SQL case change that mutmut "killed" only by running into the per-test limit
+    # (load: a case change cannot slow a test), never re-checked, and one that did survive
+    slow, quiet = f"{P}.x_f__mutmut_1", f"{P}.x_f__mutmut_2"
+    codes: dict[str, int | None] = {slow: 1, quiet: 0}
+    result = tool.classify("protocol", codes, {}, [], by_rule=[slow, quiet], to_confirm=[slow])
+    # THEN both are equivalent by the rule: neither waits for a re-check nor counts as killed
+    assert result.not_checked == set()
+    assert result.killed == set()
+    assert result.as_json()["equivalent"] == 2
+    assert result.kill_rate == pytest.approx(1.0)
+
+
 def test_a_kill_that_ran_into_the_per_test_limit_counts_only_when_a_fresh_re_check_repeats_it(
     tmp_path: Path,
 ) -> None:
