@@ -98,6 +98,11 @@ class ServerCpu:
                 break
         self._tick_s = 1 / os.sysconf("SC_CLK_TCK")
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process ID (None when ``/proc`` did not show it)."""
+        return None if self._stat is None else int(self._stat.parent.name)
+
     def seconds(self) -> float:
         """CPU seconds used so far; 0 when ``/proc`` is not available."""
         if self._stat is None:

@@ -47,6 +47,7 @@ from bench.jetstream import (
     reset_streams,
     run_settings,
 )
+from bench.pinning import CommitCounter, pin_process, pinned_layout
 from bench.report import Figure, Ratio
 from bench.workload import RawMessage
 from rhumbatron.actors.alarms import RecordingAlarmSink
@@ -58,6 +59,7 @@ from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.messaging.connection import connect_nats
 from rhumbatron.messaging.event_log import Subscription, consumer_config
 from rhumbatron.messaging.pull import ensure_consumer
+from rhumbatron.operator.inspect import file_kind
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import (
     EVENT_STREAM_COUNT,
@@ -488,6 +490,11 @@ class LatencyResult:
     #: event in its view (``/proc``): the bench process (publisher and router), the actors'
     #: writer, and nats-server.
     cpu_s: dict[str, float] = field(default_factory=dict)
+    #: Durable SQLite commits of the paced load, by role: the actors' own (the writer's),
+    #: the publisher's (actor files) and the router's (view stores, stream state, product).
+    commits: dict[str, int] = field(default_factory=dict)
+    #: Where the roles ran: one box shared by every process, or pinned apart.
+    layout: str = "one box: writer, publisher + router, nats-server on every CPU"
 
     @property
     def cpu_ms_per_event(self) -> float:
@@ -545,6 +552,10 @@ class LatencyResult:
             **self.split(),
             "cpu_s_by_process": {k: round(v, 3) for k, v in self.cpu_s.items()},
             "cpu_ms_per_event": round(self.cpu_ms_per_event, 3) if self.cpu_s else None,
+            "sqlite_commits_per_event_by_role": {
+                role: round(count / self.events, 3) for role, count in self.commits.items()
+            },
+            "layout": self.layout,
         }
 
 
@@ -586,20 +597,46 @@ def _latency_projects(count: int) -> list[str]:
 _Plan = list[tuple[str, str, str]]
 
 
+def latency_plan(rate: float, seconds: float, projects: int) -> tuple[list[str], _Plan, _Plan]:
+    """``(projects, warm-up, paced plan)`` of a latency run: ``rate × seconds`` writes of
+    ``(project, change, task)`` round-robin over the projects, four Changes each."""
+    project_ids = _latency_projects(projects)
+    plan = [
+        (project_ids[n % projects], f"chg-{project_ids[n % projects]}-{n % 4}", f"task-{n:06d}")
+        for n in range(int(rate * seconds))
+    ]
+    # One event per Change of the plan opens every actor file, view file, consumer and pull
+    # subscription before the load, as warm processes have them.
+    warm = [(p, c, f"task-warm-{c}") for p, c in dict.fromkeys((p, c) for p, c, _ in plan)]
+    return project_ids, warm, plan
+
+
 def _writer_process(
-    conn: Connection, state_dir: Path, url: str, warm: _Plan, plan: _Plan, rate: float
+    conn: Connection,
+    state_dir: Path,
+    url: str,
+    warm: _Plan,
+    plan: _Plan,
+    rate: float,
+    alarms_to: Connection | None = None,
+    cpus: frozenset[int] | None = None,
 ) -> None:
     """The actors' side of the latency run, in a process of its own (as workflow functions are).
 
     Commits ``warm``, reports ``warm-done`` and waits for ``go``; then commits ``plan`` on
     schedule (open loop: a late write does not push the schedule back). After every commit it
     sends ``(event_id, commit time, announced alarm keys)``: the alarm invoke of production.
-    ``time.perf_counter`` is CLOCK_MONOTONIC, one clock for every process of the machine.
+    With ``alarms_to`` (the publisher's own process) the keys go there instead, before the
+    commit's time is sent. ``time.perf_counter`` is CLOCK_MONOTONIC, one clock for every
+    process of the machine. ``done`` carries the SQLite commits of the paced writes.
     """
+    if cpus is not None:
+        pin_process(os.getpid(), cpus)
     settings = load_settings(state_dir=state_dir, nats_url=url, network_filesystem=False)
     alarms = RecordingAlarmSink()
     app = bootstrap(settings, alarms=alarms)
     callers: dict[str, Caller] = {}
+    commits = CommitCounter()
 
     def write(project: str, change_id: str, task_id: str) -> None:
         caller = callers.setdefault(
@@ -615,7 +652,12 @@ def _writer_process(
         )
         committed = time.perf_counter()
         event_id = stable_event_id(change_id, "task.ready", task_id)
-        conn.send(("commit", event_id, committed, alarms.drain()))
+        keys = alarms.drain()
+        if alarms_to is not None:
+            if keys:
+                alarms_to.send(keys)
+            keys = []
+        conn.send(("commit", event_id, committed, keys))
 
     try:
         for project, change_id, task_id in warm:
@@ -623,6 +665,7 @@ def _writer_process(
         conn.send(("warm-done",))
         if conn.recv() != "go":
             return
+        commits.start()
         late_max = 0.0
         started = time.perf_counter()
         for number, (project, change_id, task_id) in enumerate(plan):
@@ -632,11 +675,13 @@ def _writer_process(
             else:
                 late_max = max(late_max, -wait)
             write(project, change_id, task_id)
-        conn.send(("done", time.perf_counter() - started, late_max))
+        conn.send(("done", time.perf_counter() - started, late_max, commits.stop()))
     finally:
         for ref in list(app.actor_refs()):
             app.actor(ref).close()
         conn.close()
+        if alarms_to is not None:
+            alarms_to.close()
 
 
 def _process_cpu_s(pid: int | None) -> float:
@@ -675,17 +720,11 @@ async def latency_run(
     nudge = InProcessNudge()
     app = bootstrap(settings, nudge=nudge, causal_routing=NoCausalRules())
     loop = asyncio.get_running_loop()
-    commits = _ViewCommits()
-    project_ids = _latency_projects(projects)
-    total = int(rate * seconds)
-    plan = [
-        (project_ids[n % projects], f"chg-{project_ids[n % projects]}-{n % 4}", f"task-{n:06d}")
-        for n in range(total)
-    ]
-    # One event per Change of the plan opens every actor file, view file, consumer and pull
-    # subscription before the load, as warm processes have them.
-    warm = [(p, c, f"task-warm-{c}") for p, c in dict.fromkeys((p, c) for p, c, _ in plan)]
+    views = _ViewCommits()
+    project_ids, warm, plan = latency_plan(rate, seconds, projects)
     committed_at: dict[str, float] = {}
+    writer_commits: dict[str, int] = {}
+    ours_commits = CommitCounter(role_of=lambda path: _role_of_commit(path, state_dir))
     fires = 0
     writing = True
     wake = asyncio.Event()
@@ -715,6 +754,7 @@ async def latency_run(
                     warmed.set_result(None)
                 elif message[0] == "done":
                     done.set_result((message[1], message[2]))
+                    writer_commits.update(message[3])
         except EOFError:
             loop.remove_reader(ours.fileno())
             for future in (warmed, done):
@@ -747,7 +787,7 @@ async def latency_run(
         # Their project.created events go out with the warm-up, whose times are dropped.
         _create_project_roots(app, project_ids)
         for index in sorted({stream_index(p) for p in project_ids}):
-            router.projector.views(index).connection.set_trace_callback(commits.tracer())
+            router.projector.views(index).connection.set_trace_callback(views.tracer())
         writer.start()
         theirs.close()
         loop.add_reader(ours.fileno(), on_message)
@@ -758,13 +798,15 @@ async def latency_run(
         writing, fires = True, 0
         runs_before = nudge.runs
         cpu_before = _pipeline_cpu(writer.pid, server_cpu)
+        ours_commits.start()
         publishing = asyncio.create_task(publisher())
         ours.send("go")
         write_s, late_max = await asyncio.wait_for(done, timeout=seconds * 10 + 60)
         await finish(publishing)
         cpu_after = _pipeline_cpu(writer.pid, server_cpu)
+        role_commits = {"actors (writer)": writer_commits.get("all", 0), **ours_commits.stop()}
         cpu_s = {k: cpu_after[k] - cpu_before[k] for k in cpu_before}
-        applied_by_nudges = sum(1 for e in committed_at if e in commits.committed_at)
+        applied_by_nudges = sum(1 for e in committed_at if e in views.committed_at)
         for _ in range(100):  # what the sweep would pick up
             moved = 0
             for index in sorted({stream_index(p) for p in project_ids}):
@@ -782,16 +824,50 @@ async def latency_run(
             writer.join(timeout=30)
             if writer.is_alive():
                 writer.kill()
+        ours_commits.stop()
         await nudge.close()
         await app.close()
-    missing = [e for e in committed_at if e not in commits.committed_at]
+    return latency_result(
+        rate=rate,
+        projects=projects,
+        committed_at=committed_at,
+        views=views,
+        stored_at=stored_at,
+        write_s=write_s,
+        late_max_s=late_max,
+        applied_by_nudges=applied_by_nudges,
+        nudge_runs=nudge_runs,
+        fires=fires,
+        cpu_s=cpu_s,
+        commits=role_commits,
+    )
+
+
+def latency_result(
+    *,
+    rate: float,
+    projects: int,
+    committed_at: dict[str, float],
+    views: _ViewCommits,
+    stored_at: dict[str, float],
+    write_s: float,
+    late_max_s: float,
+    applied_by_nudges: int,
+    nudge_runs: int,
+    fires: int,
+    cpu_s: dict[str, float],
+    commits: dict[str, int],
+    layout: str | None = None,
+) -> LatencyResult:
+    """A latency run's result from what it stamped; raises when an event never reached its
+    view."""
+    total = len(committed_at)
+    missing = [e for e in committed_at if e not in views.committed_at]
     if missing:
         raise BenchError(f"{len(missing)} of {total} events never reached their view")
-    latencies = tuple(
-        sorted((commits.committed_at[e] - at) * 1000 for e, at in committed_at.items())
-    )
+    latencies = tuple(sorted((views.committed_at[e] - at) * 1000 for e, at in committed_at.items()))
     first = min(committed_at.values())
-    last = max(commits.committed_at[e] for e in committed_at)
+    last = max(views.committed_at[e] for e in committed_at)
     # The stream's timestamps are wall-clock; the rest is CLOCK_MONOTONIC.
     offset = time.time() - time.perf_counter()
     return LatencyResult(
@@ -800,7 +876,7 @@ async def latency_run(
         write_s=write_s,
         apply_s=last - first,
         latencies_ms=latencies,
-        writer_late_max_ms=late_max * 1000,
+        writer_late_max_ms=late_max_s * 1000,
         events_after_load=total - applied_by_nudges,
         nudge_runs=nudge_runs,
         publish_fires=fires,
@@ -809,10 +885,18 @@ async def latency_run(
             sorted((stored_at[e] - offset - at) * 1000 for e, at in committed_at.items())
         ),
         to_view_ms=tuple(
-            sorted((commits.committed_at[e] + offset - stored_at[e]) * 1000 for e in committed_at)
+            sorted((views.committed_at[e] + offset - stored_at[e]) * 1000 for e in committed_at)
         ),
         cpu_s=cpu_s,
+        commits=commits,
+        **({"layout": layout} if layout is not None else {}),
     )
+
+
+def _role_of_commit(path: Path, state_dir: Path) -> str:
+    """Whose commit a file's is, in the process that publishes and routes: the publisher
+    writes actor files, the router everything else."""
+    return "publisher" if file_kind(path, state_dir) == "actor" else "router"
 
 
 def _pipeline_cpu(writer_pid: int | None, server_cpu: ServerCpu | None) -> dict[str, float]:
@@ -851,6 +935,7 @@ def format_latency(result: LatencyResult) -> str:
         [
             "router commit-to-view latency (actor COMMIT -> view COMMIT, nudge on)",
             "-" * 72,
+            result.layout,
             f"offered {result.offered_rate:,.0f} events/s (target {result.target_rate:,.0f}) "
             f"for {result.write_s:.1f} s, {result.events:,} events, {result.projects} projects; "
             f"applied {result.applied_rate:,.0f} events/s",
@@ -862,6 +947,10 @@ def format_latency(result: LatencyResult) -> str:
             f"{result.nudge_runs} nudge runs, {result.publish_fires} publisher alarm fires, "
             f"writer at most {result.writer_late_max_ms:.1f} ms behind schedule, "
             f"{result.events_after_load} events applied only after the load (sweep's job)",
+            f"CPU {result.cpu_ms_per_event:.2f} ms per event ("
+            + ", ".join(f"{k} {v / result.events * 1000:.2f}" for k, v in result.cpu_s.items())
+            + "); SQLite commits per event: "
+            + ", ".join(f"{k} {v / result.events:.2f}" for k, v in result.commits.items()),
         ]
     )
 
@@ -879,36 +968,50 @@ class RouterSuite:
     diagnostics: list[Figure] = field(default_factory=list)
     latency: LatencyResult | None = None
     knee: list[LatencyResult] = field(default_factory=list)
+    #: The same rates with the roles in processes of their own, pinned apart (empty on a
+    #: machine with one CPU).
+    pinned: list[LatencyResult] = field(default_factory=list)
 
-    def knee_rate(self) -> float | None:
+    def knee_rate(self, runs: Sequence[LatencyResult] | None = None) -> float | None:
         """The highest offered rate of the sweep whose p99 stays within the target (None:
         none does). A lower rate that missed does not hide it: at 100 events/s a 4 s run
-        holds 400 events, and one stall of the shared host is its p99."""
-        runs = [*([self.latency] if self.latency is not None else []), *self.knee]
+        holds 400 events, and one stall of the shared host is its p99. ``runs``: the pinned
+        sweep, say; the one-box sweep by default."""
+        if runs is None:
+            runs = [*([self.latency] if self.latency is not None else []), *self.knee]
         passing = [r.target_rate for r in runs if r.status == "PASS"]
         return max(passing) if passing else None
 
     def targets(self) -> list[dict[str, Any]]:
         """The latency and CPU targets of issue #16, each with its status."""
         found: list[dict[str, Any]] = []
-        knee = self.knee_rate()
-        found.append(
-            {
-                "name": "router_latency.knee_rate_events_per_s",
-                "value": knee,
-                "target_at_least": TARGET_KNEE_RATE,
-                "status": "PASS" if knee is not None and knee >= TARGET_KNEE_RATE else "MISS",
-                "how": "one box: writer, publisher + router and nats-server on the same 2 "
-                "cores; rates "
-                + ", ".join(
-                    f"{r.target_rate:g}"
-                    for r in sorted(
-                        [*([self.latency] if self.latency else []), *self.knee],
-                        key=lambda r: r.target_rate,
-                    )
-                ),
-            }
-        )
+        sweeps = [
+            (
+                "router_latency.knee_rate_events_per_s",
+                [*([self.latency] if self.latency else []), *self.knee],
+                "one box: writer, publisher + router and nats-server on the same 2 cores",
+            ),
+        ]
+        if self.pinned:
+            sweeps.append(
+                (
+                    "router_latency.knee_rate_events_per_s@pinned",
+                    self.pinned,
+                    self.pinned[0].layout,
+                )
+            )
+        for name, runs, where in sweeps:
+            knee = self.knee_rate(runs)
+            found.append(
+                {
+                    "name": name,
+                    "value": knee,
+                    "target_at_least": TARGET_KNEE_RATE,
+                    "status": "PASS" if knee is not None and knee >= TARGET_KNEE_RATE else "MISS",
+                    "how": f"{where}; rates "
+                    + ", ".join(f"{r.target_rate:g}" for r in sorted(runs, key=_rate)),
+                }
+            )
         if self.latency is not None and self.latency.cpu_s:
             value = self.latency.cpu_ms_per_event
             found.append(
@@ -924,6 +1027,10 @@ class RouterSuite:
         return found
 
 
+def _rate(result: LatencyResult) -> float:
+    return result.target_rate
+
+
 def _rotated(items: Sequence[str], by: int) -> list[str]:
     shift = by % len(items)
     return [*items[shift:], *items[:shift]]
@@ -932,7 +1039,11 @@ def _rotated(items: Sequence[str], by: int) -> list[str]:
 async def router_suite(
     root: Path, options: RouterOptions, log: Callable[[str], None]
 ) -> RouterSuite:
-    """(e) and (f) against one fresh nats-server at the default ``sync_interval``."""
+    """(e) and (f) against one fresh nats-server at the default ``sync_interval``; (f′) the
+    same rates with the roles pinned apart."""
+    # The pinned run builds on this module's latency pieces, so it is imported here.
+    from bench.pinned_latency import pinned_latency_run
+
     server = NatsServerProcess(store_dir=root / "nats-router")
     server.start()
     workload = build_router_workload(
@@ -1006,6 +1117,31 @@ async def router_suite(
                 suite.latency = latency
             else:
                 suite.knee.append(latency)
+        layout = pinned_layout()
+        for rate, seconds in (
+            (options.latency_rate, options.latency_s),
+            *((r, options.knee_s) for r in options.knee_rates),
+        ):
+            if layout is None:
+                log("router latency, pinned: skipped (this machine offers one CPU)")
+                break
+            await reset_streams(nc, settings)
+            _settle_disk()
+            log(f"router latency, pinned: {rate:g} events/s for {seconds:g} s")
+            pinned = await pinned_latency_run(
+                server.url,
+                root / f"router-latency-pinned-{rate:g}",
+                rate=rate,
+                seconds=seconds,
+                projects=options.latency_projects,
+                layout=layout,
+                server_cpu=cpu,
+            )
+            log(
+                f"router latency, pinned: p50 {pinned.percentile(50):.1f} ms, "
+                f"p99 {pinned.percentile(99):.1f} ms"
+            )
+            suite.pinned.append(pinned)
         await nc.close()
     finally:
         server.stop()
@@ -1107,6 +1243,17 @@ async def router_suite(
                 )
                 for q in (50, 99)
             ]
+    for pinned in suite.pinned:
+        suite.diagnostics += [
+            Figure(
+                f"router.latency_p{q}@{pinned.target_rate:g}_pinned",
+                "ms",
+                f"p{q} commit-to-view latency at {pinned.target_rate:g} events/s offered, the "
+                f"roles pinned apart ({pinned.write_s:.0f} s)",
+                (pinned.percentile(q),),
+            )
+            for q in (50, 99)
+        ]
     for knee in suite.knee:
         suite.diagnostics += [
             Figure(

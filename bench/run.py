@@ -387,8 +387,11 @@ async def _main(options: Options, command: str) -> int:
     print()
     print(format_ratios(ratios))
     print()
-    if router.latency is not None:
-        print(format_latency(router.latency))
+    for latency in [
+        *([router.latency] if router.latency is not None else []),
+        *(p for p in router.pinned if p.target_rate == options.router.latency_rate),
+    ]:
+        print(format_latency(latency))
         print()
     targets = router.targets()
     for target in targets:
@@ -436,6 +439,7 @@ async def _main(options: Options, command: str) -> int:
         "router_workload": router.workload.describe(),
         "router_latency": router.latency.as_json() if router.latency is not None else None,
         "router_latency_knee": [k.as_json() for k in router.knee],
+        "router_latency_pinned": [k.as_json() for k in router.pinned],
         "router_wide_workload": router.wide.describe() if router.wide is not None else None,
         "targets": targets,
         "cold_starts": cold.as_json(),

@@ -1,0 +1,101 @@
+"""The latency benchmark's pinned run (issue #16, ``make bench``): its logic on a short run,
+on the embedded nats-server. Figures are printed by the bench, not judged here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bench.jetstream import ServerCpu
+from bench.pinned_latency import pinned_latency_run
+from bench.pinning import pin_process, pinned_layout
+
+from rhumbatron_dev.local.nats_server import NatsServerProcess
+
+pytestmark = pytest.mark.integration
+
+
+def _allowed_cpus(pid: int) -> set[frozenset[int]]:
+    """The CPU sets of every thread of ``pid``, from ``/proc``."""
+    found: set[frozenset[int]] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found.add(frozenset(os.sched_getaffinity(int(task.name))))
+    return found
+
+
+def test_pinning_a_process_pins_every_one_of_its_threads() -> None:
+    # GIVEN a process running four threads
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import threading, sys\n"
+            "e = threading.Event()\n"
+            "ts = [threading.Thread(target=e.wait) for _ in range(3)]\n"
+            "[t.start() for t in ts]\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.read(); e.set()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        # WHEN it is pinned to one CPU
+        one = frozenset({min(os.sched_getaffinity(0))})
+        pin_process(child.pid, one)
+        # THEN every thread runs there, not only the one whose ID is the process's
+        assert len(list(Path(f"/proc/{child.pid}/task").iterdir())) == 4
+        assert _allowed_cpus(child.pid) == {one}
+    finally:
+        child.communicate("")
+
+
+def test_the_layout_splits_the_write_side_from_the_read_side_and_needs_two_cpus() -> None:
+    layout = pinned_layout(frozenset({3, 1, 2}))
+    assert layout is not None
+    assert layout.writer == layout.publisher == frozenset({1})
+    assert layout.router == layout.nats_server == frozenset({2})
+    assert pinned_layout(frozenset({0})) is None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning apart needs two CPUs")
+async def test_the_pinned_run_times_every_event_to_its_view_and_counts_each_roles_commits(
+    tmp_path: Path, nats_server: NatsServerProcess
+) -> None:
+    layout = pinned_layout()
+    assert layout is not None
+    every_cpu = _allowed_cpus(os.getpid())
+
+    # WHEN 40 actor commits go through writer, publisher and router in their own processes
+    result = await pinned_latency_run(
+        nats_server.url,
+        tmp_path / "state",
+        rate=20.0,
+        seconds=2.0,
+        projects=4,
+        layout=layout,
+        server_cpu=ServerCpu(nats_server),
+    )
+
+    # THEN every event was timed from its actor's commit to its view's commit
+    assert result.events == len(result.latencies_ms) == 40
+    assert min(result.latencies_ms) > 0
+    # AND each role's work was counted where it ran: one actor commit per event, the
+    #   publisher's commits on the actor files, the router's on its view stores
+    assert result.commits["actors (writer)"] == 40
+    assert 0 < result.commits["publisher"] <= 40
+    assert 0 < result.commits["router"] <= 40
+    assert result.publish_fires > 0 and result.nudge_runs > 0
+    assert set(result.cpu_s) == {"router", "publisher", "writer (actors)", "nats-server"}
+    assert all(seconds > 0 for seconds in result.cpu_s.values())
+    assert result.layout.startswith("pinned: ")
+    # AND this process and nats-server have every CPU back
+    assert _allowed_cpus(os.getpid()) == every_cpu
+    server_pid = ServerCpu(nats_server).pid
+    assert server_pid is not None
+    assert _allowed_cpus(server_pid) == {frozenset(os.sched_getaffinity(0))}
