@@ -3,6 +3,7 @@ the every-minute scan), with an in-memory sender where the server's answers are 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,47 @@ async def test_a_run_nudges_each_stream_it_moved_once_when_it_ends(
     # not once per actor or per 100-row publish
     assert published == len(memory.sent) == (250 if path == "one actor's alarm" else 256)
     assert sorted(nudge.nudged) == sorted(streams)
+    await app.close()
+
+
+class _WritingNudge(RecordingNudge):
+    """A router whose first nudge makes an actor write again: as a reaction does, or as the
+    actors' steady writes do while the local invoker drains."""
+
+    def __init__(self, write_again: Callable[[], None]) -> None:
+        super().__init__()
+        self._write_again: Callable[[], None] | None = write_again
+
+    async def nudge(self, stream_index: int) -> None:
+        await super().nudge(stream_index)
+        if self._write_again is not None:
+            write, self._write_again = self._write_again, None
+            write()
+
+
+async def test_the_local_invoker_nudges_after_each_round_not_only_when_the_drain_ends(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN an announced alarm, and a router whose nudge makes the actor write once more
+    memory = MemorySender()
+    app: Rhumbatron | None = None
+
+    def write_again() -> None:
+        assert app is not None
+        write_tasks(app, "round-p", "chg-2", 1)
+
+    nudge = _WritingNudge(write_again)
+    app = runtime(tmp_path, clock, memory, nudge)
+    write_tasks(app, "round-p", "chg-1", 3)
+
+    # WHEN the local invoker drains
+    reports = await app.drain_alarms()
+
+    # THEN the router heard of the first round's rows as that round ended (before the row
+    #   written meanwhile was fired), and of the second round's as it ended
+    assert [r.published for r in reports] == [3, 1]
+    assert nudge.nudged == [stream_index("round-p")] * 2
+    assert len(memory.sent) == 4
     await app.close()
 
 

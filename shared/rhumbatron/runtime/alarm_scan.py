@@ -171,23 +171,33 @@ class AlarmJobs:
 
     async def drain_alarms(self, sink: RecordingAlarmSink) -> list[PublishReport]:
         """The local invoker: fire every alarm ``sink`` announced, up to ``concurrency`` at
-        once, until no announcement is left."""
+        once, until no announcement is left.
+
+        It works in rounds: the keys announced when a round starts, then those announced
+        while it ran. Each round ends by nudging the streams it moved, once each: under a
+        steady load the sink is seldom empty, and a router nudged only when the whole drain
+        ends would wait as long as the load lasts.
+        """
         reports: list[PublishReport] = []
         queue: deque[str] = deque()
 
-        async def worker() -> None:
+        async def worker(round_reports: list[PublishReport]) -> None:
             while queue:
                 key = queue.popleft()
                 try:
                     actor = self.actors.actor(ActorRef.parse(key))
-                    reports.append(await self._drain_actor(actor))
+                    round_reports.append(await self._drain_actor(actor))
                 except (RhumbatronError, sqlite3.Error) as exc:
-                    reports.append(_failed_report(key, exc))
+                    round_reports.append(_failed_report(key, exc))
 
         while keys := sink.drain():
             queue.extend(keys)
+            this_round: list[PublishReport] = []
             # No more workers than actors to drain: a busy local invoker drains a key or two
             # per call, and each idle worker is a task created and run for nothing.
-            await asyncio.gather(*(worker() for _ in range(min(self.concurrency, len(queue)))))
-        await self.publisher.nudge_streams(i for r in reports for i in r.nudged)
+            await asyncio.gather(
+                *(worker(this_round) for _ in range(min(self.concurrency, len(queue))))
+            )
+            reports += this_round
+            await self.publisher.nudge_streams(i for r in this_round for i in r.nudged)
         return reports
