@@ -128,3 +128,27 @@ def test_the_handler_answers_health_503_while_nats_is_down(
     )
     assert answer["statusCode"] == 503
     assert json.loads(answer["body"])["nats"] is False
+
+
+def test_the_handler_serves_the_docs_page_its_assets_and_the_document_without_a_token(
+    lambda_env: None,
+) -> None:
+    # WHEN API Gateway passes the public routes to the function, with no Authorization header
+    answers = {
+        path: lambda_handler.handler(
+            _http_api_event("GET", path, token=None), None, runtime=process.process_runtime
+        )
+        for path in (
+            "/docs",
+            "/docs/static/swagger-ui-bundle.js",
+            "/docs/static/swagger-ui.css",
+            "/docs/static/favicon.png",
+            "/openapi.json",
+        )
+    }
+    # THEN each is served, and fits in a Lambda response (6 MB, base64 included)
+    for path, answer in answers.items():
+        assert answer["statusCode"] == 200, (path, answer["statusCode"])
+        assert 0 < len(answer["body"]) < 6_000_000, path
+    assert "swagger-ui-bundle.js" in answers["/docs"]["body"]
+    assert "/dead-letters" in json.loads(answers["/openapi.json"]["body"])["paths"]

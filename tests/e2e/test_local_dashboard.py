@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,8 @@ class Browser:
         self.page_errors: list[str] = []
 
     @classmethod
-    async def launch(cls, profile: Path, log: Path) -> Browser:
+    async def launch(cls, profile: Path, log: Path, *, args: Sequence[str] = ()) -> Browser:
+        """Chromium with a blank page, ``args`` added to its command line."""
         to_browser_r, to_browser_w = os.pipe()
         from_browser_r, from_browser_w = os.pipe()
         # Chromium reads commands on fd 3 and writes answers on fd 4; bash puts the pipe
@@ -74,6 +75,7 @@ class Browser:
             "--no-default-browser-check",
             "--disable-extensions",
             "--disable-background-networking",
+            *args,
             "about:blank",
             pass_fds=(to_browser_r, from_browser_w),
             stdin=asyncio.subprocess.DEVNULL,
@@ -122,9 +124,11 @@ class Browser:
                 return result
 
     async def evaluate(self, expression: str) -> Any:
-        """The value of ``expression`` in the page (JSON-able values only)."""
+        """The value of ``expression`` in the page (JSON-able values only; a promise's once it
+        settles)."""
         result = await self.call(
-            "Runtime.evaluate", {"expression": expression, "returnByValue": True}
+            "Runtime.evaluate",
+            {"expression": expression, "returnByValue": True, "awaitPromise": True},
         )
         if "exceptionDetails" in result:
             raise AssertionError(f"{expression} threw {result['exceptionDetails']}")
@@ -140,7 +144,7 @@ class Browser:
                 return value
             # Bounded polling of the page: the page itself polls the server every 2 s.
             await asyncio.sleep(0.1)
-        status = await self.evaluate("document.getElementById('status').textContent")
+        status = await self.evaluate("document.getElementById('status')?.textContent")
         raise AssertionError(
             f"the page never showed {what} within {WAIT_S:g} s (last value {value!r}, status "
             f"{status!r}, script errors {self.page_errors})"

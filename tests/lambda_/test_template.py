@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel
 
 from rhumbatron.api import StaticTokenAuth, create_api, lambda_handler
+from rhumbatron.api.docs_page import DOCS_STATIC
 from rhumbatron.archive import ARCHIVE_PREFIX
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.entrypoints import (
@@ -850,6 +851,32 @@ def test_operator_api_checks_jwts_of_the_issuer_and_audience_at_the_edge(
     assert env["RHUMBATRON_API_JWT_AUDIENCE"] == Tag("Ref", "JwtAudience")
     # an HTTP API waits 30 s for its integration at most
     assert _functions(template)["ApiFunction"]["Properties"]["Timeout"] < 30
+
+
+def test_only_health_and_the_docs_are_public_at_the_edge_and_every_other_route_takes_the_jwt(
+    template: dict[str, Any],
+) -> None:
+    # GIVEN the operator API, whose default authorizer checks JWTs
+    auth = template["Resources"]["OperatorHttpApi"]["Properties"]["Auth"]
+    jwt = auth["DefaultAuthorizer"]
+    assert "JwtConfiguration" in auth["Authorizers"][jwt]
+    # AND no function but the API's adds a route to it
+    for name, function in _functions(template).items():
+        if name != "ApiFunction":
+            events = function["Properties"].get("Events", {}).values()
+            assert all(e["Type"] != "HttpApi" for e in events), name
+    routes = _api_routes(template)
+    # THEN exactly /health, the docs page, the assets the app serves it from and the OpenAPI
+    #   document name an authorizer, and that is none
+    named = {route: auth["Authorizer"] for route, auth in routes.items() if "Authorizer" in auth}
+    assert named == {
+        "GET /health": "NONE",
+        "GET /docs": "NONE",
+        f"GET {DOCS_STATIC}/{{proxy+}}": "NONE",
+        "GET /openapi.json": "NONE",
+    }
+    # AND every other route, the catch-all too, takes the default: the JWT authorizer
+    assert len(routes) > len(named) and "ANY /{proxy+}" in routes
 
 
 def test_api_routes_ask_at_the_edge_for_the_scopes_the_app_asks_for(

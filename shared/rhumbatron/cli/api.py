@@ -49,7 +49,7 @@ def serve(args: argparse.Namespace) -> int:
     settings = app.settings
     if settings.api_auth_mode == "static" and not settings.api_tokens:
         print(
-            "rhumbatron api: RHUMBATRON_API_TOKENS is empty, so every request but /health is "
+            "rhumbatron api: RHUMBATRON_API_TOKENS is empty, so every operation but /health is "
             "refused (401); set it to JSON such as "
             '\'{"<token>": {"tenant": "*", "scopes": ["dead-letters:read", '
             '"dead-letters:write", "commands:send"]}}\'',
