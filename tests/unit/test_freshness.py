@@ -138,8 +138,10 @@ async def test_points_stay_in_memory_and_a_flush_writes_them_at_most_once_a_minu
     clock.advance(30)
     gauge.observe(STREAM, events_at(T + timedelta(seconds=28)))
     gauge.observe(STREAM, events_at(T + timedelta(seconds=21)))
+    asked_early = gauge.flush_due()
     early = gauge.flush()
     clock.advance(30)
+    asked_due = gauge.flush_due()
     due = gauge.flush()
 
     # THEN nothing is written before the minute is up; then one point: the larger age, as
@@ -147,8 +149,13 @@ async def test_points_stay_in_memory_and_a_flush_writes_them_at_most_once_a_minu
     assert early == []
     assert [p.value for p in due] == [9.0]
     assert [p.value for p in sink.points()] == [5.0, 9.0]
-    # AND a forced flush (the sweep's) with nothing kept writes nothing
+    # AND the gauge says so before a flush is tried (a nudge then skips the flush's thread)
+    assert (asked_early, asked_due) == (False, True)
+    # AND a forced flush (the sweep's) with nothing kept writes nothing, and is not due
+    assert not gauge.flush_due(force=True)
     assert gauge.flush(force=True) == []
+    gauge.observe(STREAM, events_at(T + timedelta(seconds=59)))
+    assert not gauge.flush_due() and gauge.flush_due(force=True)
 
 
 def test_an_event_stamped_after_the_apply_time_counts_as_zero_seconds() -> None:

@@ -218,8 +218,9 @@ class EventRouter:
     async def _flush_freshness(self, *, force: bool) -> None:
         """Write the freshness points kept in memory, when a flush is due (``force``: now)."""
         gauge = self._projector.freshness if self._projector is not None else None
-        if gauge is not None:
-            # Its commit (an fsync on the product database) runs off the event loop.
+        if gauge is not None and gauge.flush_due(force=force):
+            # Its commit (an fsync on the product database) runs off the event loop; a nudge
+            # with nothing to write (most of them: one flush a minute) takes no thread hop.
             await asyncio.to_thread(gauge.flush, force=force)
 
     async def sweep(

@@ -78,20 +78,27 @@ class FreshnessGauge:
             self._pending[stream] = point
         return point
 
+    def flush_due(self, *, force: bool = False) -> bool:
+        """Whether :meth:`flush` would write anything now: points are kept and a flush is
+        due (or ``force``). A read of memory only, so a caller can skip the thread a flush
+        runs on (its commit is an fsync) when there is nothing to write."""
+        if not self._pending:
+            return False
+        return (
+            force
+            or self._flushed_at_s is None
+            or self.clock.now().timestamp() - self._flushed_at_s >= self.flush_interval_s
+        )
+
     def flush(self, *, force: bool = False) -> list[DataPoint]:
         """Write the points kept, when any and a flush is due (or ``force``); return them.
 
         A point that cannot be written is logged and dropped: a metric must never turn an
         applied batch into a retry (the Events are applied and their claims committed).
         """
-        now_s = self.clock.now().timestamp()
-        due = (
-            force
-            or self._flushed_at_s is None
-            or now_s - self._flushed_at_s >= self.flush_interval_s
-        )
-        if not self._pending or not due:
+        if not self.flush_due(force=force):
             return []
+        now_s = self.clock.now().timestamp()
         points = list(self._pending.values())
         self._pending.clear()
         self._flushed_at_s = now_s
