@@ -11,6 +11,7 @@ import pytest
 from rhumbatron.actors.alarms import AlarmGuard, RecordingAlarmSink
 from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.actors.project_root import ProjectRoot
+from rhumbatron.actors.publisher import PublishReport
 from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.core.clock import ManualClock, utc_day
@@ -129,6 +130,27 @@ async def test_a_run_nudges_each_stream_it_moved_once_when_it_ends(
     # not once per actor or per 100-row publish
     assert published == len(memory.sent) == (250 if path == "one actor's alarm" else 256)
     assert sorted(nudge.nudged) == sorted(streams)
+    await app.close()
+
+
+async def test_a_publish_while_another_publisher_holds_the_actor_is_busy_and_sends_nothing(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN an actor with due rows, whose publish lock another publisher holds
+    memory = MemorySender()
+    app = runtime(tmp_path, clock, memory)
+    write_tasks(app, "busy-p", "chg-1", 2)
+    shard = app.resource_shard("busy-p", change_resource_key("chg-1"))
+    publisher = await app.publisher()
+    with shard.publish_lock() as held:
+        assert held
+        # WHEN a publish and an alarm fire come for it meanwhile
+        published = await publisher.publish_due(shard)
+        fired = await publisher.fire_alarm(shard)
+    # THEN each reports the actor busy, with nothing else done, and nothing was sent
+    assert published == fired == PublishReport(shard.ref.key, busy=True)
+    assert memory.sent == []
+    assert counts_by_state(shard.connection)[RowState.PENDING] == 2
     await app.close()
 
 
