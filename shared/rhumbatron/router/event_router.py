@@ -197,10 +197,16 @@ class EventRouter:
                     consumes=consumes,
                     batch=batch,
                     should_stop=should_stop,
+                    flush=False,
                 )
                 for subscription in subscriptions
             )
         )
+        # One flush for both consumers' acks (they share the connection): a round trip
+        # per run, not one per subscription.
+        log = await self.event_log()
+        if log.nc.is_connected:
+            await log.nc.flush()
         for subscription, result in zip(subscriptions, results, strict=True):
             report.subscriptions[subscription.value] = result
         if self._drain_mode():
@@ -322,10 +328,13 @@ class EventRouter:
         consumes: int,
         batch: int,
         should_stop: Callable[[], bool] | None = None,
+        flush: bool = True,
     ) -> SubscriptionReport:
         """Up to ``consumes`` fetches of at most ``batch`` records, each settled record by
         record. Stops early when a fetch comes back short (nothing more is waiting) or
-        when ``should_stop`` says the function's time is nearly up."""
+        when ``should_stop`` says the function's time is nearly up. Ends by flushing the
+        acks to the server, unless ``flush`` is False: the caller flushes once for several
+        consumes on the connection (a nudge, for its two)."""
         key = (run.stream_index, subscription)
         lock = self._locks.setdefault(key, asyncio.Lock())
         report = SubscriptionReport()
@@ -368,7 +377,7 @@ class EventRouter:
                 await self._settle_batch(log, run, subscription, records, report)
                 if not full:
                     break
-            if log.nc.is_connected:
+            if flush and log.nc.is_connected:
                 await log.nc.flush()
         return report
 
