@@ -63,6 +63,7 @@ APP_PARAMETERS_FROM_INFRA = {
     "SubnetIds": "network.yaml",
     "SecurityGroupId": "network.yaml",
     "EfsFileSystemId": "network.yaml",
+    "AlarmTopicArn": "nats-cluster.yaml",
 }
 
 

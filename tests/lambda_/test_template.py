@@ -172,6 +172,13 @@ def _deployed(template: dict[str, Any], value: Any) -> Any:
     return value
 
 
+def _reserved_concurrency(function: dict[str, Any]) -> Any:
+    """A function's reserved concurrency when ReserveConcurrency holds; without it, none."""
+    reserved = function["Properties"]["ReservedConcurrentExecutions"]
+    assert reserved == Tag("If", ["ReservesConcurrency", reserved.value[1], NO_VALUE]), reserved
+    return reserved.value[1]
+
+
 def _schedules(function: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         event["Properties"]
@@ -202,6 +209,8 @@ def _makefile_of(resource: dict[str, Any], source_dir: Path) -> Path:
     context = resource.get("Metadata", {}).get("ContextPath")
     return (ROOT / context if context else source_dir) / "Makefile"
 
+
+NO_VALUE = Tag("Ref", "AWS::NoValue")
 
 needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 
@@ -308,7 +317,7 @@ def test_router_nudge_is_an_async_invoke_target_that_is_not_retried(
     config = properties["EventInvokeConfig"]
     assert config["MaximumRetryAttempts"] in (0, 1)  # the sweep is the correctness path
     assert 60 <= config["MaximumEventAgeInSeconds"] <= 21_600
-    assert properties["ReservedConcurrentExecutions"] == Tag(
+    assert _reserved_concurrency(_functions(template)["RouterNudgeFunction"]) == Tag(
         "Ref", "RouterNudgeReservedConcurrency"
     )
     assert template["Parameters"]["RouterNudgeReservedConcurrency"]["Type"] == "Number"
@@ -321,7 +330,9 @@ def test_publisher_may_invoke_the_router_nudge_and_is_told_its_name(
 ) -> None:
     publisher = _functions(template)["OutboxPublisherFunction"]
     env = _environment(template, publisher)
-    assert env["RHUMBATRON_ROUTER_NUDGE_FUNCTION"] == Tag("Ref", "RouterNudgeFunction")
+    # its alias: what the deployment shifts, with the alias's failure destination
+    assert env["RHUMBATRON_ROUTER_NUDGE_FUNCTION"] == Tag("Ref", "RouterNudgeFunction.Alias")
+    # the policy template grants function:<name>*, which covers <name>:live
     invoke = [p["LambdaInvokePolicy"] for p in _policies(publisher) if "LambdaInvokePolicy" in p]
     assert invoke == [{"FunctionName": Tag("Ref", "RouterNudgeFunction")}]
 
@@ -623,7 +634,7 @@ def test_queue_functions_poll_one_at_a_time_for_up_to_15_minutes(
     for name in QUEUE_FUNCTIONS:
         properties = _functions(template)[name]["Properties"]
         # One invocation at a time: the table's concurrency is the deployment's bound.
-        assert properties["ReservedConcurrentExecutions"] == 1, name
+        assert _reserved_concurrency(_functions(template)[name]) == 1, name
         # Lambda's most, and the longest a handler may hold its message (15 minutes).
         assert properties["Timeout"] == 900 == settings.command_max_hold_s, name
         # A tick or nudge finding the function busy is dropped within a minute, not retried.
@@ -712,14 +723,18 @@ def test_state_machine_runs_the_workflows_steps_in_order_through_the_step_functi
     properties, definition = _state_machine(template, name)
     # Standard: the execution name (instance ID) is unique for 90 days, so a start repeats.
     assert properties["Type"] == "STANDARD"
+    # the step function's alias: what its deployment shifts
     assert properties["DefinitionSubstitutions"] == {
-        "WorkflowStepFunctionArn": Tag("GetAtt", "WorkflowStepFunction.Arn")
+        "WorkflowStepFunctionArn": Tag("Ref", "WorkflowStepFunction.Alias")
     }
     placeholders = set(re.findall(r"\$\{(\w+)\}", json.dumps(definition)))
     assert placeholders == set(properties["DefinitionSubstitutions"])
-    assert properties["Policies"] == [
-        {"LambdaInvokePolicy": {"FunctionName": Tag("Ref", "WorkflowStepFunction")}}
-    ]
+    # it may invoke the step function (function:<name>*, the alias included) and deliver its
+    # execution logs, nothing else
+    invoke, logs = properties["Policies"]
+    assert invoke == {"LambdaInvokePolicy": {"FunctionName": Tag("Ref", "WorkflowStepFunction")}}
+    (delivery,) = logs["Statement"]
+    assert all(action.startswith("logs:") for action in delivery["Action"])
 
     # the Task states, followed from StartAt, are the definition's steps in order
     steps = _workflow_steps(workflow)

@@ -26,9 +26,9 @@ a path under ``/mnt/`` (``/mnt/state``)     the same path under ``--root`` (``<r
 ``!Ref <AWS::S3::Bucket>`` / its ``.Arn``   a local bucket ``<stack>-<logical-id>``, created
 ``!Ref <parameter>``, ``!Sub``, ``!If`` …   resolved from the parameter's Default (or
                                             ``--parameter NAME=VALUE``) and pseudo parameters
-any other resource (a function's name, a    unset: it exists only in the deployed stack (so
-state machine's or a secret's ARN)          the publisher does not nudge the router Lambda;
-                                            workflows run in process)
+any other resource (a function's name or    unset: it exists only in the deployed stack (so
+``.Alias``, a state machine's or a          the publisher does not nudge the router Lambda;
+secret's ARN)                               workflows run in process)
 ==========================================  =================================================
 
 Then ``--env-vars FILE`` (``sam local invoke``'s JSON: ``{"Parameters": {...},
@@ -451,6 +451,14 @@ class _Resolver:
                 )
             return _string(parameters[name]["Default"])
         resource = self.template.resources.get(name)
+        owner, _, generated = name.partition(".")
+        if (
+            resource is None
+            and generated in ("Alias", "Version")
+            and owner in self.template.resources
+        ):
+            # SAM's `!Ref <Function>.Alias` / `.Version`: what AutoPublishAlias publishes
+            raise _Unresolvable(f"{name} (SAM's AutoPublishAlias) exists only when deployed")
         if resource is None:
             raise _Unresolvable(f"{name} is neither a parameter nor a resource of the template")
         if resource.get("Type") == _BUCKET_TYPE:
