@@ -669,10 +669,12 @@ def _starts(function: dict[str, Any]) -> set[str]:
     }
 
 
-def _describes(function: dict[str, Any]) -> set[str]:
+def _execution_machines(function: dict[str, Any], action: str) -> set[str]:
+    """The state machines on whose executions ``function`` may take ``action``."""
     resources: list[Any] = []
     for st in _statements(function):
-        if st["Action"] == "states:DescribeExecution":
+        actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+        if action in actions:
             found = st["Resource"]
             resources += found if isinstance(found, list) else [found]
     machines = set()
@@ -699,8 +701,33 @@ def test_only_the_functions_that_start_workflows_may_start_and_describe_them(
         "SweepFunction": {"ReleaseStateMachine"},
     }
     for name, function in _functions(template).items():
-        # a start first describes the execution of that name, so the two go together
-        assert _starts(function) == _describes(function) == expected.get(name, set()), name
+        # a start first describes the execution of that name, so the two go together; the
+        # API only reads and controls executions (the operator's workflow routes)
+        assert _starts(function) == expected.get(name, set()), name
+        described = both if name == "ApiFunction" else expected.get(name, set())
+        assert _execution_machines(function, "states:DescribeExecution") == described, name
+
+
+def test_the_api_may_list_read_and_control_every_workflows_executions(
+    template: dict[str, Any],
+) -> None:
+    # GET /workflows, its history, and POST cancel / terminate / redrive (StepFunctionsEngine)
+    api = _functions(template)["ApiFunction"]
+    both = {"VerificationStateMachine", "ReleaseStateMachine"}
+    for action in (
+        "states:DescribeExecution",
+        "states:GetExecutionHistory",
+        "states:StopExecution",
+        "states:RedriveExecution",
+    ):
+        assert _execution_machines(api, action) == both, action
+    listed = {
+        resource.value
+        for st in _statements(api)
+        if st["Action"] == "states:ListExecutions"
+        for resource in st["Resource"]
+    }
+    assert listed == both
 
 
 # -- workflows -------------------------------------------------------------------------------
