@@ -13,11 +13,11 @@ the delay, hold for the stream's next run (a deferral: the run that leaves recor
 followed at once by another, and what is still held when no run follows is nacked at once,
 ``release_held``), or — on the 5th failure of the same event for the same
 subscription — a ``poison_event`` dead letter, the event marked processed, and an ack, so one
-bad record never dams its stream. A record that is not its project's — on another project's
-stream, with a tenant that is not its project root's, or of a project with no root here — is
-such a failure too, and no subscription ever sees it: anyone with publish rights on NATS can
-put a record on a stream, and the router is the last line before a forged tenant makes another
-tenant's subscriptions react (issue #21, ``records``). Its dead letter carries no tenant. A
+bad record never dams its stream. A record that is not its project's (on another project's
+stream, of another tenant than its project root's, or of a project with no root here) is such
+a failure too, and no subscription sees it: the router is the last line before a record
+forged by anyone with publish rights on NATS makes another tenant's subscriptions react
+(issue #21, ``records``). Its dead letter carries no tenant. A
 record whose project root cannot be read now is retried, uncounted, like a busy view file.
 """
 
@@ -130,8 +130,7 @@ class EventRouter:
         return self._log_client
 
     def stream_state(self, stream_index: int) -> StreamState:
-        state = self._states.get(stream_index)
-        if state is None:
+        if (state := self._states.get(stream_index)) is None:
             state = self._states[stream_index] = StreamState(self.settings, stream_index)
         return state
 
@@ -140,8 +139,7 @@ class EventRouter:
         if self._projector is None:
             from rhumbatron.router.freshness import freshness_gauge
 
-            # Commit-to-apply freshness per applied batch (the dashboards' panel), kept in
-            # memory and written by the runs' flushes.
+            # Commit-to-apply freshness per applied batch (the dashboards' panel), in memory
             self._projector = ProjectViewProjector(
                 self.settings,
                 freshness=freshness_gauge(
@@ -155,8 +153,7 @@ class EventRouter:
 
     def handler(self, stream_index: int, subscription: Subscription) -> RecordHandler:
         key = (stream_index, subscription)
-        handler = self._handlers.get(key)
-        if handler is None:
+        if (handler := self._handlers.get(key)) is None:
             lease_s = self.settings.router_ack_wait_s
             state = self.stream_state(stream_index)
             match subscription:
@@ -186,9 +183,8 @@ class EventRouter:
         consumes = self.settings.router_consumes_per_run
         batch = self.settings.router_fetch_max_records
         subscriptions = (Subscription.PROJECT_VIEW_PROJECTOR, Subscription.CAUSAL_ROUTER)
-        # The projector starts first; the two then run side by side. They share nothing
-        # (their own consumers, locks and files), and waiting for the causal router's
-        # commits would delay the next projector run of this stream.
+        # The projector starts first; the two then run side by side: they share nothing, and
+        # waiting for the causal router's commits would delay the projector's next run.
         results = await run_together(
             *(
                 self.consume(
@@ -202,10 +198,8 @@ class EventRouter:
                 for subscription in subscriptions
             )
         )
-        # One flush for both consumers' acks (they share the connection): a round trip
-        # per run, not one per subscription.
         log = await self.event_log()
-        if log.nc.is_connected:
+        if log.nc.is_connected:  # both consumers' acks, on one connection: one round trip
             await log.nc.flush()
         for subscription, result in zip(subscriptions, results, strict=True):
             report.subscriptions[subscription.value] = result
@@ -224,10 +218,8 @@ class EventRouter:
     async def _flush_freshness(self, *, force: bool) -> None:
         """Write the freshness points kept in memory, when a flush is due (``force``: now)."""
         gauge = self._projector.freshness if self._projector is not None else None
-        if gauge is not None and gauge.flush_due(force=force):
-            # Its commit (an fsync on the product database) runs off the event loop; a nudge
-            # with nothing to write (most of them: one flush a minute) takes no thread hop.
-            await asyncio.to_thread(gauge.flush, force=force)
+        if gauge is not None and gauge.flush_due(force=force):  # most nudges: no thread hop
+            await asyncio.to_thread(gauge.flush, force=force)  # an fsync: off the event loop
 
     async def sweep(
         self, *, now: datetime | None = None, should_stop: Callable[[], bool] | None = None
@@ -275,8 +267,7 @@ class EventRouter:
         from rhumbatron.router.lag import record_lag
 
         await record_lag(self, sweep)
-        # No run of this process follows a sweep's: what its projector runs left waiting is
-        # nacked, for the next nudge or sweep wherever it runs.
+        # No run of this process follows a sweep's: what its runs left waiting is nacked.
         await self.release_held(None if drain else stream_index)
         await self._flush_freshness(force=True)
         return sweep
@@ -332,9 +323,8 @@ class EventRouter:
     ) -> SubscriptionReport:
         """Up to ``consumes`` fetches of at most ``batch`` records, each settled record by
         record. Stops early when a fetch comes back short (nothing more is waiting) or
-        when ``should_stop`` says the function's time is nearly up. Ends by flushing the
-        acks to the server, unless ``flush`` is False: the caller flushes once for several
-        consumes on the connection (a nudge, for its two)."""
+        when ``should_stop`` says the function's time is nearly up. Flushes the acks at
+        the end, unless ``flush`` is False (a nudge flushes once for its two consumes)."""
         key = (run.stream_index, subscription)
         lock = self._locks.setdefault(key, asyncio.Lock())
         report = SubscriptionReport()
