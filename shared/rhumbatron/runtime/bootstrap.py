@@ -425,6 +425,8 @@ class Rhumbatron:
         return await run_sweep_tick(self, now, should_stop)
 
     async def close(self) -> None:
+        if self._metrics_sink is not None:
+            self._metrics_sink.flush()  # a long-lived local run's last EMF documents
         if self._lifecycle is not None:
             await self._lifecycle.close()
             self._lifecycle = None
