@@ -7,15 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from rhumbatron.entrypoints.observability import lambda_logger, lambda_tracer
 from rhumbatron.entrypoints.workflow_step import handle
 from rhumbatron.runtime.process import process_runtime
 
-logger = Logger()  # service name and level from POWERTOOLS_SERVICE_NAME / POWERTOOLS_LOG_LEVEL
+logger = lambda_logger()  # Powertools' Logger: in Lambda, the package's lines too, as JSON
+tracer = lambda_tracer()  # Powertools' Tracer, built at the first invocation tracing is on
 
 
+@tracer.capture_lambda_handler
 @logger.inject_lambda_context
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return handle(event, context, runtime=process_runtime)

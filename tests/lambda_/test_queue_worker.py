@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
@@ -161,6 +162,45 @@ def test_integration_schedule_handles_a_provision_and_polls_all_three_queues(
     json.dumps(summary)  # what Lambda returns must be JSON
     # AND the project exists, owned by the tenant the command named
     assert _project_tenant(lambda_env, command.project_id) == "acme"
+
+
+def test_a_commands_log_lines_are_the_functions_json_with_its_id_and_the_lambda_context(
+    capsys: pytest.CaptureFixture[str], lambda_env: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a command past its deadline on the integration queue, and the integration
+    # function in Lambda (its own service name: a fresh Powertools logger on this stdout)
+    command = _command(
+        "project.provision",
+        {"name": "Acme web", "tenantId": "acme"},
+        deadline=datetime(2026, 1, 1, 0, 1, tzinfo=UTC),
+    )
+    _send(lambda_env, "integration", command)
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "IntegrationFunction")
+    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", f"integration-{uuid.uuid4().hex[:8]}")
+    package = logging.getLogger("rhumbatron")
+    saved = (list(package.handlers), package.propagate, package.level)
+    process.reset_for_tests()
+    try:
+        app = load_app("integration")
+        context = FakeLambdaContext(remaining_ms=FULL_TIME_MS, function_name="IntegrationFunction")
+        capsys.readouterr()
+        # WHEN the schedule invokes it and the queue consumer, deep in the package, logs that
+        # it acked the expired command without running it
+        summary = app.lambda_handler(sample_event("integration_schedule.json"), context)
+    finally:
+        process.reset_for_tests()
+        package.handlers[:], package.propagate = saved[0], saved[1]
+        package.setLevel(saved[2])
+    assert summary["queues"]["integration"]["expired"] == 1
+    # THEN that line is JSON on stdout, as the function's own, with the command's ID as its
+    # correlation ID and the invocation's Lambda context
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "{" in line[:1]]
+    (expired,) = [line for line in lines if "expired" in str(line.get("message"))]
+    assert expired["name"] == "rhumbatron.messaging.queue_consumer"
+    assert expired["level"] == "INFO"
+    assert expired["correlation_id"] == command.command_id
+    assert expired["function_name"] == "IntegrationFunction"
+    assert expired["function_request_id"] == context.aws_request_id
 
 
 def test_a_warm_invocation_finds_only_what_is_new(

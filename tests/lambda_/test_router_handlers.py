@@ -393,6 +393,64 @@ def test_sweep_applies_archives_and_records_the_lag_of_its_minutes_stream(
     assert pending[0]["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "Rhumbatron"
 
 
+def test_a_sweep_tick_prints_one_emf_document_per_dimension_set_holding_every_point(
+    handlers: Handlers,
+    writer: Rhumbatron,
+    lambda_env: Settings,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # GIVEN one published event on every stream, and the metric rows written so far
+    projects = [_project_on_stream(index) for index in range(EVENT_STREAM_COUNT)]
+    _create_projects(writer, handlers, projects)
+    with writer.product().transaction() as product:
+        (before,) = product.execute("SELECT coalesce(max(id), 0) FROM platform_metrics").fetchone()
+    capsys.readouterr()
+
+    # WHEN one sweep tick runs
+    handlers.sweep.lambda_handler(sample_event("sweep_schedule.json"), FakeLambdaContext())
+
+    # THEN it printed at most one EMF document per namespace, binding and dimension set
+    documents = _emf_metrics(capsys.readouterr().out)
+    directives = [d["_aws"]["CloudWatchMetrics"] for d in documents]
+    assert all(len(directive) == 1 for directive in directives)
+    keys = [
+        (
+            directive[0]["Namespace"],
+            tuple(sorted((name, d[name]) for name in directive[0]["Dimensions"][0])),
+        )
+        for d, directive in zip(documents, directives, strict=True)
+    ]
+    assert len(keys) == len(set(keys)), sorted(keys)
+    # AND together they hold exactly the points the tick recorded: every row, value and unit
+    printed = sorted(
+        (d["binding"], metric["Name"], metric["Unit"], _dimensions(d), value)
+        for d in documents
+        for metric in d["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+        for value in d[metric["Name"]]
+    )
+    with writer.product().transaction() as product:
+        rows = product.execute(
+            "SELECT binding, name, unit, dimensions, value FROM platform_metrics WHERE id > ?",
+            (before,),
+        ).fetchall()
+    recorded = sorted(
+        (binding, name, unit, tuple(sorted(json.loads(dims).items())), value)
+        for binding, name, unit, dims, value in rows
+    )
+    assert printed == recorded
+    # AND the 40 consumers' lag, the outbox backlog and the heartbeat are fewer documents
+    # than points (one a point printed 95 lines a tick)
+    assert len(documents) < len(recorded)
+
+
+def _dimensions(document: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A document's own dimensions (without the sink's binding and service)."""
+    names = document["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0]
+    return tuple(
+        sorted((name, document[name]) for name in names if name not in ("binding", "service"))
+    )
+
+
 def test_sweep_with_a_nearly_expired_context_stops_before_fetching(
     handlers: Handlers, writer: Rhumbatron, lambda_env: Settings
 ) -> None:

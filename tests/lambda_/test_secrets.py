@@ -23,9 +23,11 @@ import httpx2
 import pytest
 from moto import mock_aws
 
+from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.errors import ConfigurationError, NatsUnavailableError
 from rhumbatron.messaging.connection import connect_nats, read_secret_string
+from rhumbatron.messaging.secrets import SecretCache
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import bootstrap
@@ -304,14 +306,53 @@ def test_a_secret_that_cannot_be_read_names_its_arn_and_what_it_is_for(
         read_secret_string(binary, what="a test secret", timeout_s=1.0)
 
 
-def test_a_secret_is_read_once_per_process(secrets: Any) -> None:
-    # GIVEN a secret read once
+def test_a_secret_is_kept_for_its_max_age_then_read_again(secrets: Any) -> None:
+    # GIVEN a secret read through a cache that keeps it 300 s on a clock the test moves
+    clock = ManualClock()
+    cache = SecretCache(clock, max_age_s=300)
     arn = _secret(secrets, "first-value")
-    assert read_secret_string(arn, what="a test secret", timeout_s=1.0) == "first-value"
-    # WHEN it changes in Secrets Manager
+    assert cache.read(arn, what="a test secret", timeout_s=1.0) == "first-value"
+    # WHEN it is rotated in Secrets Manager
     secrets.put_secret_value(SecretId=arn, SecretString="second-value")
-    # THEN this process keeps the value it read (a new container reads the new one)
-    assert read_secret_string(arn, what="a test secret", timeout_s=1.0) == "first-value"
+    # THEN the value read stays in use until it is 300 s old
+    clock.advance(299.9)
+    assert cache.read(arn, what="a test secret", timeout_s=1.0) == "first-value"
+    # AND the first use after that reads the rotated one, in the same process
+    clock.advance(0.1)
+    assert cache.read(arn, what="a test secret", timeout_s=1.0) == "second-value"
+
+
+def test_a_rotated_token_is_presented_at_the_reconnect_after_the_max_age(
+    tmp_path: Path, secrets: Any, token_server: AuthNatsServer
+) -> None:
+    # GIVEN a client connected with the token of the secret, kept 60 s
+    clock = ManualClock()
+    cache = SecretCache(clock, max_age_s=60)
+    arn = _secret(secrets, json.dumps({"token": TOKEN}))
+    settings = _settings(tmp_path, token_server.url, nats_credentials_secret_arn=arn)
+    rotated = TOKEN + "-rotated"
+
+    async def rotate_and_reconnect() -> None:
+        nc = await connect_nats(settings, secrets=cache)
+        try:
+            await nc.flush(timeout=2)
+            # WHEN the token is rotated (the secret, then the server, restarted on its port)
+            # and the kept token is older than the max age
+            secrets.put_secret_value(SecretId=arn, SecretString=json.dumps({"token": rotated}))
+            clock.advance(61)
+            token_server.stop()
+            token_server.authorization = f"token: {rotated}"
+            token_server.start()
+            # THEN the client reconnects by itself with the new token, in the same process
+            until = time.monotonic() + 10
+            while not (nc.is_connected and nc.stats["reconnects"]) and time.monotonic() < until:
+                await asyncio.sleep(0.05)
+            await nc.flush(timeout=2)
+            assert nc.stats["reconnects"] >= 1
+        finally:
+            await nc.close()
+
+    asyncio.run(rotate_and_reconnect())
 
 
 @pytest.mark.skipif(importlib.util.find_spec("nkeys") is not None, reason="nkeys is installed here")
@@ -420,6 +461,41 @@ def test_clef_flash_asks_the_model_with_the_key_from_the_secret(
     assert len(seen) == 1
     credentials = seen[0].headers.get("x-api-key") or seen[0].headers["authorization"]
     assert credentials.removeprefix("Bearer ") == "sk-ant-test-key-0123"
+
+
+def test_clef_flash_asks_with_the_rotated_key_once_the_kept_one_is_past_its_max_age(
+    tmp_path: Path, secrets: Any
+) -> None:
+    # GIVEN the Anthropic key in a secret, kept 60 s by a runtime on a clock the test moves
+    arn = _secret(secrets, "sk-ant-first-key")
+    settings = _settings(
+        tmp_path, "nats://127.0.0.1:1", clef_flash_api_key_secret_arn=arn, secret_max_age_s=60
+    )
+    clock = ManualClock()
+    app = bootstrap(settings, clock=clock)
+    seen: list[httpx2.Request] = []
+
+    async def ask_three_times() -> None:
+        lifecycle = app.lifecycle()
+        lifecycle.clef_flash_http = httpx2.AsyncClient(transport=_messages_api(seen))
+        try:
+            await lifecycle.clef_flash.decide(_overlap_event(), "builder-1", ("src/auth/a.py",))
+            # WHEN the key is rotated
+            secrets.put_secret_value(SecretId=arn, SecretString="sk-ant-second-key")
+            clock.advance(59)
+            await lifecycle.clef_flash.decide(_overlap_event(), "builder-1", ("src/auth/a.py",))
+            clock.advance(1)
+            await lifecycle.clef_flash.decide(_overlap_event(), "builder-1", ("src/auth/a.py",))
+        finally:
+            await app.close()
+
+    asyncio.run(ask_three_times())
+    # THEN the kept key is used within its max age, and the rotated one after it
+    keys = [
+        (r.headers.get("x-api-key") or r.headers["authorization"]).removeprefix("Bearer ")
+        for r in seen
+    ]
+    assert keys == ["sk-ant-first-key", "sk-ant-first-key", "sk-ant-second-key"]
 
 
 def test_without_a_key_or_a_secret_clef_flash_abstains_without_asking(tmp_path: Path) -> None:

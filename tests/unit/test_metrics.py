@@ -318,7 +318,7 @@ def test_a_point_keeps_its_own_copy_of_the_dimensions() -> None:
 # --------------------------------------------------------------------------- EMF
 
 
-def test_emf_sink_writes_one_valid_emf_line_per_point() -> None:
+def test_emf_sink_writes_one_valid_emf_document_per_dimension_set_at_flush() -> None:
     # GIVEN an EMF sink writing to a captured stream, and two points with different dimensions
     stream = io.StringIO()
     sink = EmfSink(stream=stream)
@@ -328,7 +328,10 @@ def test_emf_sink_writes_one_valid_emf_line_per_point() -> None:
     ]
     # WHEN they are emitted under EVENT_METRICS
     sink.emit(MetricBinding.EVENT_METRICS, points)
-    # THEN there is one JSON line per point
+    # THEN nothing is written until the flush (the end of the invocation)
+    assert stream.getvalue() == ""
+    sink.flush()
+    # AND then there is one JSON line per dimension set
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2
     first, second = (json.loads(line) for line in lines)
@@ -351,13 +354,72 @@ def test_emf_sink_writes_one_valid_emf_line_per_point() -> None:
     assert second["publish_ms"] == [12.5]
     assert second["stream"] == "events-03"
     assert "project_id" not in second
+    # AND a second flush writes nothing more
+    sink.flush()
+    assert len(stream.getvalue().splitlines()) == 2
+
+
+def test_emf_sink_gathers_the_points_of_one_dimension_set_into_one_document() -> None:
+    # GIVEN points of two metrics on one dimension set, emitted in three batches and under
+    # two bindings, and one point of another dimension set in between
+    stream = io.StringIO()
+    sink = EmfSink(stream=stream)
+    lag = {"stream": "events-03", "consumer": "causal-router"}
+    sink.emit(MetricBinding.METRICS, [DataPoint("consumer_num_pending", 4, dimensions=lag)])
+    sink.emit(MetricBinding.METRICS, [DataPoint("outbox_pending", 7)])
+    sink.emit(
+        MetricBinding.METRICS,
+        [
+            DataPoint("consumer_num_ack_pending", 1, dimensions=lag),
+            DataPoint("consumer_num_pending", 2, dimensions=lag),
+        ],
+    )
+    sink.emit(MetricBinding.EVENT_METRICS, [DataPoint("consumer_num_pending", 9, dimensions=lag)])
+    # WHEN the invocation ends
+    sink.flush()
+    # THEN there is one document per (binding, dimension set), in the order they first came
+    documents = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(d["binding"], d.get("consumer")) for d in documents] == [
+        ("METRICS", "causal-router"),
+        ("METRICS", None),
+        ("EVENT_METRICS", "causal-router"),
+    ]
+    # AND each metric is defined once, its points' values in order as its array (each value
+    # one CloudWatch sample, so sums and maxima are the points')
+    lagged = documents[0]
+    assert lagged["_aws"]["CloudWatchMetrics"][0]["Metrics"] == [
+        {"Name": "consumer_num_pending", "Unit": "Count"},
+        {"Name": "consumer_num_ack_pending", "Unit": "Count"},
+    ]
+    assert lagged["consumer_num_pending"] == [4.0, 2.0]
+    assert lagged["consumer_num_ack_pending"] == [1.0]
+    assert documents[1]["outbox_pending"] == [7.0]
+    assert documents[2]["consumer_num_pending"] == [9.0]
+
+
+def test_emf_sink_starts_a_new_document_at_emfs_limits() -> None:
+    # GIVEN 250 points of one metric and 150 metrics of one point, on one dimension set
+    stream = io.StringIO()
+    sink = EmfSink(stream=stream)
+    sink.emit(MetricBinding.METRICS, [DataPoint("sample", float(i)) for i in range(250)])
+    sink.emit(MetricBinding.EVENT_METRICS, [DataPoint(f"m{i:03d}") for i in range(150)])
+    # WHEN they are flushed
+    sink.flush()
+    documents = [json.loads(line) for line in stream.getvalue().splitlines()]
+    # THEN no document holds more than 100 values of a metric, nor more than 100 metrics
+    samples = [d["sample"] for d in documents if "sample" in d]
+    assert [len(values) for values in samples] == [100, 100, 50]
+    assert [v for values in samples for v in values] == [float(i) for i in range(250)]
+    wide = [d for d in documents if d["binding"] == "EVENT_METRICS"]
+    assert [len(d["_aws"]["CloudWatchMetrics"][0]["Metrics"]) for d in wide] == [100, 50]
 
 
 def test_emf_sink_writes_to_stdout_by_default(capsys: pytest.CaptureFixture[str]) -> None:
     # GIVEN an EMF sink with its own namespace and no stream (as in Lambda)
     sink = EmfSink(namespace="RhumbatronTest", service="router")
-    # WHEN a METRICS point is emitted
+    # WHEN a METRICS point is emitted and the invocation ends
     sink.emit(MetricBinding.METRICS, [DataPoint("sweep_runs")])
+    sink.flush()
     # THEN the EMF line is on stdout, where Lambda's log forwarding picks it up
     document = json.loads(capsys.readouterr().out)
     assert document["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "RhumbatronTest"
@@ -369,7 +431,9 @@ def test_emf_sink_takes_a_point_with_the_most_dimensions_allowed() -> None:
     stream = io.StringIO()
     point = DataPoint("wide", dimensions={f"d{i:02d}": "x" for i in range(MAX_DIMENSIONS)})
     # WHEN it is emitted
-    EmfSink(stream=stream).emit(MetricBinding.METRICS, [point])
+    sink = EmfSink(stream=stream)
+    sink.emit(MetricBinding.METRICS, [point])
+    sink.flush()
     # THEN powertools accepts it with binding and service added
     document = json.loads(stream.getvalue())
     assert len(document["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0]) == MAX_DIMENSIONS + 2
@@ -378,8 +442,10 @@ def test_emf_sink_takes_a_point_with_the_most_dimensions_allowed() -> None:
 def test_emf_sink_with_no_points_writes_nothing() -> None:
     # GIVEN an EMF sink
     stream = io.StringIO()
-    # WHEN an empty batch is emitted
-    EmfSink(stream=stream).emit(MetricBinding.METRICS, [])
+    sink = EmfSink(stream=stream)
+    # WHEN an empty batch is emitted and flushed
+    sink.emit(MetricBinding.METRICS, [])
+    sink.flush()
     # THEN nothing is written (EMF refuses a document without metrics)
     assert stream.getvalue() == ""
 

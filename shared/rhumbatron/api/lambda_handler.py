@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rhumbatron.core import event_loop
-from rhumbatron.entrypoints._lambda import prepare
+from rhumbatron.entrypoints._lambda import flush_metrics, prepare
 from rhumbatron.errors import RhumbatronError
 
 if TYPE_CHECKING:
@@ -78,4 +78,7 @@ def handler(
         api.state.streams_ready = True
     except RhumbatronError as exc:
         _log.warning("NATS not ready for this request: %s", exc)
-    return mangum(event, context)
+    try:
+        return mangum(event, context)
+    finally:
+        flush_metrics(app)

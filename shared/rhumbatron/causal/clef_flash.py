@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -177,6 +177,9 @@ class ClefFlash:
     mock transport); None lets the SDK build its own. ``metrics``, when given, records each
     decision's ``model_route`` point (its own short transaction on the product file). The SDK
     client is built once, at the first question, and reused: one per warm Lambda.
+    ``api_key``, when given, is asked for the key at each question instead of the settings'
+    ``clef_flash_api_key`` (the cloud's key in Secrets Manager, kept a while by the runtime's
+    cache): a rotated key reaches the next question, and the SDK client takes it over.
     """
 
     def __init__(
@@ -187,8 +190,11 @@ class ClefFlash:
         *,
         metrics: MetricsRecorder | None = None,
         http_client: httpx2.AsyncClient | None = None,
+        api_key: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         self._settings = settings
+        self._api_key = api_key
+        self._client_key: str | None = None
         self._store = store
         self._clock = clock
         self._metrics = metrics
@@ -216,6 +222,8 @@ class ClefFlash:
             return self._finish(stored, source="cached")
 
         api_key = self._settings.clef_flash_api_key
+        if self._api_key is not None:
+            api_key = SecretStr((await self._api_key()).strip())
         if api_key is None or not api_key.get_secret_value():
             return self._keep(
                 event,
@@ -334,7 +342,12 @@ class ClefFlash:
         return DEPLOYMENT_SCOPE
 
     def _sdk(self, api_key: str) -> AsyncAnthropic:
+        if self._client is not None and api_key != self._client_key:
+            # A rotated key: a copy of the client with it, on the same HTTP connections.
+            self._client = self._client.with_options(api_key=api_key)
+            self._client_key = api_key
         if self._client is None:
+            self._client_key = api_key
             from anthropic import AsyncAnthropic
 
             self._client = AsyncAnthropic(

@@ -121,6 +121,13 @@ class Settings(BaseSettings):
         'JSON {"user", "password"}, {"token"}, {"nkey_seed"} or {"creds": "<.creds file>"}. '
         "None or empty connects without credentials.",
     )
+    secret_max_age_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long a secret read from Secrets Manager (the NATS credentials and CA, "
+        "the Anthropic key) is kept before the next use reads it again: a rotated secret "
+        "reaches a warm container within this age, without a cold start.",
+    )
 
     # -- outbox publisher ---------------------------------------------------------------------
     publish_max_rows_per_project: int = Field(default=100, ge=1, le=1000)

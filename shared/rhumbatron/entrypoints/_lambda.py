@@ -31,11 +31,12 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
     from rhumbatron.entrypoints.ports import RoleRuntime
-    from rhumbatron.metrics import DataPoint
+    from rhumbatron.metrics import DataPoint, MetricsSink
 
 __all__ = [
     "InvocationContext",
     "deadline",
+    "flush_metrics",
     "prepare",
     "record_metrics",
     "stopper",
@@ -51,6 +52,13 @@ class InvocationContext(Protocol):
     """The part of the Lambda context object the roles use."""
 
     def get_remaining_time_in_millis(self) -> int: ...
+
+
+class MetricsHolder(Protocol):
+    """A runtime with a metrics sink (every role's, the API's)."""
+
+    @property
+    def metrics_sink(self) -> MetricsSink: ...
 
 
 # -- edge validation -------------------------------------------------------------------------
@@ -160,3 +168,16 @@ def record_metrics(app: RoleRuntime, points: Sequence[DataPoint], *, what: str) 
         MetricsRecorder(app.product(), app.metrics_sink, app.clock).record(points)
     except (RhumbatronError, sqlite3.Error, OSError) as exc:
         _log.warning("cannot record %s metrics: %s: %s", what, type(exc).__name__, exc)
+
+
+def flush_metrics(app: MetricsHolder) -> None:
+    """Send the EMF documents of what this invocation recorded (the end of every invocation).
+
+    Lambda may freeze the process right after the handler returns, and a frozen process
+    prints nothing: the sink's documents must be written before the return. A sink that
+    cannot write (stdout closed) is logged, never raised over the invocation's own outcome.
+    """
+    try:
+        app.metrics_sink.flush()
+    except (OSError, ValueError) as exc:
+        _log.warning("cannot write the EMF metrics: %s: %s", type(exc).__name__, exc)

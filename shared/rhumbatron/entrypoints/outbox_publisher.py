@@ -29,6 +29,7 @@ from rhumbatron.core import event_loop
 from rhumbatron.entrypoints._lambda import (
     InvocationContext,
     deadline,
+    flush_metrics,
     prepare,
     record_metrics,
     stopper,
@@ -111,7 +112,10 @@ def handle(
     invocation = parse_invocation(event)
     app = runtime()
     until = deadline(context, _stop_margin_s(app))
-    return event_loop.run(_handle(app, invocation, stopper(until)))
+    try:
+        return event_loop.run(_handle(app, invocation, stopper(until)))
+    finally:
+        flush_metrics(app)
 
 
 def _stop_margin_s(app: PublisherRuntime) -> float:

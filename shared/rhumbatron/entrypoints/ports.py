@@ -143,6 +143,10 @@ class WorkflowDefinitions(Protocol):
 
 
 class WorkflowStepRuntime(Protocol):
-    """The Step Functions task's: the workflow definitions, and nothing of NATS."""
+    """The Step Functions task's: the workflow definitions and where a step's metrics go,
+    and nothing of NATS."""
+
+    @property
+    def metrics_sink(self) -> MetricsSink: ...
 
     def lifecycle(self) -> WorkflowDefinitions: ...

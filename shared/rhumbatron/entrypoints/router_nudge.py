@@ -27,6 +27,7 @@ from rhumbatron.core import event_loop
 from rhumbatron.entrypoints._lambda import (
     InvocationContext,
     deadline,
+    flush_metrics,
     prepare,
     stopper,
     validate_event,
@@ -99,7 +100,10 @@ def handle(
         if context is not None
         else app.settings.router_nudge_turn_s
     )
-    return event_loop.run(_handle(app, invocation.stream_index, stopper(until), hold_s))
+    try:
+        return event_loop.run(_handle(app, invocation.stream_index, stopper(until), hold_s))
+    finally:
+        flush_metrics(app)
 
 
 def _stop_margin_s(app: NudgeRuntime) -> float:

@@ -38,6 +38,7 @@ from rhumbatron.core import event_loop
 from rhumbatron.entrypoints._lambda import (
     InvocationContext,
     deadline,
+    flush_metrics,
     prepare,
     stopper,
     validate_event,
@@ -94,7 +95,10 @@ def handle(
     tick = parse_invocation(event)
     app = runtime()
     until = deadline(context, _stop_margin_s(app))
-    return event_loop.run(_handle(app, stopper(until), at=tick.scheduled_time))
+    try:
+        return event_loop.run(_handle(app, stopper(until), at=tick.scheduled_time))
+    finally:
+        flush_metrics(app)
 
 
 def _stop_margin_s(app: SweepRuntime) -> float:

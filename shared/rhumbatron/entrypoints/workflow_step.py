@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rhumbatron.core import event_loop
 from rhumbatron.entrypoints._lambda import (
     InvocationContext,
+    flush_metrics,
     validate_event,
 )
 from rhumbatron.errors import EnvelopeError
@@ -86,7 +87,10 @@ def handle(
     invocation = parse_invocation(event)
     app = runtime()
     step = _step(app.lifecycle().workflows.definitions(), invocation)
-    return event_loop.run(_run(step, invocation))
+    try:
+        return event_loop.run(_run(step, invocation))
+    finally:
+        flush_metrics(app)
 
 
 async def _run(step: StepFunction, invocation: RunStep) -> dict[str, Any]:

@@ -4,8 +4,9 @@ A publisher must tell "no server answered" (no attempt counts: rows stay pending
 "a server refused" (an attempt counts). :class:`NatsUnavailableError` is the first.
 
 In the cloud the client authenticates with credentials kept in Secrets Manager
-(``nats_credentials_secret_arn``), read once per process by :func:`read_secret_string`. The
-same reader serves the other secrets a role needs (the Anthropic key of Clef-flash).
+(``nats_credentials_secret_arn``), read through the runtime's
+:class:`~rhumbatron.messaging.secrets.SecretCache`: kept ``secret_max_age_s``, then read again,
+so a rotated secret applies without a cold start (see :func:`connect_nats` for when).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import asyncio
 import importlib.util
 import json
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rhumbatron.errors import ConfigurationError, NatsUnavailableError
+from rhumbatron.messaging.secrets import SecretCache, read_secret_string
 
 _log = logging.getLogger(__name__)
 
@@ -34,59 +37,6 @@ NATS_CREDENTIAL_SHAPES = (
     '{"nkey_seed": "SU..."}',
     '{"creds": "<the .creds file>"}',
 )
-
-# Secret values by ARN, for the life of the process (one warm Lambda container): every
-# connect after a reconnect or a reset pays no Secrets Manager call. A rotated secret reaches
-# a container only when it starts again, so rotate by admitting the new credentials on the
-# server before retiring the old ones.
-_secrets: dict[str, str] = {}
-
-
-def read_secret_string(arn: str, *, what: str, timeout_s: float) -> str:
-    """The text (``SecretString``) of the Secrets Manager secret ``arn``, once per process.
-
-    ``what`` names the secret's purpose in errors. Raises :class:`ConfigurationError` naming
-    the ARN (never the value) when the secret cannot be read or holds no text.
-    """
-    cached = _secrets.get(arn)
-    if cached is not None:
-        return cached
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    client = boto3.client(
-        "secretsmanager",
-        region_name=_region_of(arn),
-        config=Config(
-            retries={"max_attempts": 2, "mode": "standard"},
-            connect_timeout=timeout_s,
-            read_timeout=timeout_s,
-        ),
-    )
-    try:
-        answer = client.get_secret_value(SecretId=arn)
-    except (ClientError, BotoCoreError) as exc:
-        # Neither error carries the secret's value: only its ARN and what went wrong.
-        raise ConfigurationError(
-            f"cannot read {what} from the Secrets Manager secret {arn}: {exc}; check the ARN "
-            "and that the function's role may call secretsmanager:GetSecretValue on it"
-        ) from exc
-    value = answer.get("SecretString")
-    if not isinstance(value, str) or not value:
-        raise ConfigurationError(
-            f"the Secrets Manager secret {arn} ({what}) holds no text; store it as a "
-            "SecretString, not binary"
-        )
-    _secrets[arn] = value
-    return value
-
-
-def _region_of(arn: str) -> str | None:
-    """The region of an ARN (``arn:aws:secretsmanager:<region>:...``), else None (the
-    default chain: ``AWS_REGION`` in Lambda)."""
-    parts = arn.split(":")
-    return parts[3] or None if len(parts) > 3 and parts[0] == "arn" else None
 
 
 def nats_auth_options(secret: str, *, arn: str) -> dict[str, Any]:
@@ -138,35 +88,49 @@ def nats_auth_options(secret: str, *, arn: str) -> dict[str, Any]:
     )
 
 
-async def _auth_options(settings: Settings) -> dict[str, Any]:
+_CREDENTIALS = "the NATS credentials (RHUMBATRON_NATS_CREDENTIALS_SECRET_ARN)"
+_CA = "the NATS servers' CA (RHUMBATRON_NATS_TLS_CA_SECRET_ARN)"
+
+
+async def _auth_options(settings: Settings, secrets: SecretCache) -> dict[str, Any]:
     arn = settings.nats_credentials_secret_arn
     if not arn:  # the template passes no variable, or an empty one, when there is no secret
         return {}
-    secret = _secrets.get(arn)
-    if secret is None:
-        # boto3 is synchronous: off the loop, so other coroutines (the API) keep being served.
-        secret = await asyncio.to_thread(
-            read_secret_string,
-            arn,
-            what="the NATS credentials (RHUMBATRON_NATS_CREDENTIALS_SECRET_ARN)",
-            timeout_s=settings.nats_connect_timeout_s,
-        )
-    return nats_auth_options(secret, arn=arn)
+    timeout_s = settings.nats_connect_timeout_s
+    secret = await secrets.read_async(arn, what=_CREDENTIALS, timeout_s=timeout_s)
+    options = nats_auth_options(secret, arn=arn)
+    if not options.keys() <= {"user", "password", "token"}:
+        return options  # an nkey seed or a .creds file: fixed for the connection's life
+    last = dict(options)
+
+    def current(key: str) -> Callable[[], str]:
+        # nats-py asks again each time it sends CONNECT (every reconnect): a secret rotated
+        # since reaches the reconnect once the kept one is secret_max_age_s old. The read runs
+        # on the event loop (nats-py calls this synchronously), bounded by the connect timeout,
+        # at most once per max age; one that fails keeps the credentials last read.
+        def get() -> str:
+            text = secrets.read_or_last(arn, what=_CREDENTIALS, timeout_s=timeout_s)
+            try:
+                fresh = {} if text is None else nats_auth_options(text, arn=arn)
+            except ConfigurationError as exc:
+                _log.warning("%s; reconnecting with the credentials read before", exc)
+                fresh = {}
+            if fresh.keys() == last.keys():
+                last.update(fresh)
+            return str(last[key])
+
+        return get
+
+    return {key: current(key) for key in options}
 
 
-async def _tls_options(settings: Settings) -> dict[str, Any]:
-    """A TLS context trusting the cluster's private CA, when a secret names one."""
+async def _tls_options(settings: Settings, secrets: SecretCache) -> dict[str, Any]:
+    """A TLS context trusting the cluster's private CA, when a secret names one (read at each
+    new connection; a reconnect keeps the context of its connection)."""
     arn = settings.nats_tls_ca_secret_arn
     if not arn:
         return {}
-    pem = _secrets.get(arn)
-    if pem is None:
-        pem = await asyncio.to_thread(
-            read_secret_string,
-            arn,
-            what="the NATS servers' CA (RHUMBATRON_NATS_TLS_CA_SECRET_ARN)",
-            timeout_s=settings.nats_connect_timeout_s,
-        )
+    pem = await secrets.read_async(arn, what=_CA, timeout_s=settings.nats_connect_timeout_s)
     import ssl
 
     try:
@@ -179,7 +143,9 @@ async def _tls_options(settings: Settings) -> dict[str, Any]:
     return {"tls": context}
 
 
-async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
+async def connect_nats(
+    settings: Settings, *, name: str = "rhumbatron", secrets: SecretCache | None = None
+) -> NATS:
     """Connect to ``settings.nats_url``; raise :class:`NatsUnavailableError` if nobody answers.
 
     Once connected, the client reconnects by itself after a server restart (RELIABILITY F15)
@@ -189,15 +155,23 @@ async def connect_nats(settings: Settings, *, name: str = "rhumbatron") -> NATS:
 
     With ``nats_tls_ca_secret_arn`` set, the servers' certificates are checked against that
     CA (a PEM in a secret). With ``nats_credentials_secret_arn`` set, the credentials come
-    from that secret (read once per process); a secret that cannot be read or used raises
+    from that secret. Both are read through ``secrets`` (the runtime's cache; None: a cache of
+    this connection's own on the system clock), kept ``secret_max_age_s``: a user and
+    password or a token are asked for again at every reconnect, so a rotated secret applies
+    once the kept one is that old; the CA, an nkey seed and a ``.creds`` file at the next new
+    connection. A secret that cannot be read or used raises
     :class:`ConfigurationError` before any connect; credentials the server refuses end like
     an unreachable server (:class:`NatsUnavailableError`, naming the secret too).
     """
     from nats.aio.client import Client
     from nats.errors import NoServersError
 
-    auth = await _auth_options(settings)
-    tls = await _tls_options(settings)
+    if secrets is None:
+        from rhumbatron.core.clock import SystemClock
+
+        secrets = SecretCache(SystemClock(), settings.secret_max_age_s)
+    auth = await _auth_options(settings, secrets)
+    tls = await _tls_options(settings, secrets)
     nc = Client()
     bound_s = 2 * settings.nats_connect_timeout_s
     errors = _ConnectionErrors(name)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 from rhumbatron.core.clock import Clock
 from rhumbatron.core.event_loop import run_together
 from rhumbatron.core.faults import crash_point
+from rhumbatron.core.log_context import correlated
 from rhumbatron.core.settings import Settings
 from rhumbatron.errors import ConsumerGoneError, EnvelopeError, RhumbatronError
 from rhumbatron.messaging.commands import (
@@ -323,21 +324,19 @@ class QueueConsumerRuntime:
 
             await self._settle(row, msg, None, delivery, report=report, work=record_raw)
             return
-        # A dead-lettered command keeps its deadline, but its letter must still be written.
-        if not row.holds_dead_letters and command.is_expired(self.clock.now()):
-            _log.info(
-                "command %s expired at %s; acked without running",
-                command.command_id,
-                command.deadline,
-            )
-            report.expired += 1
-            await msg.ack()
-            return
+        # Each line logged while it is worked on names the command (it has no correlationId).
+        with correlated(command.command_id):
+            # A dead-lettered command keeps its deadline, but its letter must still be written.
+            if not row.holds_dead_letters and command.is_expired(self.clock.now()):
+                _log.info("command %s expired at %s: acked", command.command_id, command.deadline)
+                report.expired += 1
+                await msg.ack()
+                return
 
-        async def run_handler() -> Retry | None:
-            return await self._run_holding(msg, handler, command, delivery)
+            async def run_handler() -> Retry | None:
+                return await self._run_holding(msg, handler, command, delivery)
 
-        await self._settle(row, msg, command, delivery, report=report, work=run_handler)
+            await self._settle(row, msg, command, delivery, report=report, work=run_handler)
 
     async def _settle(
         self,

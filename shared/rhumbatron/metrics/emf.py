@@ -2,8 +2,11 @@
 
 In Lambda, a JSON line in CloudWatch embedded metric format (EMF) on stdout becomes a
 CloudWatch metric asynchronously: no API call, no latency on the invocation. :class:`EmfSink`
-builds each line with aws-lambda-powertools and writes it itself, so a test can pass a
-``stream`` and parse what came out. Locally the default is :class:`NoEmf`.
+gathers an invocation's points and, at :meth:`~EmfSink.flush` (the end of every Lambda
+invocation, :func:`rhumbatron.entrypoints._lambda.flush_metrics`), writes one EMF document per
+binding and dimension set, each metric's points as its array of values. It builds each
+document with aws-lambda-powertools and writes it itself, so a test can pass a ``stream`` and
+parse what came out. Locally the default is :class:`NoEmf`.
 """
 
 from __future__ import annotations
@@ -29,11 +32,18 @@ class MetricsSink(Protocol):
         """Publish ``points`` of ``binding``; called only with points actually written."""
         ...
 
+    def flush(self) -> None:
+        """Send what :meth:`emit` gathered (a Lambda invocation's end calls it)."""
+        ...
+
 
 class NoEmf:
     """Publishes nothing: the local default, where ``platform_metrics`` is the only record."""
 
     def emit(self, binding: MetricBinding, points: Sequence[DataPoint]) -> None:
+        return None
+
+    def flush(self) -> None:
         return None
 
 
@@ -45,6 +55,9 @@ class RecordingSink:
 
     def emit(self, binding: MetricBinding, points: Sequence[DataPoint]) -> None:
         self.emitted.extend((MetricBinding(binding), point) for point in points)
+
+    def flush(self) -> None:
+        return None
 
     def points(self, binding: MetricBinding | None = None) -> list[DataPoint]:
         """The emitted points, only ``binding``'s when given."""
@@ -63,13 +76,35 @@ def _metric_unit(unit: str) -> MetricUnit:
         ) from None
 
 
-class EmfSink:
-    """Writes one CloudWatch EMF JSON line per data point.
+#: EMF's limits for one document: metrics per directive, and values in one metric's array.
+MAX_METRICS_PER_DOCUMENT = 100
+MAX_VALUES_PER_METRIC = 100
 
-    Each line carries the point's dimensions plus ``binding`` (and powertools' ``service``),
-    so points with different dimensions never share a line. The EMF timestamp is the time of
-    emission. Lines go to ``stream``, or to ``sys.stdout`` at the time of the call when
-    ``stream`` is None (Lambda forwards stdout to CloudWatch Logs, which extracts the metric).
+#: What one document gathers: its binding and the point's dimensions (sorted, as DataPoint
+#: keeps them).
+_GroupKey = tuple[MetricBinding, tuple[tuple[str, str], ...]]
+
+
+@dataclass
+class _Series:
+    unit: MetricUnit
+    values: list[float] = field(default_factory=list)
+
+
+class EmfSink:
+    """Gathers data points, and writes them as CloudWatch EMF documents at :meth:`flush`.
+
+    One document per binding and dimension set (namespace and service are the sink's):
+    each metric of the set once, with the values of all its points in order as its array.
+    CloudWatch takes each value of the array as one sample, so sums, counts and maxima are
+    those of the points, as with one line per point, for a fraction of the log lines (one
+    sweep tick printed 95 lines, one per point). A document holds at most
+    :data:`MAX_METRICS_PER_DOCUMENT` metrics and :data:`MAX_VALUES_PER_METRIC` values each
+    (EMF's limits): a group that would pass one is written at once, and gathering goes on.
+    Each document carries its dimensions plus ``binding`` (and powertools' ``service``); its
+    timestamp is the time of the flush. Lines go to ``stream``, or to ``sys.stdout`` at the
+    time of the flush when ``stream`` is None (Lambda forwards stdout to CloudWatch Logs,
+    which extracts the metrics).
     """
 
     def __init__(
@@ -85,33 +120,59 @@ class EmfSink:
         self.namespace = namespace
         self.service = service
         self._stream = stream
+        # Insertion-ordered: documents come out in the order their first point came.
+        self._pending: dict[_GroupKey, dict[str, _Series]] = {}
 
     def emit(self, binding: MetricBinding, points: Sequence[DataPoint]) -> None:
-        """Write one EMF line per point; raises :class:`ValueError` for an unknown unit."""
+        """Gather ``points`` until :meth:`flush`; raises :class:`ValueError` for an unknown
+        unit, before gathering any of them (a bad point must not leave half a batch)."""
         if not points:
             return
         binding = MetricBinding(binding)
-        # Convert every unit before writing anything: a bad point must not leave half a batch.
         units = [_metric_unit(point.unit) for point in points]
-        lines = [
-            self._line(binding, point, unit) for point, unit in zip(points, units, strict=True)
-        ]
+        for point, unit in zip(points, units, strict=True):
+            key: _GroupKey = (binding, tuple(point.dimensions.items()))
+            group = self._pending.setdefault(key, {})
+            series = group.get(point.name)
+            full = series is not None and (
+                series.unit != unit or len(series.values) >= MAX_VALUES_PER_METRIC
+            )
+            if full or (series is None and len(group) >= MAX_METRICS_PER_DOCUMENT):
+                self._write([self._document(key, self._pending.pop(key))])
+                group = self._pending.setdefault(key, {})
+                series = None
+            if series is None:
+                series = group[point.name] = _Series(unit)
+            series.values.append(point.value)
+
+    def flush(self) -> None:
+        """Write every gathered group as one EMF document, and forget them."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        self._write([self._document(key, group) for key, group in pending.items()])
+
+    def _write(self, documents: list[str]) -> None:
         stream = self._stream if self._stream is not None else sys.stdout
-        stream.write("".join(line + "\n" for line in lines))
+        stream.write("".join(document + "\n" for document in documents))
         stream.flush()
 
-    def _line(self, binding: MetricBinding, point: DataPoint, unit: MetricUnit) -> str:
+    def _document(self, key: _GroupKey, group: dict[str, _Series]) -> str:
         # Imported here, not at module level: cold starts pay for every import, and a local
         # run with NoEmf never needs powertools.
         from aws_lambda_powertools.metrics import EphemeralMetrics
 
-        # A fresh provider per point: its dimension set is per instance, so each line gets
-        # exactly this point's dimensions. serialize_metric_set() returns the EMF document
-        # without printing it, unlike flush_metrics() or single_metric().
+        binding, dimensions = key
+        # A fresh provider per document: its dimension set is per instance. The metric set is
+        # handed to serialize_metric_set() whole: add_metric() would print a document of its
+        # own at 100 values, and serialize_metric_set() returns the document without printing.
         provider = EphemeralMetrics(namespace=self.namespace, service=self.service)
-        provider.add_metric(name=point.name, unit=unit, value=point.value)
-        for name, value in point.dimensions.items():
+        for name, value in dimensions:
             provider.add_dimension(name=name, value=value)
         provider.add_dimension(name="binding", value=binding.value)
-        document = provider.serialize_metric_set()
+        metrics = {
+            name: {"Unit": series.unit.value, "StorageResolution": 60, "Value": series.values}
+            for name, series in group.items()
+        }
+        document = provider.serialize_metric_set(metrics=metrics)
         return json.dumps(document, separators=(",", ":"))

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from rhumbatron.core.clock import Clock
 from rhumbatron.core.event_loop import run_together
 from rhumbatron.core.faults import crash_point
+from rhumbatron.core.log_context import correlated
 from rhumbatron.core.settings import Settings
 from rhumbatron.errors import RhumbatronError
 from rhumbatron.messaging.event_log import ConsumerLag, EventLogClient, Subscription
@@ -273,9 +274,8 @@ class EventRouter:
         return sweep
 
     async def _check_capacity(self) -> tuple[list[str], float | None]:
-        """At the first sweep of a process, and every ``router_capacity_check_every_s`` after
-        in a warm one: measure the streams' event rate, and warn of every ceiling below the
-        volume the deployment is sized for and of every one the rate passed 80 % of."""
+        """At a process's first sweep, then every ``router_capacity_check_every_s``: measure the
+        event rate; warn of each ceiling below the sized volume, or that the rate passed 80 % of."""
         now_s = self.clock.now().timestamp()
         last = self._capacity_checked_at
         if last is not None and now_s - last < self.settings.router_capacity_check_every_s:
@@ -291,10 +291,9 @@ class EventRouter:
             _log.warning("cannot estimate the event rate: %s", exc)
             report = await capacity_report(self.settings, None, nudged=nudged)
         self._observed_per_day = report.observed_events_per_day
-        warnings = report.warnings
-        for warning in warnings:
+        for warning in report.warnings:
             _log.warning(warning)
-        return warnings, report.used_percent
+        return report.warnings, report.used_percent
 
     def nudged_lately(self, now_s: float) -> bool:
         """Whether nudges ran in the last ``router_capacity_check_every_s``, here or through a
@@ -407,33 +406,34 @@ class EventRouter:
         nak_delay = self.settings.router_nak_delay_s
         deferred: list[Record] = []
         for record in records:
-            outcome = outcomes.get(record.key)
-            if record.error is not None:
-                outcome = RecordOutcome.failed(record.error)
-            elif record.retry is not None:
-                outcome = RecordOutcome.retry(record.retry)
-            assert outcome is not None, f"{subscription} gave no outcome for {record.key}"
-            report.count(outcome.outcome)
-            crash_point(self.settings.crash_at, "before_ack")
-            match outcome.outcome:
-                case Outcome.APPLIED | Outcome.DUPLICATE:
-                    await record.msg.ack()
-                case Outcome.DEFERRED:
-                    deferred.append(record)
-                case Outcome.RETRY:
-                    _log.warning("%s will retry %s: %s", subscription, record.key, outcome.reason)
-                    await record.msg.nak(delay=nak_delay)
-                case Outcome.FAILED:
-                    report.dead_lettered += await settle_failure(
-                        self.settings,
-                        state=self.stream_state(run.stream_index),
-                        product=self.product,
-                        run=run,
-                        subscription=subscription,
-                        handler=handler,
-                        record=record,
-                        outcome=outcome,
-                    )
+            with correlated(None if record.event is None else record.event.correlation_id):
+                outcome = outcomes.get(record.key)
+                if record.error is not None:
+                    outcome = RecordOutcome.failed(record.error)
+                elif record.retry is not None:
+                    outcome = RecordOutcome.retry(record.retry)
+                assert outcome is not None, f"{subscription} gave no outcome for {record.key}"
+                report.count(outcome.outcome)
+                crash_point(self.settings.crash_at, "before_ack")
+                match outcome.outcome:
+                    case Outcome.APPLIED | Outcome.DUPLICATE:
+                        await record.msg.ack()
+                    case Outcome.DEFERRED:
+                        deferred.append(record)
+                    case Outcome.RETRY:
+                        _log.warning("%s retries %s: %s", subscription, record.key, outcome.reason)
+                        await record.msg.nak(delay=nak_delay)
+                    case Outcome.FAILED:
+                        report.dead_lettered += await settle_failure(
+                            self.settings,
+                            state=self.stream_state(run.stream_index),
+                            product=self.product,
+                            run=run,
+                            subscription=subscription,
+                            handler=handler,
+                            record=record,
+                            outcome=outcome,
+                        )
         if deferred:
             # Kept for the stream's next run in this process, which takes them before
             # anything new: nacked, each would be sent, parsed and fetched again. Whoever

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from rhumbatron.entrypoints.ports import SweepTick
     from rhumbatron.messaging.commands import CommandBus
     from rhumbatron.messaging.queue_consumer import QueueConsumerRuntime
+    from rhumbatron.messaging.secrets import SecretCache
     from rhumbatron.messaging.sender import EventSender
     from rhumbatron.messaging.streams import StreamReport
     from rhumbatron.metrics import MetricsSink
@@ -79,6 +80,7 @@ class Rhumbatron:
     _lifecycle: Lifecycle | None = None
     _reaction_http: LazyHttpClient | None = None
     _succeeded_letters: SucceededCommandLetters | None = None
+    _secrets: SecretCache | None = None
 
     # -- actors ----------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -119,8 +121,19 @@ class Rhumbatron:
             if self._nc is None or self._nc.is_closed:
                 from rhumbatron.messaging.connection import connect_nats
 
-                self._nc = await connect_nats(self.settings, name="rhumbatron")
+                self._nc = await connect_nats(
+                    self.settings, name="rhumbatron", secrets=self.secrets
+                )
             return self._nc
+
+    @property
+    def secrets(self) -> SecretCache:
+        """The process's Secrets Manager secrets, each kept ``secret_max_age_s`` on the clock."""
+        if self._secrets is None:
+            from rhumbatron.messaging.secrets import SecretCache
+
+            self._secrets = SecretCache(self.clock, self.settings.secret_max_age_s)
+        return self._secrets
 
     async def ensure_streams(self) -> StreamReport:
         """Create or reconcile the streams; refuse non-durable JetStream when it is demanded."""
@@ -412,6 +425,8 @@ class Rhumbatron:
         return await run_sweep_tick(self, now, should_stop)
 
     async def close(self) -> None:
+        if self._metrics_sink is not None:
+            self._metrics_sink.flush()  # a long-lived local run's last EMF documents
         if self._lifecycle is not None:
             await self._lifecycle.close()
             self._lifecycle = None

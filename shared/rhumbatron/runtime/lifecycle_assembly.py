@@ -8,6 +8,7 @@ indexer, the agent runtimes (scripted and webhook), and the handler of every que
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -40,6 +41,7 @@ from rhumbatron.workflows.engine import OperableWorkflowEngine
 if TYPE_CHECKING:
     from rhumbatron.actors.directory import ActorDirectory
     from rhumbatron.messaging.queue_consumer import CommandHandler
+    from rhumbatron.messaging.secrets import SecretCache
 
 __all__ = ["Lifecycle", "LifecycleHost"]
 
@@ -49,6 +51,9 @@ class LifecycleHost(LifecycleContext, QueueContext, Protocol):
     the actor directory (its worlds read every project's actors)."""
 
     actors: ActorDirectory
+
+    @property
+    def secrets(self) -> SecretCache: ...
 
 
 @dataclass
@@ -83,24 +88,27 @@ class Lifecycle:
     @cached_property
     def clef_flash(self) -> ClefFlash:
         settings = self.app.settings
-        if settings.clef_flash_api_key is None and settings.clef_flash_api_key_secret_arn:
-            # The cloud keeps the key in Secrets Manager: read once per process (cached).
-            from pydantic import SecretStr
+        api_key: Callable[[], Awaitable[str]] | None = None
+        arn = settings.clef_flash_api_key_secret_arn
+        if settings.clef_flash_api_key is None and arn:
+            # The cloud keeps the key in Secrets Manager: asked for at each question, kept
+            # secret_max_age_s by the runtime's cache, so a rotated key applies while warm.
+            secrets = self.app.secrets
 
-            from rhumbatron.messaging.connection import read_secret_string
+            async def api_key() -> str:
+                return await secrets.read_async(
+                    arn,
+                    what="the Anthropic API key (RHUMBATRON_CLEF_FLASH_API_KEY_SECRET_ARN)",
+                    timeout_s=settings.clef_flash_timeout_s,
+                )
 
-            key = read_secret_string(
-                settings.clef_flash_api_key_secret_arn,
-                what="the Anthropic API key (RHUMBATRON_CLEF_FLASH_API_KEY_SECRET_ARN)",
-                timeout_s=settings.clef_flash_timeout_s,
-            )
-            settings = settings.model_copy(update={"clef_flash_api_key": SecretStr(key.strip())})
         return ClefFlash(
             settings,
             self.causal_store,
             self.app.clock,
             metrics=self.metrics,
             http_client=self.clef_flash_http,
+            api_key=api_key,
         )
 
     @cached_property
