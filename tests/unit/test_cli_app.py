@@ -183,11 +183,16 @@ def test_no_progress_at_all_with_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert terminal.getvalue() == ""
 
 
-def test_off_a_terminal_only_the_operations_notes_are_printed(
+def test_off_a_terminal_there_is_no_bar_and_only_notes_asked_for_are_printed(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # GIVEN stderr that is no terminal (pytest's capture)
+    # WHEN an operation runs without notes asked for THEN nothing reports its progress
     with progress_on_stderr("reconciling", json_output=False) as progress:
+        assert progress is None
+    # WHEN the views rebuild asks for its notes THEN they are printed as lines, the bare counts not
+    with progress_on_stderr("rebuilding", json_output=False, notes_off_terminal=True) as progress:
         assert progress is not None
         progress(1, None)
-        progress(2, 8, "EVENTS_01 checked")
-    assert capsys.readouterr().err == "EVENTS_01 checked\n"
+        progress(2, 8, "EVENTS_01 rebuilt")
+    assert capsys.readouterr().err == "EVENTS_01 rebuilt\n"

@@ -2,9 +2,9 @@
 drawn from the operation's own :class:`~rhumbatron.core.progress.ProgressCallback`.
 
 The bar is drawn only when stderr is a terminal and the command was not asked for
-``--json``: a script reading the output, or a log file, never sees it. Where stderr is no
-terminal, a note the operation gives with a step (the views rebuild says what each stream
-applied) is printed as a line instead, so a log still shows how far it got.
+``--json``: a script reading the output, or a log file, never sees it. The views rebuild,
+which printed a line per stream before it had a bar, still prints the operation's notes as
+lines where stderr is no terminal (``notes_off_terminal``), so its log shows how far it got.
 """
 
 from __future__ import annotations
@@ -21,15 +21,18 @@ __all__ = ["progress_on_stderr"]
 
 
 @contextlib.contextmanager
-def progress_on_stderr(label: str, *, json_output: bool) -> Iterator[ProgressCallback | None]:
-    """A progress callback for the operation, labelled ``label``: a rich bar on a terminal,
-    note lines elsewhere, None (nothing at all) with ``--json``. The bar is removed when the
-    block ends, so only the command's own output stays on the screen."""
+def progress_on_stderr(
+    label: str, *, json_output: bool, notes_off_terminal: bool = False
+) -> Iterator[ProgressCallback | None]:
+    """A progress callback for the operation, labelled ``label``: a rich bar on a terminal;
+    elsewhere nothing, or the operation's notes as lines with ``notes_off_terminal``; None
+    (nothing at all) with ``--json``. The bar is removed when the block ends, so only the
+    command's own output stays on the screen."""
     if json_output:
         yield None
         return
     if not sys.stderr.isatty():
-        yield _note_lines
+        yield _note_lines if notes_off_terminal else None
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn

@@ -53,7 +53,9 @@ def views(args: argparse.Namespace) -> int:
             "at most 64, starting with a letter or digit)",
             command="views rebuild",
         )
-    with progress_on_stderr("rebuilding views", json_output=args.json) as progress:
+    with progress_on_stderr(
+        "rebuilding views", json_output=args.json, notes_off_terminal=True
+    ) as progress:
         result = run_on_runtime(
             lambda app: rebuild_views(
                 app.router(),
