@@ -25,8 +25,18 @@ ROLES = sorted(p.parent.name for p in FUNCTIONS.glob("*/app.py"))
 API_ROLE = "api"
 
 #: Imported only where used, never by a handler module: the SDKs of the cloud and the LLM,
-#: NATS (connected on the first invocation), HTTP clients.
-NEVER_AT_IMPORT = ("anthropic", "boto3", "nats", "httpx", "sqlite_utils")
+#: NATS (connected on the first invocation), HTTP clients; and the operator CLI with typer and
+#: rich, which no handler needs (the dependency layer does not even hold them).
+NEVER_AT_IMPORT = (
+    "anthropic",
+    "boto3",
+    "nats",
+    "httpx",
+    "sqlite_utils",
+    "rhumbatron.cli",
+    "typer",
+    "rich",
+)
 #: What only the operator API needs: the web framework, its adapter, JWTs.
 API_ONLY = ("fastapi", "starlette", "mangum", "jwt")
 #: The package's own heavy parts a role reaches only from its handler's body: the message

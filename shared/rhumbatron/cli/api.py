@@ -5,20 +5,31 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from typing import Any
+from enum import StrEnum
+from typing import Annotated
+
+import typer
 
 from rhumbatron.cli.common import EXIT_ERROR
 
-__all__ = ["add_parser", "serve"]
+__all__ = ["api_command", "serve"]
 
 
-def add_parser(sub: Any) -> None:
-    api = sub.add_parser("api", help="serve the operator HTTP API with uvicorn")
-    api.add_argument("--host", default="127.0.0.1")
-    api.add_argument("--port", type=int, default=8080)
-    api.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
-    )
+class LogLevel(StrEnum):
+    CRITICAL = "critical"
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+    DEBUG = "debug"
+
+
+def api_command(
+    host: Annotated[str, typer.Option(help="The address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="The port to bind.")] = 8080,
+    log_level: Annotated[LogLevel, typer.Option(help="uvicorn's log level.")] = LogLevel.INFO,
+) -> int:
+    """Serve the operator HTTP API with uvicorn until Ctrl-C."""
+    return serve(argparse.Namespace(host=host, port=port, log_level=log_level.value))
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -14,22 +14,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rhumbatron.cli.common import run_on_runtime
+from rhumbatron.cli.options import JsonAlways
 
 if TYPE_CHECKING:
     from rhumbatron.router.capacity import CapacityReport
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
-__all__ = ["add_parser", "capacity"]
+__all__ = ["capacity", "capacity_command"]
 
 
-def add_parser(sub: Any) -> None:
-    sub.add_parser(
-        "capacity",
-        help="the event router's ceilings against the volume sized for and the one observed",
-    )
+def capacity_command(json_: JsonAlways = False) -> int:
+    """The event router's ceilings against the volume sized for and the one observed (JSON)."""
+    return capacity(argparse.Namespace(json=json_))
 
 
 def capacity(args: argparse.Namespace) -> int:

@@ -48,19 +48,51 @@ def fail(status: int, message: str, *, command: str = "dead-letters") -> int:
 
 
 def exit_status_of(exc: Exception) -> int:
-    """The documented exit status of an error no command handled itself: 4 when NATS or the
-    log cannot be reached, 5 when the storage settings would lose data (durability refused),
-    1 for anything else (a setting that cannot work, a damaged file)."""
-    from rhumbatron.errors import NatsUnavailableError, UnsafeStorageError
+    """The documented exit status of an error a command raised, decided here only: 2 no such
+    record (dead letter, subscription, schedule), 3 a record or a run that cannot take the
+    action asked (closed, disabled, another content under the name, a replay or rebuild that
+    cannot run as asked), 4 NATS or the log cannot be reached or answers with an error, 5
+    the storage settings would lose data (durability refused), 1 anything else (a setting
+    that cannot work, a damaged file)."""
+    from rhumbatron.errors import (
+        DeadLetterError,
+        DeadLetterNotFoundError,
+        MessagingError,
+        ReplayError,
+        ScheduleConflictError,
+        ScheduleNotFoundError,
+        SubscriptionConflictError,
+        SubscriptionDisabledError,
+        SubscriptionNotFoundError,
+        UnsafeStorageError,
+    )
 
-    if isinstance(exc, NatsUnavailableError):
-        return EXIT_UNAVAILABLE
-    if isinstance(exc, UnsafeStorageError):
-        return EXIT_UNSAFE
+    statuses: tuple[tuple[tuple[type[Exception], ...], int], ...] = (
+        (
+            (DeadLetterNotFoundError, SubscriptionNotFoundError, ScheduleNotFoundError),
+            EXIT_NOT_FOUND,
+        ),
+        (
+            (
+                DeadLetterError,
+                SubscriptionConflictError,
+                SubscriptionDisabledError,
+                ScheduleConflictError,
+                ReplayError,
+            ),
+            EXIT_CANNOT,
+        ),
+        ((MessagingError,), EXIT_UNAVAILABLE),
+        ((UnsafeStorageError,), EXIT_UNSAFE),
+    )
+    for kinds, status in statuses:
+        if isinstance(exc, kinds):
+            return status
     return EXIT_ERROR
 
 
 def print_json(value: object) -> None:
+    """Print ``value`` as indented JSON on stdout: what every command's ``--json`` prints."""
     print(json.dumps(value, indent=2))
 
 

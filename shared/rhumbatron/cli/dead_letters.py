@@ -6,18 +6,12 @@ dismissed), 4 NATS did not take a Retry, 1 anything else."""
 from __future__ import annotations
 
 import argparse
-import logging
-from typing import TYPE_CHECKING, Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated
 
-from rhumbatron.cli.common import (
-    EXIT_CANNOT,
-    EXIT_ERROR,
-    EXIT_NOT_FOUND,
-    EXIT_UNAVAILABLE,
-    fail,
-    print_json,
-    run_on_runtime,
-)
+import typer
+
+from rhumbatron.cli.common import print_json, run_on_runtime
 from rhumbatron.cli.dead_letter_views import (
     print_inspection,
     print_table,
@@ -25,65 +19,93 @@ from rhumbatron.cli.dead_letter_views import (
     wire,
     wire_detail,
 )
+from rhumbatron.cli.guard import GuardedCommand
+from rhumbatron.cli.options import JsonFlag
 
 if TYPE_CHECKING:
     from rhumbatron.operator import Inspection
     from rhumbatron.product.dead_letters import DeadLetter
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
-__all__ = ["add_parser", "dead_letters"]
+__all__ = ["app", "dead_letters"]
+
+app = typer.Typer(
+    help="List, show, retry or dismiss dead letters (every tenant's). Exit status: 2 no such "
+    "letter, 3 closed (or a letter that can only be dismissed), 4 NATS did not take a Retry.",
+    no_args_is_help=True,
+)
+
+LetterId = Annotated[str, typer.Argument(metavar="ID", help="The dead letter's ID (dl_...).")]
 
 
-def add_parser(sub: Any) -> None:
-    letters = sub.add_parser(
-        "dead-letters",
-        help="list, show, retry or dismiss dead letters (every tenant's)",
-        description="Dead letters in the local product database, every tenant's. Exit "
-        "status: 2 no such letter, 3 closed (or a letter that can only be dismissed), "
-        "4 NATS did not take a Retry.",
+class StatusFilter(StrEnum):
+    OPEN = "open"
+    CLOSED = "closed"
+    ALL = "all"
+
+
+class KindFilter(StrEnum):
+    COMMAND = "command"
+    POISON_EVENT = "poison_event"
+    REACTION = "reaction"
+
+
+@app.command("list", cls=GuardedCommand)
+def list_command(
+    status: Annotated[
+        StatusFilter, typer.Option(help="Open letters, closed ones, or all.")
+    ] = StatusFilter.OPEN,
+    queue: Annotated[
+        str | None, typer.Option(help="Only letters of commands that failed on this queue.")
+    ] = None,
+    kind: Annotated[KindFilter | None, typer.Option(help="Only letters of this kind.")] = None,
+    project: Annotated[str | None, typer.Option(help="Only this project's letters.")] = None,
+    json_: JsonFlag = False,
+) -> int:
+    """List letters, oldest first."""
+    return dead_letters(
+        argparse.Namespace(
+            action="list",
+            status=status.value,
+            queue=queue,
+            kind=kind.value if kind else None,
+            project=project,
+            json=json_,
+        )
     )
-    actions = letters.add_subparsers(dest="action", required=True)
-    json_flag = argparse.ArgumentParser(add_help=False)
-    json_flag.add_argument("--json", action="store_true", help="print the API's JSON form")
-    listing = actions.add_parser("list", parents=[json_flag], help="list letters, oldest first")
-    listing.add_argument("--status", choices=["open", "closed", "all"], default="open")
-    listing.add_argument("--queue", help="only letters of commands that failed on this queue")
-    listing.add_argument("--kind", choices=["command", "poison_event", "reaction"])
-    listing.add_argument("--project", help="only this project's letters")
-    for name, text in (
-        ("show", "a letter with its full command payload and last error"),
-        ("retry", "send the command again as attempt + 1 (exactly once)"),
-        ("dismiss", "close an open letter as dismissed"),
-    ):
-        action = actions.add_parser(name, parents=[json_flag], help=text)
-        action.add_argument("id", help="the dead letter's ID (dl_...)")
+
+
+@app.command("show", cls=GuardedCommand)
+def show_command(letter_id: LetterId, json_: JsonFlag = False) -> int:
+    """A letter with its full command payload and last error."""
+    return dead_letters(argparse.Namespace(action="show", id=letter_id, json=json_))
+
+
+@app.command("retry", cls=GuardedCommand)
+def retry_command(letter_id: LetterId, json_: JsonFlag = False) -> int:
+    """Send the command again as attempt + 1 (exactly once)."""
+    return dead_letters(argparse.Namespace(action="retry", id=letter_id, json=json_))
+
+
+@app.command("dismiss", cls=GuardedCommand)
+def dismiss_command(letter_id: LetterId, json_: JsonFlag = False) -> int:
+    """Close an open letter as dismissed."""
+    return dead_letters(argparse.Namespace(action="dismiss", id=letter_id, json=json_))
 
 
 def dead_letters(args: argparse.Namespace) -> int:
-    """Run one dead-letter action; map the operator's errors to the exit statuses above."""
-    from rhumbatron.errors import (
-        DeadLetterError,
-        DeadLetterNotFoundError,
-        MessagingError,
-        RhumbatronError,
-    )
+    """Run one dead-letter action. The operator's errors end the command with the exit
+    statuses above (:func:`~rhumbatron.cli.common.exit_status_of`)."""
+    from rhumbatron.errors import DeadLetterNotFoundError
 
-    # nats-py logs every failed connect attempt with a traceback; this command says in one
-    # line that NATS did not answer (exit 4), so the library's retries are only noise here.
-    logging.getLogger("nats").setLevel(logging.CRITICAL)
     try:
         # One event loop for the whole action: the runtime's NATS connection (a Retry) opens
         # on it and must be drained on it.
         return run_on_runtime(lambda app: _dead_letter_action(app, args))
     except DeadLetterNotFoundError as exc:
-        return fail(EXIT_NOT_FOUND, f"{exc}; `rhumbatron dead-letters list --status all` shows all")
-    except DeadLetterError as exc:
-        # Closed, a poison event, or a body that is no Command: the API's 409.
-        return fail(EXIT_CANNOT, str(exc))
-    except MessagingError as exc:
-        return fail(EXIT_UNAVAILABLE, str(exc))
-    except RhumbatronError as exc:
-        return fail(EXIT_ERROR, str(exc))
+        raise DeadLetterNotFoundError(
+            f"{exc}; `rhumbatron dead-letters list --status all` shows all"
+        ) from None
 
 
 async def _dead_letter_action(app: Rhumbatron, args: argparse.Namespace) -> int:

@@ -7,45 +7,83 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Annotated
+
+import typer
 
 from rhumbatron.cli.common import EXIT_ERROR
 
-__all__ = ["LAUNCHERS", "add_invoke_parser", "add_launcher_parsers", "invoke", "launch"]
+__all__ = ["LAUNCHER_SETTINGS", "demo_command", "invoke", "invoke_command", "launch", "up_command"]
 
-#: The commands that take their own arguments, parsed by the code they run.
-LAUNCHERS = ("demo", "up")
-
-
-def add_launcher_parsers(sub: Any) -> None:
-    sub.add_parser("demo", help="run the sample project's Change lifecycle locally", add_help=False)
-    sub.add_parser(
-        "up",
-        help="the embedded stack, the API and a live dashboard on 127.0.0.1, every role on "
-        "its schedule (--root, --port, --duration); Ctrl-C stops",
-        add_help=False,
-    )
+#: ``demo`` and ``up`` take their own arguments, parsed (and their ``--help`` answered) by the
+#: code they run: the CLI passes everything after the command name on as it is.
+LAUNCHER_SETTINGS = {
+    "allow_extra_args": True,
+    "ignore_unknown_options": True,
+    "help_option_names": [],
+}
 
 
-def add_invoke_parser(sub: Any) -> None:
-    invoke = sub.add_parser(
-        "invoke",
-        help="run one function of template.yaml with an event, here (sam local without Docker)",
-        description="Run a template function's real handler with an event file against the "
-        "embedded stack (nats-server + moto S3). Prints what it mapped and the handler's logs "
-        "on stderr, the response on stdout. Exit status: 1 the handler failed or overran its "
-        "Timeout, 2 an unknown function, parameter or event file.",
-    )
-    invoke.add_argument("function", help="the function's logical ID (SweepFunction, ...)")
-    invoke.add_argument("--event", "-e", required=True, help="the event's JSON file")
-    invoke.add_argument("--template", "-t", default="template.yaml")
-    invoke.add_argument("--root", default=".rhumbatron/invoke", help="stack store and /mnt/*")
-    invoke.add_argument("--nats-url", help="use this NATS instead of starting nats-server")
-    invoke.add_argument("--s3-endpoint-url", help="use this S3 instead of starting moto")
-    invoke.add_argument("--parameter", action="append", help="a template parameter NAME=VALUE")
-    invoke.add_argument("--env-vars", "-n", help="variable overrides (sam local's JSON file)")
-    invoke.add_argument(
-        "--keep-stack", action="store_true", help="keep the stack running until Ctrl-C"
+def demo_command(ctx: typer.Context) -> int:
+    """Run the sample project's Change lifecycle locally (its own options: demo --help)."""
+    return launch("demo", list(ctx.args))
+
+
+def up_command(ctx: typer.Context) -> int:
+    """The embedded stack, the API and a live dashboard on 127.0.0.1, every role on its
+    schedule (--root, --port, --duration; up --help); Ctrl-C stops."""
+    return launch("up", list(ctx.args))
+
+
+def invoke_command(
+    function: Annotated[
+        str, typer.Argument(help="The function's logical ID (SweepFunction, ...).")
+    ],
+    *,
+    event: Annotated[str, typer.Option("--event", "-e", help="The event's JSON file.")],
+    template: Annotated[
+        str, typer.Option("--template", "-t", help="The SAM template.")
+    ] = "template.yaml",
+    root: Annotated[
+        str, typer.Option(help="The stack's store and the functions' /mnt/* folders.")
+    ] = ".rhumbatron/invoke",
+    nats_url: Annotated[
+        str | None, typer.Option(help="Use this NATS instead of starting nats-server.")
+    ] = None,
+    s3_endpoint_url: Annotated[
+        str | None, typer.Option(help="Use this S3 instead of starting moto.")
+    ] = None,
+    parameter: Annotated[
+        list[str] | None,
+        typer.Option(help="A template parameter NAME=VALUE (repeatable)."),
+    ] = None,
+    env_vars: Annotated[
+        str | None,
+        typer.Option("--env-vars", "-n", help="Variable overrides (sam local's JSON file)."),
+    ] = None,
+    keep_stack: Annotated[
+        bool, typer.Option("--keep-stack", help="Keep the stack running until Ctrl-C.")
+    ] = False,
+) -> int:
+    """Run one function of template.yaml with an event, here (sam local without Docker).
+
+    The real handler runs against the embedded stack (nats-server + moto S3); what it mapped
+    and the handler's logs go to stderr, the response to stdout. Exit status: 1 the handler
+    failed or overran its Timeout, 2 an unknown function, parameter or event file.
+    """
+    return invoke(
+        argparse.Namespace(
+            command="invoke",
+            function=function,
+            event=event,
+            template=template,
+            root=root,
+            nats_url=nats_url,
+            s3_endpoint_url=s3_endpoint_url,
+            parameter=parameter,
+            env_vars=env_vars,
+            keep_stack=keep_stack,
+        )
     )
 
 

@@ -8,26 +8,24 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rhumbatron.cli.common import EXIT_ERROR, run_on_runtime
+from rhumbatron.cli.options import JsonFlag
 
 if TYPE_CHECKING:
     from rhumbatron.operator.doctor import DoctorCheck
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
-__all__ = ["add_parser", "doctor"]
+__all__ = ["doctor", "doctor_command"]
 
 _MARK = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "doctor",
-        help="check NATS and durability, the streams, S3, the state directory, the settings "
-        "and the credentials, and say what to fix",
-    )
-    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+def doctor_command(json_: JsonFlag = False) -> int:
+    """Check NATS and durability, the streams, S3, the state directory, the settings and the
+    credentials, and say what to fix. Exit status 1 when a check failed."""
+    return doctor(argparse.Namespace(json=json_))
 
 
 def doctor(args: argparse.Namespace) -> int:

@@ -11,22 +11,32 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated
 
-__all__ = ["add_parser", "inspect"]
+import typer
+
+from rhumbatron.cli.options import JsonFlag
+
+__all__ = ["inspect", "inspect_command"]
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "inspect",
-        help="tables, row counts, bytes and outbox states of the state directory's SQLite files",
-        description=__doc__,
-    )
-    parser.add_argument(
-        "files", nargs="*", type=Path, metavar="FILE", help="SQLite files to list (default: all)"
-    )
-    parser.add_argument("--by-file", action="store_true", help="one entry per file, not per kind")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+def inspect_command(
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            metavar="FILE...", help="SQLite files to list (default: every file of the state)"
+        ),
+    ] = None,
+    by_file: Annotated[
+        bool, typer.Option("--by-file", help="One entry per file, not a sum per kind.")
+    ] = False,
+    json_: JsonFlag = False,
+) -> int:
+    """Tables, row counts, bytes and outbox states of the state directory's SQLite files.
+
+    With no FILE, every SQLite file under RHUMBATRON_STATE_DIR, summed by kind. Read only.
+    """
+    return inspect(argparse.Namespace(files=files or [], by_file=by_file, json=json_))
 
 
 def inspect(args: argparse.Namespace) -> int:

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from rhumbatron.cli.common import print_json
+from rhumbatron.cli.options import JsonFlag
 
-__all__ = ["add_parser", "kinds"]
+__all__ = ["kinds", "kinds_command"]
 
 
-def add_parser(sub: Any) -> None:
-    kinds = sub.add_parser(
-        "kinds", help="list the Event kinds: subject, triggerable, owner, payload fields"
-    )
-    kinds.add_argument("--json", action="store_true", help="print the kinds as a JSON list")
+def kinds_command(json_: JsonFlag = False) -> int:
+    """List the Event kinds: subject, triggerable, owner, payload fields."""
+    return kinds(argparse.Namespace(json=json_))
 
 
 def kinds(args: argparse.Namespace) -> int:

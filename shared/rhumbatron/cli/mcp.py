@@ -9,32 +9,40 @@ import contextlib
 import json
 import os
 import sys
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from rhumbatron.cli.common import EXIT_ERROR
+from rhumbatron.cli.options import JsonAlways
 
-__all__ = ["add_parser", "openapi", "serve"]
+__all__ = ["mcp_command", "openapi", "openapi_command", "serve"]
 
 #: Where the stdio server reads the API token its tools act with.
 TOKEN_VARIABLE = "RHUMBATRON_MCP_TOKEN"
 
 
-def add_parser(sub: Any) -> None:
-    mcp = sub.add_parser(
-        "mcp",
-        help="serve the operator API's operations as MCP tools (stdio; --http for streamable HTTP)",
-    )
-    mcp.add_argument(
-        "--http", action="store_true", help="serve streamable HTTP at /mcp instead of stdio"
-    )
-    mcp.add_argument("--host", default="127.0.0.1", help="--http: the address to bind")
-    mcp.add_argument("--port", type=int, default=8081, help="--http: the port to bind")
-    mcp.add_argument(
-        "--token",
-        help=f"stdio: the API token the tools act with (default: ${TOKEN_VARIABLE}); over "
-        "HTTP every request brings its own",
-    )
-    sub.add_parser("openapi", help="print the operator API's OpenAPI document (JSON)")
+def mcp_command(
+    http: Annotated[
+        bool, typer.Option("--http", help="Serve streamable HTTP at /mcp instead of stdio.")
+    ] = False,
+    host: Annotated[str, typer.Option(help="--http: the address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="--http: the port to bind.")] = 8081,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help=f"stdio: the API token the tools act with (default: ${TOKEN_VARIABLE}); over "
+            "HTTP every request brings its own.",
+        ),
+    ] = None,
+) -> int:
+    """Serve the operator API's operations as MCP tools (stdio; --http for streamable HTTP)."""
+    return serve(argparse.Namespace(http=http, host=host, port=port, token=token))
+
+
+def openapi_command(json_: JsonAlways = False) -> int:
+    """Print the operator API's OpenAPI document (JSON)."""
+    return openapi(argparse.Namespace(json=json_))
 
 
 def _api() -> tuple[Any, Any, Any]:

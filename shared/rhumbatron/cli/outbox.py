@@ -5,24 +5,49 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated
 
-from rhumbatron.cli.common import run_on_runtime
+import typer
+
+from rhumbatron.cli.common import print_json, run_on_runtime
+from rhumbatron.cli.options import JsonAlways
 
 if TYPE_CHECKING:
     from rhumbatron.runtime.bootstrap import Rhumbatron
 
-__all__ = ["add_outbox_parser", "add_streams_parser", "outbox", "streams"]
+__all__ = ["outbox", "outbox_command", "streams", "streams_command"]
 
 
-def add_outbox_parser(sub: Any) -> None:
-    outbox = sub.add_parser("outbox", help="inspect outboxes, or requeue failed rows")
-    outbox.add_argument("action", choices=["status", "requeue"])
-    outbox.add_argument("--event-id", action="append", help="requeue only these events")
+class OutboxAction(StrEnum):
+    STATUS = "status"
+    REQUEUE = "requeue"
 
 
-def add_streams_parser(sub: Any) -> None:
-    sub.add_parser("streams", help="create or reconcile the JetStream streams")
+def outbox_command(
+    action: Annotated[
+        OutboxAction,
+        typer.Argument(
+            help="status: each actor's rows by state and its failed rows (JSON); requeue: "
+            "put failed rows back to pending"
+        ),
+    ],
+    event_id: Annotated[
+        list[str] | None,
+        typer.Option("--event-id", help="requeue: only this event's row (repeatable)."),
+    ] = None,
+    json_: Annotated[
+        bool,
+        typer.Option("--json", help="Print JSON: requeue prints the rows requeued per actor."),
+    ] = False,
+) -> int:
+    """Inspect the actors' outboxes, or requeue their failed rows."""
+    return outbox(argparse.Namespace(action=action.value, event_id=event_id, json=json_))
+
+
+def streams_command(json_: JsonAlways = False) -> int:
+    """Create or reconcile the JetStream streams; print what was done (JSON)."""
+    return streams(argparse.Namespace(json=json_))
 
 
 def outbox(args: argparse.Namespace) -> int:
@@ -32,12 +57,15 @@ def outbox(args: argparse.Namespace) -> int:
 
     app = bootstrap()
     status: dict[str, dict[str, object]] = {}
+    requeued: dict[str, int] = {}
     for ref in app.actor_refs():
         actor = app.actor(ref)
         if args.action == "requeue":
             count = requeue_failed_rows(actor, args.event_id or None)
-            if count:
+            if count and not args.json:
                 print(f"{ref.key}: requeued {count} failed rows")
+            if count:
+                requeued[ref.key] = count
             continue
         failed = actor.connection.execute(
             "SELECT event_id, event_type, attempts, last_error FROM outbox "
@@ -50,6 +78,8 @@ def outbox(args: argparse.Namespace) -> int:
         actor.close()
     if args.action == "status":
         print(json.dumps(status, indent=2))
+    elif args.json:
+        print_json(requeued)
     return 0
 
 

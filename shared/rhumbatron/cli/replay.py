@@ -6,33 +6,68 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Annotated
 
-from rhumbatron.cli.common import EXIT_CANNOT, EXIT_ERROR, exit_status_of, fail, run_on_runtime
+import typer
 
-__all__ = ["add_parser", "replay"]
+from rhumbatron.cli.common import EXIT_ERROR, run_on_runtime
+from rhumbatron.cli.options import JsonAlways
+from rhumbatron.cli.progress import progress_on_stderr
+
+__all__ = ["replay", "replay_command"]
 
 
-def add_parser(sub: Any) -> None:
-    replay = sub.add_parser(
-        "replay",
-        help="rewind a subscription over a stream, or replay an archive range (claims: no "
-        "second effect)",
+class Source(StrEnum):
+    STREAM = "stream"
+    ARCHIVE = "archive"
+
+
+def replay_command(
+    *,
+    source: Annotated[
+        Source, typer.Option(help="stream: rewind over an event stream; archive: the S3 archive.")
+    ],
+    subscription: Annotated[
+        str,
+        typer.Option(
+            help="project-view-projector, causal-router, audit-archiver or analytics-projector."
+        ),
+    ],
+    stream: Annotated[
+        int | None, typer.Option(help="The event stream (0-7); archive: all if unset.")
+    ] = None,
+    to_seq: Annotated[
+        int | None, typer.Option(help="Rewind: start at this stream sequence.")
+    ] = None,
+    to_time: Annotated[
+        str | None,
+        typer.Option(help="Rewind: start at the first event stored at this time (ISO-8601)."),
+    ] = None,
+    start: Annotated[
+        str | None, typer.Option(help="Archive: the range's start (ISO-8601 with a timezone).")
+    ] = None,
+    end: Annotated[str | None, typer.Option(help="Archive: the range's end, exclusive.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count only; change nothing.")] = False,
+    json_: JsonAlways = False,
+) -> int:
+    """Rewind a subscription over a stream, or replay an archive range (claims: no second
+    effect). Prints the report as JSON. Exit status: 3 a replay that cannot run as asked, 1
+    one that failed, 4 NATS cannot be reached."""
+    return replay(
+        argparse.Namespace(
+            source=source.value,
+            subscription=subscription,
+            stream=stream,
+            to_seq=to_seq,
+            to_time=to_time,
+            start=start,
+            end=end,
+            dry_run=dry_run,
+            json=json_,
+        )
     )
-    replay.add_argument("--source", required=True, choices=["stream", "archive"])
-    replay.add_argument(
-        "--subscription",
-        required=True,
-        help="project-view-projector, causal-router, audit-archiver or analytics-projector",
-    )
-    replay.add_argument("--stream", type=int, help="the event stream (0-7); archive: all if unset")
-    replay.add_argument("--to-seq", type=int, help="rewind: start at this stream sequence")
-    replay.add_argument("--to-time", help="rewind: start at the first event stored at this time")
-    replay.add_argument("--start", help="archive: the range's start (ISO-8601 with a timezone)")
-    replay.add_argument("--end", help="archive: the range's end, exclusive")
-    replay.add_argument("--dry-run", action="store_true", help="count only; change nothing")
 
 
 def replay(args: argparse.Namespace) -> int:
@@ -40,12 +75,9 @@ def replay(args: argparse.Namespace) -> int:
     only events it never applied take effect. ``--dry-run`` counts and changes nothing."""
     import dataclasses
 
-    from rhumbatron.errors import ReplayError, RhumbatronError
     from rhumbatron.router.replay import run_replay
 
-    # nats-py logs each failed connect with a traceback; the one-line error below says it.
-    logging.getLogger("nats").setLevel(logging.CRITICAL)
-    try:
+    with progress_on_stderr(f"replaying {args.subscription}", json_output=args.json) as progress:
         report = run_on_runtime(
             lambda app: run_replay(
                 app,
@@ -57,12 +89,9 @@ def replay(args: argparse.Namespace) -> int:
                 to_time=_when(args.to_time, "--to-time"),
                 start=_when(args.start, "--start"),
                 end=_when(args.end, "--end"),
+                progress=progress,
             )
         )
-    except ReplayError as exc:
-        return fail(EXIT_CANNOT, str(exc), command="replay")
-    except RhumbatronError as exc:
-        return fail(exit_status_of(exc), str(exc), command="replay")
     print(json.dumps(dataclasses.asdict(report), indent=2, default=str))
     return EXIT_ERROR if report.failed else 0
 

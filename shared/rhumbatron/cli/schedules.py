@@ -4,7 +4,9 @@ database's schedules, as a platform operator."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
 
 from rhumbatron.cli.common import (
     EXIT_ERROR,
@@ -12,45 +14,85 @@ from rhumbatron.cli.common import (
     read_json_object,
     run_registry_command,
 )
+from rhumbatron.cli.guard import GuardedCommand
+from rhumbatron.cli.options import JsonAlways, JsonFlag, TenantFilter
 
 if TYPE_CHECKING:
     from rhumbatron.reactions.schedule_models import ScheduleRecord
     from rhumbatron.reactions.schedule_registry import ScheduleRegistry
 
-__all__ = ["add_parser", "schedules"]
+__all__ = ["app", "schedules"]
+
+app = typer.Typer(
+    help="List, show, create, enable, disable or delete schedules (every tenant's unless "
+    "--tenant). Each fire lands schedule.fired on its project's stream. Exit status: 2 no "
+    "such schedule, 3 the name holds other content.",
+    no_args_is_help=True,
+)
+
+ScheduleId = Annotated[str, typer.Argument(metavar="ID", help="The schedule's ID (sch_...).")]
 
 
-def add_parser(sub: Any) -> None:
-    schedules = sub.add_parser(
-        "schedules",
-        help="list, show, create, enable, disable or delete schedules (every tenant's)",
-        description="Schedules in the local product database, every tenant's unless "
-        "--tenant. Each fire lands schedule.fired on its project's stream. Exit status: 2 no "
-        "such schedule, 3 the name holds other content.",
-    )
-    actions = schedules.add_subparsers(dest="action", required=True)
-    tenant = argparse.ArgumentParser(add_help=False)
-    tenant.add_argument("--tenant", help="only this tenant's schedules")
-    listing = actions.add_parser("list", parents=[tenant], help="list schedules")
-    listing.add_argument("--enabled-only", action="store_true")
-    listing.add_argument("--json", action="store_true", help="print the API's JSON form")
-    create = actions.add_parser(
-        "create", help="create a schedule from the API's JSON body (idempotent per name)"
-    )
-    create.add_argument("--tenant", required=True, help="the tenant that owns it")
-    create.add_argument(
-        "--file",
-        required=True,
-        help='{"name", "projectId", "mode": "interval"|"daily", "everyMinutes"|"at"}; - stdin',
-    )
-    for name, text in (
-        ("show", "a schedule and the due time of its latest fire"),
-        ("enable", "enable a schedule: it fires for due times from now on"),
-        ("disable", "disable a schedule: it fires no more until enabled"),
-        ("delete", "delete a schedule"),
-    ):
-        action = actions.add_parser(name, parents=[tenant], help=text)
-        action.add_argument("id", help="the schedule's ID (sch_...)")
+def _run(action: str, **values: Any) -> int:
+    return schedules(argparse.Namespace(action=action, **values))
+
+
+@app.command("list", cls=GuardedCommand)
+def list_command(
+    tenant: TenantFilter = None,
+    enabled_only: Annotated[
+        bool, typer.Option("--enabled-only", help="Only the enabled schedules.")
+    ] = False,
+    json_: JsonFlag = False,
+) -> int:
+    """List schedules."""
+    return _run("list", tenant=tenant, enabled_only=enabled_only, json=json_)
+
+
+@app.command("create", cls=GuardedCommand)
+def create_command(
+    tenant: Annotated[str, typer.Option(help="The tenant that owns it.")],
+    file: Annotated[
+        str,
+        typer.Option(
+            help='The API\'s JSON body {"name", "projectId", "mode": "interval"|"daily", '
+            '"everyMinutes"|"at"}; - stdin.'
+        ),
+    ],
+    json_: JsonAlways = False,
+) -> int:
+    """Create a schedule from the API's JSON body (idempotent per name)."""
+    return _run("create", tenant=tenant, file=file, json=json_)
+
+
+@app.command("show", cls=GuardedCommand)
+def show_command(sch_id: ScheduleId, tenant: TenantFilter = None, json_: JsonAlways = False) -> int:
+    """A schedule and the due time of its latest fire (JSON)."""
+    return _run("show", id=sch_id, tenant=tenant, json=json_)
+
+
+@app.command("enable", cls=GuardedCommand)
+def enable_command(
+    sch_id: ScheduleId, tenant: TenantFilter = None, json_: JsonAlways = False
+) -> int:
+    """Enable a schedule: it fires for due times from now on."""
+    return _run("enable", id=sch_id, tenant=tenant, json=json_)
+
+
+@app.command("disable", cls=GuardedCommand)
+def disable_command(
+    sch_id: ScheduleId, tenant: TenantFilter = None, json_: JsonAlways = False
+) -> int:
+    """Disable a schedule: it fires no more until enabled."""
+    return _run("disable", id=sch_id, tenant=tenant, json=json_)
+
+
+@app.command("delete", cls=GuardedCommand)
+def delete_command(
+    sch_id: ScheduleId, tenant: TenantFilter = None, json_: JsonAlways = False
+) -> int:
+    """Delete a schedule; print it as it was."""
+    return _run("delete", id=sch_id, tenant=tenant, json=json_)
 
 
 def schedules(args: argparse.Namespace) -> int:

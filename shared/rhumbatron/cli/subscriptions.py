@@ -4,7 +4,10 @@ replay-skipped): the local product database's subscriptions, as a platform opera
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
 
 from rhumbatron.cli.common import (
     EXIT_ERROR,
@@ -12,66 +15,129 @@ from rhumbatron.cli.common import (
     read_json_object,
     run_registry_command,
 )
+from rhumbatron.cli.guard import GuardedCommand
+from rhumbatron.cli.options import JsonAlways, JsonFlag, TenantFilter
 
 if TYPE_CHECKING:
     from rhumbatron.reactions.subscription_models import SubscriptionRecord
     from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
 
-__all__ = ["add_parser", "subscriptions"]
+__all__ = ["app", "subscriptions"]
+
+app = typer.Typer(
+    help="List, show, create, enable, disable or delete subscriptions (every tenant's unless "
+    "--tenant); list a webhook's deliveries, replay its skipped ones. Exit status: 2 no such "
+    "subscription, 3 the name holds other content.",
+    no_args_is_help=True,
+)
+
+SubscriptionId = Annotated[
+    str, typer.Argument(metavar="ID", help="The subscription's ID (sub_...).")
+]
+Cooldown = Annotated[int | None, typer.Option("--cooldown-s", help="Seconds between reactions.")]
 
 
-def add_parser(sub: Any) -> None:
-    subs = sub.add_parser(
-        "subscriptions",
-        help="list, show, create, enable, disable or delete subscriptions (every tenant's); "
-        "list a webhook's deliveries, replay its skipped ones",
-        description="Subscriptions in the local product database, every tenant's unless "
-        "--tenant. Exit status: 2 no such subscription, 3 the name holds other content.",
-    )
-    actions = subs.add_subparsers(dest="action", required=True)
-    tenant = argparse.ArgumentParser(add_help=False)
-    tenant.add_argument("--tenant", help="only this tenant's subscriptions")
-    listing = actions.add_parser("list", parents=[tenant], help="list subscriptions")
-    listing.add_argument("--enabled-only", action="store_true")
-    listing.add_argument("--json", action="store_true", help="print the API's JSON form")
-    create = actions.add_parser(
-        "create", help="create a subscription from the API's JSON body (idempotent per name)"
-    )
-    create.add_argument("--tenant", required=True, help="the tenant that owns it")
-    create.add_argument(
-        "--file", required=True, help='{"name", "selector", "reaction", "governance"}; - stdin'
-    )
-    for name, text in (
-        ("show", "a subscription, without its secrets"),
-        ("enable", "enable a subscription (and maybe set its cooldown)"),
-        ("disable", "disable a subscription: it matches nothing until enabled"),
-        ("delete", "delete a subscription"),
-    ):
-        action = actions.add_parser(name, parents=[tenant], help=text)
-        action.add_argument("id", help="the subscription's ID (sub_...)")
-        if name in ("enable", "disable"):
-            action.add_argument("--cooldown-s", type=int, help="seconds between reactions")
-    _add_delivery_parsers(actions, tenant)
+class DeliveryState(StrEnum):
+    DELIVERED = "delivered"
+    RETRYING = "retrying"
+    DEAD = "dead"
+    SKIPPED = "skipped"
 
 
-def _add_delivery_parsers(actions: Any, tenant: argparse.ArgumentParser) -> None:
-    deliveries = actions.add_parser(
-        "deliveries", parents=[tenant], help="a webhook subscription's deliveries, newest first"
-    )
-    deliveries.add_argument("id", help="the subscription's ID (sub_...)")
-    deliveries.add_argument(
-        "--status",
-        action="append",
-        choices=["delivered", "retrying", "dead", "skipped"],
-        help="only these (repeatable)",
-    )
-    deliveries.add_argument("--limit", type=int, default=100)
-    replay = actions.add_parser(
-        "replay-skipped",
-        parents=[tenant],
-        help="make the deliveries kept while its endpoint was disabled due again",
-    )
-    replay.add_argument("id", help="the subscription's ID (sub_...); enable it first")
+def _run(action: str, **values: Any) -> int:
+    return subscriptions(argparse.Namespace(action=action, **values))
+
+
+@app.command("list", cls=GuardedCommand)
+def list_command(
+    tenant: TenantFilter = None,
+    enabled_only: Annotated[
+        bool, typer.Option("--enabled-only", help="Only the enabled subscriptions.")
+    ] = False,
+    json_: JsonFlag = False,
+) -> int:
+    """List subscriptions."""
+    return _run("list", tenant=tenant, enabled_only=enabled_only, json=json_)
+
+
+@app.command("create", cls=GuardedCommand)
+def create_command(
+    tenant: Annotated[str, typer.Option(help="The tenant that owns it.")],
+    file: Annotated[
+        str,
+        typer.Option(
+            help='The API\'s JSON body {"name", "selector", "reaction", "governance"}; - stdin.'
+        ),
+    ],
+    json_: JsonAlways = False,
+) -> int:
+    """Create a subscription from the API's JSON body (idempotent per name)."""
+    return _run("create", tenant=tenant, file=file, json=json_)
+
+
+@app.command("show", cls=GuardedCommand)
+def show_command(
+    sub_id: SubscriptionId, tenant: TenantFilter = None, json_: JsonAlways = False
+) -> int:
+    """A subscription, without its secrets (JSON)."""
+    return _run("show", id=sub_id, tenant=tenant, json=json_)
+
+
+@app.command("enable", cls=GuardedCommand)
+def enable_command(
+    sub_id: SubscriptionId,
+    tenant: TenantFilter = None,
+    cooldown_s: Cooldown = None,
+    json_: JsonAlways = False,
+) -> int:
+    """Enable a subscription (and maybe set its cooldown)."""
+    return _run("enable", id=sub_id, tenant=tenant, cooldown_s=cooldown_s, json=json_)
+
+
+@app.command("disable", cls=GuardedCommand)
+def disable_command(
+    sub_id: SubscriptionId,
+    tenant: TenantFilter = None,
+    cooldown_s: Cooldown = None,
+    json_: JsonAlways = False,
+) -> int:
+    """Disable a subscription: it matches nothing until enabled."""
+    return _run("disable", id=sub_id, tenant=tenant, cooldown_s=cooldown_s, json=json_)
+
+
+@app.command("delete", cls=GuardedCommand)
+def delete_command(
+    sub_id: SubscriptionId, tenant: TenantFilter = None, json_: JsonAlways = False
+) -> int:
+    """Delete a subscription; print it as it was."""
+    return _run("delete", id=sub_id, tenant=tenant, json=json_)
+
+
+@app.command("deliveries", cls=GuardedCommand)
+def deliveries_command(
+    sub_id: SubscriptionId,
+    tenant: TenantFilter = None,
+    status: Annotated[
+        list[DeliveryState] | None, typer.Option(help="Only these (repeatable).")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 100,
+    json_: JsonAlways = False,
+) -> int:
+    """A webhook subscription's deliveries, newest first (JSON)."""
+    statuses = [s.value for s in status] if status else None
+    return _run("deliveries", id=sub_id, tenant=tenant, status=statuses, limit=limit, json=json_)
+
+
+@app.command("replay-skipped", cls=GuardedCommand)
+def replay_skipped_command(
+    sub_id: Annotated[
+        str, typer.Argument(metavar="ID", help="The subscription's ID (sub_...); enable it first.")
+    ],
+    tenant: TenantFilter = None,
+    json_: JsonFlag = False,
+) -> int:
+    """Make the deliveries kept while its endpoint was disabled due again."""
+    return _run("replay-skipped", id=sub_id, tenant=tenant, json=json_)
 
 
 def subscriptions(args: argparse.Namespace) -> int:
@@ -180,6 +246,9 @@ def _deliveries(registry: SubscriptionRegistry, args: argparse.Namespace) -> int
 
 def _replay_skipped(registry: SubscriptionRegistry, args: argparse.Namespace) -> int:
     replayed = registry.replay_skipped(args.tenant, args.id)
+    if args.json:
+        print_json({"id": args.id, "replayed": replayed})
+        return 0
     print(
         f"{replayed} skipped deliveries of {args.id} are due again; the next sweep tick "
         "sends them (a batch per tick, through the admission gate)"

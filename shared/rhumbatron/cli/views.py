@@ -8,31 +8,41 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import sys
-from typing import Any
+from typing import Annotated
 
-from rhumbatron.cli.common import EXIT_CANNOT, EXIT_ERROR, exit_status_of, fail, run_on_runtime
+import typer
 
-__all__ = ["add_parser", "views"]
+from rhumbatron.cli.common import EXIT_CANNOT, EXIT_ERROR, fail, run_on_runtime
+from rhumbatron.cli.guard import GuardedCommand
+from rhumbatron.cli.options import JsonAlways
+from rhumbatron.cli.progress import progress_on_stderr
+
+__all__ = ["app", "views"]
+
+app = typer.Typer(help="The project views the router builds from the events.", no_args_is_help=True)
 
 
-def add_parser(sub: Any) -> None:
-    views = sub.add_parser("views", help="the project views the router builds from the events")
-    actions = views.add_subparsers(dest="action", required=True)
-    rebuild = actions.add_parser(
-        "rebuild",
-        help="forget the views and rebuild them from the stream (and the S3 archive beyond "
-        "its retention); every project unless --project or --stream",
-    )
-    which = rebuild.add_mutually_exclusive_group()
-    which.add_argument("--project", help="rebuild this project's view only")
-    which.add_argument("--stream", type=int, help="rebuild the views of one stream (0-7)")
+@app.command("rebuild", cls=GuardedCommand)
+def rebuild_command(
+    project: Annotated[
+        str | None, typer.Option(help="Rebuild this project's view only (not with --stream).")
+    ] = None,
+    stream: Annotated[
+        int | None,
+        typer.Option(help="Rebuild the views of one stream (0-7; not with --project)."),
+    ] = None,
+    json_: JsonAlways = False,
+) -> int:
+    """Forget the views and rebuild them from the stream (and the S3 archive beyond its
+    retention); every project unless --project or --stream. Prints what it read and applied
+    (JSON). Exit status: 3 cannot run as asked, 1 failed, 4 NATS cannot be reached."""
+    if project is not None and stream is not None:
+        raise typer.BadParameter("give --project or --stream, not both", param_hint="--stream")
+    return views(argparse.Namespace(action="rebuild", project=project, stream=stream, json=json_))
 
 
 def views(args: argparse.Namespace) -> int:
     """Rebuild the views asked for and print what the rebuild read and applied, as JSON."""
-    from rhumbatron.errors import ReplayError, RhumbatronError
     from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
     from rhumbatron.router.views import rebuild_views
 
@@ -43,20 +53,16 @@ def views(args: argparse.Namespace) -> int:
             "at most 64, starting with a letter or digit)",
             command="views rebuild",
         )
-    # nats-py logs each failed connect with a traceback; the one-line error below says it.
-    logging.getLogger("nats").setLevel(logging.CRITICAL)
-    try:
+    with progress_on_stderr(
+        "rebuilding views", json_output=args.json, notes_off_terminal=True
+    ) as progress:
         result = run_on_runtime(
             lambda app: rebuild_views(
                 app.router(),
                 project_id=args.project,
                 stream=args.stream,
-                progress=lambda line: print(line, file=sys.stderr, flush=True),
+                progress=progress,
             )
         )
-    except ReplayError as exc:
-        return fail(EXIT_CANNOT, str(exc), command="views rebuild")
-    except RhumbatronError as exc:
-        return fail(exit_status_of(exc), str(exc), command="views rebuild")
     print(json.dumps(result.as_json(), indent=2))
     return EXIT_ERROR if result.failed or result.gaps else 0

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from rhumbatron.actors.directory import ActorDirectory
 from rhumbatron.actors.outbox import published_since
 from rhumbatron.core.clock import utc_day
+from rhumbatron.core.progress import ProgressCallback
 from rhumbatron.core.settings import Settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.errors import MessagingError
@@ -181,13 +182,15 @@ async def reconcile(
     stream_indexes: Sequence[int] | None = None,
     within_s: float | None = None,
     should_stop: Callable[[], bool] | None = None,
+    progress: ProgressCallback | None = None,
 ) -> ReconciliationReport:
     """Prove, for each event stream of ``stream_indexes`` (default all eight) and each of its
     replicas, that the log holds every event the outbox published within the window (or,
     with ``within_s``, within that many seconds before ``now``, when it is shorter: the
     sweep's scheduled proof); say where it does not. ``should_stop`` is asked before each
     fetch of the scans: when time is up the proof raises
-    :class:`~rhumbatron.messaging.log_state.ScanStopped`, and proves nothing."""
+    :class:`~rhumbatron.messaging.log_state.ScanStopped`, and proves nothing. ``progress``
+    hears the streams checked of those to check."""
     started = time.monotonic()
     indexes = sorted(set(range(EVENT_STREAM_COUNT) if stream_indexes is None else stream_indexes))
     window_s = settings.reconcile_window_s
@@ -216,6 +219,8 @@ async def reconcile(
         )
         report.requests += stream.requests
         report.streams.append(stream.result)
+        if progress is not None:
+            progress(len(report.streams), len(names), f"{name} checked")
     report.seconds = time.monotonic() - started
     return report
 

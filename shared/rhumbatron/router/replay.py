@@ -61,6 +61,7 @@ from datetime import date, datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, cast
 
+from rhumbatron.core.progress import ProgressCallback
 from rhumbatron.errors import ReplayError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.envelopes import Event
@@ -167,9 +168,11 @@ async def rewind(
     to_seq: int | None = None,
     to_time: datetime | None = None,
     dry_run: bool,
+    progress: ProgressCallback | None = None,
 ) -> ReplayReport:
     """Replay ``subscription`` on stream ``stream_index`` from sequence ``to_seq`` (or from the
-    first event stored at or after ``to_time``) to the stream's end.
+    first event stored at or after ``to_time``) to the stream's end; ``progress`` hears the
+    stream positions read of those to read, after each batch.
 
     Give exactly one of ``to_seq`` and ``to_time`` (timezone-aware). The live durable
     consumer is not touched (see the module docstring). Raises :class:`ReplayError` for a
@@ -199,7 +202,9 @@ async def rewind(
         report.last_seq = state.last_seq
         if state.messages == 0 or (to_seq is not None and to_seq > state.last_seq):
             return report  # nothing stored from there on
-        await read_replay_consumer(router, nc, stream_index, subscription, report)
+        await read_replay_consumer(
+            router, nc, stream_index, subscription, report, progress=progress
+        )
     return report
 
 
@@ -211,9 +216,11 @@ async def replay_archive(
     start: datetime,
     end: datetime,
     dry_run: bool,
+    progress: ProgressCallback | None = None,
 ) -> ReplayReport:
     """Replay the archived events of ``[start, end)`` (by Event ``timestamp``) of stream
-    ``stream_index`` — or of every stream for None — into ``subscription``.
+    ``stream_index`` — or of every stream for None — into ``subscription``; ``progress``
+    hears the records scanned after each batch (the whole is not known ahead).
 
     Raises :class:`ReplayError` for a bad argument (naive times, an empty range, the
     audit-archiver as target), and :class:`~rhumbatron.archive.ArchiveError` (its subclass
@@ -244,6 +251,7 @@ async def replay_archive(
             report,
             start=start,
             end=end,
+            progress=progress,
         )
     return report
 
@@ -282,6 +290,7 @@ async def _replay_archived_stream(
     *,
     start: datetime,
     end: datetime,
+    progress: ProgressCallback | None = None,
 ) -> None:
     """Replay one stream's archived events of ``[start, end)``, a batch at a time."""
     batch = router.settings.router_fetch_max_records
@@ -297,6 +306,8 @@ async def _replay_archived_stream(
         ]
         if records:
             await replay_batch(router, index, subscription, records, report)
+            if progress is not None:
+                progress(report.scanned, None)
 
 
 async def run_replay(
@@ -310,10 +321,12 @@ async def run_replay(
     to_time: datetime | None = None,
     start: datetime | None = None,
     end: datetime | None = None,
+    progress: ProgressCallback | None = None,
 ) -> ReplayReport:
     """One replay as the CLI and the API ask for it: ``source`` ``stream`` rewinds
     (``stream``, and ``to_seq`` or ``to_time``), ``archive`` reads the archive (``start``,
-    ``end``, and ``stream`` or None for every stream). Raises :class:`ReplayError` when an
+    ``end``, and ``stream`` or None for every stream); ``progress`` hears how far it got.
+    Raises :class:`ReplayError` when an
     option does not belong to the source or is missing."""
     try:
         kind = ReplaySource(source)
@@ -338,6 +351,7 @@ async def run_replay(
             to_seq=to_seq,
             to_time=to_time,
             dry_run=dry_run,
+            progress=progress,
         )
     if to_seq is not None or to_time is not None:
         raise ReplayError(
@@ -354,6 +368,7 @@ async def run_replay(
         start=start,
         end=end,
         dry_run=dry_run,
+        progress=progress,
     )
 
 

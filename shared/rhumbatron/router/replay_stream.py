@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
+from rhumbatron.core.progress import ProgressCallback
 from rhumbatron.core.settings import Settings
 from rhumbatron.errors import MessagingError, NatsUnavailableError
 from rhumbatron.messaging.event_log import Subscription
@@ -44,9 +45,12 @@ async def read_replay_consumer(
     stream_index: int,
     subscription: Subscription,
     report: RewindTally,
+    *,
+    progress: ProgressCallback | None = None,
 ) -> None:
     """Create the replay consumer, feed its batches to the subscription up to
-    ``report.last_seq``, and delete it (also on failure)."""
+    ``report.last_seq``, and delete it (also on failure); ``progress`` hears the stream
+    positions read after each batch."""
     from rhumbatron.messaging.pull import Puller
 
     settings = router.settings
@@ -64,7 +68,7 @@ async def read_replay_consumer(
         keep_late_s=settings.router_ack_wait_s / 2,
     )
     try:
-        await _feed(router, puller, stream_index, subscription, report)
+        await _feed(router, puller, stream_index, subscription, report, progress=progress)
     finally:
         await puller.close()
         with contextlib.suppress(Exception):
@@ -103,6 +107,8 @@ async def _feed(
     stream_index: int,
     subscription: Subscription,
     report: RewindTally,
+    *,
+    progress: ProgressCallback | None,
 ) -> None:
     """Pull the replay consumer's batches and replay each, up to ``report.last_seq``."""
     last_seq = report.last_seq
@@ -121,7 +127,11 @@ async def _feed(
             report.first_seq = min(r.stream_seq for r in records)
             first_batch = False
         await replay_batch(router, stream_index, subscription, records, report)
-        if max(_seq(m) for m in messages) >= last_seq:
+        read_to = max(_seq(m) for m in messages)
+        if progress is not None and report.first_seq is not None:
+            first = report.first_seq
+            progress(min(read_to, last_seq) - first + 1, last_seq - first + 1)
+        if read_to >= last_seq:
             break
 
 

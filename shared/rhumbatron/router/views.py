@@ -15,10 +15,10 @@ up again. Dead letters' marks are kept: a poison event stays skipped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from rhumbatron.core.progress import ProgressCallback
 from rhumbatron.errors import ArchiveError, EnvelopeError, ReplayError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.fast_decode import decode_event
@@ -74,10 +74,11 @@ async def rebuild_views(
     *,
     project_id: str | None = None,
     stream: int | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: ProgressCallback | None = None,
 ) -> ViewsRebuild:
     """Rebuild the views of ``project_id`` (its stream), of every project of ``stream``, or of
-    every project (neither given); ``progress`` hears a line as each stream is done. Raises
+    every project (neither given); ``progress`` hears the streams done of those to rebuild,
+    with a line saying what each applied. Raises
     :class:`ReplayError` for a bad argument and
     :class:`~rhumbatron.errors.NatsUnavailableError` when NATS does not answer."""
     if project_id is not None and stream is not None:
@@ -97,8 +98,10 @@ async def rebuild_views(
         if progress is not None:
             applied = sum(r.applied for r in result.replays[replays:])
             progress(
+                done,
+                len(streams),
                 f"{event_stream_name(index)} rebuilt ({done}/{len(streams)}): "
-                f"{applied} events applied"
+                f"{applied} events applied",
             )
     return result
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
     from rhumbatron.archive import ArchiveWriter
+    from rhumbatron.core.progress import ProgressCallback
     from rhumbatron.entrypoints.ports import SweepTick
     from rhumbatron.messaging.commands import CommandBus
     from rhumbatron.messaging.queue_consumer import QueueConsumerRuntime
@@ -168,6 +169,7 @@ class Rhumbatron:
         now: datetime | None = None,
         within_s: float | None = None,
         should_stop: Callable[[], bool] | None = None,
+        progress: ProgressCallback | None = None,
     ) -> ReconciliationReport:
         """Prove the log holds every event the outbox published within the reconciliation
         window, or the last ``within_s`` seconds of it
@@ -183,6 +185,7 @@ class Rhumbatron:
             stream_indexes=stream_indexes,
             within_s=within_s,
             should_stop=should_stop,
+            progress=progress,
         )
 
     async def repair_log(self, report: ReconciliationReport, *, dry_run: bool) -> list[RepairStep]:
