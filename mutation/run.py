@@ -253,9 +253,11 @@ PLANS: dict[str, PackagePlan] = {
             "test_network_filesystem_is_detected_from_the_mount_table",
             # The patch language on a two-column key, and the errors naming a bad ref.
             "tests/unit/test_actor_patches.py",
-            "tests/unit/test_shard_admission.py",
+            "tests/unit/test_shard_decisions.py",
             "tests/unit/test_alarm_fires.py::"
             "test_a_publish_while_another_publisher_holds_the_actor_is_busy_and_sends_nothing",
+            "tests/unit/test_alarm_fires.py::"
+            "test_a_publish_counts_every_row_it_failed_the_unsendable_and_the_refused_alike",
             # A Change's attention reason: none, then a dead letter's (no unit test reads it).
             "tests/integration/test_dead_letter_consumer.py::"
             "test_a_redelivered_dead_letter_blocks_a_ready_or_assigned_task_once",

@@ -154,6 +154,39 @@ async def test_a_publish_while_another_publisher_holds_the_actor_is_busy_and_sen
     await app.close()
 
 
+async def test_a_publish_counts_every_row_it_failed_the_unsendable_and_the_refused_alike(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN an actor whose first row is too big for the server to ever take, and whose next
+    #   is refused at its last allowed attempt
+    memory = MemorySender(max_payload=2_000)
+    settings = load_settings(
+        state_dir=tmp_path / "state", nats_url="nats://127.0.0.1:1", outbox_max_attempts=1
+    )
+    app = bootstrap(
+        settings, clock=clock, alarms=RecordingAlarmSink(), sender=RefuseFirstRowOnce(memory)
+    )
+    shard = app.resource_shard("fail-p", change_resource_key("chg-1"))
+    for task_id, role in (("t-big", "x" * 2_500), ("t-small", "builder")):
+        shard.apply(
+            CALLER,
+            AppendChangeEvents(
+                change_id="chg-1",
+                status="planned",
+                facts=(ChangeFact("task.ready", {"agent_role": role}, task_id=task_id),),
+            ),
+        )
+
+    # WHEN one publish runs
+    report = await (await app.publisher()).publish_due(shard)
+
+    # THEN the report counts both failed rows: the one failed unsent and the refused one
+    assert (report.failed, report.retry_wait, report.published) == (2, 0, 0)
+    assert counts_by_state(shard.connection)[RowState.FAILED] == 2
+    assert memory.sent == []
+    await app.close()
+
+
 class _WritingNudge(RecordingNudge):
     """A router whose first nudge makes an actor write again: as a reaction does, or as the
     actors' steady writes do while the local invoker drains."""

@@ -1,6 +1,7 @@
-"""An agent's admission to a Task, decided in the Task's shard (spec: at most 8 agents active
-per Change; DECISIONS: the admission is the wake consumer's, in one transaction): which Tasks
-count toward a Change's limit, and what a wake naming no Task of its Change gets."""
+"""Decisions a ResourceShard takes from its own state, each in one transaction: an agent's
+admission to a Task (spec: at most 8 agents active per Change) — which Tasks count toward a
+Change's limit, and what a wake naming no Task of its Change gets — and the composition of a
+Candidate, refused for a Change the shard does not know."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import pytest
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
-from rhumbatron.actors.shard_commands import AdmitAgent, CreateChange
+from rhumbatron.actors.shard_commands import AdmitAgent, ComposeCandidate, CreateChange
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
 from rhumbatron.domain.agents import Admission
 from rhumbatron.domain.changes import TaskPlan
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.tasks import TaskStatus
+from rhumbatron.errors import DomainError
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
 PROJECT = "acme-web"
@@ -91,3 +93,15 @@ def test_a_wake_naming_an_unknown_task_or_another_changes_task_is_not_ready(
     # chg-1's ready Task, named by a wake of chg-a: no Task of that wake, and left ready
     assert admit(shard, "chg-a", theirs, "builder-0", limit=8) is Admission.NOT_READY
     assert ready_task_ids(shard, "chg-1") == [theirs]
+
+
+def test_a_candidate_of_a_change_the_shard_does_not_know_is_refused_naming_it(
+    app: Rhumbatron,
+) -> None:
+    shard = change_with_tasks(app, "chg-a", 1)
+    with pytest.raises(
+        DomainError,
+        match=r"^change 'chg-z' is unknown; a candidate is composed only while it is verifying$",
+    ):
+        shard.apply(CALLER, ComposeCandidate(change_id="chg-z", base_generation=0))
+    assert shard.candidates() == []
