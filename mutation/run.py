@@ -253,6 +253,8 @@ PLANS: dict[str, PackagePlan] = {
             "test_network_filesystem_is_detected_from_the_mount_table",
             # The patch language on a two-column key, and the errors naming a bad ref.
             "tests/unit/test_actor_patches.py",
+            "tests/unit/test_actors.py::"
+            "test_a_promotion_names_the_changes_it_carries_and_the_root_keeps_the_canonical_history",
             "tests/unit/test_shard_decisions.py",
             "tests/unit/test_alarm_fires.py::"
             "test_a_publish_while_another_publisher_holds_the_actor_is_busy_and_sends_nothing",

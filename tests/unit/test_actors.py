@@ -29,6 +29,7 @@ from rhumbatron.domain.project import create_project
 from rhumbatron.domain.transition import Insert, Transition, Update
 from rhumbatron.errors import ActorBusyError, ActorError, DomainError, EnvelopeError, OutboxError
 from rhumbatron.protocol.envelopes import Event
+from rhumbatron.protocol.event_types import CanonicalAdvanced
 from rhumbatron.protocol.ids import stable_event_id
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
@@ -115,7 +116,7 @@ def test_a_decision_that_raises_leaves_neither_state_nor_outbox_row(
     assert count(root.connection, "project") == 0
     assert outbox(root.connection) == []
     assert alarm_due_at(root.connection) is None
-    assert offline_app.alarms.announced == []  # type: ignore[attr-defined]
+    assert offline_app.alarms.announced == []
 
 
 def test_a_patch_that_fails_to_apply_rolls_back_the_facts(offline_app: Rhumbatron) -> None:
@@ -570,3 +571,34 @@ def test_a_projects_tenant_is_read_from_its_root_and_none_before_it_is_created(
     assert offline_app.project_tenant("file-only") is None
     assert offline_app.project_tenant("made") == "acme"
     assert not ProjectRoot.ref_for("never-made").path(offline_app.settings.state_dir).exists()
+
+
+def test_a_promotion_names_the_changes_it_carries_and_the_root_keeps_the_canonical_history(
+    offline_app: Rhumbatron,
+) -> None:
+    # GIVEN a project whose canonical tree is at generation 0
+    root = offline_app.project_root(PROJECT)
+    root.create_project(CALLER, name="Acme")
+    # WHEN two Candidates are promoted, one after the other, each carrying its Changes
+    root.promote(
+        CALLER,
+        candidate_id="cand-1",
+        artifact_id="art-1",
+        expected_generation=0,
+        change_ids=("chg-1", "chg-2"),
+    )
+    root.promote(
+        CALLER, candidate_id="cand-2", artifact_id="art-2", expected_generation=1, change_ids=()
+    )
+    # THEN each canonical.advanced names the Changes it carries
+    advanced = [
+        payload
+        for row in outbox(root.connection)
+        if isinstance(payload := Event.parse(row["envelope"]).payload, CanonicalAdvanced)
+    ]
+    assert [(p.candidate_id, list(p.change_ids)) for p in advanced] == [
+        ("cand-1", ["chg-1", "chg-2"]),
+        ("cand-2", []),
+    ]
+    # AND the root lists the promoted Candidates oldest generation first
+    assert root.promoted_candidate_ids() == ["cand-1", "cand-2"]
