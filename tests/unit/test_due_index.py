@@ -271,8 +271,13 @@ async def test_a_marker_for_an_actor_with_no_file_or_no_valid_name_creates_nothi
     assert [report.actor_key for report in scan.reports] == [real]
     assert not ProjectRoot.ref_for("never-created").path(app.settings.state_dir).exists()
     assert sorted(p.name for p in index.root.iterdir()) == [".complete"]
-    for stray in ("stray.txt", "resource_shard:p-000:99"):
-        assert f"the due-actor index holds {stray!r}, which is no actor: " in caplog.text
+    assert sorted(r.getMessage() for r in caplog.records if r.levelname == "WARNING") == [
+        "the due-actor index holds 'resource_shard:p-000:99', which is no actor: actor "
+        "resource_shard:p-000:99 names shard 99, but projects have 16 shards "
+        "(RHUMBATRON_RESOURCE_SHARD_COUNT)",
+        "the due-actor index holds 'stray.txt', which is no actor: actor key 'stray.txt' is "
+        "not 'project_root:<project>' or 'resource_shard:<project>:<shard>'",
+    ]
     await app.close()
 
 
@@ -439,7 +444,10 @@ async def test_an_actor_file_the_gauge_cannot_read_is_named_and_the_others_still
     # WHEN the dashboard reads every actor file
     backlog = app.outbox_backlog(every_actor=True)
     # THEN the damaged one is named in an error, and every other actor's rows still count
-    assert f"cannot read the outbox of {first.key}: " in caplog.text
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        f"cannot read the outbox of {first.key}: cannot open the actor file on {path}: "
+        "file is not a database"
+    ]
     assert sum(backlog.values()) == 40 + 2 - rows_of_first
     await app.close()
 
