@@ -309,7 +309,7 @@ def test_network_filesystem_is_detected_from_the_mount_table(tmp_path: Path) -> 
     # local tmpfs mounted inside the NFS one
     root = tmp_path.resolve()
     efs = root / "efs"
-    spaced = root / "with space"
+    spaced = root / "share X"  # a space in its path, and a last letter rstrip must keep
     nested = efs / "cache"
     sibling = root / "efs2"
     for directory in (efs, spaced, nested, sibling):
@@ -320,7 +320,7 @@ def test_network_filesystem_is_detected_from_the_mount_table(tmp_path: Path) -> 
     overmounted.mkdir()
     mounts.write_text(
         "overlay / overlay rw,relatime 0 0\n"
-        "a line too short to read\n"
+        "too short\n"  # fewer than the three fields a mount needs: skipped, not the end
         f"fs-0123.efs.eu-west-1.amazonaws.com:/ {efs} nfs4 rw,vers=4.1 0 0\n"
         f"//server/share {escaped} cifs\n"  # the three fields a mount needs, no more
         f"tmpfs {nested} tmpfs rw 0 0\n"
@@ -340,3 +340,17 @@ def test_network_filesystem_is_detected_from_the_mount_table(tmp_path: Path) -> 
     assert not is_network_filesystem(overmounted / "state", mounts_file=mounts)
     # ... and an unreadable mount table detects nothing
     assert not is_network_filesystem(efs, mounts_file=root / "missing")
+    # ... a directory that exists deep under a network mount is on it too
+    (efs / "state" / "projects").mkdir(parents=True)
+    (spaced / "state").mkdir()
+    assert is_network_filesystem(efs / "state" / "projects", mounts_file=mounts)
+    assert is_network_filesystem(spaced / "state", mounts_file=mounts)
+
+    # GIVEN a root filesystem that is itself NFS (a diskless host), and a table without one
+    nfs_root = root / "nfs-root-mounts"
+    nfs_root.write_text("server:/export / nfs4 rw 0 0\n")
+    no_root = root / "no-root-mounts"
+    no_root.write_text(f"fs-0123.efs.eu-west-1.amazonaws.com:/ {efs} nfs4 rw 0 0\n")
+    # THEN every path is a network path on the first, and a path under no mount is not one
+    assert is_network_filesystem(root / "local", mounts_file=nfs_root)
+    assert not is_network_filesystem(root / "local", mounts_file=no_root)
