@@ -16,7 +16,12 @@ import pytest
 from aws_lambda_powertools import Logger, Tracer
 
 from rhumbatron.core.log_context import correlated
-from rhumbatron.entrypoints.observability import LazyTracer, route_package_logs
+from rhumbatron.entrypoints.observability import (
+    TRACED_MODULES,
+    LazyTracer,
+    lambda_tracer,
+    route_package_logs,
+)
 
 from .support import FUNCTIONS, FakeLambdaContext, load_app
 
@@ -59,11 +64,13 @@ class _Provider:
         self.opened.append((name, subsegment))
         yield subsegment
 
+    patched: list[tuple[str, ...]] = field(default_factory=list)
+
     def patch(self, modules: Any) -> None:
-        return None
+        self.patched.append(tuple(modules))
 
     def patch_all(self) -> None:
-        return None
+        self.patched.append(("<all>",))
 
 
 @pytest.fixture
@@ -96,11 +103,26 @@ def test_a_handler_is_traced_in_lambda_and_runs_bare_elsewhere(
     # WHEN it runs in Lambda with tracing on
     monkeypatch.delenv("POWERTOOLS_TRACE_DISABLED")
     assert lambda_handler({"n": 3}, FakeLambdaContext()) == {"echo": 3}
-    # THEN the invocation is one "## lambda_handler" subsegment with its cold start and result
+    # THEN the invocation is one "## lambda_handler" subsegment with its cold start, and
+    #   not its response (an API answer can hold a secret shown once)
     ((name, subsegment),) = provider.opened
     assert name == "## lambda_handler"
     assert subsegment.annotations == {"ColdStart": True, "Service": "test"}
-    assert subsegment.metadata == {"lambda_handler response": {"echo": 3}}
+    assert subsegment.metadata == {}
+
+
+def test_a_functions_tracer_instruments_the_aws_calls_and_never_sqlite(
+    provider: _Provider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a function's tracer as app.py builds it, in Lambda with tracing on
+    monkeypatch.setenv("LAMBDA_TASK_ROOT", "/var/task")
+    monkeypatch.delenv("POWERTOOLS_TRACE_DISABLED", raising=False)
+    tracer = lambda_tracer(provider=provider, service="test")
+    # WHEN it is built
+    tracer.tracer()
+    # THEN it patched botocore only: SQLite statements stay uninstrumented (a subsegment per
+    #   statement costs about 100 times the statement on every hot path)
+    assert provider.patched == [TRACED_MODULES] == [("botocore",)]
 
 
 @pytest.fixture

@@ -355,6 +355,42 @@ def test_a_rotated_token_is_presented_at_the_reconnect_after_the_max_age(
     asyncio.run(rotate_and_reconnect())
 
 
+def test_a_credentials_secret_that_cannot_be_read_again_keeps_the_last_ones(
+    tmp_path: Path, secrets: Any, token_server: AuthNatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a client connected with the token of the secret, kept 60 s
+    clock = ManualClock()
+    cache = SecretCache(clock, max_age_s=60)
+    arn = _secret(secrets, json.dumps({"token": TOKEN}))
+    settings = _settings(tmp_path, token_server.url, nats_credentials_secret_arn=arn)
+
+    async def lose_the_secret_and_reconnect() -> None:
+        nc = await connect_nats(settings, secrets=cache)
+        try:
+            await nc.flush(timeout=2)
+            # WHEN the secret can no longer be read, the kept token is past its max age, and
+            # the server restarts (still admitting the token)
+            secrets.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
+            clock.advance(61)
+            token_server.stop()
+            token_server.start()
+            until = time.monotonic() + 10
+            while not (nc.is_connected and nc.stats["reconnects"]) and time.monotonic() < until:
+                await asyncio.sleep(0.05)
+            # THEN the client reconnects with the token it had, and says why
+            await nc.flush(timeout=2)
+            assert nc.stats["reconnects"] >= 1
+        finally:
+            await nc.close()
+
+    asyncio.run(lose_the_secret_and_reconnect())
+    assert (
+        "cannot read the NATS credentials (RHUMBATRON_NATS_CREDENTIALS_SECRET_ARN) from the "
+        f"Secrets Manager secret {arn}"
+    ) in caplog.text
+    assert TOKEN not in caplog.text
+
+
 @pytest.mark.skipif(importlib.util.find_spec("nkeys") is not None, reason="nkeys is installed here")
 @pytest.mark.parametrize("shape", ["nkey_seed", "creds"])
 def test_an_nkey_secret_without_the_nkeys_package_says_what_to_install(
@@ -496,6 +532,55 @@ def test_clef_flash_asks_with_the_rotated_key_once_the_kept_one_is_past_its_max_
         for r in seen
     ]
     assert keys == ["sk-ant-first-key", "sk-ant-first-key", "sk-ant-second-key"]
+
+
+def test_clef_flash_keeps_its_key_when_a_re_read_fails_and_abstains_when_it_never_had_one(
+    tmp_path: Path, secrets: Any
+) -> None:
+    # GIVEN the Anthropic key in a secret, kept 60 s, and a second runtime whose secret is gone
+    arn = _secret(secrets, "sk-ant-first-key")
+    settings = _settings(
+        tmp_path, "nats://127.0.0.1:1", clef_flash_api_key_secret_arn=arn, secret_max_age_s=60
+    )
+    clock = ManualClock()
+    app = bootstrap(settings, clock=clock)
+    seen: list[httpx2.Request] = []
+
+    async def ask(runtime: Any) -> str:
+        lifecycle = runtime.lifecycle()
+        if lifecycle.clef_flash_http is None:
+            lifecycle.clef_flash_http = httpx2.AsyncClient(transport=_messages_api(seen))
+        decision = await lifecycle.clef_flash.decide(
+            _overlap_event(), "builder-1", ("src/auth/a.py",)
+        )
+        return str(decision.verdict)
+
+    async def scenario() -> tuple[str, str, str]:
+        try:
+            first = await ask(app)
+            # WHEN the secret can no longer be read and the kept key is past its max age
+            secrets.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
+            clock.advance(61)
+            kept = await ask(app)
+        finally:
+            await app.close()
+        # AND a fresh runtime (a cold start) asks with the secret gone
+        cold = bootstrap(settings, clock=clock)
+        try:
+            never = await ask(cold)
+        finally:
+            await cold.close()
+        return first, kept, never
+
+    first, kept, never = asyncio.run(scenario())
+    # THEN the warm runtime decides with the key it had, raising nothing (five failures would
+    #   dead-letter the event); the cold one abstains without asking, as with no key
+    assert (first, kept, never) == ("skip", "skip", "abstain")
+    keys = [
+        (r.headers.get("x-api-key") or r.headers["authorization"]).removeprefix("Bearer ")
+        for r in seen
+    ]
+    assert keys == ["sk-ant-first-key", "sk-ant-first-key"]
 
 
 def test_without_a_key_or_a_secret_clef_flash_abstains_without_asking(tmp_path: Path) -> None:

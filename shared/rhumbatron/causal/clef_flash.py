@@ -179,7 +179,9 @@ class ClefFlash:
     client is built once, at the first question, and reused: one per warm Lambda.
     ``api_key``, when given, is asked for the key at each question instead of the settings'
     ``clef_flash_api_key`` (the cloud's key in Secrets Manager, kept a while by the runtime's
-    cache): a rotated key reaches the next question, and the SDK client takes it over.
+    cache): a rotated key reaches the next question, and the SDK client takes it over. It
+    answers None when no key can be had (a read that failed with none kept before): the
+    question is then not asked, as with no key at all.
     """
 
     def __init__(
@@ -190,7 +192,7 @@ class ClefFlash:
         *,
         metrics: MetricsRecorder | None = None,
         http_client: httpx2.AsyncClient | None = None,
-        api_key: Callable[[], Awaitable[str]] | None = None,
+        api_key: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
         self._settings = settings
         self._api_key = api_key
@@ -223,7 +225,8 @@ class ClefFlash:
 
         api_key = self._settings.clef_flash_api_key
         if self._api_key is not None:
-            api_key = SecretStr((await self._api_key()).strip())
+            asked = await self._api_key()
+            api_key = None if asked is None else SecretStr(asked.strip())
         if api_key is None or not api_key.get_secret_value():
             return self._keep(
                 event,

@@ -34,7 +34,14 @@ from rhumbatron.core.log_context import CorrelationIdFilter
 if TYPE_CHECKING:
     from aws_lambda_powertools import Logger, Tracer
 
-__all__ = ["LazyTracer", "lambda_logger", "lambda_tracer", "route_package_logs", "tracing_on"]
+__all__ = [
+    "TRACED_MODULES",
+    "LazyTracer",
+    "lambda_logger",
+    "lambda_tracer",
+    "route_package_logs",
+    "tracing_on",
+]
 
 PACKAGE_LOGGER = "rhumbatron"
 
@@ -87,12 +94,19 @@ def tracing_on() -> bool:
     return bool(os.environ.get("LAMBDA_TASK_ROOT")) and not os.environ.get("AWS_SAM_LOCAL")
 
 
+#: What the X-Ray SDK instruments: the AWS calls (S3, Secrets Manager, Lambda, Step
+#: Functions), not SQLite: patching sqlite3 makes every statement a subsegment, about 100×
+#: its cost, on every hot path.
+TRACED_MODULES = ("botocore",)
+
+
 class LazyTracer:
-    """Powertools' ``Tracer`` (``options`` as it takes them), built at the first invocation
-    that traces; see the module docstring."""
+    """Powertools' ``Tracer`` (``options`` as it takes them; it patches
+    :data:`TRACED_MODULES` unless told otherwise), built at the first invocation that
+    traces; see the module docstring."""
 
     def __init__(self, **options: Any) -> None:
-        self._options = options
+        self._options = {"patch_modules": TRACED_MODULES, **options}
         self._tracer: Tracer | None = None
 
     @property
@@ -110,8 +124,10 @@ class LazyTracer:
 
     def capture_lambda_handler(self, handler: HandlerT) -> HandlerT:
         """``Tracer.capture_lambda_handler`` over ``handler``, decided at each invocation: a
-        ``## <handler>`` subsegment with the cold start, the response or the error, where
-        tracing is on; the bare handler where it is off."""
+        ``## <handler>`` subsegment with the cold start and the error, where tracing is on;
+        the bare handler where it is off. Never the response: an API answer can hold a
+        secret shown once (a new webhook's or agent's) and every tenant's records, and
+        anyone allowed to read traces would read them."""
         traced: Callable[..., Any] | None = None
 
         @functools.wraps(handler)
@@ -120,7 +136,7 @@ class LazyTracer:
             if not tracing_on():
                 return handler(event, context)
             if traced is None:
-                traced = self.tracer().capture_lambda_handler(handler)
+                traced = self.tracer().capture_lambda_handler(handler, capture_response=False)
             return traced(event, context)
 
         invoke.traced_by = self  # type: ignore[attr-defined]

@@ -102,14 +102,23 @@ async def _auth_options(settings: Settings, secrets: SecretCache) -> dict[str, A
     if not options.keys() <= {"user", "password", "token"}:
         return options  # an nkey seed or a .creds file: fixed for the connection's life
     last = dict(options)
+    refreshing: set[asyncio.Future[str | None]] = set()
 
     def current(key: str) -> Callable[[], str]:
-        # nats-py asks again each time it sends CONNECT (every reconnect): a secret rotated
-        # since reaches the reconnect once the kept one is secret_max_age_s old. The read runs
-        # on the event loop (nats-py calls this synchronously), bounded by the connect timeout,
-        # at most once per max age; one that fails keeps the credentials last read.
+        # nats-py asks again each time it sends CONNECT (every reconnect), synchronously, in
+        # the middle of the handshake: this answers at once with the credentials kept, and
+        # once they are secret_max_age_s old it starts a read off the event loop (a blocking
+        # read here would stall every task and could outlast the server's auth timeout). A
+        # secret rotated since reaches the next reconnect after that read; one that fails
+        # keeps the credentials last read.
         def get() -> str:
-            text = secrets.read_or_last(arn, what=_CREDENTIALS, timeout_s=timeout_s)
+            text = secrets.fresh(arn)
+            if text is None and not refreshing:
+                reading = asyncio.get_running_loop().run_in_executor(
+                    None, lambda: secrets.read_or_last(arn, what=_CREDENTIALS, timeout_s=timeout_s)
+                )
+                refreshing.add(reading)
+                reading.add_done_callback(refreshing.discard)
             try:
                 fresh = {} if text is None else nats_auth_options(text, arn=arn)
             except ConfigurationError as exc:

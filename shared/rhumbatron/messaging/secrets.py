@@ -77,6 +77,13 @@ class SecretCache:
             return value
         return await asyncio.to_thread(self.read, arn, what=what, timeout_s=timeout_s)
 
+    async def read_or_last_async(self, arn: str, *, what: str, timeout_s: float) -> str | None:
+        """:meth:`read_or_last` from a coroutine, the read off the event loop."""
+        value = self.fresh(arn)
+        if value is not None:
+            return value
+        return await asyncio.to_thread(self.read_or_last, arn, what=what, timeout_s=timeout_s)
+
     def read_or_last(self, arn: str, *, what: str, timeout_s: float) -> str | None:
         """:meth:`read`, but a failed read answers the last value kept (logged), or None.
 

@@ -88,15 +88,18 @@ class Lifecycle:
     @cached_property
     def clef_flash(self) -> ClefFlash:
         settings = self.app.settings
-        api_key: Callable[[], Awaitable[str]] | None = None
+        api_key: Callable[[], Awaitable[str | None]] | None = None
         arn = settings.clef_flash_api_key_secret_arn
         if settings.clef_flash_api_key is None and arn:
             # The cloud keeps the key in Secrets Manager: asked for at each question, kept
-            # secret_max_age_s by the runtime's cache, so a rotated key applies while warm.
+            # secret_max_age_s by the runtime's cache, so a rotated key applies while warm. A
+            # read that fails keeps the key read before: a Secrets Manager blip must not make
+            # routing fail (five failures dead-letter the event), only a key never read does
+            # (the question is then not asked: the agent wakes, "no API key").
             secrets = self.app.secrets
 
-            async def api_key() -> str:
-                return await secrets.read_async(
+            async def api_key() -> str | None:
+                return await secrets.read_or_last_async(
                     arn,
                     what="the Anthropic API key (RHUMBATRON_CLEF_FLASH_API_KEY_SECRET_ARN)",
                     timeout_s=settings.clef_flash_timeout_s,
