@@ -37,6 +37,7 @@ from rhumbatron.metrics import (
     record_event_points,
     write_points,
 )
+from rhumbatron.metrics.emf import MAX_HOLD_S
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.event_types import EVENT_TYPES
 from rhumbatron.protocol.ids import stable_event_id
@@ -395,6 +396,32 @@ def test_emf_sink_gathers_the_points_of_one_dimension_set_into_one_document() ->
     assert lagged["consumer_num_ack_pending"] == [1.0]
     assert documents[1]["outbox_pending"] == [7.0]
     assert documents[2]["consumer_num_pending"] == [9.0]
+
+
+def test_emf_sink_writes_what_it_held_a_minute_before_gathering_more() -> None:
+    # GIVEN a sink on a clock the test moves (a long invocation: a queue function's lasts up to
+    #   15 minutes, and one killed at its timeout never reaches its flush)
+    stream = io.StringIO()
+    now = [0.0]
+    sink = EmfSink(stream=stream, monotonic=lambda: now[0])
+    sink.emit(MetricBinding.METRICS, [DataPoint("outbox_pending", 1)])
+    now[0] = 30.0
+    sink.emit(MetricBinding.METRICS, [DataPoint("outbox_pending", 2)])
+    held = stream.getvalue()
+    # WHEN a point comes a minute after the first one held
+    now[0] = 60.0
+    sink.emit(MetricBinding.METRICS, [DataPoint("outbox_pending", 3)])
+    # THEN the points held so far were written first, and the new one waits for the next
+    assert held == ""
+    assert [json.loads(line)["outbox_pending"] for line in stream.getvalue().splitlines()] == [
+        [1.0, 2.0]
+    ]
+    sink.flush()
+    assert [json.loads(line)["outbox_pending"] for line in stream.getvalue().splitlines()] == [
+        [1.0, 2.0],
+        [3.0],
+    ]
+    assert MAX_HOLD_S == 60.0
 
 
 def test_emf_sink_starts_a_new_document_at_emfs_limits() -> None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TextIO
 
@@ -79,6 +81,10 @@ def _metric_unit(unit: str) -> MetricUnit:
 #: EMF's limits for one document: metrics per directive, and values in one metric's array.
 MAX_METRICS_PER_DOCUMENT = 100
 MAX_VALUES_PER_METRIC = 100
+#: The longest a gathered point waits for its invocation's flush: a function killed at its
+#: timeout (a queue function's is 15 minutes) never reaches the flush, and loses at most the
+#: points of this last stretch.
+MAX_HOLD_S = 60.0
 
 #: What one document gathers: its binding and the point's dimensions (sorted, as DataPoint
 #: keeps them).
@@ -104,7 +110,10 @@ class EmfSink:
     Each document carries its dimensions plus ``binding`` (and powertools' ``service``); its
     timestamp is the time of the flush. Lines go to ``stream``, or to ``sys.stdout`` at the
     time of the flush when ``stream`` is None (Lambda forwards stdout to CloudWatch Logs,
-    which extracts the metrics).
+    which extracts the metrics). A point gathered ``max_hold_s`` ago (on ``monotonic``) makes
+    the next :meth:`emit` flush everything first, so a long invocation writes at least that
+    often. Points may come from worker threads (a flush of the freshness gauge): a lock
+    keeps a flush from losing a point gathered meanwhile.
     """
 
     def __init__(
@@ -112,6 +121,9 @@ class EmfSink:
         namespace: str = "Rhumbatron",
         service: str = "rhumbatron",
         stream: TextIO | None = None,
+        *,
+        max_hold_s: float = MAX_HOLD_S,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if not namespace.strip():
             raise ValueError(f"EMF namespace {namespace!r} must not be empty")
@@ -122,6 +134,10 @@ class EmfSink:
         self._stream = stream
         # Insertion-ordered: documents come out in the order their first point came.
         self._pending: dict[_GroupKey, dict[str, _Series]] = {}
+        self._max_hold_s = max_hold_s
+        self._monotonic = monotonic
+        self._oldest_at: float | None = None
+        self._lock = threading.Lock()
 
     def emit(self, binding: MetricBinding, points: Sequence[DataPoint]) -> None:
         """Gather ``points`` until :meth:`flush`; raises :class:`ValueError` for an unknown
@@ -130,6 +146,17 @@ class EmfSink:
             return
         binding = MetricBinding(binding)
         units = [_metric_unit(point.unit) for point in points]
+        now = self._monotonic()
+        with self._lock:
+            if self._oldest_at is not None and now - self._oldest_at >= self._max_hold_s:
+                self._flush_locked()
+            if self._oldest_at is None:
+                self._oldest_at = now
+            self._gather(binding, points, units)
+
+    def _gather(
+        self, binding: MetricBinding, points: Sequence[DataPoint], units: list[MetricUnit]
+    ) -> None:
         for point, unit in zip(points, units, strict=True):
             key: _GroupKey = (binding, tuple(point.dimensions.items()))
             group = self._pending.setdefault(key, {})
@@ -147,6 +174,11 @@ class EmfSink:
 
     def flush(self) -> None:
         """Write every gathered group as one EMF document, and forget them."""
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        self._oldest_at = None
         if not self._pending:
             return
         pending, self._pending = self._pending, {}
