@@ -72,6 +72,14 @@ def test_the_docs_page_and_all_it_loads_answer_without_a_token_from_the_api_itse
     assert "/dead-letters" in anonymous.get("/openapi.json").json()["paths"]
 
 
+def test_the_public_assets_are_only_the_ones_the_page_loads(anonymous: TestClient) -> None:
+    # The package ships more (ReDoc's script, which this API does not offer), and a public
+    # route must serve exactly what the page needs: nothing else, nothing outside the folder.
+    for name in ("redoc.standalone.js", "__init__.py", "..%2f__init__.py", "missing.js"):
+        response = anonymous.get(f"{DOCS_STATIC}/{name}")
+        assert response.status_code == 404, name
+
+
 def test_every_operation_but_health_answers_401_without_a_token(anonymous: TestClient) -> None:
     # GIVEN every operation the OpenAPI document lists, its path parameters filled in
     document = anonymous.get("/openapi.json").json()

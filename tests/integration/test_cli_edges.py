@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rhumbatron.cli import EXIT_READER_GONE, EXIT_UNAVAILABLE
+from rhumbatron.cli import EXIT_READER_GONE, EXIT_UNAVAILABLE, EXIT_UNSAFE
 from rhumbatron.runtime.bootstrap import Rhumbatron
 
 pytestmark = pytest.mark.integration
@@ -134,3 +134,32 @@ async def test_the_reconciliation_reports_each_stream_checked_to_its_progress_ca
     # THEN the callback heard each stream as it was checked, the counts rising to the whole
     assert [(done, total) for done, total, _ in heard] == [(i, 8) for i in range(1, 9)]
     assert [note for _, _, note in heard] == [f"{s.stream} checked" for s in report.streams]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("dead-letters", "list"), ("subscriptions", "list"), ("schedules", "list")],
+)
+def test_a_durability_refusal_exits_five_whichever_command_meets_it(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    # GIVEN storage settings that would lose data (WAL on a network filesystem)
+    done = _rhumbatron(
+        tmp_path,
+        *args,
+        RHUMBATRON_NETWORK_FILESYSTEM="true",
+        RHUMBATRON_JOURNAL_MODE="WAL",
+        RHUMBATRON_NATS_URL=NOWHERE,
+    )
+    # THEN every command refuses with the one status the CLI documents for it, naming itself
+    assert done.returncode == EXIT_UNSAFE, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"rhumbatron {args[0]}")
+    assert "RHUMBATRON_JOURNAL_MODE=WAL" in done.stderr
+
+
+def test_dry_run_without_repair_is_a_usage_error_naming_the_flag(tmp_path: Path) -> None:
+    done = _rhumbatron(tmp_path, "reconcile", "--dry-run", RHUMBATRON_NATS_URL=NOWHERE)
+    assert done.returncode == 2
+    assert "--dry-run goes with --repair" in done.stderr
+    assert "Usage: rhumbatron reconcile" in done.stderr

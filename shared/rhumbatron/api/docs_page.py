@@ -11,14 +11,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse
-from fastapi.staticfiles import StaticFiles
+from fastapi.responses import FileResponse, HTMLResponse
 
-__all__ = ["DOCS_STATIC", "install_docs_page"]
+__all__ = ["DOCS_ASSETS", "DOCS_STATIC", "install_docs_page"]
 
 DOCS_STATIC = "/docs/static"
+#: The files the page loads, and the only ones served: the package holds more (ReDoc's
+#: script), and a public route serves exactly what the page needs.
+DOCS_ASSETS = {
+    "swagger-ui-bundle.js": "text/javascript",
+    "swagger-ui.css": "text/css",
+    "favicon.png": "image/png",
+}
 
 
 def _assets() -> Path:
@@ -29,7 +35,14 @@ def _assets() -> Path:
 
 def install_docs_page(api: FastAPI) -> None:
     """Serve ``/docs`` (Swagger UI over ``api``'s OpenAPI document) and its assets."""
-    api.mount(DOCS_STATIC, StaticFiles(directory=_assets()), name="docs-static")
+    assets = _assets()
+
+    @api.get(DOCS_STATIC + "/{name}", include_in_schema=False)
+    async def docs_asset(name: str) -> FileResponse:
+        media_type = DOCS_ASSETS.get(name)
+        if media_type is None:
+            raise HTTPException(status_code=404, detail=f"no docs asset {name!r}")
+        return FileResponse(assets / name, media_type=media_type)
 
     @api.get("/docs", include_in_schema=False)
     async def docs(request: Request) -> HTMLResponse:

@@ -136,8 +136,8 @@ def run_registry_command(
     cannot: tuple[type[Exception], ...],
 ) -> int:
     """Run ``act`` on a runtime of the local state (subscriptions, schedules), answering its
-    refusals with the exit statuses: 2 not found, 3 cannot, 1 an invalid value or anything
-    else."""
+    refusals with the exit statuses: 2 not found, 3 cannot, 1 an invalid value, and any
+    other error of the package the status :func:`exit_status_of` gives it."""
     from pydantic import ValidationError
 
     from rhumbatron.errors import RhumbatronError
@@ -161,4 +161,4 @@ def run_registry_command(
         )
         return fail(EXIT_ERROR, f"invalid {what}: {problems}", command=command)
     except RhumbatronError as exc:
-        return fail(EXIT_ERROR, str(exc), command=command)
+        return fail(exit_status_of(exc), str(exc), command=command)

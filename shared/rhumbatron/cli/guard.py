@@ -22,6 +22,7 @@ from typing import Any
 
 import typer
 from typer.core import TyperCommand
+from typer.exceptions import TyperException
 
 from rhumbatron.cli.common import EXIT_ERROR, EXIT_UNAVAILABLE, exit_status_of, fail
 
@@ -54,6 +55,8 @@ class GuardedCommand(TyperCommand):
             sys.stdout.flush()  # a reader gone (``| head``) shows here, not at exit
         except BrokenPipeError:
             status = reader_gone()
+        except (TyperException, typer.Exit, typer.Abort):
+            raise  # a usage error (the command's usage, status 2) or an exit asked for
         except Exception as exc:
             status = _failed(exc, command, traceback=_wants_traceback(ctx))
         if status:

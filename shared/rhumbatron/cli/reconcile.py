@@ -57,8 +57,10 @@ def reconcile_command(
 
     Per event stream and replica: the events published within the window, how many that
     replica holds, every missing event ID. Exit status: 0 no gap, 6 a gap, 4 NATS cannot be
-    reached.
+    reached, 2 a usage error.
     """
+    if dry_run and not repair:
+        raise typer.BadParameter("--dry-run goes with --repair", param_hint="'--dry-run'")
     return reconcile(argparse.Namespace(stream=stream, repair=repair, dry_run=dry_run, json=json_))
 
 
