@@ -140,8 +140,7 @@ class EventRouter:
         if self._projector is None:
             from rhumbatron.router.freshness import freshness_gauge
 
-            # Commit-to-apply freshness per applied batch (the dashboards' panel), kept in
-            # memory and written by the runs' flushes.
+            # Commit-to-apply freshness per batch (a panel), in memory until a run flushes.
             self._projector = ProjectViewProjector(
                 self.settings,
                 freshness=freshness_gauge(
