@@ -79,3 +79,40 @@ def test_what_is_about_a_change_is_stamped_with_its_trace_under_the_span_in_prog
             assert current_span() is inner
         assert current_span() is request
     assert current_span() is None
+
+
+class _Subsegment:
+    def __init__(self) -> None:
+        self.annotations: dict[str, str] = {}
+
+    def put_annotation(self, key: str, value: str) -> None:
+        self.annotations[key] = value
+
+
+def test_a_span_about_a_change_annotates_the_xray_subsegment_only_where_xray_is_loaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+    import types
+
+    # GIVEN no X-Ray SDK loaded: a span about a Change annotates nothing, imports nothing
+    monkeypatch.delitem(sys.modules, "aws_xray_sdk.core", raising=False)
+    with span("handle agent.wake", project_id="p", change_id="c"):
+        pass
+    assert "aws_xray_sdk.core" not in sys.modules
+    # GIVEN the SDK loaded (as Powertools Tracer loads it) with a subsegment open
+    subsegment = _Subsegment()
+    recorder = types.SimpleNamespace(
+        current_subsegment=lambda: subsegment, current_segment=lambda: None
+    )
+    monkeypatch.setitem(
+        sys.modules, "aws_xray_sdk.core", types.SimpleNamespace(xray_recorder=recorder)
+    )
+    # WHEN a span about a Change opens
+    with span("handle agent.wake", project_id="p", change_id="c"):
+        pass
+    # THEN the subsegment carries the Change and its trace ID
+    assert subsegment.annotations == {
+        "change_id": "c",
+        "change_trace_id": change_trace_id("p", "c"),
+    }
