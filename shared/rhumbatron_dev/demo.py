@@ -1517,6 +1517,8 @@ async def run_demo(root: Path, sample_path: Path, out: TextIO = sys.stdout) -> d
             s3_endpoint_url=stack.s3.endpoint_url,
             # The failing command walks its retries at once here; deployed, each waits 30 s.
             queue_retry_delay_s={"integration": 0.0},
+            # Spans for `rhumbatron up`'s Change timeline, should it serve this state later.
+            trace_spans=True,
             # No key: Clef-flash abstains (and so wakes) without calling a model.
             clef_flash_api_key=None,
             # The demo's webhook receiver listens on loopback, refused unless allow-listed.

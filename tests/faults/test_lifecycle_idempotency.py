@@ -29,7 +29,7 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -844,10 +844,12 @@ class RoutedTwice:
         assert self.app is not None
         return self.app.lifecycle().routing.acts_on(event)
 
-    async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
+    async def route(
+        self, events: Sequence[Event], traces: Mapping[str, str] | None = None
+    ) -> dict[str, RecordOutcome]:
         assert self.app is not None
         routing = self.app.lifecycle().routing
-        await routing.route(events)
+        await routing.route(events, traces)
         self.batches += 1
         return await routing.route(events)
 

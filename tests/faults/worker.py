@@ -36,7 +36,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -230,7 +230,9 @@ class RoutedLog:
     def acts_on(self, event: Event) -> bool:
         return True  # its one effect is a line per Event: every Event is routed
 
-    async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
+    async def route(
+        self, events: Sequence[Event], traces: Mapping[str, str] | None = None
+    ) -> dict[str, RecordOutcome]:
         if events:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:

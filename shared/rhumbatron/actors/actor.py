@@ -22,7 +22,7 @@ from typing import IO, Any, ClassVar
 
 from rhumbatron.actors.alarms import ALARM_SCHEMA, AlarmSink, NoAlarmSink, set_alarm
 from rhumbatron.actors.due_index import DueIndex
-from rhumbatron.actors.outbox import OUTBOX_SCHEMA, append_facts
+from rhumbatron.actors.outbox import OUTBOX_SCHEMA, append_facts, migrate_outbox
 from rhumbatron.actors.storage import open_with_schema, schema_version, write_transaction
 from rhumbatron.core.clock import Clock, SystemClock
 from rhumbatron.core.faults import crash_point
@@ -161,6 +161,7 @@ class Actor:
                 version=schema_version(OUTBOX_SCHEMA + ALARM_SCHEMA + self.STATE_SCHEMA),
                 what="actor",
                 new_dirs_to_sync=2,  # the actor file's folder and the projects folder
+                migrations=(migrate_outbox,),
             )
         return self._connection
 

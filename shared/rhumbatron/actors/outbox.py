@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from rhumbatron.core.tracing import traceparent_for
 from rhumbatron.errors import DomainError, OutboxError
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import stream_index
@@ -40,6 +41,7 @@ __all__ = [
     "backoff_s",
     "counts_by_state",
     "due_rows",
+    "migrate_outbox",
     "next_due_at",
     "prune_published",
     "published_since",
@@ -74,7 +76,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     last_error      TEXT,
     created_at      REAL    NOT NULL,
     published_at    REAL,
-    stream_seq      INTEGER
+    stream_seq      INTEGER,
+    traceparent     TEXT
 );
 CREATE INDEX IF NOT EXISTS outbox_open ON outbox (project_id, seq)
     WHERE state IN ('pending', 'retry_wait');
@@ -127,6 +130,8 @@ class OutboxRow:
     attempts: int
     next_attempt_at: float | None
     last_error: str | None
+    #: The W3C ``traceparent`` of the work that wrote the row, sent as the message's header.
+    traceparent: str | None = None
 
     @classmethod
     def from_sql(cls, row: Sequence[Any]) -> OutboxRow:
@@ -147,6 +152,7 @@ class OutboxRow:
             attempts,
             next_attempt_at,
             last_error,
+            traceparent,
         ) = row
         return cls(
             seq,
@@ -159,13 +165,14 @@ class OutboxRow:
             attempts,
             next_attempt_at,
             last_error,
+            traceparent,
         )
 
 
 #: The columns :meth:`OutboxRow.from_sql` reads, in its order.
 _ROW_COLUMNS = (
     "seq, event_id, project_id, event_type, stream_index, envelope, state, attempts, "
-    "next_attempt_at, last_error"
+    "next_attempt_at, last_error, traceparent"
 )
 _ROW_STATES = {state.value: state for state in RowState}
 
@@ -183,7 +190,9 @@ def append_facts(
 
     A fact whose Event ID is already in the outbox is ignored (a retried step). A fact of a
     type this actor class does not own, of another project, or larger than
-    ``max_event_bytes`` raises, which rolls the whole transaction back.
+    ``max_event_bytes`` raises, which rolls the whole transaction back. Each row keeps the
+    ``traceparent`` of the work writing it (:func:`~rhumbatron.core.tracing.traceparent_for`:
+    a Change's fact is in the Change's trace), which the publisher sends as its header.
     """
     added = 0
     for fact in facts:
@@ -206,8 +215,8 @@ def append_facts(
             )
         cursor = connection.execute(
             "INSERT OR IGNORE INTO outbox "
-            "(event_id, project_id, event_type, stream_index, envelope, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "(event_id, project_id, event_type, stream_index, envelope, created_at, traceparent) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 fact.event_id,
                 fact.project_id,
@@ -215,10 +224,19 @@ def append_facts(
                 stream_index(fact.project_id),
                 envelope,
                 now_s,
+                traceparent_for(fact.project_id, fact.change_id),
             ),
         )
         added += cursor.rowcount
     return added
+
+
+def migrate_outbox(connection: sqlite3.Connection) -> None:
+    """Give an outbox made before trace context its ``traceparent`` column (NULL in the rows
+    it holds: they are sent with no header). A current outbox is left as it is."""
+    columns = {row[1] for row in connection.execute("PRAGMA table_info(outbox)")}
+    if "traceparent" not in columns:
+        connection.execute("ALTER TABLE outbox ADD COLUMN traceparent TEXT")
 
 
 def due_rows(

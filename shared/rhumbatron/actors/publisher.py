@@ -2,7 +2,7 @@
 
 Per call and per project, at most 100 due rows are sent, in outbox order, to
 ``EVENTS_NN`` / ``events.NN`` (NN = ``fnv1a32(projectId) mod 8``) with the Event ID as
-``Nats-Msg-Id``. How order survives retries and pipelining:
+``Nats-Msg-Id`` and the row's ``traceparent``, if any, beside it. How order survives retries:
 
 * only a *prefix* of a project's rows is ever sent: a row waiting out its backoff blocks the
   rows behind it (see :func:`~rhumbatron.actors.outbox.due_rows`);
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -53,6 +54,7 @@ from rhumbatron.actors.outbox import (
 from rhumbatron.core.clock import Clock, SystemClock
 from rhumbatron.core.faults import crash_point
 from rhumbatron.core.settings import Settings
+from rhumbatron.core.tracing import record_hops
 from rhumbatron.errors import LogUnavailableError, NatsUnavailableError, SendRefusedError
 from rhumbatron.messaging.nudge import NoNudge, RouterNudge
 from rhumbatron.messaging.sender import (
@@ -277,13 +279,15 @@ class OutboxPublisher:
 
         Raises ``_Stop`` (after recording what was stored) when the connection is lost.
         """
-        sendable = self._drop_unsendable(actor, rows, report)
+        started, sendable = time.time(), self._drop_unsendable(actor, rows, report)
         if not sendable:
             return []
         stream_index = sendable[0].stream_index
         stream = event_stream_name(stream_index)
         messages = [
-            OutgoingMessage(event_stream_subject(stream_index), row.event_id, row.envelope)
+            OutgoingMessage(
+                event_stream_subject(stream_index), row.event_id, row.envelope, row.traceparent
+            )
             for row in sendable
         ]
         stored: list[tuple[int, int | None]] = []
@@ -307,6 +311,7 @@ class OutboxPublisher:
             )
             stored += more
         if stored:
+            record_hops("publish", (row.traceparent for row in sendable[: len(stored)]), started)
             report.published += len(stored)
             if stream_index not in report.nudged:
                 report.nudged.append(stream_index)

@@ -28,6 +28,7 @@ from rhumbatron.api.body_limit import BodyLimit
 from rhumbatron.api.docs_page import install_docs_page
 from rhumbatron.api.errors import install_error_handlers
 from rhumbatron.api.routes import ROUTERS
+from rhumbatron.api.tracing import TraceRequests
 from rhumbatron.errors import RhumbatronError
 
 if TYPE_CHECKING:
@@ -89,8 +90,10 @@ def create_api(app: ApiRuntime, auth: Authenticator, *, manage_runtime: bool = T
     install_error_handlers(api)
     # Outside every route: a body over the limit is refused before anything reads it.
     api.add_middleware(BodyLimit, max_bytes=app.settings.api_max_body_bytes)
-    # Outermost: every mutating request that reached an operation is audited.
+    # Every mutating request that reached an operation is audited.
     api.add_middleware(AuditTrail)
+    # Outermost: the request's span holds everything it writes and sends (api.tracing).
+    api.add_middleware(TraceRequests)
     for router in ROUTERS:
         api.include_router(router)
     install_docs_page(api)

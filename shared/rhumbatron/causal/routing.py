@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -41,7 +41,7 @@ from rhumbatron.core.clock import Clock
 from rhumbatron.domain.agents import CLEF_FLASH_PURPOSE
 from rhumbatron.errors import ActorError, MessagingError
 from rhumbatron.protocol.envelopes import Event
-from rhumbatron.router.records import APPLIED, RecordOutcome
+from rhumbatron.router.records import APPLIED, RecordOutcome, event_span
 
 if TYPE_CHECKING:
     from rhumbatron.causal.clef_flash import ClefFlashDecision
@@ -104,11 +104,16 @@ class RuleBasedRouting:
     def acts_on(self, event: Event) -> bool:
         return acts_on(event)
 
-    async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
+    async def route(
+        self, events: Sequence[Event], traces: Mapping[str, str] | None = None
+    ) -> dict[str, RecordOutcome]:
         outcomes: dict[str, RecordOutcome] = {}
+        traces = traces or {}
         for event in events:
             try:
-                await self._route_one(event)
+                # The commands it sends and the facts its effects write carry this span.
+                with event_span("route", event, traces.get(event.event_id)):
+                    await self._route_one(event)
                 outcomes[event.event_id] = APPLIED
             except (MessagingError, ActorError, sqlite3.OperationalError) as exc:
                 outcomes[event.event_id] = RecordOutcome.retry(f"{type(exc).__name__}: {exc}")

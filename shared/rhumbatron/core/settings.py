@@ -565,6 +565,20 @@ class Settings(BaseSettings):
     )
     # -- end of Change lifecycle ----------------------------------------------------------------
 
+    # -- trace spans --- (rhumbatron.core.tracing; docs/tracing.md) ------------------------------
+    trace_spans: bool = Field(
+        default=False,
+        description="Record this process's spans (API calls, routed events, handled commands, "
+        "workflow steps, publishes) in <state>/traces.sqlite for the local dashboard's Change "
+        "timeline. On for `rhumbatron up` and `make demo`; off in Lambda, where X-Ray holds "
+        "the traces (each span about a Change annotates the segment with change_trace_id).",
+    )
+    trace_spans_max_rows: int = Field(
+        default=20_000,
+        ge=100,
+        description="Spans <state>/traces.sqlite keeps; each flush deletes the oldest beyond it.",
+    )
+
     # -- fault injection (tests only) ---------------------------------------------------------
     crash_at: str | None = Field(
         default=None, description="Kill the process at this named point (fault tests only)."

@@ -94,9 +94,12 @@ def handle(
 
 
 async def _run(step: StepFunction, invocation: RunStep) -> dict[str, Any]:
+    from rhumbatron.workflows.engine import step_span
+
     # A fresh copy for the step, as the in-process engine gives it: only what the step
     # returns is merged into the state.
-    result = await step(invocation.input, json.loads(json.dumps(invocation.state)))
+    with step_span(invocation.workflow, invocation.step, invocation.input):
+        result = await step(invocation.input, json.loads(json.dumps(invocation.state)))
     return {"state": {**invocation.state, **dict(result or {})}}
 
 

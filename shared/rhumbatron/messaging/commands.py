@@ -4,18 +4,24 @@ Each queue is one subject, ``cmd.<queue>``, read by one durable consumer, ``q-<q
 (:data:`~rhumbatron.protocol.queue_consumers.QUEUE_CONSUMERS`). :class:`CommandBus` sends a
 Command with the message ID ``<queue>:<commandId>`` (an operator's Retry, attempt *n* > 1,
 adds ``:<n>`` so the 2-hour duplicate window cannot swallow it) and reports when JetStream
-dropped it as a duplicate.
+dropped it as a duplicate. A Command goes with a ``traceparent`` header: the one given, else
+the span in progress's position (in the Command's Change's trace when it names a Change, see
+:func:`~rhumbatron.core.tracing.traceparent_for`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rhumbatron.core.tracing import Span, span, traceparent_for
 from rhumbatron.errors import MessagingError, NatsUnavailableError
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS
+from rhumbatron.protocol.tracecontext import TRACEPARENT_HEADER, TraceContext
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -27,6 +33,7 @@ __all__ = [
     "CommandBus",
     "SendResult",
     "command_message_id",
+    "command_span",
     "retry_queue_for",
 ]
 
@@ -40,6 +47,17 @@ def command_message_id(queue: str, command: Command) -> str:
     """``<queue>:<commandId>``; an operator's Retry (attempt > 1) appends ``:<attempt>``."""
     base = f"{queue}:{command.command_id}"
     return base if command.attempt == 1 else f"{base}:{command.attempt}"
+
+
+def command_span(command: Command, headers: Mapping[str, str]) -> AbstractContextManager[Span]:
+    """The span of a handler's work on ``command``: in its Change's trace when it names one,
+    child of the position in its ``traceparent`` header (a bad or absent header: no parent)."""
+    return span(
+        f"handle {command.command_type}",
+        parent=TraceContext.parse(headers.get(TRACEPARENT_HEADER)),
+        project_id=command.project_id,
+        change_id=command.change_id,
+    )
 
 
 def retry_queue_for(command: Command) -> str:
@@ -66,11 +84,24 @@ class CommandBus:
     ack_timeout_s: float = 5.0
 
     async def send(
-        self, queue: str, command: Command, *, headers: dict[str, str] | None = None
+        self,
+        queue: str,
+        command: Command,
+        *,
+        headers: dict[str, str] | None = None,
+        trace: TraceContext | None = None,
     ) -> SendResult:
         """Publish ``command`` on ``cmd.<queue>``; JetStream drops a repeat of the same
-        message ID inside its duplicate window, and ``duplicate`` says so."""
+        message ID inside its duplicate window, and ``duplicate`` says so. Its
+        ``traceparent`` is ``trace``, else that of the span in progress."""
         message_id = command_message_id(queue, command)
+        traceparent = (
+            trace.header
+            if trace is not None
+            else traceparent_for(command.project_id, command.change_id)
+        )
+        if traceparent is not None:
+            headers = {TRACEPARENT_HEADER: traceparent, **(headers or {})}
         return await self._publish(
             queue, command.to_json(), message_id, headers, command.command_id
         )

@@ -4,8 +4,7 @@ For a queue, :meth:`QueueConsumerRuntime.poll` pulls batches of ``batch_size`` f
 consumer ``q-<queue>`` (filtered to ``cmd.<queue>`` only, as work-queue retention demands) and
 runs up to ``concurrency`` handlers at once. Every message gets its own outcome:
 
-* the handler returns ``None`` → ack (and an open dead letter of the same command closes as
-  ``succeeded``);
+* the handler returns ``None`` → ack (an open dead letter of the command closes ``succeeded``);
 * the handler returns :class:`Retry` or raises → ``nak(delay)`` — the delay the handler set, or
   the table's retry delay for a raise — until the last delivery (1 + retries); then the
   message goes to the queue's dead-letter queue and is terminated (``term``). A queue without
@@ -40,6 +39,7 @@ from rhumbatron.messaging.commands import (
     LAST_ERROR_HEADER,
     ORIGIN_QUEUE_HEADER,
     CommandBus,
+    command_span,
 )
 from rhumbatron.messaging.pull import Puller, ensure_consumer
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
@@ -334,7 +334,8 @@ class QueueConsumerRuntime:
                 return
 
             async def run_handler() -> Retry | None:
-                return await self._run_holding(msg, handler, command, delivery)
+                with command_span(command, delivery.headers):  # its writes and sends carry it
+                    return await self._run_holding(msg, handler, command, delivery)
 
             await self._settle(row, msg, command, delivery, report=report, work=run_handler)
 

@@ -59,19 +59,28 @@ __all__ = [
 ]
 
 
-#: Room for the header block this sender writes on a message (``NATS/1.0``, ``Nats-Msg-Id``
-#: and the three atomic-batch headers come to about 170 bytes). The server counts headers
-#: against ``max_payload``, so a body must leave this much room.
+#: Room for the header block this sender writes on a message (``NATS/1.0``, ``Nats-Msg-Id``,
+#: the three atomic-batch headers and a 55-character ``traceparent`` come to about 240
+#: bytes). The server counts headers against ``max_payload``, so a body must leave this much
+#: room.
 HEADER_ALLOWANCE_BYTES = 256
 
 
 @dataclass(frozen=True, slots=True)
 class OutgoingMessage:
-    """One Event on its way: the subject, its ID (``Nats-Msg-Id``) and the JSON body."""
+    """One Event on its way: the subject, its ID (``Nats-Msg-Id``), the JSON body, and the
+    W3C ``traceparent`` of the work that wrote it (sent as a header when there is one)."""
 
     subject: str
     message_id: str
     data: bytes
+    traceparent: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        """``Nats-Msg-Id``, and ``traceparent`` when the message has one."""
+        if self.traceparent is None:
+            return {"Nats-Msg-Id": self.message_id}
+        return {"Nats-Msg-Id": self.message_id, "traceparent": self.traceparent}
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +181,7 @@ class JetStreamSender:
                 message.data,
                 timeout=self._ack_timeout_s,
                 stream=stream,
-                headers={"Nats-Msg-Id": message.message_id},
+                headers=message.headers(),
             )
         except NatsError as exc:
             raise self._classify(exc, f"publish of {message.message_id}") from exc
@@ -279,7 +288,7 @@ class JetStreamSender:
                 message.subject,
                 message.data,
                 reply=f"{inbox}.{FAST_BATCH_FLOW}.fail.{number}.{operation}.$FI",
-                headers={"Nats-Msg-Id": message.message_id},
+                headers=message.headers(),
             )
             # The first answer says the batch exists (or why it cannot).
             if number == 1 and (final := await self._fast_answer(state)) is not None:
@@ -352,7 +361,7 @@ class JetStreamSender:
     @staticmethod
     def _batch_headers(message: OutgoingMessage, batch_id: str, sequence: int) -> dict[str, str]:
         return {
-            "Nats-Msg-Id": message.message_id,
+            **message.headers(),
             "Nats-Batch-Id": batch_id,
             "Nats-Batch-Sequence": str(sequence),
         }

@@ -71,7 +71,14 @@ from rhumbatron.reactions.reaction_facts import record_disablement
 from rhumbatron.reactions.webhook_attempts import record_attempt
 from rhumbatron.reactions.webhook_ledger import Disablement
 from rhumbatron.router.claims import claim_leases, complete_claims, release_claims
-from rhumbatron.router.records import APPLIED, DUPLICATE, Record, RecordOutcome
+from rhumbatron.router.records import (
+    APPLIED,
+    DUPLICATE,
+    Record,
+    RecordOutcome,
+    event_span,
+    record_traces,
+)
 
 if TYPE_CHECKING:
     from rhumbatron.core.settings import Settings
@@ -126,6 +133,7 @@ class ReactionsConsumer:
             if e.event_id not in leases.fresh
         }
         fresh = [e for e in events if e.event_id in leases.fresh]
+        traces = record_traces(records) if fresh else {}
         done: list[str] = []
         try:
             # One event after the other: the gate's in-flight count then means what it says.
@@ -137,7 +145,8 @@ class ReactionsConsumer:
                 if event.tenant_id in cap_full:
                     outcomes[event.event_id] = cap_full[event.tenant_id]
                     continue
-                outcome, refused_in_flight = await self._react_fresh(event, run)
+                with event_span("react", event, traces.get(event.event_id)):
+                    outcome, refused_in_flight = await self._react_fresh(event, run)
                 outcomes[event.event_id] = outcome
                 if outcome in (APPLIED, DUPLICATE):
                     done.append(event.event_id)

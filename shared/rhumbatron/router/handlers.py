@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -27,7 +27,15 @@ from rhumbatron.router.claims import (
     release_claims,
 )
 from rhumbatron.router.project_view import ProjectView
-from rhumbatron.router.records import APPLIED, DEFERRED, DUPLICATE, Outcome, Record, RecordOutcome
+from rhumbatron.router.records import (
+    APPLIED,
+    DEFERRED,
+    DUPLICATE,
+    Outcome,
+    Record,
+    RecordOutcome,
+    record_traces,
+)
 from rhumbatron.router.view_store import StreamViews
 
 if TYPE_CHECKING:
@@ -229,8 +237,11 @@ class CausalRouting(Protocol):
         ask and change nothing, in any world, so the router acks it with no claim."""
         ...
 
-    async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
-        """An outcome per event ID."""
+    async def route(
+        self, events: Sequence[Event], traces: Mapping[str, str] | None = None
+    ) -> dict[str, RecordOutcome]:
+        """An outcome per event ID; ``traces`` holds the ``traceparent`` header of each
+        event that came with one (by event ID), for the commands it causes."""
         ...
 
 
@@ -240,7 +251,9 @@ class NoCausalRules:
     def acts_on(self, event: Event) -> bool:
         return False
 
-    async def route(self, events: Sequence[Event]) -> dict[str, RecordOutcome]:
+    async def route(
+        self, events: Sequence[Event], traces: Mapping[str, str] | None = None
+    ) -> dict[str, RecordOutcome]:
         return {event.event_id: APPLIED for event in events}
 
 
@@ -273,7 +286,9 @@ class CausalRouter:
         outcomes |= leased
         crash_point(self.state.settings.crash_at, "after_claim")
         try:
-            routed = await self.routing.route([e for e in events if e.event_id in fresh])
+            routed = await self.routing.route(
+                [e for e in events if e.event_id in fresh], record_traces(routable)
+            )
         except Exception as exc:
             # A crashing rule fails its events (counted, dead-lettered on the 5th), not the run.
             _log.exception("causal routing failed")

@@ -47,16 +47,19 @@ from __future__ import annotations
 
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from rhumbatron.core.tracing import Span, span
 from rhumbatron.errors import EnvelopeError, RhumbatronError
 from rhumbatron.messaging.pull import delivery
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.fast_decode import decode_event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.protocol.tracecontext import TRACEPARENT_HEADER, TraceContext
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -71,6 +74,8 @@ __all__ = [
     "checked_record",
     "decode_record",
     "decode_records",
+    "event_span",
+    "record_traces",
 ]
 
 
@@ -123,6 +128,31 @@ class Record:
     @property
     def body(self) -> str:
         return (self.msg.data or b"").decode("utf-8", errors="replace")
+
+    @property
+    def traceparent(self) -> str | None:
+        """The ``traceparent`` header the publisher sent the record with, if any (read when
+        asked, not while decoding: only records that cause work need it)."""
+        headers = getattr(self.msg, "headers", None)
+        return None if not headers else headers.get(TRACEPARENT_HEADER)
+
+
+def record_traces(records: Iterable[Record]) -> dict[str, str]:
+    """``traceparent`` by record key, of the records that carry one."""
+    return {r.key: header for r in records if (header := r.traceparent) is not None}
+
+
+@contextmanager
+def event_span(name: str, event: Event, traceparent: str | None) -> Iterator[Span]:
+    """The span of the work one Event causes: in its Change's trace when it has a Change
+    (else in its header's, else a new one), child of the position in its header."""
+    with span(
+        f"{name} {event.event_type}",
+        parent=TraceContext.parse(traceparent),
+        project_id=event.project_id,
+        change_id=event.change_id,
+    ) as opened:
+        yield opened
 
 
 #: The port to the project roots: a project's tenant as its root actor says, None when the

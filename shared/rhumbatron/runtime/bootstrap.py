@@ -86,6 +86,10 @@ class Rhumbatron:
     # -- actors ----------------------------------------------------------------------------
     def __post_init__(self) -> None:
         self.actors = ActorDirectory(self.settings, self.clock, self.alarms)
+        if self.settings.trace_spans:  # the local dashboard's Change timelines
+            from rhumbatron.metrics.trace_spans import install_span_store
+
+            install_span_store(self.settings)
 
     def actor(self, ref: ActorRef) -> Actor:
         """The (cached) actor for ``ref``."""

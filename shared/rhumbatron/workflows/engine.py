@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from rhumbatron.core.tracing import Span, current_span, span
 from rhumbatron.errors import DomainError
 from rhumbatron.protocol.envelopes import Command
 
@@ -36,6 +38,7 @@ __all__ = [
     "WorkflowStepRecord",
     "check_instance_id",
     "ledger_ids",
+    "step_span",
     "workflow_start_for",
 ]
 
@@ -234,3 +237,21 @@ def workflow_start_for(command: Command) -> tuple[str, str]:
 
 class OperableWorkflowEngine(WorkflowEngine, WorkflowOperations, Protocol):
     """An engine an operator can read and steer: both adapters are one."""
+
+
+def step_span(workflow: str, step: str, input: Mapping[str, Any]) -> AbstractContextManager[Span]:
+    """The span of one step: in the trace of the Change its input names (``projectId``,
+    ``changeId``), child of the span that started or resumed the instance, if any.
+
+    The input carries no ``traceparent`` on purpose: Step Functions answers a repeated start
+    under the same execution name with a *different* input as an error, and a header would
+    differ on every delivery of the starting command. The Change's trace ID is computed
+    from the input instead."""
+    change_id, project_id = input.get("changeId"), input.get("projectId")
+    parent = current_span()
+    return span(
+        f"workflow {workflow} {step}",
+        parent=None if parent is None else parent.context,
+        project_id=project_id if isinstance(project_id, str) else None,
+        change_id=change_id if isinstance(change_id, str) else None,
+    )

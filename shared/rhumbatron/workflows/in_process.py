@@ -35,6 +35,7 @@ from rhumbatron.workflows.engine import (
     WorkflowStepRecord,
     check_instance_id,
     ledger_ids,
+    step_span,
 )
 
 __all__ = ["InProcessEngine", "StepFunction", "WorkflowDefinition", "WorkflowStep"]
@@ -372,7 +373,8 @@ class InProcessEngine:
                 return  # an operator cancelled or terminated it: no further step runs
             try:
                 # A fresh copy for each step: only what a step returns reaches the record.
-                result = await step(input_, json.loads(state_json))
+                with step_span(definition.name, name, input_):
+                    result = await step(input_, json.loads(state_json))
                 state_json = json.dumps({**json.loads(state_json), **dict(result or {})})
             except Exception as exc:
                 # BaseException (cancellation, a killed process) is not caught: the instance

@@ -1,15 +1,16 @@
 """The dashboard page: plain HTML and a small vanilla script, no build step, no CDN.
 
 Kept as Python strings, not package data files: the wheel ships them with the code, and the
-page works wherever the package is installed. The script polls ``/dashboard/api/summary`` and
-``/dashboard/api/feed`` every 2 s and draws each panel with DOM calls (never ``innerHTML``:
-a dead letter's reason is text from a failed command, not markup).
+page works wherever the package is installed. The script polls ``/dashboard/api/summary``,
+``/dashboard/api/feed`` and ``/dashboard/api/trace`` every 2 s and draws each panel with DOM
+calls (never ``innerHTML``: a dead letter's reason is text from a failed command, not markup).
 
 Stable hooks for tests and scripts: every panel is a ``section`` with an ``id`` (``panel-lag``,
 ``panel-backlog``, ``panel-dead-letters``, ``panel-commands``, ``panel-errors``,
-``panel-throughput``, ``panel-functions``, ``panel-feed``); rows carry ``data-*`` attributes
-naming what they show (``data-stream``/``data-consumer``, ``data-letter-id`` with
-``data-status`` and ``data-resolution``, ``data-queue``, ``data-role``, ``data-event-id``);
+``panel-throughput``, ``panel-functions``, ``panel-feed``, ``panel-trace``); rows carry
+``data-*`` attributes naming what they show (``data-stream``/``data-consumer``,
+``data-letter-id`` with ``data-status`` and ``data-resolution``, ``data-queue``, ``data-role``,
+``data-event-id``, a span's ``data-span-id``, ``data-parent-id``, ``data-name``);
 ``body[data-updates]`` counts the successful refreshes.
 """
 
@@ -69,6 +70,9 @@ _PAGE = """<!doctype html>
   .bars { display: flex; align-items: flex-end; gap: 3px; height: 4rem; margin: .5rem 0; }
   .bars div { flex: 1; background: #7aa7d9; min-height: 1px; }
   select { font: inherit; }
+  .track { position: relative; height: .9rem; min-width: 16rem; background: var(--bg); }
+  .track div { position: absolute; top: 0; bottom: 0; background: #7aa7d9; min-width: 2px; }
+  tr[data-error] .track div { background: var(--bad); }
 </style>
 <script src="/dashboard/dashboard.js" defer></script>
 </head>
@@ -188,6 +192,16 @@ _PAGE = """<!doctype html>
     <table>
       <thead><tr><th class="num">seq</th><th>event</th><th>id</th><th>occurred</th></tr></thead>
       <tbody id="feed-rows"></tbody>
+    </table>
+  </section>
+  <section id="panel-trace" class="panel wide">
+    <h2>Change trace <select id="trace-change" aria-label="change"></select></h2>
+    <p class="note" id="trace-note"></p>
+    <p class="panel-error"></p>
+    <table>
+      <thead><tr><th>span</th><th class="num">at ms</th><th class="num">took ms</th>
+        <th>timeline</th></tr></thead>
+      <tbody id="trace-rows"></tbody>
     </table>
   </section>
 </main>
@@ -391,6 +405,41 @@ DASHBOARD_SCRIPT = """"use strict";
         el("td", {}, e.occurredAt))));
   }
 
+  // The Change whose trace is shown: ?project=&change= in the address, then the select.
+  const asked = new URLSearchParams(window.location.search);
+  let traced = asked.get("change") ?
+    { projectId: asked.get("project"), changeId: asked.get("change") } : null;
+
+  function drawTrace(trace) {
+    failed("panel-trace", null);
+    const select = $("trace-change");
+    const key = (c) => c && c.changeId ? `${c.projectId}/${c.changeId}` : "";
+    const keys = trace.changes.map(key);
+    if (select.options.length !== keys.length || select.value !== key(trace)) {
+      select.replaceChildren(...keys.map((k) => el("option", { value: k }, k)));
+      select.value = key(trace);
+    }
+    if (!trace.enabled) {
+      text("trace-note", "No spans are recorded: RHUMBATRON_TRACE_SPANS is off.");
+    } else {
+      text("trace-note", trace.traceId ? `trace ${trace.traceId}: ${trace.spans.length} spans`
+        : "No Change has spans yet.");
+    }
+    $("panel-trace").setAttribute("data-change-id", trace.changeId || "");
+    const total = Math.max(1, ...trace.spans.map((s) => s.offsetMs + s.durationMs));
+    $("trace-rows").replaceChildren(...trace.spans.map((s) => {
+      const bar = el("div", {});
+      bar.style.left = `${(100 * s.offsetMs) / total}%`;
+      bar.style.width = `${(100 * s.durationMs) / total}%`;
+      const name = el("td", { title: s.error || "" }, s.name);
+      name.style.paddingLeft = `${0.5 + s.depth}rem`;
+      return el("tr", { "data-span-id": s.spanId, "data-parent-id": s.parentId,
+        "data-name": s.name, "data-offset-ms": s.offsetMs, "data-error": s.error },
+        name, num(s.offsetMs.toFixed(1)), num(s.durationMs.toFixed(1)),
+        el("td", {}, el("div", { class: "track" }, bar)));
+    }));
+  }
+
   async function refresh() {
     try {
       const summary = await getJson("/dashboard/api/summary");
@@ -407,6 +456,14 @@ DASHBOARD_SCRIPT = """"use strict";
         drawFeed(await getJson("/dashboard/api/feed" + query));
       } catch (error) {
         failed("panel-feed", { error: error.message });
+      }
+      try {
+        const query = new URLSearchParams();
+        if (traced && traced.projectId) query.set("project", traced.projectId);
+        if (traced && traced.changeId) query.set("change", traced.changeId);
+        drawTrace(await getJson("/dashboard/api/trace?" + query));
+      } catch (error) {
+        failed("panel-trace", { error: error.message });
       }
       updates += 1;
       document.body.setAttribute("data-updates", String(updates));
@@ -456,6 +513,11 @@ DASHBOARD_SCRIPT = """"use strict";
   });
   document.addEventListener("change", (event) => {
     if (event.target.id === "feed-project") { project = event.target.value; refresh(); }
+    if (event.target.id === "trace-change") {
+      const [projectId, changeId] = event.target.value.split("/");
+      traced = { projectId, changeId };
+      refresh();
+    }
   });
 
   async function poll() {

@@ -4,8 +4,10 @@ The cloud API never mounts them: in the cloud the dashboard is CloudWatch's. Loc
 
 * ``GET /dashboard`` is the page, with the run's API token written in;
 * ``GET /dashboard/dashboard.js`` is its script;
-* ``GET /dashboard/api/summary`` and ``GET /dashboard/api/feed?project=`` are its data, for a
-  bearer token of every tenant with ``dead-letters:read`` (the page sends the run's token).
+* ``GET /dashboard/api/summary``, ``GET /dashboard/api/feed?project=`` and
+  ``GET /dashboard/api/trace?project=&change=`` (a Change's spans, :mod:`.trace`) are its
+  data, for a bearer token of every tenant with ``dead-letters:read`` (the page sends the
+  run's token).
 
 The page's Retry and Dismiss call the API's own ``POST /dead-letters/{id}/retry`` and
 ``/dismiss``; the dashboard adds no write route.
@@ -27,10 +29,12 @@ from rhumbatron.api.auth import SCOPE_DEAD_LETTERS_READ, Authenticator, Principa
 from rhumbatron.core.settings import ANY_TENANT
 from rhumbatron.errors import ApiError, AuthenticationError, PermissionDeniedError
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
+from rhumbatron.protocol.values import IDENTIFIER
 from rhumbatron.runtime.bootstrap import Rhumbatron
 from rhumbatron_dev.dashboard.page import DASHBOARD_SCRIPT, render_page
 from rhumbatron_dev.dashboard.stats import LocalRunStats
 from rhumbatron_dev.dashboard.summary import FEED_DEFAULT, FEED_MAX, collect_summary, project_feed
+from rhumbatron_dev.dashboard.trace import change_trace
 
 __all__ = ["DashboardForbiddenError", "dashboard_router"]
 
@@ -127,5 +131,14 @@ def dashboard_router(
         limit: Annotated[int, Query(ge=1, le=FEED_MAX)] = FEED_DEFAULT,
     ) -> dict[str, Any]:
         return project_feed(app, project, limit)
+
+    @router.get("/api/trace", dependencies=readers)
+    async def trace(
+        project: Annotated[
+            str | None, Query(pattern=PROJECT_ID_PATTERN.pattern, description="A project ID.")
+        ] = None,
+        change: Annotated[str | None, Query(pattern=IDENTIFIER, description="A Change ID.")] = None,
+    ) -> dict[str, Any]:
+        return change_trace(app, project, change)
 
     return router

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import socket
 import sys
@@ -171,6 +172,8 @@ async def run_up(
                     "s3_endpoint_url": stack.s3.endpoint_url,
                     "api_auth_mode": "static",
                     "api_tokens": {token: {"tenant": ANY_TENANT, "scopes": sorted(SCOPES)}},
+                    # The dashboard's Change timelines, unless the environment says otherwise.
+                    **({} if "RHUMBATRON_TRACE_SPANS" in os.environ else {"trace_spans": True}),
                     **(settings_overrides or {}),
                 }
             )
