@@ -23,6 +23,7 @@ from rhumbatron.causal.rules import StateEffect
 from rhumbatron.causal.store import CausalStore
 from rhumbatron.causal.world import ShardWorld
 from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.log_context import CorrelationIdFilter
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.errors import ActorError
@@ -237,14 +238,21 @@ async def test_an_effect_that_raises_retries_or_fails_the_event_saying_why(
     # GIVEN a promotion whose effect the lifecycle cannot apply
     wiring.routing.effects = BrokenLifecycle(error)
     (advanced,) = events()[2:]
-    # WHEN it is routed
+    # WHEN it is routed (the log handler stamps the bound correlation ID, as in Lambda)
+    caplog.handler.addFilter(CorrelationIdFilter())
     with caplog.at_level(logging.ERROR, logger="rhumbatron.causal.routing"):
         outcomes = await wiring.routing.route([advanced])
-    # THEN its outcome names the error; only a failure is logged as one
+    # THEN its outcome names the error; only a failure is logged as one, with the event's
+    #   correlationId (to follow it across functions)
     assert outcomes == {advanced.event_id: outcome(f"{type(error).__name__}: {error}")}
-    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    logged = [
+        (r.getMessage(), getattr(r, "correlation_id", None))
+        for r in caplog.records
+        if r.levelno == logging.ERROR
+    ]
     failed = outcome == RecordOutcome.failed
-    assert logged == ([f"routing {advanced.event_id} failed"] if failed else [])
+    expected = [(f"routing {advanced.event_id} failed", advanced.correlation_id)]
+    assert logged == (expected if failed else [])
 
 
 async def test_a_wake_dropped_by_one_changes_cap_does_not_stop_the_next_changes(

@@ -38,6 +38,7 @@ from rhumbatron.causal.rules import (
     wake_command,
 )
 from rhumbatron.core.clock import Clock
+from rhumbatron.core.log_context import correlated
 from rhumbatron.domain.agents import CLEF_FLASH_PURPOSE
 from rhumbatron.errors import ActorError, MessagingError
 from rhumbatron.protocol.envelopes import Event
@@ -110,17 +111,21 @@ class RuleBasedRouting:
         outcomes: dict[str, RecordOutcome] = {}
         traces = traces or {}
         for event in events:
-            try:
-                # The commands it sends and the facts its effects write carry this span.
-                with event_span("route", event, traces.get(event.event_id)):
-                    await self._route_one(event)
-                outcomes[event.event_id] = APPLIED
-            except (MessagingError, ActorError, sqlite3.OperationalError) as exc:
-                outcomes[event.event_id] = RecordOutcome.retry(f"{type(exc).__name__}: {exc}")
-            except Exception as exc:
-                # The Event itself cannot be routed: counted, a poison letter on the 5th.
-                _log.exception("routing %s failed", event.event_id)
-                outcomes[event.event_id] = RecordOutcome.failed(f"{type(exc).__name__}: {exc}")
+            # Its log lines carry its correlationId (Clef-flash's warnings, a failure here).
+            with correlated(event.correlation_id):
+                try:
+                    # The commands it sends and the facts its effects write carry this span.
+                    with event_span("route", event, traces.get(event.event_id)):
+                        await self._route_one(event)
+                    outcomes[event.event_id] = APPLIED
+                except (MessagingError, ActorError, sqlite3.OperationalError) as exc:
+                    reason = f"{type(exc).__name__}: {exc}"
+                    outcomes[event.event_id] = RecordOutcome.retry(reason)
+                except Exception as exc:
+                    # The Event itself cannot be routed: counted, a poison letter on the 5th.
+                    _log.exception("routing %s failed", event.event_id)
+                    reason = f"{type(exc).__name__}: {exc}"
+                    outcomes[event.event_id] = RecordOutcome.failed(reason)
         return outcomes
 
     async def _route_one(self, event: Event) -> None:

@@ -33,8 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 from rhumbatron.core.clock import Clock
 from rhumbatron.core.event_loop import run_together
-from rhumbatron.core.faults import crash_point
-from rhumbatron.core.log_context import correlated
 from rhumbatron.core.settings import Settings
 from rhumbatron.errors import RhumbatronError
 from rhumbatron.messaging.event_log import ConsumerLag, EventLogClient, Subscription
@@ -52,14 +50,18 @@ from rhumbatron.router.handlers import (
 from rhumbatron.router.nudge_turn import turn_taken_since
 from rhumbatron.router.records import (
     DecodedEvents,
-    Outcome,
     ProjectOwners,
     Record,
     RecordOutcome,
     decode_records,
 )
 from rhumbatron.router.reports import RunReport, SubscriptionReport, SweepReport
-from rhumbatron.router.settling import HeldRecords, prefetch_next, settle_failure
+from rhumbatron.router.settling import (
+    HeldRecords,
+    prefetch_next,
+    settle_failure,
+    settle_records,
+)
 from rhumbatron.router.stream_state import StreamState
 from rhumbatron.router.ticks import sweep_plan, tick_kind
 
@@ -403,37 +405,23 @@ class EventRouter:
                 # fault, so nothing is counted; the claims rolled back with the transaction.
                 retry = RecordOutcome.retry(f"{type(exc).__name__}: {exc}")
                 outcomes = {r.key: retry for r in decoded}
-        nak_delay = self.settings.router_nak_delay_s
-        deferred: list[Record] = []
-        for record in records:
-            with correlated(None if record.event is None else record.event.correlation_id):
-                outcome = outcomes.get(record.key)
-                if record.error is not None:
-                    outcome = RecordOutcome.failed(record.error)
-                elif record.retry is not None:
-                    outcome = RecordOutcome.retry(record.retry)
-                assert outcome is not None, f"{subscription} gave no outcome for {record.key}"
-                report.count(outcome.outcome)
-                crash_point(self.settings.crash_at, "before_ack")
-                match outcome.outcome:
-                    case Outcome.APPLIED | Outcome.DUPLICATE:
-                        await record.msg.ack()
-                    case Outcome.DEFERRED:
-                        deferred.append(record)
-                    case Outcome.RETRY:
-                        _log.warning("%s retries %s: %s", subscription, record.key, outcome.reason)
-                        await record.msg.nak(delay=nak_delay)
-                    case Outcome.FAILED:
-                        report.dead_lettered += await settle_failure(
-                            self.settings,
-                            state=self.stream_state(run.stream_index),
-                            product=self.product,
-                            run=run,
-                            subscription=subscription,
-                            handler=handler,
-                            record=record,
-                            outcome=outcome,
-                        )
+        deferred = await settle_records(
+            self.settings,
+            subscription,
+            records,
+            outcomes,
+            report,
+            fail=lambda record, outcome: settle_failure(
+                self.settings,
+                state=self.stream_state(run.stream_index),
+                product=self.product,
+                run=run,
+                subscription=subscription,
+                handler=handler,
+                record=record,
+                outcome=outcome,
+            ),
+        )
         if deferred:
             # Kept for the stream's next run in this process, which takes them before
             # anything new: nacked, each would be sent, parsed and fetched again. Whoever

@@ -6,6 +6,8 @@
   not decoded again. Nothing is fetched, sent or parsed twice (DECISIONS, "The 15-call cap").
 * :func:`prefetch_next` — while the projector commits a full fetch, it asks already for the
   records the stream's next fetch will take, so they arrive during the commit.
+* :func:`settle_records` — each fetched record's outcome carried out: ack, hold, nack after
+  the delay, or a failure;
 * :func:`settle_failure` — a record's failure counted per ``(consumer, event key)`` and
   nacked after the delay; the 5th makes it a ``poison_event`` dead letter, marks it
   processed and acks it.
@@ -15,14 +17,16 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rhumbatron.core.faults import crash_point
+from rhumbatron.core.log_context import correlated
 from rhumbatron.errors import RhumbatronError
 from rhumbatron.messaging.event_log import EventLogClient, Subscription
 from rhumbatron.protocol.ids import event_stream_name
-from rhumbatron.router.records import Record, RecordOutcome
+from rhumbatron.router.records import Outcome, Record, RecordOutcome
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -30,9 +34,10 @@ if TYPE_CHECKING:
     from rhumbatron.core.settings import Settings
     from rhumbatron.product.database import ProductDatabase
     from rhumbatron.router.handlers import ProjectViewProjector, RecordHandler, RunContext
+    from rhumbatron.router.reports import SubscriptionReport
     from rhumbatron.router.stream_state import StreamState
 
-__all__ = ["HeldRecords", "prefetch_next", "settle_failure"]
+__all__ = ["HeldRecords", "prefetch_next", "settle_failure", "settle_records"]
 
 _log = logging.getLogger(__name__)
 
@@ -104,6 +109,48 @@ async def prefetch_next(
         await log.prefetch(run.stream_index, Subscription.PROJECT_VIEW_PROJECTOR, batch - deferring)
     elif more and calls_left > 0:
         await log.prefetch(run.stream_index, Subscription.PROJECT_VIEW_PROJECTOR, batch)
+
+
+async def settle_records(
+    settings: Settings,
+    subscription: Subscription,
+    records: Sequence[Record],
+    outcomes: dict[str, RecordOutcome],
+    report: SubscriptionReport,
+    *,
+    fail: Callable[[Record, RecordOutcome], Awaitable[bool]],
+) -> list[Record]:
+    """Carry out each record's outcome (``outcomes`` by record key; a record that could not
+    be decoded or whose project could not be read carries its own): ack, nack after the
+    delay, or ``fail`` (:func:`settle_failure`); returns the deferred ones, to hold. A record
+    whose settling logs a line binds its event's ``correlationId`` to it."""
+    deferred: list[Record] = []
+    for record in records:
+        outcome = outcomes.get(record.key)
+        if record.error is not None:
+            outcome = RecordOutcome.failed(record.error)
+        elif record.retry is not None:
+            outcome = RecordOutcome.retry(record.retry)
+        assert outcome is not None, f"{subscription} gave no outcome for {record.key}"
+        report.count(outcome.outcome)
+        crash_point(settings.crash_at, "before_ack")
+        match outcome.outcome:
+            case Outcome.APPLIED | Outcome.DUPLICATE:
+                await record.msg.ack()
+            case Outcome.DEFERRED:
+                deferred.append(record)
+            case Outcome.RETRY:
+                with correlated(_correlation_id(record)):
+                    _log.warning("%s retries %s: %s", subscription, record.key, outcome.reason)
+                await record.msg.nak(delay=settings.router_nak_delay_s)
+            case Outcome.FAILED:
+                with correlated(_correlation_id(record)):
+                    report.dead_lettered += await fail(record, outcome)
+    return deferred
+
+
+def _correlation_id(record: Record) -> str | None:
+    return None if record.event is None else record.event.correlation_id
 
 
 async def settle_failure(

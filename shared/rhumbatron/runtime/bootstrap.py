@@ -126,9 +126,7 @@ class Rhumbatron:
             if self._nc is None or self._nc.is_closed:
                 from rhumbatron.messaging.connection import connect_nats
 
-                self._nc = await connect_nats(
-                    self.settings, name="rhumbatron", secrets=self.secrets
-                )
+                self._nc = await connect_nats(self.settings, secrets=self.secrets)
             return self._nc
 
     @property
