@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from contextvars import Context
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,9 @@ class InProcessNudge:
         if task is not None and not task.done():
             self._again.add(stream_index)
             return
-        self._tasks[stream_index] = asyncio.create_task(self._run(stream_index))
+        # A run of its own, as the router-nudge function's invoke is: not the nudger's
+        # correlation ID or span, which would name the router's lines and writes otherwise.
+        self._tasks[stream_index] = asyncio.create_task(self._run(stream_index), context=Context())
 
     async def _run(self, stream_index: int) -> None:
         assert self.router is not None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextvars import Context
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -118,15 +119,15 @@ class Rhumbatron:
 
     # -- NATS --------------------------------------------------------------------------------
     async def nats(self) -> NATS:
-        """The process's one NATS connection, opened on first use (and again once closed).
-
-        A lock keeps concurrent first users (the publisher's workers) to one connection.
-        """
+        """The process's one NATS connection, opened on first use (and again once closed); a
+        lock keeps concurrent first users (the publisher's workers) to one connection."""
         async with self._connecting:
             if self._nc is None or self._nc.is_closed:
                 from rhumbatron.messaging.connection import connect_nats
 
-                self._nc = await connect_nats(self.settings, secrets=self.secrets)
+                # A context of its own: the client's tasks outlive the command that connected.
+                connecting = connect_nats(self.settings, secrets=self.secrets)
+                self._nc = await asyncio.create_task(connecting, context=Context())
             return self._nc
 
     @property
@@ -203,12 +204,9 @@ class Rhumbatron:
         return await repair(nc, report, dry_run=dry_run, republisher=republisher)
 
     async def publisher(self) -> OutboxPublisher:
-        """The process's publisher, over the current connection.
-
-        nats-py closes a client for good on some server errors; a publisher left on such a
-        connection would report ``unavailable`` for ever, so it is rebuilt when the
-        connection was replaced.
-        """
+        """The process's publisher, over the current connection: rebuilt when the connection
+        was replaced (nats-py closes a client for good on some server errors, and a publisher
+        left on it would report ``unavailable`` for ever)."""
         if self._sender is not None:
             if self._publisher is None:
                 self._publisher = self._new_publisher(self._sender)
