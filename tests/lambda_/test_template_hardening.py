@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from .support import CloudFormationLoader, Tag
+from .test_template import QUEUE_FUNCTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -270,18 +271,24 @@ def test_every_async_invoked_function_sends_what_lambda_gives_up_on_to_the_failu
     for name in invoked:
         config = _functions(template)[name]["Properties"].get("EventInvokeConfig")
         assert config is not None, f"{name} is invoked asynchronously but has no EventInvokeConfig"
-        # THEN a failure (retries spent, or too old) is recorded in the queue; SAM grants the
-        # function sqs:SendMessage on it because the destination's Type is SQS
+        # THEN a failure (retries spent, or too old) is recorded in a queue; SAM grants the
+        # function sqs:SendMessage on it because the destination's Type is SQS. A queue
+        # function's dropped ticks (about one a minute while it is busy, by design) go to a
+        # queue of their own, so the failures queue holds only what means something
+        kept_in = "QueueTickDropsQueue" if name in QUEUE_FUNCTIONS else "AsyncInvokeFailuresQueue"
         assert config.get("DestinationConfig", {}).get("OnFailure") == {
             "Type": "SQS",
-            "Destination": Tag("GetAtt", "AsyncInvokeFailuresQueue.Arn"),
+            "Destination": Tag("GetAtt", f"{kept_in}.Arn"),
         }, name
         # ... after at most one retry, within 5 minutes: a schedule or the sweep redoes it
         assert config["MaximumRetryAttempts"] <= 1, name
         assert 60 <= config["MaximumEventAgeInSeconds"] <= 300, name
-    queue = template["Resources"]["AsyncInvokeFailuresQueue"]
-    assert queue["Type"] == "AWS::SQS::Queue"
-    assert queue["Properties"]["SqsManagedSseEnabled"] is True
+    for name in ("AsyncInvokeFailuresQueue", "QueueTickDropsQueue"):
+        queue = template["Resources"][name]
+        assert queue["Type"] == "AWS::SQS::Queue"
+        assert queue["Properties"]["SqsManagedSseEnabled"] is True
+    drops = template["Resources"]["QueueTickDropsQueue"]["Properties"]
+    assert drops["MessageRetentionPeriod"] == 86_400  # kept a day: it is expected noise
 
 
 def test_every_schedule_sends_what_it_could_not_deliver_to_its_dead_letter_queue(
