@@ -44,7 +44,6 @@ import gzip
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -60,7 +59,9 @@ from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.actors.storage import observe_commits
+from rhumbatron.cli.progress import progress_on_stderr
 from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.progress import ProgressCallback
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
@@ -389,10 +390,6 @@ async def _lag(router: EventRouter) -> int:
     return sum(lag.num_pending + lag.num_ack_pending for lag in await router.consumer_lags())
 
 
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
 @contextmanager
 def _schedule_fires_kept_two_days() -> Iterator[None]:
     """The sweep's tick facts remembered two days (their setting's least), not seven, for the
@@ -410,7 +407,9 @@ def _schedule_fires_kept_two_days() -> Iterator[None]:
             os.environ[name] = before
 
 
-async def run_soak(plan: SoakPlan, root: Path, *, progress: bool = True) -> SoakResult:
+async def run_soak(
+    plan: SoakPlan, root: Path, *, progress: ProgressCallback | None = None
+) -> SoakResult:
     """Run ``plan`` on a fresh embedded stack under ``root``; see the module docstring."""
     from rhumbatron_dev.local.stack import LocalStack
 
@@ -443,7 +442,7 @@ async def _load(
     roles: _Roles,
     result: SoakResult,
     server_cpu: ServerCpu,
-    progress: bool,
+    progress: ProgressCallback | None,
 ) -> None:
     await app.ensure_streams()
     router = app.router()
@@ -470,9 +469,12 @@ async def _load(
             day = minutes // _MINUTES_PER_DAY
             rows, used_bytes, wal_bytes = table_figures(app.settings.state_dir)
             result.days.append(DayFigures(day, written, rows, used_bytes, wal_bytes))
-            if progress:
+            if progress is not None:
                 rate = written / (time.perf_counter() - started)
-                _say(f"soak: day {day} of {plan.days}, {written:,} events, {rate:,.0f} events/s")
+                note = f"soak: day {day} of {plan.days}, {written:,} events, {rate:,.0f} events/s"
+                progress(written, plan.events, note)
+        elif progress is not None:
+            progress(written, plan.events)
     # After the load, the sweep alone (and the nudges its publishes send) brings the lag to 0.
     while await _lag(router) and result.catch_up_minutes < _CATCH_UP_MAX_MIN:
         await _minute(app, plan, clock, roles, result, nudge)
@@ -685,8 +687,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan.check()
     except ValueError as exc:
         parser.error(str(exc))
-    with tempfile.TemporaryDirectory(prefix="rhumbatron-soak-") as root:
-        result = asyncio.run(run_soak(plan, Path(root)))
+    with (
+        tempfile.TemporaryDirectory(prefix="rhumbatron-soak-") as root,
+        progress_on_stderr("soak", json_output=False, notes_off_terminal=True) as progress,
+    ):
+        result = asyncio.run(run_soak(plan, Path(root), progress=progress))
     print(format_result(result))
     args.out.write_text(json.dumps(results_json(result), indent=2, sort_keys=True) + "\n")
     # A shorter run is a partial soak: its checks count, its targets are only shown.

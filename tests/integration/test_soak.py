@@ -18,11 +18,18 @@ async def test_a_short_soak_applies_archives_and_keeps_every_table_flat(tmp_path
     plan = SoakPlan(events=3_000, days=3, projects=16, write_every_min=60, sweep_every_min=60)
 
     # WHEN the soak runs on the embedded stack
-    result = await run_soak(plan, tmp_path, progress=False)
+    seen: list[tuple[int, int | None, str]] = []
+    result = await run_soak(
+        plan, tmp_path, progress=lambda done, total, note="": seen.append((done, total, note))
+    )
 
     # THEN every check passes: nothing lost, every event applied and archived once, no dead
     #   letter, lag 0, every table flat after the first day, no ceiling warning
     assert result.checks() == dict.fromkeys(result.checks(), True)
+    # AND the progress it reported rose to every event, a note at the end of each day
+    assert [done for done, _, _ in seen] == sorted(done for done, _, _ in seen)
+    assert seen[-1][:2] == (3_000, 3_000)
+    assert [note for _, _, note in seen if note][-1].startswith("soak: day 3 of 3, 3,000 events")
     assert (result.events, result.lost, result.unapplied, result.unarchived) == (3_000, 0, 0, 0)
     assert len(result.days) == 3
     # AND the event tables did grow on the first day, so "flat" means something
