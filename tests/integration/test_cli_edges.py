@@ -7,6 +7,8 @@ the long operations report real progress to the callback the bar is drawn from."
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +165,49 @@ def test_dry_run_without_repair_is_a_usage_error_naming_the_flag(tmp_path: Path)
     assert done.returncode == 2
     assert "--dry-run goes with --repair" in done.stderr
     assert "Usage: rhumbatron reconcile" in done.stderr
+
+
+_IGNORING_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+@pytest.mark.parametrize("launcher", [(), ("-c", _IGNORING_SIGINT)], ids=["plain", "bg-job"])
+def test_up_stops_its_whole_stack_on_sigterm(tmp_path: Path, launcher: tuple[str, ...]) -> None:
+    # GIVEN `rhumbatron up` running (started as a shell starts it, or as a background job,
+    #   whose SIGINT is ignored), its stack up
+    process = subprocess.Popen(
+        [sys.executable, *launcher, "-m", "rhumbatron.cli", "up", "--root", str(tmp_path / "up")],
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        banner: list[str] = []
+        for line in process.stdout:
+            banner.append(line)
+            if "Ctrl-C stops" in line:
+                break
+        nats_url = next(line for line in banner if "NATS nats://" in line).split()[1]
+        assert _port_open(nats_url), banner
+        # WHEN a process manager (or kill, or `timeout`) sends SIGTERM
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    # THEN it stops as for Ctrl-C: cleanly, saying so, its nats-server gone with it
+    assert process.returncode == 0, err
+    assert err.rstrip().endswith("rhumbatron up: stopped"), err
+    assert "Traceback" not in err
+    assert not _port_open(nats_url)
+
+
+def _port_open(url: str) -> bool:
+    host, port = url.rsplit("/", 1)[1].split(":")
+    with socket.socket() as sock:
+        return sock.connect_ex((host, int(port))) == 0

@@ -44,6 +44,7 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 import socket
 import sys
 import time
@@ -180,10 +181,11 @@ async def run_up(
             nudge = InProcessNudge()
             app = bootstrap(settings, alarms=RecordingAlarmSink(), nudge=nudge)
             stats = LocalRunStats(app.clock)
+            stop = asyncio.Event()
+            stopped_by_sigterm = _stop_on_sigterm(stop)
             try:
                 await app.ensure_streams()
                 stack.s3.client().create_bucket(Bucket=settings.evidence_bucket)
-                stop = asyncio.Event()
                 handle = UpHandle(
                     app, bootstrap(settings, alarms=app.alarms), url, token, stats, stop
                 )
@@ -200,9 +202,24 @@ async def run_up(
                 # Nudges still running use the router, which closing the runtime closes.
                 await nudge.close()
                 await app.close()
+                if stopped_by_sigterm:
+                    asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
     finally:
         listener.close()
     return stats
+
+
+def _stop_on_sigterm(stop: asyncio.Event) -> bool:
+    """SIGTERM (kill, a process manager, ``timeout``) stops the stack as ``stop`` does, its
+    cleanup included; whether it could be set up (only the main thread can). uvicorn takes
+    SIGTERM over while it serves, and raises it again once it has stopped: it then comes
+    here. Left to its default, it ended the process before the cleanup and orphaned the
+    stack's nats-server. Ctrl-C already stops through asyncio.run."""
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    except (ValueError, RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 def _listen(port: int | None) -> socket.socket:
@@ -431,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(run_up(args.root, api_port=args.port, duration_s=args.duration))
     except KeyboardInterrupt:
-        # uvicorn stops on Ctrl-C and raises it again; the operator asked for the stop.
+        # uvicorn stops on Ctrl-C (or SIGTERM) and raises it again; the stop was asked for.
         pass
     except RhumbatronError as exc:
         print(f"rhumbatron up: {exc}", file=sys.stderr)
