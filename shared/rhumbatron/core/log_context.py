@@ -14,9 +14,9 @@ once on one event loop, each in its own task, and each task sees only its own bi
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from contextlib import AbstractContextManager
+from contextvars import ContextVar, Token
+from types import TracebackType
 
 __all__ = ["CorrelationIdFilter", "correlated", "current_correlation_id"]
 
@@ -28,18 +28,34 @@ def current_correlation_id() -> str | None:
     return _correlation_id.get()
 
 
-@contextmanager
-def correlated(correlation_id: str | None) -> Iterator[None]:
+def correlated(correlation_id: str | None) -> AbstractContextManager[None]:
     """Bind ``correlation_id`` to the log lines written inside the block (None: keep the
     binding around it)."""
-    if correlation_id is None:
-        yield
-        return
-    token = _correlation_id.set(correlation_id)
-    try:
-        yield
-    finally:
-        _correlation_id.reset(token)
+    return _Binding(correlation_id)
+
+
+class _Binding(AbstractContextManager[None]):
+    """A class, not a generator: a queue consumer binds one per command, on its hot path."""
+
+    __slots__ = ("_correlation_id", "_token")
+
+    def __init__(self, correlation_id: str | None) -> None:
+        self._correlation_id = correlation_id
+        self._token: Token[str | None] | None = None
+
+    def __enter__(self) -> None:
+        if self._correlation_id is not None:
+            self._token = _correlation_id.set(self._correlation_id)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._token is not None:
+            _correlation_id.reset(self._token)
+            self._token = None
 
 
 class CorrelationIdFilter(logging.Filter):

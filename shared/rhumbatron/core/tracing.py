@@ -27,10 +27,11 @@ import contextlib
 import functools
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Protocol
 
 from rhumbatron.protocol.tracecontext import TraceContext, change_trace_id, new_span_id
@@ -112,7 +113,6 @@ def traceparent_for(project_id: str, change_id: str | None) -> str | None:
     return f"00-{trace_id}-{current.context.span_id}-{current.context.flags}"
 
 
-@contextmanager
 def span(
     name: str,
     *,
@@ -120,7 +120,7 @@ def span(
     project_id: str | None = None,
     change_id: str | None = None,
     link: str | None = None,
-) -> Iterator[Span]:
+) -> AbstractContextManager[Span]:
     """Open a span for the work in the block: in the Change's trace when ``change_id`` is
     given, else in ``parent``'s, else in a new trace; ``parent`` is the position that caused
     it (a header read). The span is the current one inside the block, and is recorded when
@@ -133,25 +133,47 @@ def span(
     else:
         trace_id = TraceContext.new().trace_id
     flags = parent.flags if parent is not None else "01"
-    opened = Span(
-        TraceContext(trace_id, new_span_id(), flags),
-        None if parent is None else parent.span_id,
-        name,
-        time.time(),
-        project_id=project_id,
-        change_id=change_id,
-        link=link,
+    return _Scope(
+        Span(
+            TraceContext(trace_id, new_span_id(), flags),
+            None if parent is None else parent.span_id,
+            name,
+            time.time(),
+            project_id=project_id,
+            change_id=change_id,
+            link=link,
+        )
     )
-    token = _current.set(opened)
-    try:
-        yield opened
-    except BaseException as exc:
-        opened.error = f"{type(exc).__name__}: {exc}"[:500]
-        raise
-    finally:
-        _current.reset(token)
+
+
+class _Scope(AbstractContextManager[Span]):
+    """A span current for a block. A class, not a generator: a queue consumer opens one per
+    command, and a generator's context manager cost several times more on that path."""
+
+    __slots__ = ("_opened", "_token")
+
+    def __init__(self, opened: Span) -> None:
+        self._opened = opened
+        self._token: Token[Span | None] | None = None
+
+    def __enter__(self) -> Span:
+        self._token = _current.set(self._opened)
+        return self._opened
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        opened = self._opened
+        if exc is not None:
+            opened.error = f"{type(exc).__name__}: {exc}"[:500]
+        assert self._token is not None
+        _current.reset(self._token)
         opened.end_s = time.time()
-        _record(opened)
+        if _sinks:
+            _record(opened)
 
 
 def record_hops(name: str, traceparents: Iterable[str | None], start_s: float) -> None:
