@@ -354,3 +354,10 @@ def test_network_filesystem_is_detected_from_the_mount_table(tmp_path: Path) -> 
     # THEN every path is a network path on the first, and a path under no mount is not one
     assert is_network_filesystem(root / "local", mounts_file=nfs_root)
     assert not is_network_filesystem(root / "local", mounts_file=no_root)
+
+    # GIVEN a local state directory that is a link to one not made yet on the network mount
+    link = root / "state-link"
+    link.symlink_to(efs / "not-made-yet")
+    # THEN it is on the network mount: the files will be created there, through the link
+    assert is_network_filesystem(link, mounts_file=no_root)
+    assert is_network_filesystem(link / "projects", mounts_file=no_root)

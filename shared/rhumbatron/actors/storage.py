@@ -82,11 +82,10 @@ def _mount_type(path: Path, mounts_file: Path) -> str | None:
 
 
 def is_network_filesystem(path: Path, mounts_file: Path = Path("/proc/mounts")) -> bool:
-    """Whether ``path`` lives on a network filesystem, read from the mount table."""
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    return (_mount_type(probe, mounts_file) or "") in NETWORK_FILESYSTEMS
+    """Whether ``path`` lives on a network filesystem, read from the mount table: where the
+    path leads once its links are followed (a link to a directory not made yet on a network
+    mount is on it: the files will be created there), even before it exists."""
+    return (_mount_type(path, mounts_file) or "") in NETWORK_FILESYSTEMS
 
 
 def check_journal_mode(settings: Settings) -> None:
