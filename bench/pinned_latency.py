@@ -119,7 +119,8 @@ async def _publish_alarms(
             if unclean:
                 raise BenchError(f"the publisher did not publish cleanly: {unclean[0]}")
             if finishing and not wake.is_set():
-                control.send(("finished", fires, commits.counts.total()))
+                cpus = sorted(os.sched_getaffinity(0))
+                control.send(("finished", fires, commits.counts.total(), cpus))
                 fires, finishing = 0, False
                 commits.counts.clear()
     finally:
@@ -157,6 +158,7 @@ async def pinned_latency_run(
     done: asyncio.Future[tuple[float, float]] = loop.create_future()
     finished: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
     nudging: set[asyncio.Task[None]] = set()  # nudges being handed to InProcessNudge
+    cpus_by_role: dict[str, tuple[int, ...]] = {}
 
     context = multiprocessing.get_context("spawn")
     from_writer, writer_end = context.Pipe()
@@ -184,6 +186,7 @@ async def pinned_latency_run(
                 elif message[0] == "done":
                     done.set_result((message[1], message[2]))
                     writer_commits.update(message[3])
+                    cpus_by_role["writer (actors)"] = tuple(message[4])
         except EOFError:
             loop.remove_reader(from_writer.fileno())
             for future in (warmed, done):
@@ -200,6 +203,7 @@ async def pinned_latency_run(
                     task.add_done_callback(nudging.discard)
                 elif message[0] == "finished":
                     finished.put_nowait((message[1], message[2]))
+                    cpus_by_role["publisher"] = tuple(message[3])
         except EOFError:
             loop.remove_reader(to_publisher.fileno())
             finished.put_nowait((-1, -1))
@@ -248,6 +252,9 @@ async def pinned_latency_run(
         write_s, late_max = await asyncio.wait_for(done, timeout=seconds * 10 + 60)
         fires, publisher_commits = await finish_publishing()
         cpu_after = cpu_now()
+        cpus_by_role["router"] = tuple(sorted(os.sched_getaffinity(0)))
+        if server_cpu.pid is not None:
+            cpus_by_role["nats-server"] = tuple(sorted(os.sched_getaffinity(server_cpu.pid)))
         commits = {
             "actors (writer)": writer_commits.get("all", 0),
             "publisher": publisher_commits,
@@ -297,4 +304,5 @@ async def pinned_latency_run(
         cpu_s={k: cpu_after[k] - cpu_before[k] for k in cpu_before},
         commits=commits,
         layout="pinned: " + layout.describe(),
+        cpus_by_role=cpus_by_role,
     )

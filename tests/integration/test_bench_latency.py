@@ -12,6 +12,7 @@ import pytest
 from bench.jetstream import ServerCpu
 from bench.pinned_latency import pinned_latency_run
 from bench.pinning import pin_process, pinned_layout
+from bench.router import LatencyResult, RouterSuite, build_router_workload
 
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 
@@ -26,6 +27,7 @@ def _allowed_cpus(pid: int) -> set[frozenset[int]]:
     return found
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning apart needs two CPUs")
 def test_pinning_a_process_pins_every_one_of_its_threads() -> None:
     # GIVEN a process running four threads
     child = subprocess.Popen(
@@ -94,8 +96,45 @@ async def test_the_pinned_run_times_every_event_to_its_view_and_counts_each_role
     assert set(result.cpu_s) == {"router", "publisher", "writer (actors)", "nats-server"}
     assert all(seconds > 0 for seconds in result.cpu_s.values())
     assert result.layout.startswith("pinned: ")
+    # AND each role ran on its CPUs during the load, as its own process saw them
+    assert result.cpus_by_role == {
+        "writer (actors)": tuple(sorted(layout.writer)),
+        "publisher": tuple(sorted(layout.publisher)),
+        "router": tuple(sorted(layout.router)),
+        "nats-server": tuple(sorted(layout.nats_server)),
+    }
     # AND this process and nats-server have every CPU back
     assert _allowed_cpus(os.getpid()) == every_cpu
     server_pid = ServerCpu(nats_server).pid
     assert server_pid is not None
     assert _allowed_cpus(server_pid) == {frozenset(os.sched_getaffinity(0))}
+
+
+def _run(target: float, offered: float, p99_ms: float) -> LatencyResult:
+    events = int(target * 4)
+    return LatencyResult(
+        target_rate=target,
+        events=events,
+        write_s=events / offered,
+        apply_s=events / offered,
+        latencies_ms=tuple([1.0] * (events - events // 50) + [p99_ms] * (events // 50)),
+        writer_late_max_ms=0.0,
+        events_after_load=0,
+        nudge_runs=events,
+        publish_fires=events,
+        projects=8,
+    )
+
+
+def test_the_knee_is_the_highest_rate_offered_in_full_within_the_p99() -> None:
+    # GIVEN a sweep whose writer kept up to 500/s, and fell behind at 750 and 1,000
+    suite = RouterSuite(workload=build_router_workload(projects=1, events_per_project=1))
+    suite.knee = [
+        _run(250, 250, 5.0),
+        _run(500, 499, 40.0),
+        _run(750, 707, 30.0),  # p99 within the target, but 750/s was never offered
+        _run(1000, 717, 30.0),
+    ]
+    # THEN the runs that could not offer their rate count as no pass, and the knee is 500
+    assert [r.status for r in suite.knee] == ["PASS", "PASS", "SHORT", "SHORT"]
+    assert suite.knee_rate() == 500
