@@ -163,3 +163,12 @@ def issue_certificates(directory: Path, host: str = "localhost") -> TlsFiles:
         (directory / f"{name}.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
         (directory / f"{name}-key.pem").write_bytes(_pem_key(key))
     return TlsFiles(directory, ca_path)
+
+
+#: Each queue's consumer function and the queues it polls (template.yaml).
+QUEUE_FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "AgentWakeupsFunction": ("agent-wakeups",),
+    "IntegrationFunction": ("integration", "verification", "release"),
+    "IndexingFunction": ("indexing",),
+    "DeadLetterFunction": ("dead-letter",),
+}

@@ -40,7 +40,7 @@ from rhumbatron.lifecycle.workflows import LifecycleWorkflows
 from rhumbatron.protocol.queue_consumers import QUEUE_CONSUMERS
 from rhumbatron.runtime.bootstrap import bootstrap
 
-from .support import CloudFormationLoader, Tag, load_app
+from .support import QUEUE_FUNCTIONS, CloudFormationLoader, Tag, load_app
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -67,12 +67,6 @@ FUNCTIONS: dict[str, tuple[str, ModuleType]] = {
 }
 
 #: The queue consumers, and the queues each polls (one integration module serves three).
-QUEUE_FUNCTIONS: dict[str, tuple[str, ...]] = {
-    "AgentWakeupsFunction": ("agent-wakeups",),
-    "IntegrationFunction": ("integration", "verification", "release"),
-    "IndexingFunction": ("indexing",),
-    "DeadLetterFunction": ("dead-letter",),
-}
 
 #: The functions that connect to NATS (all but the workflow step, which only moves actors).
 NATS_FUNCTIONS = set(FUNCTIONS) - {"WorkflowStepFunction"}

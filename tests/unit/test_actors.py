@@ -579,16 +579,17 @@ def test_a_promotion_names_the_changes_it_carries_and_the_root_keeps_the_canonic
     # GIVEN a project whose canonical tree is at generation 0
     root = offline_app.project_root(PROJECT)
     root.create_project(CALLER, name="Acme")
-    # WHEN two Candidates are promoted, one after the other, each carrying its Changes
+    # WHEN two Candidates are promoted, one after the other, each carrying its Changes (their
+    #   IDs sort against their generations)
     root.promote(
         CALLER,
-        candidate_id="cand-1",
+        candidate_id="cand-z",
         artifact_id="art-1",
         expected_generation=0,
         change_ids=("chg-1", "chg-2"),
     )
     root.promote(
-        CALLER, candidate_id="cand-2", artifact_id="art-2", expected_generation=1, change_ids=()
+        CALLER, candidate_id="cand-a", artifact_id="art-2", expected_generation=1, change_ids=()
     )
     # THEN each canonical.advanced names the Changes it carries
     advanced = [
@@ -597,8 +598,8 @@ def test_a_promotion_names_the_changes_it_carries_and_the_root_keeps_the_canonic
         if isinstance(payload := Event.parse(row["envelope"]).payload, CanonicalAdvanced)
     ]
     assert [(p.candidate_id, list(p.change_ids)) for p in advanced] == [
-        ("cand-1", ["chg-1", "chg-2"]),
-        ("cand-2", []),
+        ("cand-z", ["chg-1", "chg-2"]),
+        ("cand-a", []),
     ]
     # AND the root lists the promoted Candidates oldest generation first
-    assert root.promoted_candidate_ids() == ["cand-1", "cand-2"]
+    assert root.promoted_candidate_ids() == ["cand-z", "cand-a"]  # not by ID, nor as stored

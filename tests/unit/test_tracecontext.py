@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rhumbatron.core.log_context import correlated, current_correlation_id
 from rhumbatron.core.tracing import current_span, span, traceparent_for
 from rhumbatron.protocol.tracecontext import TraceContext, change_trace_id
 
@@ -116,3 +117,23 @@ def test_a_span_about_a_change_annotates_the_xray_subsegment_only_where_xray_is_
         "change_id": "c",
         "change_trace_id": change_trace_id("p", "c"),
     }
+
+
+def test_a_span_and_a_correlation_binding_are_entered_once_each() -> None:
+    # A queue consumer opens one of each per command; one entered again (nested, or after
+    # its end) would leave the wrong span or ID current, so it refuses, and leaves none behind
+    opened = span("handle agent.wake", project_id="acme-web", change_id="chg-1")
+    with opened as first:
+        assert current_span() is first
+        with pytest.raises(RuntimeError, match="entered once"):
+            opened.__enter__()
+        assert current_span() is first
+    assert current_span() is None
+    with pytest.raises(RuntimeError, match="entered once"):
+        opened.__enter__()
+    binding = correlated("cmd_1")
+    with binding:
+        with pytest.raises(RuntimeError, match="entered once"):
+            binding.__enter__()
+        assert current_correlation_id() == "cmd_1"
+    assert current_correlation_id() is None

@@ -44,6 +44,8 @@ class _Binding(AbstractContextManager[None]):
         self._token: Token[str | None] | None = None
 
     def __enter__(self) -> None:
+        if self._token is not None:
+            raise RuntimeError("a correlation binding is entered once; make a new one")
         if self._correlation_id is not None:
             self._token = _correlation_id.set(self._correlation_id)
 

@@ -157,6 +157,8 @@ class _Scope(AbstractContextManager[Span]):
         self._token: Token[Span | None] | None = None
 
     def __enter__(self) -> Span:
+        if self._token is not None or self._opened.end_s is not None:
+            raise RuntimeError(f"span {self._opened.name!r} is entered once; open a new one")
         self._token = _current.set(self._opened)
         return self._opened
 

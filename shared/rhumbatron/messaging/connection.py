@@ -104,6 +104,28 @@ async def _auth_options(settings: Settings, secrets: SecretCache) -> dict[str, A
     last = dict(options)
     refreshing: set[asyncio.Future[str | None]] = set()
 
+    def take(reading: asyncio.Future[str | None]) -> None:
+        # On the event loop, between two CONNECTs: never between nats-py's asking for the
+        # user and for the password, which would pair an old user with a new password.
+        refreshing.discard(reading)
+        if reading.cancelled():
+            return
+        if (failure := reading.exception()) is not None:
+            _log.warning(
+                "cannot read %s again: %s; keeping the credentials read before",
+                _CREDENTIALS,
+                failure,
+            )
+            return
+        text = reading.result()
+        try:
+            fresh = {} if text is None else nats_auth_options(text, arn=arn)
+        except ConfigurationError as exc:
+            _log.warning("%s; reconnecting with the credentials read before", exc)
+            return
+        if fresh.keys() == last.keys():
+            last.update(fresh)
+
     def current(key: str) -> Callable[[], str]:
         # nats-py asks again each time it sends CONNECT (every reconnect), synchronously, in
         # the middle of the handshake: this answers at once with the credentials kept, and
@@ -112,20 +134,12 @@ async def _auth_options(settings: Settings, secrets: SecretCache) -> dict[str, A
         # secret rotated since reaches the next reconnect after that read; one that fails
         # keeps the credentials last read.
         def get() -> str:
-            text = secrets.fresh(arn)
-            if text is None and not refreshing:
+            if secrets.fresh(arn) is None and not refreshing:
                 reading = asyncio.get_running_loop().run_in_executor(
                     None, lambda: secrets.read_or_last(arn, what=_CREDENTIALS, timeout_s=timeout_s)
                 )
                 refreshing.add(reading)
-                reading.add_done_callback(refreshing.discard)
-            try:
-                fresh = {} if text is None else nats_auth_options(text, arn=arn)
-            except ConfigurationError as exc:
-                _log.warning("%s; reconnecting with the credentials read before", exc)
-                fresh = {}
-            if fresh.keys() == last.keys():
-                last.update(fresh)
+                reading.add_done_callback(take)
             return str(last[key])
 
         return get

@@ -188,22 +188,24 @@ class EventRouter:
         subscriptions = (Subscription.PROJECT_VIEW_PROJECTOR, Subscription.CAUSAL_ROUTER)
         # The projector starts first; the two then run side by side: they share nothing, and
         # waiting for the causal router's commits would delay the projector's next run.
-        results = await run_together(
-            *(
-                self.consume(
-                    self.run_context(stream_index),
-                    subscription,
-                    consumes=consumes,
-                    batch=batch,
-                    should_stop=should_stop,
-                    flush=False,
+        try:
+            results = await run_together(
+                *(
+                    self.consume(
+                        self.run_context(stream_index),
+                        subscription,
+                        consumes=consumes,
+                        batch=batch,
+                        should_stop=should_stop,
+                        flush=False,
+                    )
+                    for subscription in subscriptions
                 )
-                for subscription in subscriptions
             )
-        )
-        log = await self.event_log()
-        if log.nc.is_connected:  # both consumers' acks, on one connection: one round trip
-            await log.nc.flush()
+        finally:  # both consumers' acks, on one connection: one round trip, even if one raised
+            log = self._log_client
+            if log is not None and log.nc.is_connected:
+                await log.nc.flush()
         for subscription, result in zip(subscriptions, results, strict=True):
             report.subscriptions[subscription.value] = result
         if self._drain_mode():

@@ -47,8 +47,8 @@ from __future__ import annotations
 
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -142,17 +142,15 @@ def record_traces(records: Iterable[Record]) -> dict[str, str]:
     return {r.key: header for r in records if (header := r.traceparent) is not None}
 
 
-@contextmanager
-def event_span(name: str, event: Event, traceparent: str | None) -> Iterator[Span]:
+def event_span(name: str, event: Event, traceparent: str | None) -> AbstractContextManager[Span]:
     """The span of the work one Event causes: in its Change's trace when it has a Change
     (else in its header's, else a new one), child of the position in its header."""
-    with span(
+    return span(
         f"{name} {event.event_type}",
         parent=TraceContext.parse(traceparent),
         project_id=event.project_id,
         change_id=event.change_id,
-    ) as opened:
-        yield opened
+    )
 
 
 #: The port to the project roots: a project's tenant as its root actor says, None when the

@@ -7,7 +7,7 @@
 * :func:`prefetch_next` — while the projector commits a full fetch, it asks already for the
   records the stream's next fetch will take, so they arrive during the commit.
 * :func:`settle_records` — each fetched record's outcome carried out: ack, hold, nack after
-  the delay, or a failure;
+  the delay, or a failure.
 * :func:`settle_failure` — a record's failure counted per ``(consumer, event key)`` and
   nacked after the delay; the 5th makes it a ``poison_event`` dead letter, marks it
   processed and acks it.

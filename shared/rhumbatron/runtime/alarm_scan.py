@@ -3,11 +3,12 @@
 A fire asks the actor's AlarmGuard, then publishes while rows are due. The scan visits the
 actors the due-actor index names as due, up to ``publish_concurrency`` at once; the local
 invoker drains the alarms a :class:`~rhumbatron.actors.alarms.RecordingAlarmSink` announced.
-Each job nudges the router once per stream it moved, when it ends: not once per actor, nor
-once per 100-row publish, so a busy run costs the router one run per stream, not one per
-actor. One actor's failure (a damaged or locked file) is recorded in its report and does not
-stop the others. These are the composition root's jobs: they read the actor directory and the
-publisher it built, and :class:`~rhumbatron.runtime.bootstrap.Rhumbatron` runs them.
+Each job nudges the router once per stream it moved, when it ends (the local drain, at the end
+of each round of fires): not once per actor, nor once per 100-row publish, so a busy run costs
+the router one run per stream, not one per actor. One actor's failure (a damaged or locked
+file) is recorded in its report and does not stop the others. These are the composition root's
+jobs: they read the actor directory and the publisher it built, and
+:class:`~rhumbatron.runtime.bootstrap.Rhumbatron` runs them.
 """
 
 from __future__ import annotations

@@ -94,8 +94,8 @@ class Lifecycle:
             # The cloud keeps the key in Secrets Manager: asked for at each question, kept
             # secret_max_age_s by the runtime's cache, so a rotated key applies while warm. A
             # read that fails keeps the key read before: a Secrets Manager blip must not make
-            # routing fail (five failures dead-letter the event), only a key never read does
-            # (the question is then not asked: the agent wakes, "no API key").
+            # routing fail (five failures dead-letter the event). With no key ever read, the
+            # question is not asked: Clef-flash abstains and the agent wakes ("no API key").
             secrets = self.app.secrets
 
             async def api_key() -> str | None:

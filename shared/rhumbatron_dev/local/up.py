@@ -163,6 +163,10 @@ async def run_up(
     listener = _listen(api_port)
     port = int(listener.getsockname()[1])
     url = f"http://127.0.0.1:{port}"
+    # From before the stack starts until after it has stopped: a SIGTERM at any point stops
+    # it through its cleanup (the first one; one more while it stops changes nothing).
+    stop = asyncio.Event()
+    stopped_by_sigterm = _stop_on_sigterm(stop)
     try:
         with LocalStack(root) as stack:
             assert stack.s3 is not None
@@ -181,8 +185,6 @@ async def run_up(
             nudge = InProcessNudge()
             app = bootstrap(settings, alarms=RecordingAlarmSink(), nudge=nudge)
             stats = LocalRunStats(app.clock)
-            stop = asyncio.Event()
-            stopped_by_sigterm = _stop_on_sigterm(stop)
             try:
                 await app.ensure_streams()
                 stack.s3.client().create_bucket(Bucket=settings.evidence_bucket)
@@ -202,10 +204,10 @@ async def run_up(
                 # Nudges still running use the router, which closing the runtime closes.
                 await nudge.close()
                 await app.close()
-                if stopped_by_sigterm:
-                    asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
     finally:
         listener.close()
+        if stopped_by_sigterm:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
     return stats
 
 
@@ -448,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(run_up(args.root, api_port=args.port, duration_s=args.duration))
     except KeyboardInterrupt:
-        # uvicorn stops on Ctrl-C (or SIGTERM) and raises it again; the stop was asked for.
+        # uvicorn stops on Ctrl-C and raises it again; the stop was asked for.
         pass
     except RhumbatronError as exc:
         print(f"rhumbatron up: {exc}", file=sys.stderr)
