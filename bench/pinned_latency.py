@@ -29,6 +29,7 @@ from bench.router import (
     _stored_at,
     _ViewCommits,
     _writer_process,
+    apply_what_is_left,
     latency_plan,
     latency_result,
 )
@@ -261,13 +262,7 @@ async def pinned_latency_run(
             "router": router_commits.stop().get("all", 0),
         }
         applied_by_nudges = sum(1 for e in committed_at if e in views.committed_at)
-        for _ in range(100):  # what the sweep would pick up
-            moved = 0
-            for index in sorted({stream_index(p) for p in project_ids}):
-                report = await router.nudge(index)
-                moved += report.total("applied")
-            if not moved:
-                break
+        await apply_what_is_left(router, {stream_index(p) for p in project_ids})
         nudge_runs = nudge.runs - runs_before
         stored_at = await _stored_at(await app.nats(), {stream_index(p) for p in project_ids})
     finally:

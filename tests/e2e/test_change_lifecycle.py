@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -34,22 +36,29 @@ FAST = {
 }
 
 
-@pytest_asyncio.fixture
-async def app(tmp_path: Path) -> AsyncIterator[Rhumbatron]:
-    """The embedded default: nats-server and moto's S3 server on loopback, SQLite files."""
+@asynccontextmanager
+async def embedded_runtime(tmp_path: Path, **settings: Any) -> AsyncIterator[Rhumbatron]:
+    """The embedded default: nats-server and moto's S3 server on loopback, SQLite files, the
+    retry delays short (:data:`FAST`) and ``settings`` on top; its streams and bucket made."""
     with LocalStack(tmp_path / "stack") as stack:
         assert stack.s3 is not None
-        settings = load_settings(
+        loaded = load_settings(
             state_dir=tmp_path / "state",
             nats_url=stack.nats.url,
             s3_endpoint_url=stack.s3.endpoint_url,
-            **FAST,
+            **(FAST | settings),
         )
-        stack.s3.client().create_bucket(Bucket=settings.evidence_bucket)
-        runtime = bootstrap(settings, clock=ManualClock(), alarms=RecordingAlarmSink())
+        stack.s3.client().create_bucket(Bucket=loaded.evidence_bucket)
+        runtime = bootstrap(loaded, clock=ManualClock(), alarms=RecordingAlarmSink())
         await runtime.ensure_streams()
         yield runtime
         await runtime.close()
+
+
+@pytest_asyncio.fixture
+async def app(tmp_path: Path) -> AsyncIterator[Rhumbatron]:
+    async with embedded_runtime(tmp_path) as runtime:
+        yield runtime
 
 
 def _plans(sample: dict) -> list[TaskPlan]:

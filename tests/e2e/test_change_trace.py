@@ -14,20 +14,16 @@ import httpx
 import pytest_asyncio
 from nats.aio.msg import Msg
 
-from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.api import StaticTokenAuth, create_api
-from rhumbatron.core.clock import ManualClock
-from rhumbatron.core.settings import load_settings
 from rhumbatron.lifecycle.commands import lifecycle_command
 from rhumbatron.lifecycle.scripted_agent import ScriptLibrary
 from rhumbatron.metrics.trace_spans import install_span_store
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.protocol.tracecontext import TraceContext, change_trace_id
-from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron.runtime.bootstrap import Rhumbatron
 from rhumbatron_dev.local.loop import LocalLoop
-from rhumbatron_dev.local.stack import LocalStack
 
-from .test_change_lifecycle import FAST, SAMPLE
+from .test_change_lifecycle import SAMPLE, embedded_runtime
 
 TOKEN = "trace-test-token-0123456789"
 #: The caller's position (the W3C specification's example).
@@ -37,21 +33,12 @@ CALLER_TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 @pytest_asyncio.fixture
 async def app(tmp_path: Path) -> AsyncIterator[Rhumbatron]:
     """The embedded default with spans recorded, as `rhumbatron up` runs it."""
-    with LocalStack(tmp_path / "stack") as stack:
-        assert stack.s3 is not None
-        settings = load_settings(
-            state_dir=tmp_path / "state",
-            nats_url=stack.nats.url,
-            s3_endpoint_url=stack.s3.endpoint_url,
-            trace_spans=True,
-            api_tokens={TOKEN: {"tenant": "*", "scopes": ["changes:read", "changes:write"]}},
-            **FAST,
-        )
-        stack.s3.client().create_bucket(Bucket=settings.evidence_bucket)
-        runtime = bootstrap(settings, clock=ManualClock(), alarms=RecordingAlarmSink())
-        await runtime.ensure_streams()
+    async with embedded_runtime(
+        tmp_path,
+        trace_spans=True,
+        api_tokens={TOKEN: {"tenant": "*", "scopes": ["changes:read", "changes:write"]}},
+    ) as runtime:
         yield runtime
-        await runtime.close()
 
 
 async def test_one_change_is_one_trace_from_the_api_call_to_its_release(app: Rhumbatron) -> None:

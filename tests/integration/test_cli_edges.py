@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from rhumbatron.cli import EXIT_READER_GONE, EXIT_UNAVAILABLE, EXIT_UNSAFE
 from rhumbatron.runtime.bootstrap import Rhumbatron
+from stack_processes import IGNORING_SIGINT, port_open
 
 pytestmark = pytest.mark.integration
 
@@ -167,13 +167,7 @@ def test_dry_run_without_repair_is_a_usage_error_naming_the_flag(tmp_path: Path)
     assert "Usage: rhumbatron reconcile" in done.stderr
 
 
-_IGNORING_SIGINT = (
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
-)
-
-
-@pytest.mark.parametrize("launcher", [(), ("-c", _IGNORING_SIGINT)], ids=["plain", "bg-job"])
+@pytest.mark.parametrize("launcher", [(), ("-c", IGNORING_SIGINT)], ids=["plain", "bg-job"])
 def test_up_stops_its_whole_stack_on_sigterm(tmp_path: Path, launcher: tuple[str, ...]) -> None:
     # GIVEN `rhumbatron up` running (started as a shell starts it, or as a background job,
     #   whose SIGINT is ignored), its stack up
@@ -192,7 +186,7 @@ def test_up_stops_its_whole_stack_on_sigterm(tmp_path: Path, launcher: tuple[str
             if "Ctrl-C stops" in line:
                 break
         nats_url = next(line for line in banner if "NATS nats://" in line).split()[1]
-        assert _port_open(nats_url), banner
+        assert port_open(nats_url), banner
         # WHEN a process manager (or kill, or `timeout`) sends SIGTERM
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=60)
@@ -204,10 +198,4 @@ def test_up_stops_its_whole_stack_on_sigterm(tmp_path: Path, launcher: tuple[str
     assert process.returncode == 0, err
     assert err.rstrip().endswith("rhumbatron up: stopped"), err
     assert "Traceback" not in err
-    assert not _port_open(nats_url)
-
-
-def _port_open(url: str) -> bool:
-    host, port = url.rsplit("/", 1)[1].split(":")
-    with socket.socket() as sock:
-        return sock.connect_ex((host, int(port))) == 0
+    assert not port_open(nats_url)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -29,6 +28,7 @@ from rhumbatron_dev.local.invoke import (
     run_handler,
     sample_events,
 )
+from stack_processes import IGNORING_SIGINT, port_open
 
 NOWHERE_NATS = "nats://127.0.0.1:1"
 NOWHERE_S3 = "http://127.0.0.1:1"
@@ -448,25 +448,12 @@ def test_command_exit_status_tells_a_failed_handler_from_a_wrong_name(
     assert "echo_big.json" in missing_err
 
 
-def _port_open(url: str) -> bool:
-    host, port = url.rsplit("/", 1)[1].split(":")
-    with socket.socket() as sock:
-        return sock.connect_ex((host, int(port))) == 0
-
-
-# Starts the command as a shell starts a background job: with SIGINT ignored, which an exec keeps.
-_IGNORING_SIGINT = (
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
-)
-
-
 @pytest.mark.parametrize(
     ("stop", "launcher"),
     [
         (signal.SIGINT, ()),
         (signal.SIGTERM, ()),
-        (signal.SIGINT, ("-c", _IGNORING_SIGINT)),
+        (signal.SIGINT, ("-c", IGNORING_SIGINT)),
     ],
     ids=["ctrl-c", "sigterm", "ctrl-c-started-with-sigint-ignored"],
 )
@@ -495,7 +482,7 @@ def test_command_keeps_the_stack_until_interrupted_then_stops_it(
         kept = lines[-1]
         nats_url = kept.split("--nats-url ", 1)[1].split()[0]
         s3_url = kept.split("--s3-endpoint-url ", 1)[1].split()[0]
-        assert _port_open(nats_url) and _port_open(s3_url)
+        assert port_open(nats_url) and port_open(s3_url)
 
         # ... and is sent the signal (the timeout only bounds a regression: it stops at once)
         process.send_signal(stop)
@@ -511,5 +498,5 @@ def test_command_keeps_the_stack_until_interrupted_then_stops_it(
     response: dict[str, Any] = json.loads(out)
     assert response["env"]["RHUMBATRON_NATS_URL"] == nats_url
     assert response["env"]["BUCKET"] == "rhumbatron-local-evidence"
-    assert not _port_open(nats_url)
-    assert not _port_open(s3_url)
+    assert not port_open(nats_url)
+    assert not port_open(s3_url)

@@ -322,6 +322,14 @@ def test_a_secret_is_kept_for_its_max_age_then_read_again(secrets: Any) -> None:
     assert cache.read(arn, what="a test secret", timeout_s=1.0) == "second-value"
 
 
+async def _reconnected(nc: Any, within_s: float = 10.0) -> None:
+    """Wait until the client has reconnected by itself (or ``within_s`` is up: the flush
+    after it then fails and says so)."""
+    until = time.monotonic() + within_s
+    while not (nc.is_connected and nc.stats["reconnects"]) and time.monotonic() < until:
+        await asyncio.sleep(0.05)
+
+
 def test_a_rotated_token_is_presented_at_the_reconnect_after_the_max_age(
     tmp_path: Path, secrets: Any, token_server: AuthNatsServer
 ) -> None:
@@ -344,9 +352,7 @@ def test_a_rotated_token_is_presented_at_the_reconnect_after_the_max_age(
             token_server.authorization = f"token: {rotated}"
             token_server.start()
             # THEN the client reconnects by itself with the new token, in the same process
-            until = time.monotonic() + 10
-            while not (nc.is_connected and nc.stats["reconnects"]) and time.monotonic() < until:
-                await asyncio.sleep(0.05)
+            await _reconnected(nc)
             await nc.flush(timeout=2)
             assert nc.stats["reconnects"] >= 1
         finally:
@@ -374,9 +380,7 @@ def test_a_credentials_secret_that_cannot_be_read_again_keeps_the_last_ones(
             clock.advance(61)
             token_server.stop()
             token_server.start()
-            until = time.monotonic() + 10
-            while not (nc.is_connected and nc.stats["reconnects"]) and time.monotonic() < until:
-                await asyncio.sleep(0.05)
+            await _reconnected(nc)
             # THEN the client reconnects with the token it had, and says why
             await nc.flush(timeout=2)
             assert nc.stats["reconnects"] >= 1
@@ -495,8 +499,14 @@ def test_clef_flash_asks_the_model_with_the_key_from_the_secret(
     # THEN the model was asked, with the secret's key
     assert verdict == "skip"
     assert len(seen) == 1
-    credentials = seen[0].headers.get("x-api-key") or seen[0].headers["authorization"]
-    assert credentials.removeprefix("Bearer ") == "sk-ant-test-key-0123"
+    assert _api_key_of(seen[0]) == "sk-ant-test-key-0123"
+
+
+def _api_key_of(request: httpx2.Request) -> str:
+    """The key a request to the Messages API carried (the SDK sends ``x-api-key``)."""
+    return str(request.headers.get("x-api-key") or request.headers["authorization"]).removeprefix(
+        "Bearer "
+    )
 
 
 def test_clef_flash_asks_with_the_rotated_key_once_the_kept_one_is_past_its_max_age(
@@ -527,10 +537,7 @@ def test_clef_flash_asks_with_the_rotated_key_once_the_kept_one_is_past_its_max_
 
     asyncio.run(ask_three_times())
     # THEN the kept key is used within its max age, and the rotated one after it
-    keys = [
-        (r.headers.get("x-api-key") or r.headers["authorization"]).removeprefix("Bearer ")
-        for r in seen
-    ]
+    keys = [_api_key_of(r) for r in seen]
     assert keys == ["sk-ant-first-key", "sk-ant-first-key", "sk-ant-second-key"]
 
 
@@ -576,10 +583,7 @@ def test_clef_flash_keeps_its_key_when_a_re_read_fails_and_abstains_when_it_neve
     # THEN the warm runtime decides with the key it had, raising nothing (five failures would
     #   dead-letter the event); the cold one abstains without asking, as with no key
     assert (first, kept, never) == ("skip", "skip", "abstain")
-    keys = [
-        (r.headers.get("x-api-key") or r.headers["authorization"]).removeprefix("Bearer ")
-        for r in seen
-    ]
+    keys = [_api_key_of(r) for r in seen]
     assert keys == ["sk-ant-first-key", "sk-ant-first-key"]
 
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from rhumbatron.actors.alarms import RecordingAlarmSink
-from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
-from rhumbatron.actors.shard_commands import AdmitAgent, ComposeCandidate, CreateChange
+from rhumbatron.actors.resource_shard import ResourceShard
+from rhumbatron.actors.shard_commands import AdmitAgent, ComposeCandidate
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
 from rhumbatron.domain.agents import Admission
@@ -20,6 +20,8 @@ from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.tasks import TaskStatus
 from rhumbatron.errors import DomainError
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+
+from .test_known_gap_emitters import create
 
 PROJECT = "acme-web"
 CALLER = Caller("acme", "system:test", correlation_id="corr-admission")
@@ -35,18 +37,8 @@ def app(offline_settings: Settings, clock: ManualClock) -> Iterator[Rhumbatron]:
 
 
 def change_with_tasks(app: Rhumbatron, change_id: str, count: int) -> ResourceShard:
-    shard = app.resource_shard(PROJECT, change_resource_key(change_id))
-    shard.apply(
-        CALLER,
-        CreateChange(
-            change_id=change_id,
-            title="Gift cards",
-            client_request_id=f"req-{change_id}",
-            requested_by="user:ann",
-            tasks=[TaskPlan(f"{change_id}-t{n}", "schema", f"builder-{n}") for n in range(count)],
-        ),
-    )
-    return shard
+    plans = [TaskPlan(f"{change_id}-t{n}", "schema", f"builder-{n}") for n in range(count)]
+    return create(app, plans, change_id=change_id)
 
 
 def admit(shard: ResourceShard, change_id: str, task: str, agent: str, limit: int) -> Admission:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rhumbatron.cli.common import EXIT_ERROR, EXIT_GAP, fail, print_json, run_on_runtime
+from rhumbatron.cli.common import EXIT_GAP, print_json, run_on_runtime
 from rhumbatron.cli.options import JsonFlag
 from rhumbatron.cli.progress import progress_on_stderr
 
@@ -65,10 +65,8 @@ def reconcile_command(
 
 
 def reconcile(args: argparse.Namespace) -> int:
-    """Run the reconciliation and print what it found."""
-
-    if args.dry_run and not args.repair:
-        return fail(EXIT_ERROR, "--dry-run goes with --repair", command="reconcile")
+    """Run the reconciliation and print what it found (``--dry-run`` without ``--repair`` is
+    refused before, as a usage error)."""
 
     async def run(app: Rhumbatron) -> tuple[ReconciliationReport, list[RepairStep]]:
         with progress_on_stderr("reconciling", json_output=args.json) as progress:
