@@ -283,11 +283,10 @@ class OutboxPublisher:
         if not sendable:
             return []
         stream_index = sendable[0].stream_index
-        stream = event_stream_name(stream_index)
+        stream, subject = event_stream_name(stream_index), event_stream_subject(stream_index)
+        # A project's rows all go to its one stream.
         messages = [
-            OutgoingMessage(
-                event_stream_subject(stream_index), row.event_id, row.envelope, row.traceparent
-            )
+            OutgoingMessage(subject, row.event_id, row.envelope, row.traceparent)
             for row in sendable
         ]
         stored: list[tuple[int, int | None]] = []
@@ -414,8 +413,9 @@ class OutboxPublisher:
         """Fail at once, with ``last_error``, the rows no retry could ever send."""
         sendable: list[OutboxRow] = []
         doomed: list[tuple[int, str]] = []
+        max_payload = self._sender.max_payload  # a property: read once, not per row
         for row in rows:
-            reason = self._why_unsendable(row)
+            reason = self._why_unsendable(row, max_payload)
             if reason is None:
                 sendable.append(row)
             else:
@@ -428,36 +428,36 @@ class OutboxPublisher:
             report.failed += len(doomed)
         return sendable
 
-    def _why_unsendable(self, row: OutboxRow) -> str | None:
+    def _why_unsendable(self, row: OutboxRow, max_payload: int) -> str | None:
         if row.stream_index not in self._bindings:
             return (
                 f"no producer binding for stream {event_stream_name(row.stream_index)}; "
                 f"this publisher binds {sorted(self._bindings)} (RHUMBATRON_PRODUCER_BINDINGS)"
             )
-        if len(row.envelope) + HEADER_ALLOWANCE_BYTES > self._sender.max_payload:
+        if len(row.envelope) + HEADER_ALLOWANCE_BYTES > max_payload:
             # The server counts headers too, and it answers an oversize message by closing
             # the connection, so the check must leave room for them.
             return (
                 f"event is {len(row.envelope)} bytes, which with its headers (up to "
                 f"{HEADER_ALLOWANCE_BYTES}) is over the server's max_payload of "
-                f"{self._sender.max_payload}; it can never be published as it is"
+                f"{max_payload}; it can never be published as it is"
             )
         # Every stored envelope was a validated Event, serialised by us, and a trigger keeps
         # it from changing: re-validating it per send would burn a fifth of the publisher's
         # CPU. What remains possible is damage, caught by a cheap check: the bytes must be a
         # JSON object that carries this row's own identity.
         envelope = row.envelope
-        identity = (
-            b'"eventId":"' + row.event_id.encode() + b'"',
-            b'"eventType":"' + row.event_type.encode() + b'"',
-            b'"projectId":"' + row.project_id.encode() + b'"',
-        )
-        if not (envelope.startswith(b"{") and envelope.endswith(b"}")):
+        if not (envelope[:1] == b"{" and envelope[-1:] == b"}"):
             return "stored envelope is not a JSON object; the row is damaged"
-        missing = [field.split(b":")[0].decode() for field in identity if field not in envelope]
-        if missing:
-            return f"stored envelope lacks this row's {', '.join(missing)}; the row is damaged"
-        return None
+        identity = (
+            ("eventId", f'"eventId":"{row.event_id}"'.encode()),
+            ("eventType", f'"eventType":"{row.event_type}"'.encode()),
+            ("projectId", f'"projectId":"{row.project_id}"'.encode()),
+        )
+        missing = [name for name, field in identity if field not in envelope]
+        if not missing:
+            return None
+        return f"stored envelope lacks this row's {', '.join(missing)}; the row is damaged"
 
 
 def requeue_failed_rows(actor: Actor, event_ids: Sequence[str] | None = None) -> int:

@@ -42,6 +42,7 @@ from rhumbatron.errors import (
     NatsUnavailableError,
     SendRefusedError,
 )
+from rhumbatron.messaging.frames import FramePublisher
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -160,6 +161,7 @@ class JetStreamSender:
 
     def __init__(self, nc: NATS, *, ack_timeout_s: float) -> None:
         self._nc = nc
+        self._frames = FramePublisher(nc)
         self._js = nc.jetstream(timeout=ack_timeout_s)
         self._ack_timeout_s = ack_timeout_s
 
@@ -199,7 +201,7 @@ class JetStreamSender:
         last = len(messages)
         try:
             for sequence, message in enumerate(messages[:-1], start=1):
-                await self._nc.publish(
+                await self._frames.publish(
                     message.subject,
                     message.data,
                     headers=self._batch_headers(message, batch_id, sequence),
@@ -284,7 +286,7 @@ class JetStreamSender:
                 if number == len(messages)
                 else _FAST_APPEND
             )
-            await self._nc.publish(
+            await self._frames.publish(
                 message.subject,
                 message.data,
                 reply=f"{inbox}.{FAST_BATCH_FLOW}.fail.{number}.{operation}.$FI",

@@ -1,0 +1,132 @@
+"""The batch publishers' frames, built by :class:`FramePublisher` instead of nats-py, against
+a real nats-server: a subscriber receives exactly what ``Client.publish`` would have sent,
+and every message the publisher cannot vouch for goes through ``Client.publish`` itself."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import BadSubjectError, ConnectionClosedError, MaxPayloadError
+
+from rhumbatron.messaging.frames import FramePublisher, header_block
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+async def received(nc: NATS, subject: str, count: int) -> tuple[asyncio.Future[None], list[Msg]]:
+    """A subscription on ``subject``; the future ends when ``count`` messages came."""
+    messages: list[Msg] = []
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def on_message(msg: Msg) -> None:
+        messages.append(msg)
+        if len(messages) == count and not done.done():
+            done.set_result(None)
+
+    await nc.subscribe(subject, cb=on_message)
+    await nc.flush()
+    return done, messages
+
+
+def seen(msg: Msg) -> tuple[str, str, dict[str, str], bytes]:
+    return msg.subject, msg.reply, dict(msg.headers or {}), msg.data
+
+
+def test_a_header_block_is_what_nats_py_writes_and_none_for_anything_it_would_rewrite() -> None:
+    assert header_block({"Nats-Msg-Id": "e1", "traceparent": TRACEPARENT}) == (
+        f"NATS/1.0\r\nNats-Msg-Id: e1\r\ntraceparent: {TRACEPARENT}\r\n\r\n".encode()
+    )
+    assert header_block({}) == b"NATS/1.0\r\n\r\n"
+    # nats-py strips values and turns CR and LF into spaces, skips empty names and refuses
+    # names outside the token class: none of those may be written as they are
+    for odd in (
+        {"Nats-Msg-Id": " e1"},
+        {"Nats-Msg-Id": "e1 "},
+        {"Nats-Msg-Id": "e\r\n1"},
+        {"Nats-Msg-Id": ""},
+        {"Nats-Msg-Id": "é"},
+        {"Nats-Msg-Id": "e\t1"},
+        {"Bad Name": "e1"},
+        {"": "e1"},
+        {"Nats-Msg-Id": "e1", "x": "y\n"},
+    ):
+        assert header_block(odd) is None, odd
+    # a space inside a value is plain; only its ends would be stripped
+    assert header_block({"k": "a b"}) == b"NATS/1.0\r\nk: a b\r\n\r\n"
+
+
+async def test_frames_written_here_arrive_as_client_publish_would_send_them(nc: NATS) -> None:
+    # GIVEN a publisher that writes its own frames on a connected nats-py client
+    frames = FramePublisher(nc)
+    assert frames.writes_frames
+    done, messages = await received(nc, "frames.>", 4)
+    headers = {"Nats-Msg-Id": "01JABCDEFGHJKMNPQRSTVWXYZ0", "traceparent": TRACEPARENT}
+    sent_before = nc.stats["out_msgs"], nc.stats["out_bytes"]
+    # WHEN the same messages go out through it and through Client.publish, with and
+    # without a reply subject
+    await frames.publish("frames.a", b'{"n":1}', reply="_INBOX.x.100.fail.1.0.$FI", headers=headers)
+    await nc.publish("frames.a", b'{"n":1}', reply="_INBOX.x.100.fail.1.0.$FI", headers=headers)
+    await frames.publish("frames.b", b"", headers={"Nats-Batch-Sequence": "2"})
+    await nc.publish("frames.b", b"", headers={"Nats-Batch-Sequence": "2"})
+    await asyncio.wait_for(done, 5)
+    # THEN each pair is received the same: subject, reply, headers and body
+    assert seen(messages[0]) == seen(messages[1])
+    assert seen(messages[0]) == (
+        "frames.a",
+        "_INBOX.x.100.fail.1.0.$FI",
+        headers,
+        b'{"n":1}',
+    )
+    assert (
+        seen(messages[2])
+        == seen(messages[3])
+        == ("frames.b", "", {"Nats-Batch-Sequence": "2"}, b"")
+    )
+    # AND the client's counters count the frames written here as its own publishes do
+    assert (nc.stats["out_msgs"] - sent_before[0], nc.stats["out_bytes"] - sent_before[1]) == (
+        4,
+        2 * len(b'{"n":1}'),
+    )
+
+
+async def test_a_message_it_cannot_vouch_for_goes_through_client_publish(nc: NATS) -> None:
+    frames = FramePublisher(nc)
+    done, messages = await received(nc, "odd.>", 1)
+    # a value nats-py sanitises is sent sanitised, as nats-py would send it
+    await frames.publish("odd.a", b"x", headers={"Nats-Msg-Id": " e\n1 "})
+    await asyncio.wait_for(done, 5)
+    assert seen(messages[0]) == ("odd.a", "", {"Nats-Msg-Id": "e 1"}, b"x")
+    # a subject or reply nats-py refuses is refused by nats-py, with its own error
+    for subject, reply in (("odd b", ""), ("", ""), ("odd.\tb", ""), ("odd.b", "in box")):
+        with pytest.raises(BadSubjectError):
+            await frames.publish(subject, b"x", reply=reply, headers={"k": "v"})
+    # a body over the server's max_payload is refused before it is written
+    with pytest.raises(MaxPayloadError):
+        await frames.publish("odd.c", b"x" * (nc.max_payload + 1), headers={"k": "v"})
+    # and a closed connection says so
+    await nc.close()
+    with pytest.raises(ConnectionClosedError):
+        await frames.publish("odd.d", b"x", headers={"k": "v"})
+
+
+def test_a_client_without_the_members_frames_need_is_always_served_by_its_publish() -> None:
+    class OlderClient:
+        is_connected = True
+        max_payload = 1 << 20
+
+        def __init__(self) -> None:
+            self.published: list[tuple[str, bytes, str, dict[str, str]]] = []
+
+        async def publish(
+            self, subject: str, data: bytes, *, reply: str, headers: dict[str, str]
+        ) -> None:
+            self.published.append((subject, data, reply, headers))
+
+    client = OlderClient()
+    frames = FramePublisher(client)  # type: ignore[arg-type]
+    assert not frames.writes_frames
+    asyncio.run(frames.publish("s", b"x", reply="r", headers={"k": "v"}))
+    assert client.published == [("s", b"x", "r", {"k": "v"})]
