@@ -170,6 +170,7 @@ PLANS: dict[str, PackagePlan] = {
             "tests/integration/test_durability.py",
             "tests/integration/test_ensure_consumer.py",
             "tests/integration/test_fast_batches.py",
+            "tests/integration/test_frames.py",
             "tests/integration/test_housekeeping_send.py",
             "tests/integration/test_lambda_nudge.py",
             "tests/integration/test_publisher.py",
