@@ -505,6 +505,53 @@ async def test_two_routers_on_one_file_share_the_cap(make_harness: Callable[...,
     assert len(h.api.requests) == 2
 
 
+async def test_two_routers_asking_one_question_at_once_both_act_on_the_first_recorded(
+    make_harness: Callable[..., Harness],
+) -> None:
+    # GIVEN two routers on one causal.sqlite whose models answer otherwise: this one's says
+    # skip, the other's wake
+    h = make_harness()
+    h.api.decision, h.api.probability = "skip", 0.9
+    other_api = FakeMessagesApi(decision="wake", probability=0.95)
+    other_store = CausalStore(h.store.settings)
+    other = ClefFlash(
+        h.store.settings,
+        other_store,
+        h.clock,
+        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(other_api)),
+    )
+    event = resource_event(9)
+    the_others: list[ClefFlashDecision] = []
+
+    async def answer_once_the_other_recorded(request: httpx2.Request) -> httpx2.Response:
+        # WHEN the other router asks and records the same question while this one's call
+        # is on the wire
+        the_others.append(await other.decide(event, "agent-1", AGENT_RESOURCES))
+        return h.api(request)
+
+    this = ClefFlash(
+        h.store.settings,
+        h.store,
+        h.clock,
+        http_client=httpx2.AsyncClient(
+            transport=httpx2.MockTransport(answer_once_the_other_recorded)
+        ),
+    )
+    try:
+        mine = await this.decide(event, "agent-1", AGENT_RESOURCES)
+    finally:
+        await this.close()
+        await other.close()
+        other_store.close()
+    # THEN both act on the decision recorded first, the other's, kept once; this router's
+    # says it is not its own model's answer
+    assert (the_others[0].verdict, the_others[0].source) == ("wake", "model")
+    assert (mine.verdict, mine.probability, mine.source) == ("wake", 0.95, "cached")
+    assert mine.wakes
+    assert len(h.store.decisions()) == 1
+    assert len(h.api.requests) == len(other_api.requests) == 1
+
+
 # -- recorded decisions --------------------------------------------------------------------
 
 

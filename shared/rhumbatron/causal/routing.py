@@ -99,8 +99,6 @@ class RuleBasedRouting:
     cap: CommandCap
     effects: EffectSink
     routed: list[RoutedEvent] | None = None
-    #: Where ``model.routed`` goes; None: the world, when it records them (ShardWorld does).
-    model_routes: ModelRouteLog | None = None
 
     def acts_on(self, event: Event) -> bool:
         return acts_on(event)
@@ -168,8 +166,8 @@ class RuleBasedRouting:
     def _record_model_routed(self, question: ClefQuestion, model: str) -> None:
         """``model.routed`` for a question the model was asked. A failure raises: the Event
         is retried, its decision is reused (nothing is asked twice) and recorded then."""
-        log = self.model_routes if self.model_routes is not None else self.world
-        if isinstance(log, ModelRouteLog):
-            log.record_model_routed(
+        # The world records them when it can (ShardWorld: in the Change's shard).
+        if isinstance(self.world, ModelRouteLog):
+            self.world.record_model_routed(
                 question.event, question.agent, model=model, purpose=CLEF_FLASH_PURPOSE
             )
