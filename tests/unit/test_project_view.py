@@ -296,3 +296,44 @@ async def test_a_projector_given_more_projects_than_its_budget_defers_the_rest_w
         assert ProjectView(store, second).snapshot()["eventsApplied"] == 0
     finally:
         projector.close()
+
+
+def seqs(records: list[Record]) -> list[int]:
+    return [r.stream_seq for r in records]
+
+
+def test_a_fetch_is_split_where_the_runs_apply_calls_end_each_part_in_stream_order(
+    offline_settings: Settings,
+) -> None:
+    from rhumbatron.router.handlers import ProjectViewProjector, RunContext
+
+    # GIVEN records of three projects, interleaved, and one that did not decode
+    p1, p2, p3 = projects_on_one_stream(3)
+    a, b, c = task_events(p1), task_events(p2, change_id="c2"), task_events(p3, change_id="c3")
+    undecodable = Record(cast(Any, None), 4, 1, "seq:4", None, "undecodable record: x")
+    records = [
+        record(a[0], 1),
+        record(b[0], 2),
+        record(c[0], 3),
+        undecodable,
+        record(b[1], 5),
+        record(a[1], 6),
+        record(c[1], 7),
+    ]
+    projector = ProjectViewProjector(offline_settings)
+    try:
+        # WHEN a run with two apply calls left splits them
+        now, later = projector.split_by_budget(records, RunContext(3, 1.0, apply_calls_left=2))
+        # THEN the first two projects (by their first record) and the undecodable record are
+        # taken now; the third project waits whole; the run itself is not charged
+        assert (seqs(now), seqs(later)) == ([1, 2, 4, 5, 6], [3, 7])
+        # AND with as many calls as projects, or more, nothing waits
+        for calls in (3, 4):
+            run = RunContext(3, 1.0, apply_calls_left=calls)
+            assert projector.split_by_budget(records, run) == (records, [])
+            assert run.apply_calls_left == calls
+        # AND with none left, only the undecodable record is taken
+        spent = projector.split_by_budget(records, RunContext(3, 1.0, apply_calls_left=0))
+        assert (seqs(spent[0]), seqs(spent[1])) == ([4], [1, 2, 3, 5, 6, 7])
+    finally:
+        projector.close()

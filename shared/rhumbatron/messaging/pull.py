@@ -117,18 +117,22 @@ class Puller:
     _sub: Subscription | None = None
     _pulls: int = 0
     _reply: str | None = None
-    _batch: list[tuple[float, Msg]] = field(default_factory=list)
+    #: Messages here for the next pull: ``(arrival, stream sequence, message)``; the sequence
+    #: is read off the message once, when a pull first hands it out (None until then): a
+    #: held message may be handed out several times.
+    _batch: list[tuple[float, int | None, Msg]] = field(default_factory=list)
     _want: int = 0
     _done: asyncio.Future[None] | None = None
     _failure: MessagingError | None = None
-    #: When each message of the last pull arrived (keyed by identity): a held message keeps
-    #: its arrival, so holding never stretches it past ``keep_late_s``.
-    _arrived: dict[int, float] = field(default_factory=dict)
+    #: When each message of the last pull arrived, and its stream sequence (keyed by
+    #: identity): a held message keeps its arrival, so holding never stretches it past
+    #: ``keep_late_s``.
+    _arrived: dict[int, tuple[float, int]] = field(default_factory=dict)
 
     async def _on_message(self, msg: Msg) -> None:
         status = msg.headers.get("Status") if msg.headers else None
         if status is None:
-            self._batch.append((asyncio.get_running_loop().time(), msg))
+            self._batch.append((asyncio.get_running_loop().time(), None, msg))
             if self._want and len(self._batch) >= self._want:
                 self._finish()
             return
@@ -163,12 +167,13 @@ class Puller:
         if not prefetched or len(self._fresh()) < batch:
             await self._ask(batch)
             await self._request_ended()
-        taken, self._batch = self._batch[:batch], self._batch[batch:]
-        self._arrived = {id(msg): at for at, msg in taken}
+        kept, self._batch = self._batch[:batch], self._batch[batch:]
+        taken = [(at, delivery(msg)[0] if seq is None else seq, msg) for at, seq, msg in kept]
+        self._arrived = {id(msg): (at, seq) for at, seq, msg in taken}
         failure, self._failure = self._failure, None
         if failure is not None and not taken:
             raise failure
-        return _one_copy_each([msg for _, msg in taken])
+        return _one_copy_each(taken)
 
     async def prefetch(self, batch: int) -> None:
         """Ask now for what ``batch`` leaves to fill after the messages kept here, and return
@@ -178,12 +183,12 @@ class Puller:
         if self._done is None:
             await self._ask(batch)
 
-    def _fresh(self) -> list[tuple[float, Msg]]:
+    def _fresh(self) -> list[tuple[float, int | None, Msg]]:
         """The messages kept here, less those kept too long: their ack wait is running out,
         and JetStream will deliver them again (a second copy in one batch would be handled
         twice)."""
         fresh_after = asyncio.get_running_loop().time() - self.keep_late_s
-        self._batch = [(at, msg) for at, msg in self._batch if at >= fresh_after]
+        self._batch = [kept for kept in self._batch if kept[0] >= fresh_after]
         return self._batch
 
     async def _ask(self, batch: int) -> None:
@@ -229,7 +234,10 @@ class Puller:
         else: they stay delivered to this consumer, unacknowledged, until the next pull hands
         them out again or ``keep_late_s`` after their arrival."""
         now = asyncio.get_running_loop().time()
-        kept = [(self._arrived.get(id(msg), now), msg) for msg in messages]
+        arrived = self._arrived
+        kept: list[tuple[float, int | None, Msg]] = [
+            (*arrived[id(msg)], msg) if id(msg) in arrived else (now, None, msg) for msg in messages
+        ]
         self._batch[:0] = kept
 
     async def release(self) -> list[Msg]:
@@ -237,7 +245,7 @@ class Puller:
         in flight ended: the caller settles them."""
         await self._request_ended()
         kept, self._batch = self._batch, []
-        return [msg for _, msg in kept]
+        return [msg for _, _, msg in kept]
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -262,10 +270,11 @@ def delivery(msg: Msg) -> tuple[int, int]:
     return metadata.sequence.stream, metadata.num_delivered
 
 
-def _one_copy_each(messages: list[Msg]) -> list[Msg]:
-    """Drop a second delivery of the same stream message within one batch (a late copy and
-    its redelivery); the copy kept is the newest, whose ack JetStream expects."""
-    seqs = [delivery(msg)[0] for msg in messages]
+def _one_copy_each(taken: list[tuple[float, int, Msg]]) -> list[Msg]:
+    """The messages of ``taken``, less a second delivery of the same stream message (a late
+    copy and its redelivery); the copy kept is the newest, whose ack JetStream expects."""
+    messages = [msg for _, _, msg in taken]
+    seqs = [seq for _, seq, _ in taken]
     if len(set(seqs)) == len(seqs):
         return messages
     newest = dict(zip(seqs, messages, strict=True))

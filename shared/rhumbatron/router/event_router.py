@@ -397,6 +397,12 @@ class EventRouter:
         report: SubscriptionReport,
     ) -> None:
         handler = self.handler(run.stream_index, subscription)
+        later: list[Record] = []
+        if subscription is Subscription.PROJECT_VIEW_PROJECTOR:
+            # What the run's apply calls cannot take waits for the next run as it is: neither
+            # the handler nor settling touches it (a wide fetch defers most of itself).
+            records, later = self.projector.split_by_budget(records, run)
+            report.deferred += len(later)
         decoded = [r for r in records if r.event is not None]
         outcomes: dict[str, RecordOutcome] = {}
         if decoded:
@@ -424,11 +430,11 @@ class EventRouter:
                 outcome=outcome,
             ),
         )
-        if deferred:
+        if deferred or later:
             # Kept for the stream's next run in this process, which takes them before
             # anything new: nacked, each would be sent, parsed and fetched again. Whoever
             # ends the runs nacks what is still kept (``release_held``).
-            self._held.keep(log, run, subscription, deferred)
+            self._held.keep(log, run, subscription, deferred + later)
 
     async def release_held(self, stream_index: int | None = None) -> int:
         """Nack, without delay, every record this process keeps for a next run of stream

@@ -166,6 +166,24 @@ class ProjectViewProjector:
             by_project.setdefault(record.event.project_id, []).append(record)
         return by_project
 
+    def split_by_budget(
+        self, records: Sequence[Record], run: RunContext
+    ) -> tuple[list[Record], list[Record]]:
+        """``records`` split into those :meth:`handle` would take in ``run`` (the records of
+        its first ``apply_calls_left`` projects, and every undecoded record: they fail on
+        their own) and those it would defer, each part in the records' order. ``run`` is
+        not changed."""
+        projects = self._by_project([r for r in records if r.event is not None])
+        if len(projects) <= run.apply_calls_left:
+            return list(records), []
+        taken = set(list(projects)[: max(run.apply_calls_left, 0)])
+        now: list[Record] = []
+        later: list[Record] = []
+        for record in records:
+            event = record.event
+            (now if event is None or event.project_id in taken else later).append(record)
+        return now, later
+
     def budget_after(self, records: Sequence[Record], run: RunContext) -> tuple[int, int]:
         """What applying ``records`` (decoded) will leave of ``run``: the calls left, and
         how many of the records it must defer. ``run`` is not changed."""
