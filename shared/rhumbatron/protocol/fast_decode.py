@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any, Final
 
 import msgspec
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rhumbatron.protocol.command_types import COMMAND_TYPES
 from rhumbatron.protocol.envelopes import (
@@ -124,14 +124,17 @@ def _fast(raw: bytes) -> Event:
     spec = EVENT_TYPES.get(wire.event_type)
     if spec is None or wire.event_version != spec.version:
         raise _Unfit
-    _matches(_EVENT_ID, wire.event_id)
+    # An event ID is new with every event: matched, not remembered.
+    if _EVENT_ID.fullmatch(wire.event_id) is None:
+        raise _Unfit
     _matches(_PROJECT_ID, wire.project_id)
     _matches(_ACTOR, wire.actor)
     _bounded(wire.tenant_id, 64)
     _bounded(wire.correlation_id, 256)
-    for optional, pattern in ((wire.change_id, _IDENTIFIER), (wire.task_id, _IDENTIFIER)):
-        if optional is not None:
-            _matches(pattern, optional)
+    if wire.change_id is not None:
+        _matches(_IDENTIFIER, wire.change_id)
+    if wire.task_id is not None:
+        _matches(_IDENTIFIER, wire.task_id)
     if wire.resource is not None:
         _bounded(wire.resource, 1024)
     if wire.caused_by is not None:
@@ -168,8 +171,10 @@ def _fast(raw: bytes) -> Event:
 
 
 def _matches(pattern: re.Pattern[str], value: str) -> None:
-    seen = _seen.setdefault(pattern, set())
-    if value in seen:
+    seen = _seen.get(pattern)
+    if seen is None:
+        seen = _seen[pattern] = set()
+    elif value in seen:
         return
     if pattern.fullmatch(value) is None:
         raise _Unfit
@@ -195,11 +200,17 @@ def _trusted_event(fields: dict[str, Any]) -> Event:
     return event
 
 
+# BaseModel's own slots, set through their descriptors (a frozen model refuses __setattr__).
+_FIELDS_SET: Final = BaseModel.__dict__["__pydantic_fields_set__"]
+_EXTRA: Final = BaseModel.__dict__["__pydantic_extra__"]
+_PRIVATE: Final = BaseModel.__dict__["__pydantic_private__"]
+
+
 def _set_fields(envelope: Event | Command, fields: dict[str, Any], names: frozenset[str]) -> None:
     object.__setattr__(envelope, "__dict__", fields)
-    object.__setattr__(envelope, "__pydantic_fields_set__", set(names))
-    object.__setattr__(envelope, "__pydantic_extra__", None)
-    object.__setattr__(envelope, "__pydantic_private__", None)
+    _FIELDS_SET.__set__(envelope, set(names))
+    _EXTRA.__set__(envelope, None)
+    _PRIVATE.__set__(envelope, None)
 
 
 def decode_command(raw: bytes) -> Command:
