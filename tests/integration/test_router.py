@@ -13,8 +13,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+import nats
 import pytest
 import pytest_asyncio
+from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js.api import AckPolicy, DeliverPolicy
 from nats.js.errors import NotFoundError
 
@@ -147,6 +150,50 @@ async def make_app(
 async def acks(nats_server: NatsServerProcess) -> AsyncIterator[AckTap]:
     """The acks stream 0's consumers send, as nats-server receives them."""
     tap = await AckTap.open(nats_server.url, event_stream_name(0))
+    yield tap
+    await tap.close()
+
+
+class NakTap:
+    """The naks nats-server has processed for the consumers of one stream, from its
+    ``MSG_NAKED`` advisories.
+
+    A nak that reached the server (its sender flushed) is not yet processed: JetStream takes
+    acks and naks off a queue of the consumer's own, apart from its queue of pull requests, so
+    another reader's pull can be answered first. The server sends the advisory while it
+    processes the nak, under the consumer's lock that a pull takes too, before it puts the
+    record on the redelivery queue: a pull that follows the advisory finds the record.
+    """
+
+    def __init__(self, nc: NATS, sub: NatsSubscription) -> None:
+        self._nc = nc
+        self._sub = sub
+
+    @classmethod
+    async def open(cls, url: str, stream: str) -> NakTap:
+        nc = await nats.connect(url, name="test-nak-tap")
+        sub = await nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.MSG_NAKED.{stream}.*")
+        await nc.flush()  # the server sends an advisory only to a subscription it knows
+        return cls(nc, sub)
+
+    async def processed(self, consumer: str, count: int) -> list[int]:
+        """The stream sequences of the next ``count`` naks processed for ``consumer``, as
+        they come; a nak that never comes fails the test after 10 s."""
+        seqs: list[int] = []
+        while len(seqs) < count:
+            advisory = json.loads((await self._sub.next_msg(timeout=10)).data)
+            if advisory["consumer"] == consumer:
+                seqs.append(advisory["stream_seq"])
+        return seqs
+
+    async def close(self) -> None:
+        await self._nc.close()
+
+
+@pytest_asyncio.fixture
+async def naks(nats_server: NatsServerProcess) -> AsyncIterator[NakTap]:
+    """The naks nats-server has processed for stream 0's consumers."""
+    tap = await NakTap.open(nats_server.url, event_stream_name(0))
     yield tap
     await tap.close()
 
@@ -541,7 +588,7 @@ async def test_deferred_records_are_kept_for_the_next_run_not_delivered_again(
 
 
 async def test_records_left_waiting_are_nacked_for_any_reader_when_no_run_follows(
-    make_app: AppFactory, clock: ManualClock
+    make_app: AppFactory, clock: ManualClock, naks: NakTap
 ) -> None:
     # GIVEN a run that left six records waiting (five projects, a cap of 2 calls)
     first = await make_app(router_apply_calls_per_run=2)
@@ -552,8 +599,10 @@ async def test_records_left_waiting_are_nacked_for_any_reader_when_no_run_follow
     second = await make_app(router_apply_calls_per_run=15)
     assert (await second.router().nudge(0)).subscriptions[PROJECTOR.value].fetched == 0
 
-    # WHEN the first process releases what it kept
+    # WHEN the first process releases what it kept (and the server has processed its naks:
+    # it takes them off a queue of its own, so a pull sent at once could be answered first)
     assert await first.router().release_held(0) == 6
+    assert len(set(await naks.processed(PROJECTOR.value, 6))) == 6
 
     # THEN they are nacked without delay: the other process applies them at once
     report = await second.router().nudge(0)
