@@ -9,9 +9,15 @@ import asyncio
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import BadSubjectError, ConnectionClosedError, MaxPayloadError
+from nats.errors import (
+    BadSubjectError,
+    ConnectionClosedError,
+    MaxPayloadError,
+    MsgAlreadyAckdError,
+    NotJSMessageError,
+)
 
-from rhumbatron.messaging.frames import FramePublisher, header_block
+from rhumbatron.messaging.frames import FramePublisher, ack, header_block
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -121,12 +127,63 @@ def test_a_client_without_the_members_frames_need_is_always_served_by_its_publis
             self.published: list[tuple[str, bytes, str, dict[str, str]]] = []
 
         async def publish(
-            self, subject: str, data: bytes, *, reply: str, headers: dict[str, str]
+            self,
+            subject: str,
+            data: bytes = b"",
+            *,
+            reply: str = "",
+            headers: dict[str, str] | None = None,
         ) -> None:
-            self.published.append((subject, data, reply, headers))
+            self.published.append((subject, data, reply, headers or {}))
 
     client = OlderClient()
     frames = FramePublisher(client)  # type: ignore[arg-type]
     assert not frames.writes_frames
     asyncio.run(frames.publish("s", b"x", reply="r", headers={"k": "v"}))
-    assert client.published == [("s", b"x", "r", {"k": "v"})]
+    # and an ack of one of its messages is Msg.ack's
+    msg = Msg(client, subject="s", reply="$JS.ACK.S.c.1.1.1.1.0")  # type: ignore[arg-type]
+    asyncio.run(ack(msg))
+    assert client.published == [
+        ("s", b"x", "r", {"k": "v"}),
+        ("$JS.ACK.S.c.1.1.1.1.0", b"", "", {}),
+    ]
+    assert msg.is_acked
+
+
+async def test_an_ack_written_here_settles_the_message_as_msg_ack_does(nc: NATS) -> None:
+    # GIVEN two messages of a stream, pulled by a durable consumer
+    js = nc.jetstream()
+    await js.add_stream(name="ACKS", subjects=["acks.>"])
+    for n in (1, 2):
+        await js.publish("acks.a", str(n).encode())
+    sub = await js.pull_subscribe("acks.a", durable="reader", stream="ACKS")
+    first, second = await sub.fetch(2, timeout=5)
+    sent_before = nc.stats["out_msgs"]
+    # WHEN the first is acknowledged by a frame written here and the second by Msg.ack
+    await ack(first)
+    await second.ack()
+    await nc.flush()
+    # THEN both are settled alike: counted, marked acknowledged here and on the server
+    assert nc.stats["out_msgs"] - sent_before == 2
+    assert first.is_acked and second.is_acked
+    info = await js.consumer_info("ACKS", "reader")
+    assert (info.num_ack_pending, info.num_pending, info.ack_floor.stream_seq) == (0, 0, 2)
+    # AND what Msg.ack refuses, it refuses too, with Msg.ack's own errors
+    with pytest.raises(MsgAlreadyAckdError):
+        await ack(first)
+    done, plain = await received(nc, "plain", 1)
+    await nc.publish("plain", b"x")
+    await asyncio.wait_for(done, 5)
+    with pytest.raises(NotJSMessageError):
+        await ack(plain[0])
+
+
+async def test_an_ack_on_a_closed_connection_says_so(nc: NATS) -> None:
+    js = nc.jetstream()
+    await js.add_stream(name="ACKS", subjects=["acks.>"])
+    await js.publish("acks.a", b"1")
+    (msg,) = await (await js.pull_subscribe("acks.a", durable="r", stream="ACKS")).fetch(1)
+    await nc.close()
+    with pytest.raises(ConnectionClosedError):
+        await ack(msg)
+    assert not msg.is_acked

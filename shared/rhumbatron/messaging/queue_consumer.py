@@ -41,6 +41,7 @@ from rhumbatron.messaging.commands import (
     CommandBus,
     command_span,
 )
+from rhumbatron.messaging.frames import ack
 from rhumbatron.messaging.pull import Puller, ensure_consumer
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.protocol.envelopes import Command
@@ -373,7 +374,7 @@ class QueueConsumerRuntime:
             return
         if result is None:
             crash_point(self.settings.crash_at, "before_ack")
-            await msg.ack()
+            await ack(msg)
             report.done += 1
             # On the dead-letter queue, "done" means the letter was written, not that the
             # command succeeded: it must not close the letter it just wrote.

@@ -25,6 +25,7 @@ from rhumbatron.core.faults import crash_point
 from rhumbatron.core.log_context import correlated
 from rhumbatron.errors import RhumbatronError
 from rhumbatron.messaging.event_log import EventLogClient, Subscription
+from rhumbatron.messaging.frames import ack
 from rhumbatron.protocol.ids import event_stream_name
 from rhumbatron.router.records import Outcome, Record, RecordOutcome
 
@@ -136,7 +137,7 @@ async def settle_records(
         crash_point(settings.crash_at, "before_ack")
         match outcome.outcome:
             case Outcome.APPLIED | Outcome.DUPLICATE:
-                await record.msg.ack()
+                await ack(record.msg)
             case Outcome.DEFERRED:
                 deferred.append(record)
             case Outcome.RETRY:
