@@ -279,6 +279,9 @@ PLANS: dict[str, PackagePlan] = {
         tests=(
             *_UNIT,
             "tests/integration/test_router.py",
+            "tests/integration/test_view_store.py",
+            "tests/integration/test_lambda_nudge.py",
+            "tests/integration/test_cli_capacity.py",
             "tests/integration/test_replay.py",
             "tests/integration/test_archive.py",
             "tests/integration/test_consumers.py",
