@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import asyncio
 
+import nats
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import (
     BadSubjectError,
     ConnectionClosedError,
+    ConnectionDrainingError,
     MaxPayloadError,
     MsgAlreadyAckdError,
     NotJSMessageError,
 )
 
 from rhumbatron.messaging.frames import FramePublisher, ack, header_block
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -187,3 +190,48 @@ async def test_an_ack_on_a_closed_connection_says_so(nc: NATS) -> None:
     with pytest.raises(ConnectionClosedError):
         await ack(msg)
     assert not msg.is_acked
+
+
+async def test_a_frame_written_here_goes_out_at_once_with_nothing_sent_after_it(
+    nc: NATS, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN a reader on another connection, and a stream message pulled on this one
+    other = await nats.connect(nats_server.url)
+    try:
+        done, messages = await received(other, "alone.a", 1)
+        js = nc.jetstream()
+        await js.add_stream(name="ALONE", subjects=["alone.s"])
+        await js.publish("alone.s", b"1")
+        (msg,) = await (await js.pull_subscribe("alone.s", durable="r", stream="ALONE")).fetch(1)
+        # WHEN a frame is written here and nothing else is sent or flushed on this connection
+        await FramePublisher(nc).publish("alone.a", b"x", headers={"k": "v"})
+        await ack(msg)
+        # THEN the flusher sent both: the reader has the message, the server the ack, well
+        # within the client's ping interval (the next write that would carry them otherwise)
+        await asyncio.wait_for(done, 1.0)
+        assert seen(messages[0]) == ("alone.a", "", {"k": "v"}, b"x")
+        ojs = other.jetstream()
+        for _ in range(100):
+            if (await ojs.consumer_info("ALONE", "r")).num_ack_pending == 0:
+                break
+            await asyncio.sleep(0.01)  # polling the server's state, not waiting for an order
+        assert (await ojs.consumer_info("ALONE", "r")).num_ack_pending == 0
+    finally:
+        await other.close()
+
+
+async def test_a_draining_client_refuses_frames_as_it_refuses_publishes(nc: NATS) -> None:
+    js = nc.jetstream()
+    await js.add_stream(name="DRAIN", subjects=["drain.>"])
+    await js.publish("drain.a", b"1")
+    (msg,) = await (await js.pull_subscribe("drain.a", durable="r", stream="DRAIN")).fetch(1)
+    # nats-py's state while Client.drain() flushes what was published before it
+    nc._status = NATS.DRAINING_PUBS
+    try:
+        with pytest.raises(ConnectionDrainingError):
+            await FramePublisher(nc).publish("drain.b", b"x", headers={"k": "v"})
+        with pytest.raises(ConnectionDrainingError):
+            await ack(msg)
+        assert not msg.is_acked
+    finally:
+        nc._status = NATS.CONNECTED

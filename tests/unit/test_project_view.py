@@ -323,10 +323,12 @@ def test_a_fetch_is_split_where_the_runs_apply_calls_end_each_part_in_stream_ord
     projector = ProjectViewProjector(offline_settings)
     try:
         # WHEN a run with two apply calls left splits them
-        now, later = projector.split_by_budget(records, RunContext(3, 1.0, apply_calls_left=2))
+        run = RunContext(3, 1.0, apply_calls_left=2)
+        now, later = projector.split_by_budget(records, run)
         # THEN the first two projects (by their first record) and the undecodable record are
         # taken now; the third project waits whole; the run itself is not charged
         assert (seqs(now), seqs(later)) == ([1, 2, 4, 5, 6], [3, 7])
+        assert run.apply_calls_left == 2
         # AND with as many calls as projects, or more, nothing waits
         for calls in (3, 4):
             run = RunContext(3, 1.0, apply_calls_left=calls)

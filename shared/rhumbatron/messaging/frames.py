@@ -5,20 +5,22 @@ nats-py's ``Client.publish`` rebuilds the header block of every message: each ke
 stripped and matched against a regular expression, each value stripped and passed through
 ``str.translate``. With the two headers every Event carries (``Nats-Msg-Id`` and
 ``traceparent``) that is about 6.8 µs a message against 2.0 µs for the same frame built in
-one step (``/tmp`` micro-benchmark against a real nats-server, 30,000 messages; see
+one step (a micro-benchmark against a real nats-server, 30,000 messages; see
 ``docs/performance.md``), and the publisher's whole cost is about 48 µs an event: the header
 block alone was what moved ``publish_due`` under its target.
 
-:class:`FramePublisher` writes the same ``HPUB`` frame nats-py would, through the client's
-own outgoing buffer and flusher, when it can vouch for the frame: the connection is up, the
+:class:`FramePublisher` writes the frame nats-py would (the same header block, byte for byte;
+one space where nats-py writes two around an empty reply subject, which the server reads
+alike), through the client's own outgoing buffer and flusher, when it can vouch for the
+frame: the connection is up and not draining, the
 headers' names are tokens and their values plain printable ASCII (what the package's IDs,
 batch headers and ``traceparent`` are), and the message is within ``max_payload``. Anything
 else goes through ``Client.publish``, which buffers while reconnecting, raises for a closed
 or draining connection, sanitises odd values and refuses an oversize message, as before.
 
 It relies on three private members of nats-py's client (``_send_command``, ``_flush_queue``
-and ``_flush_pending``, stable since nats-py 2.0); a client without them is always served by
-``Client.publish``.
+and ``_flush_pending``, stable since nats-py 2.0), and :func:`ack` on two of its message
+(``_client``, ``_ackd``); a client without them is always served by the public API.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class FramePublisher:
     ) -> None:
         """Publish ``data`` on ``subject`` with ``headers`` (and ``reply``, if any)."""
         nc = self._nc
-        block = header_block(headers) if self._frames and nc.is_connected else None
+        block = header_block(headers) if self._frames and _open(nc) else None
         if (
             block is None
             or len(data) > nc.max_payload
@@ -106,12 +108,18 @@ async def ack(msg: Msg) -> None:
         or not reply
         or not _is_plain_subject(reply)
         or not all(hasattr(nc, member) for member in _PRIVATE_MEMBERS)
-        or not nc.is_connected
+        or not _open(nc)
     ):
         await msg.ack()
         return
     await _write(nc, f"PUB {reply} 0\r\n\r\n".encode(), 0)
     msg._ackd = True
+
+
+def _open(nc: NATS) -> bool:
+    """Connected and taking publishes: nats-py's ``is_connected`` is true while it drains
+    too, when ``Client.publish`` refuses (``ConnectionDrainingError``)."""
+    return bool(nc.is_connected and not nc.is_draining_pubs)
 
 
 async def _write(nc: NATS, frame: bytes, payload_bytes: int) -> None:

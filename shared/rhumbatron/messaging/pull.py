@@ -124,10 +124,10 @@ class Puller:
     _want: int = 0
     _done: asyncio.Future[None] | None = None
     _failure: MessagingError | None = None
-    #: When each message of the last pull arrived, and its stream sequence (keyed by
-    #: identity): a held message keeps its arrival, so holding never stretches it past
+    #: Each message of the last pull by identity, with when it arrived and its stream
+    #: sequence: a held message keeps its arrival, so holding never stretches it past
     #: ``keep_late_s``.
-    _arrived: dict[int, tuple[float, int]] = field(default_factory=dict)
+    _arrived: dict[int, tuple[float, int, Msg]] = field(default_factory=dict)
 
     async def _on_message(self, msg: Msg) -> None:
         status = msg.headers.get("Status") if msg.headers else None
@@ -169,7 +169,7 @@ class Puller:
             await self._request_ended()
         kept, self._batch = self._batch[:batch], self._batch[batch:]
         taken = [(at, delivery(msg)[0] if seq is None else seq, msg) for at, seq, msg in kept]
-        self._arrived = {id(msg): (at, seq) for at, seq, msg in taken}
+        self._arrived = {id(entry[2]): entry for entry in taken}
         failure, self._failure = self._failure, None
         if failure is not None and not taken:
             raise failure
@@ -234,10 +234,11 @@ class Puller:
         else: they stay delivered to this consumer, unacknowledged, until the next pull hands
         them out again or ``keep_late_s`` after their arrival."""
         now = asyncio.get_running_loop().time()
-        arrived = self._arrived
-        kept: list[tuple[float, int | None, Msg]] = [
-            (*arrived[id(msg)], msg) if id(msg) in arrived else (now, None, msg) for msg in messages
-        ]
+        kept: list[tuple[float, int | None, Msg]] = []
+        for msg in messages:
+            entry = self._arrived.get(id(msg))
+            # The entry must be this very message: an id is reused once its object is gone.
+            kept.append(entry if entry is not None and entry[2] is msg else (now, None, msg))
         self._batch[:0] = kept
 
     async def release(self) -> list[Msg]:
