@@ -1181,6 +1181,41 @@ async def test_a_view_file_held_by_another_writer_is_retried_not_counted(
     await until(lambda: app.router().nudge(7), lambda _: view_count(app, project) == 3)
 
 
+async def test_with_its_view_file_held_a_run_retries_its_budget_and_holds_the_rest(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN five projects with two events each on stream 0, a cap of 2 calls per run, and
+    # the stream's view file locked by another writer past the busy timeout
+    app = await make_app(
+        sqlite_busy_timeout_ms=50, router_nak_delay_s=0, router_apply_calls_per_run=2
+    )
+    projects = await two_events_each(app, clock, 5)
+    view = app.router().projector.view(projects[0])
+    view.connection  # noqa: B018 - create the file and its schema first
+    holder = sqlite3.connect(view.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+
+    # WHEN the stream is nudged
+    report = await app.router().nudge(0)
+
+    # THEN the two projects the run could take are retried; the other three wait, held for
+    # the next run as the cap leaves them (not retried, not counted as failures)
+    projector = report.subscriptions[PROJECTOR.value]
+    assert (projector.retried, projector.deferred) == (4, 6)
+    assert (projector.applied, projector.failed) == (0, 0)
+    assert report.left_waiting
+    state = app.router().stream_state(0).connection
+    assert state.execute("SELECT COUNT(*) FROM k2_batch_failures").fetchone()[0] == 0
+
+    # AND once the file is free every event is applied, once
+    holder.execute("ROLLBACK")
+    holder.close()
+    await until(
+        lambda: app.router().nudge(0),
+        lambda _: [view_count(app, p) for p in projects] == [2] * 5,
+    )
+
+
 async def test_a_consumer_deleted_under_a_warm_router_is_created_again_without_doubles(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
