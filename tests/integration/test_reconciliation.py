@@ -12,6 +12,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.request import urlopen
 
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -28,8 +29,10 @@ from rhumbatron.errors import MessagingError
 from rhumbatron.messaging.log_state import (
     CATCH_UP_S,
     SCAN_BATCH,
+    ReplicaState,
     ScanStopped,
     _scan,
+    read_replica_states,
     read_stream_ids,
 )
 from rhumbatron.metrics import LOG_GAP_METRIC, recent_points
@@ -434,5 +437,45 @@ async def test_a_proof_whose_time_is_up_stops_proves_nothing_and_leaves_no_consu
             await app.reconcile([index], should_stop=lambda: True)
         names = [c.name for c in await js.consumers_info(event_stream_name(index))]
         assert not [name for name in names if name.startswith("reconcile-")], names
+    finally:
+        await app.close()
+
+
+async def test_a_copys_counts_are_read_from_its_node_and_a_node_that_does_not_answer_is_named(
+    settings: Settings,
+) -> None:
+    # GIVEN 5 published events, the second then deleted from the stream
+    app = bootstrap(settings)
+    try:
+        _, written = await published_events(app, 5)
+        stream = event_stream_name(stream_index(PROJECT))
+        js = (await app.nats()).jetstream()
+        await js.delete_msg(stream, 2)
+        monitor = settings.nats_monitor_urls or ""
+        varz = await asyncio.to_thread(urlopen, f"{monitor}/varz", timeout=5)
+        node = json.load(varz)["server_name"]
+        silent = "http://127.0.0.1:9"  # the discard port: nothing listens there
+
+        # WHEN the copies of that stream (and of one that does not exist) are read
+        states, unread = await asyncio.to_thread(
+            read_replica_states, [monitor, silent], [stream, "EVENTS_NONE"], timeout_s=2.0
+        )
+
+        # THEN its one copy is read with every count, named by its server; the silent node
+        # is named with why, and the unknown stream is simply absent
+        assert states == [ReplicaState(stream, node, 4, 1, 5, 1, node)]
+        assert (states[0].span, states[0].holes, states[0].is_leader) == (5, 1, True)
+        assert len(unread) == 1 and unread[0].startswith(f"{silent} (")
+
+        # AND the scan of its event IDs finds each kept event at its sequence, in a
+        # counted number of requests; one from after the last event finds none
+        ids = await read_stream_ids(js, stream, since=datetime(2000, 1, 1, tzinfo=UTC))
+        assert (ids.stream, ids.node) == (stream, None)
+        assert ids.sequence_of == {written[i]: i + 1 for i in (0, 2, 3, 4)}
+        assert ids.requests == 4  # stream info, consumer, one fetch, consumer deleted
+        later = await read_stream_ids(js, stream, since=datetime.now(UTC) + timedelta(hours=1))
+        assert later.sequence_of == {}
+        # AND neither scan left its consumer behind
+        assert [c.name for c in await js.consumers_info(stream) if "reconcile" in c.name] == []
     finally:
         await app.close()
