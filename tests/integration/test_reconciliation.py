@@ -31,6 +31,7 @@ from rhumbatron.messaging.log_state import (
     SCAN_BATCH,
     ReplicaState,
     ScanStopped,
+    _consumer_on,
     _scan,
     read_replica_states,
     read_stream_ids,
@@ -477,5 +478,35 @@ async def test_a_copys_counts_are_read_from_its_node_and_a_node_that_does_not_an
         assert later.sequence_of == {}
         # AND neither scan left its consumer behind
         assert [c.name for c in await js.consumers_info(stream) if "reconcile" in c.name] == []
+    finally:
+        await app.close()
+
+
+async def test_the_scans_consumer_reads_headers_only_from_its_start_time_and_goes_away_idle(
+    settings: Settings,
+) -> None:
+    # GIVEN a stream with events
+    app = bootstrap(settings)
+    try:
+        await published_events(app, 2)
+        stream = event_stream_name(stream_index(PROJECT))
+        js = (await app.nats()).jetstream()
+        since = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+        # WHEN the scan's consumer is made (one server: placed at the first try)
+        name, requests = await _consumer_on(js, stream, since, None)
+
+        # THEN it is a named, memory-only, one-replica consumer that reads headers only,
+        # from the scan's start time, acks nothing and goes away a minute after its last use
+        config = (await js.consumer_info(stream, name)).config
+        assert name.startswith("reconcile-") and requests == 1
+        assert (config.name, config.headers_only, config.mem_storage) == (name, True, True)
+        assert (config.num_replicas, config.inactive_threshold) == (1, 60.0)
+        assert (config.ack_policy, config.deliver_policy) == (
+            AckPolicy.NONE,
+            DeliverPolicy.BY_START_TIME,
+        )
+        assert datetime.fromisoformat(str(config.opt_start_time)) == since
+        await js.delete_consumer(stream, name)
     finally:
         await app.close()
