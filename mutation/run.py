@@ -202,6 +202,7 @@ PLANS: dict[str, PackagePlan] = {
             "tests/lambda_/test_secrets.py",
             "tests/integration/test_frames.py",
             "tests/unit/test_scan_pacing.py",
+            "tests/unit/test_replica_holders.py",
             "tests/faults/test_queue_faults.py::"
             "test_a_worker_killed_after_the_dead_letter_send_still_leaves_one_dead_letter",
         ),
