@@ -393,14 +393,14 @@ async def test_a_paused_cursor_is_delivered_nothing_until_resumed_and_both_are_a
         )
         # THEN it is paused until then: listed so, and a fetch gets nothing, nothing lost
         assert paused.status_code == 200, paused.text
-        assert paused.json()["pausedUntil"] is not None
+        assert datetime.fromisoformat(paused.json()["pausedUntil"]) == until
         listed = (await api.get("/consumers", headers=bearer(WATCHER))).json()["consumers"]
         mine = next(
             c
             for c in listed
             if c["stream"] == event_stream_name(STREAM) and c["consumer"] == PROJECTOR.value
         )
-        assert mine["pausedUntil"] is not None and mine["numPending"] == 3
+        assert datetime.fromisoformat(mine["pausedUntil"]) == until and mine["numPending"] == 3
         assert await log.fetch(STREAM, PROJECTOR, 10) == []
         # WHEN it is resumed THEN the waiting events are delivered
         resumed = await api.post(f"{path}/resume", headers=bearer(REPAIRER))
