@@ -21,6 +21,7 @@ from nats.errors import (
 
 from rhumbatron.messaging.frames import FramePublisher, ack, header_block
 from rhumbatron_dev.local.nats_server import NatsServerProcess
+from server_counts import settles_to
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -211,11 +212,11 @@ async def test_a_frame_written_here_goes_out_at_once_with_nothing_sent_after_it(
         await asyncio.wait_for(done, 1.0)
         assert seen(messages[0]) == ("alone.a", "", {"k": "v"}, b"x")
         ojs = other.jetstream()
-        for _ in range(100):
-            if (await ojs.consumer_info("ALONE", "r")).num_ack_pending == 0:
-                break
-            await asyncio.sleep(0.01)  # polling the server's state, not waiting for an order
-        assert (await ojs.consumer_info("ALONE", "r")).num_ack_pending == 0
+
+        async def ack_pending() -> int:
+            return int((await ojs.consumer_info("ALONE", "r")).num_ack_pending or 0)
+
+        await settles_to(ack_pending, 0)
     finally:
         await other.close()
 

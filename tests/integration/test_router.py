@@ -514,8 +514,7 @@ async def test_the_apply_cap_defers_events_without_counting_a_failure(
     assert projector.applied == 4
     assert projector.deferred >= 6
     assert projector.failed == 0
-    state = app.router().stream_state(0).connection
-    assert state.execute("SELECT COUNT(*) FROM k2_batch_failures").fetchone()[0] == 0
+    assert failures_counted(app, 0) == 0
 
     # AND the deferred events come back with the next deliveries and are all applied
     await until(
@@ -1153,6 +1152,21 @@ async def test_an_ordinary_tick_prunes_old_metric_points_when_sized_above_the_da
     assert product.execute(old, (first.timestamp(),)).fetchone()[0] == old_points - 1
 
 
+def held_view_file(app: Rhumbatron, project_id: str) -> sqlite3.Connection:
+    """Another writer's connection holding the write lock of ``project_id``'s view file (its
+    stream's), made with its schema first; closing it lets the file go."""
+    view = app.router().projector.view(project_id)
+    view.connection  # noqa: B018 - create the file and its schema first
+    holder = sqlite3.connect(view.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    return holder
+
+
+def failures_counted(app: Rhumbatron, stream: int) -> int:
+    state = app.router().stream_state(stream).connection
+    return int(state.execute("SELECT COUNT(*) FROM k2_batch_failures").fetchone()[0])
+
+
 async def test_a_view_file_held_by_another_writer_is_retried_not_counted(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
@@ -1160,10 +1174,7 @@ async def test_a_view_file_held_by_another_writer_is_retried_not_counted(
     app = await make_app(sqlite_busy_timeout_ms=50, router_nak_delay_s=0)
     (project,) = projects_on_stream(7, 1)
     await publish(app, lifecycle(project, clock.now())[:3])
-    view = app.router().projector.view(project)
-    view.connection  # noqa: B018 - create the file and its schema first
-    holder = sqlite3.connect(view.path, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
+    holder = held_view_file(app, project)
 
     # WHEN the stream is nudged
     report = await app.router().nudge(7)
@@ -1172,12 +1183,10 @@ async def test_a_view_file_held_by_another_writer_is_retried_not_counted(
     projector = report.subscriptions[PROJECTOR.value]
     assert (projector.applied, projector.failed) == (0, 0)
     assert projector.retried >= 3
-    state = app.router().stream_state(7).connection
-    assert state.execute("SELECT COUNT(*) FROM k2_batch_failures").fetchone()[0] == 0
+    assert failures_counted(app, 7) == 0
 
     # AND once the file is free they are applied
-    holder.execute("ROLLBACK")
-    holder.close()
+    holder.close()  # its transaction rolls back
     await until(lambda: app.router().nudge(7), lambda _: view_count(app, project) == 3)
 
 
@@ -1190,10 +1199,7 @@ async def test_with_its_view_file_held_a_run_retries_its_budget_and_holds_the_re
         sqlite_busy_timeout_ms=50, router_nak_delay_s=0, router_apply_calls_per_run=2
     )
     projects = await two_events_each(app, clock, 5)
-    view = app.router().projector.view(projects[0])
-    view.connection  # noqa: B018 - create the file and its schema first
-    holder = sqlite3.connect(view.path, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
+    holder = held_view_file(app, projects[0])
 
     # WHEN the stream is nudged
     report = await app.router().nudge(0)
@@ -1204,12 +1210,10 @@ async def test_with_its_view_file_held_a_run_retries_its_budget_and_holds_the_re
     assert (projector.retried, projector.deferred) == (4, 6)
     assert (projector.applied, projector.failed) == (0, 0)
     assert report.left_waiting
-    state = app.router().stream_state(0).connection
-    assert state.execute("SELECT COUNT(*) FROM k2_batch_failures").fetchone()[0] == 0
+    assert failures_counted(app, 0) == 0
 
     # AND once the file is free every event is applied, once
-    holder.execute("ROLLBACK")
-    holder.close()
+    holder.close()  # its transaction rolls back
     await until(
         lambda: app.router().nudge(0),
         lambda _: [view_count(app, p) for p in projects] == [2] * 5,

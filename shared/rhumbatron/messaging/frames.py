@@ -66,7 +66,7 @@ class FramePublisher:
 
     def __init__(self, nc: NATS) -> None:
         self._nc = nc
-        self._frames = all(hasattr(nc, member) for member in _PRIVATE_MEMBERS)
+        self._frames = _writes_frames(nc)
 
     @property
     def writes_frames(self) -> bool:
@@ -107,13 +107,18 @@ async def ack(msg: Msg) -> None:
         msg._ackd
         or not reply
         or not _is_plain_subject(reply)
-        or not all(hasattr(nc, member) for member in _PRIVATE_MEMBERS)
+        or not _writes_frames(nc)
         or not _open(nc)
     ):
         await msg.ack()
         return
     await _write(nc, f"PUB {reply} 0\r\n\r\n".encode(), 0)
     msg._ackd = True
+
+
+def _writes_frames(nc: NATS) -> bool:
+    """Whether ``nc`` has the private members writing a frame needs."""
+    return all(hasattr(nc, member) for member in _PRIVATE_MEMBERS)
 
 
 def _open(nc: NATS) -> bool:

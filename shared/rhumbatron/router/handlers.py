@@ -173,12 +173,10 @@ class ProjectViewProjector:
         its first ``apply_calls_left`` projects, and every undecoded record: they fail on
         their own) and those it would defer, each part in the records' order. ``run`` is
         not changed."""
-        if len({r.event.project_id for r in records if r.event is not None}) <= (
-            run.apply_calls_left
-        ):
-            return list(records), []  # the common case: a set, not the ordered groups
-        projects = self._by_project([r for r in records if r.event is not None])
-        taken = set(list(projects)[: max(run.apply_calls_left, 0)])
+        projects = list(dict.fromkeys(r.event.project_id for r in records if r.event))
+        if len(projects) <= run.apply_calls_left:
+            return list(records), []
+        taken = set(projects[: max(run.apply_calls_left, 0)])
         now: list[Record] = []
         later: list[Record] = []
         for record in records:
