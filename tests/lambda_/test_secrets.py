@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import logging
 import re
 import socket
 import time
@@ -604,3 +605,78 @@ def test_without_a_key_or_a_secret_clef_flash_abstains_without_asking(tmp_path: 
 
     assert asyncio.run(ask()) == "abstain"
     assert seen == []
+
+
+_MISSING = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:rhumbatron/missing-AbCdEf"
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_secret_read_that_fails_names_the_arn_and_what_it_is_for(
+    secrets: Any, cached: bool
+) -> None:
+    cache = SecretCache(ManualClock(), max_age_s=300) if cached else None
+    with pytest.raises(ConfigurationError) as refused:
+        read_secret_string(_MISSING, what="the webhook key", timeout_s=1.0, cache=cache)
+    assert str(refused.value).startswith(
+        f"cannot read the webhook key from the Secrets Manager secret {_MISSING}: "
+    )
+
+
+def test_a_failed_re_read_answers_the_last_value_and_says_when_it_was_read(
+    secrets: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a secret read once through the cache, then deleted, and the value past its max age
+    clock = ManualClock()
+    cache = SecretCache(clock, max_age_s=300)
+    arn = _secret(secrets, "the-value")
+    read_at = clock.now()
+    assert asyncio.run(cache.read_or_last_async(arn, what="a key", timeout_s=1.0)) == "the-value"
+    secrets.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
+    # WHEN it is used within its max age, THEN the kept value answers without a read
+    clock.advance(299)
+    assert asyncio.run(cache.read_or_last_async(arn, what="a key", timeout_s=1.0)) == "the-value"
+    assert not caplog.records
+    # WHEN it is used after, THEN the read fails, the last value answers, and a warning says
+    #   which secret failed, what for, and when the value in use was read
+    clock.advance(1)
+    caplog.set_level(logging.WARNING, logger="rhumbatron.messaging.secrets")
+    assert asyncio.run(cache.read_or_last_async(arn, what="a key", timeout_s=1.0)) == "the-value"
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith(f"cannot read a key from the Secrets Manager secret {arn}: ")
+    assert warning.endswith(f"; using the value read at {read_at}")
+    # AND a secret never read answers None, saying so
+    caplog.clear()
+    assert asyncio.run(cache.read_or_last_async(_MISSING, what="a key", timeout_s=1.0)) is None
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.endswith("; using the value read at None")
+
+
+@pytest.mark.parametrize("entry", ["read_secret_string", "cache.read", "read_or_last_async"])
+def test_a_secret_read_from_an_endpoint_that_never_answers_gives_up_on_its_timeout(
+    monkeypatch: pytest.MonkeyPatch, entry: str
+) -> None:
+    # GIVEN a Secrets Manager endpoint that accepts connections and never answers
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        silent.listen(16)
+        monkeypatch.setenv(
+            "AWS_ENDPOINT_URL_SECRETS_MANAGER", f"http://127.0.0.1:{silent.getsockname()[1]}"
+        )
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(name, "testing")
+        cache = SecretCache(ManualClock(), max_age_s=300)
+        started = time.monotonic()
+        # WHEN a secret is read with a 0.5 s timeout through each way in
+        if entry == "read_or_last_async":
+            assert (
+                asyncio.run(cache.read_or_last_async(_MISSING, what="a key", timeout_s=0.5)) is None
+            )
+        else:
+            with pytest.raises(ConfigurationError, match="cannot read a key"):
+                read_secret_string(
+                    _MISSING,
+                    what="a key",
+                    timeout_s=0.5,
+                    cache=cache if entry == "cache.read" else None,
+                )
+        # THEN it gave up on that timeout (two tries), not botocore's 60 s default
+        assert time.monotonic() - started < 10
