@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from rhumbatron.actors.row_statements import values_chunks
 from rhumbatron.core.tracing import traceparent_for
 from rhumbatron.errors import DomainError, OutboxError
 from rhumbatron.protocol.envelopes import Event
@@ -302,12 +303,15 @@ def backoff_s(
 def mark_published(
     connection: sqlite3.Connection, sent: Sequence[tuple[int, int | None]], *, now_s: float
 ) -> None:
-    """Mark rows ``(seq, stream_seq)`` published."""
-    connection.executemany(
-        "UPDATE outbox SET state = 'published', published_at = ?, stream_seq = ?, "
-        "next_attempt_at = NULL WHERE seq = ?",
-        [(now_s, stream_seq, seq) for seq, stream_seq in sent],
-    )
+    """Mark rows ``(seq, stream_seq)`` published: a few statements, not one per row (the
+    commit runs on a worker thread; see :mod:`~rhumbatron.actors.row_statements`)."""
+    for values, parameters in values_chunks(sent):
+        connection.execute(
+            "UPDATE outbox SET state = 'published', published_at = ?, "
+            f"stream_seq = sent.column2, next_attempt_at = NULL FROM (VALUES {values}) AS sent "
+            "WHERE outbox.seq = sent.column1",
+            [now_s, *parameters],
+        )
 
 
 def mark_failed(connection: sqlite3.Connection, seq: int, error: str) -> None:

@@ -21,6 +21,8 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from rhumbatron.actors.row_statements import write_rows
+
 __all__ = [
     "CLAIMS_SCHEMA",
     "LeaseClaims",
@@ -129,11 +131,12 @@ def complete_claims(
 
     Also used to mark a dead-lettered event processed, so a later redelivery skips it.
     """
-    connection.executemany(
+    write_rows(
+        connection,
         "INSERT INTO processed_events (consumer, event_id, status, lease_until_s, processed_at_s) "
-        "VALUES (?, ?, 'done', NULL, ?) ON CONFLICT (consumer, event_id) DO UPDATE SET "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (consumer, event_id) DO UPDATE SET "
         "status = 'done', lease_until_s = NULL, processed_at_s = excluded.processed_at_s",
-        [(consumer, event_id, now_s) for event_id in event_ids],
+        [(consumer, event_id, "done", None, now_s) for event_id in event_ids],
     )
 
 

@@ -14,6 +14,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from rhumbatron.actors.row_statements import write_rows
 from rhumbatron.protocol.envelopes import Event, format_timestamp
 
 __all__ = ["VIEW_SCHEMA", "apply_events", "apply_groups"]
@@ -115,11 +116,13 @@ _BUMP_SQL = (
 
 
 class _Batched:
-    """Runs each run of consecutive writes of the same statement as one ``executemany``.
+    """Runs each run of consecutive writes of the same statement as one batch
+    (:func:`~rhumbatron.actors.row_statements.write_rows`: an ``INSERT`` as a few multi-row
+    statements, anything else as one ``executemany``).
 
     The rows still reach SQLite in the order they were written, one statement after the
     other, so the result is that of one ``execute`` each; a stream of ``task.*`` Events
-    costs one call into SQLite per fetch instead of one per Event. The projections only
+    costs a few calls into SQLite per fetch instead of one per Event. The projections only
     write (they read no result), which is what makes the deferral safe.
     """
 
@@ -138,7 +141,7 @@ class _Batched:
 
     def flush(self) -> None:
         if self._rows:
-            self._db.executemany(self._sql, self._rows)
+            write_rows(self._db, self._sql, self._rows)
             self._rows = []
 
 
@@ -181,8 +184,8 @@ def apply_groups(
             stamped.append((event, seq, at))
         first = events[0]
         bumps.append((first.project_id, first.tenant_id, len(events), max(stamps)))
-    db.executemany(_FEED_SQL, feed)
-    db.executemany(_BUMP_SQL, bumps)
+    write_rows(db, _FEED_SQL, feed)
+    write_rows(db, _BUMP_SQL, bumps)
     writes = _Batched(db)
     for event, seq, at in stamped:
         projection = _projection_of(event.event_type)

@@ -1,0 +1,124 @@
+"""Many rows in a few statements (``actors.row_statements``): the rows land as one statement
+each would land them, in order, an upsert's later rows seeing its earlier ones; a batch takes
+a statement per 64 rows and at most one of each smaller size; anything but an
+``INSERT … VALUES (?, …)`` goes row by row. The outbox's publish marks go that way too."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from rhumbatron.actors.outbox import mark_published
+from rhumbatron.actors.row_statements import CHUNK_ROWS, values_chunks, write_rows
+
+_TASKS = """
+CREATE TABLE tasks (
+    project_id  TEXT NOT NULL,
+    task_id     TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    updated_seq INTEGER NOT NULL,
+    PRIMARY KEY (project_id, task_id)
+) WITHOUT ROWID;
+"""
+# The view projections' shape: an upsert that keeps the newest sequence per key.
+_UPSERT = (
+    "INSERT INTO tasks (project_id, task_id, status, updated_seq) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (project_id, task_id) DO UPDATE SET status = excluded.status, "
+    "updated_seq = excluded.updated_seq WHERE excluded.updated_seq > tasks.updated_seq"
+)
+
+
+def _database() -> sqlite3.Connection:
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    db.executescript(_TASKS)
+    return db
+
+
+def _statements(db: sqlite3.Connection) -> list[str]:
+    """The statements ``db`` runs from now on (one entry per execution: an ``executemany``
+    over N rows is N)."""
+    ran: list[str] = []
+    db.set_trace_callback(ran.append)
+    return ran
+
+
+def test_a_batch_is_cut_into_values_lists_of_64_32_16_8_4_2_and_1_rows_in_order() -> None:
+    rows = [(n, f"r{n}") for n in range(100)]
+    chunks = list(values_chunks(rows))
+    assert [values.count("(") for values, _ in chunks] == [64, 32, 4]
+    assert chunks[2][0] == "(?, ?), (?, ?), (?, ?), (?, ?)"
+    assert [value for _, parameters in chunks for value in parameters] == [
+        value for row in rows for value in row
+    ]
+    assert CHUNK_ROWS == (64, 32, 16, 8, 4, 2, 1)
+    assert [values.count("(") for values, _ in values_chunks([(n,) for n in range(127)])] == [
+        64,
+        32,
+        16,
+        8,
+        4,
+        2,
+        1,
+    ]
+    assert list(values_chunks([])) == []
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 45, 64, 65, 100, 130])
+def test_rows_written_together_end_as_row_by_row_even_when_they_upsert_each_other(
+    count: int,
+) -> None:
+    # GIVEN a batch where the same keys come back, with sequences up and down (an upsert
+    #   that keeps the newest): each row must see the rows before it
+    rng = random.Random(count)
+    rows = [
+        (f"p{rng.randrange(3)}", f"t{rng.randrange(12)}", f"s{n}", rng.randrange(50))
+        for n in range(count)
+    ]
+    one_by_one, together = _database(), _database()
+    for row in rows:
+        one_by_one.execute(_UPSERT, row)
+    # WHEN the batch is written together
+    write_rows(together, _UPSERT, rows)
+    # THEN the table is the one the rows written one by one leave
+    table = "SELECT * FROM tasks ORDER BY project_id, task_id"
+    assert together.execute(table).fetchall() == one_by_one.execute(table).fetchall()
+
+
+def test_a_batch_of_100_rows_is_three_statements_and_an_update_stays_row_by_row() -> None:
+    db = _database()
+    ran = _statements(db)
+    write_rows(db, _UPSERT, [("p", f"t{n}", "ready", n) for n in range(100)])
+    assert len(ran) == 3  # 64 + 32 + 4 rows
+    ran.clear()
+    update = "UPDATE tasks SET status = ? WHERE task_id = ?"
+    write_rows(db, update, [("done", f"t{n}") for n in range(5)])
+    assert len(ran) == 5
+    assert all(statement.startswith("UPDATE tasks SET status = 'done'") for statement in ran)
+    assert db.execute("SELECT COUNT(*) FROM tasks WHERE status = 'done'").fetchone() == (5,)
+
+
+def test_publish_marks_of_150_rows_are_a_few_statements_each_row_with_its_sequence(
+    tmp_path: Path,
+) -> None:
+    db = sqlite3.connect(tmp_path / "outbox.sqlite", isolation_level=None)
+    db.execute(
+        "CREATE TABLE outbox (seq INTEGER PRIMARY KEY, state TEXT NOT NULL, published_at REAL, "
+        "stream_seq INTEGER, next_attempt_at REAL)"
+    )
+    db.executemany(
+        "INSERT INTO outbox (seq, state, next_attempt_at) VALUES (?, 'pending', 9.0)",
+        [(seq,) for seq in range(1, 201)],
+    )
+    # the first 150 rows stored, only the last one's position known (a fast batch)
+    sent = [(seq, 1_000 if seq == 150 else None) for seq in range(1, 151)]
+    ran = _statements(db)
+    mark_published(db, sent, now_s=42.0)
+    assert len(ran) == 5  # 64 + 64 + 16 + 4 + 2 rows
+    rows = db.execute("SELECT seq, state, published_at, stream_seq, next_attempt_at FROM outbox")
+    by_seq = {row[0]: row[1:] for row in rows}
+    assert all(by_seq[seq] == ("published", 42.0, None, None) for seq in range(1, 150))
+    assert by_seq[150] == ("published", 42.0, 1_000, None)
+    assert all(by_seq[seq] == ("pending", None, None, 9.0) for seq in range(151, 201))
