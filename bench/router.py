@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import multiprocessing
 import os
+import re
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -576,6 +577,10 @@ class LatencyResult:
         }
 
 
+# The event ID opening each row of a traced feed INSERT, its parameters expanded.
+_FEED_ROW_IDS = re.compile(r"(?:VALUES |\), )\('([^']+)'")
+
+
 class _ViewCommits:
     """Stamps each event's ``project_events`` row with the time its view ``COMMIT`` starts.
 
@@ -591,7 +596,8 @@ class _ViewCommits:
 
         def trace(statement: str) -> None:
             if statement.startswith("INSERT INTO project_events"):
-                pending.append(statement.split("VALUES ('", 1)[1].split("'", 1)[0])
+                # One row, or several (``row_statements``): each row's first value is its ID.
+                pending.extend(_FEED_ROW_IDS.findall(statement))
             elif statement == "COMMIT":
                 now = time.perf_counter()
                 for event_id in pending:

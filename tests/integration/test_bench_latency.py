@@ -4,6 +4,7 @@ on the embedded nats-server. Figures are printed by the bench, not judged here."
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,10 @@ import pytest
 from bench.jetstream import ServerCpu
 from bench.pinned_latency import pinned_latency_run
 from bench.pinning import pin_process, pinned_layout
-from bench.router import LatencyResult, RouterSuite, build_router_workload
+from bench.router import LatencyResult, RouterSuite, _ViewCommits, build_router_workload
 
+from rhumbatron.actors.row_statements import write_rows
+from rhumbatron.router.projections import VIEW_SCHEMA
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 pytestmark = pytest.mark.integration
@@ -138,3 +141,36 @@ def test_the_knee_is_the_highest_rate_offered_in_full_within_the_p99() -> None:
     # THEN the runs that could not offer their rate count as no pass, and the knee is 500
     assert [r.status for r in suite.knee] == ["PASS", "PASS", "SHORT", "SHORT"]
     assert suite.knee_rate() == 500
+
+
+def test_every_event_of_a_view_commit_is_timed_however_many_rows_one_statement_holds() -> None:
+    # GIVEN the latency bench's tracer on a view connection
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    db.executescript(VIEW_SCHEMA)
+    views = _ViewCommits()
+    db.set_trace_callback(views.tracer())
+    feed = (
+        "INSERT INTO project_events (event_id, project_id, stream_seq, event_type, change_id, "
+        "task_id, actor, occurred_at, applied_at_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    )
+    rows = [
+        (
+            f"evt-{n}",
+            "prj-a",
+            n,
+            "task.ready",
+            None,
+            f"t{n}",
+            "system:x",
+            "2026-12-05T00:00:00Z",
+            1.0,
+        )
+        for n in range(70)
+    ]
+    # WHEN a fetch's feed rows go as multi-row statements (64 + 4 + 2) and commit
+    db.execute("BEGIN")
+    write_rows(db, feed, rows)
+    assert not views.committed_at  # nothing is timed before its COMMIT
+    db.execute("COMMIT")
+    # THEN each event has its commit time, and only those
+    assert set(views.committed_at) == {f"evt-{n}" for n in range(70)}
