@@ -305,6 +305,14 @@ def mark_published(
 ) -> None:
     """Mark rows ``(seq, stream_seq)`` published: a few statements, not one per row (the
     commit runs on a worker thread; see :mod:`~rhumbatron.actors.row_statements`)."""
+    if len(sent) == 1:  # a one-row fire, the common case under a steady load: no join
+        ((seq, stream_seq),) = sent
+        connection.execute(
+            "UPDATE outbox SET state = 'published', published_at = ?, stream_seq = ?, "
+            "next_attempt_at = NULL WHERE seq = ?",
+            (now_s, stream_seq, seq),
+        )
+        return
     for values, parameters in values_chunks(sent):
         connection.execute(
             "UPDATE outbox SET state = 'published', published_at = ?, "
