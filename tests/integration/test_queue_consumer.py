@@ -713,25 +713,31 @@ async def test_an_empty_body_is_dead_lettered_empty(make_app: AppFactory) -> Non
 async def test_an_undecodable_body_on_a_queue_without_a_dead_letter_queue_is_logged_by_sequence(
     make_app: AppFactory, tap: AckTap, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # GIVEN a body that is not a Command on the indexing queue, which has no dead-letter queue
+    # GIVEN two bodies that are not Commands on the indexing queue, which has no dead-letter
+    #   queue
     app = await make_app()
-    sent = await (await app.command_bus()).send_raw(
-        "indexing", b"not a command", message_id="raw-indexing"
-    )
+    bus = await app.command_bus()
+    sent = [
+        await bus.send_raw("indexing", b"not a command", message_id=f"raw-indexing-{n}")
+        for n in range(2)
+    ]
 
-    # WHEN it is polled
+    # WHEN they are polled (one fetch)
     caplog.set_level(logging.ERROR, logger="rhumbatron.messaging.queue_consumer")
     report = await (await app.queue_runtime()).poll("indexing", noop)
 
-    # THEN it is terminated, and the error names it by its stream sequence
-    assert report.terminated == 1
+    # THEN both are terminated, counted in the run's report, and each error names its
+    #   message by its stream sequence
+    assert report.terminated == 2
     logged = [
         r.getMessage()
         for r in caplog.records
         if r.name == "rhumbatron.messaging.queue_consumer" and r.levelno >= logging.ERROR
     ]
-    assert len(logged) == 1
-    assert logged[0].startswith(f"indexing gives up on seq {sent.stream_seq} after 1 deliveries: ")
+    assert sorted(line.split(" after ")[0] for line in logged) == sorted(
+        f"indexing gives up on seq {message.stream_seq}" for message in sent
+    )
+    assert all(" after 1 deliveries: " in line for line in logged)
 
 
 async def test_an_expired_command_is_acked_without_running(
