@@ -22,7 +22,14 @@ from rhumbatron.api import StaticTokenAuth, create_api
 from rhumbatron.core.clock import ManualClock, SystemClock
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.messaging.cursors import CursorKind, CursorLag, durable_cursors, read_cursors
+from rhumbatron.errors import CursorNotFoundError
+from rhumbatron.messaging.cursors import (
+    CursorKind,
+    CursorLag,
+    durable_cursors,
+    find_cursor,
+    read_cursors,
+)
 from rhumbatron.messaging.event_log import EventLogClient, Subscription, consumer_config
 from rhumbatron.messaging.pull import Puller, ensure_consumer
 from rhumbatron.messaging.queue_consumer import queue_consumer_config
@@ -441,3 +448,40 @@ async def test_the_log_reads_a_record_by_its_place_and_says_when_the_stream_lost
     assert await log.read_at(4, stored.seq) == b'{"a": 1}'
     assert await log.read_at(4, empty.seq) == b""
     assert await log.read_at(4, empty.seq + 100) is None
+
+
+async def test_a_prefetch_asks_a_read_consumer_for_the_next_fetch_and_leaves_others_alone(
+    runtime: Rhumbatron,
+) -> None:
+    # GIVEN five events, the projector's cursor read once (one record, not acked)
+    await publish(runtime, events(5))
+    nc = await runtime.nats()
+    log = EventLogClient(nc, runtime.settings)
+    js = nc.jetstream()
+    try:
+        assert len(await log.fetch(STREAM, PROJECTOR, 1)) == 1
+        # WHEN the next fetch's three are asked for ahead, and the causal router's, never read
+        #   in this process, too
+        await log.prefetch(STREAM, PROJECTOR, 3)
+        await log.prefetch(STREAM, Subscription.CAUSAL_ROUTER, 3)
+        # THEN the server delivers the projector's three at once (it serves pulls on a queue
+        #   of its own: asked a bounded number of times), and the next fetch hands them out
+        for _ in range(200):
+            info = await js.consumer_info(event_stream_name(STREAM), PROJECTOR.value)
+            if info.num_ack_pending == 4:
+                break
+        assert (info.num_ack_pending, info.num_pending) == (4, 1)
+        assert len(await log.fetch(STREAM, PROJECTOR, 3)) == 3
+        # AND the causal router's consumer was not even created
+        lags = by_name(await read_cursors(js))
+        assert lags[(event_stream_name(STREAM), Subscription.CAUSAL_ROUTER.value)].exists is False
+    finally:
+        await log.close()
+
+
+def test_an_unknown_cursor_is_refused_naming_it_and_where_the_cursors_are_listed() -> None:
+    with pytest.raises(CursorNotFoundError) as refused:
+        find_cursor("EVENTS_00", "no-such-consumer")
+    assert str(refused.value) == (
+        "no durable cursor 'no-such-consumer' on 'EVENTS_00'; GET /consumers lists them"
+    )
