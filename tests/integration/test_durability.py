@@ -266,6 +266,9 @@ def test_a_live_replica_on_a_node_not_verified_is_refused(tmp_path: Path) -> Non
         "stream COMMANDS has a replica on n4, whose sync_interval was not verified: list every "
         "node's monitoring URL in RHUMBATRON_NATS_MONITOR_URLS"
     )
+    # every unverified node is named, in order
+    with pytest.raises(UnsafeStorageError, match=r"^stream EVENTS_00 has a replica on n4, n5, "):
+        check_replica_holders(settings, {"n1"}, {"EVENTS_00": {"n5", "n1", "n4"}})
     # not demanded: nothing is checked
     check_replica_holders(load_settings(state_dir=tmp_path), set(), {"EVENTS_00": {"n9"}})
 
