@@ -181,6 +181,11 @@ def test_a_monitor_that_never_answers_is_given_up_on_within_its_timeout() -> Non
         with pytest.raises(UnsafeStorageError, match="timed out"):
             read_varz(url, timeout_s=0.2)
         assert time.monotonic() - started < 5
+        # AND the start-up check waits its default 2 s for a node, no longer
+        started = time.monotonic()
+        with pytest.raises(UnsafeStorageError, match="timed out"):
+            read_varz(url)
+        assert 1.9 <= time.monotonic() - started < 2.9
 
 
 def test_streams_with_exactly_three_replicas_pass_and_fewer_are_refused(tmp_path: Path) -> None:
