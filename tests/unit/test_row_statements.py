@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from pathlib import Path
 
 import pytest
 
-from rhumbatron.actors.outbox import mark_published
+from rhumbatron.actors.outbox import OUTBOX_SCHEMA, mark_published
 from rhumbatron.actors.row_statements import CHUNK_ROWS, values_chunks, write_rows
 
 _TASKS = """
@@ -28,6 +27,12 @@ _UPSERT = (
     "INSERT INTO tasks (project_id, task_id, status, updated_seq) VALUES (?, ?, ?, ?) "
     "ON CONFLICT (project_id, task_id) DO UPDATE SET status = excluded.status, "
     "updated_seq = excluded.updated_seq WHERE excluded.updated_seq > tasks.updated_seq"
+)
+# An upsert whose result is the order its rows came in: any reordering shows.
+_APPEND = (
+    "INSERT INTO tasks (project_id, task_id, status, updated_seq) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (project_id, task_id) DO UPDATE SET status = tasks.status || ',' || "
+    "excluded.status, updated_seq = tasks.updated_seq + excluded.updated_seq"
 )
 
 
@@ -66,9 +71,10 @@ def test_a_batch_is_cut_into_values_lists_of_64_32_16_8_4_2_and_1_rows_in_order(
     assert list(values_chunks([])) == []
 
 
+@pytest.mark.parametrize("sql", [_UPSERT, _APPEND], ids=["newest-wins", "in-order"])
 @pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 45, 64, 65, 100, 130])
 def test_rows_written_together_end_as_row_by_row_even_when_they_upsert_each_other(
-    count: int,
+    count: int, sql: str
 ) -> None:
     # GIVEN a batch where the same keys come back, with sequences up and down (an upsert
     #   that keeps the newest): each row must see the rows before it
@@ -79,9 +85,9 @@ def test_rows_written_together_end_as_row_by_row_even_when_they_upsert_each_othe
     ]
     one_by_one, together = _database(), _database()
     for row in rows:
-        one_by_one.execute(_UPSERT, row)
+        one_by_one.execute(sql, row)
     # WHEN the batch is written together
-    write_rows(together, _UPSERT, rows)
+    write_rows(together, sql, rows)
     # THEN the table is the one the rows written one by one leave
     table = "SELECT * FROM tasks ORDER BY project_id, task_id"
     assert together.execute(table).fetchall() == one_by_one.execute(table).fetchall()
@@ -100,25 +106,45 @@ def test_a_batch_of_100_rows_is_three_statements_and_an_update_stays_row_by_row(
     assert db.execute("SELECT COUNT(*) FROM tasks WHERE status = 'done'").fetchone() == (5,)
 
 
-def test_publish_marks_of_150_rows_are_a_few_statements_each_row_with_its_sequence(
-    tmp_path: Path,
-) -> None:
-    db = sqlite3.connect(tmp_path / "outbox.sqlite", isolation_level=None)
-    db.execute(
-        "CREATE TABLE outbox (seq INTEGER PRIMARY KEY, state TEXT NOT NULL, published_at REAL, "
-        "stream_seq INTEGER, next_attempt_at REAL)"
+def test_a_parameter_outside_the_row_keeps_the_statement_row_by_row() -> None:
+    db = _database()
+    ran = _statements(db)
+    sql = (
+        "INSERT INTO tasks (project_id, task_id, status, updated_seq) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (project_id, task_id) DO UPDATE SET status = ?"
     )
+    write_rows(db, sql, [("p", "t", "ready", 1, "x"), ("p", "t", "ready", 2, "again")])
+    assert len(ran) == 2
+    assert db.execute("SELECT status, updated_seq FROM tasks").fetchall() == [("again", 1)]
+
+
+def test_publish_marks_of_150_rows_are_a_few_statements_each_row_with_its_sequence() -> None:
+    # GIVEN an outbox (its real schema: the state counts kept by triggers) of 200 pending rows
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    db.executescript(OUTBOX_SCHEMA)
     db.executemany(
-        "INSERT INTO outbox (seq, state, next_attempt_at) VALUES (?, 'pending', 9.0)",
-        [(seq,) for seq in range(1, 201)],
+        "INSERT INTO outbox (event_id, project_id, event_type, stream_index, envelope, "
+        "next_attempt_at, created_at) VALUES (?, 'prj', 'task.ready', 0, x'7b7d', 9.0, 1.0)",
+        [(f"evt-{n}",) for n in range(200)],
     )
-    # the first 150 rows stored, only the last one's position known (a fast batch)
+    # WHEN the first 150 are marked stored, only the last one's position known (a fast batch)
     sent = [(seq, 1_000 if seq == 150 else None) for seq in range(1, 151)]
     ran = _statements(db)
     mark_published(db, sent, now_s=42.0)
-    assert len(ran) == 5  # 64 + 64 + 16 + 4 + 2 rows
+    # THEN that is five statements (64 + 64 + 16 + 4 + 2 rows), each row marked with its
+    #   own position, the rest untouched, and the state counts moved with them
+    assert len(set(ran)) == 5  # (the triggers' steps are traced with their statement's text)
     rows = db.execute("SELECT seq, state, published_at, stream_seq, next_attempt_at FROM outbox")
     by_seq = {row[0]: row[1:] for row in rows}
     assert all(by_seq[seq] == ("published", 42.0, None, None) for seq in range(1, 150))
     assert by_seq[150] == ("published", 42.0, 1_000, None)
     assert all(by_seq[seq] == ("pending", None, None, 9.0) for seq in range(151, 201))
+    assert dict(db.execute("SELECT state, n FROM outbox_counts")) == {
+        "pending": 50,
+        "published": 150,
+        "retry_wait": 0,
+        "failed": 0,
+    }
+    # AND a seq sent twice keeps its last position, as one UPDATE per row did
+    mark_published(db, [(151, 7), (152, None), (151, 8)], now_s=43.0)
+    assert db.execute("SELECT stream_seq FROM outbox WHERE seq = 151").fetchone() == (8,)

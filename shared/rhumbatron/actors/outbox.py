@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from rhumbatron.actors.row_statements import values_chunks
+from rhumbatron.actors.row_statements import UPDATE_FROM, values_chunks
 from rhumbatron.core.tracing import traceparent_for
 from rhumbatron.errors import DomainError, OutboxError
 from rhumbatron.protocol.envelopes import Event
@@ -305,15 +305,17 @@ def mark_published(
 ) -> None:
     """Mark rows ``(seq, stream_seq)`` published: a few statements, not one per row (the
     commit runs on a worker thread; see :mod:`~rhumbatron.actors.row_statements`)."""
-    if len(sent) == 1:  # a one-row fire, the common case under a steady load: no join
-        ((seq, stream_seq),) = sent
-        connection.execute(
+    if len(sent) == 1 or not UPDATE_FROM:  # a one-row fire (the common case under a
+        # steady load) needs no join; an SQLite before 3.33 has none
+        connection.executemany(
             "UPDATE outbox SET state = 'published', published_at = ?, stream_seq = ?, "
             "next_attempt_at = NULL WHERE seq = ?",
-            (now_s, stream_seq, seq),
+            [(now_s, stream_seq, seq) for seq, stream_seq in sent],
         )
         return
-    for values, parameters in values_chunks(sent):
+    # A seq sent twice keeps its last position, as one UPDATE per row did (a join matching
+    # two rows would pick either).
+    for values, parameters in values_chunks(list(dict(sent).items())):
         connection.execute(
             "UPDATE outbox SET state = 'published', published_at = ?, "
             f"stream_seq = sent.column2, next_attempt_at = NULL FROM (VALUES {values}) AS sent "

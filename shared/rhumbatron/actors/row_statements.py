@@ -12,7 +12,8 @@ statement over many rows steps once.
 most one of each size below 64, so a statement shape keeps at most seven texts in the
 connection's statement cache. :func:`write_rows` runs an ``INSERT … VALUES (?, …) …``
 statement (an upsert clause included) for a batch of rows that way; SQLite inserts the rows of
-one statement in order, each seeing the ones before it, as ``executemany`` did.
+one statement in order, each seeing the ones before it, as ``executemany`` did. An
+``UPDATE … FROM (VALUES …)`` needs SQLite 3.33 (:data:`UPDATE_FROM`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["CHUNK_ROWS", "values_chunks", "write_rows"]
+__all__ = ["CHUNK_ROWS", "UPDATE_FROM", "values_chunks", "write_rows"]
+
+#: Whether this SQLite runs ``UPDATE … FROM`` (3.33 and later; the Lambda runtime's has it).
+UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
 
 #: Rows per statement, largest first (see the module's docstring).
 CHUNK_ROWS = (64, 32, 16, 8, 4, 2, 1)
@@ -60,6 +64,8 @@ def _split(sql: str) -> tuple[str, str] | None:
     if len(groups) != 1 or not sql.lstrip().upper().startswith("INSERT"):
         return None
     match = groups[0]
+    if match.group(1).count("?") != sql.count("?"):
+        return None  # a parameter outside the row (``DO UPDATE SET x = ?``): not per row
     return sql[: match.start()] + "VALUES ", sql[match.end() :]
 
 
