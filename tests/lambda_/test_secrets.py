@@ -95,6 +95,19 @@ def secrets(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         yield boto3.client("secretsmanager", region_name="eu-west-1")
 
 
+@pytest.fixture
+def silent_secrets_manager(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Secrets Manager at an endpoint that accepts connections and never answers."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        silent.listen(16)
+        monkeypatch.setenv(
+            "AWS_ENDPOINT_URL_SECRETS_MANAGER", f"http://127.0.0.1:{silent.getsockname()[1]}"
+        )
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(name, "testing")
+        yield
+
+
 def _secret(client: Any, value: str | bytes) -> str:
     """A new secret holding ``value``; its ARN."""
     name = f"rhumbatron/{uuid.uuid4().hex}"
@@ -248,25 +261,18 @@ def test_a_nats_secret_that_cannot_be_read_says_what_it_was_for(
 
 @pytest.mark.parametrize("setting", ["nats_tls_ca_secret_arn", "nats_credentials_secret_arn"])
 def test_a_secrets_manager_that_never_answers_holds_a_connect_only_as_long_as_its_timeout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str
+    tmp_path: Path, silent_secrets_manager: None, setting: str
 ) -> None:
     # GIVEN a Secrets Manager endpoint that accepts connections and never answers
-    with socket.create_server(("127.0.0.1", 0)) as silent:
-        silent.listen(16)
-        monkeypatch.setenv(
-            "AWS_ENDPOINT_URL_SECRETS_MANAGER", f"http://127.0.0.1:{silent.getsockname()[1]}"
-        )
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            monkeypatch.setenv(name, "testing")
-        arn = f"arn:aws:secretsmanager:eu-west-1:123456789012:secret:rhumbatron/{setting}-x"
-        settings = _settings(tmp_path, "nats://127.0.0.1:1", **{setting: arn})
-        # WHEN a function connects
-        started = time.monotonic()
-        with pytest.raises(ConfigurationError, match="cannot read"):
-            asyncio.run(_round_trip(settings))
-        # THEN the read gave up on the connect timeout (0.5 s; two tries), not botocore's
-        # 60 s default
-        assert time.monotonic() - started < 10
+    arn = f"arn:aws:secretsmanager:eu-west-1:123456789012:secret:rhumbatron/{setting}-x"
+    settings = _settings(tmp_path, "nats://127.0.0.1:1", **{setting: arn})
+    # WHEN a function connects
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError, match="cannot read"):
+        asyncio.run(_round_trip(settings))
+    # THEN the read gave up on the connect timeout (0.5 s; two tries), not botocore's
+    # 60 s default
+    assert time.monotonic() - started < 10
 
 
 @pytest.mark.parametrize(
@@ -653,30 +659,21 @@ def test_a_failed_re_read_answers_the_last_value_and_says_when_it_was_read(
 
 @pytest.mark.parametrize("entry", ["read_secret_string", "cache.read", "read_or_last_async"])
 def test_a_secret_read_from_an_endpoint_that_never_answers_gives_up_on_its_timeout(
-    monkeypatch: pytest.MonkeyPatch, entry: str
+    silent_secrets_manager: None, entry: str
 ) -> None:
     # GIVEN a Secrets Manager endpoint that accepts connections and never answers
-    with socket.create_server(("127.0.0.1", 0)) as silent:
-        silent.listen(16)
-        monkeypatch.setenv(
-            "AWS_ENDPOINT_URL_SECRETS_MANAGER", f"http://127.0.0.1:{silent.getsockname()[1]}"
-        )
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            monkeypatch.setenv(name, "testing")
-        cache = SecretCache(ManualClock(), max_age_s=300)
-        started = time.monotonic()
-        # WHEN a secret is read with a 0.5 s timeout through each way in
-        if entry == "read_or_last_async":
-            assert (
-                asyncio.run(cache.read_or_last_async(_MISSING, what="a key", timeout_s=0.5)) is None
+    cache = SecretCache(ManualClock(), max_age_s=300)
+    started = time.monotonic()
+    # WHEN a secret is read with a 0.5 s timeout through each way in
+    if entry == "read_or_last_async":
+        assert asyncio.run(cache.read_or_last_async(_MISSING, what="a key", timeout_s=0.5)) is None
+    else:
+        with pytest.raises(ConfigurationError, match="cannot read a key"):
+            read_secret_string(
+                _MISSING,
+                what="a key",
+                timeout_s=0.5,
+                cache=cache if entry == "cache.read" else None,
             )
-        else:
-            with pytest.raises(ConfigurationError, match="cannot read a key"):
-                read_secret_string(
-                    _MISSING,
-                    what="a key",
-                    timeout_s=0.5,
-                    cache=cache if entry == "cache.read" else None,
-                )
-        # THEN it gave up on that timeout (two tries), not botocore's 60 s default
-        assert time.monotonic() - started < 10
+    # THEN it gave up on that timeout (two tries), not botocore's 60 s default
+    assert time.monotonic() - started < 10
