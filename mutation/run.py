@@ -676,13 +676,27 @@ def recheck_tests(
     where mutmut's forked worker reused state its parent had built (a cache, a memo). A
     function that runs while a module is imported, or that no test reached in mutmut's
     stats run, gets the plan's re-check files too: only they are known to reach the tables
-    built at import. Every survivor also gets the plan's ``proofs``.
+    built at import. Such a survivor also gets every one of the plan's ``proofs``; one the
+    stats saw called gets only the proofs outside mutmut's selection (a test that kills a
+    worker process, say): a test in the selection that never called its function cannot meet
+    its mutant, and running them all was half of a re-check's time. Leaving a test out can
+    only keep a mutant alive, never count one killed that is not.
     """
     function = function_of(mutant)
     tests = tuple(covering.get(function, ()))
+    proofs = plan.proofs
     if function in at_import or not tests:
         tests = (*plan.recheck, *(t for t in tests if t.partition("::")[0] not in plan.recheck))
-    return (*tests, *(p for p in plan.proofs if p not in tests))
+    else:
+        proofs = tuple(p for p in proofs if not in_selection(p, plan.tests))
+    return (*tests, *(p for p in proofs if p not in tests))
+
+
+def in_selection(test: str, selection: Sequence[str]) -> bool:
+    """Whether ``test`` (a file, or ``file::name``) is one that mutmut's selection runs: the
+    selection names files and folders."""
+    path = test.partition("::")[0]
+    return any(path == chosen or path.startswith(chosen.rstrip("/") + "/") for chosen in selection)
 
 
 def _covering_tests(workspace: Path) -> dict[str, list[str]]:

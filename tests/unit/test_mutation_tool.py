@@ -264,6 +264,34 @@ def test_a_survivor_is_re_checked_with_its_covering_tests_and_the_plans_files_wh
         "tests/unit/test_kinds.py",
         "tests/unit/test_proofs.py",
     )
+    # a proof in mutmut's selection was run, and the stats saw which of its tests call what:
+    # only a called function's covering tests go, a proof outside the selection with them
+    selected = replace(
+        proved,
+        tests=("tests/unit/",),
+        proofs=("tests/unit/test_proofs.py", "tests/faults/test_kill.py::test_k"),
+    )
+    assert tool.recheck_tests(f"{P}.x_f__mutmut_3", selected, covering, at_import) == (
+        "tests/unit/test_ids.py::test_a",
+        "tests/unit/test_ids.py::test_b",
+        "tests/faults/test_kill.py::test_k",
+    )
+    # one the stats never saw called still gets every proof
+    assert tool.recheck_tests(f"{P}.x_g__mutmut_1", selected, covering, at_import) == (
+        "tests/unit/test_kinds.py",
+        "tests/unit/test_proofs.py",
+        "tests/faults/test_kill.py::test_k",
+    )
+
+
+def test_a_test_is_in_the_selection_when_its_file_or_a_folder_above_it_is_named() -> None:
+    selection = ("tests/unit", "tests/integration/test_sender.py")
+    assert tool.in_selection("tests/unit/test_ids.py", selection)
+    assert tool.in_selection("tests/unit/deep/test_x.py::test_a", selection)
+    assert tool.in_selection("tests/integration/test_sender.py::test_b", selection)
+    assert not tool.in_selection("tests/unit_extra/test_y.py", selection)
+    assert not tool.in_selection("tests/integration/test_sender_more.py", selection)
+    assert not tool.in_selection("tests/faults/test_queue_faults.py::test_c", selection)
 
 
 def test_the_functions_run_at_import_are_found_in_a_fresh_interpreter(tmp_path: Path) -> None:
