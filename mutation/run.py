@@ -6,7 +6,8 @@ For each package this
    code under ``src/``; ours lives under ``shared/``, so ``src`` is a link to it), with a
    ``pyproject.toml`` holding the mutmut settings and the repository's pytest settings;
 2. runs ``mutmut run`` there: every function of the package is mutated, and each mutant runs
-   the tests that reach it, stopping at the first failure;
+   the tests that reach it, stopping at the first failure. Which tests reach a function are
+   mutmut's stats; they are collected again whenever the code or the tests changed since;
 3. re-checks each survivor in a fresh interpreter with the mutant switched on before anything
    is imported. mutmut forks its workers from a process that has already imported the package
    and run the tests once, so code that runs while a module is imported (the event and command
@@ -30,6 +31,7 @@ keeps its verdicts in the workspace, and a second run tests only what changed.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -679,8 +681,9 @@ def recheck_tests(
     built at import. Such a survivor also gets every one of the plan's ``proofs``; one the
     stats saw called gets only the proofs outside mutmut's selection (a test that kills a
     worker process, say): a test in the selection that never called its function cannot meet
-    its mutant, and running them all was half of a re-check's time. Leaving a test out can
-    only keep a mutant alive, never count one killed that is not.
+    its mutant (the stats are collected again whenever the code or the tests change: see
+    :func:`drop_stale_stats`), and running them all was half of a re-check's time. Leaving a
+    test out can only keep a mutant alive, never count one killed that is not.
     """
     function = function_of(mutant)
     tests = tuple(covering.get(function, ()))
@@ -839,6 +842,8 @@ def run_package(plan: PackagePlan, *, max_children: int, report_only: bool) -> P
     workspace = prepare_workspace(plan)
     if not report_only:
         print(f"== mutmut over rhumbatron/{plan.name} (workspace {workspace})", flush=True)
+        if drop_stale_stats(workspace):
+            print("   the code or the tests changed since its stats: mutmut collects them again")
         finished = _mutmut(workspace, "run", "--max-children", str(max_children))
         if finished.returncode != 0:
             raise MutationError(
@@ -882,6 +887,34 @@ def run_package(plan: PackagePlan, *, max_children: int, report_only: bool) -> P
         by_rule=sql_case,
         to_confirm=to_confirm,
     )
+
+
+def source_digest(root: Path = ROOT) -> str:
+    """A digest of every Python file of the code and the tests."""
+    digest = hashlib.sha256()
+    for folder in ("shared", "tests"):
+        for path in sorted((root / folder).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def drop_stale_stats(workspace: Path, root: Path = ROOT) -> bool:
+    """Remove mutmut's stats (which tests call which function) unless the code and the tests
+    are what they were when it collected them; True when they were removed.
+
+    mutmut collects a test's stats once, when the test is new: after a change to the code
+    (a function that now calls another) or to an old test, they miss tests that reach a
+    function, and mutmut and the re-check then run too few tests against its mutants. With
+    the stats gone, mutmut collects them all again and keeps its verdicts.
+    """
+    stamp = workspace / "stats-source.txt"
+    digest = source_digest(root)
+    if stamp.exists() and stamp.read_text(encoding="utf-8") == digest:
+        return False
+    (workspace / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
+    stamp.write_text(digest, encoding="utf-8")
+    return True
 
 
 def mutant_diffs(workspace: Path, names: Sequence[str], hashes: dict[str, str]) -> dict[str, str]:

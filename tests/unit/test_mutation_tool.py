@@ -404,3 +404,37 @@ def test_a_continued_column_list_is_sql_but_a_short_message_is_not() -> None:
     assert not tool.is_sql_case_change(
         diff('            reason="no API key",', '            reason="NO API KEY",')
     )
+
+
+def test_mutmuts_stats_are_dropped_when_the_code_or_a_test_changed_and_kept_otherwise(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a repository and a workspace whose mutmut holds stats
+    root, workspace = tmp_path / "repo", tmp_path / "ws"
+    (root / "shared" / "pkg").mkdir(parents=True)
+    (root / "tests").mkdir()
+    code, test = root / "shared" / "pkg" / "a.py", root / "tests" / "test_a.py"
+    code.write_text("def f(): return 1\n")
+    test.write_text("def test_f(): pass\n")
+    stats = workspace / "mutants" / "mutmut-stats.json"
+    stats.parent.mkdir(parents=True)
+
+    def collected() -> None:
+        stats.write_text("{}")
+
+    # a first run has nothing to compare with: its stats are collected afresh
+    collected()
+    assert tool.drop_stale_stats(workspace, root) and not stats.exists()
+    # a resumed run on the same code keeps them
+    collected()
+    assert not tool.drop_stale_stats(workspace, root) and stats.exists()
+    # a changed function, or a changed old test, drops them
+    code.write_text("def f(): return g()\n")
+    assert tool.drop_stale_stats(workspace, root) and not stats.exists()
+    collected()
+    test.write_text("def test_f(): assert True\n")
+    assert tool.drop_stale_stats(workspace, root) and not stats.exists()
+    # and so does a test file renamed, even with the same text
+    collected()
+    test.rename(root / "tests" / "test_b.py")
+    assert tool.drop_stale_stats(workspace, root) and not stats.exists()
