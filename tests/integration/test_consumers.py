@@ -475,6 +475,8 @@ async def test_a_prefetch_asks_a_read_consumer_for_the_next_fetch_and_leaves_oth
         # AND the causal router's consumer was not even created
         lags = by_name(await read_cursors(js))
         assert lags[(event_stream_name(STREAM), Subscription.CAUSAL_ROUTER.value)].exists is False
+        # AND a cursor never pulled here has nothing kept to release
+        assert await log.release_held(STREAM, Subscription.CAUSAL_ROUTER) == []
     finally:
         await log.close()
 

@@ -102,6 +102,38 @@ async def test_frames_written_here_arrive_as_client_publish_would_send_them(nc: 
     )
 
 
+async def test_on_a_connected_client_frames_and_acks_never_go_through_client_publish(
+    nc: NATS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a stream message pulled on a connected client, whose Client.publish is watched
+    js = nc.jetstream()
+    await js.add_stream(name="OWN", subjects=["own.s"])
+    await js.publish("own.s", b"1")
+    (msg,) = await (await js.pull_subscribe("own.s", durable="r", stream="OWN")).fetch(1)
+    done, messages = await received(nc, "own.>", 2)
+    through_client: list[str] = []
+    client_publish = nc.publish
+
+    async def watched(subject: str, payload: bytes = b"", **options: object) -> None:
+        through_client.append(subject)
+        await client_publish(subject, payload, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(nc, "publish", watched)
+    # WHEN a message with a reply subject, one without, and an ack go out through this module
+    frames = FramePublisher(nc)
+    await frames.publish("own.a", b"1", reply="_INBOX.own.1", headers={"k": "v"})
+    await frames.publish("own.b", b"2", headers={"k": "v"})
+    await ack(msg)
+    await asyncio.wait_for(done, 5)
+    # THEN all three were written here, none by Client.publish
+    assert through_client == []
+    assert [seen(m) for m in messages] == [
+        ("own.a", "_INBOX.own.1", {"k": "v"}, b"1"),
+        ("own.b", "", {"k": "v"}, b"2"),
+    ]
+    assert msg.is_acked
+
+
 async def test_a_message_it_cannot_vouch_for_goes_through_client_publish(nc: NATS) -> None:
     frames = FramePublisher(nc)
     done, messages = await received(nc, "odd.>", 1)
