@@ -284,6 +284,33 @@ def test_a_survivor_is_re_checked_with_its_covering_tests_and_the_plans_files_wh
     )
 
 
+def test_a_modules_own_proofs_go_only_with_its_survivors() -> None:
+    plan = tool.PackagePlan(
+        "messaging",
+        tests=("tests/unit",),
+        recheck=("tests/unit/test_r.py",),
+        proofs=("tests/faults/test_kill.py::test_k",),
+        module_proofs={"log_state": ("tests/integration/test_cluster.py",)},
+    )
+    m = "rhumbatron.messaging"
+    covering = {f"{m}.log_state.x_f": ["tests/unit/test_a.py::t"], f"{m}.sender.x_g": ["u::t"]}
+    assert tool.recheck_tests(f"{m}.log_state.x_f__mutmut_1", plan, covering, set()) == (
+        "tests/unit/test_a.py::t",
+        "tests/faults/test_kill.py::test_k",
+        "tests/integration/test_cluster.py",
+    )
+    # a method's module is found through its class
+    assert tool.recheck_tests(f"{m}.log_state.xǁ_Cǁm__mutmut_2", plan, covering, set()) == (
+        "tests/unit/test_r.py",
+        "tests/faults/test_kill.py::test_k",
+        "tests/integration/test_cluster.py",
+    )
+    assert tool.recheck_tests(f"{m}.sender.x_g__mutmut_1", plan, covering, set()) == (
+        "u::t",
+        "tests/faults/test_kill.py::test_k",
+    )
+
+
 def test_a_test_is_in_the_selection_when_its_file_or_a_folder_above_it_is_named() -> None:
     selection = ("tests/unit", "tests/integration/test_sender.py")
     assert tool.in_selection("tests/unit/test_ids.py", selection)

@@ -1,0 +1,102 @@
+"""Reconciliation's scan reads one replica's copy (issue #18): on a 3-node cluster its
+headers-only R1 consumer is made again until JetStream places it on the wanted node, and a
+node that holds no copy of the stream is refused by name after the tries, with every
+misplaced consumer deleted on the way."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js.client import JetStreamContext
+
+from rhumbatron.errors import MessagingError
+from rhumbatron.messaging.log_state import PLACEMENT_TRIES, _consumer_on
+from rhumbatron_dev.local.nats_server import NatsServerProcess, start_cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+SINCE = datetime.now(UTC) - timedelta(minutes=1)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[list[NatsServerProcess]]:
+    nodes = start_cluster(tmp_path, cluster_name="rhumbatron-scan")
+    yield nodes
+    for node in nodes:
+        node.stop()
+
+
+@pytest.fixture
+async def js(cluster: list[NatsServerProcess]) -> AsyncIterator[JetStreamContext]:
+    nc: NATS = await nats.connect([node.url for node in cluster])
+    yield nc.jetstream()
+    await nc.close()
+
+
+async def stream_on(js: JetStreamContext, name: str, replicas: int) -> list[str]:
+    """A stream of ``replicas`` copies once the cluster takes it; the nodes that hold it."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            info = await js.add_stream(name=name, subjects=[f"{name}.>"], num_replicas=replicas)
+            break
+        except Exception:  # no meta leader elected yet: JetStream answers with errors
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)  # polling the cluster coming up, with a deadline
+    await js.publish(f"{name}.a", b"1")
+    assert info.cluster is not None
+    followers = [str(replica.name) for replica in info.cluster.replicas or ()]
+    return [str(info.cluster.leader), *followers]
+
+
+async def scan_consumers(js: JetStreamContext, stream: str) -> list[str]:
+    return [c.name for c in await js.consumers_info(stream) if c.name.startswith("reconcile-")]
+
+
+async def test_the_scans_consumer_lands_on_each_wanted_replica_in_an_odd_count_of_requests(
+    js: JetStreamContext,
+) -> None:
+    # GIVEN a stream with a copy on each of the three nodes
+    holders = await stream_on(js, "PLACED", 3)
+    assert sorted(holders) == ["node0", "node1", "node2"]
+    for node in holders * 2:  # a placement that ignored the node would miss some of six
+        # WHEN the scan's consumer is asked for on that node
+        name, requests = await _consumer_on(js, "PLACED", SINCE, node)
+        # THEN it is there (JetStream places an R1 consumer on any replica: a misplaced one
+        #   was deleted and made again), each try costing a create and a delete but the last
+        info = await js.consumer_info("PLACED", name)
+        assert info.cluster is not None and info.cluster.leader == node
+        assert isinstance(requests, int) and requests % 2 == 1 and requests <= 2 * PLACEMENT_TRIES
+        # AND it is the only scan consumer left
+        assert await scan_consumers(js, "PLACED") == [name]
+        await js.delete_consumer("PLACED", name)
+
+
+async def test_a_node_without_a_copy_is_refused_by_name_and_no_consumer_is_left(
+    js: JetStreamContext,
+) -> None:
+    # GIVEN a stream with one copy, and a node that holds none of it
+    (holder,) = await stream_on(js, "ALONE", 1)
+    elsewhere = next(node for node in ("node0", "node1", "node2") if node != holder)
+    # WHEN its scan's consumer is asked for on that node
+    with pytest.raises(MessagingError) as refused:
+        await _consumer_on(js, "ALONE", SINCE, elsewhere)
+    # THEN every try landed on the one copy, was deleted, and the scan is refused naming the
+    #   stream, the node and the tries
+    assert str(refused.value) == (
+        f"JetStream placed no scan consumer of ALONE on {elsewhere} in {PLACEMENT_TRIES} tries: "
+        "is it a replica of the stream?"
+    )
+    assert await scan_consumers(js, "ALONE") == []
+    # AND asked for on its holder, it lands at the first try
+    name, requests = await _consumer_on(js, "ALONE", SINCE, holder)
+    assert requests == 1
+    await js.delete_consumer("ALONE", name)
