@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -629,12 +630,15 @@ def recheck_mutants(
     if not todo:
         return codes
     # A re-check that fails for another reason would count every survivor as killed: the
-    # tests must pass with no mutant on, and fail when every mutated function raises.
+    # tests, and every proof (a cluster's that cannot start here, say), must pass with no
+    # mutant on, and the tests fail when every mutated function raises.
     started = time.monotonic()
-    if (clean := _run_recheck(workspace, plan.recheck, "")) != 0:
+    proofs = (*plan.proofs, *(p for group in plan.module_proofs.values() for p in group))
+    clean_tests = tuple(dict.fromkeys((*plan.recheck, *proofs)))
+    if (clean := _run_recheck(workspace, clean_tests, "")) != 0:
         raise MutationError(
-            f"the re-check tests of {plan.name} ({', '.join(plan.recheck)}) fail with no mutant "
-            f"on (exit {clean}): run them in {workspace / 'mutants'} to see why"
+            f"the re-check tests of {plan.name} ({', '.join(clean_tests)}) fail with no "
+            f"mutant on (exit {clean}): run them in {workspace / 'mutants'} to see why"
         )
     if _run_recheck(workspace, plan.recheck, "fail") == 0:
         raise MutationError(
@@ -690,9 +694,11 @@ def recheck_tests(
     stats run, gets the plan's re-check files too: only they are known to reach the tables
     built at import. Such a survivor also gets every one of the plan's ``proofs``; one the
     stats saw called gets only the proofs outside mutmut's selection (a test that kills a
-    worker process, say): a test in the selection that never called its function cannot meet
-    its mutant (the stats are collected again whenever the code or the tests change: see
-    :func:`drop_stale_stats`), and running them all was half of a re-check's time. Leaving a
+    worker process, say): the stats list the tests of the selection that called it (they are
+    collected again whenever the code or the tests change: see :func:`drop_stale_stats`),
+    and running every proof was half of a re-check's time. The stats can still miss a call
+    (one made in a subprocess, or in a fixture's teardown), so a proof written for one
+    module's survivors goes in ``module_proofs``, which its survivors always run. Leaving a
     test out can only keep a mutant alive, never count one killed that is not.
     """
     function = function_of(mutant)
@@ -701,17 +707,28 @@ def recheck_tests(
     if function in at_import or not tests:
         tests = (*plan.recheck, *(t for t in tests if t.partition("::")[0] not in plan.recheck))
     else:
-        proofs = tuple(p for p in proofs if not in_selection(p, plan.tests))
-    module = function.rpartition(".")[0].removeprefix(f"rhumbatron.{plan.name}.")
-    proofs = (*proofs, *plan.module_proofs.get(module, ()))
+        proofs = tuple(p for p in proofs if not in_selection(p, plan))
+    proofs = (*proofs, *plan.module_proofs.get(module_of(function, plan.name), ()))
     return (*tests, *dict.fromkeys(p for p in proofs if p not in tests))
 
 
-def in_selection(test: str, selection: Sequence[str]) -> bool:
-    """Whether ``test`` (a file, or ``file::name``) is one that mutmut's selection runs: the
-    selection names files and folders."""
+def module_of(function: str, package: str) -> str:
+    """``rhumbatron.messaging.log_state.xǁ_ScanPacingǁanswered`` → ``log_state``; a
+    function of the package's ``__init__`` → ``__init__``."""
+    module = function.rpartition(".")[0]
+    return "__init__" if module == f"rhumbatron.{package}" else module.rpartition(".")[2]
+
+
+def in_selection(test: str, plan: PackagePlan) -> bool:
+    """Whether ``test`` (a file, or ``file::name``) is one that mutmut's selection runs: in
+    a file or folder of the plan's ``tests``, and not left out of it."""
     path = test.partition("::")[0]
-    return any(path == chosen or path.startswith(chosen.rstrip("/") + "/") for chosen in selection)
+
+    def under(chosen: str) -> bool:
+        return path == chosen or path.startswith(chosen.rstrip("/") + "/")
+
+    left_out = (*_NEVER_SELECTED, *(t.partition("::")[0] for t in plan.reads_source))
+    return any(under(c) for c in plan.tests) and not any(under(c) for c in left_out)
 
 
 def _covering_tests(workspace: Path) -> dict[str, list[str]]:
@@ -902,29 +919,48 @@ def run_package(plan: PackagePlan, *, max_children: int, report_only: bool) -> P
 
 
 def source_digest(root: Path = ROOT) -> str:
-    """A digest of every Python file of the code and the tests."""
+    """A digest of what the tests run on: every file of the code, the tests, the Lambda
+    functions and the other folders copied beside them, and the pytest settings."""
     digest = hashlib.sha256()
-    for folder in ("shared", "tests"):
-        for path in sorted((root / folder).rglob("*.py")):
+    folders = ("shared", "tests", *_ALSO_COPY, "pyproject.toml")
+    for name in folders:
+        top = root / name
+        paths = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        for path in paths:
+            if "__pycache__" in path.parts:
+                continue
             digest.update(path.relative_to(root).as_posix().encode())
             digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
 
 
 def drop_stale_stats(workspace: Path, root: Path = ROOT) -> bool:
-    """Remove mutmut's stats (which tests call which function) unless the code and the tests
-    are what they were when it collected them; True when they were removed.
+    """Forget mutmut's stats (which tests call which function) unless the code and the
+    tests are what they were when it collected them; True when they were forgotten.
 
     mutmut collects a test's stats once, when the test is new: after a change to the code
     (a function that now calls another) or to an old test, they miss tests that reach a
-    function, and mutmut and the re-check then run too few tests against its mutants. With
-    the stats gone, mutmut collects them all again and keeps its verdicts.
+    function, and mutmut and the re-check then run too few tests against its mutants. The
+    stats file keeps everything else (the settings' fingerprint, by which mutmut resets its
+    verdicts when the test selection changes), with no test in it: every test is new again,
+    and mutmut collects them all, keeping its verdicts. Its copy of the tests goes too
+    (mutmut copies over it, so a deleted or renamed test would still run there).
     """
     stamp = workspace / "stats-source.txt"
     digest = source_digest(root)
     if stamp.exists() and stamp.read_text(encoding="utf-8") == digest:
         return False
-    (workspace / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
+    mutants = workspace / "mutants"
+    stats_path = mutants / "mutmut-stats.json"
+    if stats_path.exists():
+        stats = json.loads(stats_path.read_text(encoding="utf-8"))
+        stats["tests_by_mangled_function_name"] = {}
+        stats["duration_by_test"] = {}
+        stats_path.write_text(json.dumps(stats), encoding="utf-8")
+    for copied in ("tests", *_ALSO_COPY):
+        target = mutants / copied
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
     stamp.write_text(digest, encoding="utf-8")
     return True
 

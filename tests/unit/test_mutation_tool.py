@@ -312,13 +312,30 @@ def test_a_modules_own_proofs_go_only_with_its_survivors() -> None:
 
 
 def test_a_test_is_in_the_selection_when_its_file_or_a_folder_above_it_is_named() -> None:
-    selection = ("tests/unit", "tests/integration/test_sender.py")
-    assert tool.in_selection("tests/unit/test_ids.py", selection)
-    assert tool.in_selection("tests/unit/deep/test_x.py::test_a", selection)
-    assert tool.in_selection("tests/integration/test_sender.py::test_b", selection)
-    assert not tool.in_selection("tests/unit_extra/test_y.py", selection)
-    assert not tool.in_selection("tests/integration/test_sender_more.py", selection)
-    assert not tool.in_selection("tests/faults/test_queue_faults.py::test_c", selection)
+    plan = tool.PackagePlan(
+        "actors",
+        tests=("tests/unit", "tests/integration/test_sender.py"),
+        recheck=(),
+        reads_source=("tests/unit/test_kinds.py",),
+    )
+    assert tool.in_selection("tests/unit/test_ids.py", plan)
+    assert tool.in_selection("tests/unit/deep/test_x.py::test_a", plan)
+    assert tool.in_selection("tests/integration/test_sender.py::test_b", plan)
+    assert not tool.in_selection("tests/unit_extra/test_y.py", plan)
+    assert not tool.in_selection("tests/integration/test_sender_more.py", plan)
+    assert not tool.in_selection("tests/faults/test_queue_faults.py::test_c", plan)
+    # a file the selection leaves out (it reads the source, or the repository by path) is not
+    # in it, however its folder is named
+    assert not tool.in_selection("tests/unit/test_kinds.py::test_k", plan)
+    assert not tool.in_selection("tests/unit/test_layering.py", plan)
+
+
+def test_a_mutants_module_is_named_within_its_package() -> None:
+    assert tool.module_of("rhumbatron.messaging.log_state.x__scan", "messaging") == "log_state"
+    assert tool.module_of("rhumbatron.messaging.log_state.xǁ_Pǁanswered", "messaging") == (
+        "log_state"
+    )
+    assert tool.module_of("rhumbatron.messaging.x_top", "messaging") == "__init__"
 
 
 def test_the_functions_run_at_import_are_found_in_a_fresh_interpreter(tmp_path: Path) -> None:
@@ -433,35 +450,59 @@ def test_a_continued_column_list_is_sql_but_a_short_message_is_not() -> None:
     )
 
 
-def test_mutmuts_stats_are_dropped_when_the_code_or_a_test_changed_and_kept_otherwise(
+def test_mutmuts_stats_are_forgotten_when_the_code_or_a_test_changed_and_kept_otherwise(
     tmp_path: Path,
 ) -> None:
-    # GIVEN a repository and a workspace whose mutmut holds stats
+    # GIVEN a repository and a workspace whose mutmut holds stats and a copy of the tests
     root, workspace = tmp_path / "repo", tmp_path / "ws"
     (root / "shared" / "pkg").mkdir(parents=True)
     (root / "tests").mkdir()
+    (root / "functions").mkdir()
     code, test = root / "shared" / "pkg" / "a.py", root / "tests" / "test_a.py"
     code.write_text("def f(): return 1\n")
     test.write_text("def test_f(): pass\n")
+    handler = root / "functions" / "app.py"
+    handler.write_text("handler = 1\n")
     stats = workspace / "mutants" / "mutmut-stats.json"
-    stats.parent.mkdir(parents=True)
+    copied_test = workspace / "mutants" / "tests" / "test_gone.py"
+    copied_test.parent.mkdir(parents=True)
 
     def collected() -> None:
-        stats.write_text("{}")
+        stats.write_text(
+            json.dumps(
+                {
+                    "tests_by_mangled_function_name": {"pkg.a.x_f": ["tests/test_a.py::test_f"]},
+                    "duration_by_test": {"tests/test_a.py::test_f": 0.1},
+                    "config_fingerprint": {"test_selection": "abc"},
+                }
+            )
+        )
+        copied_test.parent.mkdir(exist_ok=True)
+        copied_test.write_text("")
+
+    def forgotten() -> bool:
+        kept = json.loads(stats.read_text())
+        return (
+            kept["tests_by_mangled_function_name"] == kept["duration_by_test"] == {}
+            # what mutmut resets its verdicts by is kept
+            and kept["config_fingerprint"] == {"test_selection": "abc"}
+            and not copied_test.exists()
+        )
 
     # a first run has nothing to compare with: its stats are collected afresh
     collected()
-    assert tool.drop_stale_stats(workspace, root) and not stats.exists()
+    assert tool.drop_stale_stats(workspace, root) and forgotten()
     # a resumed run on the same code keeps them
     collected()
-    assert not tool.drop_stale_stats(workspace, root) and stats.exists()
-    # a changed function, or a changed old test, drops them
-    code.write_text("def f(): return g()\n")
-    assert tool.drop_stale_stats(workspace, root) and not stats.exists()
-    collected()
-    test.write_text("def test_f(): assert True\n")
-    assert tool.drop_stale_stats(workspace, root) and not stats.exists()
-    # and so does a test file renamed, even with the same text
-    collected()
-    test.rename(root / "tests" / "test_b.py")
-    assert tool.drop_stale_stats(workspace, root) and not stats.exists()
+    assert not tool.drop_stale_stats(workspace, root) and not forgotten()
+    # a changed function, a changed old test, a changed Lambda handler, or a test file
+    # renamed with the same text forgets them
+    for change in (
+        lambda: code.write_text("def f(): return g()\n"),
+        lambda: test.write_text("def test_f(): assert True\n"),
+        lambda: handler.write_text("handler = 2\n"),
+        lambda: test.rename(root / "tests" / "test_b.py"),
+    ):
+        collected()
+        change()
+        assert tool.drop_stale_stats(workspace, root) and forgotten()
