@@ -34,10 +34,10 @@ def cluster(tmp_path: Path) -> Iterator[list[NatsServerProcess]]:
 
 
 @pytest.fixture
-async def js(cluster: list[NatsServerProcess]) -> AsyncIterator[JetStreamContext]:
-    nc: NATS = await nats.connect([node.url for node in cluster])
-    yield nc.jetstream()
-    await nc.close()
+async def nc(cluster: list[NatsServerProcess]) -> AsyncIterator[NATS]:
+    client: NATS = await nats.connect([node.url for node in cluster])
+    yield client
+    await client.close()
 
 
 async def stream_on(js: JetStreamContext, name: str, replicas: int) -> list[str]:
@@ -62,8 +62,9 @@ async def scan_consumers(js: JetStreamContext, stream: str) -> list[str]:
 
 
 async def test_the_scans_consumer_lands_on_each_wanted_replica_in_an_odd_count_of_requests(
-    js: JetStreamContext,
+    nc: NATS,
 ) -> None:
+    js = nc.jetstream()
     # GIVEN a stream with a copy on each of the three nodes
     holders = await stream_on(js, "PLACED", 3)
     assert sorted(holders) == ["node0", "node1", "node2"]
@@ -81,16 +82,19 @@ async def test_the_scans_consumer_lands_on_each_wanted_replica_in_an_odd_count_o
 
 
 async def test_a_node_without_a_copy_is_refused_by_name_and_no_consumer_is_left(
-    js: JetStreamContext,
+    nc: NATS,
 ) -> None:
+    js = nc.jetstream()
     # GIVEN a stream with one copy, and a node that holds none of it
     (holder,) = await stream_on(js, "ALONE", 1)
     elsewhere = next(node for node in ("node0", "node1", "node2") if node != holder)
     # WHEN its scan's consumer is asked for on that node
+    sent_before = nc.stats["out_msgs"]
     with pytest.raises(MessagingError) as refused:
         await _consumer_on(js, "ALONE", SINCE, elsewhere)
-    # THEN every try landed on the one copy, was deleted, and the scan is refused naming the
-    #   stream, the node and the tries
+    # THEN each of the tries landed on the one copy and was deleted: two API requests a try
+    assert nc.stats["out_msgs"] - sent_before == 2 * PLACEMENT_TRIES
+    # AND the scan is refused naming the stream, the node and the tries
     assert str(refused.value) == (
         f"JetStream placed no scan consumer of ALONE on {elsewhere} in {PLACEMENT_TRIES} tries: "
         "is it a replica of the stream?"
