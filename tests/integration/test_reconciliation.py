@@ -457,14 +457,25 @@ async def test_a_copys_counts_are_read_from_its_node_and_a_node_that_does_not_an
         node = json.load(varz)["server_name"]
         silent = "http://127.0.0.1:9"  # the discard port: nothing listens there
 
-        # WHEN the copies of that stream (and of one that does not exist) are read
+        empty = event_stream_name((stream_index(PROJECT) + 1) % 8)
+
+        # WHEN the copies of that stream, of an empty one and of one that does not exist are
+        # read
         states, unread = await asyncio.to_thread(
-            read_replica_states, [monitor, silent], [stream, "EVENTS_NONE"], timeout_s=2.0
+            read_replica_states, [monitor, silent], [stream, empty, "EVENTS_NONE"], timeout_s=2.0
         )
 
-        # THEN its one copy is read with every count, named by its server; the silent node
-        # is named with why, and the unknown stream is simply absent
-        assert states == [ReplicaState(stream, node, 4, 1, 5, 1, node)]
+        # THEN its one copy is read with every count, named by its server, and so is the empty
+        # stream's (whose counts the server leaves out: nothing deleted, no sequence); the
+        # silent node is named with why, and the unknown stream is simply absent
+        assert sorted(states, key=lambda state: state.stream) == sorted(
+            [
+                ReplicaState(stream, node, 4, 1, 5, 1, node),
+                ReplicaState(empty, node, 0, 0, 0, 0, node),
+            ],
+            key=lambda state: state.stream,
+        )
+        states = [state for state in states if state.stream == stream]
         assert (states[0].span, states[0].holes, states[0].is_leader) == (5, 1, True)
         assert len(unread) == 1 and unread[0].startswith(f"{silent} (")
 

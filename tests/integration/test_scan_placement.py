@@ -1,11 +1,14 @@
-"""Reconciliation's scan reads one replica's copy (issue #18): on a 3-node cluster its
-headers-only R1 consumer is made again until JetStream places it on the wanted node, and a
-node that holds no copy of the stream is refused by name after the tries, with every
+"""Reconciliation reads each replica's copy (issue #18), on a 3-node cluster: every node's
+counts from its own monitor, with the stream's leader, a silent node named and passed over;
+and the scan's headers-only R1 consumer, made again until JetStream places it on the wanted
+node, a node that holds no copy of the stream refused by name after the tries, with every
 misplaced consumer deleted on the way."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,7 +20,12 @@ from nats.aio.client import Client as NATS
 from nats.js.client import JetStreamContext
 
 from rhumbatron.errors import MessagingError
-from rhumbatron.messaging.log_state import PLACEMENT_TRIES, _consumer_on
+from rhumbatron.messaging.log_state import (
+    PLACEMENT_TRIES,
+    ReplicaState,
+    _consumer_on,
+    read_replica_states,
+)
 from rhumbatron_dev.local.nats_server import NatsServerProcess, start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -55,6 +63,15 @@ async def stream_on(js: JetStreamContext, name: str, replicas: int) -> list[str]
     assert info.cluster is not None
     followers = [str(replica.name) for replica in info.cluster.replicas or ()]
     return [str(info.cluster.leader), *followers]
+
+
+@contextlib.contextmanager
+def silent_monitor() -> Iterator[str]:
+    """A URL whose server takes the connection and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # the kernel completes the handshake; nothing ever reads
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
 async def scan_consumers(js: JetStreamContext, stream: str) -> list[str]:
@@ -104,3 +121,35 @@ async def test_a_node_without_a_copy_is_refused_by_name_and_no_consumer_is_left(
     name, requests = await _consumer_on(js, "ALONE", SINCE, holder)
     assert requests == 1
     await js.delete_consumer("ALONE", name)
+
+
+async def test_each_nodes_copy_is_read_from_its_own_monitor_with_the_streams_leader(
+    nc: NATS, cluster: list[NatsServerProcess]
+) -> None:
+    # GIVEN a stream with a copy on each node: three messages, the second deleted
+    js = nc.jetstream()
+    leader, *_ = await stream_on(js, "COPIES", 3)
+    await js.publish("COPIES.b", b"2")
+    await js.publish("COPIES.c", b"3")
+    await js.delete_msg("COPIES", 2)
+    monitors = [f"http://127.0.0.1:{node.http_port}" for node in cluster]
+    with silent_monitor() as silent:
+        # WHEN every node's monitor is read, with one that never answers listed first (until
+        #   the followers have applied the delete the leader did a moment ago)
+        deadline = time.monotonic() + 20
+        while True:
+            states, unread = await asyncio.wait_for(
+                asyncio.to_thread(
+                    read_replica_states, [silent, *monitors], ["COPIES", "OTHER"], timeout_s=0.5
+                ),
+                10,  # a read that waits on the silent node for ever fails here
+            )
+            if [s.messages for s in states] == [2, 2, 2] or time.monotonic() > deadline:
+                break
+    # THEN each copy is named by its node, with its counts and the stream's leader
+    assert sorted(states, key=lambda state: state.node) == [
+        ReplicaState("COPIES", node, 2, 1, 3, 1, leader) for node in ("node0", "node1", "node2")
+    ]
+    assert [state.is_leader for state in states].count(True) == 1
+    # AND the silent node is named with why, and did not keep the others from being read
+    assert len(unread) == 1 and unread[0].startswith(f"{silent} (")
