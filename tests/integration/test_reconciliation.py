@@ -160,7 +160,7 @@ async def test_a_scan_whose_consumer_answers_late_reads_every_event_and_one_neve
         )
 
         # WHEN the scan starts, and its consumer comes half a second later (the fault)
-        scan = asyncio.create_task(_scan(js, stream, "late-scan", 20, SCAN_BATCH))
+        scan = asyncio.create_task(_scan(js, stream, "late-scan", 20, SCAN_BATCH, caught_up=False))
         await asyncio.sleep(0.5)  # the fault's delay, not a wait for the scan
         await js.add_consumer(stream, headers_only)
         sequence_of, requests = await scan
@@ -172,7 +172,9 @@ async def test_a_scan_whose_consumer_answers_late_reads_every_event_and_one_neve
         # AND a consumer that never answers ends the scan with an error that says so, within
         # its bound (a read error is reported per replica, not taken for a lost copy)
         with pytest.raises(MessagingError, match=f"nobody answered the scan of {stream}"):
-            await asyncio.wait_for(_scan(js, stream, "never-made", 20, SCAN_BATCH), 30)
+            await asyncio.wait_for(
+                _scan(js, stream, "never-made", 20, SCAN_BATCH, caught_up=False), 30
+            )
     finally:
         await app.close()
 
@@ -197,6 +199,16 @@ async def test_a_copy_that_lost_its_newest_event_is_reported_without_waiting_for
         [replica] = stream.replicas
         assert (replica.missing, replica.holes, replica.behind) == ((written[-1],), 1, 0)
         assert report.seconds < CATCH_UP_S, f"the scan waited {report.seconds:.1f} s"
+
+        # AND the scan of that copy counts each request it made: the stream's info, its
+        # consumer, the fetch of the 19 events, the fetch that timed out and the consumer's
+        # info that showed nothing pending, the consumer's delete
+        js = (await app.nats()).jetstream()
+        ids = await read_stream_ids(
+            js, event_stream_name(index), since=datetime(2000, 1, 1, tzinfo=UTC), copy_last_seq=20
+        )
+        assert ids.sequence_of == {event_id: n + 1 for n, event_id in enumerate(written[:-1])}
+        assert ids.requests == 6
     finally:
         await app.close()
 

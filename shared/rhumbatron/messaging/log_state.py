@@ -229,7 +229,7 @@ async def _scan(
     last_seq: int,
     batch: int,
     *,
-    caught_up: bool = False,
+    caught_up: bool,
     should_stop: Callable[[], bool] | None = None,
 ) -> tuple[dict[str, int], int]:
     """Fetch the consumer's headers up to ``last_seq``: each ID at its sequence, and the
