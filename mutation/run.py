@@ -635,7 +635,11 @@ def recheck_mutants(
     started = time.monotonic()
     proofs = (*plan.proofs, *(p for group in plan.module_proofs.values() for p in group))
     clean_tests = tuple(dict.fromkeys((*plan.recheck, *proofs)))
-    if (clean := _run_recheck(workspace, clean_tests, "")) != 0:
+    clean = _run_recheck(workspace, clean_tests, "")
+    if clean != 0:  # a real-server test may fail once under load, as in _confirmed_recheck
+        print("  the clean re-check failed once; trying it again", flush=True)
+        clean = _run_recheck(workspace, clean_tests, "")
+    if clean != 0:
         raise MutationError(
             f"the re-check tests of {plan.name} ({', '.join(clean_tests)}) fail with no "
             f"mutant on (exit {clean}): run them in {workspace / 'mutants'} to see why"
