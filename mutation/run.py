@@ -870,7 +870,9 @@ def listed_survivors(path: Path) -> list[str]:
     return re.findall(r"^# (rhumbatron\.\S+): survived", path.read_text(encoding="utf-8"), re.M)
 
 
-def run_package(plan: PackagePlan, *, max_children: int, report_only: bool) -> PackageResult:
+def run_package(
+    plan: PackagePlan, *, max_children: int, report_only: bool, recheck_children: int | None = None
+) -> PackageResult:
     """Run (or only read) one package's mutation testing and classify its mutants."""
     workspace = prepare_workspace(plan)
     if not report_only:
@@ -910,7 +912,7 @@ def run_package(plan: PackagePlan, *, max_children: int, report_only: bool) -> P
             [name for name in survivors if name not in sql_case] + sorted(to_confirm - sql_case),
             previous={n: c for n, c in recheck.items() if c in _KILLED_CODES},
             hashes=hashes,
-            max_children=max_children,
+            max_children=recheck_children or max_children,
         )
     return classify(
         plan.name,
@@ -1062,6 +1064,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="mutants tested at once (default: the number of cores)",
     )
     parser.add_argument(
+        "--recheck-children",
+        type=int,
+        default=3 * (os.cpu_count() or 2),
+        help="survivors re-checked at once (default: three per core: the re-check's "
+        "real-server tests wait more than they compute)",
+    )
+    parser.add_argument(
         "--report",
         action="store_true",
         help="print the kill rates from the last run without running anything",
@@ -1072,7 +1081,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for name in packages:
             result = run_package(
-                PLANS[name], max_children=args.max_children, report_only=args.report
+                PLANS[name],
+                max_children=args.max_children,
+                report_only=args.report,
+                recheck_children=args.recheck_children,
             )
             results.append(result)
             survivors = write_survivors(WORKSPACES / name, result)
