@@ -209,6 +209,15 @@ async def test_a_copy_that_lost_its_newest_event_is_reported_without_waiting_for
         )
         assert ids.sequence_of == {event_id: n + 1 for n, event_id in enumerate(written[:-1])}
         assert ids.requests == 6
+
+        # AND a scan that does not know the copy's own last sequence gives it the catch-up
+        # time (a follower behind its leader gets the rest) before it ends where it stops
+        started = time.monotonic()
+        waited = await read_stream_ids(
+            js, event_stream_name(index), since=datetime(2000, 1, 1, tzinfo=UTC)
+        )
+        assert time.monotonic() - started >= CATCH_UP_S
+        assert waited.sequence_of == ids.sequence_of
     finally:
         await app.close()
 

@@ -7,8 +7,6 @@ misplaced consumer deleted on the way."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -27,6 +25,7 @@ from rhumbatron.messaging.log_state import (
     read_replica_states,
 )
 from rhumbatron_dev.local.nats_server import NatsServerProcess, start_cluster
+from unresponsive_monitors import silent_monitor
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -63,15 +62,6 @@ async def stream_on(js: JetStreamContext, name: str, replicas: int) -> list[str]
     assert info.cluster is not None
     followers = [str(replica.name) for replica in info.cluster.replicas or ()]
     return [str(info.cluster.leader), *followers]
-
-
-@contextlib.contextmanager
-def silent_monitor() -> Iterator[str]:
-    """A URL whose server takes the connection and never answers."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)  # the kernel completes the handshake; nothing ever reads
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
 async def scan_consumers(js: JetStreamContext, stream: str) -> list[str]:
