@@ -3,6 +3,7 @@ and every status JetStream ends it with is an empty batch or a named error."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -144,6 +145,47 @@ async def test_a_held_message_is_kept_no_longer_than_the_late_messages_limit(nc:
         # WHEN it pulls again, THEN the held message is not handed out (JetStream will send
         #   it again after the ack wait), and nothing else is waiting
         assert await puller.pull(1) == []
+    finally:
+        await puller.close()
+
+
+async def test_a_held_messages_age_counts_from_its_arrival_not_from_its_hold(nc: NATS) -> None:
+    # GIVEN a reader that keeps messages 0.2 s after their arrival, and one message it
+    #   worked on for 0.3 s before holding it back
+    await nc.jetstream().publish("pulled.a", b"worked")
+    puller = await reader(nc)
+    puller.keep_late_s = 0.2
+    try:
+        pulled = await puller.pull(1)
+        await asyncio.sleep(0.3)  # the reader's work on the batch (the fault), not a wait
+        puller.hold(pulled)
+        # WHEN it pulls again, THEN the message is too old to hand out: holding it did not
+        #   make it young again (JetStream will send it again after its ack wait)
+        assert await puller.pull(1) == []
+    finally:
+        await puller.close()
+
+
+async def test_a_hold_puts_its_messages_ahead_of_those_prefetched_and_loses_none(
+    nc: NATS,
+) -> None:
+    # GIVEN six messages, a pull of two, and the next four asked for ahead and delivered
+    js = nc.jetstream()
+    for n in range(6):
+        await js.publish("pulled.a", f"m{n}".encode())
+    puller = await reader(nc)
+    try:
+        first = await puller.pull(2)
+        await puller.prefetch(6)
+        for _ in range(200):  # the server delivers them on a queue of its own (bounded)
+            info = await js.consumer_info(STREAM, DURABLE)
+            if info.num_ack_pending == 6:
+                break
+        assert info.num_ack_pending == 6
+        # WHEN the second of the first two is held back, and the reader pulls five
+        puller.hold(first[1:])
+        # THEN it comes first, then the four prefetched, none lost or doubled
+        assert [m.data for m in await puller.pull(5)] == [b"m1", b"m2", b"m3", b"m4", b"m5"]
     finally:
         await puller.close()
 

@@ -31,6 +31,7 @@ from rhumbatron.messaging.log_state import (
     SCAN_BATCH,
     ReplicaState,
     ScanStopped,
+    StreamIds,
     _consumer_on,
     _scan,
     read_replica_states,
@@ -510,6 +511,19 @@ async def test_a_copys_counts_are_read_from_its_node_and_a_node_that_does_not_an
         assert later.sequence_of == {}
         # AND neither scan left its consumer behind
         assert [c.name for c in await js.consumers_info(stream) if "reconcile" in c.name] == []
+        # AND the empty stream's scan is its one info request, nothing in it, for the node
+        # asked; a stream that does not exist is refused naming it (and the node), with the
+        # error nats-py raised
+        long_ago = datetime(2000, 1, 1, tzinfo=UTC)
+        assert await read_stream_ids(js, empty, since=long_ago, on_node=node) == StreamIds(
+            empty, node, {}, 1
+        )
+        for on_node, where in ((node, f" on {node}"), (None, "")):
+            with pytest.raises(MessagingError) as refused:
+                await read_stream_ids(js, "EVENTS_NONE", since=long_ago, on_node=on_node)
+            assert str(refused.value).startswith(
+                f"cannot read the event IDs of EVENTS_NONE{where}: NotFoundError: "
+            )
     finally:
         await app.close()
 

@@ -23,6 +23,7 @@ from rhumbatron.messaging.log_state import (
     ReplicaState,
     _consumer_on,
     read_replica_states,
+    read_stream_ids,
 )
 from rhumbatron_dev.local.nats_server import NatsServerProcess, start_cluster
 from unresponsive_monitors import silent_monitor
@@ -58,7 +59,7 @@ async def stream_on(js: JetStreamContext, name: str, replicas: int) -> list[str]
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)  # polling the cluster coming up, with a deadline
-    await js.publish(f"{name}.a", b"1")
+    await js.publish(f"{name}.a", b"1", headers={"Nats-Msg-Id": f"{name}-1"})
     assert info.cluster is not None
     followers = [str(replica.name) for replica in info.cluster.replicas or ()]
     return [str(info.cluster.leader), *followers]
@@ -86,6 +87,10 @@ async def test_the_scans_consumer_lands_on_each_wanted_replica_in_an_odd_count_o
         # AND it is the only scan consumer left
         assert await scan_consumers(js, "PLACED") == [name]
         await js.delete_consumer("PLACED", name)
+    # AND a scan of each node's copy reads its one event there, and says where it read
+    for node in holders:
+        ids = await read_stream_ids(js, "PLACED", since=SINCE, on_node=node)
+        assert (ids.node, ids.sequence_of) == (node, {"PLACED-1": 1})
 
 
 async def test_a_node_without_a_copy_is_refused_by_name_and_no_consumer_is_left(
@@ -107,6 +112,9 @@ async def test_a_node_without_a_copy_is_refused_by_name_and_no_consumer_is_left(
         "is it a replica of the stream?"
     )
     assert await scan_consumers(js, "ALONE") == []
+    # AND a scan of that node's copy is refused the same way, not read from another node
+    with pytest.raises(MessagingError, match=f"placed no scan consumer of ALONE on {elsewhere}"):
+        await read_stream_ids(js, "ALONE", since=SINCE, on_node=elsewhere)
     # AND asked for on its holder, it lands at the first try
     name, requests = await _consumer_on(js, "ALONE", SINCE, holder)
     assert requests == 1

@@ -175,8 +175,12 @@ async def test_any_other_error_is_a_refusal_named_by_its_type_and_text(nc: NATS)
         "publish of e: APIError: nats: APIError: code=400 err_code=10054 "
         "description='message size exceeds maximum allowed'"
     )
-    # an error without text ends at its type: no dangling separator
+    # an error without text ends at its type: no dangling separator; its own text is kept
+    # whole, to the last letter
     assert str(sender._classify(NatsError(), "publish of e")) == "publish of e: Error"
+    assert str(sender._classify(RuntimeError("no route to X"), "publish of e")) == (
+        "publish of e: RuntimeError: no route to X"
+    )
 
 
 def test_a_batch_the_server_refused_whole_is_named_with_its_words_and_code() -> None:

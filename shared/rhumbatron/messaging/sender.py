@@ -162,7 +162,7 @@ class JetStreamSender:
     def __init__(self, nc: NATS, *, ack_timeout_s: float) -> None:
         self._nc = nc
         self._frames = FramePublisher(nc)
-        self._js = nc.jetstream(timeout=ack_timeout_s)
+        self._js = nc.jetstream()  # each publish is given its own ack timeout
         self._ack_timeout_s = ack_timeout_s
 
     @property
