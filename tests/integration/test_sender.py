@@ -246,6 +246,8 @@ async def _answer_commits_with(nc: NATS, subject: str, reply: bytes | None) -> N
     ("reply", "expected"),
     [
         (b"not json", "unreadable batch ack b'not json'"),
+        # a long answer is quoted to its first 200 bytes
+        (b"<" + b"x" * 298 + b">", "unreadable batch ack b'<" + "x" * 199 + "'"),
         (
             b'{"stream": "ODD", "seq": 9, "count": 2}',
             "batch ack counts 2 of 3 messages",
@@ -261,6 +263,21 @@ async def test_an_atomic_batch_ack_that_is_not_a_puback_of_the_whole_batch_is_a_
     with pytest.raises(SendRefusedError) as refused:
         await sender.send_batch("ODD", batch)
     assert str(refused.value) == expected
+
+
+async def test_a_fast_batch_answered_with_garbage_is_refused_quoting_its_first_200_bytes(
+    nc: NATS,
+) -> None:
+    # GIVEN a responder that answers every message of a fast batch with 300 bytes of garbage
+    await _answer_commits_with(nc, "odd.f", b"<" + b"x" * 298 + b">")
+    sender = JetStreamSender(nc, ack_timeout_s=5)
+    batch = [OutgoingMessage("odd.f", f"evt-{n}", b"{}") for n in range(2)]
+    # WHEN the batch is sent, THEN it is refused, the answer quoted to its first 200 bytes
+    with pytest.raises(SendRefusedError) as refused:
+        await sender.send_fast_batch("ODD", batch)
+    assert str(refused.value) == (
+        "fast batch of 2 messages: unreadable answer b'<" + "x" * 199 + "'"
+    )
 
 
 async def test_an_atomic_batch_waits_for_its_puback_as_long_as_its_ack_timeout(nc: NATS) -> None:
