@@ -16,6 +16,7 @@ from rhumbatron.errors import MessagingError, NatsUnavailableError
 from rhumbatron.messaging.commands import CommandBus
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.protocol.envelopes import Command
+from rhumbatron.protocol.tracecontext import TraceContext, change_trace_id
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 pytestmark = pytest.mark.integration
@@ -87,3 +88,28 @@ async def test_a_command_whose_ack_does_not_come_in_its_time_says_to_send_it_aga
         server.resume()
         await client.close()
         server.stop()
+
+
+async def test_a_command_sent_outside_any_span_carries_its_changes_trace_or_the_one_given(
+    nats_server: NatsServerProcess,
+) -> None:
+    # GIVEN the COMMANDS stream, and a command about a Change
+    client = await nats.connect(nats_server.url)
+    try:
+        js = client.jetstream()
+        await js.add_stream(name=COMMAND_STREAM, subjects=["cmd.>"])
+        bus = CommandBus(client, ack_timeout_s=5)
+        about_a_change = _wake("cmd_traced_1").model_copy(update={"change_id": "chg-1"})
+        given = TraceContext.parse("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        # WHEN it is sent with no span in progress, and another with a trace given
+        first = await bus.send("integration", about_a_change)
+        second = await bus.send("integration", _wake("cmd_traced_2"), trace=given)
+        # THEN the first's traceparent is in its Change's trace; the second's is the one given
+        header = (await js.get_msg(COMMAND_STREAM, first.stream_seq)).headers or {}
+        assert TraceContext.parse(header["traceparent"]).trace_id == change_trace_id(
+            "acme-web", "chg-1"
+        )
+        header = (await js.get_msg(COMMAND_STREAM, second.stream_seq)).headers or {}
+        assert given is not None and header["traceparent"] == given.header
+    finally:
+        await client.close()
