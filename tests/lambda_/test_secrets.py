@@ -337,35 +337,54 @@ async def _reconnected(nc: Any, within_s: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
-def test_a_rotated_token_is_presented_at_the_reconnect_after_the_max_age(
-    tmp_path: Path, secrets: Any, token_server: AuthNatsServer
+@pytest.mark.parametrize(
+    ("kept", "rotated", "admits"),
+    [
+        ({"token": TOKEN}, {"token": f"{TOKEN}-rotated"}, f"token: {TOKEN}-rotated"),
+        (
+            {"user": USER, "password": PASSWORD},
+            {"user": USER, "password": f"{PASSWORD}-rotated"},
+            f"user: {USER}, password: {PASSWORD}-rotated",
+        ),
+    ],
+    ids=["token", "user-and-password"],
+)
+def test_rotated_credentials_are_presented_at_the_reconnect_after_the_max_age(
+    tmp_path: Path, secrets: Any, kept: dict[str, str], rotated: dict[str, str], admits: str
 ) -> None:
-    # GIVEN a client connected with the token of the secret, kept 60 s
+    # GIVEN a client connected with the credentials of the secret, kept 60 s
     clock = ManualClock()
     cache = SecretCache(clock, max_age_s=60)
-    arn = _secret(secrets, json.dumps({"token": TOKEN}))
-    settings = _settings(tmp_path, token_server.url, nats_credentials_secret_arn=arn)
-    rotated = TOKEN + "-rotated"
+    arn = _secret(secrets, json.dumps(kept))
+    server = AuthNatsServer(
+        store_dir=tmp_path / "nats",
+        authorization=", ".join(f"{name}: {value}" for name, value in kept.items()),
+    )
+    server.start()
+    settings = _settings(tmp_path, server.url, nats_credentials_secret_arn=arn)
 
     async def rotate_and_reconnect() -> None:
         nc = await connect_nats(settings, secrets=cache)
         try:
             await nc.flush(timeout=2)
-            # WHEN the token is rotated (the secret, then the server, restarted on its port)
-            # and the kept token is older than the max age
-            secrets.put_secret_value(SecretId=arn, SecretString=json.dumps({"token": rotated}))
+            # WHEN they are rotated (the secret, then the server, restarted on its port)
+            # and the kept ones are older than the max age
+            secrets.put_secret_value(SecretId=arn, SecretString=json.dumps(rotated))
             clock.advance(61)
-            token_server.stop()
-            token_server.authorization = f"token: {rotated}"
-            token_server.start()
-            # THEN the client reconnects by itself with the new token, in the same process
+            server.stop()
+            server.authorization = admits
+            server.start()
+            # THEN the client reconnects by itself with the new ones, in the same process
             await _reconnected(nc)
             await nc.flush(timeout=2)
             assert nc.stats["reconnects"] >= 1
         finally:
             await nc.close()
 
-    asyncio.run(rotate_and_reconnect())
+    try:
+        asyncio.run(rotate_and_reconnect())
+    finally:
+        server.stop()
 
 
 def test_a_credentials_secret_that_cannot_be_read_again_keeps_the_last_ones(
