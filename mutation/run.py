@@ -933,8 +933,8 @@ def source_digest(root: Path = ROOT) -> str:
     """A digest of what the tests run on: every file of the code, the tests, the Lambda
     functions and the other folders copied beside them, and the pytest settings."""
     digest = hashlib.sha256()
-    folders = ("shared", "tests", *_ALSO_COPY, "pyproject.toml")
-    for name in folders:
+    inputs = ("shared", "tests", *_ALSO_COPY, "pyproject.toml")
+    for name in inputs:
         top = root / name
         paths = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
         for path in paths:
