@@ -24,13 +24,17 @@ For each package this
    the list that names no survivor any more is reported as stale.
 
 It may take hours for the whole core; ``--package`` runs one. Results are resumable: mutmut
-keeps its verdicts in the workspace, and a second run tests only what changed.
-``--report`` prints the table from what is there without running anything.
+keeps its verdicts in the workspace, and a second run tests only what changed. The verdicts
+are also kept in ``mutation/state/<package>.json.gz`` (committed), written as they arrive
+and by every ``--report``: a fresh checkout's workspace starts from them, so a run stopped
+by a session's end goes on where it stopped. ``--report`` prints the table from what is
+there without running anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -49,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKSPACES = ROOT / ".mutation"
 EQUIVALENT_LIST = Path(__file__).resolve().parent / "equivalent.txt"
 RESULTS = Path(__file__).resolve().parent / "results.json"
+STATE = Path(__file__).resolve().parent / "state"
 SURVIVORS = Path(__file__).resolve().parent / "survivors"
 CONFORMANCE = ROOT / "docs" / "conformance.md"
 _TABLE_BEGIN = "<!-- mutation-table:begin -->"
@@ -681,6 +686,7 @@ def recheck_mutants(
                 print(f"  re-check: {done} of {len(todo)} done, about {left_s / 60:.0f} min left")
             record = {n: [c, hashes.get(n, "")] for n, c in codes.items()}
             saved.write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
+            save_state(workspace, plan.name)
     return codes
 
 
@@ -880,11 +886,15 @@ def run_package(
 ) -> PackageResult:
     """Run (or only read) one package's mutation testing and classify its mutants."""
     workspace = prepare_workspace(plan)
+    restored = restore_state(workspace, plan.name)
+    if restored:
+        print(f"   {restored} files of verdicts restored from {STATE.name}/{plan.name}.json.gz")
     if not report_only:
         print(f"== mutmut over rhumbatron/{plan.name} (workspace {workspace})", flush=True)
         if drop_stale_stats(workspace):
             print("   the code or the tests changed since its stats: mutmut collects them again")
         finished = _mutmut(workspace, "run", "--max-children", str(max_children))
+        save_state(workspace, plan.name)
         if finished.returncode != 0:
             raise MutationError(
                 f"mutmut run over {plan.name} exited {finished.returncode}; its output above "
@@ -919,6 +929,7 @@ def run_package(
             hashes=hashes,
             max_children=recheck_children or max_children,
         )
+    save_state(workspace, plan.name)
     return classify(
         plan.name,
         codes,
@@ -974,6 +985,74 @@ def drop_stale_stats(workspace: Path, root: Path = ROOT) -> bool:
             shutil.rmtree(target)
     stamp.write_text(digest, encoding="utf-8")
     return True
+
+
+def save_state(workspace: Path, package: str, out_dir: Path = STATE) -> Path:
+    """Write one package's verdicts to ``<out_dir>/<package>.json.gz`` (committed) and
+    return its path: mutmut's per-file records (each mutant's exit code and duration, each
+    function's hash), the re-check's verdicts and the survivors' cached diffs.
+
+    A workspace lives in ``.mutation/``, which a fresh checkout does not have; a run of one
+    package takes hours, so a session that ends mid-run or a new clone must not start it
+    over. :func:`restore_state` seeds a workspace from this file, and mutmut keeps a verdict
+    while the hash of its function is unchanged. Written whole and then renamed, so an
+    interrupted write leaves the previous state.
+    """
+    mutated = workspace / "mutants"
+    meta = {
+        path.relative_to(mutated).as_posix(): json.loads(path.read_text(encoding="utf-8"))
+        for path in sorted((mutated / "src" / "rhumbatron" / package).rglob("*.py.meta"))
+    }
+    current = {name: v.function_hash for name, v in _read_meta(workspace, package).items()}
+    recheck_path = workspace / "recheck.json"
+    recheck = json.loads(recheck_path.read_text(encoding="utf-8")) if recheck_path.exists() else {}
+    diffs_path = workspace / "diffs.json"
+    diffs = json.loads(diffs_path.read_text(encoding="utf-8")) if diffs_path.exists() else {}
+    state = {
+        "meta": meta,
+        # An entry for a function that changed since is of no use to a later run.
+        "recheck": {n: v for n, v in sorted(recheck.items()) if current.get(n) == v[1]},
+        "diffs": {n: v for n, v in sorted(diffs.items()) if current.get(n) == v[1]},
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{package}.json.gz"
+    written = path.with_name(path.name + ".tmp")
+    body = json.dumps(state, sort_keys=True, separators=(",", ":")).encode()
+    # mtime 0: the same state compresses to the same bytes, so git sees no change.
+    written.write_bytes(gzip.compress(body, mtime=0))
+    written.replace(path)
+    return path
+
+
+def restore_state(workspace: Path, package: str, state_dir: Path = STATE) -> int:
+    """Seed ``workspace`` from the committed state of ``package`` (see :func:`save_state`)
+    where it has no record of its own; return how many of mutmut's files were written.
+
+    What the workspace holds is newer than any commit of it, so nothing is overwritten.
+    """
+    path = state_dir / f"{package}.json.gz"
+    if not path.exists():
+        return 0
+    try:
+        state = json.loads(gzip.decompress(path.read_bytes()))
+    except (OSError, EOFError, ValueError) as exc:
+        raise MutationError(
+            f"{path} cannot be read ({exc}): restore it with `git checkout -- {path.name}` "
+            "or delete it to start the package's run over"
+        ) from exc
+    written = 0
+    for relative, meta in state["meta"].items():
+        target = workspace / "mutants" / relative
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(meta, indent=4), encoding="utf-8")
+        written += 1
+    for name in ("recheck", "diffs"):
+        target = workspace / f"{name}.json"
+        if state[name] and not target.exists():
+            target.write_text(json.dumps(state[name], indent=1, sort_keys=True), encoding="utf-8")
+    return written
 
 
 def mutant_diffs(workspace: Path, names: Sequence[str], hashes: dict[str, str]) -> dict[str, str]:

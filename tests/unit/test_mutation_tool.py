@@ -506,3 +506,61 @@ def test_mutmuts_stats_are_forgotten_when_the_code_or_a_test_changed_and_kept_ot
         collected()
         change()
         assert tool.drop_stale_stats(workspace, root) and forgotten()
+
+
+def _meta(codes: dict[str, int | None], hashes: dict[str, str]) -> dict[str, object]:
+    """A mutmut per-file record, as mutmut 3 writes it."""
+    return {
+        "exit_code_by_key": codes,
+        "hash_by_function_name": hashes,
+        "type_check_error_by_key": {},
+        "durations_by_key": {name: 1.5 for name, code in codes.items() if code is not None},
+        "estimated_durations_by_key": {name: 2.0 for name in codes},
+    }
+
+
+def test_a_fresh_workspace_starts_from_the_committed_verdicts_and_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a workspace part-way through a run of queues: two files of verdicts, a re-check
+    # verdict and a cached diff for its function, and one of each for a function since changed
+    done, fresh, state = tmp_path / "done", tmp_path / "fresh", tmp_path / "state"
+    module = done / "mutants" / "src" / "rhumbatron" / "queues"
+    module.mkdir(parents=True)
+    (done / "src" / "rhumbatron" / "queues").mkdir(parents=True)
+    for name in ("a", "b"):
+        (done / "src" / "rhumbatron" / "queues" / f"{name}.py").write_text("")
+    a1, a2 = "rhumbatron.queues.a.x_f__mutmut_1", "rhumbatron.queues.a.x_f__mutmut_2"
+    b1 = "rhumbatron.queues.b.x_g__mutmut_1"
+    meta_a = _meta({a1: 0, a2: None}, {"x_f": "hf"})
+    (module / "a.py.meta").write_text(json.dumps(meta_a))
+    (module / "b.py.meta").write_text(json.dumps(_meta({b1: 1}, {"x_g": "hg"})))
+    (done / "recheck.json").write_text(json.dumps({a1: [1, "hf"], b1: [1, "old"]}))
+    (done / "diffs.json").write_text(json.dumps({a1: ["-x\n+y", "hf"], b1: ["-z", "old"]}))
+    # WHEN its state is saved, twice
+    path = tool.save_state(done, "queues", out_dir=state)
+    first = path.read_bytes()
+    assert tool.save_state(done, "queues", out_dir=state).read_bytes() == first
+    assert path == state / "queues.json.gz" and not list(state.glob("*.tmp"))
+    # AND a fresh checkout's workspace, holding a newer record of b of its own, restores it
+    own_b = _meta({b1: 0}, {"x_g": "hg2"})
+    (fresh / "mutants" / "src" / "rhumbatron" / "queues").mkdir(parents=True)
+    fresh_b = fresh / "mutants" / "src" / "rhumbatron" / "queues" / "b.py.meta"
+    fresh_b.write_text(json.dumps(own_b))
+    assert tool.restore_state(fresh, "queues", state_dir=state) == 1
+    # THEN mutmut finds a's record as it was written, and its own record of b untouched
+    fresh_a = fresh / "mutants" / "src" / "rhumbatron" / "queues" / "a.py.meta"
+    assert json.loads(fresh_a.read_text()) == meta_a
+    assert json.loads(fresh_b.read_text()) == own_b
+    # AND the re-check verdict and the diff of the unchanged function come back; those of the
+    # changed one were not kept
+    assert json.loads((fresh / "recheck.json").read_text()) == {a1: [1, "hf"]}
+    assert json.loads((fresh / "diffs.json").read_text()) == {a1: ["-x\n+y", "hf"]}
+    # AND a package with no committed state restores nothing
+    assert tool.restore_state(fresh, "router", state_dir=state) == 0
+
+
+def test_a_committed_state_that_cannot_be_read_is_refused_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "actors.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(tool.MutationError, match=r"actors\.json\.gz cannot be read"):
+        tool.restore_state(tmp_path / "ws", "actors", state_dir=tmp_path)
