@@ -7,6 +7,7 @@ loop, so a test can publish events and run the router itself between requests.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -59,7 +60,9 @@ def bearer(token: str) -> dict[str, str]:
 async def replay_app(
     tmp_path: Path, nats_server: NatsServerProcess, s3_server: S3ServerProcess
 ) -> AsyncIterator[Rhumbatron]:
-    bucket = f"evidence-{tmp_path.name.lower().replace('_', '-')[-40:]}"
+    # moto's servers in one process share their buckets, and a second pytest session in the
+    # same process (mutmut's) names its temp dirs as the first did: a name of its own each time.
+    bucket = f"evidence-{uuid.uuid4().hex[:16]}"
     settings = load_settings(
         state_dir=tmp_path / "state",
         nats_url=nats_server.url,
