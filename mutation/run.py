@@ -246,6 +246,8 @@ PLANS: dict[str, PackagePlan] = {
             "tests/integration/test_lambda_nudge.py",
             "tests/integration/test_lifecycle_housekeeping.py",
             "tests/integration/test_time_events.py",
+            # an outbox made before trace context gets its column (migrate_outbox)
+            "tests/integration/test_trace_headers.py",
             "tests/api/test_lifecycle_api.py",
             "tests/security/test_identifiers.py",
             "tests/lambda_/test_outbox_publisher_handler.py",
@@ -280,6 +282,8 @@ PLANS: dict[str, PackagePlan] = {
             # republish_rows) on one real server.
             "tests/integration/test_reconciliation.py::"
             "test_a_repair_publishes_again_only_what_no_copy_holds_and_the_log_is_whole_after",
+            "tests/integration/test_reconciliation.py::"
+            "test_a_republish_inside_the_duplicate_window_names_each_repeat_and_each_unknown_id",
             "tests/unit/test_settings_and_storage.py::"
             "test_sqlite_failures_become_errors_that_say_what_to_do",
             "tests/faults/test_actor_faults.py::"

@@ -37,7 +37,9 @@ from rhumbatron.messaging.log_state import (
     read_replica_states,
     read_stream_ids,
 )
+from rhumbatron.messaging.sender import JetStreamSender
 from rhumbatron.metrics import LOG_GAP_METRIC, recent_points
+from rhumbatron.operator.log_repair import Republished, Republisher
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.router.ticks import log_proof_due
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
@@ -423,6 +425,8 @@ async def test_a_repair_publishes_again_only_what_no_copy_holds_and_the_log_is_w
         [republished] = steps
         assert (republished.action, republished.done) == ("republish", True)
         assert republished.detail.startswith(f"{len(lost)} of {len(lost)} event(s)")
+        assert "repeats" not in republished.detail  # each was stored ...
+        assert "no published outbox row" not in republished.detail  # ... from its own row
 
         # AND the log then holds every event exactly once: the proof finds no gap, the
         # stream holds 20 messages, the lost ones after the others (the order caveat), and
@@ -554,5 +558,32 @@ async def test_the_scans_consumer_reads_headers_only_from_its_start_time_and_goe
         )
         assert datetime.fromisoformat(str(config.opt_start_time)) == since
         await js.delete_consumer(stream, name)
+    finally:
+        await app.close()
+
+
+async def test_a_republish_inside_the_duplicate_window_names_each_repeat_and_each_unknown_id(
+    settings: Settings,
+) -> None:
+    # GIVEN three published events, still inside the stream's duplicate window
+    app = bootstrap(settings)
+    try:
+        shard, written = await published_events(app, 3)
+        stream = event_stream_name(stream_index(PROJECT))
+        places = dict(shard.connection.execute("SELECT event_id, stream_seq FROM outbox"))
+        js = (await app.nats()).jetstream()
+        sender = JetStreamSender(await app.nats(), ack_timeout_s=settings.publish_ack_timeout_s)
+        republisher = Republisher(app.actors, sender)
+
+        # WHEN two of them and an ID no outbox holds are published again
+        result = await republisher.republish(stream, [written[0], written[2], "evt-unknown"])
+
+        # THEN the window drops the two as repeats, by name; the unknown one is named as such;
+        # nothing is stored twice and the rows keep their places
+        assert result == Republished(
+            stored=(), repeats=(written[0], written[2]), unknown=("evt-unknown",)
+        )
+        assert (await js.stream_info(stream)).state.messages == 3
+        assert dict(shard.connection.execute("SELECT event_id, stream_seq FROM outbox")) == places
     finally:
         await app.close()

@@ -565,12 +565,26 @@ def test_a_projects_tenant_is_read_from_its_root_and_none_before_it_is_created(
     # GIVEN a project never made, one whose root file exists but holds no project yet, and
     # one created by a tenant
     assert offline_app.project_tenant("never-made") is None
-    offline_app.project_root("file-only")  # opening a root creates its file, no state
+    file_only = offline_app.project_root("file-only")
+    assert file_only.state() is None  # its first read creates the file, with no project in it
+    assert file_only.path.exists()
     offline_app.project_root("made").create_project(Caller("acme", "user:ann", "c"), name="M")
     # THEN only the created one names its tenant, and no file is made for the one never made
     assert offline_app.project_tenant("file-only") is None
     assert offline_app.project_tenant("made") == "acme"
     assert not ProjectRoot.ref_for("never-made").path(offline_app.settings.state_dir).exists()
+
+
+def test_a_changes_attention_reason_is_empty_until_given_and_none_for_an_unknown_change(
+    offline_app: Rhumbatron,
+) -> None:
+    # GIVEN a shard that recorded one Change (no dead letter ever blocked it)
+    shard = offline_app.resource_shard(PROJECT, change_resource_key("chg-1"))
+    fact = ChangeFact("task.ready", {}, task_id="tsk-1")
+    shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=(fact,)))
+    # THEN its reason reads empty, and a Change the shard never saw has none at all
+    assert shard.change_reason("chg-1") == ""
+    assert shard.change_reason("chg-never") is None
 
 
 def test_a_promotion_names_the_changes_it_carries_and_the_root_keeps_the_canonical_history(

@@ -3,7 +3,7 @@ the every-minute scan), with an in-memory sender where the server's answers are 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -18,11 +18,12 @@ from rhumbatron.core.clock import ManualClock, utc_day
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller
-from rhumbatron.errors import ActorError
+from rhumbatron.errors import ActorError, NatsUnavailableError, SendRefusedError
 from rhumbatron.messaging.nudge import RecordingNudge
+from rhumbatron.messaging.sender import FastBatchAck, OutgoingMessage, StoredMessage
 from rhumbatron.protocol.ids import stream_index
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
-from rhumbatron_dev.testing import MemorySender, RefuseFirstRowOnce
+from rhumbatron_dev.testing import MemorySender, RefuseFirstRowOnce, SenderWrapper
 
 CALLER = Caller("acme", "system:test", "corr-fires")
 
@@ -75,6 +76,55 @@ async def test_a_row_waiting_out_its_backoff_does_not_make_its_alarm_fire_in_a_l
     assert [r.published for r in scan.reports] == [3]
     assert [m.message_id for m in memory.sent] == [
         r["event_id"] for r in shard.connection.execute("SELECT event_id FROM outbox ORDER BY seq")
+    ]
+    await app.close()
+
+
+class LosesConnectionAfter(SenderWrapper):
+    """Refuses batches (so rows go one by one) and loses the connection after ``stores``
+    single sends were stored."""
+
+    def __init__(self, inner: MemorySender, stores: int) -> None:
+        super().__init__(inner)
+        self.stores_left = stores
+
+    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
+        if not self.stores_left:
+            raise NatsUnavailableError("the connection was lost by the test server")
+        self.stores_left -= 1
+        return await self.inner.send(stream, message)
+
+    async def send_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> list[StoredMessage]:
+        raise SendRefusedError("batch refused by the test server")
+
+    async def send_fast_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> FastBatchAck:
+        raise SendRefusedError("fast batch refused by the test server")
+
+
+async def test_rows_stored_before_the_connection_is_lost_are_marked_and_the_rest_wait(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN an actor with three due rows, and a server that stores two and then goes away
+    memory = MemorySender()
+    app = runtime(tmp_path, clock, LosesConnectionAfter(memory, stores=2))
+    write_tasks(app, "lost-p", "chg-1", 3)
+    shard = app.resource_shard("lost-p", change_resource_key("chg-1"))
+
+    # WHEN its alarm fires
+    [report] = await app.drain_alarms()
+
+    # THEN the two stored rows are published at their stream places, and the third waits
+    # pending with no attempt counted (an unreachable server is no refusal)
+    assert report.unavailable and report.published == 2
+    rows = shard.connection.execute("SELECT state, attempts, stream_seq FROM outbox ORDER BY seq")
+    assert [tuple(row) for row in rows] == [
+        (RowState.PUBLISHED, 0, 1),
+        (RowState.PUBLISHED, 0, 2),
+        (RowState.PENDING, 0, None),
     ]
     await app.close()
 

@@ -339,3 +339,81 @@ def test_a_fetch_is_split_where_the_runs_apply_calls_end_each_part_in_stream_ord
         assert (seqs(spent[0]), seqs(spent[1])) == ([4], [1, 2, 3, 5, 6, 7])
     finally:
         projector.close()
+
+
+def test_candidates_promotions_releases_and_the_canonical_generation_are_projected(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN a Change's candidate composed, verified and promoted, the canonical generation
+    # moved to it, and a release of that generation started and completed; a second
+    # candidate whose promotion was refused
+    view = view_of(offline_settings, "acme-web")
+    ctx = FactContext(CALLER, "acme-web", NOW)
+    chg = {"change_id": "c1"}
+    one, two = {"candidateId": "cand-1"}, {"candidateId": "cand-2"}
+    composed = {"baseGeneration": 0, "compositionKey": "k"}
+    life = [
+        ctx.fact("candidate.created", one | composed, **chg, key="k1"),
+        ctx.fact("candidate.verified", one, **chg, key="k2"),
+        ctx.fact("promotion.requested", one | {"expectedGeneration": 0}, **chg, key="k3"),
+        ctx.fact(
+            "promotion.completed",
+            one | {"expectedGeneration": 0, "outcome": "promoted"},
+            **chg,
+            key="p1",
+        ),
+        ctx.fact(
+            "canonical.advanced",
+            {"generation": 1, "previousGeneration": 0, "candidateId": "cand-1"},
+        ),
+        ctx.fact("release.started", {"releaseId": "rel-1", "generation": 1}, **chg, key="k4"),
+        ctx.fact("release.completed", {"releaseId": "rel-1", "generation": 1}, **chg, key="k5"),
+        ctx.fact("candidate.created", two | composed, **chg, key="k6"),
+        ctx.fact(
+            "promotion.completed",
+            two | {"expectedGeneration": 0, "outcome": "rejected"},
+            **chg,
+            key="p2",
+        ),
+    ]
+
+    # WHEN they are applied in order (stream sequences 10 to 18)
+    outcomes = view.apply_delta([record(e, seq) for seq, e in enumerate(life, 10)], now_s=1.0)
+
+    # THEN the promoted candidate reads promoted (its base generation kept from its creation),
+    # the refused one is still as composed, the project is at generation 1 from cand-1, and
+    # the release reads completed
+    assert {o.outcome for o in outcomes.values()} == {Outcome.APPLIED}
+    snapshot = view.snapshot()
+    assert snapshot["candidates"] == [
+        {"candidateId": "cand-1", "changeId": "c1", "status": "promoted"},
+        {"candidateId": "cand-2", "changeId": "c1", "status": "created"},
+    ]
+    db = view.connection
+    bases = "SELECT candidate_id, base_generation FROM view_candidates ORDER BY 1"
+    assert [tuple(row) for row in db.execute(bases)] == [("cand-1", 0), ("cand-2", 0)]
+    assert snapshot["canonicalGeneration"] == 1
+    canonical = "SELECT canonical_candidate_id FROM view_project WHERE project_id = 'acme-web'"
+    assert db.execute(canonical).fetchone()[0] == "cand-1"
+    releases = "SELECT release_id, generation, status, updated_seq FROM view_releases"
+    assert [tuple(row) for row in db.execute(releases)] == [("rel-1", 1, "completed", 16)]
+
+    # AND events from before them, arriving late, move nothing back: another candidate's
+    # advance to the same generation, the release's start, the first candidate's verification
+    late = [
+        ctx.fact(
+            "canonical.advanced",
+            {"generation": 1, "previousGeneration": 0, "candidateId": "cand-0"},
+        ),
+        ctx.fact(
+            "release.started",
+            {"releaseId": "rel-1", "generation": 1, "reason": "x"},
+            **chg,
+            key="k7",
+        ),
+        ctx.fact("candidate.verified", one | {"reason": "again"}, **chg, key="k8"),
+    ]
+    view.apply_delta([record(e, seq) for seq, e in zip((2, 3, 4), late, strict=True)], now_s=2.0)
+    assert db.execute(canonical).fetchone()[0] == "cand-1"
+    assert [tuple(row) for row in db.execute(releases)] == [("rel-1", 1, "completed", 16)]
+    assert view.snapshot()["candidates"][0]["status"] == "promoted"
