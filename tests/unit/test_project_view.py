@@ -8,6 +8,8 @@ import sqlite3
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import pytest
+
 from rhumbatron.core.settings import Settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.protocol.envelopes import Event
@@ -417,3 +419,96 @@ def test_candidates_promotions_releases_and_the_canonical_generation_are_project
     assert db.execute(canonical).fetchone()[0] == "cand-1"
     assert [tuple(row) for row in db.execute(releases)] == [("rel-1", 1, "completed", 16)]
     assert view.snapshot()["candidates"][0]["status"] == "promoted"
+
+
+def test_a_bad_event_sends_only_its_own_projects_events_one_by_one(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN two projects of one stream in one fetch, the second holding an event its view
+    # refuses (a stand-in for any apply error), and a trace of the file's savepoints
+    good, faulty = projects_on_one_stream(2)
+    store = StreamViews(offline_settings, 3)
+    store.connection.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-bad' "
+        "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+    steps: list[str] = []
+    store.connection.set_trace_callback(
+        lambda sql: (
+            steps.append(sql.strip())
+            if sql.strip().split()[0].upper() in {"SAVEPOINT", "ROLLBACK", "RELEASE"}
+            else None
+        )
+    )
+    a = task_events(good)
+    ctx = FactContext(CALLER, faulty, NOW)
+    bad = ctx.fact("task.ready", {}, change_id="c2", task_id="t-bad")
+    fine = ctx.fact("task.ready", {}, change_id="c2", task_id="t-fine")
+
+    # WHEN the fetch is applied
+    outcomes = store.apply(
+        [[record(a[0], 1), record(a[1], 2)], [record(bad, 3), record(fine, 4)]], now_s=1.0
+    )
+
+    # THEN the fetch as a whole is rolled back, each project goes again as one group, and
+    # only the faulty project's events go one at a time; the bad one alone fails
+    assert steps == [
+        "SAVEPOINT fetch",
+        "ROLLBACK TO fetch",
+        "RELEASE fetch",
+        "SAVEPOINT project",
+        "RELEASE project",
+        "SAVEPOINT project",
+        "ROLLBACK TO project",
+        "RELEASE project",
+        "SAVEPOINT event",
+        "ROLLBACK TO event",
+        "RELEASE event",
+        "SAVEPOINT event",
+        "RELEASE event",
+    ]
+    assert {key: o.outcome for key, o in outcomes.items()} == {
+        a[0].event_id: Outcome.APPLIED,
+        a[1].event_id: Outcome.APPLIED,
+        bad.event_id: Outcome.FAILED,
+        fine.event_id: Outcome.APPLIED,
+    }
+    assert store.claim_states([a[0].event_id, a[1].event_id, fine.event_id, bad.event_id]) == {
+        a[0].event_id: ("done", None),
+        a[1].event_id: ("done", None),
+        fine.event_id: ("done", None),
+    }
+
+
+def test_a_file_error_in_one_projects_group_rolls_the_whole_fetch_back_and_is_raised(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN a fetch whose first project holds an event its view refuses (so the projects go
+    # again one group at a time) and whose second project's group then meets an error of
+    # the file itself (a stand-in for a full disk or a lock: SQLite's OperationalError)
+    first, second = projects_on_one_stream(2)
+    store = StreamViews(offline_settings, 3)
+
+    def disk_full(_: object) -> None:
+        raise OSError("no space left on device")
+
+    # a function that fails, called by a trigger: SQLite raises OperationalError for it
+    store.connection.create_function("disk_full", 1, disk_full)
+    store.connection.executescript(
+        "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-bad' "
+        "BEGIN SELECT RAISE(ABORT, 'refused'); END;"
+        "CREATE TRIGGER broken BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-disk' "
+        "BEGIN SELECT disk_full(1); END;"
+    )
+    bad = FactContext(CALLER, first, NOW).fact("task.ready", {}, change_id="c1", task_id="t-bad")
+    disk = FactContext(CALLER, second, NOW).fact("task.ready", {}, change_id="c2", task_id="t-disk")
+
+    # WHEN it is applied, THEN the file's own error is raised as it was met (the caller
+    # retries the whole fetch, counting no failure) and nothing of the fetch is kept
+    with pytest.raises(sqlite3.OperationalError, match="user-defined function raised exception"):
+        store.apply([[record(bad, 1)], [record(disk, 2)]], now_s=1.0)
+    assert store.claim_states([bad.event_id, disk.event_id]) == {}
+    # AND the file takes the next fetch as usual
+    fine = task_events(first, change_id="c3")[:1]
+    outcomes = store.apply([[record(fine[0], 3)]], now_s=2.0)
+    assert outcomes[fine[0].event_id].outcome is Outcome.APPLIED
