@@ -201,7 +201,7 @@ def test_a_file_deleted_under_a_warm_store_is_noticed_and_reopened(
 
 
 def test_a_per_project_view_file_is_migrated_into_its_streams_store(
-    offline_settings: Settings,
+    offline_settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN a state directory of the per-project layout: projects/<id>/view.sqlite with a
     # view, a feed and claims, as the code before the view store wrote it
@@ -244,6 +244,12 @@ def test_a_per_project_view_file_is_migrated_into_its_streams_store(
     assert store.claim_states(["evt_1"]) == {"evt_1": ("done", None)}
     assert not old.exists()
     assert old.with_name("view.sqlite.migrated").exists()
+    # AND the operator is told what moved where, and where the old file is kept
+    [said] = [r.getMessage() for r in caplog.records if "migrated the view" in r.message]
+    assert said == (
+        f"migrated the view of project {project} from {old} into {store.path} "
+        "(the old file is kept as view.sqlite.migrated)"
+    )
 
 
 _LEGACY_SCHEMA = """
