@@ -18,7 +18,8 @@ import pytest
 from project_roots import restore_project_roots
 from rhumbatron.cli import main
 from rhumbatron.core.clock import ManualClock
-from rhumbatron.protocol.ids import stream_index
+from rhumbatron.errors import MessagingError, ReplayError
+from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.router.view_store import view_store_path
 from rhumbatron.router.views import rebuild_views
 from rhumbatron.runtime.bootstrap import Rhumbatron
@@ -172,3 +173,161 @@ def test_the_views_rebuild_command_refuses_a_bad_project_id(
 ) -> None:
     assert main(["views", "rebuild", "--project", "../etc"]) == 3
     assert "--project '../etc' is not a project ID" in capsys.readouterr().err
+
+
+async def test_a_rebuild_reads_what_the_stream_dropped_from_the_archive_then_the_rest(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN two projects' histories, a minute apart, applied and archived by the router;
+    # then the stream loses the first project's six events (its max age, or a purge)
+    app = await make_app()
+    first, second = projects_on_stream(STREAM, 2)
+    await publish(app, lifecycle(first, clock.now()))
+    clock.advance(minutes=1)
+    await publish(app, lifecycle(second, clock.now())[:3])
+    clock.advance(minutes=1)
+    await publish(app, lifecycle(second, clock.now())[3:])
+    # (a history archived on another stream, and a clock past them all)
+    await publish(app, lifecycle(projects_on_stream(5, 1)[0], clock.now()))
+    clock.advance(minutes=1)
+    await app.router().drain()
+    before = {p: view_state(app, p) for p in (first, second)}
+    js = (await app.nats()).jetstream()
+    await js.purge_stream(event_stream_name(STREAM), seq=7)
+    assert (await js.stream_info(event_stream_name(STREAM))).state.first_seq == 7
+
+    # WHEN the stream's views are rebuilt
+    result = await rebuild_views(app.router(), stream=STREAM)
+
+    # THEN the second project's events came from the stream, then the first's from the
+    # archive: its events up to the first the stream holds, that one's minute included
+    # (three of the second's, already applied); each applied once, nothing missing, and the
+    # views as they were
+    stream, archive = result.replays
+    assert (stream.source, stream.applied, stream.first_seq) == ("stream", 6, 7)
+    assert (archive.source, archive.stream_index) == ("archive", STREAM)
+    assert (archive.scanned, archive.applied, archive.already_applied) == (9, 6, 3)
+    assert (result.forgotten_claims, result.gaps, result.failed) == (12, [], 0)
+    assert result.as_json() | {"errors": []} == {
+        "projectId": None,
+        "streams": [event_stream_name(STREAM)],
+        "forgottenClaims": 12,
+        "scanned": 15,
+        "applied": 12,
+        "alreadyApplied": 3,
+        "retried": 0,
+        "failed": 0,
+        "errors": [],
+        "gaps": [],
+    }
+    # (the archive keeps the events, not their stream positions: the first project's feed
+    # rows read position 0, "not known", where they read 1 to 6)
+    after = {p: view_state(app, p) for p in (first, second)}
+    assert after[second] == before[second]
+    unplaced = {
+        **before[first],
+        "feed": [(event_id, 0, kind) for event_id, _, kind in before[first]["feed"]],
+        "latestEvents": [e | {"streamSeq": 0} for e in before[first]["latestEvents"]],
+    }
+    assert after[first] == unplaced
+
+
+async def test_a_rebuild_whose_archive_cannot_be_read_names_the_gap_and_keeps_the_stream(
+    make_app: AppFactory, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a stream that lost its first project's events, and an archive that cannot be
+    # read (its bucket is gone)
+    app = await make_app()
+    first, second = projects_on_stream(STREAM, 2)
+    await publish(app, lifecycle(first, clock.now()))
+    clock.advance(minutes=1)
+    await publish(app, lifecycle(second, clock.now()))
+    await app.router().drain()
+    before = view_state(app, second)
+    js = (await app.nats()).jetstream()
+    await js.purge_stream(event_stream_name(STREAM), seq=7)
+    s3 = app.s3()
+    bucket = app.settings.evidence_bucket
+    for item in s3.list_objects_v2(Bucket=bucket).get("Contents", []):
+        s3.delete_object(Bucket=bucket, Key=item["Key"])
+    s3.delete_bucket(Bucket=bucket)
+
+    # WHEN the stream's views are rebuilt
+    result = await rebuild_views(app.router(), stream=STREAM)
+
+    # THEN the rebuild says which part of the history it could not read, and why, in its
+    # report and its log; the views hold what the stream holds
+    [gap] = result.gaps
+    assert gap.startswith(f"{event_stream_name(STREAM)} before sequence 7: the archive could")
+    assert bucket in gap
+    assert result.as_json()["gaps"] == [gap]
+    assert f"views rebuild: {gap}" in [r.getMessage() for r in caplog.records]
+    [stream] = result.replays
+    assert (stream.applied, stream.first_seq) == (6, 7)
+    assert view_state(app, second) == before
+    assert view_state(app, first)["eventsApplied"] == 0
+
+
+async def test_a_stream_that_lost_every_event_is_rebuilt_from_the_archive_alone(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a project whose one event was applied and archived, and then dropped by the
+    # stream: it holds no message, and its next sequence is 2
+    app = await make_app()
+    (project,) = projects_on_stream(STREAM, 1)
+    await publish(app, lifecycle(project, clock.now())[:1])
+    await app.router().drain()
+    js = (await app.nats()).jetstream()
+    await js.purge_stream(event_stream_name(STREAM))
+    state = (await js.stream_info(event_stream_name(STREAM))).state
+    assert (state.messages, state.last_seq, state.first_seq) == (0, 1, 2)
+
+    # WHEN its views are rebuilt
+    result = await rebuild_views(app.router(), stream=STREAM)
+
+    # THEN the archive alone gave the event back
+    assert [(r.source, r.applied) for r in result.replays] == [("archive", 1)]
+    assert view_state(app, project)["name"] == f"Project {project}"
+
+
+async def test_a_rebuild_of_every_stream_adds_up_what_it_forgot_and_shows_each_streams_progress(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN two projects' histories applied, on streams 2 and 5, each stream whole
+    app = await make_app()
+    for stream in (2, 5):
+        await publish(app, lifecycle(projects_on_stream(stream, 1)[0], clock.now()))
+    await app.router().drain()
+    heard: list[tuple[int, int | None, str]] = []
+
+    # WHEN every stream's views are rebuilt
+    result = await rebuild_views(
+        app.router(), progress=lambda done, total, line="": heard.append((done, total, line))
+    )
+
+    # THEN both streams' claims were forgotten and their events applied again, from the
+    # streams alone (they hold everything: no archive is read), and the progress named each
+    # stream with what it applied
+    assert (result.forgotten_claims, result.applied) == (12, 12)
+    assert [(r.source, r.stream_index) for r in result.replays] == [("stream", 2), ("stream", 5)]
+    assert [(done, total) for done, total, _ in heard] == [(n, 8) for n in range(1, 9)]
+    assert heard[2][2] == "EVENTS_02 rebuilt (3/8): 6 events applied"
+    assert heard[5][2] == "EVENTS_05 rebuilt (6/8): 6 events applied"
+    assert heard[6][2] == "EVENTS_06 rebuilt (7/8): 0 events applied"
+
+
+async def test_a_rebuild_is_refused_for_a_bad_request_and_names_a_missing_stream(
+    make_app: AppFactory,
+) -> None:
+    app = await make_app()
+    router = app.router()
+    with pytest.raises(ReplayError, match=r"^give a project or a stream to rebuild, not both$"):
+        await rebuild_views(router, project_id="acme-web", stream=1)
+    for bad in (-1, 8):
+        with pytest.raises(ReplayError, match=rf"^stream {bad} is outside 0\.\.7$"):
+            await rebuild_views(router, stream=bad)
+    assert (await rebuild_views(router, stream=0)).streams == [0]  # the first stream is one
+    assert (await rebuild_views(router, stream=7)).streams == [7]  # and so is the last
+    await (await app.nats()).jetstream().delete_stream(event_stream_name(3))
+    with pytest.raises(MessagingError, match=r"^stream EVENTS_03 does not exist"):
+        await rebuild_views(router, stream=3)

@@ -2,11 +2,12 @@
 
 A view is derived state (DECISIONS, "View store"): everything in it follows from the
 project's events. A rebuild forgets the views, feed rows and projector claims of the project
-(or of every project of the stream), then replays the projector over the events: from the S3
-archive for what the stream no longer holds (its max age, or a purge), then from the stream's
-first stored record to its end. The replay goes through the projector's own claims, so a
-projector running meanwhile and the rebuild apply each event once between them; a row an
-older event would move back stays where the newer one put it.
+(or of every project of the stream), then replays the projector over the events: from the
+stream's first stored record to its end, then from the S3 archive for what the stream no
+longer holds (its max age, or a purge). The archive keeps events, not their stream positions:
+a feed row rebuilt from it has position 0, "not known". The replay goes through the
+projector's own claims, so a projector running meanwhile and the rebuild apply each event
+once between them; a row an older event would move back stays where the newer one put it.
 
 Between the forget and the end of the replay the view is incomplete: a reader sees it fill
 up again. Dead letters' marks are kept: a poison event stays skipped.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from rhumbatron.core.progress import ProgressCallback
 from rhumbatron.errors import ArchiveError, EnvelopeError, ReplayError
@@ -32,6 +33,8 @@ __all__ = ["ViewsRebuild", "rebuild_views"]
 _log = logging.getLogger(__name__)
 #: The archive is read from here when the stream no longer holds its first events.
 _BEGINNING = datetime(2000, 1, 1, tzinfo=UTC)
+#: An Event's timestamp is in milliseconds: the archive's ``[start, end)`` ends one later.
+_ONE_MILLISECOND = timedelta(milliseconds=1)
 
 
 @dataclass
@@ -119,11 +122,25 @@ async def _rebuild_stream(
     first_seq = state.first_seq or 1
     if state.messages == 0 and state.last_seq == 0:
         return  # nothing was ever published here
+    if state.messages:
+        result.replays.append(
+            await rewind(
+                router,
+                stream_index=index,
+                subscription=Subscription.PROJECT_VIEW_PROJECTOR,
+                to_seq=first_seq,
+                dry_run=False,
+            )
+        )
     if first_seq > 1:
         # The stream dropped its first records: they are in the archive, up to the first
-        # event it still holds (the two overlap at most by events the claims tell apart).
+        # event it still holds, that event's millisecond included (events dropped in the
+        # same millisecond would be lost otherwise). The stream went first, so each event it
+        # holds is applied at its place, and one the two share is a claim already done;
+        # a dropped event comes after newer ones, as a late redelivery does, and moves no
+        # row back.
         end = await _first_event_time(router, index, first_seq) if state.messages else None
-        end = end or router.clock.now()
+        end = (end or router.clock.now()) + _ONE_MILLISECOND
         try:
             result.replays.append(
                 await replay_archive(
@@ -139,16 +156,6 @@ async def _rebuild_stream(
             gap = f"{name} before sequence {first_seq}: the archive could not be read ({exc})"
             _log.error("views rebuild: %s", gap)
             result.gaps.append(gap)
-    if state.messages:
-        result.replays.append(
-            await rewind(
-                router,
-                stream_index=index,
-                subscription=Subscription.PROJECT_VIEW_PROJECTOR,
-                to_seq=first_seq,
-                dry_run=False,
-            )
-        )
 
 
 async def _first_event_time(router: EventRouter, index: int, first_seq: int) -> datetime | None:
