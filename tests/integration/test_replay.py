@@ -340,25 +340,97 @@ async def test_the_archive_replay_goes_through_run_replay_as_the_cli_calls_it(
 # -- arguments ---------------------------------------------------------------------------------
 
 
+NAIVE = START.replace(tzinfo=None)
+EARLIEST = datetime(1, 1, 1, tzinfo=EAST)  # 0001-01-01T00:00 at +05:00: no UTC day
+SUBSCRIPTIONS = ", ".join(s.value for s in Subscription)
+REPLAYABLE = ", ".join(s.value for s in Subscription if s is not Subscription.AUDIT_ARCHIVER)
+
+
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        ({"source": "stream", "stream": 0, "to_seq": 1, "to_time": START}, "exactly one"),
-        ({"source": "stream", "stream": 0}, "exactly one"),
-        ({"source": "stream", "stream": 0, "to_seq": 0}, "sequences start at 1"),
-        ({"source": "stream", "stream": 8, "to_seq": 1}, "outside 0..7"),
-        ({"source": "stream", "to_seq": 1}, "needs the stream"),
-        ({"source": "stream", "stream": 0, "to_time": START.replace(tzinfo=None)}, "timezone"),
-        ({"source": "stream", "stream": 0, "to_seq": 1, "start": START}, "archive range"),
-        ({"source": "archive", "start": START}, "needs start and end"),
-        ({"source": "archive", "start": START, "end": START}, "not before end"),
-        ({"source": "archive", "start": START, "end": START, "to_seq": 1}, "rewind a stream"),
-        ({"source": "tape", "start": START}, "source 'tape' is unknown"),
         (
-            {"source": "archive", "start": datetime(1, 1, 1, tzinfo=EAST), "end": START},
-            "no UTC day",
+            {"source": "stream", "stream": 0, "to_seq": 1, "to_time": START},
+            f"a rewind needs exactly one start point, got to_seq=1 and to_time={START!r}; "
+            "pass a stream sequence (to_seq >= 1) or a time (to_time)",
         ),
-        ({"source": "stream", "stream": 0, "to_seq": 1, "subscription": "nope"}, "unknown"),
+        (
+            {"source": "stream", "stream": 0},
+            "a rewind needs exactly one start point, got to_seq=None and to_time=None; "
+            "pass a stream sequence (to_seq >= 1) or a time (to_time)",
+        ),
+        (
+            {"source": "stream", "stream": 0, "to_seq": 0},
+            "to_seq=0 is not a stream sequence; sequences start at 1",
+        ),
+        (
+            {"source": "stream", "stream": 8, "to_seq": 1},
+            "stream 8 is outside 0..7; pass the index of an event stream (EVENTS_00 … EVENTS_07)",
+        ),
+        ({"source": "stream", "to_seq": 1}, "a stream replay needs the stream (0..7) to rewind"),
+        (
+            {"source": "stream", "stream": 0, "to_time": NAIVE},
+            f"to_time={NAIVE.isoformat()} has no timezone; pass a timezone-aware time (UTC)",
+        ),
+        (
+            {"source": "stream", "stream": 0, "to_seq": 1, "start": START},
+            "start and end select an archive range; a stream replay takes to_seq or to_time",
+        ),
+        (
+            {"source": "stream", "stream": 0, "to_seq": 1, "end": START},
+            "start and end select an archive range; a stream replay takes to_seq or to_time",
+        ),
+        (
+            {"source": "archive", "start": START},
+            f"an archive replay needs start and end, got start={START!r}, end=None",
+        ),
+        (
+            {"source": "archive", "end": START},
+            f"an archive replay needs start and end, got start=None, end={START!r}",
+        ),
+        (
+            {"source": "archive", "start": START, "end": START},
+            f"start {START.isoformat()} is not before end {START.isoformat()}; the range is "
+            "[start, end): pass an end after the start",
+        ),
+        (
+            {"source": "archive", "start": START, "end": START, "to_seq": 1},
+            "to_seq and to_time rewind a stream; an archive replay takes start and end",
+        ),
+        (
+            {"source": "archive", "start": START, "end": START, "to_time": START},
+            "to_seq and to_time rewind a stream; an archive replay takes start and end",
+        ),
+        (
+            {"source": "archive", "start": NAIVE, "end": START},
+            f"start={NAIVE.isoformat()} has no timezone; pass a timezone-aware time (UTC)",
+        ),
+        (
+            {"source": "archive", "start": START, "end": NAIVE},
+            f"end={NAIVE.isoformat()} has no timezone; pass a timezone-aware time (UTC)",
+        ),
+        (
+            {"source": "archive", "stream": 8, "start": START, "end": START},
+            "stream 8 is outside 0..7; pass the index of an event stream (EVENTS_00 … EVENTS_07)",
+        ),
+        (
+            {"source": "tape", "start": START},
+            "replay source 'tape' is unknown; pass one of stream, archive",
+        ),
+        (
+            {"source": "archive", "start": EARLIEST, "end": START},
+            f"start={EARLIEST.isoformat()} has no UTC day (it is outside the calendar's range); "
+            "pass a time between the years 1 and 9999 in UTC",
+        ),
+        (
+            {"source": "archive", "start": START, "end": EARLIEST},
+            f"end={EARLIEST.isoformat()} has no UTC day (it is outside the calendar's range); "
+            "pass a time between the years 1 and 9999 in UTC",
+        ),
+        (
+            {"source": "stream", "stream": 0, "to_seq": 1, "subscription": "nope"},
+            f"subscription 'nope' is unknown; pass one of {SUBSCRIPTIONS}",
+        ),
         (
             {
                 "source": "archive",
@@ -366,7 +438,7 @@ async def test_the_archive_replay_goes_through_run_replay_as_the_cli_calls_it(
                 "end": START + timedelta(days=1),
                 "subscription": "audit-archiver",
             },
-            "audit-archiver's own output",
+            f"the archive is the audit-archiver's own output: replay it into {REPLAYABLE}",
         ),
     ],
 )
@@ -378,7 +450,8 @@ async def test_a_replay_that_cannot_work_is_refused_before_reading_anything(
     options = {"subscription": PROJECTOR.value, "dry_run": True, **options}
     try:
         # WHEN the replay is asked; THEN it is refused with a message naming the problem
-        with pytest.raises(ReplayError, match=says):
+        with pytest.raises(ReplayError) as refused:
             await run_replay(app, **options)
+        assert str(refused.value) == says
     finally:
         await app.close()
