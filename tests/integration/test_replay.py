@@ -6,6 +6,7 @@ effect rows keyed on the event ID, so a rewind replays with zero duplicate effec
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -455,3 +456,41 @@ async def test_a_replay_that_cannot_work_is_refused_before_reading_anything(
         assert str(refused.value) == says
     finally:
         await app.close()
+
+
+async def test_a_replay_into_a_busy_view_file_retries_every_record_and_reports_twenty_errors(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN four projects' histories (24 events) and two messages that are no event, on a
+    # stream; and the stream's view file held by another writer (no busy wait here)
+    app = await make_app(sqlite_busy_timeout_ms=0, router_fetch_max_records=100)
+    for project in projects_on_stream(0, 4):
+        await publish(app, history(project, clock.now()))
+    for n in (1, 2):
+        await router_tests.publish_raw(app, 0, b"not an event", f"junk-{n}")
+    store = app.router().projector.views(0)
+    assert store.connection is not None  # opening makes the file
+    holder = sqlite3.connect(store.path, timeout=0)
+    holder.execute("BEGIN IMMEDIATE")
+    progress: list[tuple[int, int | None]] = []
+    try:
+        # WHEN the projector is replayed from sequence 1, as the CLI asks
+        report = await run_replay(
+            app,
+            source="stream",
+            subscription=PROJECTOR,
+            stream=0,
+            to_seq=1,
+            dry_run=False,
+            progress=lambda done, total, line="": progress.append((done, total)),
+        )
+    finally:
+        holder.rollback()
+        holder.close()
+
+    # THEN every event is counted to retry and each message that is no event as failed;
+    # the report keeps the first twenty reasons, and the progress heard all 26 records
+    assert counts(report) == {"scanned": 26, "retried": 24, "failed": 2}
+    assert len(report.errors) == 20
+    assert all(": " in error for error in report.errors)
+    assert progress[-1] == (26, 26)
