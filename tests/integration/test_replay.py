@@ -246,6 +246,21 @@ async def test_a_rewind_past_the_stream_end_reads_nothing(make_app: AppFactory) 
     assert (report.first_seq, report.last_seq) == (1, 0)
 
 
+async def test_a_rewind_to_the_last_record_of_a_stream_of_one_reads_that_record(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a stream holding one event
+    app = await make_app()
+    (project,) = projects_on_stream(3, 1)
+    await publish(app, history(project, clock.now())[:1])
+    # WHEN the projector is rewound to it, THEN it is read and applied, and nothing past it
+    report = await rewind(app, stream_index=3, subscription=PROJECTOR, to_seq=1, dry_run=False)
+    assert counts(report) == {"scanned": 1, "applied": 1}
+    assert (report.first_seq, report.last_seq) == (1, 1)
+    past = await rewind(app, stream_index=3, subscription=PROJECTOR, to_seq=2, dry_run=False)
+    assert counts(past) == {}
+
+
 # -- archive -----------------------------------------------------------------------------------
 
 
@@ -309,31 +324,38 @@ async def test_an_archive_range_replayed_into_fresh_state_applies_all_then_nothi
 async def test_the_archive_replay_goes_through_run_replay_as_the_cli_calls_it(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
-    # GIVEN an archived history, applied
+    # GIVEN an archived history, applied (and another stream's, archived too)
     app = await make_app()
     (project,) = projects_on_stream(4, 1)
     await publish(app, history(project, START))
+    await publish(app, history(projects_on_stream(6, 1)[0], START))
     await app.router().drain()
-    # WHEN the CLI's entry point replays the archive, then rewinds the stream
+    heard: list[tuple[int, int | None]] = []
+    # WHEN the CLI's entry point replays stream 4's archive, then rewinds the stream
     archived = await run_replay(
         app,
         source="archive",
         subscription="project-view-projector",
         dry_run=True,
+        stream=4,
         start=START,
         end=START + timedelta(minutes=1),
+        progress=lambda done, total, line="": heard.append((done, total)),
     )
     rewound = await run_replay(
         app, source="stream", subscription="causal-router", dry_run=True, stream=4, to_seq=1
     )
     # THEN both find everything applied that holds a claim: the causal router claims only
     #   the 2 events a rule acts on, and would apply the other 4 again, to no effect
-    assert (archived.source, counts(archived)) == (
+    assert (archived.source, archived.stream_index, counts(archived)) == (
         ReplaySource.ARCHIVE,
+        4,
         {"scanned": 6, "already_applied": 6},
     )
-    assert (rewound.source, counts(rewound)) == (
+    assert heard[-1] == (6, None)  # the archive's size is not known ahead
+    assert (rewound.source, rewound.stream_index, counts(rewound)) == (
         ReplaySource.STREAM,
+        4,
         {"scanned": 6, "already_applied": 2, "would_apply": 4},
     )
 
@@ -491,6 +513,11 @@ async def test_a_replay_into_a_busy_view_file_retries_every_record_and_reports_t
     # THEN every event is counted to retry and each message that is no event as failed;
     # the report keeps the first twenty reasons, and the progress heard all 26 records
     assert counts(report) == {"scanned": 26, "retried": 24, "failed": 2}
+    assert report.stream_index == 0
     assert len(report.errors) == 20
-    assert all(": " in error for error in report.errors)
+    undecodable = "undecodable record: invalid Event: not JSON"
+    assert report.errors[0].startswith(f"junk-1: {undecodable}")
+    assert report.errors[1].startswith(f"junk-2: {undecodable}")
+    held = f"SQLite file {store.path} is held by another writer past the busy timeout"
+    assert all(e.startswith("evt_") and held in e for e in report.errors[2:])
     assert progress[-1] == (26, 26)

@@ -269,7 +269,7 @@ def test_sqlite_failures_become_errors_that_say_what_to_do() -> None:
         busy = sqlite_error(sqlite3.OperationalError(text), path, "writing")
         assert isinstance(busy, ActorBusyError)
         assert str(busy) == (
-            f"actor file {path} is held by another writer past the busy timeout (writing); "
+            f"SQLite file {path} is held by another writer past the busy timeout (writing); "
             "retry later, or raise RHUMBATRON_SQLITE_BUSY_TIMEOUT_MS"
         )
     full = sqlite_error(sqlite3.OperationalError("database or disk is full"), path, "writing")

@@ -228,11 +228,12 @@ def open_with_schema(
 
 
 def sqlite_error(exc: sqlite3.Error, path: Path, doing: str) -> ActorError:
-    """The Rhumbatron error for a SQLite failure on an actor file: busy, full, or other."""
+    """The Rhumbatron error for a SQLite failure on one of its files (an actor's, a view
+    store, the product database): busy, full, or other."""
     text = str(exc)
     if "locked" in text or "busy" in text:
         return ActorBusyError(
-            f"actor file {path} is held by another writer past the busy timeout ({doing}); "
+            f"SQLite file {path} is held by another writer past the busy timeout ({doing}); "
             "retry later, or raise RHUMBATRON_SQLITE_BUSY_TIMEOUT_MS"
         )
     if "full" in text:
