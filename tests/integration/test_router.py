@@ -717,11 +717,32 @@ async def test_an_event_dead_lettered_on_its_fifth_failure_is_marked_processed(
         "task.ready", {}, change_id=f"{project}-c", task_id="t-bad"
     )
     await publish(app, [bad])
-    # AND nudges ran until its 5th failure made the projector's dead letter
+    # AND nudges ran until its 5th failure made the projector's dead letter, which names
+    # the event's tenant, project, Change and task, where it is and why it failed
     await until(
         lambda: app.router().nudge(0),
         lambda r: r.subscriptions[PROJECTOR.value].dead_lettered > 0,
     )
+    letter = (
+        app.product()
+        .connection.execute(
+            "SELECT tenant_id, project_id, change_id, task_id, event_id, stream, stream_seq, "
+            "reason, body FROM dead_letters WHERE consumer = ?",
+            (PROJECTOR.value,),
+        )
+        .fetchone()
+    )
+    assert tuple(letter)[:7] == (
+        CALLER.tenant_id,
+        project,
+        f"{project}-c",
+        "t-bad",
+        bad.event_id,
+        "EVENTS_00",
+        1,
+    )
+    assert letter["reason"] == "applying task.ready to the view failed: refused"
+    assert json.loads(letter["body"])["eventId"] == bad.event_id
 
     # WHEN the view would now take it, and the same event arrives again
     view.connection.execute("DROP TRIGGER refuse")
