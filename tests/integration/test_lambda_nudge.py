@@ -93,7 +93,7 @@ async def test_a_publish_that_sent_rows_invokes_the_router_nudge_function_asynch
 
 
 async def test_a_nudge_the_lambda_api_refuses_is_logged_and_does_not_fail_the_publish(
-    lambda_api: LambdaApi,
+    lambda_api: LambdaApi, caplog: pytest.LogCaptureFixture
 ) -> None:
     import boto3
     from botocore.config import Config
@@ -105,7 +105,26 @@ async def test_a_nudge_the_lambda_api_refuses_is_logged_and_does_not_fail_the_pu
         config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=1),
     )
     nudge = LambdaNudge(client, "rhumbatron-RouterNudgeFunction")
-    # WHEN a nudge is sent
+    # WHEN two nudges are sent
     await nudge.nudge(3)
-    # THEN it is counted as failed, and nothing was raised (the sweep is the correctness path)
-    assert (nudge.sent, nudge.failed) == (0, 1)
+    await nudge.nudge(5)
+    # THEN each is counted as failed and logged with the function, its stream and why, and
+    # nothing was raised (the sweep is the correctness path)
+    assert (nudge.sent, nudge.failed) == (0, 2)
+    said = [r.getMessage() for r in caplog.records if r.name == "rhumbatron.router.nudge"]
+    assert [m.split(": ", 1)[0] for m in said] == [
+        "nudging rhumbatron-RouterNudgeFunction for stream 3 failed",
+        "nudging rhumbatron-RouterNudgeFunction for stream 5 failed",
+    ]
+    assert all("Could not connect to the endpoint URL" in m for m in said)
+
+
+async def test_each_nudge_the_lambda_api_takes_is_counted_as_sent(lambda_api: LambdaApi) -> None:
+    import boto3
+
+    client = boto3.client("lambda", endpoint_url=lambda_api.url)
+    nudge = LambdaNudge(client, "rhumbatron-RouterNudgeFunction")
+    for stream in (1, 2, 3):
+        await nudge.nudge(stream)
+    assert (nudge.sent, nudge.failed) == (3, 0)
+    assert [call[2] for call in lambda_api.calls] == [{"streamIndex": s} for s in (1, 2, 3)]
