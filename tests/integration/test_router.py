@@ -11,7 +11,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import nats
 import pytest
@@ -33,8 +33,9 @@ from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.product.audit import list_audit, record_audit
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
+from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.nudge import InProcessNudge
-from rhumbatron.router.records import decode_records
+from rhumbatron.router.records import Outcome, Record, decode_records
 from rhumbatron.router.reports import RunReport
 from rhumbatron.router.ticks import tick_kind
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
@@ -1444,3 +1445,25 @@ async def test_the_daily_tick_drops_audit_rows_past_their_year_and_keeps_the_res
     assert (sweep.maintenance, sweep.pruned_audit_rows) == (True, 1)
     (kept,) = list_audit(app.product().connection)
     assert round((tick.timestamp() - kept.at_s) / 86_400) == 364
+
+
+@pytest.mark.parametrize("subscription", list(Subscription))
+async def test_a_record_a_subscription_marked_processed_is_a_duplicate_to_it_after(
+    make_app: AppFactory, clock: ManualClock, subscription: Subscription
+) -> None:
+    # GIVEN a decoded record of a routed event (change.planned), which the subscription's
+    # handler marks processed, as it does once the record's fifth failure dead-lettered it
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    event = lifecycle(project, clock.now())[2]
+    ensure_project_roots(app, [event])
+    record = Record(cast(Any, None), 7, 1, event.event_id, event, None)
+    handler = app.router().handler(0, subscription)
+    run = RunContext(0, now_s=clock.now().timestamp(), apply_calls_left=15)
+    handler.mark_processed([record], run)
+
+    # WHEN the record is delivered to it again
+    outcomes = await handler.handle([record], run)
+
+    # THEN the handler skips it: a duplicate, nothing applied, written or routed
+    assert outcomes[event.event_id].outcome is Outcome.DUPLICATE
