@@ -38,6 +38,7 @@ make_app = router_tests.make_app
 PROJECTOR = Subscription.PROJECT_VIEW_PROJECTOR
 CAUSAL = Subscription.CAUSAL_ROUTER
 ANALYTICS = Subscription.ANALYTICS_PROJECTOR
+ARCHIVER = Subscription.AUDIT_ARCHIVER
 EAST = timezone(timedelta(hours=5))
 
 
@@ -521,3 +522,65 @@ async def test_a_replay_into_a_busy_view_file_retries_every_record_and_reports_t
     held = f"SQLite file {store.path} is held by another writer past the busy timeout"
     assert all(e.startswith("evt_") and held in e for e in report.errors[2:])
     assert progress[-1] == (26, 26)
+
+
+async def test_a_dry_run_tells_live_leases_from_expired_ones_and_from_done_claims(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN six events of stream 0 whose archiver claims a crashed run left behind: two
+    # leases still live, two expired, two done; and six more with no claim at all
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    events = [*history(project, clock.now()), *history(project, clock.now(), change="chg-2")]
+    await publish(app, events)
+    now_s = clock.now().timestamp()
+    state = app.router().stream_state(0).connection
+    leases = [("claimed", now_s + 60)] * 2 + [("claimed", now_s - 1)] * 2 + [("done", None)] * 2
+    with state:
+        state.executemany(
+            "INSERT INTO processed_events (consumer, event_id, status, lease_until_s, "
+            "processed_at_s) VALUES (?, ?, ?, ?, ?)",
+            [
+                ("audit-archiver", e.event_id, status, until, now_s)
+                for e, (status, until) in zip(events, leases, strict=False)
+            ],
+        )
+
+    # WHEN the archiver is replayed as a dry run
+    report = await rewind(app, stream_index=0, subscription=ARCHIVER, to_seq=1, dry_run=True)
+
+    # THEN a live lease is in flight (its run may still finish it), an expired one and no
+    # claim would apply (the next claim takes it over), a done one is applied already
+    assert counts(report) == {"scanned": 12, "in_flight": 2, "would_apply": 8, "already_applied": 2}
+
+
+async def test_a_replay_goes_again_with_a_fresh_budget_for_the_projects_it_deferred(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN five projects' histories on stream 0, and two apply calls per run
+    app = await make_app(router_apply_calls_per_run=2)
+    projects = projects_on_stream(0, 5)
+    for project in projects:
+        await publish(app, history(project, clock.now()))
+    # WHEN the projector is replayed: the first pass applies two projects, defers three
+    report = await rewind(app, stream_index=0, subscription=PROJECTOR, to_seq=1, dry_run=False)
+    # THEN it went again until every project applied, and nothing was left to retry
+    assert counts(report) == {"scanned": 30, "applied": 30}
+    assert [view_rows(app, p)["view_project"][0][6] for p in projects] == [6] * 5
+
+
+async def test_an_event_stored_twice_counts_its_second_copy_as_applied_already(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a history on stream 0, two of its events published again under other message IDs
+    # (a publisher that lost its duplicate window)
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    events = history(project, clock.now())
+    await publish(app, events)
+    for event in events[1:3]:
+        await router_tests.publish_raw(app, 0, event.to_json(), f"{event.event_id}-again")
+    # WHEN the projector is replayed
+    report = await rewind(app, stream_index=0, subscription=PROJECTOR, to_seq=1, dry_run=False)
+    # THEN each event applied once; each second copy counts as applied already
+    assert counts(report) == {"scanned": 8, "applied": 6, "already_applied": 2}
