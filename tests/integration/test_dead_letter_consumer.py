@@ -653,7 +653,7 @@ async def test_a_change_whose_shard_cannot_be_read_keeps_its_letter_open_and_is_
     assert consumer_log(caplog) == [
         (
             logging.ERROR,
-            f"cannot read change {garbled} of acme-web: cannot open the actor file on "
+            f"cannot read change {garbled} of acme-web: cannot open the file on "
             f"{shard_path(settings, garbled)}: file is not a database",
         )
     ]

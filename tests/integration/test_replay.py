@@ -584,3 +584,48 @@ async def test_an_event_stored_twice_counts_its_second_copy_as_applied_already(
     report = await rewind(app, stream_index=0, subscription=PROJECTOR, to_seq=1, dry_run=False)
     # THEN each event applied once; each second copy counts as applied already
     assert counts(report) == {"scanned": 8, "applied": 6, "already_applied": 2}
+
+
+async def test_a_replay_into_a_busy_product_file_retries_each_event_naming_the_file(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a history on stream 0 and the product database (analytics' claims and points)
+    # held by another writer
+    app = await make_app(sqlite_busy_timeout_ms=0)
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, history(project, clock.now()))
+    product = app.product()
+    holder = sqlite3.connect(product.path, timeout=0)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        # WHEN analytics is replayed
+        report = await rewind(app, stream_index=0, subscription=ANALYTICS, to_seq=1, dry_run=False)
+    finally:
+        holder.rollback()
+        holder.close()
+    # THEN every event is to retry, each naming the file held
+    assert counts(report) == {"scanned": 6, "retried": 6}
+    held = f"SQLite file {product.path} is held by another writer past the busy timeout"
+    assert all(e.startswith("evt_") and held in e for e in report.errors)
+
+
+async def test_an_event_the_view_refuses_in_a_replay_fails_alone_with_its_reason(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN two histories on stream 0, and a view that refuses two of their tasks
+    app = await make_app()
+    projects = projects_on_stream(0, 2)
+    for project in projects:
+        await publish(app, history(project, clock.now()))
+    app.router().projector.views(0).connection.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't1' "
+        "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+    # WHEN the projector is replayed
+    report = await rewind(app, stream_index=0, subscription=PROJECTOR, to_seq=1, dry_run=False)
+    # THEN only the events that write the task (its plan, ready, assigned, completed) failed,
+    # each named with why; the rest applied
+    assert counts(report) == {"scanned": 12, "applied": 4, "failed": 8}
+    assert all(
+        e.startswith("evt_") and e.endswith("to the view failed: refused") for e in report.errors
+    )

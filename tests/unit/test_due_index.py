@@ -445,7 +445,7 @@ async def test_an_actor_file_the_gauge_cannot_read_is_named_and_the_others_still
     backlog = app.outbox_backlog(every_actor=True)
     # THEN the damaged one is named in an error, and every other actor's rows still count
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
-        f"cannot read the outbox of {first.key}: cannot open the actor file on {path}: "
+        f"cannot read the outbox of {first.key}: cannot open the file on {path}: "
         "file is not a database"
     ]
     assert sum(backlog.values()) == 40 + 2 - rows_of_first

@@ -102,7 +102,8 @@ def check_journal_mode(settings: Settings) -> None:
 
 
 def open_database(path: Path, settings: Settings) -> sqlite3.Connection:
-    """Open (creating if needed) one actor file with the configured journal and sync modes."""
+    """Open (creating if needed) one SQLite file (an actor's, a store's) with the configured
+    journal and sync modes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so the write lock is
@@ -114,7 +115,7 @@ def open_database(path: Path, settings: Settings) -> sqlite3.Connection:
             check_same_thread=False,
         )
     except sqlite3.Error as exc:
-        raise sqlite_error(exc, path, "cannot open the actor file") from exc
+        raise sqlite_error(exc, path, "cannot open the file") from exc
     try:
         _set_journal_mode(connection, settings)
         connection.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
@@ -122,7 +123,7 @@ def open_database(path: Path, settings: Settings) -> sqlite3.Connection:
         connection.execute("PRAGMA foreign_keys=ON")
     except sqlite3.Error as exc:
         connection.close()  # a half-opened connection must not keep the file
-        raise sqlite_error(exc, path, "cannot open the actor file") from exc
+        raise sqlite_error(exc, path, "cannot open the file") from exc
     connection.row_factory = sqlite3.Row
     return connection
 
