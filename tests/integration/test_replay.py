@@ -629,3 +629,28 @@ async def test_an_event_the_view_refuses_in_a_replay_fails_alone_with_its_reason
     assert all(
         e.startswith("evt_") and e.endswith("to the view failed: refused") for e in report.errors
     )
+
+
+async def test_a_replay_whose_claims_file_is_busy_retries_the_whole_batch(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a history on stream 0, and the stream's state file (the causal router's claims)
+    # held by another writer
+    app = await make_app(sqlite_busy_timeout_ms=0)
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, history(project, clock.now()))
+    state = app.router().stream_state(0)
+    assert state.connection is not None  # opening makes the file
+    holder = sqlite3.connect(state.path, timeout=0)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        # WHEN the causal router is replayed
+        report = await rewind(app, stream_index=0, subscription=CAUSAL, to_seq=1, dry_run=False)
+    finally:
+        holder.rollback()
+        holder.close()
+    # THEN nothing of the batch took effect: each event is to retry, naming the error
+    assert counts(report) == {"scanned": 6, "retried": 6}
+    assert all(
+        e.startswith("evt_") and ": ActorBusyError: SQLite file " in e for e in report.errors
+    )
