@@ -472,7 +472,11 @@ async def test_the_causal_router_acks_an_event_no_rule_acts_on_with_no_claim(
 
     # WHEN the unrouted project.created comes again under a new message ID
     await publish_raw(app, 0, events[0].to_json(), msg_id=f"{events[0].event_id}-again")
-    again = (await app.router().nudge(0)).subscriptions[CAUSAL.value]
+    # (a no-wait pull right after the PubAck may find the consumer not yet told of it)
+    run = await until(
+        lambda: app.router().nudge(0), lambda r: r.subscriptions[CAUSAL.value].fetched > 0
+    )
+    again = run.subscriptions[CAUSAL.value]
     # THEN it is applied again, still with no claim (nothing happens twice: no rule acts on
     #   it), while the projector takes it as a duplicate of its own claim
     assert (again.applied, again.duplicates) == (1, 0)
