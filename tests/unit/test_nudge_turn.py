@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rhumbatron.core.clock import ManualClock
-from rhumbatron.core.settings import load_settings
+from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.router.nudge_turn import nudge_in_turn
 from rhumbatron.router.reports import RunReport, SubscriptionReport
 from rhumbatron.router.stream_state import StreamState
@@ -175,3 +175,23 @@ async def test_a_failing_run_gives_the_turn_back(state: StreamState) -> None:
     with pytest.raises(RuntimeError, match="locked"):
         await nudge_in_turn(router, 3, hold_s=60)
     assert state.take_nudge_turn("next", now_s=T0, hold_s=60)
+
+
+def test_a_records_failures_are_counted_per_consumer_with_the_last_error_kept_short(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN a stream's state file where no record has failed yet
+    state = StreamState(offline_settings, 2)
+    assert state.failures("causal-router", "evt_1") == 0
+    # WHEN one record fails twice for one consumer, the second time with a very long error
+    assert state.count_failure("causal-router", "evt_1", "first", now_s=1.0) == 1
+    assert state.count_failure("causal-router", "evt_1", "x" * 3_000, now_s=2.0) == 2
+    # THEN its count is two for that consumer and none for another; the error kept is the
+    # last one, cut to 2,000 characters
+    assert state.failures("causal-router", "evt_1") == 2
+    assert state.failures("audit-archiver", "evt_1") == 0
+    kept = state.connection.execute(
+        "SELECT first_failed_at_s, last_failed_at_s, last_error FROM k2_batch_failures"
+    ).fetchone()
+    assert (kept[0], kept[1], kept[2]) == (1.0, 2.0, "x" * 2_000)
+    state.close()

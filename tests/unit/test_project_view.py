@@ -52,6 +52,7 @@ def test_claims_feed_rows_and_view_commit_together(offline_settings: Settings) -
     assert db.execute("SELECT COUNT(*) FROM project_events").fetchone()[0] == 2
     assert db.execute("SELECT COUNT(*) FROM processed_events").fetchone()[0] == 0
     assert view.store.claim_states([ready.event_id]) == {ready.event_id: ("done", None)}
+    assert (view.stream_seq_of(assigned.event_id), view.stream_seq_of("evt_unknown")) == (2, None)
     assert view.snapshot()["activeAgents"] == [{"agentId": "a1", "changeId": "c1", "taskId": "t1"}]
     # the same events again: duplicates, nothing changes
     again = view.apply_delta([record(ready, 1)], now_s=2.0)

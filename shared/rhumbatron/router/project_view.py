@@ -45,10 +45,6 @@ class ProjectView:
         """Claim and apply ``records`` (decoded, all of this project) in one transaction."""
         return self.store.apply([records], now_s=now_s)
 
-    def mark_processed(self, event_ids: Sequence[str], *, now_s: float) -> None:
-        """Mark dead-lettered events processed, so a redelivery skips them."""
-        self.store.mark_processed(event_ids, now_s=now_s)
-
     def stream_seq_of(self, event_id: str) -> int | None:
         """Where an applied event of the feed sits on its project's stream (None: not
         applied yet, or aged out of the feed)."""
