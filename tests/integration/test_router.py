@@ -1335,13 +1335,32 @@ async def test_in_drain_mode_a_tick_drains_every_stream_and_archives_each_event_
     clock.set(tick)
     sweep = await app.router().sweep(now=tick)
     # THEN it drained the other streams' archiver, analytics and reactions too
-    drained = sweep.drained_elsewhere["EVENTS_05"].subscriptions
+    assert sorted(sweep.drained_elsewhere) == [f"EVENTS_0{n}" for n in range(1, 8)]
+    report = sweep.drained_elsewhere["EVENTS_05"]
+    assert (report.stream_index, report.kind) == (5, "sweep")
+    drained = report.subscriptions
     assert drained[Subscription.AUDIT_ARCHIVER.value].applied == 150
     assert drained[Subscription.REACTIONS.value].applied == 150
     assert drained[Subscription.ANALYTICS_PROJECTOR.value].applied == 150
     # AND every event is archived exactly once, whichever run archived it
     assert archived_ids(app) == Counter(e.event_id for e in [*early, *late])
     assert sum(count for _, count in sweep.archive_objects) == 150
+
+
+async def test_in_drain_mode_a_tick_told_to_stop_drains_no_other_stream(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN drain mode and events waiting on another stream than the tick's
+    app = await make_app(**SIZED_FOR_DRAIN_MODE)
+    (second,) = projects_on_stream(5, 1)
+    await publish(app, wakes(second, clock.now(), 10))
+    tick = sweep_minute(0)
+    clock.set(tick)
+    # WHEN the tick runs with its time already spent
+    sweep = await app.router().sweep(now=tick, should_stop=lambda: True)
+    # THEN it drained no other stream: they wait for the next tick
+    assert sweep.drained_elsewhere == {}
+    assert archived_ids(app) == Counter()
 
 
 async def test_a_warm_router_measures_its_capacity_again_every_hour(
