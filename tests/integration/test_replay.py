@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -354,6 +354,18 @@ async def test_the_archive_replay_goes_through_run_replay_as_the_cli_calls_it(
         {"scanned": 6, "already_applied": 6},
     )
     assert heard[-1] == (6, None)  # the archive's size is not known ahead
+    assert (archived.start, archived.end) == (START, START + timedelta(minutes=1))
+    # AND a range that starts on the calendar's first day reads the same archive
+    from_the_first_day = await run_replay(
+        app,
+        source="archive",
+        subscription="project-view-projector",
+        dry_run=True,
+        stream=4,
+        start=datetime(1, 1, 1, tzinfo=UTC),
+        end=START + timedelta(minutes=1),
+    )
+    assert counts(from_the_first_day) == {"scanned": 6, "already_applied": 6}
     assert (rewound.source, rewound.stream_index, counts(rewound)) == (
         ReplaySource.STREAM,
         4,
