@@ -325,8 +325,8 @@ async def test_an_archive_range_replayed_into_fresh_state_applies_all_then_nothi
 async def test_the_archive_replay_goes_through_run_replay_as_the_cli_calls_it(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
-    # GIVEN an archived history, applied (and another stream's, archived too)
-    app = await make_app()
+    # GIVEN an archived history, applied (and another stream's, archived too); fetches of 2
+    app = await make_app(router_fetch_max_records=2)
     (project,) = projects_on_stream(4, 1)
     await publish(app, history(project, START))
     await publish(app, history(projects_on_stream(6, 1)[0], START))
@@ -353,7 +353,8 @@ async def test_the_archive_replay_goes_through_run_replay_as_the_cli_calls_it(
         4,
         {"scanned": 6, "already_applied": 6},
     )
-    assert heard[-1] == (6, None)  # the archive's size is not known ahead
+    # (a batch at a time; the archive's size is not known ahead)
+    assert heard == [(2, None), (4, None), (6, None)]
     assert (archived.start, archived.end) == (START, START + timedelta(minutes=1))
     # AND a range that starts on the calendar's first day reads the same archive
     from_the_first_day = await run_replay(
@@ -366,6 +367,17 @@ async def test_the_archive_replay_goes_through_run_replay_as_the_cli_calls_it(
         end=START + timedelta(minutes=1),
     )
     assert counts(from_the_first_day) == {"scanned": 6, "already_applied": 6}
+    # AND a range ends before its end: the history's own instant is outside [.., START)
+    before = await run_replay(
+        app,
+        source="archive",
+        subscription="project-view-projector",
+        dry_run=True,
+        stream=4,
+        start=START - timedelta(minutes=1),
+        end=START,
+    )
+    assert counts(before) == {}
     assert (rewound.source, rewound.stream_index, counts(rewound)) == (
         ReplaySource.STREAM,
         4,
