@@ -1490,3 +1490,44 @@ async def test_a_record_a_subscription_marked_processed_is_a_duplicate_to_it_aft
 
     # THEN the handler skips it: a duplicate, nothing applied, written or routed
     assert outcomes[event.event_id].outcome is Outcome.DUPLICATE
+
+
+def a_daily_tick(days_from_now: int) -> datetime:
+    """The 04:17 UTC tick ``days_from_now`` days from the wall clock's today: S3 stamps an
+    object with the wall clock's time, whatever the router's clock says."""
+    today = datetime.now(UTC).date() + timedelta(days=days_from_now)
+    return datetime(today.year, today.month, today.day, 4, 17, tzinfo=UTC)
+
+
+async def test_the_daily_tick_expires_archive_objects_older_than_365_days_only(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a history archived today (a store with no lifecycle rules: the pass is on)
+    app = await make_app()
+    (project,) = projects_on_stream(2, 1)
+    await publish(app, lifecycle(project, clock.now()))
+    await app.router().drain()
+    assert sum(archived_ids(app).values()) == 6
+    # WHEN the daily tick runs 364 days later, THEN nothing has expired
+    early = await app.router().sweep(now=a_daily_tick(364))
+    assert (early.maintenance, early.archive_objects_expired) == (True, 0)
+    assert sum(archived_ids(app).values()) == 6
+    # AND 366 days later the object holding them is gone
+    late = await app.router().sweep(now=a_daily_tick(366))
+    assert late.archive_objects_expired == 1
+    assert archived_ids(app) == Counter()
+
+
+async def test_a_daily_tick_whose_archive_expiry_fails_logs_it_and_does_the_rest(
+    make_app: AppFactory, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a router whose archive bucket does not exist
+    app = await make_app(evidence_bucket=f"gone-{uuid.uuid4().hex[:12]}")
+    # WHEN the daily tick runs
+    sweep = await app.router().sweep(now=a_daily_tick(0))
+    # THEN the expiry's failure is logged (tomorrow's pass tries again), none counted, and
+    # the tick's other housekeeping ran
+    assert sweep.maintenance and sweep.archive_objects_expired == 0
+    [said] = [r.getMessage() for r in caplog.records if "archive expiry" in r.getMessage()]
+    assert said.startswith("archive expiry pass failed: ")
+    assert "NoSuchBucket" in said or "does not exist" in said
