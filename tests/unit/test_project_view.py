@@ -519,3 +519,17 @@ def test_a_file_error_in_one_projects_group_rolls_the_whole_fetch_back_and_is_ra
     fine = task_events(first, change_id="c3")[:1]
     outcomes = store.apply([[record(fine[0], 3)]], now_s=2.0)
     assert outcomes[fine[0].event_id].outcome is Outcome.APPLIED
+
+
+def test_an_agent_that_woke_is_active_unless_its_wakeup_was_false(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN one agent that woke for a Change, and one whose wakeup was a false one
+    view = view_of(offline_settings, "acme-web")
+    ctx = FactContext(CALLER, "acme-web", NOW)
+    woke = ctx.fact("agent.woke", {"agentId": "a2"}, change_id="c1", key="a2")
+    false = ctx.fact("agent.woke", {"agentId": "a3", "falseWakeup": True}, change_id="c1", key="a3")
+    # WHEN both are applied
+    view.apply_delta([record(woke, 1), record(false, 2)], now_s=1.0)
+    # THEN only the first is an active agent, on its Change, with no task yet
+    assert view.snapshot()["activeAgents"] == [{"agentId": "a2", "changeId": "c1", "taskId": None}]
