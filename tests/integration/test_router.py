@@ -708,7 +708,7 @@ async def test_the_fifth_failure_makes_a_poison_dead_letter_and_acks_it(
 
 
 async def test_an_event_dead_lettered_on_its_fifth_failure_is_marked_processed(
-    make_app: AppFactory, clock: ManualClock
+    make_app: AppFactory, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN a decodable event whose project view refuses it, redelivered at once after a nack
     app = await make_app(router_nak_delay_s=0)
@@ -747,6 +747,11 @@ async def test_an_event_dead_lettered_on_its_fifth_failure_is_marked_processed(
         1,
     )
     assert letter["reason"] == "applying task.ready to the view failed: refused"
+    said = [r.getMessage() for r in caplog.records if " failed evt_" in r.getMessage()]
+    assert said == [
+        f"project-view-projector failed {bad.event_id} ({n}/5): {letter['reason']}"
+        for n in range(1, 6)
+    ]
     assert json.loads(letter["body"])["eventId"] == bad.event_id
 
     # WHEN the view would now take it, and the same event arrives again
