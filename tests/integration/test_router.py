@@ -1536,3 +1536,31 @@ async def test_a_daily_tick_whose_archive_expiry_fails_logs_it_and_does_the_rest
     [said] = [r.getMessage() for r in caplog.records if "archive expiry" in r.getMessage()]
     assert said.startswith("archive expiry pass failed: ")
     assert "NoSuchBucket" in said or "does not exist" in said
+
+
+async def test_a_failure_that_cannot_be_counted_is_logged_and_the_record_nacked_not_acked(
+    make_app: AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a message that is no event on stream 0, and the stream's state file (where
+    # failures are counted) held by another writer
+    app = await make_app(router_nak_delay_s=0, sqlite_busy_timeout_ms=0)
+    await publish_raw(app, 0, b"{not json", msg_id="junk-1")
+    state = app.router().stream_state(0)
+    assert state.connection is not None  # opening makes the file
+    holder = sqlite3.connect(state.path, timeout=0)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        # WHEN the projector reads it
+        await app.router().nudge(0)
+    finally:
+        holder.rollback()
+        holder.close()
+    # THEN the count that could not be written is logged, and the record was nacked, not
+    # acked: it comes back, and its failure is counted then
+    said = [r.getMessage() for r in caplog.records if "cannot count" in r.getMessage()]
+    assert said and said[0].startswith("cannot count the failure of junk-1: SQLite file ")
+    assert state.failures(PROJECTOR.value, "junk-1") == 0
+    await until(
+        lambda: app.router().nudge(0), lambda r: r.subscriptions[PROJECTOR.value].failed > 0
+    )
+    assert state.failures(PROJECTOR.value, "junk-1") == 1
