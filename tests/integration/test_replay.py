@@ -6,6 +6,7 @@ effect rows keyed on the event ID, so a rewind replays with zero duplicate effec
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -678,3 +679,38 @@ async def test_a_replay_whose_claims_file_is_busy_retries_the_whole_batch(
     assert all(
         e.startswith("evt_") and ": ActorBusyError: SQLite file " in e for e in report.errors
     )
+
+
+async def test_a_rewind_reads_through_a_consumer_of_its_own_that_the_server_removes_if_idle(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN 30 events on stream 0, read one per fetch
+    app = await make_app(router_fetch_max_records=1)
+    for project in projects_on_stream(0, 5):
+        await publish(app, history(project, clock.now()))
+    js = (await app.nats()).jetstream()
+    seen: list[Any] = []
+
+    async def watch() -> None:
+        while not seen:
+            seen.extend(
+                c for c in await js.consumers_info("EVENTS_00") if c.name.startswith("replay-")
+            )
+
+    # WHEN the projector is rewound to sequence 4, its consumer watched while it reads
+    watcher = asyncio.create_task(watch())
+    report = await rewind(app, stream_index=0, subscription=PROJECTOR, to_seq=4, dry_run=True)
+    await asyncio.wait_for(watcher, timeout=10)
+
+    # THEN it read from there through a consumer of its own: named for the subscription,
+    # each record delivered once and acked by batch, removed by the server once idle for the
+    # ack wait (if the replay dies), and gone when the replay ended
+    assert counts(report) == {"scanned": 27, "would_apply": 27}
+    [info] = seen
+    config = info.config
+    assert re.fullmatch(r"replay-project-view-projector-[0-9a-f]{12}", info.name)
+    assert config.description == "replay of project-view-projector (deleted when the replay ends)"
+    assert (config.opt_start_seq, config.ack_policy, config.max_deliver) == (4, "all", 1)
+    assert (config.ack_wait, config.inactive_threshold) == (300.0, 300.0)
+    assert config.max_ack_pending == 1_000
+    assert not [c for c in await js.consumers_info("EVENTS_00") if c.name == info.name]
