@@ -684,8 +684,8 @@ async def test_a_replay_whose_claims_file_is_busy_retries_the_whole_batch(
 async def test_a_rewind_reads_through_a_consumer_of_its_own_that_the_server_removes_if_idle(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
-    # GIVEN 30 events on stream 0, read one per fetch
-    app = await make_app(router_fetch_max_records=1)
+    # GIVEN 30 events on stream 0, read one per fetch, and at most 7 records unacked
+    app = await make_app(router_fetch_max_records=1, router_max_ack_pending=7)
     for project in projects_on_stream(0, 5):
         await publish(app, history(project, clock.now()))
     js = (await app.nats()).jetstream()
@@ -712,5 +712,5 @@ async def test_a_rewind_reads_through_a_consumer_of_its_own_that_the_server_remo
     assert config.description == "replay of project-view-projector (deleted when the replay ends)"
     assert (config.opt_start_seq, config.ack_policy, config.max_deliver) == (4, "all", 1)
     assert (config.ack_wait, config.inactive_threshold) == (300.0, 300.0)
-    assert config.max_ack_pending == 1_000
+    assert config.max_ack_pending == 7
     assert not [c for c in await js.consumers_info("EVENTS_00") if c.name == info.name]
