@@ -699,13 +699,23 @@ async def test_a_rewind_reads_through_a_consumer_of_its_own_that_the_server_remo
 
     # WHEN the projector is rewound to sequence 4, its consumer watched while it reads
     watcher = asyncio.create_task(watch())
-    report = await rewind(app, stream_index=0, subscription=PROJECTOR, to_seq=4, dry_run=True)
+    heard: list[tuple[int, int | None]] = []
+    report = await rewind(
+        app,
+        stream_index=0,
+        subscription=PROJECTOR,
+        to_seq=4,
+        dry_run=True,
+        progress=lambda done, total, line="": heard.append((done, total)),
+    )
     await asyncio.wait_for(watcher, timeout=10)
 
     # THEN it read from there through a consumer of its own: named for the subscription,
     # each record delivered once and acked by batch, removed by the server once idle for the
     # ack wait (if the replay dies), and gone when the replay ended
     assert counts(report) == {"scanned": 27, "would_apply": 27}
+    assert (report.first_seq, report.last_seq) == (4, 30)
+    assert heard == [(n, 27) for n in range(1, 28)]  # a record at a time, of the 27
     [info] = seen
     config = info.config
     assert re.fullmatch(r"replay-project-view-projector-[0-9a-f]{12}", info.name)
