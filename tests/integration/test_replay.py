@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -390,6 +390,16 @@ async def test_the_archive_replay_goes_through_run_replay_as_the_cli_calls_it(
 
 
 NAIVE = START.replace(tzinfo=None)
+
+
+class _NoOffset(tzinfo):
+    """A tzinfo that knows no offset: a time with it is as naive as one without."""
+
+    def utcoffset(self, dt: datetime | None) -> None:
+        return None
+
+
+UNPLACED = START.replace(tzinfo=_NoOffset())
 EARLIEST = datetime(1, 1, 1, tzinfo=EAST)  # 0001-01-01T00:00 at +05:00: no UTC day
 SUBSCRIPTIONS = ", ".join(s.value for s in Subscription)
 REPLAYABLE = ", ".join(s.value for s in Subscription if s is not Subscription.AUDIT_ARCHIVER)
@@ -420,6 +430,10 @@ REPLAYABLE = ", ".join(s.value for s in Subscription if s is not Subscription.AU
         (
             {"source": "stream", "stream": 0, "to_time": NAIVE},
             f"to_time={NAIVE.isoformat()} has no timezone; pass a timezone-aware time (UTC)",
+        ),
+        (
+            {"source": "stream", "stream": 0, "to_time": UNPLACED},
+            f"to_time={UNPLACED.isoformat()} has no timezone; pass a timezone-aware time (UTC)",
         ),
         (
             {"source": "stream", "stream": 0, "to_seq": 1, "start": START},
