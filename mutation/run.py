@@ -1041,7 +1041,7 @@ def restore_state(workspace: Path, package: str, state_dir: Path = STATE) -> int
         state = json.loads(gzip.decompress(path.read_bytes()))
     except (OSError, EOFError, ValueError) as exc:
         raise MutationError(
-            f"{path} cannot be read ({exc}): restore it with `git checkout -- {path.name}` "
+            f"{path} cannot be read ({exc}): restore it with `git checkout -- {path}` "
             "or delete it to start the package's run over"
         ) from exc
     written = 0
