@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sqlite3
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
@@ -532,10 +531,8 @@ async def test_a_replay_into_a_busy_view_file_retries_every_record_and_reports_t
         await router_tests.publish_raw(app, 0, b"not an event", f"junk-{n}")
     store = app.router().projector.views(0)
     assert store.connection is not None  # opening makes the file
-    holder = sqlite3.connect(store.path, timeout=0)
-    holder.execute("BEGIN IMMEDIATE")
     progress: list[tuple[int, int | None]] = []
-    try:
+    with router_tests.held_by_another_writer(store.path):
         # WHEN the projector is replayed from sequence 1, as the CLI asks
         report = await run_replay(
             app,
@@ -546,9 +543,6 @@ async def test_a_replay_into_a_busy_view_file_retries_every_record_and_reports_t
             dry_run=False,
             progress=lambda done, total, line="": progress.append((done, total)),
         )
-    finally:
-        holder.rollback()
-        holder.close()
 
     # THEN every event is counted to retry and each message that is no event as failed;
     # the report keeps the first twenty reasons, and the progress heard all 26 records
@@ -634,14 +628,9 @@ async def test_a_replay_into_a_busy_product_file_retries_each_event_naming_the_f
     (project,) = projects_on_stream(0, 1)
     await publish(app, history(project, clock.now()))
     product = app.product()
-    holder = sqlite3.connect(product.path, timeout=0)
-    holder.execute("BEGIN IMMEDIATE")
-    try:
+    with router_tests.held_by_another_writer(product.path):
         # WHEN analytics is replayed
         report = await rewind(app, stream_index=0, subscription=ANALYTICS, to_seq=1, dry_run=False)
-    finally:
-        holder.rollback()
-        holder.close()
     # THEN every event is to retry, each naming the file held
     assert counts(report) == {"scanned": 6, "retried": 6}
     held = f"SQLite file {product.path} is held by another writer past the busy timeout"
@@ -680,14 +669,9 @@ async def test_a_replay_whose_claims_file_is_busy_retries_the_whole_batch(
     await publish(app, history(project, clock.now()))
     state = app.router().stream_state(0)
     assert state.connection is not None  # opening makes the file
-    holder = sqlite3.connect(state.path, timeout=0)
-    holder.execute("BEGIN IMMEDIATE")
-    try:
+    with router_tests.held_by_another_writer(state.path):
         # WHEN the causal router is replayed
         report = await rewind(app, stream_index=0, subscription=CAUSAL, to_seq=1, dry_run=False)
-    finally:
-        holder.rollback()
-        holder.close()
     # THEN nothing of the batch took effect: each event is to retry, naming the error
     assert counts(report) == {"scanned": 6, "retried": 6}
     assert all(

@@ -4,13 +4,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sqlite3
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import nats
@@ -1193,6 +1195,18 @@ def held_view_file(app: Rhumbatron, project_id: str) -> sqlite3.Connection:
     return holder
 
 
+@contextlib.contextmanager
+def held_by_another_writer(path: Path) -> Iterator[None]:
+    """While the block runs, another writer holds ``path``'s write lock (the file exists)."""
+    holder = sqlite3.connect(path, timeout=0)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        holder.rollback()
+        holder.close()
+
+
 def failures_counted(app: Rhumbatron, stream: int) -> int:
     state = app.router().stream_state(stream).connection
     return int(state.execute("SELECT COUNT(*) FROM k2_batch_failures").fetchone()[0])
@@ -1547,14 +1561,9 @@ async def test_a_failure_that_cannot_be_counted_is_logged_and_the_record_nacked_
     await publish_raw(app, 0, b"{not json", msg_id="junk-1")
     state = app.router().stream_state(0)
     assert state.connection is not None  # opening makes the file
-    holder = sqlite3.connect(state.path, timeout=0)
-    holder.execute("BEGIN IMMEDIATE")
-    try:
+    with held_by_another_writer(state.path):
         # WHEN the projector reads it
         await app.router().nudge(0)
-    finally:
-        holder.rollback()
-        holder.close()
     # THEN the count that could not be written is logged, and the record was nacked, not
     # acked: it comes back, and its failure is counted then
     said = [r.getMessage() for r in caplog.records if "cannot count" in r.getMessage()]

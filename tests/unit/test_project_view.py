@@ -31,6 +31,14 @@ def view_of(settings: Settings, project: str) -> ProjectView:
     return ProjectView(StreamViews(settings, stream_index(project)), project)
 
 
+def refuse_task_t_bad(connection: sqlite3.Connection) -> None:
+    """Make the view's task table refuse task t-bad: a stand-in for any apply error."""
+    connection.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-bad' "
+        "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+
+
 def task_events(project: str, change_id: str = "c1") -> list[Event]:
     """A task's life in one Change; Change IDs are unique in a deployment (``chg_`` and 80
     random bits), and the stable Event IDs follow from them."""
@@ -63,10 +71,7 @@ def test_claims_feed_rows_and_view_commit_together(offline_settings: Settings) -
 def test_one_event_that_cannot_be_applied_rolls_back_alone(offline_settings: Settings) -> None:
     # GIVEN a view whose task table refuses task t-bad (a stand-in for any apply error)
     view = view_of(offline_settings, "acme-web")
-    view.connection.execute(
-        "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-bad' "
-        "BEGIN SELECT RAISE(ABORT, 'refused'); END"
-    )
+    refuse_task_t_bad(view.connection)
     ctx = FactContext(CALLER, "acme-web", NOW)
     good = ctx.fact("task.ready", {}, change_id="c1", task_id="t-good")
     bad = ctx.fact("task.ready", {}, change_id="c1", task_id="t-bad")
@@ -131,10 +136,7 @@ def test_one_projects_bad_event_rolls_back_alone_and_the_others_commit(
     # GIVEN a store whose task table refuses task t-bad, and two projects in one fetch
     first, second = projects_on_one_stream(2)
     store = StreamViews(offline_settings, 3)
-    store.connection.execute(
-        "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-bad' "
-        "BEGIN SELECT RAISE(ABORT, 'refused'); END"
-    )
+    refuse_task_t_bad(store.connection)
     bad = FactContext(CALLER, first, NOW).fact("task.ready", {}, change_id="c1", task_id="t-bad")
     fine = FactContext(CALLER, first, NOW).fact("task.ready", {}, change_id="c1", task_id="t-ok")
     good = task_events(second, change_id="c2")[0]
@@ -435,10 +437,7 @@ def test_a_bad_event_sends_only_its_own_projects_events_one_by_one(
     # refuses (a stand-in for any apply error), and a trace of the file's savepoints
     good, faulty = projects_on_one_stream(2)
     store = StreamViews(offline_settings, 3)
-    store.connection.execute(
-        "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-bad' "
-        "BEGIN SELECT RAISE(ABORT, 'refused'); END"
-    )
+    refuse_task_t_bad(store.connection)
     steps: list[str] = []
     store.connection.set_trace_callback(
         lambda sql: (
@@ -501,11 +500,10 @@ def test_a_file_error_in_one_projects_group_rolls_the_whole_fetch_back_and_is_ra
 
     # a function that fails, called by a trigger: SQLite raises OperationalError for it
     store.connection.create_function("disk_full", 1, disk_full)
-    store.connection.executescript(
-        "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-bad' "
-        "BEGIN SELECT RAISE(ABORT, 'refused'); END;"
+    refuse_task_t_bad(store.connection)
+    store.connection.execute(
         "CREATE TRIGGER broken BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-disk' "
-        "BEGIN SELECT disk_full(1); END;"
+        "BEGIN SELECT disk_full(1); END"
     )
     bad = FactContext(CALLER, first, NOW).fact("task.ready", {}, change_id="c1", task_id="t-bad")
     disk = FactContext(CALLER, second, NOW).fact("task.ready", {}, change_id="c2", task_id="t-disk")
