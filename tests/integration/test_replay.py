@@ -561,14 +561,17 @@ async def test_a_dry_run_tells_live_leases_from_expired_ones_and_from_done_claim
     make_app: AppFactory, clock: ManualClock
 ) -> None:
     # GIVEN six events of stream 0 whose archiver claims a crashed run left behind: two
-    # leases still live, two expired, two done; and six more with no claim at all
+    # leases still live, two expired (one a second ago, one at this very instant: a claim
+    # takes over a lease whose time is up, not only one past it), two done; and six more
+    # with no claim at all
     app = await make_app()
     (project,) = projects_on_stream(0, 1)
     events = [*history(project, clock.now()), *history(project, clock.now(), change="chg-2")]
     await publish(app, events)
     now_s = clock.now().timestamp()
     state = app.router().stream_state(0).connection
-    leases = [("claimed", now_s + 60)] * 2 + [("claimed", now_s - 1)] * 2 + [("done", None)] * 2
+    leases = [("claimed", now_s + 60)] * 2 + [("claimed", now_s - 1), ("claimed", now_s)]
+    leases += [("done", None)] * 2
     with state:
         state.executemany(
             "INSERT INTO processed_events (consumer, event_id, status, lease_until_s, "

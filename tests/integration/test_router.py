@@ -616,6 +616,35 @@ async def test_records_left_waiting_are_nacked_for_any_reader_when_no_run_follow
     assert [view_count(second, p) for p in projects] == [2] * 5
 
 
+async def test_a_router_closes_when_its_kept_records_cannot_be_nacked_and_closes_once(
+    make_app: AppFactory,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # GIVEN a run that left six records waiting, and a connection whose flush times out
+    app = await make_app(router_apply_calls_per_run=2)
+    await two_events_each(app, clock, 5)
+    router = app.router()
+    assert (await router.nudge(0)).subscriptions[PROJECTOR.value].deferred == 6
+
+    async def flush_times_out(*args: object, **kwargs: object) -> None:
+        raise nats.errors.TimeoutError
+
+    monkeypatch.setattr(await app.nats(), "flush", flush_times_out)
+
+    # WHEN the router closes, and closes again
+    with caplog.at_level("WARNING", logger="rhumbatron.router.event_router"):
+        await router.close()
+        await router.close()
+
+    # THEN it said once why the records were not nacked (JetStream redelivers them after the
+    #   ack wait) and closed anyway; the second close had nothing left to close
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot nack the records kept for a next run: nats: timeout"
+    ]
+
+
 async def test_an_in_process_nudge_runs_again_while_its_runs_leave_records_waiting(
     make_app: AppFactory, clock: ManualClock
 ) -> None:

@@ -103,3 +103,8 @@ def test_a_catalogue_entry_that_breaks_the_grammar_is_refused_naming_it() -> Non
     with pytest.raises(ValueError) as bad_command:
         _cmd("agent.poke", TaskCompleted, "nowhere", "Poke an agent.")
     assert str(bad_command.value) == "command 'agent.poke' names unknown queue 'nowhere'"
+
+
+def test_every_event_type_is_one_subject_and_one_verb() -> None:
+    # The view's projections read the verb as what follows the one dot (task.failed -> failed).
+    assert [name for name in EVENT_TYPES if len(name.split(".")) != 2] == []

@@ -531,3 +531,29 @@ def test_an_agent_that_woke_is_active_unless_its_wakeup_was_false(
     view.apply_delta([record(woke, 1), record(false, 2)], now_s=1.0)
     # THEN only the first is an active agent, on its Change, with no task yet
     assert view.snapshot()["activeAgents"] == [{"agentId": "a2", "changeId": "c1", "taskId": None}]
+
+
+@pytest.mark.parametrize("ending", ["task.completed", "task.failed", "task.blocked"])
+def test_a_task_that_ends_frees_its_agent_and_keeps_who_held_it(
+    offline_settings: Settings, ending: str
+) -> None:
+    # GIVEN task t1 assigned to agent a1, and task t2 to agent a2
+    view = view_of(offline_settings, "acme-web")
+    ctx = FactContext(CALLER, "acme-web", NOW)
+    events = [
+        ctx.fact("task.assigned", {"agentId": "a1"}, change_id="c1", task_id="t1"),
+        ctx.fact("task.assigned", {"agentId": "a2"}, change_id="c1", task_id="t2"),
+    ]
+    # WHEN t1 completes, fails or is blocked
+    payload = {"agentId": "a1"} if ending == "task.completed" else {"reason": "no tests"}
+    events.append(ctx.fact(ending, payload, change_id="c1", task_id="t1"))
+    view.apply_delta([record(event, seq) for seq, event in enumerate(events, 1)], now_s=1.0)
+
+    # THEN its agent's slot is free and the other agent stays active
+    assert view.snapshot()["activeAgents"] == [{"agentId": "a2", "changeId": "c1", "taskId": "t2"}]
+    # AND each task row still names the agent it was assigned to
+    rows = view.connection.execute("SELECT task_id, status, agent_id FROM view_tasks ORDER BY 1")
+    assert [tuple(row) for row in rows] == [
+        ("t1", ending.split(".")[1], "a1"),
+        ("t2", "assigned", "a2"),
+    ]
