@@ -316,7 +316,7 @@ def test_a_test_is_in_the_selection_when_its_file_or_a_folder_above_it_is_named(
         "actors",
         tests=("tests/unit", "tests/integration/test_sender.py"),
         recheck=(),
-        reads_source=("tests/unit/test_kinds.py",),
+        reads_source=("tests/unit/test_kinds.py", "tests/unit/test_receiver.py::test_api"),
     )
     assert tool.in_selection("tests/unit/test_ids.py", plan)
     assert tool.in_selection("tests/unit/deep/test_x.py::test_a", plan)
@@ -328,6 +328,30 @@ def test_a_test_is_in_the_selection_when_its_file_or_a_folder_above_it_is_named(
     # in it, however its folder is named
     assert not tool.in_selection("tests/unit/test_kinds.py::test_k", plan)
     assert not tool.in_selection("tests/unit/test_layering.py", plan)
+    # one test left out leaves the rest of its file in
+    assert not tool.in_selection("tests/unit/test_receiver.py::test_api", plan)
+    assert not tool.in_selection("tests/unit/test_receiver.py::test_api[case]", plan)
+    assert tool.in_selection("tests/unit/test_receiver.py::test_api_more", plan)
+    assert tool.in_selection("tests/unit/test_receiver.py", plan)
+
+
+def test_the_re_check_leaves_out_the_tests_mutmuts_selection_leaves_out() -> None:
+    # GIVEN a plan with tests that read the source, not the behaviour
+    plan = tool.PackagePlan(
+        "reactions",
+        tests=("tests/unit",),
+        recheck=("tests/unit/test_receiver.py",),
+        reads_source=("tests/unit/test_kinds.py", "tests/unit/test_receiver.py::test_api"),
+    )
+    # THEN the re-check deselects them as the workspace's selection does
+    assert tool.source_readers_left_out(plan) == (
+        "--deselect",
+        "tests/unit/test_kinds.py",
+        "--deselect",
+        "tests/unit/test_receiver.py::test_api",
+    )
+    config = tool.workspace_config(plan, {})
+    assert '"--deselect", "tests/unit/test_receiver.py::test_api"' in config
 
 
 def test_a_mutants_module_is_named_within_its_package() -> None:
