@@ -345,10 +345,21 @@ PLANS: dict[str, PackagePlan] = {
             "tests/api/test_subscriptions_api.py",
             "tests/api/test_schedules_api.py",
         ),
-        # They read every ``.fact(<kind>, …)`` call of the source: each mutant's copy of a
-        # reaction fact's kind ("XXbudget.exceededXX", None) would count as one.
+        # They read every ``.fact(<kind>, …)`` call of the source, or the kinds module's
+        # names: each mutant's copy of a reaction fact's kind ("XXbudget.exceededXX", None)
+        # or of a function would count as one. test_kinds.py's other tests stay in.
         reads_source=(
-            "tests/unit/test_kinds.py",
+            *(
+                f"tests/unit/test_kinds.py::{name}"
+                for name in (
+                    "test_every_fact_a_transition_can_emit_is_registered",
+                    "test_every_fact_call_site_resolves_to_kinds_or_is_a_listed_pass_through",
+                    "test_every_f_string_family_is_used_and_expands_to_registered_kinds",
+                    "test_every_registered_kind_has_an_emitter",
+                    "test_the_scan_sees_the_emitters_it_is_meant_to_see",
+                    "test_the_kinds_module_exports_what_it_defines",
+                )
+            ),
             "tests/unit/test_event_plane_principles.py::"
             "test_facts_are_built_only_in_transitions_and_by_the_listed_observers",
             # It reads the module's names, and every mutant's copy of a function is one.
