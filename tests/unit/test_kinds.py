@@ -37,8 +37,10 @@ from rhumbatron.reactions.kinds import (
     SUBJECT_OF_NOUN,
     TRIGGERABLE_EVENT_KINDS,
     KindGrammar,
+    PayloadField,
     SubjectType,
     kind_pattern_matches,
+    kinds_table,
     list_kinds,
 )
 from rhumbatron.reactions.selectors import SUBJECT_FIELDS
@@ -423,3 +425,86 @@ def test_the_kinds_module_exports_what_it_defines() -> None:
     public = {name for name in defined if not name.startswith("_")} - {"__all__"}
     # THEN they agree
     assert public == set(kinds_module.__all__)
+
+
+def test_a_kinds_row_names_every_property_of_the_kind() -> None:
+    # GIVEN a reaction fact, never matchable, and a triggerable fact
+    rows = {row["kind"]: row for row in list_kinds()}
+    disabled, started = rows["reaction.disabled"], rows["verification.started"]
+    # WHEN their rows are read  THEN every key says what the JSON output promises
+    assert {k: v for k, v in disabled.items() if k != "payload"} == {
+        "kind": "reaction.disabled",
+        "version": 1,
+        "subject": "reaction",
+        "verb": "disabled",
+        "about": "subscription",
+        "subjectId": "payload.subscriptionId",
+        "triggerable": False,
+        "notTriggerableBecause": "the reaction family is never matchable (loop guard, S2-014)",
+        "owner": "resource_shard",
+        "idKind": "actor_minted",
+        "summary": "A webhook subscription whose endpoint keeps failing was disabled.",
+    }
+    assert (started["verb"], started["about"], started["notTriggerableBecause"]) == (
+        "started",
+        "change",
+        None,
+    )
+
+
+def test_a_noun_the_grammar_does_not_list_is_about_what_its_types_flags_say() -> None:
+    # GIVEN a registry of nouns SUBJECT_OF_NOUN does not list, each with another type's flags
+    # (a task's, a change's, a resource's, a project's), none of them on the allow-list
+    flags_of = {"widget": "task.ready", "gadget": "change.created", "gizmo": "claim.released"}
+    registry = {f"{noun}.made": EVENT_TYPES[kind] for noun, kind in flags_of.items()}
+    registry["doohickey.made"] = EVENT_TYPES["project.created"]
+    assert not set(SUBJECT_OF_NOUN) & {name.split(".")[0] for name in registry}
+
+    # WHEN the grammar reads them
+    rows = {row["kind"]: row for row in list_kinds(KindGrammar(registry, triggerable=()))}
+
+    # THEN each is about what its flags say, and none is triggerable, for want of a listing
+    assert {name: (row["about"], row["subjectId"]) for name, row in rows.items()} == {
+        "widget.made": ("task", "subject.taskId"),
+        "gadget.made": ("change", "subject.changeId"),
+        "gizmo.made": ("resource", "subject.resource"),
+        "doohickey.made": ("project", "subject.projectId"),
+    }
+    assert {row["notTriggerableBecause"] for row in rows.values()} == {
+        "not on the allow-list (TRIGGERABLE_EVENT_KINDS)"
+    }
+
+
+def test_the_kinds_table_is_aligned_in_columns_and_marks_optional_and_missing_fields() -> None:
+    # GIVEN two kinds' rows, and a third whose payload has no field
+    rows = {row["kind"]: row for row in list_kinds()}
+    bare = {**rows["task.ready"], "kind": "task.bare", "payload": {"model": "X", "fields": []}}
+    # WHEN they are printed as a table
+    table = kinds_table([rows["agent.woke"], rows["verification.started"], bare])
+    # THEN each column is as wide as its widest cell, the last one free
+    assert table.splitlines() == [
+        "KIND                  VERSION  SUBJECT       SUBJECT ID        TRIGGERABLE  OWNER        "
+        "   PAYLOAD FIELDS",
+        "agent.woke            1        agent         payload.agentId   no           resource_shard"
+        "  agentId, falseWakeup?",
+        "verification.started  1        verification  subject.changeId  yes          resource_shard"
+        "  reason?",
+        "task.bare             1        task          subject.taskId    yes          resource_shard"
+        "  -",
+        "3 kind(s), 2 triggerable",
+    ]
+
+
+def test_a_payload_field_says_in_words_what_it_holds() -> None:
+    # GIVEN fields of every sort the registry holds
+    def field(kind: str, name: str) -> PayloadField:
+        return next(f for f in KIND_GRAMMAR[kind].payload_fields if f.name == name)
+
+    # WHEN what each holds is read  THEN it is said in words, a Literal's values listed
+    assert field("project.created", "name").holds == "a string"
+    assert field("artifact.promoted", "generation").holds == "an integer"
+    assert field("agent.woke", "falseWakeup").holds == "a boolean"
+    assert field("claim.acquired", "mode").holds == "one of 'exclusive', 'shared'"
+    # AND any other type by its name, or as it prints when it has none
+    assert field("claim.acquired", "expiresAt").holds == "datetime"
+    assert PayloadField("x", "x", "Widget", required=True).holds == "Widget"
