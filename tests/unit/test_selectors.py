@@ -296,6 +296,110 @@ def test_a_filter_that_can_never_match_is_refused_naming_key_and_value(
     assert expected in message
 
 
+_TASK_KINDS = "task.assigned, task.blocked, task.completed, task.failed, task.ready, task.started"
+_TASK_FIELDS = "agentId, agentRole, blockedLimit, changesetId, reason"
+_SUBJECT_FIELDS = "projectId, changeId, taskId, resource, actor"
+_SCALARS = "a filter value is a string, an integer, a boolean or a list of them"
+
+
+@pytest.mark.parametrize(
+    ("kinds", "filter", "refusal"),
+    [
+        (
+            ["task.*"],
+            {"payload.": "c1"},
+            "filter key 'payload.' is neither subject.<field> nor payload.<field> "
+            "(subject.changeId, payload.candidateId)",
+        ),
+        (
+            ["task.*"],
+            {"subject.change.Id": "c1"},
+            "filter key 'subject.change.Id' names no envelope field; did you mean "
+            f"subject.changeId? subject fields are {_SUBJECT_FIELDS}",
+        ),
+        (
+            ["task.*"],
+            {"subject.zzz": "c1"},
+            "filter key 'subject.zzz' names no envelope field; "
+            f"subject fields are {_SUBJECT_FIELDS}",
+        ),
+        (
+            ["task.*"],
+            {"payload.agent_id": "a"},
+            "filter key 'payload.agent_id' is no payload field of the selected kinds "
+            f"({_TASK_KINDS}); did you mean payload.agentId? their filterable fields are "
+            f"{_TASK_FIELDS}",
+        ),
+        (
+            ["task.ready"],
+            {"payload.qqqq": "a"},
+            "filter key 'payload.qqqq' is no payload field of the selected kinds (task.ready); "
+            "their filterable fields are agentRole",
+        ),
+        (
+            ["change.planned"],
+            {"payload.qqqq": "a"},
+            "filter key 'payload.qqqq' is no payload field of the selected kinds "
+            "(change.planned); their filterable fields are none",
+        ),
+        (
+            ["intent.*"],
+            {"payload.paths": "src/"},
+            "filter key 'payload.paths' is a list or timestamp field; filters compare strings, "
+            "integers and booleans exactly",
+        ),
+        (
+            ["task.failed", "verification.started"],
+            {"payload.reason": 3},
+            "filter 'payload.reason' has value 3, which reason never holds (a string or one of "
+            "'work_graph_completed', 'rebase', 'manual'), so it would never match",
+        ),
+        (
+            ["task.*"],
+            {"payload.agentId": 1.5},
+            f"filter: filter 'payload.agentId' has value 1.5; {_SCALARS}",
+        ),
+        (
+            ["task.completd"],
+            None,
+            "kinds: kind pattern 'task.completd' matches no registered kind (did you mean "
+            "task.completed or release.completed or change.completed?); `rhumbatron kinds` "
+            "lists them",
+        ),
+        (
+            ["tsak.*"],
+            None,
+            "kinds: kind pattern 'tsak.*' matches no registered kind (did you mean task.*?); "
+            "`rhumbatron kinds` lists them",
+        ),
+        (
+            ["blargh.*"],
+            None,
+            "kinds: kind pattern 'blargh.*' matches no registered kind; `rhumbatron kinds` "
+            "lists them",
+        ),
+        (["task.*", 3], None, "kinds.1: Input should be a valid string"),
+        (
+            [2, 3],
+            None,
+            "kinds.0: Input should be a valid string; kinds.1: Input should be a valid string; "
+            "kinds: Tuple should have at least 1 item after validation, not 0",
+        ),
+    ],
+)
+def test_a_refusal_says_word_for_word_what_is_wrong_and_what_would_do(
+    kinds: list[Any], filter: dict[str, Any] | None, refusal: str
+) -> None:
+    # GIVEN a selector that can never match  WHEN it is built
+    # THEN the whole refusal reads as written: the key, the value, the fields or kinds near it
+    assert _refusal(kinds, filter) == f"invalid selector: {refusal}"
+
+
+def test_a_filter_may_list_exactly_the_cap_of_values() -> None:
+    values = [f"t{i}" for i in range(MAX_FILTER_VALUES)]
+    assert Selector.create(["task.*"], {"subject.taskId": values})
+
+
 def test_a_filter_lists_at_most_the_cap_of_values() -> None:
     # GIVEN one value more than the cap  WHEN a selector is built  THEN it is refused
     values = [f"t{i}" for i in range(MAX_FILTER_VALUES + 1)]

@@ -234,6 +234,8 @@ def test_skipped_deliveries_are_replayed_with_a_fresh_schedule(db: sqlite3.Conne
             now_s=T0,
         )
     first_attempt(db, 3, GONE, sub=OTHER)
+    kept = list_deliveries(db, SUB, statuses=[DeliveryStatus.SKIPPED])
+    assert {d.last_error for d in kept} == {"not sent: the subscription's endpoint is disabled"}
     # WHEN the subscription's skipped deliveries are replayed
     replayed = replay_skipped(db, SUB, now_s=T0 + 50)
     # THEN exactly its two are due now, from their first attempt
