@@ -5,6 +5,8 @@ at a loopback address refused at send once it is no longer allow-listed."""
 
 from __future__ import annotations
 
+import http.client
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,7 +26,7 @@ from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_subject, stream_index
 from rhumbatron.reactions.consumer import FIRED_METRIC
-from rhumbatron.reactions.local_webhook_receiver import LocalWebhookReceiver
+from rhumbatron.reactions.local_webhook_receiver import LocalWebhookReceiver, RejectedDelivery
 from rhumbatron.reactions.selectors import Selector
 from rhumbatron.reactions.subscription_models import Governance, WebhookReaction
 from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
@@ -250,6 +252,109 @@ async def test_the_local_receiver_answers_the_reason_and_fails_on_purpose_when_t
         RejectionReason.HEADERS,
         RejectionReason.REPLAY,
     ]
+
+
+def post_raw(url: str, headers: dict[str, str], body: bytes = b"") -> tuple[int, str, str]:
+    """POST with exactly ``headers`` (no content-length unless given): status, content-type
+    and text of the answer."""
+    parsed = httpx.URL(url)
+    connection = http.client.HTTPConnection(parsed.host, parsed.port, timeout=10)
+    try:
+        connection.putrequest("POST", parsed.path, skip_accept_encoding=True)
+        for name, value in headers.items():
+            connection.putheader(name, value)
+        connection.endheaders(body or None)
+        answer = connection.getresponse()
+        return answer.status, answer.getheader("content-type", ""), answer.read().decode()
+    finally:
+        connection.close()
+
+
+def test_the_local_receiver_refuses_a_body_no_pointer_has_before_reading_it(
+    receivers: list[LocalWebhookReceiver], clock: ManualClock
+) -> None:
+    # GIVEN a started local receiver
+    receiver = local_receiver(clock, NEW)
+    url = start(receivers, receiver)
+    limit = 1 << 20
+
+    # WHEN requests declare a body over 1 MiB, or a length that is no number
+    too_large = post_raw(url, {"content-length": str(limit + 1)})
+    unreadable = post_raw(url, {"content-length": "many"})
+    # AND unsigned ones carry exactly 1 MiB, nothing, or no content-length at all
+    at_limit = post_raw(url, {"content-length": str(limit)}, b"x" * limit)
+    empty = post_raw(url, {"content-length": "0"})
+    undeclared = post_raw(url, {})
+
+    # THEN the first two are a 413 that says why, as text, and are recorded unchecked
+    expected = [
+        f"content-length {given!r} is not 0..{limit}: not a pointer body"
+        for given in (str(limit + 1), "many")
+    ]
+    assert [too_large, unreadable] == [(413, "text/plain; charset=utf-8", m) for m in expected]
+    assert receiver.rejected[:2] == [
+        RejectedDelivery(413, None, message, None, "/hook") for message in expected
+    ]
+    # AND the others were read and checked: a 401 for their missing signatures
+    assert [answer[0] for answer in (at_limit, empty, undeclared)] == [401, 401, 401]
+    assert [r.reason for r in receiver.rejected[2:]] == [RejectionReason.HEADERS] * 3
+    assert receiver.accepted == []
+
+
+async def test_the_local_receiver_answers_a_retry_as_a_duplicate_and_fails_as_often_as_told(
+    receivers: list[LocalWebhookReceiver], clock: ManualClock
+) -> None:
+    # GIVEN a local receiver told to fail its next two verified deliveries
+    clock.set(START)
+    receiver = local_receiver(clock, NEW)
+    url = start(receivers, receiver)
+    receiver.fail_next = 2
+    body = (
+        b'{"eventId":"evt_1","kind":"task.completed","link":"/e","projectId":"p",'
+        b'"subject":{"type":"task","id":"t1"}}'
+    )
+
+    def signed(at_s: int) -> dict[str, str]:
+        return signed_headers([NEW], "evt_1:sub_1", at_s, body)
+
+    # WHEN the sender sends it, retrying with a new timestamp until it has a 2xx, and once more
+    now_s = int(START.timestamp())
+    async with httpx.AsyncClient() as client:
+        answers = [
+            await client.post(url, content=body, headers=signed(now_s + n)) for n in range(4)
+        ]
+
+    # THEN two failed on purpose, the third was accepted, the fourth is a duplicate: a 204
+    #   with no body, kept apart from the accepted ones
+    assert [a.status_code for a in answers] == [500, 500, 204, 204]
+    assert {a.text for a in answers[:2]} == {"failing on purpose (fail_next)"}
+    assert answers[2].content == b"" and "content-type" not in answers[2].headers
+    assert answers[2].headers["content-length"] == "0"
+    assert (len(receiver.failed), len(receiver.accepted), len(receiver.duplicates)) == (2, 1, 1)
+    (accepted,) = receiver.accepted
+    assert (accepted.headers["webhook-id"], accepted.body, accepted.path) == (
+        "evt_1:sub_1",
+        body,
+        "/hook",
+    )
+    assert receiver.duplicates[0].webhook.duplicate
+    assert receiver.fail_next == 0
+
+
+def test_a_local_receiver_serves_on_a_daemon_thread_and_stops_even_if_never_started(
+    receivers: list[LocalWebhookReceiver], clock: ManualClock
+) -> None:
+    # GIVEN a receiver never started  WHEN it is stopped  THEN nothing happens
+    local_receiver(clock, NEW).stop()
+    # AND a started one serves on a daemon thread named for it: a test that forgets to stop
+    #   it cannot keep the interpreter from exiting
+    receiver = local_receiver(clock, NEW)
+    start(receivers, receiver)
+    serving = [t for t in threading.enumerate() if t.name == "webhook-receiver"]
+    assert [t.daemon for t in serving] == [True]
+    assert receiver.start() is receiver  # a second start keeps the one server
+    receiver.stop()
+    assert not any(t.name == "webhook-receiver" for t in threading.enumerate())
 
 
 def test_a_local_receiver_has_no_url_before_it_starts(clock: ManualClock) -> None:

@@ -31,8 +31,17 @@ from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
 from rhumbatron.queues.dead_letter import open_letter_counts
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.reaction_facts import ShardFacts
-from rhumbatron.reactions.webhook_ledger import DeliveryStatus, Disablement, WebhookDelivery
-from rhumbatron.reactions.webhook_retries import RETRIED_METRIC, WebhookRetrier
+from rhumbatron.reactions.webhook_ledger import (
+    DeliveryStatus,
+    Disablement,
+    WebhookDelivery,
+    get_delivery,
+)
+from rhumbatron.reactions.webhook_retries import (
+    RETRIED_METRIC,
+    WEBHOOK_DEAD_METRIC,
+    WebhookRetrier,
+)
 
 from . import test_reactions as reactions_tests
 from .test_reactions import (
@@ -121,6 +130,16 @@ def delivery(world: World, subscription_id: str) -> WebhookDelivery:
     return only
 
 
+def retry_points(world: World) -> list[tuple[str, dict[str, str], str, str]]:
+    """The retry pass's metric points, oldest first: name, dimensions, event ID, project."""
+    rows = world.app.product().connection.execute(
+        "SELECT name, dimensions, event_id, project_id FROM platform_metrics "
+        "WHERE name IN (?, ?) ORDER BY id",
+        (RETRIED_METRIC, WEBHOOK_DEAD_METRIC),
+    )
+    return [(row[0], json.loads(row[1]), row[2], row[3]) for row in rows]
+
+
 def outbox_kinds(world: World) -> list[str]:
     """The event types the project's admin shard wrote (reactions' own facts land there)."""
     shard = world.app.resource_shard(PROJECT, project_admin_key(PROJECT))
@@ -207,6 +226,21 @@ async def test_a_webhook_whose_retries_run_out_becomes_a_dead_letter_an_operator
     assert len(receiver.requests) == 7
     # … and it is counted where the dashboards read open letters
     assert open_letter_counts(world.app.product().connection)[("reactions", "reaction")] == 1
+    # … and each retry is a metric point by tenant and outcome, its last one a dead letter's
+    dead_at = world.clock.now().timestamp()
+    points = retry_points(world)
+    assert [p[:2] for p in points[:-2]] == [
+        (RETRIED_METRIC, {"outcome": "retrying", "tenant": TENANT})
+    ] * 5
+    assert points[-2:] == [
+        (
+            RETRIED_METRIC,
+            {"outcome": "dead", "tenant": TENANT},
+            f"{letter.event_id}:{dead_at}",
+            PROJECT,
+        ),
+        (WEBHOOK_DEAD_METRIC, {"tenant": TENANT}, f"{letter.event_id}:{dead_at}", PROJECT),
+    ]
 
     # WHEN an operator retries it (twice: a double click), and the next pass runs
     outcome = await operator.retry_dead_letter(world.app, letter.dead_letter_id, tenant_id=TENANT)
@@ -364,6 +398,76 @@ async def test_a_retry_of_a_disabled_subscriptions_letter_is_refused_until_it_is
         # AND another tenant does not see the letter at all
         with pytest.raises(LookupError):
             await operator.retry_dead_letter(world.app, letter.dead_letter_id, tenant_id="other")
+    finally:
+        await world.app.close()
+
+
+@pytest.mark.parametrize("turned", ["disabled", "deleted"])
+async def test_a_retry_whose_subscription_is_off_or_gone_is_set_aside_saying_why(
+    world: World, receiver: ScriptedReceiver, turned: str
+) -> None:
+    # GIVEN a delivery its receiver refused, whose subscription is then disabled or deleted
+    sub = world.subscribe("hook", webhook(receiver.url))
+    receiver.answers(500)
+    await world.publish(task_completed(world.clock, "t1"))
+    await world.react()
+    (first,) = world.registry.deliveries(TENANT, sub)
+    if turned == "disabled":
+        world.registry.set_governance(TENANT, sub, enabled=False)
+    else:
+        world.registry.delete(TENANT, sub)
+    world.clock.advance(5)
+
+    # WHEN the retry pass runs
+    report = await retrier(world).run()
+
+    # THEN it sent nothing: the delivery is skipped, kept with the reason (to replay it once
+    #   the subscription is enabled again)
+    assert (report.sent, report.skipped) == (0, 1)
+    kept = get_delivery(world.app.product().connection, first.delivery_key)
+    assert kept.status is DeliveryStatus.SKIPPED
+    assert (
+        kept.last_error
+        == {
+            "disabled": "not sent: the subscription is disabled; enable it and replay its skipped "
+            "deliveries",
+            "deleted": "not sent: the subscription was deleted",
+        }[turned]
+    )
+    assert [answer for _, _, answer in receiver.requests] == [500]
+
+
+async def test_a_replayed_delivery_past_its_tenants_budget_is_set_aside_saying_whose_and_when(
+    tmp_path: Path, settings: Settings, clock: ManualClock, receiver: ScriptedReceiver
+) -> None:
+    # GIVEN a daily budget of 1, spent on a delivery answered 410 (the subscription is
+    # disabled), and a second delivery kept uncharged while it was
+    clock.set(START)
+    limits = ReactionSettings(reaction_daily_budget=1)
+    world = make_world(tmp_path, settings, clock, limits=limits)
+    await world.app.ensure_streams()
+    try:
+        sub = world.subscribe("hook", webhook(receiver.url))
+        receiver.answers(410)
+        await world.publish(task_completed(clock, "t1"))
+        await world.react()
+        clock.advance(5)
+        await world.publish(task_completed(clock, "t2"))
+        await world.react()
+
+        # WHEN the subscription is enabled, its skipped deliveries replayed, and the pass runs
+        world.registry.set_governance(TENANT, sub, enabled=True)
+        assert world.registry.replay_skipped(TENANT, sub) == 2
+        report = await retrier(world, limits).run()
+
+        # THEN the charged one is sent; the other is set aside again, saying whose budget of
+        # which day ran out
+        assert (report.sent, report.skipped) == (1, 1)
+        skipped = world.registry.deliveries(TENANT, sub, statuses=[DeliveryStatus.SKIPPED])
+        assert [d.last_error for d in skipped] == [
+            f"not sent: tenant {TENANT!r} spent its reaction budget of "
+            f"{START.date().isoformat()} (RHUMBATRON_REACTION_DAILY_BUDGET); replay it later"
+        ]
     finally:
         await world.app.close()
 
