@@ -147,7 +147,18 @@ def test_failed_attempts_follow_the_schedule_and_end_in_one_open_dead_letter(
     assert letter.dead_letter_id == reaction_dead_letter_id(key)
     assert (letter.event_id, letter.consumer, letter.attempt) == (key, "reactions", 7)
     assert "failed 7 times" in letter.reason and "answered 500" in letter.reason
-    assert json.loads(letter.body)["deliveryKey"] == key
+    # its body shows the pointer sent and where it came from, keys sorted (stable text)
+    pointer = {"eventId": f"evt_{1:032x}"}
+    assert letter.body == json.dumps(
+        {
+            "body": pointer,
+            "deliveryKey": key,
+            "eventId": f"evt_{1:032x}",
+            "kind": "task.completed",
+            "subscriptionId": SUB,
+        }
+    )
+    assert letter.project_id == "proj"
     assert retry_due(db, FAILED, now_s=now + 10**6) == []
 
 
@@ -194,6 +205,8 @@ def test_a_410_gone_disables_the_subscription_at_once_and_keeps_what_waited(
         gone,
     )
     assert owed.name == "hook" and owed.project_id == "proj"
+    assert owed.detail == f"the endpoint answered 410 Gone to delivery {gone}: answered 410"
+    assert (owed.failing_since_s, owed.disabled_at_s) == (T0, T0 + 1)
     assert {get_delivery(db, k).status for k in (waiting, gone)} == {DeliveryStatus.SKIPPED}
     assert retry_due(db, OK, now_s=T0 + 10**6) == []
 
@@ -209,14 +222,18 @@ def test_an_endpoint_failing_through_the_window_is_disabled_and_a_success_resets
     first_attempt(db, 3, FAILED, now_s=T0 + 700, policy=policy)
     retry_due(db, FAILED, now_s=T0 + 705, policy=policy)
     not_yet = unrecorded_disablements(db)
-    retry_due(db, FAILED, now_s=T0 + 1_400, policy=policy)
+    retry_due(db, FAILED, now_s=T0 + 1_300, policy=policy)
     # THEN the success reset the window: the 1st delivery's retry at T0+705 disabled nothing,
-    # and the first failure 600 s after the endpoint's last success did
+    # and the first failure 600 s (the window, to the second) after the endpoint's last
+    # success did
     assert not_yet == []
     (owed,) = unrecorded_disablements(db)
-    assert owed.reason == "failing"
-    assert owed.failing_since_s == T0 + 700
-    assert "RHUMBATRON_REACTION_WEBHOOK_DISABLE_AFTER_S" in owed.detail
+    assert (owed.reason, owed.status_code) == ("failing", 500)
+    assert (owed.failing_since_s, owed.disabled_at_s) == (T0 + 700, T0 + 1_300)
+    assert owed.detail == (
+        "every attempt failed for 600 s (the disable window is 600 s, "
+        "RHUMBATRON_REACTION_WEBHOOK_DISABLE_AFTER_S); the last: answered 500"
+    )
 
 
 def test_skipped_deliveries_are_replayed_with_a_fresh_schedule(db: sqlite3.Connection) -> None:
@@ -397,3 +414,19 @@ def test_a_dismissed_letter_withdraws_the_retry_it_had_made_due(db: sqlite3.Conn
     # THEN nothing is due: the delivery is dead again and the letter stays closed
     assert claim_due(db, now_s=T0 + 100, limit=10, lease_s=90) == []
     assert get_delivery(db, key).status is DeliveryStatus.DEAD
+
+
+@pytest.mark.parametrize("meanwhile", ["deleted", "switched off"])
+def test_a_410_for_a_subscription_deleted_or_switched_off_meanwhile_disables_nothing(
+    db: sqlite3.Connection, meanwhile: str
+) -> None:
+    # GIVEN a subscription deleted, or switched off, while its delivery was in flight
+    if meanwhile == "deleted":
+        db.execute("DELETE FROM subscriptions WHERE subscription_id = ?", (SUB,))
+    else:
+        db.execute("UPDATE subscriptions SET enabled = 0 WHERE subscription_id = ?", (SUB,))
+    # WHEN the receiver answers that delivery 410 Gone
+    key = first_attempt(db, 1, GONE)
+    # THEN there is nothing left to disable and no fact is owed; the delivery is recorded
+    assert unrecorded_disablements(db) == []
+    assert get_delivery(db, key).attempts == 1
