@@ -317,6 +317,7 @@ async def test_a_410_disables_the_subscription_with_a_fact_and_its_skipped_deliv
     assert len(receiver.requests) == 1
     skipped = world.registry.deliveries(TENANT, sub, statuses=[DeliveryStatus.SKIPPED])
     assert len(skipped) == 3
+    assert world.registry.deliveries(TENANT, sub, limit=2) == skipped[:2]  # newest first
     with pytest.raises(SubscriptionRegistryError, match="enable it first"):
         world.registry.replay_skipped(TENANT, sub)
 

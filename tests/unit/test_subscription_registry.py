@@ -389,3 +389,68 @@ def test_the_cli_creates_lists_disables_and_deletes_as_a_platform_operator(
     capsys.readouterr()
     assert main(["subscriptions", "list", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
+
+
+def test_each_refusal_of_the_registry_says_word_for_word_what_to_do(
+    registry: SubscriptionRegistry,
+) -> None:
+    # GIVEN a tenant's disabled subscription named ci
+    record = registry.create(
+        TENANT, "ci", _on_failures(), WorkflowReaction(workflow="a"), Governance(enabled=False)
+    ).record
+    sub = record.subscription_id
+
+    def refusal(call: Any) -> tuple[str, str | None]:
+        with pytest.raises(SubscriptionRegistryError) as caught:
+            call()
+        return str(caught.value), caught.value.field
+
+    # WHEN other content is asked for under its name, another tenant reads its deliveries,
+    # an unknown agent is named, and its skipped deliveries are replayed while it is off
+    # THEN each refusal names what is wrong and the way out
+    assert refusal(
+        lambda: registry.create(TENANT, "ci", _on_failures(), WorkflowReaction(workflow="b"))
+    ) == (
+        f"tenant 'acme' has a subscription named 'ci' ({sub}) with other content; choose "
+        "another name, or delete that one first",
+        "name",
+    )
+    # (a webhook without secrets under the name of a workflow is other content too)
+    webhook = WebhookReaction(url="http://127.0.0.1/h")
+    assert refusal(lambda: registry.create(TENANT, "ci", _on_failures(), webhook))[1] == "name"
+    assert refusal(lambda: registry.deliveries(OTHER, sub)) == (
+        f"no subscription {sub!r}; `GET /subscriptions` (or `rhumbatron subscriptions list`) "
+        "lists them",
+        None,
+    )
+    assert refusal(
+        lambda: registry.create(TENANT, "wake", _on_failures(), AgentReaction(agent_id="ghost"))
+    ) == (
+        "agent 'ghost' is not one of tenant 'acme''s agents; register it first (POST /agents), "
+        "or name one of yours",
+        "reaction.agent_id",
+    )
+    assert refusal(lambda: registry.replay_skipped(TENANT, sub)) == (
+        f"subscription {sub} is disabled; enable it first (PATCH /subscriptions/{{id}} with "
+        "enabled=true, or `rhumbatron subscriptions enable`), then replay its skipped "
+        "deliveries",
+        "governance.enabled",
+    )
+
+
+def test_a_webhook_updated_without_secrets_keeps_the_stored_ones(
+    registry: SubscriptionRegistry,
+) -> None:
+    # GIVEN a webhook subscription with a secret
+    secret = generate_secret()
+    first = registry.create(
+        TENANT, "hook", _on_failures(), WebhookReaction(url="http://127.0.0.1/h", secrets=(secret,))
+    )
+    # WHEN the same is asked for again without secrets  THEN it is the same subscription,
+    # its secret kept
+    again = registry.create(
+        TENANT, "hook", _on_failures(), WebhookReaction(url="http://127.0.0.1/h")
+    )
+    assert not again.created and again.record == first.record
+    assert isinstance(again.record.reaction, WebhookReaction)
+    assert again.record.reaction.secrets == (secret,)
