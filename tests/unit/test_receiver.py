@@ -163,8 +163,14 @@ def test_a_replayed_webhook_id_is_rejected_until_forgotten(clock: ManualClock) -
     # THEN it is a 401 for a replay; once the receiver forgets it (its processing failed),
     # the sender's retry is accepted
     assert (refused.status, refused.reason) == (401, RejectionReason.REPLAY)
-    assert "a replay" in str(refused) and headers[ID_HEADER] in str(refused)
+    assert str(refused) == (
+        f"webhook {headers[ID_HEADER]!r} with timestamp {int(START.timestamp())} was accepted "
+        "before, and is still inside the 300 s window: the same message again is a replay, "
+        "refused (a retry by the sender carries a new timestamp and is answered as a duplicate)"
+    )
+    assert refused.webhook_id == headers[ID_HEADER]
     receiver.forget(headers[ID_HEADER])
+    receiver.forget(headers[ID_HEADER])  # forgetting twice, or an ID never seen, is harmless
     assert receiver.verify(headers, body).webhook_id == headers[ID_HEADER]
 
 
@@ -245,6 +251,7 @@ def test_a_signed_body_that_is_not_the_pointer_is_rejected(
     refused = rejection(receiver, headers, body)
     assert (refused.status, refused.reason) == (401, RejectionReason.BODY)
     assert says in str(refused)
+    assert refused.webhook_id == headers[ID_HEADER]
     assert "pointer body is a JSON object of eventId, kind, subject, projectId, link" in str(
         refused
     )
@@ -323,7 +330,10 @@ def test_the_seen_set_is_bounded_and_forgets_the_soonest_to_expire_first(
 
     # THEN it holds two: the first was forgotten early (and said so), the others still caught
     assert receiver.seen_count == 2
-    assert "seen set is full (2 IDs)" in caplog.text
+    assert caplog.messages == [
+        f"the webhook receiver's seen set is full (2 IDs): forgot {first[0][ID_HEADER]} early; "
+        "a replay of it would no longer be caught (raise seen_capacity)"
+    ]
     assert rejection(receiver, *second).reason is RejectionReason.REPLAY
     assert rejection(receiver, *third).reason is RejectionReason.REPLAY
     assert receiver.verify(*first).webhook_id == first[0][ID_HEADER]
@@ -350,14 +360,67 @@ def test_forgetting_and_accepting_again_keeps_the_seen_set_bounded(clock: Manual
 def test_a_receiver_refuses_a_malformed_secret_or_none_at_construction(clock: ManualClock) -> None:
     with pytest.raises(WebhookSecretError, match="without that prefix"):
         WebhookReceiver(["not-a-secret"], clock=clock)
-    with pytest.raises(WebhookSecretError, match="got none"):
+    needs = "a webhook receiver needs a sequence of one or two whsec_ secrets (the "
+    needs += "subscription's); got "
+    with pytest.raises(WebhookSecretError) as caught:
         WebhookReceiver([], clock=clock)
-    with pytest.raises(WebhookSecretError, match="wrap it in a list"):
+    assert str(caught.value) == needs + "none"
+    with pytest.raises(WebhookSecretError) as caught:
         WebhookReceiver(NEW, clock=clock)
+    assert str(caught.value) == needs + "a single string: wrap it in a list"
     with pytest.raises(ConfigurationError, match="tolerance_s=0"):
         WebhookReceiver([NEW], clock=clock, tolerance_s=0)
     with pytest.raises(ConfigurationError, match="seen_capacity=0"):
         WebhookReceiver([NEW], clock=clock, seen_capacity=0)
+
+
+def test_the_smallest_tolerance_and_seen_set_are_one(clock: ManualClock) -> None:
+    # GIVEN a receiver with a 1 s tolerance that remembers one ID  WHEN a delivery arrives
+    receiver = WebhookReceiver([NEW], clock=clock, tolerance_s=1, seen_capacity=1)
+    # THEN it is accepted and remembered
+    assert receiver.verify(*delivery(clock)).timestamp == int(START.timestamp())
+    assert receiver.seen_count == 1
+
+
+def test_a_wrong_signature_at_the_edge_of_the_tolerance_is_refused_for_its_signature(
+    clock: ManualClock,
+) -> None:
+    # GIVEN a delivery signed with another secret, its timestamp exactly 300 s old
+    receiver = WebhookReceiver([NEW], clock=clock)
+    headers, body = delivery(clock, secrets=(OLD,), timestamp=int(START.timestamp()) - 300)
+    # WHEN it is verified  THEN the timestamp is within the tolerance: the signature failed
+    assert rejection(receiver, headers, body).reason is RejectionReason.SIGNATURE
+
+
+@pytest.mark.parametrize(
+    ("subject", "fields", "says"),
+    [
+        ({"type": "task", "id": 5}, {}, "has subject \"{'type': 'task', 'id': 5}\", not"),
+        ("x" * 100, {}, f"has subject {'x' * 80!r}, not {{type, id}}"),
+        ({"type": "task", "id": "t"}, {"kind": "", "link": 7}, "has kind, link that is not"),
+    ],
+)
+def test_a_pointers_bad_fields_are_named_in_the_refusal(
+    clock: ManualClock, subject: object, fields: dict[str, object], says: str
+) -> None:
+    # GIVEN a signed pointer with a bad subject, or two fields that are no non-empty string
+    receiver = WebhookReceiver([NEW], clock=clock)
+    event = task_completed(clock)
+    pointer = json.loads(pointer_body(event, link_template=LINK)) | {"subject": subject}
+    headers, body = delivery(clock, event=event, body=json.dumps(pointer | fields).encode())
+    # WHEN it is verified  THEN the refusal names what is wrong
+    assert f"is signed but its body {says}" in str(rejection(receiver, headers, body))
+
+
+def test_a_pointer_whose_subject_has_no_id_is_accepted(clock: ManualClock) -> None:
+    # GIVEN a pointer about a project-wide fact: its subject has a type and no id
+    receiver = WebhookReceiver([NEW], clock=clock)
+    event = task_completed(clock)
+    pointer = json.loads(pointer_body(event, link_template=LINK))
+    pointer["subject"] = {"type": "project"}
+    headers, body = delivery(clock, event=event, body=json.dumps(pointer).encode())
+    # WHEN it is verified  THEN it is accepted, its subject's id None
+    assert receiver.verify(headers, body).subject == PointerSubject(type="project", id=None)
 
 
 def test_the_public_api_is_what_all_says() -> None:
