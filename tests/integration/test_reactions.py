@@ -542,7 +542,8 @@ async def test_a_spent_budget_records_budget_exceeded_once_and_skips_the_reactio
         world.subscribe("hook", webhook(receiver.url))
 
         # WHEN three matching events arrive the same day
-        await world.publish(*(task_completed(clock, f"t{i}") for i in range(3)))
+        events = [task_completed(clock, f"t{i}") for i in range(3)]
+        await world.publish(*events)
         report = await world.react()
 
         # THEN one is delivered, two skipped (not retried), and budget.exceeded recorded once
@@ -558,6 +559,7 @@ async def test_a_spent_budget_records_budget_exceeded_once_and_skips_the_reactio
         assert fact["payload"]["limit"] == 1
         assert fact["payload"]["day"] == "2026-03-02"
         assert fact["actor"] == "system:reactions"
+        assert fact["causedBy"] == events[1].event_id  # the first event the budget refused
         counts = metric_counts(world.app.product().connection, MetricBinding.METRICS)
         assert counts["reaction_refused"] == 2
 

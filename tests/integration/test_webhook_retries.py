@@ -7,6 +7,7 @@ and replayed once it is enabled again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections import deque
@@ -25,12 +26,17 @@ from rhumbatron.cli import main
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
 from rhumbatron.domain.project import project_admin_key
-from rhumbatron.errors import DeadLetterClosedError, DeadLetterError, SubscriptionRegistryError
+from rhumbatron.errors import (
+    DeadLetterClosedError,
+    DeadLetterError,
+    RhumbatronError,
+    SubscriptionRegistryError,
+)
 from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
 from rhumbatron.queues.dead_letter import open_letter_counts
 from rhumbatron.reactions.config import ReactionSettings
-from rhumbatron.reactions.reaction_facts import ShardFacts
+from rhumbatron.reactions.reaction_facts import ShardFacts, record_disablement
 from rhumbatron.reactions.webhook_ledger import (
     DeliveryStatus,
     Disablement,
@@ -594,3 +600,71 @@ def test_a_disablement_recorded_twice_is_one_reaction_disabled_fact(world: World
     facts.reaction_disabled(disablement)
     # THEN the outbox holds one reaction.disabled: its ID is derived from the disablement
     assert outbox_kinds(world).count("reaction.disabled") == 1
+    (fact,) = disabled_facts(world)
+    assert fact["payload"] == {
+        "subscriptionId": disablement.subscription_id,
+        "name": "hook",
+        "reason": "gone",
+        "deliveryKey": disablement.delivery_key,
+        "lastError": "the endpoint answered 410 Gone",
+        "failingSince": "2026-03-02T10:00:00Z",  # UTC, as every timestamp on the wire
+        "statusCode": 410,
+    }
+    # AND the same subscription disabled again later (enabled meanwhile) is a fact of its own
+    facts.reaction_disabled(dataclasses.replace(disablement, disabled_at_s=START.timestamp() + 9))
+    assert outbox_kinds(world).count("reaction.disabled") == 2
+
+
+class RefusingFacts:
+    """A fact sink whose shard cannot be written right now."""
+
+    def budget_exceeded(self, event: object, **fields: object) -> None:
+        raise RhumbatronError("the shard is busy")
+
+    def reaction_disabled(self, disablement: Disablement) -> None:
+        raise RhumbatronError("the shard is busy")
+
+
+async def test_a_disablement_whose_fact_cannot_be_written_says_so_and_fails_nothing(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a disablement, and a shard that refuses the write
+    disablement = Disablement(
+        subscription_id="sub_" + "c" * 32,
+        tenant_id=TENANT,
+        project_id=PROJECT,
+        name="hook",
+        reason="gone",
+        detail="the endpoint answered 410 Gone",
+        delivery_key="k1",
+        status_code=410,
+        failing_since_s=None,
+        disabled_at_s=START.timestamp(),
+    )
+    # WHEN its fact is recorded  THEN the caller is not failed: the error says the next
+    # retry pass writes it
+    with caplog.at_level("WARNING", logger="rhumbatron.reactions.reaction_facts"):
+        await record_disablement(RefusingFacts(), world.app.product(), disablement)
+    assert caplog.messages == [
+        f"cannot record reaction.disabled for {disablement.subscription_id} yet (the shard is "
+        "busy); the next retry pass will"
+    ]
+    # AND written for real, a disablement with no failing time says so as null
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rhumbatron.reactions.reaction_facts"):
+        facts = ShardFacts(world.app.resource_shard, world.clock)
+        await record_disablement(facts, world.app.product(), disablement)
+    (fact,) = disabled_facts(world)
+    assert fact["payload"]["failingSince"] is None
+    assert caplog.messages == [
+        f"webhook subscription {disablement.subscription_id} (hook) disabled: the endpoint "
+        "answered 410 Gone"
+    ]
+
+
+def disabled_facts(world: World) -> list[dict[str, Any]]:
+    shard = world.app.resource_shard(PROJECT, project_admin_key(PROJECT))
+    rows = shard.connection.execute(
+        "SELECT envelope FROM outbox WHERE event_type = 'reaction.disabled' ORDER BY rowid"
+    )
+    return [json.loads(row[0]) for row in rows]
