@@ -310,6 +310,21 @@ async def test_a_self_caused_event_is_suppressed_and_recorded_with_its_cause_cha
     assert suppression.cause_chain.hops == (Hop(cause.event_id, sub),)
     counts = metric_counts(world.app.product().connection, MetricBinding.METRICS)
     assert counts["reaction_suppressed"] == 1
+    point = (
+        world.app.product()
+        .connection.execute(
+            "SELECT dimensions, event_id, project_id FROM platform_metrics "
+            "WHERE name = 'reaction_suppressed'"
+        )
+        .fetchone()
+    )
+    key = f"{echo.event_id}:{sub}"
+    assert (json.loads(point[0]), point[1], point[2]) == (
+        {"reason": "self_cause", "tenant": TENANT},
+        key,
+        PROJECT,
+    )
+    assert suppression.delivery_key == key
 
 
 async def test_a_chain_runs_on_through_events_no_subscription_matches(
@@ -531,7 +546,11 @@ async def test_a_cooldown_suppresses_a_second_fire_inside_the_window(
 
 
 async def test_a_spent_budget_records_budget_exceeded_once_and_skips_the_reactions(
-    tmp_path: Path, settings: Settings, clock: ManualClock, receiver: Receiver
+    tmp_path: Path,
+    settings: Settings,
+    clock: ManualClock,
+    receiver: Receiver,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # GIVEN a daily budget of one reaction per tenant
     clock.set(START)
@@ -539,17 +558,34 @@ async def test_a_spent_budget_records_budget_exceeded_once_and_skips_the_reactio
     world = make_world(tmp_path, settings, clock, limits=limits)
     await world.app.ensure_streams()
     try:
-        world.subscribe("hook", webhook(receiver.url))
+        sub = world.subscribe("hook", webhook(receiver.url))
 
         # WHEN three matching events arrive the same day
         events = [task_completed(clock, f"t{i}") for i in range(3)]
         await world.publish(*events)
-        report = await world.react()
+        with caplog.at_level("INFO", logger="rhumbatron.reactions.reaction_decisions"):
+            report = await world.react()
 
         # THEN one is delivered, two skipped (not retried), and budget.exceeded recorded once
         assert report.applied == 3
         assert [body["subject"]["id"] for _, body in receiver.received] == ["t0"]
         assert [s.reason for s in world.suppressed()] == [SuppressionReason.BUDGET] * 2
+        refused = [f"{e.event_id}:{sub}" for e in events[1:]]
+        why = "tenant 'acme' used 1 of its 1 reactions of 2026-03-02 "
+        why += "(RHUMBATRON_REACTION_DAILY_BUDGET)"
+        assert sorted((s.delivery_key, s.detail) for s in world.suppressed()) == sorted(
+            (key, why) for key in refused
+        )
+        assert [m for m in caplog.messages if "suppressed" in m] == [
+            f"reaction {key} suppressed (budget): {why}" for key in refused
+        ]
+        points = world.app.product().connection.execute(
+            "SELECT dimensions, event_id, project_id FROM platform_metrics "
+            "WHERE name = 'reaction_refused' ORDER BY id"
+        )
+        assert [(json.loads(d), key, p) for d, key, p in points] == [
+            ({"gate": "budget", "tenant": TENANT}, key, PROJECT) for key in refused
+        ]
         shard = world.app.resource_shard(PROJECT, project_admin_key(PROJECT))
         facts = shard.connection.execute(
             "SELECT envelope FROM outbox WHERE event_type = 'budget.exceeded'"
