@@ -27,7 +27,7 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import project_admin_key
-from rhumbatron.errors import WorkflowEngineError
+from rhumbatron.errors import RhumbatronError, WorkflowEngineError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.metrics import MetricBinding, metric_counts
@@ -43,6 +43,7 @@ from rhumbatron.reactions.deliveries import (
 )
 from rhumbatron.reactions.gate import admit
 from rhumbatron.reactions.guards import Hop, SuppressionReason, suppressions
+from rhumbatron.reactions.ports import FactSink
 from rhumbatron.reactions.reaction_decisions import REFUSED_METRIC
 from rhumbatron.reactions.selectors import Selector
 from rhumbatron.reactions.subscription_models import (
@@ -172,6 +173,7 @@ def make_world(
     *,
     limits: ReactionSettings | None = None,
     engine: WorkflowEngine | None = None,
+    wrap_facts: Callable[[FactSink], FactSink] | None = None,
     **overrides: Any,
 ) -> World:
     values = settings.model_dump() | {
@@ -182,6 +184,8 @@ def make_world(
     app = bootstrap(load_settings(**values), clock=clock, alarms=RecordingAlarmSink())
     registry = SubscriptionRegistry(app.product(), app.settings, clock)
     reactions = reactions_for(app, registry, http=LazyHttpClient(), limits=limits)
+    if wrap_facts is not None:
+        reactions.facts = wrap_facts(reactions.facts)
     if engine is not None:
         reactions.effects = ReactionEffects(
             http=reactions.effects.http, engine=engine, send_command=reactions.effects.send_command
@@ -543,6 +547,62 @@ async def test_a_cooldown_suppresses_a_second_fire_inside_the_window(
 
 
 # -- the admission gate --------------------------------------------------------------------------
+
+
+class BusyOnce:
+    """A fact sink whose first ``budget.exceeded`` finds the shard busy."""
+
+    def __init__(self, inner: FactSink) -> None:
+        self.inner, self.busy = inner, True
+
+    def budget_exceeded(self, event: Event, **fields: Any) -> None:
+        if self.busy:
+            self.busy = False
+            raise RhumbatronError("the shard is busy")
+        self.inner.budget_exceeded(event, **fields)
+
+    def reaction_disabled(self, disablement: Any) -> None:
+        self.inner.reaction_disabled(disablement)
+
+
+async def test_a_budget_fact_that_cannot_be_written_is_decided_again_and_written_once(
+    tmp_path: Path,
+    settings: Settings,
+    clock: ManualClock,
+    receiver: Receiver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # GIVEN a daily budget of one reaction, and a shard busy for the first budget.exceeded
+    clock.set(START)
+    limits = ReactionSettings(reaction_daily_budget=1)
+    world = make_world(tmp_path, settings, clock, limits=limits, wrap_facts=BusyOnce)
+    await world.app.ensure_streams()
+    try:
+        sub = world.subscribe("hook", webhook(receiver.url))
+        # WHEN three matching events arrive, and the refused one is delivered again
+        events = [task_completed(clock, f"t{i}") for i in range(3)]
+        await world.publish(*events)
+        with caplog.at_level("ERROR", logger="rhumbatron.reactions.consumer"):
+            first = await world.react()
+        again = await world.react()
+
+        # THEN the refusal that could not record its fact was undone and failed (to be
+        # decided again); the next refusal recorded it, once, and the redelivery is refused
+        assert (first.applied, first.failed, again.applied) == (2, 1, 1)
+        assert caplog.messages == [
+            f"cannot record budget.exceeded for {events[1].event_id}:{sub}: the shard is busy"
+        ]
+        shard = world.app.resource_shard(PROJECT, project_admin_key(PROJECT))
+        facts = shard.connection.execute(
+            "SELECT COUNT(*) FROM outbox WHERE event_type = 'budget.exceeded'"
+        ).fetchone()
+        assert facts[0] == 1
+        assert sorted(s.event_id for s in world.suppressed()) == sorted(
+            e.event_id for e in events[1:]
+        )
+        assert [body["subject"]["id"] for _, body in receiver.received] == ["t0"]
+    finally:
+        await world.app.close()
 
 
 async def test_a_spent_budget_records_budget_exceeded_once_and_skips_the_reactions(
