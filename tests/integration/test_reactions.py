@@ -251,6 +251,15 @@ async def test_a_matching_webhook_subscription_delivers_one_signed_pointer_only_
     }
     counts = metric_counts(world.app.product().connection, MetricBinding.METRICS)
     assert counts["reaction_fired"] == 1
+    (fired,) = world.app.product().connection.execute(
+        "SELECT dimensions, event_id, project_id FROM platform_metrics "
+        "WHERE name = 'reaction_fired'"
+    )
+    assert (json.loads(fired[0]), fired[1], fired[2]) == (
+        {"reaction": "webhook", "tenant": TENANT},
+        f"{event.event_id}:{sub}",
+        PROJECT,
+    )
 
 
 async def test_an_event_no_subscription_matches_delivers_nothing(
