@@ -23,7 +23,7 @@ from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.project import project_admin_key
 from rhumbatron.errors import ScheduleConflictError, ScheduleNotFoundError, ScheduleRegistryError
 from rhumbatron.protocol.envelopes import Event
-from rhumbatron.protocol.ids import EVENT_ID_PATTERN
+from rhumbatron.protocol.ids import EVENT_ID_PATTERN, stable_event_id
 from rhumbatron.reactions import schedule_firing as schedules_module
 from rhumbatron.reactions.schedule_firing import (
     SWEEP_SCHEDULE_ID,
@@ -377,21 +377,30 @@ def test_a_fire_whose_record_was_lost_writes_the_same_event_id_and_the_outbox_dr
 
 
 def test_a_schedule_that_cannot_fire_is_reported_and_the_others_still_fire(
-    app: Rhumbatron, registry: ScheduleRegistry, clock: ManualClock
+    app: Rhumbatron,
+    registry: ScheduleRegistry,
+    clock: ManualClock,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # GIVEN the clock project taken by a tenant, and a user schedule due at 10:05
     app.project_root("their-clock").create_project(Caller(OTHER, "user:bo", "c2"), name="x")
     record = registry.create(TENANT, "every-5", PROJECT, EVERY_5).record
     # WHEN the 10:05 tick fires with the sweep's ticks aimed at that project
-    report = tick(app, clock, at(10, 5), clock_project_id="their-clock")
+    with caplog.at_level("INFO", logger=schedules_module.__name__):
+        report = tick(app, clock, at(10, 5), clock_project_id="their-clock")
     # THEN the sweep's fire fails closed, naming the project and what to do; the user's fires
     assert [f.schedule_id for f in report.fired] == [record.schedule_id]
-    assert (
-        "project 'their-clock' belongs to tenant 'globex', not to tenant 'platform'"
-        in report.failed["sweep"]
+    why = (
+        "project 'their-clock' belongs to tenant 'globex', not to tenant 'platform'; set "
+        "RHUMBATRON_CLOCK_PROJECT_ID to an unused project ID"
     )
-    assert "RHUMBATRON_CLOCK_PROJECT_ID" in report.failed["sweep"]
+    assert report.failed == {"sweep": f"_NotOwnedError: {why}"}
     assert fired_facts(app, "their-clock") == []
+    (fired,) = report.fired
+    assert caplog.messages == [
+        f"schedule sweep could not fire for {at(10, 5).isoformat()}: {why}; a later tick fires it",
+        f"schedule {record.schedule_id} fired for {at(10, 5)} ({fired.event_id})",
+    ]
 
 
 def test_fires_older_than_the_retention_are_forgotten(
@@ -477,3 +486,17 @@ def test_the_cli_creates_lists_disables_shows_and_deletes_a_schedule(
     capsys.readouterr()
     assert main(["schedules", "list", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
+
+
+def test_a_firings_event_id_is_the_schedules_and_its_utc_minute_whatever_the_second() -> None:
+    # GIVEN one schedule's due times: two in one minute, one the next
+    schedule = "sch_" + "a" * 32
+    early, late = (datetime(2026, 3, 2, 10, 0, s, tzinfo=UTC) for s in (0, 41))
+    next_minute = datetime(2026, 3, 2, 10, 1, tzinfo=UTC)
+    # WHEN their event IDs are derived  THEN they are the stable ID of (schedule,
+    # schedule.fired, its UTC minute): one per minute, the same in every release
+    expected = stable_event_id(schedule, "schedule.fired", None, "2026-03-02T10:00Z")
+    assert schedule_event_id(schedule, early) == schedule_event_id(schedule, late) == expected
+    assert schedule_event_id(schedule, next_minute) == stable_event_id(
+        schedule, "schedule.fired", None, "2026-03-02T10:01Z"
+    )
