@@ -26,7 +26,11 @@ from rhumbatron.product.dead_letters import (
 )
 from rhumbatron.queues.wake_consumer import AGENT_EVENT_WAKES_SCHEMA
 from rhumbatron.reactions.config import ReactionSettings
-from rhumbatron.reactions.store import REACTIONS_SCHEMA, prune_reaction_history
+from rhumbatron.reactions.store import (
+    REACTIONS_SCHEMA,
+    ReactionHistoryPruner,
+    prune_reaction_history,
+)
 from rhumbatron.reactions.subscription_table import SUBSCRIPTIONS_SCHEMA
 from rhumbatron.reactions.webhook_attempts import (
     record_attempt,
@@ -430,3 +434,40 @@ def test_a_410_for_a_subscription_deleted_or_switched_off_meanwhile_disables_not
     # THEN there is nothing left to disable and no fact is owed; the delivery is recorded
     assert unrecorded_disablements(db) == []
     assert get_delivery(db, key).attempts == 1
+
+
+def test_the_history_pruner_deletes_what_is_older_than_its_days_up_to_its_limit_to_the_row(
+    tmp_path: Path,
+) -> None:
+    # GIVEN the reactions' bookkeeping: a ready wake and an (agent, event) wake 14 days and a
+    # second old, and the same just under 14 days old
+    settings = load_settings(state_dir=tmp_path / "state")
+    store = SqliteStore(
+        tmp_path / "product.sqlite",
+        settings,
+        DEAD_LETTERS_SCHEMA + REACTIONS_SCHEMA + AGENT_EVENT_WAKES_SCHEMA,
+    )
+    now_s, day_s = T0, 86_400.0
+    old, young = now_s - 14 * day_s - 1, now_s - 14 * day_s + 1
+    with store.transaction() as db:
+        for n, at in enumerate((old, young)):
+            db.execute("INSERT INTO delivered_ready_wakes VALUES (?, 'a1', ?)", (f"cmd_{n}", at))
+            db.execute(
+                "INSERT INTO agent_event_wakes VALUES ('a1', ?, ?, ?)", (f"evt_{n}", f"c{n}", at)
+            )
+    prune = ReactionHistoryPruner(store, history_days=14)
+
+    # WHEN the pruner runs with room for one row, then for one more, then for many
+    # THEN each call deletes what its limit allows, in the order of the tables, and only
+    # rows older than 14 days: the last row of a limit reaches the (agent, event) wakes
+    assert prune(now_s, 1) == 1
+    assert db_rows(store, "delivered_ready_wakes") == ["cmd_1"]
+    assert prune(now_s, 1) == 1
+    assert db_rows(store, "agent_event_wakes") == ["evt_1"]
+    assert prune(now_s, 100) == 0
+    store.close()
+
+
+def db_rows(store: SqliteStore, table: str) -> list[str]:
+    column = "command_id" if table == "delivered_ready_wakes" else "event_id"
+    return [row[0] for row in store.connection.execute(f"SELECT {column} FROM {table}")]
