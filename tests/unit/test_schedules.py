@@ -500,3 +500,59 @@ def test_a_firings_event_id_is_the_schedules_and_its_utc_minute_whatever_the_sec
     assert schedule_event_id(schedule, next_minute) == stable_event_id(
         schedule, "schedule.fired", None, "2026-03-02T10:01Z"
     )
+
+
+def test_each_refusal_of_the_schedule_registry_says_word_for_word_what_to_do(
+    registry: ScheduleRegistry,
+) -> None:
+    # GIVEN a schedule named nightly, disabled
+    nightly = ScheduleTiming.of("daily", at="02:00")
+    record = registry.create(TENANT, "nightly", PROJECT, nightly, enabled=False).record
+
+    def refusal(call: Any) -> tuple[str, str | None]:
+        with pytest.raises(ScheduleRegistryError) as caught:
+            call()
+        return str(caught.value), caught.value.field
+
+    # WHEN it is asked for with other content, read by another tenant, placed on another
+    # tenant's project or a malformed one, or created for a tenant ID that is too long
+    # THEN each refusal names what is wrong and the way out
+    assert refusal(lambda: registry.create(TENANT, "nightly", PROJECT, EVERY_5)) == (
+        f"tenant 'acme' has a schedule named 'nightly' ({record.schedule_id}) with other "
+        "content; choose another name, or delete that one first",
+        "name",
+    )
+    assert refusal(lambda: registry.set_enabled(OTHER, record.schedule_id, True)) == (
+        f"no schedule {record.schedule_id!r}; `GET /schedules` (or `rhumbatron schedules "
+        "list`) lists them",
+        None,
+    )
+    assert refusal(lambda: registry.create(TENANT, "x", OTHER_PROJECT, EVERY_5)) == (
+        "project 'globex-web' is not one of tenant 'acme''s projects; create it first "
+        "(POST /projects), or name one of yours",
+        "project_id",
+    )
+    assert refusal(lambda: registry.create(TENANT, "x", "-" * 100, EVERY_5)) == (
+        f"project ID {'-' * 80!r} is invalid: use 1 to 64 characters of A-Z, a-z, 0-9, '_' "
+        "and '-', starting with a letter or digit",
+        "project_id",
+    )
+    assert refusal(lambda: registry.create("t" * 65, "x", PROJECT, EVERY_5)) == (
+        f"a schedule needs a tenant ID of 1 to 64 characters, got {'t' * 65!r}",
+        "tenant_id",
+    )
+    assert refusal(lambda: registry.create("  ", "x", PROJECT, EVERY_5))[1] == "tenant_id"
+    # AND the same content again is the stored schedule, not a new one; a listing holds
+    # disabled schedules unless told otherwise
+    again = registry.create(TENANT, "nightly", PROJECT, nightly, enabled=False)
+    assert again.created is False and again.record == record
+    assert registry.list(TENANT) == [record]
+    assert registry.list(TENANT, enabled_only=True) == []
+
+
+def test_a_tenant_id_of_64_characters_is_one(app: Rhumbatron, registry: ScheduleRegistry) -> None:
+    # GIVEN a tenant whose ID has 64 characters, and its project
+    tenant = "t" * 64
+    app.project_root("long-web").create_project(Caller(tenant, "user:al", "c1"), name="x")
+    # WHEN it creates a schedule  THEN it is stored
+    assert registry.create(tenant, "x", "long-web", EVERY_5).record.tenant_id == tenant
