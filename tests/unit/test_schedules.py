@@ -32,7 +32,7 @@ from rhumbatron.reactions.schedule_firing import (
     schedule_event_id,
     schedule_fired_event,
 )
-from rhumbatron.reactions.schedule_models import ScheduleTiming, latest_due
+from rhumbatron.reactions.schedule_models import ScheduleTiming, latest_due, utc_minute
 from rhumbatron.reactions.schedule_registry import ScheduleRegistry
 from rhumbatron.reactions.selectors import Selector, event_selector_matches
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
@@ -556,3 +556,59 @@ def test_a_tenant_id_of_64_characters_is_one(app: Rhumbatron, registry: Schedule
     app.project_root("long-web").create_project(Caller(tenant, "user:al", "c1"), name="x")
     # WHEN it creates a schedule  THEN it is stored
     assert registry.create(tenant, "x", "long-web", EVERY_5).record.tenant_id == tenant
+
+
+@pytest.mark.parametrize(
+    ("mode", "every_minutes", "at", "refusal"),
+    [
+        (
+            "interval",
+            1441,
+            None,
+            "an interval schedule needs every_minutes from 1 to 1440, got 1441; for a time "
+            "of day use mode daily",
+        ),
+        (
+            "interval",
+            5,
+            "0" * 30,
+            f"an interval schedule takes no at (got {'0' * 20!r}); leave it out, or use mode daily",
+        ),
+        (
+            "daily",
+            None,
+            "9" * 30,
+            f"a daily schedule needs at as HH:MM (UTC, 00:00 to 23:59), got {'9' * 20!r}",
+        ),
+        ("daily", None, None, "a daily schedule needs at as HH:MM (UTC, 00:00 to 23:59), got None"),
+        (
+            "daily",
+            5,
+            "02:00",
+            "a daily schedule takes no every_minutes (got 5); leave it out, or use mode interval",
+        ),
+    ],
+)
+def test_a_timing_that_cannot_be_is_refused_word_for_word(
+    mode: str, every_minutes: int | None, at: str | None, refusal: str
+) -> None:
+    with pytest.raises(ScheduleRegistryError) as caught:
+        ScheduleTiming.of(mode, every_minutes=every_minutes, at=at)
+    assert str(caught.value) == refusal
+
+
+def test_an_interval_of_a_whole_day_is_the_longest_and_falls_on_whole_days() -> None:
+    # GIVEN the longest interval, 1,440 minutes  WHEN its latest due time is asked at 10:41:30
+    timing = ScheduleTiming.of("interval", every_minutes=1440)
+    due = latest_due(timing, datetime(2026, 3, 2, 10, 41, 30, 999, tzinfo=UTC))
+    # THEN it is that day's midnight UTC, to the microsecond
+    assert due == datetime(2026, 3, 2, tzinfo=UTC)
+
+
+def test_a_tick_time_without_a_timezone_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError) as caught:
+        utc_minute(datetime(2026, 3, 2, 10, 41))
+    assert str(caught.value) == "2026-03-02T10:41:00 has no timezone; a tick's time must be UTC"
+    assert utc_minute(datetime(2026, 3, 2, 10, 41, 7, 123, tzinfo=UTC)) == datetime(
+        2026, 3, 2, 10, 41, tzinfo=UTC
+    )

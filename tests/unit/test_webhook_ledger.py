@@ -188,6 +188,7 @@ def test_an_operators_retry_is_one_more_attempt_that_closes_the_letter_when_deli
     assert get_delivery(db, key).status is DeliveryStatus.DELIVERED
     (closed,) = list_dead_letters(db, status=None, kind=DeadLetterKind.REACTION)
     assert (closed.status, closed.resolution) == (DeadLetterStatus.CLOSED, "succeeded")
+    assert closed.closed_at_s == T0 + 200
 
 
 def test_a_410_gone_disables_the_subscription_at_once_and_keeps_what_waited(
@@ -208,7 +209,7 @@ def test_a_410_gone_disables_the_subscription_at_once_and_keeps_what_waited(
         410,
         gone,
     )
-    assert owed.name == "hook" and owed.project_id == "proj"
+    assert (owed.name, owed.project_id, owed.tenant_id) == ("hook", "proj", "acme")
     assert owed.detail == f"the endpoint answered 410 Gone to delivery {gone}: answered 410"
     assert (owed.failing_since_s, owed.disabled_at_s) == (T0, T0 + 1)
     assert {get_delivery(db, k).status for k in (waiting, gone)} == {DeliveryStatus.SKIPPED}
