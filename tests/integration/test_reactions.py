@@ -30,7 +30,7 @@ from rhumbatron.domain.project import project_admin_key
 from rhumbatron.errors import RhumbatronError, WorkflowEngineError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.messaging.streams import COMMAND_STREAM
-from rhumbatron.metrics import MetricBinding, metric_counts
+from rhumbatron.metrics import MetricBinding, RecordingSink, metric_counts
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_subject, stream_index
 from rhumbatron.queues.wake_consumer import WakeConsumer, WakeOutcome
@@ -128,6 +128,11 @@ class World:
     registry: SubscriptionRegistry
     clock: ManualClock
     wakes: list[str] = field(default_factory=list)
+    #: The metric points emitted after their rows were committed (what EMF would send).
+    metrics: RecordingSink = field(default_factory=RecordingSink)
+
+    def emitted(self) -> list[str]:
+        return [point.name for point in self.metrics.points(MetricBinding.METRICS)]
 
     async def publish(self, *events: Event, msg_id_suffix: str = "") -> None:
         ensure_project_roots(self.app, events)
@@ -181,7 +186,10 @@ def make_world(
         "router_nak_delay_s": 0,
         **overrides,
     }
-    app = bootstrap(load_settings(**values), clock=clock, alarms=RecordingAlarmSink())
+    metrics = RecordingSink()
+    app = bootstrap(
+        load_settings(**values), clock=clock, alarms=RecordingAlarmSink(), metrics_sink=metrics
+    )
     registry = SubscriptionRegistry(app.product(), app.settings, clock)
     reactions = reactions_for(app, registry, http=LazyHttpClient(), limits=limits)
     if wrap_facts is not None:
@@ -191,7 +199,7 @@ def make_world(
             http=reactions.effects.http, engine=engine, send_command=reactions.effects.send_command
         )
     app.bind_reactions(reactions)
-    return World(app, registry, clock)
+    return World(app, registry, clock, metrics=metrics)
 
 
 @pytest_asyncio.fixture
@@ -260,6 +268,7 @@ async def test_a_matching_webhook_subscription_delivers_one_signed_pointer_only_
         f"{event.event_id}:{sub}",
         PROJECT,
     )
+    assert world.emitted() == ["reaction_fired"]  # and emitted once written
 
 
 async def test_an_event_no_subscription_matches_delivers_nothing(
@@ -792,6 +801,7 @@ async def test_a_workflow_reaction_starts_once_per_event_and_subscription(
         (skipped,) = world.suppressed()
         assert skipped.reason is SuppressionReason.NO_WORKFLOW
         assert "nowhere" in skipped.detail
+        assert sorted(world.emitted()) == ["reaction_fired", "reaction_suppressed"]
     finally:
         engine.close()
 

@@ -238,6 +238,8 @@ async def test_a_webhook_whose_retries_run_out_becomes_a_dead_letter_an_operator
     assert [p[:2] for p in points[:-2]] == [
         (RETRIED_METRIC, {"outcome": "retrying", "tenant": TENANT})
     ] * 5
+    emitted = world.emitted()  # each emitted once its row was written
+    assert (emitted.count(RETRIED_METRIC), emitted.count(WEBHOOK_DEAD_METRIC)) == (6, 1)
     assert points[-2:] == [
         (
             RETRIED_METRIC,
