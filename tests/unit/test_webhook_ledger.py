@@ -472,3 +472,31 @@ def test_the_history_pruner_deletes_what_is_older_than_its_days_up_to_its_limit_
 def db_rows(store: SqliteStore, table: str) -> list[str]:
     column = "command_id" if table == "delivered_ready_wakes" else "event_id"
     return [row[0] for row in store.connection.execute(f"SELECT {column} FROM {table}")]
+
+
+def test_a_listing_shows_the_newest_100_by_default_of_one_or_several_statuses(
+    db: sqlite3.Connection,
+) -> None:
+    # GIVEN 101 skipped deliveries of a subscription and one delivered
+    for n in range(101):
+        record_skipped(
+            db,
+            delivery_key=f"k{n:03d}",
+            tenant_id="acme",
+            project_id="proj",
+            event_id=f"evt_{n}",
+            event_type="task.completed",
+            subscription_id=SUB,
+            body=b"{}",
+            now_s=T0 + n,
+        )
+    delivered = first_attempt(db, 200, OK, now_s=T0 + 500)
+    # WHEN they are listed  THEN a page holds the newest 100 unless asked for fewer
+    listed = list_deliveries(db, SUB)
+    assert len(listed) == 100 and listed[0].delivery_key == delivered
+    assert [d.delivery_key for d in list_deliveries(db, SUB, limit=2)] == [delivered, "k100"]
+    # AND the statuses asked for are all listed
+    both = list_deliveries(db, SUB, statuses=[DeliveryStatus.DELIVERED, DeliveryStatus.SKIPPED])
+    assert len(both) == 100
+    only = list_deliveries(db, SUB, statuses=[DeliveryStatus.DELIVERED])
+    assert [d.delivery_key for d in only] == [delivered]
