@@ -506,10 +506,12 @@ def classify(
 
 
 def stale_entries(results: Sequence[PackageResult]) -> list[str]:
-    """Lines of the list that name no current survivor: the code or the tests moved on."""
+    """Lines of the list that name no current survivor: the code or the tests moved on. A
+    mutant whose "kill" waits for its re-check (it ran into the per-test limit, most often
+    under load) is not stale yet: the re-check may find it surviving, as the line says."""
     stale: list[str] = []
     for result in results:
-        stale.extend(sorted(result.equivalent - result.survived))
+        stale.extend(sorted(result.equivalent - result.survived - result.not_checked))
     return stale
 
 

@@ -85,6 +85,9 @@ def test_a_listed_mutant_that_no_longer_survives_is_stale() -> None:
     assert tool.stale_entries([result]) == [f"{P}.x_f__mutmut_1", f"{P}.x_gone__mutmut_1"]
     # a stale line never raises the kill rate: only survivors can be shown equivalent
     assert result.kill_rate == pytest.approx(1.0)
+    # … and a listed mutant whose kill ran into the limit waits for its re-check, not stale
+    waiting = tool.classify("protocol", codes, {}, listed, to_confirm=[f"{P}.x_f__mutmut_1"])
+    assert tool.stale_entries([waiting]) == [f"{P}.x_gone__mutmut_1"]
 
 
 def test_a_mutant_equivalent_by_the_sql_rule_is_neither_stale_nor_killed_by_a_re_check() -> None:
