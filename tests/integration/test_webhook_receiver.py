@@ -349,12 +349,14 @@ def test_a_local_receiver_serves_on_a_daemon_thread_and_stops_even_if_never_star
     # AND a started one serves on a daemon thread named for it: a test that forgets to stop
     #   it cannot keep the interpreter from exiting
     receiver = local_receiver(clock, NEW)
+    before = set(threading.enumerate())
     start(receivers, receiver)
-    serving = [t for t in threading.enumerate() if t.name == "webhook-receiver"]
-    assert [t.daemon for t in serving] == [True]
     assert receiver.start() is receiver  # a second start keeps the one server
+    serving = [t for t in threading.enumerate() if t not in before]
+    assert [(t.name, t.daemon) for t in serving] == [("webhook-receiver", True)]
+    # AND once stopped, its thread has ended
     receiver.stop()
-    assert not any(t.name == "webhook-receiver" for t in threading.enumerate())
+    assert not any(t.is_alive() for t in serving)
 
 
 def test_a_local_receiver_has_no_url_before_it_starts(clock: ManualClock) -> None:
