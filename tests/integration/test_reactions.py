@@ -134,6 +134,16 @@ class World:
     def emitted(self) -> list[str]:
         return [point.name for point in self.metrics.points(MetricBinding.METRICS)]
 
+    def points(self, *names: str) -> list[tuple[str, dict[str, str], str, str]]:
+        """The stored metric points of ``names``, oldest first: name, dimensions, event ID
+        (the delivery's key) and project."""
+        rows = self.app.product().connection.execute(
+            "SELECT name, dimensions, event_id, project_id FROM platform_metrics "
+            f"WHERE name IN ({', '.join('?' * len(names))}) ORDER BY id",
+            names,
+        )
+        return [(row[0], json.loads(row[1]), row[2], row[3]) for row in rows]
+
     async def publish(self, *events: Event, msg_id_suffix: str = "") -> None:
         ensure_project_roots(self.app, events)
         js = (await self.app.nats()).jetstream()
@@ -259,15 +269,14 @@ async def test_a_matching_webhook_subscription_delivers_one_signed_pointer_only_
     }
     counts = metric_counts(world.app.product().connection, MetricBinding.METRICS)
     assert counts["reaction_fired"] == 1
-    (fired,) = world.app.product().connection.execute(
-        "SELECT dimensions, event_id, project_id FROM platform_metrics "
-        "WHERE name = 'reaction_fired'"
-    )
-    assert (json.loads(fired[0]), fired[1], fired[2]) == (
-        {"reaction": "webhook", "tenant": TENANT},
-        f"{event.event_id}:{sub}",
-        PROJECT,
-    )
+    assert world.points("reaction_fired") == [
+        (
+            "reaction_fired",
+            {"reaction": "webhook", "tenant": TENANT},
+            f"{event.event_id}:{sub}",
+            PROJECT,
+        )
+    ]
     assert world.emitted() == ["reaction_fired"]  # and emitted once written
 
 
@@ -332,20 +341,10 @@ async def test_a_self_caused_event_is_suppressed_and_recorded_with_its_cause_cha
     assert suppression.cause_chain.hops == (Hop(cause.event_id, sub),)
     counts = metric_counts(world.app.product().connection, MetricBinding.METRICS)
     assert counts["reaction_suppressed"] == 1
-    point = (
-        world.app.product()
-        .connection.execute(
-            "SELECT dimensions, event_id, project_id FROM platform_metrics "
-            "WHERE name = 'reaction_suppressed'"
-        )
-        .fetchone()
-    )
     key = f"{echo.event_id}:{sub}"
-    assert (json.loads(point[0]), point[1], point[2]) == (
-        {"reason": "self_cause", "tenant": TENANT},
-        key,
-        PROJECT,
-    )
+    assert world.points("reaction_suppressed") == [
+        ("reaction_suppressed", {"reason": "self_cause", "tenant": TENANT}, key, PROJECT)
+    ]
     assert suppression.delivery_key == key
 
 
@@ -657,12 +656,9 @@ async def test_a_spent_budget_records_budget_exceeded_once_and_skips_the_reactio
         assert [m for m in caplog.messages if "suppressed" in m] == [
             f"reaction {key} suppressed (budget): {why}" for key in refused
         ]
-        points = world.app.product().connection.execute(
-            "SELECT dimensions, event_id, project_id FROM platform_metrics "
-            "WHERE name = 'reaction_refused' ORDER BY id"
-        )
-        assert [(json.loads(d), key, p) for d, key, p in points] == [
-            ({"gate": "budget", "tenant": TENANT}, key, PROJECT) for key in refused
+        assert world.points("reaction_refused") == [
+            ("reaction_refused", {"gate": "budget", "tenant": TENANT}, key, PROJECT)
+            for key in refused
         ]
         shard = world.app.resource_shard(PROJECT, project_admin_key(PROJECT))
         facts = shard.connection.execute(

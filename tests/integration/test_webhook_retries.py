@@ -136,16 +136,6 @@ def delivery(world: World, subscription_id: str) -> WebhookDelivery:
     return only
 
 
-def retry_points(world: World) -> list[tuple[str, dict[str, str], str, str]]:
-    """The retry pass's metric points, oldest first: name, dimensions, event ID, project."""
-    rows = world.app.product().connection.execute(
-        "SELECT name, dimensions, event_id, project_id FROM platform_metrics "
-        "WHERE name IN (?, ?) ORDER BY id",
-        (RETRIED_METRIC, WEBHOOK_DEAD_METRIC),
-    )
-    return [(row[0], json.loads(row[1]), row[2], row[3]) for row in rows]
-
-
 def outbox_kinds(world: World) -> list[str]:
     """The event types the project's admin shard wrote (reactions' own facts land there)."""
     shard = world.app.resource_shard(PROJECT, project_admin_key(PROJECT))
@@ -234,7 +224,7 @@ async def test_a_webhook_whose_retries_run_out_becomes_a_dead_letter_an_operator
     assert open_letter_counts(world.app.product().connection)[("reactions", "reaction")] == 1
     # … and each retry is a metric point by tenant and outcome, its last one a dead letter's
     dead_at = world.clock.now().timestamp()
-    points = retry_points(world)
+    points = world.points(RETRIED_METRIC, WEBHOOK_DEAD_METRIC)
     assert [p[:2] for p in points[:-2]] == [
         (RETRIED_METRIC, {"outcome": "retrying", "tenant": TENANT})
     ] * 5
