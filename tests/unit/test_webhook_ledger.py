@@ -105,6 +105,21 @@ def first_attempt(
     return key
 
 
+def kept_while_disabled(db: sqlite3.Connection, key: str, event_id: str, *, now_s: float) -> None:
+    """A delivery of the subscription kept as skipped while its endpoint was disabled."""
+    record_skipped(
+        db,
+        delivery_key=key,
+        tenant_id="acme",
+        project_id="proj",
+        event_id=event_id,
+        event_type="task.completed",
+        subscription_id=SUB,
+        body=b"{}",
+        now_s=now_s,
+    )
+
+
 def retry_due(
     db: sqlite3.Connection, attempt: Attempt, *, now_s: float, policy: RetryPolicy = POLICY
 ) -> list[str]:
@@ -244,17 +259,7 @@ def test_an_endpoint_failing_through_the_window_is_disabled_and_a_success_resets
 def test_skipped_deliveries_are_replayed_with_a_fresh_schedule(db: sqlite3.Connection) -> None:
     # GIVEN deliveries kept while the endpoint was disabled, and one of another subscription
     for n in (1, 2):
-        record_skipped(
-            db,
-            delivery_key=f"k{n}",
-            tenant_id="acme",
-            project_id="proj",
-            event_id=f"evt_{n}",
-            event_type="task.completed",
-            subscription_id=SUB,
-            body=b"{}",
-            now_s=T0,
-        )
+        kept_while_disabled(db, f"k{n}", f"evt_{n}", now_s=T0)
     first_attempt(db, 3, GONE, sub=OTHER)
     kept = list_deliveries(db, SUB, statuses=[DeliveryStatus.SKIPPED])
     assert {d.last_error for d in kept} == {"not sent: the subscription's endpoint is disabled"}
@@ -479,17 +484,7 @@ def test_a_listing_shows_the_newest_100_by_default_of_one_or_several_statuses(
 ) -> None:
     # GIVEN 101 skipped deliveries of a subscription and one delivered
     for n in range(101):
-        record_skipped(
-            db,
-            delivery_key=f"k{n:03d}",
-            tenant_id="acme",
-            project_id="proj",
-            event_id=f"evt_{n}",
-            event_type="task.completed",
-            subscription_id=SUB,
-            body=b"{}",
-            now_s=T0 + n,
-        )
+        kept_while_disabled(db, f"k{n:03d}", f"evt_{n}", now_s=T0 + n)
     delivered = first_attempt(db, 200, OK, now_s=T0 + 500)
     # WHEN they are listed  THEN a page holds the newest 100 unless asked for fewer
     listed = list_deliveries(db, SUB)
