@@ -892,6 +892,16 @@ def _load_recheck(workspace: Path, hashes: dict[str, str]) -> dict[str, int]:
     }
 
 
+def _as_survivor(name: str, diff: str) -> str:
+    """mutmut's diff of ``name`` headed as a survivor. mutmut heads it with the status of its
+    pass: a kill the re-check did not repeat shows as killed, and a mutant no test ran then
+    (its tests were mapped after) as ``no tests``, which the heading keeps, for triage."""
+    status, _, rest = diff.partition("\n")
+    said = status.removeprefix(f"# {name}: ")
+    note = " (no test ran it in the pass)" if said == "no tests" else ""
+    return f"# {name}: survived{note}\n{rest}"
+
+
 def write_survivors(workspace: Path, result: PackageResult, out_dir: Path = SURVIVORS) -> Path:
     """Every survivor not shown equivalent, with its diff, to ``<out_dir>/<package>.txt``: the
     committed list of what no test kills yet, one ``# <name>: survived`` block each."""
@@ -902,8 +912,7 @@ def write_survivors(workspace: Path, result: PackageResult, out_dir: Path = SURV
         json.loads(cached.read_text(encoding="utf-8")) if cached.exists() else {}
     )
     parts = [
-        # A kill the re-check did not repeat is shown by mutmut as killed: it survived.
-        re.sub(rf"^# {re.escape(name)}: \w+", f"# {name}: survived", diffs[name][0])
+        _as_survivor(name, diffs[name][0])
         if name in diffs
         else f"# {name}: survived (no diff recorded)"
         for name in sorted(result.left)

@@ -212,16 +212,27 @@ def test_the_survivors_file_lists_every_survivor_left_with_its_diff(tmp_path: Pa
         equivalent={"rhumbatron.queues.a.x_g__mutmut_1"},
     )
     diff = "# rhumbatron.queues.a.x_f__mutmut_1: survived\n--- a.py\n+++ a.py\n-x = 1\n+x = 2"
+    # (mutmut heads a mutant no test ran in the pass "no tests")
+    untested = "# rhumbatron.queues.a.x_f__mutmut_2: no tests\n--- a.py\n+++ a.py\n-y\n+z"
     (tmp_path / "diffs.json").write_text(
-        json.dumps({"rhumbatron.queues.a.x_f__mutmut_1": [diff, "h"]})
+        json.dumps(
+            {
+                "rhumbatron.queues.a.x_f__mutmut_1": [diff, "h"],
+                "rhumbatron.queues.a.x_f__mutmut_2": [untested, "h"],
+            }
+        )
     )
     # WHEN it is written
     path = tool.write_survivors(tmp_path, result, out_dir=tmp_path / "survivors")
-    # THEN it lists the two left, sorted, one with its diff; and reads back as those names
+    # THEN it lists the two left, sorted, with their diffs, each headed as a survivor (the
+    # untested one says so); and reads back as those names
     assert path == tmp_path / "survivors" / "queues.txt"
     text = path.read_text()
     assert text.startswith("# 2 surviving mutants of rhumbatron/queues not shown equivalent")
+    assert "# rhumbatron.queues.a.x_f__mutmut_1: survived\n--- a.py" in text
     assert "-x = 1\n+x = 2" in text
+    assert "# rhumbatron.queues.a.x_f__mutmut_2: survived (no test ran it in the pass)\n" in text
+    assert "-y\n+z" in text
     assert tool.listed_survivors(path) == [
         "rhumbatron.queues.a.x_f__mutmut_1",
         "rhumbatron.queues.a.x_f__mutmut_2",
