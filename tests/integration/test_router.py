@@ -35,7 +35,9 @@ from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.product.audit import list_audit, record_audit
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
-from rhumbatron.router.handlers import RunContext
+from rhumbatron.reactions.config import ReactionSettings
+from rhumbatron.router.handlers import AuditArchiver, CausalRouting, NoCausalRules, RunContext
+from rhumbatron.router.maintenance import prune_processed_events
 from rhumbatron.router.nudge import InProcessNudge
 from rhumbatron.router.records import Outcome, Record, decode_records
 from rhumbatron.router.reports import RunReport
@@ -129,14 +131,22 @@ async def make_app(
     bucket = f"evidence-{uuid.uuid4().hex[:20]}"
     clock.set(START)
 
-    async def build(nudge: InProcessNudge | None = None, **overrides: Any) -> Rhumbatron:
+    async def build(
+        nudge: InProcessNudge | None = None,
+        causal_routing: CausalRouting | None = None,
+        **overrides: Any,
+    ) -> Rhumbatron:
         values = settings.model_dump() | {
             "s3_endpoint_url": s3_server.endpoint_url,
             "evidence_bucket": bucket,
             **overrides,
         }
         app = bootstrap(
-            load_settings(**values), clock=clock, alarms=RecordingAlarmSink(), nudge=nudge
+            load_settings(**values),
+            clock=clock,
+            alarms=RecordingAlarmSink(),
+            nudge=nudge,
+            causal_routing=causal_routing,
         )
         await app.ensure_streams()
         if not apps:
@@ -463,6 +473,21 @@ async def test_an_event_published_again_after_the_dedupe_window_is_applied_once(
     assert duplicates == {PROJECTOR.value: 1, CAUSAL.value: 1}
     assert fetched == {PROJECTOR.value: 1, CAUSAL.value: 1}
     assert view_count(app, project) == 1
+
+
+async def test_with_no_causal_rules_installed_every_event_is_applied_with_no_claim(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a router with no causal rules installed, and a project's history on its stream
+    app = await make_app(causal_routing=NoCausalRules())
+    (project,) = projects_on_stream(1, 1)
+    await publish(app, lifecycle(project, clock.now()))
+    # WHEN the stream is nudged
+    report = await app.router().nudge(1)
+    # THEN the causal router applied every event, and took no lease for any (no claim row)
+    assert report.subscriptions[CAUSAL.value].applied == 6
+    claims = app.router().stream_state(1).connection
+    assert claims.execute("SELECT COUNT(*) FROM processed_events").fetchone()[0] == 0
 
 
 async def test_the_causal_router_acks_an_event_no_rule_acts_on_with_no_claim(
@@ -1039,6 +1064,29 @@ async def test_an_ordinary_tick_prunes_old_claims_when_sized_above_the_daily_cap
     assert view_count(app, project) == 6 - pruned[1]
 
 
+async def test_a_prune_whose_time_runs_out_after_the_claims_returns_them_and_leaves_the_rest(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a project's events routed and applied 15 days ago
+    app = await make_app()
+    (project,) = projects_on_stream(1, 1)
+    await publish(app, lifecycle(project, clock.now()))
+    await app.router().nudge(1)
+    clock.advance(days=15)
+    claims = app.router().stream_state(1).connection
+    count = "SELECT COUNT(*) FROM processed_events"
+    # WHEN a prune's time runs out as soon as the causal router's claims are gone
+    pruned = prune_processed_events(
+        app.router(),
+        now_s=clock.now().timestamp(),
+        cap=100,
+        should_stop=lambda: claims.execute(count).fetchone()[0] == 0,
+    )
+    # THEN it returns the claims it deleted and no feed row: the feed waits for the next tick
+    assert pruned == (ROUTED_IN_LIFECYCLE, 0)
+    assert view_count(app, project) == 6
+
+
 async def test_a_claim_is_kept_until_it_is_14_days_old_and_pruned_after(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
@@ -1421,6 +1469,56 @@ async def test_in_drain_mode_a_tick_told_to_stop_drains_no_other_stream(
     assert archived_ids(app) == Counter()
 
 
+async def test_in_drain_mode_a_tick_whose_time_runs_out_mid_drain_stops_there(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN drain mode and 350 events waiting on stream 5, not the tick's stream
+    app = await make_app(**SIZED_FOR_DRAIN_MODE)
+    (second,) = projects_on_stream(5, 1)
+    await publish(app, wakes(second, clock.now(), 350))
+    tick = sweep_minute(0)
+    clock.set(tick)
+    archiver = app.router().handler(5, Subscription.AUDIT_ARCHIVER)
+    assert isinstance(archiver, AuditArchiver)
+    out_of_time = False
+
+    def time_is_up() -> bool:  # from the moment stream 5's archiver has written an object
+        nonlocal out_of_time
+        out_of_time = out_of_time or bool(archiver.objects_written)
+        return out_of_time
+
+    # WHEN the tick's time runs out once stream 5's archiver has written its first object
+    sweep = await app.router().sweep(now=tick, should_stop=time_is_up)
+    # THEN the archiver stopped after that fetch of 100, nothing else drained on stream 5, and
+    # the streams after it were not visited
+    drained = sweep.drained_elsewhere["EVENTS_05"].subscriptions
+    assert drained[Subscription.AUDIT_ARCHIVER.value].applied == 100
+    assert set(drained) == {Subscription.AUDIT_ARCHIVER.value}
+    assert sorted(sweep.drained_elsewhere) == [f"EVENTS_0{n}" for n in range(1, 6)]
+
+
+async def test_in_drain_mode_a_housekeeping_tick_drains_no_analytics_on_other_streams(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN drain mode and events waiting on stream 5
+    app = await make_app(**SIZED_FOR_DRAIN_MODE)
+    (second,) = projects_on_stream(5, 1)
+    await publish(app, wakes(second, clock.now(), 10))
+    # WHEN the tick of a release-sweep minute (one of the housekeeping minutes) runs
+    tick = next(
+        when
+        for when in (START.replace(hour=10, minute=m) for m in range(60))
+        if tick_kind(app.settings, when)[2]
+    )
+    clock.set(tick)
+    sweep = await app.router().sweep(now=tick)
+    # THEN stream 5's archive and reactions drained, and its analytics waits for another tick
+    assert not sweep.analytics
+    drained = sweep.drained_elsewhere["EVENTS_05"].subscriptions
+    assert set(drained) == {Subscription.AUDIT_ARCHIVER.value, Subscription.REACTIONS.value}
+    assert drained[Subscription.REACTIONS.value].applied == 10
+
+
 async def test_a_warm_router_measures_its_capacity_again_every_hour(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
@@ -1574,6 +1672,45 @@ async def test_the_daily_tick_expires_archive_objects_older_than_365_days_only(
     late = await app.router().sweep(now=a_daily_tick(366))
     assert late.archive_objects_expired == 1
     assert archived_ids(app) == Counter()
+
+
+async def test_the_daily_tick_expires_by_the_configured_age_and_at_most_its_objects_a_pass(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN archives kept 30 days, expired one object a pass, and two objects archived today
+    app = await make_app(archive_max_age_days=30, archive_expiry_max_objects=1)
+    for stream in (2, 3):
+        (project,) = projects_on_stream(stream, 1)
+        await publish(app, lifecycle(project, clock.now()))
+    await app.router().drain()
+    assert sum(archived_ids(app).values()) == 12
+    # WHEN the daily tick runs 29 days later, THEN nothing has expired
+    assert (await app.router().sweep(now=a_daily_tick(29))).archive_objects_expired == 0
+    # AND 31 days later one object goes, the other waits for the next pass
+    assert (await app.router().sweep(now=a_daily_tick(31))).archive_objects_expired == 1
+    assert sum(archived_ids(app).values()) == 6
+
+
+async def test_the_daily_tick_prunes_the_reactions_history_past_its_days_and_reports_it(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN cause chains of the reactions 15 and 13 days before a daily tick (14 are kept)
+    app = await make_app()
+    tick = (sweep_minute(0) + timedelta(days=1)).replace(hour=4, minute=17)
+    clock.set(tick)
+    assert ReactionSettings().reaction_history_days == 14
+    with app.product().transaction() as db:
+        for age_days in (15, 13):
+            db.execute(
+                "INSERT INTO reaction_causes VALUES (?, 'acme', 0, '[]', ?)",
+                (f"evt-{age_days}", (tick - timedelta(days=age_days)).timestamp()),
+            )
+    # WHEN the 04:17 UTC tick runs
+    sweep = await app.router().sweep(now=tick)
+    # THEN the older row went and the report counts it
+    assert (sweep.maintenance, sweep.pruned_reaction_rows) == (True, 1)
+    kept = app.product().connection.execute("SELECT cause_key FROM reaction_causes").fetchall()
+    assert [row[0] for row in kept] == ["evt-13"]
 
 
 async def test_a_daily_tick_whose_archive_expiry_fails_logs_it_and_does_the_rest(

@@ -348,6 +348,13 @@ def test_a_fetch_is_split_where_the_runs_apply_calls_end_each_part_in_stream_ord
         # AND with none left, only the undecodable record is taken
         spent = projector.split_by_budget(records, RunContext(3, 1.0, apply_calls_left=0))
         assert (seqs(spent[0]), seqs(spent[1])) == ([4], [1, 2, 3, 5, 6, 7])
+        # AND the budget a fetch of the decoded records would leave says the same: the calls
+        # left after it, and how many records must wait
+        decoded = [r for r in records if r.event is not None]
+        for calls, after in ((4, (1, 0)), (3, (0, 0)), (2, (0, 2)), (1, (0, 4)), (0, (0, 6))):
+            run = RunContext(3, 1.0, apply_calls_left=calls)
+            assert projector.budget_after(decoded, run) == after, calls
+            assert run.apply_calls_left == calls
     finally:
         projector.close()
 
