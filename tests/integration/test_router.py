@@ -29,7 +29,7 @@ from rhumbatron.archive import ArchiveReader
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.messaging.event_log import Subscription
+from rhumbatron.messaging.event_log import ConsumerLag, Subscription
 from rhumbatron.messaging.pull import ConsumerChange
 from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.product.audit import list_audit, record_audit
@@ -250,6 +250,14 @@ async def until(
     raise AssertionError(f"condition not reached after {attempts} runs")
 
 
+async def settled_lag(app: Rhumbatron, stream: int = 0) -> ConsumerLag:
+    """The projector's lag on ``stream`` once every ack sent to it is settled. JetStream
+    settles acks on a queue of its own, so the lag may trail an ack by a moment; an ack never
+    sent is never settled, and the wait fails."""
+    log = await app.router().event_log()
+    return await until(lambda: log.lag(stream, PROJECTOR), lambda lag: lag.num_ack_pending == 0)
+
+
 def view_count(app: Rhumbatron, project_id: str, table: str = "project_events") -> int:
     view = app.router().projector.view(project_id)
     sql = f"SELECT COUNT(*) FROM {table} WHERE project_id = ?"
@@ -443,7 +451,7 @@ async def test_the_same_batch_delivered_again_applies_nothing_and_is_acked(
     assert report.subscriptions[PROJECTOR.value].duplicates == 1
     assert report.subscriptions[PROJECTOR.value].applied == 0
     assert view_count(app, project) == 1
-    assert (await log.lag(0, PROJECTOR)).num_ack_pending == 0
+    assert (await settled_lag(app)).num_ack_pending == 0
 
 
 async def test_an_event_published_again_after_the_dedupe_window_is_applied_once(
@@ -538,7 +546,7 @@ async def test_the_same_event_twice_in_one_batch_is_applied_once(
         sub = report.subscriptions[name]
         assert (sub.fetched, sub.applied + sub.duplicates, sub.failed) == (2, 2, 0), name
     assert view_count(app, project) == 1
-    assert (await (await app.router().event_log()).lag(0, PROJECTOR)).num_ack_pending == 0
+    assert (await settled_lag(app)).num_ack_pending == 0
 
 
 async def test_the_apply_cap_defers_events_without_counting_a_failure(
@@ -767,9 +775,7 @@ async def test_the_fifth_failure_makes_a_poison_dead_letter_and_acks_it(
             "evt_00000000000000000000000000000001",
         ),
     ]
-    # (JetStream settles the ack on a queue of its own: the lag may trail it by a moment.)
-    log = await app.router().event_log()
-    lag = await until(lambda: log.lag(0, PROJECTOR), lambda lag: lag.num_ack_pending == 0)
+    lag = await settled_lag(app)
     assert (lag.num_pending, lag.num_ack_pending) == (0, 0)
 
 
@@ -831,7 +837,7 @@ async def test_an_event_dead_lettered_on_its_fifth_failure_is_marked_processed(
     projector = report.subscriptions[PROJECTOR.value]
     assert (projector.duplicates, projector.applied, projector.failed) == (1, 0, 0)
     assert view_count(app, project) == 0
-    assert (await (await app.router().event_log()).lag(0, PROJECTOR)).num_ack_pending == 0
+    assert (await settled_lag(app)).num_ack_pending == 0
 
 
 def test_the_sweep_visits_the_minute_of_day_mod_8_and_skips_analytics_on_housekeeping_ticks() -> (
