@@ -3,6 +3,7 @@ a manual clock, and the composition root wired to them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -68,6 +69,20 @@ async def nc(nats_server: NatsServerProcess, settings: Settings) -> AsyncIterato
 def offline_settings(tmp_path: Path) -> Settings:
     """Settings for tests that never touch NATS (actors, outbox state machine)."""
     return load_settings(state_dir=tmp_path / "state", nats_url="nats://127.0.0.1:1")
+
+
+@pytest.fixture
+def local_time_far_from_utc() -> Iterator[None]:
+    """The process's local time zone set to UTC-5 (TZ), restored afterwards: a test of a UTC
+    rule that must not lean on the host's zone (CI's is UTC, where local time is UTC)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TZ", "EST+05")
+        time.tzset()
+        try:
+            yield
+        finally:
+            patch.undo()
+            time.tzset()
 
 
 @pytest.fixture

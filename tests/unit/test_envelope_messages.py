@@ -8,8 +8,7 @@ with its "Value error, " prefix stripped, every problem in field order, and the 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -160,19 +159,6 @@ def test_a_moment_with_no_utc_equivalent_is_refused_naming_it() -> None:
     error = refusal(lambda: Event.create(**{**_python_event(), "timestamp": moment}))
     # THEN the message quotes the moment and says why
     assert "0001-01-01T00:00:00+05:00 has no UTC equivalent in range" in str(error)
-
-
-@pytest.fixture
-def local_time_far_from_utc() -> Iterator[None]:
-    """The process's local time zone set to UTC-5 (TZ), restored afterwards."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TZ", "EST+05")
-        time.tzset()
-        try:
-            yield
-        finally:
-            patch.undo()
-            time.tzset()
 
 
 @pytest.mark.usefixtures("local_time_far_from_utc")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -612,3 +612,12 @@ def test_a_tick_time_without_a_timezone_is_refused_naming_it() -> None:
     assert utc_minute(datetime(2026, 3, 2, 10, 41, 7, 123, tzinfo=UTC)) == datetime(
         2026, 3, 2, 10, 41, tzinfo=UTC
     )
+
+
+@pytest.mark.usefixtures("local_time_far_from_utc")
+def test_a_tick_times_minute_is_in_utc_whatever_the_hosts_time_zone() -> None:
+    # GIVEN a tick at 03:00:07 UTC, given two hours east of it, on a host five hours west
+    moment = datetime(2026, 3, 2, 5, 0, 7, tzinfo=timezone(timedelta(hours=2)))
+    # WHEN its minute is taken  THEN it is written in UTC: the same day and hour as UTC's
+    minute = utc_minute(moment)
+    assert (minute.tzinfo, minute.date().isoformat(), minute.hour) == (UTC, "2026-03-02", 3)
