@@ -110,7 +110,7 @@ async def test_a_rewind_after_everything_was_applied_applies_nothing_twice(
     assert view_rows(app, project) == before
     # AND the replay's reader is gone; the live durable consumers are untouched
     assert await consumer_names(app, 0) == sorted([PROJECTOR.value, CAUSAL.value])
-    lag = await (await app.router().event_log()).lag(0, PROJECTOR)
+    lag = await router_tests.settled_lag(app)
     assert (lag.num_pending, lag.num_ack_pending) == (0, 0)
 
 
