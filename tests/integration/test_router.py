@@ -45,6 +45,7 @@ from rhumbatron.router.ticks import tick_kind
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 from rhumbatron_dev.local.s3_server import S3ServerProcess
+from server_counts import settles_to
 
 from .test_queue_consumer import AckTap
 
@@ -571,6 +572,27 @@ async def test_the_apply_cap_defers_events_without_counting_a_failure(
         lambda: app.router().nudge(0),
         lambda _: [view_count(app, p) for p in projects] == [2] * 5,
     )
+
+
+async def test_a_run_that_leaves_records_waiting_asks_for_what_the_next_fetch_leaves_to_fill(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN six projects with two events each on one stream, fetches of 4 records and a cap
+    #   of 3 apply calls per run
+    app = await make_app(router_apply_calls_per_run=3, router_fetch_max_records=4)
+    await two_events_each(app, clock, 6)
+    # WHEN one nudge runs: its second fetch applies one project and keeps the other's two
+    report = await app.router().nudge(0)
+    assert (report.subscriptions[PROJECTOR.value].deferred, report.left_waiting) == (2, True)
+    # THEN it asked for the 2 records the next run's fetch of 4 leaves to fill, no more: 4 are
+    # delivered and unacked (2 kept, 2 asked for) and 2 still wait on the stream
+    log = await app.router().event_log()
+
+    async def delivered_and_waiting() -> tuple[int, int]:
+        lag = await log.lag(0, PROJECTOR)
+        return lag.num_ack_pending, lag.num_pending
+
+    await settles_to(delivered_and_waiting, (4, 2))
 
 
 async def test_the_apply_cap_holds_across_the_fetches_of_one_run(
