@@ -62,6 +62,7 @@ from rhumbatron.reactions.subscription_table import (
     subscription_from_row,
 )
 from rhumbatron.reactions.webhook_ledger import (
+    DELIVERIES_PER_PAGE,
     DeliveryStatus,
     WebhookDelivery,
     list_deliveries,
@@ -232,7 +233,7 @@ class SubscriptionRegistry:
         subscription_id: str,
         *,
         statuses: Sequence[DeliveryStatus] = (),
-        limit: int = 100,
+        limit: int = DELIVERIES_PER_PAGE,
     ) -> builtins.list[WebhookDelivery]:
         """The webhook deliveries of the tenant's subscription, newest first (see
         :mod:`~rhumbatron.reactions.webhook_ledger`)."""

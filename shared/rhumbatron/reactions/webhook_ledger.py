@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 __all__ = [
+    "DELIVERIES_PER_PAGE",
     "WEBHOOK_LEDGER_SCHEMA",
     "Attempt",
     "DeliveryStatus",
@@ -250,12 +251,16 @@ def get_delivery(db: sqlite3.Connection, delivery_key: str) -> WebhookDelivery:
     return WebhookDelivery.from_row(row)
 
 
+#: A listing's deliveries unless the caller asks for fewer (or, through the API, up to 500).
+DELIVERIES_PER_PAGE = 100
+
+
 def list_deliveries(
     db: sqlite3.Connection,
     subscription_id: str,
     *,
     statuses: Sequence[DeliveryStatus] = (),
-    limit: int = 100,
+    limit: int = DELIVERIES_PER_PAGE,
 ) -> list[WebhookDelivery]:
     """The subscription's deliveries, newest first, of the given statuses (all if none)."""
     clause = ""
