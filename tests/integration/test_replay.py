@@ -17,7 +17,7 @@ from project_roots import restore_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
-from rhumbatron.errors import ReplayError
+from rhumbatron.errors import MessagingError, ReplayError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.protocol.ids import event_stream_name, stream_index
@@ -242,9 +242,36 @@ async def test_a_dry_run_changes_no_file_and_leaves_no_consumer(
 
 async def test_a_rewind_past_the_stream_end_reads_nothing(make_app: AppFactory) -> None:
     app = await make_app()
-    report = await rewind(app, stream_index=3, subscription=PROJECTOR, to_seq=1, dry_run=False)
+    heard: list[tuple[int, int | None]] = []
+    report = await rewind(
+        app,
+        stream_index=3,
+        subscription=PROJECTOR,
+        to_seq=1,
+        dry_run=False,
+        progress=lambda done, total, line="": heard.append((done, total)),
+    )
     assert counts(report) == {}
     assert (report.first_seq, report.last_seq) == (1, 0)
+    # nothing was read: no reader was made (nor any consumer yet), and no progress told
+    assert heard == []
+    assert await consumer_names(app, 3) == []
+
+
+async def test_a_rewind_of_a_stream_that_does_not_exist_says_how_to_make_it(
+    make_app: AppFactory,
+) -> None:
+    # GIVEN a deployment whose stream 3 was deleted
+    app = await make_app()
+    await (await app.nats()).jetstream().delete_stream(event_stream_name(3))
+    # WHEN it is rewound  THEN the refusal names the stream and how to create it
+    with pytest.raises(MessagingError) as refused:
+        await rewind(app, stream_index=3, subscription=PROJECTOR, to_seq=1, dry_run=False)
+    said = str(refused.value)
+    assert said.startswith("stream EVENTS_03 does not exist (")
+    assert said.endswith(
+        "); create the streams (rhumbatron up, or any runtime's ensure_streams) and replay again"
+    )
 
 
 async def test_a_rewind_to_the_last_record_of_a_stream_of_one_reads_that_record(
