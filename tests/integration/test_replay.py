@@ -15,6 +15,7 @@ import pytest
 
 from project_roots import restore_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
 from rhumbatron.errors import MessagingError, ReplayError
@@ -665,6 +666,28 @@ async def test_a_replay_into_a_busy_product_file_retries_each_event_naming_the_f
     assert counts(report) == {"scanned": 6, "retried": 6}
     held = f"SQLite file {product.path} is held by another writer past the busy timeout"
     assert all(e.startswith("evt_") and held in e for e in report.errors)
+
+
+async def test_a_replay_whose_project_root_cannot_be_read_retries_each_event_saying_why(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a history on stream 0, and its project's root file damaged since (a fresh
+    # process: no tenant of it remembered)
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    events = history(project, clock.now())
+    await publish(app, events)
+    root = ProjectRoot.ref_for(project).path(app.settings.state_dir)
+    await app.close()  # its files closed and checkpointed
+    root.write_bytes(b"not a database file" * 512)
+    fresh = await make_app()
+    # WHEN the projector is rewound
+    report = await rewind(fresh, stream_index=0, subscription=PROJECTOR, to_seq=1, dry_run=False)
+    # THEN every event is to retry (not failed: the root may be read again), each saying why
+    assert counts(report) == {"scanned": 6, "retried": 6}
+    why = f"cannot read the root of project {project} to check the tenant of event"
+    assert [e.partition(": ")[0] for e in report.errors] == [e.event_id for e in events]
+    assert all(why in e for e in report.errors)
 
 
 async def test_an_event_the_view_refuses_in_a_replay_fails_alone_with_its_reason(
