@@ -27,6 +27,7 @@ from project_roots import ensure_project_roots
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.archive import ArchiveReader
 from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.log_context import CorrelationIdFilter
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.messaging.event_log import ConsumerLag, Subscription
@@ -548,6 +549,26 @@ async def test_the_same_event_twice_in_one_batch_is_applied_once(
         assert (sub.fetched, sub.applied + sub.duplicates, sub.failed) == (2, 2, 0), name
     assert view_count(app, project) == 1
     assert (await settled_lag(app)).num_ack_pending == 0
+
+
+async def test_a_record_settled_with_a_warning_logs_its_events_correlation_id(
+    make_app: AppFactory, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN an event on stream 0 and its view file held by another writer
+    app = await make_app(sqlite_busy_timeout_ms=0)
+    (project,) = projects_on_stream(0, 1)
+    event = lifecycle(project, clock.now())[0]
+    await publish(app, [event])
+    store = app.router().projector.views(0)
+    assert store.connection is not None  # opening makes the file
+    caplog.handler.addFilter(CorrelationIdFilter())
+    # WHEN a nudge cannot apply it and leaves it to retry
+    with held_by_another_writer(store.path):
+        report = await app.router().nudge(0)
+    assert report.subscriptions[PROJECTOR.value].retried == 1
+    # THEN the warning saying so carries the event's correlation ID, for the log search
+    [warned] = [r for r in caplog.records if " retries " in r.getMessage()]
+    assert getattr(warned, "correlation_id", None) == event.correlation_id == CALLER.correlation_id
 
 
 async def test_the_apply_cap_defers_events_without_counting_a_failure(
