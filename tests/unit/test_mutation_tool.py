@@ -486,6 +486,21 @@ def test_a_continued_column_list_is_sql_but_a_short_message_is_not() -> None:
     assert not tool.is_sql_case_change(
         diff('            reason="no API key",', '            reason="NO API KEY",')
     )
+    # AND savepoints, attached files and pragmas are SQL too (their names in any case)
+    for removed, added in (
+        ('        db.execute("ROLLBACK TO project")', '        db.execute("rollback to project")'),
+        ('        db.execute("RELEASE project")', '        db.execute("RELEASE PROJECT")'),
+        (
+            '    c.execute("ATTACH DATABASE ? AS old", (p,))',
+            '    c.execute("ATTACH DATABASE ? AS OLD", (p,))',
+        ),
+        ('        c.execute("DETACH DATABASE old")', '        c.execute("detach database old")'),
+        (
+            '    s.execute("PRAGMA wal_checkpoint(TRUNCATE)")',
+            '    s.execute("PRAGMA WAL_CHECKPOINT(TRUNCATE)")',
+        ),
+    ):
+        assert tool.is_sql_case_change(diff(removed, added)), removed
 
 
 def test_mutmuts_stats_are_forgotten_when_the_code_or_a_test_changed_and_kept_otherwise(
