@@ -19,6 +19,7 @@ from rhumbatron.router.capacity import (
     ceilings,
     drain_mode,
     sizing_warnings,
+    stream_events_per_day,
     tick_prune_rows,
 )
 from rhumbatron.router.ticks import drain_plan, in_fetches, sweep_plan
@@ -212,3 +213,22 @@ async def test_the_capacity_point_is_the_share_of_the_tightest_ceiling_that_bind
     # the router says what it saw, whatever its own settings name
     assert (await capacity_report(load_settings(), None, nudged=True)).nudged
     assert not (await capacity_report(settings, None, nudged=False)).nudged
+
+
+def test_a_streams_rate_is_its_messages_over_the_span_of_its_first_and_last_message() -> None:
+    # GIVEN stream-info states as JetStream writes them (RFC 3339, nanoseconds, Z)
+    def state(first: str, last: str, messages: int) -> dict[str, object]:
+        return {"first_ts": first, "last_ts": last, "messages": messages}
+
+    two_minutes = state("2026-03-02T10:00:00.123456789Z", "2026-03-02T10:02:00.123456999Z", 120)
+    # THEN 120 messages over two minutes are 86,400 a day
+    assert stream_events_per_day(two_minutes) == pytest.approx(86_400)
+    # AND a span of exactly a minute counts; a shorter one, or no message, tells nothing
+    minute = state("2026-03-02T10:00:00Z", "2026-03-02T10:01:00Z", 10)
+    assert stream_events_per_day(minute) == pytest.approx(14_400)
+    short = state("2026-03-02T10:00:00.000000000Z", "2026-03-02T10:00:59.999999000Z", 10)
+    assert stream_events_per_day(short) == 0
+    assert stream_events_per_day(state("2026-03-02T10:00:00Z", "2026-03-02T10:05:00Z", 0)) == 0
+    assert stream_events_per_day({"messages": 5, "first_ts": "2026-03-02T10:00:00Z"}) == 0
+    assert stream_events_per_day({"messages": 5, "last_ts": "2026-03-02T10:05:00Z"}) == 0
+    assert stream_events_per_day({}) == 0

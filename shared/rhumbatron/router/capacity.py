@@ -16,7 +16,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic.alias_generators import to_camel
 
@@ -26,6 +26,8 @@ from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 from rhumbatron.router.ticks import drain_plan, in_fetches
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from nats.aio.client import Client as NATS
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "drain_mode",
     "observed_events_per_day",
     "sizing_warnings",
+    "stream_events_per_day",
     "tick_prune_rows",
 ]
 
@@ -227,23 +230,21 @@ async def observed_events_per_day(nc: NATS) -> float:
     total = 0.0
     for index in range(EVENT_STREAM_COUNT):
         reply = await nc.request(f"$JS.API.STREAM.INFO.{event_stream_name(index)}", b"", timeout=2)
-        state = json.loads(reply.data).get("state", {})
-        first, last, messages = state.get("first_ts"), state.get("last_ts"), state.get("messages")
-        if not messages or not first or not last:
-            continue
-        span_s = (_parse(last) - _parse(first)).total_seconds()
-        if span_s >= 60:
-            total += messages * 86_400 / span_s
+        total += stream_events_per_day(json.loads(reply.data).get("state", {}))
     return total
 
 
-def _parse(text: str) -> datetime:
-    text = text.replace("Z", "+00:00")
-    head, _, rest = text.partition(".")
-    if rest:  # JetStream gives nanoseconds; datetime takes at most microseconds
-        digits = "".join(c for c in rest if c.isdigit())
-        text = f"{head}.{digits[:6]}{rest[len(digits) :]}"
-    return datetime.fromisoformat(text)
+def stream_events_per_day(state: Mapping[str, Any]) -> float:
+    """The events a day one stream carries, from the ``state`` of its stream-info answer:
+    its messages over the span between its first and last message; 0 for a stream with no
+    message or spanning under a minute (too little to tell)."""
+    first, last, messages = state.get("first_ts"), state.get("last_ts"), state.get("messages")
+    if not messages or not first or not last:
+        return 0.0
+    # JetStream writes RFC 3339 with nanoseconds and a Z: fromisoformat reads both (Python
+    # 3.11+, cutting the fraction to microseconds).
+    span_s = (datetime.fromisoformat(last) - datetime.fromisoformat(first)).total_seconds()
+    return messages * 86_400 / span_s if span_s >= 60 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
