@@ -18,6 +18,7 @@ from rhumbatron.router.capacity import (
     capacity_warnings,
     ceilings,
     drain_mode,
+    report_for,
     sizing_warnings,
     stream_events_per_day,
     tick_prune_rows,
@@ -52,10 +53,15 @@ def test_a_rate_past_80_percent_of_a_ceiling_warns_naming_the_setting_to_raise()
     sweep_only = load_settings(router_drain_mode=False)
     warnings = capacity_warnings(sweep_only, observed_per_day=115_201)
     (archive,) = [w for w in warnings if "archive_events_per_day" in w]
-    assert "over 80% of archive_events_per_day (144,000)" in archive
-    assert "RHUMBATRON_ARCHIVE_BATCHES_PER_TICK" in archive
-    below = capacity_warnings(sweep_only, observed_per_day=115_199)
-    assert not [w for w in below if "archive_events_per_day" in w]
+    assert archive == (
+        "the streams carry about 115,201 events a day, over 80% of archive_events_per_day "
+        "(144,000): raise RHUMBATRON_ARCHIVE_BATCH_SIZE or RHUMBATRON_ARCHIVE_BATCHES_PER_TICK "
+        "(see docs/operations.md)"
+    )
+    # (exactly 80 % is not past it)
+    for below in (115_199, 115_200):
+        at = capacity_warnings(sweep_only, observed_per_day=below)
+        assert not [w for w in at if "archive_events_per_day" in w], below
     # with drain mode deciding (the default), that rate drains instead of warning
     assert not [
         w
@@ -232,3 +238,32 @@ def test_a_streams_rate_is_its_messages_over_the_span_of_its_first_and_last_mess
     assert stream_events_per_day({"messages": 5, "first_ts": "2026-03-02T10:00:00Z"}) == 0
     assert stream_events_per_day({"messages": 5, "last_ts": "2026-03-02T10:05:00Z"}) == 0
     assert stream_events_per_day({}) == 0
+
+
+def test_the_report_sizes_every_figure_for_the_observed_rate_and_warns_of_it() -> None:
+    # GIVEN a deployment sized for the default, whose streams carry 500,000 events a day
+    settings = load_settings(router_drain_mode=None)
+    observed = 500_000.0
+    # WHEN the report is made, nudges on
+    report = report_for(settings, observed, nudged=True)
+    # THEN the prune's chunk, the ceilings and drain mode are those of the observed rate
+    assert report.observed_events_per_day == observed
+    assert (
+        report.tick_prune_rows
+        == tick_prune_rows(settings, observed)
+        > tick_prune_rows(settings, None)
+    )
+    assert report.ceilings == ceilings(settings, observed) != ceilings(settings, None)
+    assert report.drain_mode is True and drain_mode(settings, None) is False
+    # AND its warnings are the sizing's and the rate's, judged with the nudges on (the
+    # projector's sweep-only ceilings do not bind then)
+    rate_warnings = capacity_warnings(settings, observed, nudged=True)
+    assert rate_warnings != capacity_warnings(settings, observed, nudged=False)
+    assert report.warnings == sizing_warnings(settings, nudged=True) + rate_warnings
+    # AND with no rate read, only the sizing warns, judged with the nudges as they are
+    sized = load_settings(expected_events_per_day=200_000, router_drain_mode=False)
+    assert sizing_warnings(sized, nudged=True) != sizing_warnings(sized, nudged=False)
+    for nudged in (True, False):
+        assert report_for(sized, None, nudged=nudged).warnings == sizing_warnings(
+            sized, nudged=nudged
+        )

@@ -39,6 +39,7 @@ __all__ = [
     "ceilings",
     "drain_mode",
     "observed_events_per_day",
+    "report_for",
     "sizing_warnings",
     "stream_events_per_day",
     "tick_prune_rows",
@@ -299,6 +300,12 @@ async def capacity_report(
     if nudged is None:
         nudged = settings.router_nudge_function is not None
     observed = None if nc is None else await observed_events_per_day(nc)
+    return report_for(settings, observed, nudged=nudged)
+
+
+def report_for(settings: Settings, observed: float | None, *, nudged: bool) -> CapacityReport:
+    """The capacity report at the ``observed`` rate (None: not read), with the warnings of
+    the sizing and of that rate."""
     warnings = sizing_warnings(settings, nudged=nudged)
     if observed is not None:
         warnings += capacity_warnings(settings, observed, nudged=nudged)
