@@ -267,3 +267,18 @@ def test_the_report_sizes_every_figure_for_the_observed_rate_and_warns_of_it() -
         assert report_for(sized, None, nudged=nudged).warnings == sizing_warnings(
             sized, nudged=nudged
         )
+
+
+def test_the_ceilings_count_whole_ticks_and_whole_rows() -> None:
+    # GIVEN a release sweep every 7 minutes: analytics skips its 205 ticks and the daily one
+    odd = load_settings(release_sweep_every_min=7, router_drain_mode=False)
+    # THEN analytics carries 1,234 ticks of 100 events a day
+    assert ceilings(odd).analytics_events_per_day == 1_234 * 100
+    # AND the prune deletes its daily cap on the daily tick and its chunk on the 1,439 others,
+    # and each event leaves up to one row per subscription (5): whole events
+    capped = load_settings(processed_events_prune_cap=5_001)
+    rows = tick_prune_rows(capped, 1e6)
+    assert rows > 0
+    prune = ceilings(capped, 1e6).prune_events_per_day
+    assert prune == (5_001 + 1_439 * rows) // 5
+    assert isinstance(prune, int)
