@@ -1579,11 +1579,15 @@ async def test_a_warm_router_measures_its_capacity_again_every_hour(
     # WHEN its first sweep runs, THEN it warns of the ceilings below the sized volume
     first = sweep_minute(0)
     clock.set(first)
-    assert any("archive_events_per_day" in w for w in (await router.sweep(now=first)).warnings)
+    measured = await router.sweep(now=first)
+    assert any("archive_events_per_day" in w for w in measured.warnings)
+    # AND it read the rate the streams carry (none spans a minute yet: nothing of its ceiling)
+    assert measured.capacity_used_percent == 0.0
     # WHEN the warm router sweeps again within the hour, THEN it does not measure again
     within = first + timedelta(minutes=59)
     clock.set(within)
-    assert (await router.sweep(now=within)).warnings == []
+    again = await router.sweep(now=within)
+    assert (again.warnings, again.capacity_used_percent) == ([], None)
     # WHEN an hour has passed, THEN it measures again, and warns again
     later = first + timedelta(hours=1)
     clock.set(later)
