@@ -485,6 +485,18 @@ async def test_an_event_published_again_after_the_dedupe_window_is_applied_once(
     assert view_count(app, project) == 1
 
 
+@pytest.mark.parametrize("stream", [-1, 8])
+async def test_a_nudge_of_a_stream_outside_the_eight_is_refused_naming_the_range(
+    make_app: AppFactory, stream: int
+) -> None:
+    app = await make_app()
+    with pytest.raises(ValueError) as refused:
+        await app.router().nudge(stream)
+    assert str(refused.value) == f"stream index {stream} is outside 0..7"
+    # (refused before it began: it counts as no nudge for the capacity's checks)
+    assert not app.router().nudged_lately(app.clock.now().timestamp())
+
+
 async def test_with_no_causal_rules_installed_every_event_is_applied_with_no_claim(
     make_app: AppFactory, clock: ManualClock
 ) -> None:

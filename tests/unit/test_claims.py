@@ -77,3 +77,6 @@ def test_a_live_lease_is_reported_held_not_done(db: sqlite3.Connection) -> None:
     # THEN G is fresh, E is held (to retry: acking it would lose its effect), F is done
     assert leases.fresh == ["G"]
     assert leases.held == {"E"}
+    # AND a held lease behind a fresh event in the batch is held all the same
+    behind = claim_leases(db, "causal-router", ["H", "E"], now_s=299.6, lease_s=300)
+    assert (behind.fresh, behind.held) == (["H"], {"E"})
