@@ -251,7 +251,7 @@ def get_delivery(db: sqlite3.Connection, delivery_key: str) -> WebhookDelivery:
     return WebhookDelivery.from_row(row)
 
 
-#: A listing's deliveries unless the caller asks for fewer (or, through the API, up to 500).
+#: A listing's page of deliveries when the caller names no limit (the API takes 1 to 500).
 DELIVERIES_PER_PAGE = 100
 
 
