@@ -661,7 +661,7 @@ async def test_a_run_whose_calls_are_spent_fetches_nothing_more(
     projector = report.subscriptions[PROJECTOR.value]
     assert (projector.consumes, projector.fetched, projector.applied) == (1, 4, 4)
     assert projector.deferred == 0 and not report.left_waiting
-    lag = await (await app.router().event_log()).lag(0, PROJECTOR)
+    lag = await settled_lag(app)
     assert (lag.num_pending, lag.num_ack_pending) == (4, 0)
 
 

@@ -580,20 +580,24 @@ async def test_the_cli_lists_deliveries_replays_skipped_ones_and_retries_a_lette
     ]
 
 
+#: A webhook subscription disabled because its endpoint answered 410 Gone.
+GONE = Disablement(
+    subscription_id="sub_" + "c" * 32,
+    tenant_id=TENANT,
+    project_id=PROJECT,
+    name="hook",
+    reason="gone",
+    detail="the endpoint answered 410 Gone",
+    delivery_key="evt_" + "d" * 32 + ":sub_" + "c" * 32,
+    status_code=410,
+    failing_since_s=START.timestamp(),
+    disabled_at_s=START.timestamp() + 1,
+)
+
+
 def test_a_disablement_recorded_twice_is_one_reaction_disabled_fact(world: World) -> None:
     # GIVEN a disablement whose fact a crash kept from being marked as written
-    disablement = Disablement(
-        subscription_id="sub_" + "c" * 32,
-        tenant_id=TENANT,
-        project_id=PROJECT,
-        name="hook",
-        reason="gone",
-        detail="the endpoint answered 410 Gone",
-        delivery_key="evt_" + "d" * 32 + ":sub_" + "c" * 32,
-        status_code=410,
-        failing_since_s=START.timestamp(),
-        disabled_at_s=START.timestamp() + 1,
-    )
+    disablement = GONE
     facts = ShardFacts(world.app.resource_shard, world.clock)
     # WHEN it is written twice (the consumer, then a retry pass that found it owed)
     facts.reaction_disabled(disablement)
@@ -629,17 +633,8 @@ async def test_a_disablement_whose_fact_cannot_be_written_says_so_and_fails_noth
     world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN a disablement, and a shard that refuses the write
-    disablement = Disablement(
-        subscription_id="sub_" + "c" * 32,
-        tenant_id=TENANT,
-        project_id=PROJECT,
-        name="hook",
-        reason="gone",
-        detail="the endpoint answered 410 Gone",
-        delivery_key="k1",
-        status_code=410,
-        failing_since_s=None,
-        disabled_at_s=START.timestamp(),
+    disablement = dataclasses.replace(
+        GONE, delivery_key="k1", failing_since_s=None, disabled_at_s=START.timestamp()
     )
     # WHEN its fact is recorded  THEN the caller is not failed: the error says the next
     # retry pass writes it
