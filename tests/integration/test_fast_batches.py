@@ -6,16 +6,22 @@ tests/faults/test_publisher_faults.py for every ``publish_batch_mode``."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import time
 from dataclasses import replace
+from pathlib import Path
 
+import nats
 import pytest
 from nats.aio.client import Client as NATS
 
 from rhumbatron.actors.publisher import publish_batch_mode
 from rhumbatron.core.settings import load_settings
-from rhumbatron.errors import BatchRejectedError, NatsUnavailableError
+from rhumbatron.errors import BatchRejectedError, LogUnavailableError, NatsUnavailableError
 from rhumbatron.messaging.sender import JetStreamSender, OutgoingMessage
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 SUBJECT = "events.00"
 STREAM = "EVENTS_00"
@@ -135,3 +141,41 @@ async def test_a_fast_batch_of_one_is_refused_by_name_and_a_closed_connection_is
     assert str(unavailable.value) == (
         "fast batch of 2 messages: NATS connection lost (ConnectionClosedError)"
     )
+
+
+async def test_a_fast_batch_nobody_answers_gives_up_at_its_ack_timeout(nc: NATS) -> None:
+    # GIVEN the stream is gone: each row's only answer is a status without a body
+    await nc.jetstream().delete_stream(STREAM)
+    sender = JetStreamSender(nc, ack_timeout_s=0.2)
+    # WHEN a batch goes out
+    started = time.monotonic()
+    with pytest.raises(LogUnavailableError) as unavailable:
+        await sender.send_fast_batch(STREAM, messages("e1", "e2", "e3"))
+    # THEN it gives up at its deadline, not a wait later: the statuses it skipped do not
+    # buy it more time (one more wait of a second would pass 0.9 s)
+    assert str(unavailable.value) == "fast batch of 3 messages: no PubAck within 0.2 s"
+    assert time.monotonic() - started < 0.9
+
+
+async def test_a_connection_lost_mid_batch_is_named_for_the_batch(tmp_path: Path) -> None:
+    # GIVEN a client whose server went away: it reconnects, buffering what it is given
+    server = NatsServerProcess(store_dir=tmp_path / "nats")
+    server.start()
+    client = await nats.connect(server.url, max_reconnect_attempts=-1)
+    try:
+        server.stop()
+        deadline = time.monotonic() + 10
+        while not client.is_reconnecting:
+            assert time.monotonic() < deadline, "the client never noticed the server gone"
+            await asyncio.sleep(0.01)  # yield to the client's own tasks
+        # WHEN a batch is sent (its rows buffered), THEN waiting for an answer that cannot
+        #   come is NATS unavailable, in words that name the batch
+        with pytest.raises(NatsUnavailableError) as lost:
+            await JetStreamSender(client, ack_timeout_s=5).send_fast_batch(
+                STREAM, messages("e1", "e2")
+            )
+        assert str(lost.value) == "fast batch of 2 messages: NATS connection lost"
+    finally:
+        # nats-py's close drains a transport the lost server already reset
+        with contextlib.suppress(ConnectionResetError):
+            await client.close()
