@@ -30,6 +30,7 @@ from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.log_context import CorrelationIdFilter
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.errors import NatsUnavailableError
 from rhumbatron.messaging.event_log import ConsumerLag, Subscription
 from rhumbatron.messaging.pull import ConsumerChange
 from rhumbatron.metrics import MetricBinding, metric_counts
@@ -1604,6 +1605,38 @@ async def test_a_warm_router_measures_its_capacity_again_every_hour(
     later = first + timedelta(hours=1)
     clock.set(later)
     assert any("archive_events_per_day" in w for w in (await router.sweep(now=later)).warnings)
+
+
+async def test_a_sweep_that_cannot_read_the_rate_says_why_and_still_warns_from_the_settings(
+    make_app: AppFactory,
+    clock: ManualClock,
+    nats_server: NatsServerProcess,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # GIVEN a deployment sized for 10^8 a day with drain mode off (the archive's ceiling is
+    #   below it whatever nudges; the projector's sweep-only ones only while none runs), and
+    #   a router that nudged a stream itself
+    app = await make_app(expected_events_per_day=100_000_000, router_drain_mode=False)
+    router = app.router()
+    await router.nudge(0)
+    # WHEN NATS goes away before the router's first sweep
+    nats_server.stop()
+    first = sweep_minute(0)
+    clock.set(first)
+    with (
+        caplog.at_level("WARNING", logger="rhumbatron.router.event_router"),
+        pytest.raises(NatsUnavailableError),
+    ):
+        await router.sweep(now=first)
+    # THEN it logged why it has no rate, and the settings' warnings as a nudged router sees
+    #   them: the archive's ceiling, not the sweep-only ones
+    logged = [r.getMessage() for r in caplog.records if r.name == "rhumbatron.router.event_router"]
+    why = [m for m in logged if m.startswith("cannot estimate the event rate: ")]
+    assert len(why) == 1 and why[0].startswith("cannot estimate the event rate: nats: ")
+    assert any(" archive_events_per_day " in m for m in logged)
+    assert not any(" sweep_apply_events_per_day " in m for m in logged)
+    # AND the runtime closes though NATS is down: there is nothing to drain
+    await app.close()
 
 
 async def test_the_projectors_sweep_ceilings_warn_only_while_no_nudge_runs(
