@@ -154,6 +154,29 @@ def test_a_kill_that_ran_into_the_per_test_limit_counts_only_when_a_fresh_re_che
     assert "+x = 2" in path.read_text()
 
 
+def test_a_re_check_takes_the_survivors_first_then_the_kills_to_confirm_cheapest_first() -> None:
+    # GIVEN two survivors and three kills to confirm, whose functions have 300, 9 and 9 tests
+    survivors = [f"{P}.x_f__mutmut_9", f"{P}.x_f__mutmut_2"]
+    tests_of = {
+        **{name: ["t1"] for name in survivors},
+        f"{P}.x_connect__mutmut_1": [f"t{n}" for n in range(300)],
+        f"{P}.x_scan__mutmut_2": [f"t{n}" for n in range(9)],
+        f"{P}.x_scan__mutmut_1": [f"t{n}" for n in range(9)],
+    }
+    kills = [name for name in tests_of if name not in survivors]
+    # WHEN they are ordered for the re-check
+    order = tool.recheck_order([*survivors, *kills], kills, tests_of)
+    # THEN the survivors come first as given (a proof written since may kill one), then the
+    #   kills to confirm with the fewest tests first (a stopped run confirmed the most it
+    #   could), by name within the same count
+    assert order == [
+        *survivors,
+        f"{P}.x_scan__mutmut_1",
+        f"{P}.x_scan__mutmut_2",
+        f"{P}.x_connect__mutmut_1",
+    ]
+
+
 def test_the_workspace_settings_read_back_as_mutmut_and_pytest_see_them() -> None:
     plan = tool.PLANS["router"]
     pytest_options = {"addopts": "-ra", "timeout": 120, "markers": ["a: b"], "testpaths": ["x"]}
