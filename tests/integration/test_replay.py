@@ -18,13 +18,14 @@ from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings
-from rhumbatron.errors import MessagingError, ReplayError
+from rhumbatron.errors import MessagingError, NatsUnavailableError, ReplayError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.protocol.ids import event_stream_name, stream_index
 from rhumbatron.router.replay import ReplayReport, ReplaySource, replay_archive, rewind, run_replay
 from rhumbatron.router.view_store import view_store_path
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
+from rhumbatron_dev.local.nats_server import NatsServerProcess
 
 # The router tests' helpers: the same small project history, sweep minutes and app factory.
 from . import test_router as router_tests
@@ -273,6 +274,77 @@ async def test_a_rewind_of_a_stream_that_does_not_exist_says_how_to_make_it(
     assert said.endswith(
         "); create the streams (rhumbatron up, or any runtime's ensure_streams) and replay again"
     )
+
+
+async def test_a_rewind_whose_server_stops_answering_fails_instead_of_ending_short(
+    make_app: AppFactory, clock: ManualClock, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN six events on stream 0, read one per fetch, a fetch waiting 0.2 s at most
+    app = await make_app(router_fetch_max_records=1, router_fetch_timeout_s=0.2)
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, history(project, clock.now()))
+
+    def stall_after_the_first(done: int, total: int | None, note: str = "") -> None:
+        if done == 1:
+            nats_server.pause()  # a server that stops answering (SIGSTOP), mid-replay
+
+    # WHEN the projector is rewound to sequence 1 and the server stalls after one record
+    try:
+        with pytest.raises(NatsUnavailableError) as stalled:
+            await rewind(
+                app,
+                stream_index=0,
+                subscription=PROJECTOR,
+                to_seq=1,
+                dry_run=True,
+                progress=stall_after_the_first,
+            )
+    finally:
+        nats_server.resume()
+    # THEN the fetch that found nothing is not taken for the stream's end: the replay fails,
+    #   saying it could not reach JetStream and that a repeat is harmless, instead of
+    #   reporting one record of six as a whole replay
+    assert str(stalled.value).startswith("cannot reach JetStream to replay EVENTS_00: ")
+    assert str(stalled.value).endswith(
+        "replay again once NATS answers (the claims make a repeat harmless)"
+    )
+
+
+async def test_a_rewind_rides_out_a_server_that_stalls_past_a_fetch(
+    make_app: AppFactory, clock: ManualClock, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN six events on stream 0, read one per fetch, a fetch waiting 0.2 s at most
+    app = await make_app(router_fetch_max_records=1, router_fetch_timeout_s=0.2)
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, history(project, clock.now()))
+    outages: list[asyncio.Task[None]] = []
+
+    async def outage() -> None:
+        await asyncio.sleep(0.6)  # the outage's length (three fetches' wait), not a sync
+        nats_server.resume()
+
+    def stall_after_the_first(done: int, total: int | None, note: str = "") -> None:
+        if done == 1:
+            nats_server.pause()
+            outages.append(asyncio.get_running_loop().create_task(outage()))
+
+    # WHEN the projector is rewound to sequence 1 and the server stalls for a moment after
+    #   one record (the next fetch gives up before it answers)
+    try:
+        report = await rewind(
+            app,
+            stream_index=0,
+            subscription=PROJECTOR,
+            to_seq=1,
+            dry_run=True,
+            progress=stall_after_the_first,
+        )
+    finally:
+        nats_server.resume()
+        await asyncio.gather(*outages)
+    # THEN the replay goes on once the server answers, and reads the stream whole
+    assert counts(report) == {"scanned": 6, "would_apply": 6}
+    assert (report.first_seq, report.last_seq) == (1, 6)
 
 
 async def test_a_rewind_to_the_last_record_of_a_stream_of_one_reads_that_record(

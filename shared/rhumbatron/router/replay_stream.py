@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
@@ -67,8 +67,21 @@ async def read_replay_consumer(
         settings.router_fetch_timeout_s,
         keep_late_s=settings.router_ack_wait_s / 2,
     )
+
+    async def undelivered() -> int:
+        info = await js.consumer_info(stream, name)
+        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+
     try:
-        await _feed(router, puller, stream_index, subscription, report, progress=progress)
+        await _feed(
+            router,
+            puller,
+            stream_index,
+            subscription,
+            report,
+            undelivered=undelivered,
+            progress=progress,
+        )
     finally:
         await puller.close()
         with contextlib.suppress(Exception):
@@ -108,15 +121,21 @@ async def _feed(
     subscription: Subscription,
     report: RewindTally,
     *,
+    undelivered: Callable[[], Awaitable[int]],
     progress: ProgressCallback | None,
 ) -> None:
-    """Pull the replay consumer's batches and replay each, up to ``report.last_seq``."""
+    """Pull the replay consumer's batches and replay each, up to ``report.last_seq``. A pull
+    that brings nothing ends the read only when the consumer has nothing ``undelivered``
+    (the records up to ``last_seq`` are gone: removed since the replay began): a server slow
+    to answer, or not answering, must not end a replay short as if it were whole."""
     last_seq = report.last_seq
     assert last_seq is not None
     first_batch = True
     while True:
         messages = await puller.pull(router.settings.router_fetch_max_records)
         if not messages:
+            if await undelivered():
+                continue  # late: the next pull takes what arrives meanwhile
             break
         await max(messages, key=_seq).ack()
         decoded = decode_records(messages, stream_index, router.project_owners)
