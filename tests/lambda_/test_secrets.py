@@ -8,11 +8,13 @@ credentials; the Anthropic API is an httpx2 transport that records what reached 
 from __future__ import annotations
 
 import asyncio
+import http.server
 import importlib.util
 import json
 import logging
 import re
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -270,7 +272,7 @@ def test_a_secrets_manager_that_never_answers_holds_a_connect_only_as_long_as_it
     started = time.monotonic()
     with pytest.raises(ConfigurationError, match="cannot read"):
         asyncio.run(_round_trip(settings))
-    # THEN the read gave up on the connect timeout (0.5 s; two tries), not botocore's
+    # THEN the read gave up on the connect timeout (0.5 s; three tries), not botocore's
     # 60 s default
     assert time.monotonic() - started < 10
 
@@ -694,5 +696,68 @@ def test_a_secret_read_from_an_endpoint_that_never_answers_gives_up_on_its_timeo
                 timeout_s=0.5,
                 cache=cache if entry == "cache.read" else None,
             )
-    # THEN it gave up on that timeout (two tries), not botocore's 60 s default
+    # THEN it gave up on that timeout (three tries), not botocore's 60 s default
+    assert time.monotonic() - started < 10
+
+
+def test_a_secret_read_that_fails_on_the_server_is_tried_three_times_in_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a Secrets Manager endpoint that answers every request with a 500
+    requests: list[str] = []
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            requests.append(self.path)
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            self.send_response(500)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:  # quiet
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    monkeypatch.setenv(
+        "AWS_ENDPOINT_URL_SECRETS_MANAGER", f"http://127.0.0.1:{server.server_address[1]}"
+    )
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
+    try:
+        # WHEN a secret is read, THEN it fails naming the secret after the two retries its
+        #   client is given: three requests in all, not botocore's default of five
+        with pytest.raises(ConfigurationError, match="cannot read a key"):
+            read_secret_string(_MISSING, what="a key", timeout_s=0.5)
+        assert len(requests) == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_secret_read_from_an_endpoint_that_never_accepts_gives_up_on_its_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a Secrets Manager endpoint whose accept queue is full: a connect waits unanswered
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as full:
+        address = full.getsockname()
+        waiting = []
+        for _ in range(4):  # fill the queue without waiting on it
+            client = socket.socket()
+            client.setblocking(False)
+            client.connect_ex(address)
+            waiting.append(client)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_SECRETS_MANAGER", f"http://127.0.0.1:{address[1]}")
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(name, "testing")
+        started = time.monotonic()
+        try:
+            # WHEN a secret is read with a 0.5 s timeout
+            with pytest.raises(ConfigurationError, match="cannot read a key"):
+                read_secret_string(_MISSING, what="a key", timeout_s=0.5)
+        finally:
+            for client in waiting:
+                client.close()
+    # THEN it gave up on that timeout (three tries), not botocore's 60 s connect default
     assert time.monotonic() - started < 10
