@@ -40,10 +40,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import tomllib
+import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -870,13 +872,20 @@ def _run_recheck(
     """0 when the re-check tests pass with ``mutant`` on, 1 when one fails, 36 on a timeout.
 
     A collection error counts as a failure: the clean run passed, so only the mutant can
-    have broken the import.
+    have broken the import. A test that runs into the per-test limit ends the run at once
+    (pytest-timeout's thread method): a mutant that leaves a thread blocked (a read with no
+    timeout, say) would otherwise hold the interpreter's exit, and a worker, until
+    ``timeout_s`` (a secrets mutant held one for ten minutes). The run has a temporary
+    folder of its own, and whatever still runs from it when the run ends (a nats-server
+    its fixtures did not get to stop) is killed.
     """
     env = dict(os.environ)
     # Before the editable install's path: the mutated copy is the one imported.
     env["PYTHONPATH"] = str((workspace / "mutants" / "src").resolve())
     env["MUTANT_UNDER_TEST"] = mutant
+    basetemp = (workspace / "recheck-tmp" / uuid.uuid4().hex[:12]).resolve()
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+    command += ["-o", "timeout_method=thread", f"--basetemp={basetemp}"]
     try:
         finished = subprocess.run(
             [*command, "--rootdir=.", *tests],
@@ -889,7 +898,28 @@ def _run_recheck(
         )
     except subprocess.TimeoutExpired:
         return _TIMEOUT
+    finally:
+        kill_holders(basetemp)
+        shutil.rmtree(basetemp, ignore_errors=True)
     return 0 if finished.returncode == 0 else 1
+
+
+def kill_holders(folder: Path) -> list[int]:
+    """Kill every process whose command line names ``folder`` (a nats-server started in a
+    test's temporary folder, left by a run that ended before its fixtures stopped it); the
+    PIDs killed. Linux's ``/proc`` only: elsewhere nothing is found."""
+    killed: list[int] = []
+    needle = str(folder).encode()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if needle not in cmdline.read_bytes():
+                continue
+            pid = int(cmdline.parent.name)
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+        killed.append(pid)
+    return killed
 
 
 def _load_recheck(workspace: Path, hashes: dict[str, str]) -> dict[str, int]:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
+import subprocess
 import sys
+import time
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -175,6 +178,53 @@ def test_a_re_check_takes_the_survivors_first_then_the_kills_to_confirm_cheapest
         f"{P}.x_scan__mutmut_2",
         f"{P}.x_connect__mutmut_1",
     ]
+
+
+def test_a_re_check_ends_at_the_per_test_limit_not_when_a_blocked_thread_ends(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a workspace whose per-test limit is 1 s, and a test whose event loop waits on a
+    #   worker thread blocked for ten minutes (as a mutant's secret read with no timeout
+    #   does: asyncio.run's close waits for it, after the limit's signal has come)
+    mutants = tmp_path / "mutants"
+    mutants.mkdir()
+    (mutants / "pyproject.toml").write_text("[tool.pytest.ini_options]\ntimeout = 1\n")
+    (mutants / "test_blocked.py").write_text(
+        "import asyncio, time\n\n"
+        "def test_waits_on_a_blocked_thread():\n"
+        "    asyncio.run(asyncio.to_thread(time.sleep, 600))\n"
+    )
+    # WHEN it is re-checked with a minute to run
+    started = time.monotonic()
+    code = tool._run_recheck(tmp_path, ["test_blocked.py"], "", timeout_s=60)
+    # THEN the run ends at the limit, a kill (1), not the minute's timeout (36), and leaves
+    #   no temporary folder behind
+    assert code == 1
+    assert time.monotonic() - started < 30
+    assert list((tmp_path / "recheck-tmp").glob("*")) == []
+
+
+def test_what_still_runs_from_a_re_checks_folder_is_killed_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a process started from a run's temporary folder (a nats-server whose fixture
+    #   never stopped it), and another from elsewhere
+    folder = tmp_path / "recheck-tmp" / "abc"
+    folder.mkdir(parents=True)
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    left = subprocess.Popen([*sleep, str(folder / "nats.conf")], start_new_session=True)
+    other = subprocess.Popen([*sleep, str(tmp_path / "elsewhere")], start_new_session=True)
+    try:
+        # WHEN the folder's holders are killed
+        killed = tool.kill_holders(folder)
+        # THEN the one started from it is gone, killed; the other still runs
+        assert killed == [left.pid]
+        assert left.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None
+    finally:
+        for process in (left, other):
+            process.kill()
+            process.wait()
 
 
 def test_the_workspace_settings_read_back_as_mutmut_and_pytest_see_them() -> None:
