@@ -674,14 +674,16 @@ def recheck_mutants(
     started = time.monotonic()
     proofs = (*plan.proofs, *(p for group in plan.module_proofs.values() for p in group))
     clean_tests = (*dict.fromkeys((*plan.recheck, *proofs)), *source_readers_left_out(plan))
-    clean = _run_recheck(workspace, clean_tests, "")
+    clean_log = workspace / "clean-recheck.log"
+    clean = _run_recheck(workspace, clean_tests, "", output=clean_log)
     if clean != 0:  # a real-server test may fail once under load, as in _confirmed_recheck
-        print("  the clean re-check failed once; trying it again", flush=True)
-        clean = _run_recheck(workspace, clean_tests, "")
+        print(f"  the clean re-check failed once (see {clean_log}); trying it again", flush=True)
+        clean = _run_recheck(workspace, clean_tests, "", output=clean_log)
     if clean != 0:
         raise MutationError(
             f"the re-check tests of {plan.name} ({', '.join(clean_tests)}) fail with no "
-            f"mutant on (exit {clean}): run them in {workspace / 'mutants'} to see why"
+            f"mutant on (exit {clean}): {clean_log} has pytest's output, and they run in "
+            f"{workspace / 'mutants'}"
         )
     if _run_recheck(workspace, plan.recheck, "fail") == 0:
         raise MutationError(
@@ -867,7 +869,12 @@ def _confirmed_recheck(
 
 
 def _run_recheck(
-    workspace: Path, tests: Sequence[str], mutant: str, *, timeout_s: float = 900
+    workspace: Path,
+    tests: Sequence[str],
+    mutant: str,
+    *,
+    timeout_s: float = 900,
+    output: Path | None = None,
 ) -> int:
     """0 when the re-check tests pass with ``mutant`` on, 1 when one fails, 36 on a timeout.
 
@@ -877,7 +884,7 @@ def _run_recheck(
     timeout, say) would otherwise hold the interpreter's exit, and a worker, until
     ``timeout_s`` (a secrets mutant held one for ten minutes). The run has a temporary
     folder of its own, and whatever still runs from it when the run ends (a nats-server
-    its fixtures did not get to stop) is killed.
+    its fixtures did not get to stop) is killed. ``output`` keeps pytest's output.
     """
     env = dict(os.environ)
     # Before the editable install's path: the mutated copy is the one imported.
@@ -896,12 +903,25 @@ def _run_recheck(
             check=False,
             timeout=timeout_s,
         )
-    except subprocess.TimeoutExpired:
-        return _TIMEOUT
+    except subprocess.TimeoutExpired as timed_out:
+        finished = subprocess.CompletedProcess(timed_out.cmd, _TIMEOUT, "", "")
+        finished.stdout = _text(timed_out.stdout) + f"\n(stopped after {timeout_s:g} s)\n"
+        finished.stderr = _text(timed_out.stderr)
     finally:
         kill_holders(basetemp)
         shutil.rmtree(basetemp, ignore_errors=True)
+    if output is not None:
+        output.write_text(finished.stdout + finished.stderr, encoding="utf-8")
+    if finished.returncode == _TIMEOUT:
+        return _TIMEOUT
     return 0 if finished.returncode == 0 else 1
+
+
+def _text(captured: str | bytes | None) -> str:
+    """What a timed-out run had printed (bytes even with ``text=True``, or None)."""
+    if isinstance(captured, bytes):
+        return captured.decode(errors="replace")
+    return captured or ""
 
 
 def kill_holders(folder: Path) -> list[int]:

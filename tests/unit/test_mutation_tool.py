@@ -196,11 +196,13 @@ def test_a_re_check_ends_at_the_per_test_limit_not_when_a_blocked_thread_ends(
     )
     # WHEN it is re-checked with a minute to run
     started = time.monotonic()
-    code = tool._run_recheck(tmp_path, ["test_blocked.py"], "", timeout_s=60)
-    # THEN the run ends at the limit, a kill (1), not the minute's timeout (36), and leaves
-    #   no temporary folder behind
+    log = tmp_path / "recheck.log"
+    code = tool._run_recheck(tmp_path, ["test_blocked.py"], "", timeout_s=60, output=log)
+    # THEN the run ends at the limit, a kill (1), not the minute's timeout (36), its output
+    #   kept saying so, and it leaves no temporary folder behind
     assert code == 1
     assert time.monotonic() - started < 30
+    assert "Timeout" in log.read_text()
     assert list((tmp_path / "recheck-tmp").glob("*")) == []
 
 
