@@ -620,8 +620,12 @@ def test_mutmuts_stats_are_forgotten_when_the_code_or_a_test_changed_and_kept_ot
     # a first run has nothing to compare with: its stats are collected afresh
     collected()
     assert tool.drop_stale_stats(workspace, root) and forgotten()
-    # a resumed run on the same code keeps them
+    # a resumed run on the same code keeps them, as it does after a change to a test that
+    # mutmut never runs (this tool's own)
     collected()
+    assert not tool.drop_stale_stats(workspace, root) and not forgotten()
+    (root / "tests" / "unit").mkdir()
+    (root / "tests" / "unit" / "test_mutation_tool.py").write_text("def test_tool(): pass\n")
     assert not tool.drop_stale_stats(workspace, root) and not forgotten()
     # a changed function, a changed old test, a changed Lambda handler, or a test file
     # renamed with the same text forgets them
