@@ -891,6 +891,7 @@ def _run_recheck(
     env["PYTHONPATH"] = str((workspace / "mutants" / "src").resolve())
     env["MUTANT_UNDER_TEST"] = mutant
     basetemp = (workspace / "recheck-tmp" / uuid.uuid4().hex[:12]).resolve()
+    basetemp.parent.mkdir(parents=True, exist_ok=True)  # pytest makes only the last folder
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
     command += ["-o", "timeout_method=thread", f"--basetemp={basetemp}"]
     try:

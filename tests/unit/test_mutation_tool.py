@@ -191,7 +191,8 @@ def test_a_re_check_ends_at_the_per_test_limit_not_when_a_blocked_thread_ends(
     (mutants / "pyproject.toml").write_text("[tool.pytest.ini_options]\ntimeout = 1\n")
     (mutants / "test_blocked.py").write_text(
         "import asyncio, time\n\n"
-        "def test_waits_on_a_blocked_thread():\n"
+        "def test_waits_on_a_blocked_thread(tmp_path):\n"
+        "    (tmp_path / 'store').mkdir()  # in the run's own temporary folder\n"
         "    asyncio.run(asyncio.to_thread(time.sleep, 600))\n"
     )
     # WHEN it is re-checked with a minute to run
