@@ -114,6 +114,51 @@ async def test_event_streams_made_before_fast_batches_are_updated_to_allow_them(
     assert all(found[name].allow_batched for name in EVENT_STREAMS)
 
 
+async def test_streams_that_say_the_same_settings_another_way_are_left_unchanged(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    # GIVEN the streams made by another tool: subjects in another order, the replica count
+    #   left to the server's default, durations off by under a millisecond
+    for config in wanted_streams(settings):
+        assert config.subjects and config.max_age and config.duplicate_window
+        config.subjects = list(reversed(config.subjects))
+        config.num_replicas = None
+        config.max_age += 0.0004
+        config.duplicate_window += 0.0004
+        await js.add_stream(config)
+    # WHEN start-up ensures them, THEN each is what it wants: none is updated
+    report = await ensure_streams(js, settings)
+    assert (report.created, report.updated) == ([], {})
+    assert report.unchanged == ALL_STREAMS
+
+
+async def test_a_stream_whose_max_age_is_off_by_part_of_a_second_is_updated(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    # GIVEN EVENTS_02 made with a max age 0.4 s short of the 7 days
+    [config] = [c for c in wanted_streams(settings) if c.name == "EVENTS_02"]
+    assert config.max_age is not None
+    config.max_age -= 0.4
+    await js.add_stream(config)
+    # WHEN start-up ensures the streams, THEN it is set to the 7 days, naming the difference
+    report = await ensure_streams(js, settings)
+    assert report.updated == {"EVENTS_02": ["max_age"]}
+    assert (await js.stream_info("EVENTS_02")).config.max_age == 7 * DAY_S
+
+
+async def test_streams_wanted_on_three_replicas_are_not_taken_as_they_are_on_one(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    # GIVEN the streams on this one server, one replica each
+    await ensure_streams(js, settings)
+    # WHEN a deployment that wants three replicas ensures them
+    three = load_settings(state_dir=settings.state_dir, stream_replicas=3)
+    # THEN the replica count is a difference to fix, which one server cannot: start-up stops
+    #   naming the stream, not reporting it unchanged
+    with pytest.raises(StreamConfigError, match=r"^JetStream refused to update stream EVENTS_00"):
+        await ensure_streams(js, three)
+
+
 async def test_a_stream_missing_a_subject_gets_it_back(
     js: JetStreamContext, settings: Settings
 ) -> None:
