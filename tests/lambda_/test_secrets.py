@@ -309,10 +309,26 @@ def test_a_secret_that_cannot_be_read_names_its_arn_and_what_it_is_for(
         asyncio.run(_round_trip(settings))
     assert arn in str(refused.value)
     assert "RHUMBATRON_NATS_CREDENTIALS_SECRET_ARN" in str(refused.value)
+    assert str(refused.value).endswith(
+        "; check the ARN and that the function's role may call secretsmanager:GetSecretValue on it"
+    )
     # a binary secret
     binary = _secret(secrets, b"\x00\x01")
-    with pytest.raises(ConfigurationError, match="holds no text"):
+    with pytest.raises(ConfigurationError) as no_text:
         read_secret_string(binary, what="a test secret", timeout_s=1.0)
+    assert str(no_text.value) == (
+        f"the Secrets Manager secret {binary} (a test secret) holds no text; store it as a "
+        "SecretString, not binary"
+    )
+
+
+def test_a_secret_named_without_an_arn_is_read_in_the_default_region(secrets: Any) -> None:
+    # GIVEN a secret in the default region (AWS_REGION in Lambda), known by its name
+    name = f"rhumbatron/{uuid.uuid4().hex}"
+    secrets.create_secret(Name=name, SecretString="by-name")
+    # WHEN it is read by that name, THEN the name (no region in it) is read where the
+    #   default chain points
+    assert read_secret_string(name, what="a test secret", timeout_s=1.0) == "by-name"
 
 
 def test_a_secret_is_kept_for_its_max_age_then_read_again(secrets: Any) -> None:
