@@ -439,12 +439,13 @@ async def test_a_failing_command_is_delivered_one_plus_retries_times_then_leaves
 
 @pytest.mark.parametrize("queue", QUEUES)
 async def test_a_failed_command_waits_the_rows_retry_delay(
-    make_app: AppFactory, tap: AckTap, queue: str
+    make_app: AppFactory, tap: AckTap, queue: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN the table's own retry delay (30 s; 60 s for dead-letter) and a handler that fails
     row = QUEUE_CONSUMERS[queue]
     app = await make_app()
-    await send_commands(app, queue, 1)
+    [command] = await send_commands(app, queue, 1)
+    caplog.set_level(logging.WARNING, logger="rhumbatron.messaging.queue_consumer")
     runtime = await app.queue_runtime()
     calls = 0
 
@@ -461,6 +462,11 @@ async def test_a_failed_command_waits_the_rows_retry_delay(
     assert (first.failed, first.retried) == (1, 1)
     assert again.fetched == 0
     assert calls == 1
+    # AND one warning named the queue, the command, its delivery of the row's and the reason
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"{queue} failed {command.command_id} (delivery 1 of {row.max_deliveries}): "
+        "RuntimeError: transient"
+    ]
     acks = await tap.seen(app, consumer=f"q-{queue}")
     assert [(a.kind, a.delay_s) for a in acks] == [("-NAK", row.retry_delay_s)]
     # AND the command is still on its queue, waiting
@@ -741,15 +747,16 @@ async def test_an_undecodable_body_on_a_queue_without_a_dead_letter_queue_is_log
 
 
 async def test_an_expired_command_is_acked_without_running(
-    make_app: AppFactory, tap: AckTap, clock: ManualClock
+    make_app: AppFactory, tap: AckTap, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # GIVEN a command with a 5-minute deadline, and one without
+    # GIVEN two commands with a 5-minute deadline, and one without
     app = await make_app()
     bus = await app.command_bus()
-    expiring = make_command(clock, 1, deadline_in=timedelta(minutes=5))
+    expiring = [make_command(clock, n, deadline_in=timedelta(minutes=5)) for n in (1, 3)]
     lasting = make_command(clock, 2)
-    await bus.send("integration", expiring)
-    await bus.send("integration", lasting)
+    for command in (*expiring, lasting):
+        await bus.send("integration", command)
+    caplog.set_level(logging.INFO, logger="rhumbatron.messaging.queue_consumer")
     handled: list[str] = []
 
     async def handler(command: Command, delivery: Delivery) -> None:
@@ -759,10 +766,14 @@ async def test_an_expired_command_is_acked_without_running(
     clock.advance(minutes=5)
     report = await (await app.queue_runtime()).poll("integration", handler)
 
-    # THEN the expired one was acked and counted, without running; the other ran
-    assert (report.expired, report.done) == (1, 1)
+    # THEN the expired ones were acked and counted, without running, each saying so; the
+    #   other ran
+    assert (report.expired, report.done) == (2, 1)
     assert handled == [lasting.command_id]
-    assert [a.kind for a in await tap.seen(app)] == ["+ACK", "+ACK"]
+    assert [a.kind for a in await tap.seen(app)] == ["+ACK", "+ACK", "+ACK"]
+    assert [r.getMessage() for r in caplog.records if "expired" in r.getMessage()] == [
+        f"command {c.command_id} expired at {c.deadline}: acked" for c in expiring
+    ]
     assert await counts_become(app, {}) == {}
 
 
