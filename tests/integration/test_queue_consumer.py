@@ -746,6 +746,36 @@ async def test_an_undecodable_body_on_a_queue_without_a_dead_letter_queue_is_log
     assert all(" after 1 deliveries: " in line for line in logged)
 
 
+async def test_a_success_hook_that_fails_is_logged_and_the_batch_goes_on(
+    make_app: AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN two commands, and a success hook that fails for each (a product file busy, say)
+    app = await make_app()
+    commands = await send_commands(app, "integration", 2)
+
+    async def hook(command: Command) -> None:
+        raise RuntimeError(f"cannot close the letters of {command.command_id}")
+
+    async def handler(command: Command, delivery: Delivery) -> None:
+        pass
+
+    runtime = QueueConsumerRuntime(
+        await app.nats(), app.settings, app.clock, await app.command_bus(), on_success=hook
+    )
+    caplog.set_level(logging.ERROR, logger="rhumbatron.messaging.queue_consumer")
+    # WHEN the queue is polled
+    try:
+        report = await runtime.poll("integration", handler)
+    finally:
+        await runtime.close()
+    # THEN both are done (acked: the hook's failure is not theirs), each failure logged
+    assert report.done == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        f"after {c.command_id} succeeded: cannot close the letters of {c.command_id}"
+        for c in commands
+    ]
+
+
 async def test_an_expired_command_is_acked_without_running(
     make_app: AppFactory, tap: AckTap, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
