@@ -746,6 +746,23 @@ async def test_an_undecodable_body_on_a_queue_without_a_dead_letter_queue_is_log
     assert all(" after 1 deliveries: " in line for line in logged)
 
 
+async def test_each_command_left_for_a_retry_is_counted(make_app: AppFactory) -> None:
+    # GIVEN four commands on a queue, and a handler that fails two on their first delivery
+    #   and asks for the other two to come again
+    app = await make_app()
+    commands = await send_commands(app, "integration", 4)
+    failing = {c.command_id for c in commands[:2]}
+
+    async def handler(command: Command, delivery: Delivery) -> Retry | None:
+        if command.command_id in failing:
+            raise RuntimeError("transient")
+        return Retry(30.0, "more work left")
+
+    # WHEN the queue is polled, THEN each of the four is counted as left for a retry
+    report = await (await app.queue_runtime()).poll("integration", handler)
+    assert (report.fetched, report.failed, report.retried, report.done) == (4, 2, 4, 0)
+
+
 async def test_a_success_hook_that_fails_is_logged_and_the_batch_goes_on(
     make_app: AppFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
