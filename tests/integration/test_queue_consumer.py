@@ -746,6 +746,29 @@ async def test_an_undecodable_body_on_a_queue_without_a_dead_letter_queue_is_log
     assert all(" after 1 deliveries: " in line for line in logged)
 
 
+async def test_a_handler_is_told_where_its_command_came_from(make_app: AppFactory) -> None:
+    # GIVEN a command on the integration queue
+    app = await make_app()
+    [command] = await send_commands(app, "integration", 1)
+    seen: list[tuple[str, Delivery]] = []
+
+    async def handler(command: Command, delivery: Delivery) -> None:
+        seen.append((command.command_id, delivery))
+
+    # WHEN the queue is polled, THEN its handler hears the queue, the stream position, the
+    #   delivery and the row's number of deliveries
+    await (await app.queue_runtime()).poll("integration", handler)
+    [(command_id, delivery)] = seen
+    assert command_id == command.command_id
+    row = QUEUE_CONSUMERS["integration"]
+    assert (delivery.queue, delivery.delivered, delivery.max_deliveries) == (
+        "integration",
+        1,
+        row.max_deliveries,
+    )
+    assert delivery.stream_seq >= 1
+
+
 async def test_each_command_left_for_a_retry_is_counted(make_app: AppFactory) -> None:
     # GIVEN four commands on a queue, and a handler that fails two on their first delivery
     #   and asks for the other two to come again
