@@ -447,12 +447,9 @@ class Rhumbatron:
             self._product.close()
             self._product = None
         self.actors.close()
-        if self._nc is not None and self._nc.is_connected:
-            await self._nc.drain()
-        elif self._nc is not None and not self._nc.is_closed:
-            # NATS is down and the client reconnecting: nothing can be drained (nats-py
-            # refuses to), so close it, which also ends its reconnect loop.
-            await self._nc.close()
+        if self._nc is not None and not self._nc.is_closed:
+            # A reconnecting client (NATS down) cannot drain: closing it ends its reconnect loop.
+            await (self._nc.drain() if self._nc.is_connected else self._nc.close())
         self._nc = None
         self._publisher = None
 
