@@ -6,7 +6,6 @@ tests/faults/test_publisher_faults.py for every ``publish_batch_mode``."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -22,6 +21,8 @@ from rhumbatron.core.settings import load_settings
 from rhumbatron.errors import BatchRejectedError, LogUnavailableError, NatsUnavailableError
 from rhumbatron.messaging.sender import JetStreamSender, OutgoingMessage
 from rhumbatron_dev.local.nats_server import NatsServerProcess
+
+from .test_publisher import eventually
 
 SUBJECT = "events.00"
 STREAM = "EVENTS_00"
@@ -164,10 +165,7 @@ async def test_a_connection_lost_mid_batch_is_named_for_the_batch(tmp_path: Path
     client = await nats.connect(server.url, max_reconnect_attempts=-1)
     try:
         server.stop()
-        deadline = time.monotonic() + 10
-        while not client.is_reconnecting:
-            assert time.monotonic() < deadline, "the client never noticed the server gone"
-            await asyncio.sleep(0.01)  # yield to the client's own tasks
+        await eventually(lambda: client.is_reconnecting, timeout_s=10)
         # WHEN a batch is sent (its rows buffered), THEN waiting for an answer that cannot
         #   come is NATS unavailable, in words that name the batch
         with pytest.raises(NatsUnavailableError) as lost:

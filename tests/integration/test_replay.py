@@ -276,13 +276,20 @@ async def test_a_rewind_of_a_stream_that_does_not_exist_says_how_to_make_it(
     )
 
 
+async def six_events_read_one_per_fetch(make_app: AppFactory, clock: ManualClock) -> Rhumbatron:
+    """A runtime whose stream 0 holds one project's six events, read one per fetch that waits
+    0.2 s at most: a server that stalls makes a fetch give up at once."""
+    app = await make_app(router_fetch_max_records=1, router_fetch_timeout_s=0.2)
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, history(project, clock.now()))
+    return app
+
+
 async def test_a_rewind_whose_server_stops_answering_fails_instead_of_ending_short(
     make_app: AppFactory, clock: ManualClock, nats_server: NatsServerProcess
 ) -> None:
     # GIVEN six events on stream 0, read one per fetch, a fetch waiting 0.2 s at most
-    app = await make_app(router_fetch_max_records=1, router_fetch_timeout_s=0.2)
-    (project,) = projects_on_stream(0, 1)
-    await publish(app, history(project, clock.now()))
+    app = await six_events_read_one_per_fetch(make_app, clock)
 
     def stall_after_the_first(done: int, total: int | None, note: str = "") -> None:
         if done == 1:
@@ -314,9 +321,7 @@ async def test_a_rewind_rides_out_a_server_that_stalls_past_a_fetch(
     make_app: AppFactory, clock: ManualClock, nats_server: NatsServerProcess
 ) -> None:
     # GIVEN six events on stream 0, read one per fetch, a fetch waiting 0.2 s at most
-    app = await make_app(router_fetch_max_records=1, router_fetch_timeout_s=0.2)
-    (project,) = projects_on_stream(0, 1)
-    await publish(app, history(project, clock.now()))
+    app = await six_events_read_one_per_fetch(make_app, clock)
     outages: list[asyncio.Task[None]] = []
 
     async def outage() -> None:

@@ -102,12 +102,15 @@ def silent_secrets_manager(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Secrets Manager at an endpoint that accepts connections and never answers."""
     with socket.create_server(("127.0.0.1", 0)) as silent:
         silent.listen(16)
-        monkeypatch.setenv(
-            "AWS_ENDPOINT_URL_SECRETS_MANAGER", f"http://127.0.0.1:{silent.getsockname()[1]}"
-        )
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            monkeypatch.setenv(name, "testing")
+        _secrets_manager_at(monkeypatch, silent.getsockname()[1])
         yield
+
+
+def _secrets_manager_at(monkeypatch: pytest.MonkeyPatch, port: int) -> None:
+    """Point boto3's Secrets Manager at a local endpoint on ``port``, with fake credentials."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SECRETS_MANAGER", f"http://127.0.0.1:{port}")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
 
 
 def _secret(client: Any, value: str | bytes) -> str:
@@ -736,11 +739,7 @@ def test_a_secret_read_that_fails_on_the_server_is_tried_three_times_in_all(
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
     serving = threading.Thread(target=server.serve_forever, daemon=True)
     serving.start()
-    monkeypatch.setenv(
-        "AWS_ENDPOINT_URL_SECRETS_MANAGER", f"http://127.0.0.1:{server.server_address[1]}"
-    )
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(name, "testing")
+    _secrets_manager_at(monkeypatch, server.server_address[1])
     try:
         # WHEN a secret is read, THEN it fails naming the secret after the two retries its
         #   client is given: three requests in all, not botocore's default of five
@@ -764,9 +763,7 @@ def test_a_secret_read_from_an_endpoint_that_never_accepts_gives_up_on_its_conne
             client.setblocking(False)
             client.connect_ex(address)
             waiting.append(client)
-        monkeypatch.setenv("AWS_ENDPOINT_URL_SECRETS_MANAGER", f"http://127.0.0.1:{address[1]}")
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            monkeypatch.setenv(name, "testing")
+        _secrets_manager_at(monkeypatch, address[1])
         started = time.monotonic()
         try:
             # WHEN a secret is read with a 0.5 s timeout
