@@ -12,6 +12,7 @@ server got it, without touching the runtime.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import re
@@ -623,11 +624,13 @@ async def test_a_retry_on_the_last_delivery_goes_to_the_dead_letter_queue(
     # WHEN the queue is polled until the command leaves it
     reports = await poll_until(runtime, "integration", handler, queue_gone(app, "integration"))
 
-    # THEN after 1 + 3 deliveries it was dead-lettered with the handler's reason
+    # THEN after 1 + 3 deliveries it was dead-lettered with the handler's reason, as the
+    # command it is (under the dead-letter queue's message ID for it), not as a raw body
     assert total(reports, "fetched") == 4
     assert (total(reports, "retried"), total(reports, "dead_lettered")) == (3, 1)
     letter = await (await js_of(app)).get_last_msg(COMMAND_STREAM, "cmd.dead-letter")
     assert (letter.headers or {})[LAST_ERROR_HEADER] == "still waiting for a review"
+    assert (letter.headers or {})["Nats-Msg-Id"] == f"dead-letter:{command.command_id}"
     assert Command.parse(letter.data or b"").command_id == command.command_id
 
 
@@ -879,10 +882,12 @@ async def test_an_undecodable_body_goes_to_the_dead_letter_queue_at_once(
 async def test_an_undecodable_body_goes_to_on_undecodable_when_given(
     make_app: AppFactory,
 ) -> None:
-    # GIVEN a body on the dead-letter queue that is not a Command, and a raw-body handler
+    # GIVEN two bodies on the dead-letter queue that are not Commands (one empty), and a
+    # raw-body handler
     app = await make_app()
     bus = await app.command_bus()
     await bus.send_raw("dead-letter", b"\xff not json", message_id="raw-2")
+    await bus.send_raw("dead-letter", b"", message_id="raw-3")
     recorded: list[tuple[bytes, int, str]] = []
 
     async def record(body: bytes, delivery: Delivery, reason: str) -> None:
@@ -891,11 +896,39 @@ async def test_an_undecodable_body_goes_to_on_undecodable_when_given(
     # WHEN the queue is polled with it
     report = await (await app.queue_runtime()).poll("dead-letter", noop, on_undecodable=record)
 
-    # THEN the raw-body handler got it, it was acked, and nothing was dead-lettered
-    assert [(b, d) for b, d, _ in recorded] == [(b"\xff not json", 1)]
-    assert "not a valid Command" in recorded[0][2]
-    assert (report.done, report.dead_lettered, report.terminated) == (1, 0, 0)
+    # THEN the raw-body handler got each as it is (the empty one empty), they were acked,
+    # and nothing was dead-lettered
+    assert [(b, d) for b, d, _ in recorded] == [(b"\xff not json", 1), (b"", 1)]
+    assert all("not a valid Command" in reason for _, _, reason in recorded)
+    assert (report.done, report.dead_lettered, report.terminated) == (2, 0, 0)
     assert await counts_become(app, {}) == {}
+
+
+async def test_a_raw_body_handler_that_fails_leaves_the_body_for_a_retry(
+    make_app: AppFactory, tap: AckTap, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a body on the dead-letter queue that is not a Command, and a raw-body handler
+    # that cannot record it (the product file busy, say)
+    app = await make_app()
+    sent = await (await app.command_bus()).send_raw("dead-letter", b"{", message_id="raw-4")
+
+    async def record(body: bytes, delivery: Delivery, reason: str) -> None:
+        raise RuntimeError("the letter cannot be written")
+
+    # WHEN the queue is polled with it
+    caplog.set_level(logging.WARNING, logger="rhumbatron.messaging.queue_consumer")
+    runtime = await app.queue_runtime()
+    report = await runtime.poll("dead-letter", noop, on_undecodable=record)
+
+    # THEN it failed like a command would: a warning naming it by its sequence, and nak'd
+    # for the row's retry delay (60 s on the dead-letter queue), not acked or terminated
+    assert (report.failed, report.retried, report.done) == (1, 1, 0)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"dead-letter failed seq {sent.stream_seq} (delivery 1 of 6): "
+        "RuntimeError: the letter cannot be written"
+    ]
+    assert [(a.kind, a.delay_s) for a in await tap.seen(app)] == [("-NAK", 60.0)]
+    assert await counts_become(app, {"cmd.dead-letter": 1}) == {"cmd.dead-letter": 1}
 
 
 async def test_a_dead_letter_send_that_fails_leaves_the_message_for_another_try(
@@ -1117,16 +1150,17 @@ async def test_after_the_hold_limit_the_marks_stop_and_the_message_is_redelivere
     assert await counts_become(app, {}) == {}
 
 
-async def test_a_message_waiting_for_a_worker_is_marked_only_up_to_the_hold_limit(
+async def test_messages_waiting_for_a_worker_are_marked_only_up_to_the_hold_limit(
     make_app: AppFactory, tap: AckTap
 ) -> None:
-    # GIVEN a 1 s ack wait, marks every 0.3 s for at most 0.6 s, and three commands on a
+    # GIVEN a 1 s ack wait, marks every 0.3 s for at most 0.6 s, and five commands on a
     # queue of concurrency 2 whose handler holds each message until the test lets it go:
-    # the third waits for a worker the whole time
+    # the last three wait for a worker the whole time
     app = await make_app(**SHORT_HOLD)
     other = await make_app(**SHORT_HOLD)
-    await send_commands(app, "integration", 3)
-    third = (await (await js_of(app)).stream_info(COMMAND_STREAM)).state.last_seq
+    await send_commands(app, "integration", 5)
+    last = (await (await js_of(app)).stream_info(COMMAND_STREAM)).state.last_seq
+    waiting = {last - 2, last - 1, last}
     started = asyncio.Event()
     release = asyncio.Event()
 
@@ -1149,23 +1183,68 @@ async def test_a_message_waiting_for_a_worker_is_marked_only_up_to_the_hold_limi
     await started.wait()
     other_runtime = await other.queue_runtime()
 
-    async def waiting_one_came_back() -> bool:
-        return third in redelivered
+    async def waiting_ones_came_back() -> bool:
+        return waiting <= set(redelivered)
 
-    await poll_until(other_runtime, "integration", second, waiting_one_came_back)
+    await poll_until(other_runtime, "integration", second, waiting_ones_came_back)
     release.set()
     report = await working
 
-    # THEN the waiting message's marks stopped at the hold limit (0.6 s / 0.3 s: at most 2),
-    # and it came back to the other worker
+    # THEN each waiting message's marks stopped at the hold limit (0.6 s / 0.3 s: at most
+    # 2), and each came back to the other worker
     acks = await tap.seen(app, other)
-    marks = [a for a in acks if a.kind == "+WPI" and a.stream_seq == third]
-    assert 1 <= len(marks) <= 2
-    assert third in redelivered
-    # AND the first worker, free again past the hold limit, did not start it too: it was
-    # given back (a batch is held no longer than the limit)
-    assert third not in held
-    assert report.left_for_redelivery == 1
+    for seq in waiting:
+        marks = [a for a in acks if a.kind == "+WPI" and a.stream_seq == seq]
+        assert 1 <= len(marks) <= 2, seq
+    # AND the first worker, free again past the hold limit, started none of them: each was
+    # given back (a batch is held no longer than the limit), and each is counted
+    assert not waiting & set(held)
+    assert report.left_for_redelivery == 3
+
+
+async def test_a_hold_limit_shorter_than_the_mark_interval_sends_no_mark(
+    make_app: AppFactory, tap: AckTap
+) -> None:
+    # GIVEN marks every 0.3 s but a hold limit of 0.2 s, and a handler that works 0.5 s
+    app = await make_app(command_ack_wait_s=1.0, command_in_progress_s=0.3, command_max_hold_s=0.2)
+    await send_commands(app, "integration", 1)
+
+    async def slow(command: Command, delivery: Delivery) -> None:
+        await asyncio.sleep(0.5)  # the slow work under test, not synchronisation
+
+    # WHEN the queue is polled
+    report = await (await app.queue_runtime()).poll("integration", slow)
+
+    # THEN no mark was due inside the limit, so none was sent, and the work was acked
+    assert report.done == 1
+    assert [a.kind for a in await tap.seen(app)] == ["+ACK"]
+
+
+async def test_a_mark_that_cannot_be_sent_is_not_an_error_of_the_event_loop(
+    make_app: AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN marks every 0.1 s, three commands on a queue of concurrency 2 (the third waits
+    # for a worker), and a handler whose connection closes under it and who then works on
+    # past three marks
+    app = await make_app(command_ack_wait_s=1.0, command_in_progress_s=0.1)
+    await send_commands(app, "integration", 3)
+    nc = await app.nats()
+
+    async def connection_lost(command: Command, delivery: Delivery) -> None:
+        if not nc.is_closed:
+            await nc.close()
+        await asyncio.sleep(0.35)  # the work under test, across three marks
+
+    # WHEN the queue is polled: the messages cannot be acked either
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    with pytest.raises(nats.errors.ConnectionClosedError):
+        await (await app.queue_runtime()).poll("integration", connection_lost)
+    gc.collect()  # a future whose error nobody read says so when it is collected
+
+    # THEN each lost mark, of a message worked on or waiting, was only a lost mark (the
+    # messages come back after their ack wait): none left an error nobody read, or a failing
+    # callback, for asyncio to log
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
 # =========================================================================== deadline (F23)
@@ -1200,6 +1279,28 @@ async def test_records_not_started_when_time_runs_out_are_nacked_for_prompt_rede
     assert time.monotonic() - started < 5.0
     assert total(rest, "done") == 9
     assert sorted(handled) == sorted(c.command_id for c in commands)
+
+
+async def test_time_running_out_inside_a_last_short_batch_is_reported(
+    make_app: AppFactory,
+) -> None:
+    # GIVEN three commands (a batch short of the row's 10, so the run fetches no more), and
+    # a remaining-time check that says stop once the first has run
+    app = await make_app()
+    await send_commands(app, "integration", 3)
+    handled: list[str] = []
+
+    async def handler(command: Command, delivery: Delivery) -> None:
+        handled.append(command.command_id)
+
+    # WHEN the queue is polled
+    runtime = await app.queue_runtime()
+    report = await runtime.poll("integration", handler, should_stop=lambda: bool(handled))
+
+    # THEN the run says it ran out of time (its caller must come back for the two left),
+    # not that the queue is drained
+    assert (report.done, report.left_for_redelivery) == (1, 2)
+    assert report.out_of_time is True
 
 
 async def test_no_fetch_is_made_when_time_is_already_up(make_app: AppFactory) -> None:
