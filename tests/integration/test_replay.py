@@ -317,8 +317,9 @@ async def test_a_rewind_whose_server_stops_answering_fails_instead_of_ending_sho
     )
 
 
+@pytest.mark.parametrize("stalled_after", [1, 4, 5])
 async def test_a_rewind_rides_out_a_server_that_stalls_past_a_fetch(
-    make_app: AppFactory, clock: ManualClock, nats_server: NatsServerProcess
+    make_app: AppFactory, clock: ManualClock, nats_server: NatsServerProcess, stalled_after: int
 ) -> None:
     # GIVEN six events on stream 0, read one per fetch, a fetch waiting 0.2 s at most
     app = await six_events_read_one_per_fetch(make_app, clock)
@@ -328,13 +329,13 @@ async def test_a_rewind_rides_out_a_server_that_stalls_past_a_fetch(
         await asyncio.sleep(0.6)  # the outage's length (three fetches' wait), not a sync
         nats_server.resume()
 
-    def stall_after_the_first(done: int, total: int | None, note: str = "") -> None:
-        if done == 1:
+    def stall(done: int, total: int | None, note: str = "") -> None:
+        if done == stalled_after:
             nats_server.pause()
             outages.append(asyncio.get_running_loop().create_task(outage()))
 
     # WHEN the projector is rewound to sequence 1 and the server stalls for a moment after
-    #   one record (the next fetch gives up before it answers)
+    #   one record, four or five (the next fetch gives up before it answers)
     try:
         report = await rewind(
             app,
@@ -342,13 +343,33 @@ async def test_a_rewind_rides_out_a_server_that_stalls_past_a_fetch(
             subscription=PROJECTOR,
             to_seq=1,
             dry_run=True,
-            progress=stall_after_the_first,
+            progress=stall,
         )
     finally:
         nats_server.resume()
         await asyncio.gather(*outages)
     # THEN the replay goes on once the server answers, and reads the stream whole
     assert counts(report) == {"scanned": 6, "would_apply": 6}
+    assert (report.first_seq, report.last_seq) == (1, 6)
+
+
+async def test_a_rewind_of_a_stream_whose_last_records_were_deleted_reads_the_rest_and_ends(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN six events on stream 0, read one per fetch, and its last two deleted (the
+    #   stream's last sequence is still 6: nothing will ever come at 5 or 6)
+    app = await six_events_read_one_per_fetch(make_app, clock)
+    js = (await app.nats()).jetstream()
+    for seq in (5, 6):
+        await js.delete_msg(event_stream_name(0), seq)
+    # WHEN the projector is rewound to sequence 1 (bounded: a reader waiting for records
+    #   that are gone would wait for ever)
+    report = await asyncio.wait_for(
+        rewind(app, stream_index=0, subscription=PROJECTOR, to_seq=1, dry_run=True), 10
+    )
+    # THEN it read the four left and ended: the empty fetch with nothing undelivered is
+    #   the end of what the stream holds
+    assert counts(report) == {"scanned": 4, "would_apply": 4}
     assert (report.first_seq, report.last_seq) == (1, 6)
 
 

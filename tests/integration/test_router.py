@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
+import re
 import sqlite3
 import uuid
 from collections import Counter
@@ -1026,7 +1028,7 @@ async def test_the_publisher_nudges_the_router_so_views_update_without_a_sweep(
 
 
 async def test_s3_down_during_archiving_loses_nothing(
-    make_app: AppFactory, clock: ManualClock
+    make_app: AppFactory, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN events on stream 4 and an archive whose S3 is down
     own_s3 = S3ServerProcess()
@@ -1042,11 +1044,23 @@ async def test_s3_down_during_archiving_loses_nothing(
         own_s3.stop()
 
         # WHEN the sweep tries to archive
+        caplog.set_level(logging.WARNING, logger="rhumbatron.router")
         down = await app.router().sweep(now=sweep_minute(4))
 
-        # THEN the batch is retried, not failed and not counted
+        # THEN the batch is retried, not failed and not counted, each event's warning saying
+        #   why: the object S3 would not take
         archiver = down.run.subscriptions[Subscription.AUDIT_ARCHIVER.value]
         assert (archiver.retried, archiver.failed, archiver.applied) == (6, 0, 0)
+        retries = [
+            r.getMessage()
+            for r in caplog.records
+            if r.getMessage().startswith(f"{Subscription.AUDIT_ARCHIVER.value} retries ")
+        ]
+        assert len(retries) == 6
+        assert all(
+            re.search(r": could not write archive object s3://\S+ \(a batch of 6 ", line)
+            for line in retries
+        ), retries
         assert (
             app.router()
             .stream_state(4)
@@ -1557,6 +1571,24 @@ async def test_in_drain_mode_a_tick_whose_time_runs_out_mid_drain_stops_there(
     assert drained[Subscription.AUDIT_ARCHIVER.value].applied == 100
     assert set(drained) == {Subscription.AUDIT_ARCHIVER.value}
     assert sorted(sweep.drained_elsewhere) == [f"EVENTS_0{n}" for n in range(1, 6)]
+
+
+async def test_a_sweep_takes_one_reactions_batch_on_each_other_stream(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN drain mode off, fetches of 4 records (a test override of the 100), and 6 events
+    #   waiting on each of streams 3 and 5
+    app = await make_app(router_drain_mode=False, router_fetch_max_records=4)
+    for stream in (3, 5):
+        (project,) = projects_on_stream(stream, 1)
+        await publish(app, wakes(project, clock.now(), 6))
+    # WHEN stream 4's sweep runs
+    sweep = await app.router().sweep(now=sweep_minute(4))
+    # THEN it took one reactions batch on each of the seven other streams, its own stream's
+    #   reactions being in its own run: 4 of the 6 on streams 3 and 5, nothing elsewhere
+    assert set(sweep.reactions_elsewhere) == {event_stream_name(i) for i in range(8) if i != 4}
+    fetched = {name: sub.fetched for name, sub in sweep.reactions_elsewhere.items()}
+    assert fetched == {name: 4 if name in ("EVENTS_03", "EVENTS_05") else 0 for name in fetched}
 
 
 async def test_in_drain_mode_a_housekeeping_tick_drains_no_analytics_on_other_streams(
