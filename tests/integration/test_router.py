@@ -41,10 +41,10 @@ from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.router.handlers import AuditArchiver, CausalRouting, NoCausalRules, RunContext
-from rhumbatron.router.maintenance import prune_processed_events
+from rhumbatron.router.maintenance import prune_processed_events, run_maintenance
 from rhumbatron.router.nudge import InProcessNudge
 from rhumbatron.router.records import Outcome, Record, decode_records
-from rhumbatron.router.reports import RunReport
+from rhumbatron.router.reports import RunReport, SweepReport
 from rhumbatron.router.ticks import tick_kind
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 from rhumbatron_dev.local.nats_server import NatsServerProcess
@@ -1124,20 +1124,109 @@ async def test_the_daily_tick_prunes_claims_older_than_14_days_up_to_the_cap(
 async def test_an_ordinary_tick_prunes_old_claims_when_sized_above_the_daily_cap(
     make_app: AppFactory, clock: ManualClock, sizing: dict[str, int], pruned: tuple[int, int]
 ) -> None:
-    # GIVEN a project's events applied 15 days ago
+    # GIVEN a project's events applied, and a reaction's cause chain kept, 15 days ago
     app = await make_app(**sizing)
     (project,) = projects_on_stream(1, 1)
     await publish(app, lifecycle(project, clock.now()))
     await app.router().nudge(1)
+    keep_cause_chain(app, "evt-old", clock.now())
     clock.advance(days=15)
     # WHEN an ordinary tick runs (not the 04:17 one)
     tick = clock.now().replace(hour=10, minute=3)
     clock.set(tick)
     sweep = await app.router().sweep(now=tick)
-    # THEN it pruned the sized chunk of claims and feed rows, or nothing at the default
+    # THEN it pruned the sized chunk of claims, feed rows and the reactions' history, or
+    #   nothing at the default
     assert not sweep.maintenance
     assert (sweep.pruned_claims, sweep.pruned_feed_rows) == pruned
+    assert sweep.pruned_reaction_rows == pruned[0]
     assert view_count(app, project) == 6 - pruned[1]
+
+
+def keep_cause_chain(app: Rhumbatron, cause_key: str, at: datetime) -> None:
+    """A reaction's cause chain recorded at ``at`` (the reactions' history the prune keeps
+    14 days)."""
+    with app.product().transaction() as db:
+        db.execute(
+            "INSERT INTO reaction_causes VALUES (?, 'acme', 0, '[]', ?)",
+            (cause_key, at.timestamp()),
+        )
+
+
+def cause_chains(app: Rhumbatron) -> int:
+    return int(
+        app.product().connection.execute("SELECT COUNT(*) FROM reaction_causes").fetchone()[0]
+    )
+
+
+#: Sized so that every ordinary tick prunes 10 rows a table: 1,440 events a day leave up to
+#: 7,200 claim rows, over the daily cap of 5,000, so ceil(2 × 7,200 / 1,440) = 10.
+PRUNED_EVERY_TICK = {"expected_events_per_day": 1_440}
+
+
+async def test_an_ordinary_tick_whose_time_is_up_prunes_nothing(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a deployment whose ordinary ticks prune, claims and a cause chain 15 days old
+    app = await make_app(**PRUNED_EVERY_TICK)
+    (project,) = projects_on_stream(1, 1)
+    await publish(app, lifecycle(project, clock.now()))
+    await app.router().nudge(1)
+    keep_cause_chain(app, "evt-old", clock.now())
+    clock.advance(days=15)
+    # WHEN an ordinary tick runs with no time left
+    tick = clock.now().replace(hour=10, minute=3)
+    sweep = await app.router().sweep(now=tick, should_stop=lambda: True)
+    # THEN it pruned nothing: the next tick does
+    assert (sweep.pruned_claims, sweep.pruned_feed_rows, sweep.pruned_reaction_rows) == (0, 0, 0)
+    assert (view_count(app, project), cause_chains(app)) == (6, 1)
+
+
+async def test_an_ordinary_ticks_prune_stops_when_its_time_runs_out(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a deployment whose ordinary ticks prune, and a project's events routed and
+    #   applied 15 days ago
+    app = await make_app(**PRUNED_EVERY_TICK)
+    (project,) = projects_on_stream(1, 1)
+    await publish(app, lifecycle(project, clock.now()))
+    await app.router().nudge(1)
+    clock.advance(days=15)
+    claims = app.router().stream_state(1).connection
+    count = "SELECT COUNT(*) FROM processed_events"
+    # WHEN an ordinary tick's time runs out as soon as the claims are pruned
+    tick = clock.now().replace(hour=10, minute=3)
+    sweep = await app.router().sweep(
+        now=tick, should_stop=lambda: claims.execute(count).fetchone()[0] == 0
+    )
+    # THEN the claims went and the feed rows wait for the next tick
+    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (ROUTED_IN_LIFECYCLE, 0)
+    assert view_count(app, project) == 6
+
+
+async def test_an_ordinary_tick_prunes_for_the_rate_the_streams_were_observed_to_carry(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN the default sizing (the daily tick alone prunes) and a project's events applied
+    #   15 days ago
+    app = await make_app()
+    (project,) = projects_on_stream(1, 1)
+    await publish(app, lifecycle(project, clock.now()))
+    await app.router().nudge(1)
+    clock.advance(days=15)
+    # WHEN an ordinary tick's housekeeping runs for streams measured at 1,440 events a day
+    #   (past what the daily cap keeps up with: 10 rows a table each tick)
+    tick = clock.now().replace(hour=10, minute=3)
+    sweep = SweepReport(
+        run=RunReport(1, "sweep"),
+        minute_of_day=tick.hour * 60 + tick.minute,
+        maintenance=False,
+        release_sweep=False,
+        analytics=True,
+    )
+    await run_maintenance(app.router(), sweep, tick, observed_per_day=1_440.0, should_stop=None)
+    # THEN it pruned the old claims and feed rows as if sized for that rate
+    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (ROUTED_IN_LIFECYCLE, 6)
 
 
 async def test_a_prune_whose_time_runs_out_after_the_claims_returns_them_and_leaves_the_rest(
@@ -1257,16 +1346,33 @@ async def test_every_sweep_records_consumer_lag_and_outbox_backlog_as_metrics(
     assert counts["consumer_num_pending"] == 40
     assert counts["consumer_num_ack_pending"] == 40
     assert counts["outbox_pending"] == 1
-    # AND each consumer's point names its stream and consumer: the lag is read per consumer
-    points = app.product().connection.execute(
-        "SELECT dimensions, value FROM platform_metrics WHERE name = 'consumer_num_pending'"
-    )
-    pending = {
-        (d["stream"], d["consumer"]): value
-        for d, value in ((json.loads(row[0]), row[1]) for row in points)
-    }
+
+    # AND each consumer's points name its stream and consumer and carry what the sweep
+    #   read: the lag is read per consumer
+    def per_consumer(name: str) -> dict[tuple[str, str], float]:
+        points = app.product().connection.execute(
+            "SELECT dimensions, value FROM platform_metrics WHERE name = ?", (name,)
+        )
+        return {
+            (d["stream"], d["consumer"]): value
+            for d, value in ((json.loads(row[0]), row[1]) for row in points)
+        }
+
+    pending = per_consumer("consumer_num_pending")
     assert len(pending) == 40
     assert pending[(event_stream_name(0), PROJECTOR.value)] == 3
+    assert per_consumer("consumer_num_ack_pending") == {
+        (lag.stream, lag.consumer): lag.num_ack_pending for lag in sweep.lags
+    }
+    # AND the backlog's points carry its counts, state by state
+    backlog = dict(
+        app.product()
+        .connection.execute(
+            "SELECT name, value FROM platform_metrics WHERE name LIKE 'outbox_%' ORDER BY name"
+        )
+        .fetchall()
+    )
+    assert backlog == {"outbox_failed": 0, "outbox_pending": 2, "outbox_retry_wait": 0}
 
 
 async def test_the_daily_tick_drops_lag_points_older_than_30_days_and_keeps_event_metrics(
