@@ -956,6 +956,13 @@ async def test_a_sweep_tick_runs_one_archiver_and_one_analytics_batch_of_at_most
     assert (await lag(0, Subscription.AUDIT_ARCHIVER)).num_pending == 150
     assert (await lag(0, Subscription.ANALYTICS_PROJECTOR)).num_pending == 150
 
+    # WHEN the same warm router sweeps that stream again
+    again = await app.router().sweep(now=sweep_minute(0))
+
+    # THEN its report names only the object it wrote itself, not the first tick's too
+    assert [count for _, count in again.archive_objects] == [100]
+    assert again.archive_objects != sweep.archive_objects
+
 
 async def test_an_archive_batch_above_the_fetch_cap_moves_all_its_records_in_one_tick(
     make_app: AppFactory, clock: ManualClock
@@ -1604,6 +1611,23 @@ async def test_in_drain_mode_one_nudge_drains_the_archive_analytics_and_reaction
     # AND the archive holds each event exactly once, across its objects
     assert archived_ids(app) == Counter(e.event_id for e in events)
 
+    # WHEN more events come and the stream's sweep tick runs in the same warm process
+    await publish(app, more_wakes(project, clock))
+    sweep = await app.router().sweep(now=sweep_minute(2))
+    # THEN the sweep reports the object it wrote, not the ones the nudge wrote before it
+    assert [count for _, count in sweep.archive_objects] == [5]
+
+
+def more_wakes(project_id: str, clock: ManualClock) -> list[Event]:
+    """Five more wake events of ``project_id``, under keys :func:`wakes` does not use."""
+    ctx = FactContext(CALLER, project_id, clock.now())
+    return [
+        ctx.fact(
+            "agent.woke", {"agentId": f"agent-{i}"}, change_id=f"{project_id}-c", key=f"more-{i}"
+        )
+        for i in range(5)
+    ]
+
 
 async def test_in_drain_mode_a_tick_drains_every_stream_and_archives_each_event_once(
     make_app: AppFactory, clock: ManualClock
@@ -1618,11 +1642,18 @@ async def test_in_drain_mode_a_tick_drains_every_stream_and_archives_each_event_
     await app.router().nudge(3)
     late = wakes(second, clock.now(), 150)
     await publish(app, late)
-    # WHEN a sweep tick that visits a third stream runs
+    (third,) = projects_on_stream(0, 1)
+    own = wakes(third, clock.now(), 150)
+    await publish(app, own)
+    # WHEN a sweep tick that visits the third stream runs
     tick = sweep_minute(0)
     clock.set(tick)
     sweep = await app.router().sweep(now=tick)
-    # THEN it drained the other streams' archiver, analytics and reactions too
+    # THEN it drained its own stream's archiver, analytics and reactions, past the one
+    #   batch of 100 an ordinary tick takes
+    for name in (Subscription.AUDIT_ARCHIVER, Subscription.ANALYTICS_PROJECTOR, REACTIONS):
+        assert sweep.run.subscriptions[name.value].applied == 150, name
+    # AND it drained the other streams' archiver, analytics and reactions too
     assert sorted(sweep.drained_elsewhere) == [f"EVENTS_0{n}" for n in range(1, 8)]
     report = sweep.drained_elsewhere["EVENTS_05"]
     assert (report.stream_index, report.kind) == (5, "sweep")
@@ -1631,8 +1662,8 @@ async def test_in_drain_mode_a_tick_drains_every_stream_and_archives_each_event_
     assert drained[Subscription.REACTIONS.value].applied == 150
     assert drained[Subscription.ANALYTICS_PROJECTOR.value].applied == 150
     # AND every event is archived exactly once, whichever run archived it
-    assert archived_ids(app) == Counter(e.event_id for e in [*early, *late])
-    assert sum(count for _, count in sweep.archive_objects) == 150
+    assert archived_ids(app) == Counter(e.event_id for e in [*early, *late, *own])
+    assert sum(count for _, count in sweep.archive_objects) == 300
 
 
 async def test_in_drain_mode_a_tick_told_to_stop_drains_no_other_stream(
@@ -1690,11 +1721,62 @@ async def test_a_sweep_takes_one_reactions_batch_on_each_other_stream(
         await publish(app, wakes(project, clock.now(), 6))
     # WHEN stream 4's sweep runs
     sweep = await app.router().sweep(now=sweep_minute(4))
-    # THEN it took one reactions batch on each of the seven other streams, its own stream's
+    # THEN it was an ordinary tick's sweep run on stream 4
+    assert (sweep.run.stream_index, sweep.run.kind) == (4, "sweep")
+    assert (sweep.maintenance, sweep.release_sweep, sweep.analytics) == (False, False, True)
+    # AND it took one reactions batch on each of the seven other streams, its own stream's
     #   reactions being in its own run: 4 of the 6 on streams 3 and 5, nothing elsewhere
     assert set(sweep.reactions_elsewhere) == {event_stream_name(i) for i in range(8) if i != 4}
     fetched = {name: sub.fetched for name, sub in sweep.reactions_elsewhere.items()}
     assert fetched == {name: 4 if name in ("EVENTS_03", "EVENTS_05") else 0 for name in fetched}
+
+
+async def test_a_sweep_writes_the_freshness_point_a_nudge_kept_in_memory(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a warm router whose first nudge wrote its freshness point, and whose second
+    #   nudge, within the minute between flushes, kept its point in memory
+    app = await make_app(router_drain_mode=False)
+    (project,) = projects_on_stream(2, 1)
+    events = lifecycle(project, clock.now())
+    product = app.product().connection
+
+    def freshness_points() -> int:
+        return metric_counts(product, MetricBinding.METRICS).get("event_freshness_s", 0)
+
+    await publish(app, events[:3])
+    await app.router().nudge(2)
+    assert freshness_points() == 1
+    await publish(app, events[3:])
+    await app.router().nudge(2)
+    assert freshness_points() == 1
+    # WHEN a sweep tick runs, still within that minute
+    await app.router().sweep(now=sweep_minute(5))
+    # THEN the kept point is written: a sweep always flushes
+    assert freshness_points() == 2
+
+
+async def test_a_sweep_releases_only_its_own_streams_held_records(
+    make_app: AppFactory, clock: ManualClock, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN a cap of 2 apply calls per run and five projects with events on stream 0: a
+    #   nudge applies two projects and keeps the rest for the stream's next run
+    app = await make_app(router_apply_calls_per_run=2, router_drain_mode=False)
+    await two_events_each(app, clock, 5)
+    assert (await app.router().nudge(0)).left_waiting
+    tap = await AckTap.open(nats_server.url, event_stream_name(0))
+    try:
+        # WHEN the sweep of another stream runs in the same process
+        await app.router().sweep(now=sweep_minute(4))
+        # THEN stream 0's kept records stay kept for its next run: none is nacked
+        naks = [a for a in await tap.seen(app) if a.kind == "-NAK"]
+        assert naks == []
+        # AND stream 0's own sweep releases them, at once, for any reader
+        await app.router().sweep(now=sweep_minute(0))
+        seen = await tap.seen(app)
+        assert [a for a in seen if a.kind == "-NAK"]
+    finally:
+        await tap.close()
 
 
 async def test_in_drain_mode_a_housekeeping_tick_drains_no_analytics_on_other_streams(
