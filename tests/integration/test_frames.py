@@ -194,13 +194,15 @@ async def test_an_ack_written_here_settles_the_message_as_msg_ack_does(nc: NATS)
         await js.publish("acks.a", str(n).encode())
     sub = await js.pull_subscribe("acks.a", durable="reader", stream="ACKS")
     first, second = await sub.fetch(2, timeout=5)
-    sent_before = nc.stats["out_msgs"]
+    sent_before, bytes_before = nc.stats["out_msgs"], nc.stats["out_bytes"]
     # WHEN the first is acknowledged by a frame written here and the second by Msg.ack
     await ack(first)
     await second.ack()
     await nc.flush()
-    # THEN both are settled alike: counted, marked acknowledged here and on the server
+    # THEN both are settled alike: counted (a message each, no payload byte), marked
+    #   acknowledged here and on the server
     assert nc.stats["out_msgs"] - sent_before == 2
+    assert nc.stats["out_bytes"] == bytes_before
     assert first.is_acked and second.is_acked
 
     async def settled() -> tuple[int | None, int | None, int | None]:
@@ -217,6 +219,10 @@ async def test_an_ack_written_here_settles_the_message_as_msg_ack_does(nc: NATS)
     await asyncio.wait_for(done, 5)
     with pytest.raises(NotJSMessageError):
         await ack(plain[0])
+    # AND a reply subject nats-py would refuse goes to Msg.ack, which refuses it
+    odd = Msg(nc, subject="acks.a", reply="in box", data=b"")
+    with pytest.raises(BadSubjectError):
+        await ack(odd)
 
 
 async def test_an_ack_on_a_closed_connection_says_so(nc: NATS) -> None:
