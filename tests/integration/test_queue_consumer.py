@@ -386,6 +386,41 @@ async def test_a_queue_consumer_deleted_under_a_warm_runtime_is_made_again(
     await js.consumer_info(COMMAND_STREAM, consumer_name("integration"))
 
 
+async def test_a_poll_whose_server_stalls_gives_up_its_fetch_and_the_next_poll_takes_it(
+    make_app: AppFactory, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN a warm runtime whose fetches wait 0.2 s at most, and a command on its queue
+    app = await make_app(router_fetch_timeout_s=0.2)
+    runtime = await app.queue_runtime()
+    await runtime.poll("integration", noop)
+    [command] = await send_commands(app, "integration", 1)
+    seen: list[tuple[str, int]] = []
+
+    async def handler(command: Command, delivery: Delivery) -> None:
+        seen.append((command.command_id, delivery.delivered))
+
+    # WHEN the server stalls for 0.6 s (three fetches' wait) as the queue is polled
+    async def outage() -> None:
+        await asyncio.sleep(0.6)  # the outage's length, not a synchronisation
+        nats_server.resume()
+
+    nats_server.pause()
+    resumed = asyncio.create_task(outage())
+    try:
+        stalled = await runtime.poll("integration", handler)
+    finally:
+        await resumed
+    # THEN that poll gave up its fetch after its wait, with nothing handled
+    assert (stalled.fetches, stalled.fetched, seen) == (1, 0, [])
+
+    # AND the command the server sent once it answered is the next poll's, on that delivery
+    async def handled() -> bool:
+        return bool(seen)
+
+    await poll_until(runtime, "integration", handler, handled)
+    assert seen == [(command.command_id, 1)]
+
+
 async def test_a_poll_counts_what_each_of_its_fetches_brought(make_app: AppFactory) -> None:
     # GIVEN 25 commands on a queue whose batch is 10
     app = await make_app()
