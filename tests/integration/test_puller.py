@@ -221,6 +221,25 @@ def test_a_reply_subject_of_the_domain_form_is_read_too() -> None:
     # The 12-token form a server with a JetStream domain sends (nats.py reads both)
     reply = "$JS.ACK.hub.ACCHASH.PULLED.reader.3.41.17.1700000000000000000.5.token"
     assert delivery(Msg(_client=None, reply=reply)) == (41, 3)  # type: ignore[arg-type]
+    # even where its stream and consumer are named with digits, where the common form's
+    # numbers sit
+    reply = "$JS.ACK.hub.ACCHASH.70.90.3.41.17.1700000000000000000.5.token"
+    assert delivery(Msg(_client=None, reply=reply)) == (41, 3)  # type: ignore[arg-type]
+
+
+class _MetadataRefused(Msg):
+    """A message whose nats.py metadata may not be built: the hot path must not need it."""
+
+    @property
+    def metadata(self) -> Msg.Metadata:
+        raise AssertionError("nats.py's metadata was built for the common reply form")
+
+
+def test_the_common_reply_form_is_read_without_building_nats_pys_metadata() -> None:
+    # The 9-token form nats-server sends without a domain: read off the subject itself (a
+    # tenth of the metadata's cost, which also builds a datetime per message)
+    reply = "$JS.ACK.PULLED.reader.3.41.17.1700000000000000000.5"
+    assert delivery(_MetadataRefused(_client=None, reply=reply)) == (41, 3)  # type: ignore[arg-type]
 
 
 async def test_a_prefetch_delivers_now_what_the_next_pull_hands_out(nc: NATS) -> None:
