@@ -166,6 +166,24 @@ async def test_a_held_messages_age_counts_from_its_arrival_not_from_its_hold(nc:
         await puller.close()
 
 
+async def test_a_held_message_redelivered_meanwhile_is_handed_out_once_as_its_newest_copy(
+    nc: NATS,
+) -> None:
+    # GIVEN a reader whose consumer waits 1 s for an ack, and a message it held back for the
+    #   next pull past that wait (the server will send it again)
+    await nc.jetstream().publish("pulled.a", b"held")
+    puller = await reader(nc, ack_wait=1.0)
+    try:
+        puller.hold(await puller.pull(1))
+        await asyncio.sleep(1.3)  # the hold outlives the ack wait: the fault, not a sync
+        # WHEN it pulls two, so the server's redelivery comes with the held copy
+        pulled = await puller.pull(2)
+        # THEN the message is handed out once, as the copy JetStream expects the ack of
+        assert [(m.data, delivery(m)) for m in pulled] == [(b"held", (1, 2))]
+    finally:
+        await puller.close()
+
+
 async def test_a_hold_puts_its_messages_ahead_of_those_prefetched_and_loses_none(
     nc: NATS,
 ) -> None:
