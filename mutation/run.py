@@ -704,7 +704,7 @@ def recheck_mutants(
     at_import = import_time_functions(workspace)
     covering = _covering_tests(workspace)
     tests_of = {name: recheck_tests(name, plan, covering, at_import) for name in todo}
-    todo = recheck_order(todo, to_confirm, tests_of)
+    todo = recheck_order(todo, to_confirm, tests_of, listed=read_equivalent_list())
     saved = workspace / "recheck.json"
     checking_since = time.monotonic()
     with ThreadPoolExecutor(max_workers=max_children) as pool:
@@ -733,17 +733,27 @@ def recheck_mutants(
 
 
 def recheck_order(
-    mutants: Sequence[str], to_confirm: Collection[str], tests_of: Mapping[str, Sequence[str]]
+    mutants: Sequence[str],
+    to_confirm: Collection[str],
+    tests_of: Mapping[str, Sequence[str]],
+    listed: Collection[str] = (),
 ) -> list[str]:
     """The order of a re-check: the survivors first, as given (a proof written since may kill
-    one), then the kills to confirm, those with the fewest tests first. A kill to confirm
-    costs its tests' time (all of them when it is not confirmed, the per-test limit when it
-    hangs), and a connection function's mutant has 300 tests where a scan's has 9: a run
-    stopped part-way has confirmed the most it could."""
-    confirming = set(to_confirm)
-    survivors = [name for name in mutants if name not in confirming]
-    kills = sorted((n for n in mutants if n in confirming), key=lambda n: (len(tests_of[n]), n))
-    return [*survivors, *kills]
+    one), then the kills to confirm, then the survivors ``listed`` as equivalent; each of the
+    last two with the fewest tests first. A kill to confirm costs its tests' time (all of
+    them when it is not confirmed, the per-test limit when it hangs), and a connection
+    function's mutant has 300 tests where a scan's has 9: a run stopped part-way has
+    confirmed the most it could. A listed mutant counts as equivalent whether or not it is
+    re-checked (its re-check only finds a line a proof made stale), so it waits for the rest:
+    `router` lists 259: they took the first twenty minutes of its re-check."""
+    confirming, equivalent = set(to_confirm), set(listed) - set(to_confirm)
+
+    def cheapest_first(names: Iterable[str]) -> list[str]:
+        return sorted(names, key=lambda n: (len(tests_of[n]), n))
+
+    survivors = [name for name in mutants if name not in confirming | equivalent]
+    kills = cheapest_first(n for n in mutants if n in confirming)
+    return [*survivors, *kills, *cheapest_first(n for n in mutants if n in equivalent)]
 
 
 def source_readers_left_out(plan: PackagePlan) -> tuple[str, ...]:

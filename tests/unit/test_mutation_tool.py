@@ -180,6 +180,21 @@ def test_a_re_check_takes_the_survivors_first_then_the_kills_to_confirm_cheapest
     ]
 
 
+def test_a_re_check_leaves_the_survivors_listed_as_equivalent_for_last() -> None:
+    # GIVEN a survivor, one listed as equivalent with 5 tests and one with 2, and a kill to
+    #   confirm
+    survivor, confirm = f"{P}.x_f__mutmut_1", f"{P}.x_g__mutmut_1"
+    listed = [f"{P}.x_h__mutmut_3", f"{P}.x_k__mutmut_1"]
+    tests_of = {survivor: ["t"], confirm: ["t", "u"], listed[0]: ["t"] * 5, listed[1]: ["t"] * 2}
+    # WHEN they are ordered for the re-check
+    order = tool.recheck_order(
+        [listed[0], survivor, listed[1], confirm], [confirm], tests_of, listed
+    )
+    # THEN what can move the kill rate comes first (the survivor, then the kill to confirm);
+    #   the listed ones, equivalent either way, come last, the fewest tests first
+    assert order == [survivor, confirm, listed[1], listed[0]]
+
+
 def test_a_re_check_ends_at_the_per_test_limit_not_when_a_blocked_thread_ends(
     tmp_path: Path,
 ) -> None:
