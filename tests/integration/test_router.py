@@ -1090,16 +1090,28 @@ async def test_s3_down_during_archiving_loses_nothing(
         own_s3.stop()
 
 
+async def applied_15_days_ago(
+    app: Rhumbatron, clock: ManualClock, *, cause_chain: bool = False
+) -> str:
+    """A project of stream 1 whose lifecycle the router applied and routed 15 days before
+    the clock's now (the clock is moved on), with a reaction's cause chain kept then when
+    ``cause_chain``; its ID."""
+    (project,) = projects_on_stream(1, 1)
+    await publish(app, lifecycle(project, clock.now()))
+    await app.router().nudge(1)
+    if cause_chain:
+        keep_cause_chain(app, "evt-old", clock.now())
+    clock.advance(days=15)
+    return project
+
+
 async def test_the_daily_tick_prunes_claims_older_than_14_days_up_to_the_cap(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
     # GIVEN 6 events applied by the projector, 2 of them routed by the causal router (its
     #   claims), 15 days ago, and a daily prune cap of one row per table
     app = await make_app(processed_events_prune_cap=1)
-    (project,) = projects_on_stream(1, 1)
-    await publish(app, lifecycle(project, clock.now()))
-    await app.router().nudge(1)
-    clock.advance(days=15)
+    project = await applied_15_days_ago(app, clock)
 
     # WHEN the 04:17 UTC tick runs
     tick = clock.now().replace(hour=4, minute=17) + timedelta(days=1)
@@ -1133,11 +1145,7 @@ async def test_an_ordinary_tick_prunes_old_claims_when_sized_above_the_daily_cap
 ) -> None:
     # GIVEN a project's events applied, and a reaction's cause chain kept, 15 days ago
     app = await make_app(**sizing)
-    (project,) = projects_on_stream(1, 1)
-    await publish(app, lifecycle(project, clock.now()))
-    await app.router().nudge(1)
-    keep_cause_chain(app, "evt-old", clock.now())
-    clock.advance(days=15)
+    project = await applied_15_days_ago(app, clock, cause_chain=True)
     # WHEN an ordinary tick runs (not the 04:17 one)
     tick = clock.now().replace(hour=10, minute=3)
     clock.set(tick)
@@ -1176,11 +1184,7 @@ async def test_an_ordinary_tick_whose_time_is_up_prunes_nothing(
 ) -> None:
     # GIVEN a deployment whose ordinary ticks prune, claims and a cause chain 15 days old
     app = await make_app(**PRUNED_EVERY_TICK)
-    (project,) = projects_on_stream(1, 1)
-    await publish(app, lifecycle(project, clock.now()))
-    await app.router().nudge(1)
-    keep_cause_chain(app, "evt-old", clock.now())
-    clock.advance(days=15)
+    project = await applied_15_days_ago(app, clock, cause_chain=True)
     # WHEN an ordinary tick runs with no time left
     tick = clock.now().replace(hour=10, minute=3)
     sweep = await app.router().sweep(now=tick, should_stop=lambda: True)
@@ -1195,10 +1199,7 @@ async def test_an_ordinary_ticks_prune_stops_when_its_time_runs_out(
     # GIVEN a deployment whose ordinary ticks prune, and a project's events routed and
     #   applied 15 days ago
     app = await make_app(**PRUNED_EVERY_TICK)
-    (project,) = projects_on_stream(1, 1)
-    await publish(app, lifecycle(project, clock.now()))
-    await app.router().nudge(1)
-    clock.advance(days=15)
+    project = await applied_15_days_ago(app, clock)
     claims = app.router().stream_state(1).connection
     count = "SELECT COUNT(*) FROM processed_events"
     # WHEN an ordinary tick's time runs out as soon as the claims are pruned
@@ -1217,10 +1218,7 @@ async def test_an_ordinary_tick_prunes_for_the_rate_the_streams_were_observed_to
     # GIVEN the default sizing (the daily tick alone prunes) and a project's events applied
     #   15 days ago
     app = await make_app()
-    (project,) = projects_on_stream(1, 1)
-    await publish(app, lifecycle(project, clock.now()))
-    await app.router().nudge(1)
-    clock.advance(days=15)
+    await applied_15_days_ago(app, clock)
     # WHEN an ordinary tick's housekeeping runs for streams measured at 1,440 events a day
     #   (past what the daily cap keeps up with: 10 rows a table each tick)
     tick = clock.now().replace(hour=10, minute=3)
@@ -1241,10 +1239,7 @@ async def test_a_prune_whose_time_runs_out_after_the_claims_returns_them_and_lea
 ) -> None:
     # GIVEN a project's events routed and applied 15 days ago
     app = await make_app()
-    (project,) = projects_on_stream(1, 1)
-    await publish(app, lifecycle(project, clock.now()))
-    await app.router().nudge(1)
-    clock.advance(days=15)
+    project = await applied_15_days_ago(app, clock)
     claims = app.router().stream_state(1).connection
     count = "SELECT COUNT(*) FROM processed_events"
     # WHEN a prune's time runs out as soon as the causal router's claims are gone
