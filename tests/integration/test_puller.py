@@ -39,6 +39,22 @@ async def reader(nc: NATS, **fields: Any) -> Puller:
     return Puller(nc, STREAM, DURABLE, timeout_s=5.0)
 
 
+async def one_per_request(nc: NATS) -> None:
+    """The consumer, serving at most one message per request (max_batch: nats-py's
+    ConsumerConfig has no field for it, so it is created through the API itself)."""
+    created = await nc.request(
+        f"$JS.API.CONSUMER.CREATE.{STREAM}.{DURABLE}",
+        json.dumps(
+            {
+                "stream_name": STREAM,
+                "config": {"durable_name": DURABLE, "ack_policy": "explicit", "max_batch": 1},
+            }
+        ).encode(),
+        timeout=5,
+    )
+    assert "error" not in json.loads(created.data), created.data
+
+
 async def test_one_pull_returns_the_whole_batch_when_enough_are_waiting(nc: NATS) -> None:
     # 300 messages of 1 KiB: more than one read of the socket, so a pull that ended at its
     # first message would come back short
@@ -77,20 +93,9 @@ async def test_a_pull_from_a_consumer_that_does_not_exist_names_it(nc: NATS) -> 
 
 
 async def test_a_pull_the_server_refuses_names_its_status_and_its_words(nc: NATS) -> None:
-    # GIVEN a consumer that serves at most one message per request (max_batch: nats-py's
-    #   ConsumerConfig has no field for it, so it is created through the API itself)
+    # GIVEN a consumer that serves at most one message per request, and a message waiting
     await nc.jetstream().publish("pulled.a", b"one")
-    created = await nc.request(
-        f"$JS.API.CONSUMER.CREATE.{STREAM}.{DURABLE}",
-        json.dumps(
-            {
-                "stream_name": STREAM,
-                "config": {"durable_name": DURABLE, "ack_policy": "explicit", "max_batch": 1},
-            }
-        ).encode(),
-        timeout=5,
-    )
-    assert "error" not in json.loads(created.data), created.data
+    await one_per_request(nc)
     puller = Puller(nc, STREAM, DURABLE, timeout_s=5.0)
     try:
         # WHEN a pull asks for five
@@ -104,6 +109,28 @@ async def test_a_pull_the_server_refuses_names_its_status_and_its_words(nc: NATS
         # AND a pull within the limit still gets the message
         assert [m.data for m in await puller.pull(1)] == [b"one"]
     finally:
+        await puller.close()
+
+
+async def test_a_refusal_that_comes_after_its_pull_gave_up_does_not_end_the_next_pull(
+    nc: NATS, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN a consumer that serves at most one message per request, nothing waiting, and a
+    #   server that stalls
+    await one_per_request(nc)
+    puller = Puller(nc, STREAM, DURABLE, timeout_s=1.0)
+    nats_server.pause()
+    try:
+        # WHEN a pull asking for five gives up before the server could refuse it
+        assert await puller.pull(5) == []
+        # AND the next pull is in flight when the server carries on
+        second = asyncio.create_task(puller.pull(1))
+        nats_server.resume()
+        # THEN the first pull's refusal, arriving first, is not taken for the second's
+        #   answer: the second ends with its own (nothing waiting), not with that error
+        assert await second == []
+    finally:
+        nats_server.resume()
         await puller.close()
 
 

@@ -1774,6 +1774,25 @@ async def test_a_sweep_releases_only_its_own_streams_held_records(
         await tap.close()
 
 
+async def test_in_drain_mode_a_sweep_releases_every_streams_held_records(
+    make_app: AppFactory, clock: ManualClock, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN drain mode, a cap of 2 apply calls per run and five projects on stream 0: a nudge
+    #   applies two projects and keeps the rest for the stream's next run
+    app = await make_app(**SIZED_FOR_DRAIN_MODE, router_apply_calls_per_run=2)
+    await two_events_each(app, clock, 5)
+    assert (await app.router().nudge(0)).left_waiting
+    tap = await AckTap.open(nats_server.url, event_stream_name(0))
+    try:
+        # WHEN the sweep of another stream runs: in drain mode it runs every stream, so no
+        #   run of stream 0 follows it in this process
+        await app.router().sweep(now=sweep_minute(4))
+        # THEN stream 0's kept records are released at once, for any reader
+        assert [a for a in await tap.seen(app) if a.kind == "-NAK"]
+    finally:
+        await tap.close()
+
+
 async def test_in_drain_mode_a_housekeeping_tick_drains_no_analytics_on_other_streams(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
@@ -1887,6 +1906,26 @@ async def test_the_projectors_sweep_ceilings_warn_only_while_no_nudge_runs(
     again = quiet + timedelta(hours=1)
     clock.set(again)
     assert warned((await app.router().sweep(now=again)).warnings) == set()
+
+
+async def test_a_nudge_counts_as_lately_for_exactly_one_capacity_check_interval(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    app = await make_app()
+    window_s = app.settings.router_capacity_check_every_s
+    # GIVEN the nudge function (another process) held stream 3's turn until `ends_s`
+    start_s = clock.now().timestamp()
+    app.router().stream_state(3).take_nudge_turn("nudger", now_s=start_s, hold_s=60)
+    ends_s = start_s + 60
+    # THEN it ran lately up to the interval's last instant after its turn ended, and not after
+    assert app.router().nudged_lately(ends_s + window_s)
+    assert not app.router().nudged_lately(ends_s + window_s + 0.5)
+    # GIVEN this process nudged at `nudged_s`, THEN the same holds of its own nudge
+    nudged_s = ends_s + window_s + 100
+    clock.set(datetime.fromtimestamp(nudged_s, UTC))
+    await app.router().nudge(0)
+    assert app.router().nudged_lately(nudged_s + window_s)
+    assert not app.router().nudged_lately(nudged_s + window_s + 0.5)
 
 
 async def test_a_sweep_nacks_what_its_projector_left_waiting_when_it_ends(
