@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import sqlite3
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -40,6 +41,7 @@ from rhumbatron.product.audit import list_audit, record_audit
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
 from rhumbatron.reactions.config import ReactionSettings
+from rhumbatron.router.capacity import observed_events_per_day
 from rhumbatron.router.handlers import AuditArchiver, CausalRouting, NoCausalRules, RunContext
 from rhumbatron.router.maintenance import prune_processed_events, run_maintenance
 from rhumbatron.router.nudge import InProcessNudge
@@ -1234,6 +1236,24 @@ async def test_an_ordinary_tick_prunes_for_the_rate_the_streams_were_observed_to
     assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (ROUTED_IN_LIFECYCLE, 6)
 
 
+async def test_a_sweep_measures_the_streams_rate_and_its_prune_keeps_up_with_it(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN the default sizing (the daily tick alone prunes), a project's events applied 15
+    #   days ago, and a rate that counts once a stream spans 0.1 ms of the server's clock
+    #   (a test override of the minute: the six publishes, each acknowledged before the
+    #   next, span more, so stream 1 carries millions of events a day)
+    app = await make_app(router_rate_min_span_s=0.0001)
+    await applied_15_days_ago(app, clock)
+    # WHEN an ordinary tick's sweep runs
+    tick = clock.now().replace(hour=10, minute=3)
+    clock.set(tick)
+    sweep = await app.router().sweep(now=tick)
+    # THEN its capacity check measured the streams and its prune kept up with that rate
+    assert not sweep.maintenance
+    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (ROUTED_IN_LIFECYCLE, 6)
+
+
 async def test_a_prune_whose_time_runs_out_after_the_claims_returns_them_and_leaves_the_rest(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
@@ -1709,16 +1729,18 @@ async def test_a_sweep_takes_one_reactions_batch_on_each_other_stream(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
     # GIVEN drain mode off, fetches of 4 records (a test override of the 100), and 6 events
-    #   waiting on each of streams 3 and 5
+    #   waiting on each of streams 3, 4 and 5
     app = await make_app(router_drain_mode=False, router_fetch_max_records=4)
-    for stream in (3, 5):
+    for stream in (3, 4, 5):
         (project,) = projects_on_stream(stream, 1)
         await publish(app, wakes(project, clock.now(), 6))
     # WHEN stream 4's sweep runs
     sweep = await app.router().sweep(now=sweep_minute(4))
-    # THEN it was an ordinary tick's sweep run on stream 4
+    # THEN it was an ordinary tick's sweep run on stream 4, whose reactions took one batch
     assert (sweep.run.stream_index, sweep.run.kind) == (4, "sweep")
     assert (sweep.maintenance, sweep.release_sweep, sweep.analytics) == (False, False, True)
+    own = sweep.run.subscriptions[Subscription.REACTIONS.value]
+    assert (own.consumes, own.fetched) == (1, 4)
     # AND it took one reactions batch on each of the seven other streams, its own stream's
     #   reactions being in its own run: 4 of the 6 on streams 3 and 5, nothing elsewhere
     assert set(sweep.reactions_elsewhere) == {event_stream_name(i) for i in range(8) if i != 4}
@@ -1796,7 +1818,7 @@ async def test_in_drain_mode_a_sweep_releases_every_streams_held_records(
 async def test_in_drain_mode_a_housekeeping_tick_drains_no_analytics_on_other_streams(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
-    # GIVEN drain mode and events waiting on stream 5
+    # GIVEN drain mode and events waiting on stream 5 and on the tick's own stream
     app = await make_app(**SIZED_FOR_DRAIN_MODE)
     (second,) = projects_on_stream(5, 1)
     await publish(app, wakes(second, clock.now(), 10))
@@ -1806,13 +1828,40 @@ async def test_in_drain_mode_a_housekeeping_tick_drains_no_analytics_on_other_st
         for when in (START.replace(hour=10, minute=m) for m in range(60))
         if tick_kind(app.settings, when)[2]
     )
+    own_stream = tick_kind(app.settings, tick)[0]
+    assert own_stream != 5
+    (first,) = projects_on_stream(own_stream, 1)
+    await publish(app, wakes(first, clock.now(), 10))
     clock.set(tick)
     sweep = await app.router().sweep(now=tick)
-    # THEN stream 5's archive and reactions drained, and its analytics waits for another tick
+    # THEN the tick's own stream drained its archive and reactions, not its analytics
     assert not sweep.analytics
+    assert Subscription.ANALYTICS_PROJECTOR.value not in sweep.run.subscriptions
+    assert sweep.run.subscriptions[Subscription.REACTIONS.value].applied == 10
+    # AND so did stream 5: its analytics waits for another tick
     drained = sweep.drained_elsewhere["EVENTS_05"].subscriptions
     assert set(drained) == {Subscription.AUDIT_ARCHIVER.value, Subscription.REACTIONS.value}
     assert drained[Subscription.REACTIONS.value].applied == 10
+
+
+async def test_a_capacity_check_gives_a_stalled_server_two_seconds(
+    make_app: AppFactory, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN a connected runtime whose server stalls (SIGSTOP)
+    app = await make_app()
+    nc = await app.nats()
+    nats_server.pause()
+    try:
+        # WHEN the streams' rate is measured
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await observed_events_per_day(nc)
+        waited_s = time.monotonic() - started
+    finally:
+        nats_server.resume()
+    # THEN it gave up after its 2 s wait for the first stream's answer (the sweep then goes
+    #   on with the settings' warnings alone), neither sooner nor much later
+    assert 2.0 <= waited_s < 2.9
 
 
 async def test_a_warm_router_measures_its_capacity_again_every_hour(

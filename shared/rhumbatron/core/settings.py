@@ -278,6 +278,14 @@ class Settings(BaseSettings):
             "warnings and drain mode follow the rate, not only the first sweep's."
         ),
     )
+    router_rate_min_span_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "A stream's observed rate counts once its messages span this long on the server's "
+            "clock: a shorter span tells too little."
+        ),
+    )
     router_freshness_flush_s: float = Field(
         default=60.0,
         ge=0,

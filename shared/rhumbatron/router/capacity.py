@@ -219,33 +219,35 @@ def sizing_warnings(settings: Settings, *, nudged: bool = False) -> list[str]:
     ]
 
 
-async def observed_events_per_day(nc: NATS) -> float:
+async def observed_events_per_day(nc: NATS, *, min_span_s: float = 60.0) -> float:
     """The event rate the streams carry, from each stream's first and last message times.
 
     A stream holds up to 7 days; its messages over the span they cover is its rate. A
-    stream spanning under a minute tells too little and is left out. (nats.py's
-    ``StreamState`` drops the timestamps, so this reads the stream-info API's JSON.)
+    stream spanning under ``min_span_s`` (``router_rate_min_span_s``, a minute) tells too
+    little and is left out. (nats.py's ``StreamState`` drops the timestamps, so this reads
+    the stream-info API's JSON.)
     """
     from rhumbatron.protocol.ids import event_stream_name
 
     total = 0.0
     for index in range(EVENT_STREAM_COUNT):
         reply = await nc.request(f"$JS.API.STREAM.INFO.{event_stream_name(index)}", b"", timeout=2)
-        total += stream_events_per_day(json.loads(reply.data).get("state", {}))
+        state = json.loads(reply.data).get("state", {})
+        total += stream_events_per_day(state, min_span_s=min_span_s)
     return total
 
 
-def stream_events_per_day(state: Mapping[str, Any]) -> float:
+def stream_events_per_day(state: Mapping[str, Any], *, min_span_s: float = 60.0) -> float:
     """The events a day one stream carries, from the ``state`` of its stream-info answer:
     its messages over the span between its first and last message; 0 for a stream with no
-    message or spanning under a minute (too little to tell)."""
+    message or spanning under ``min_span_s`` (too little to tell)."""
     first, last, messages = state.get("first_ts"), state.get("last_ts"), state.get("messages")
     if not messages or not first or not last:
         return 0.0
     # JetStream writes RFC 3339 with nanoseconds and a Z: fromisoformat reads both (Python
     # 3.11+, cutting the fraction to microseconds).
     span_s = (datetime.fromisoformat(last) - datetime.fromisoformat(first)).total_seconds()
-    return messages * 86_400 / span_s if span_s >= 60 else 0.0
+    return messages * 86_400 / span_s if span_s >= min_span_s else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +301,11 @@ async def capacity_report(
     default, whether these settings name a router-nudge function."""
     if nudged is None:
         nudged = settings.router_nudge_function is not None
-    observed = None if nc is None else await observed_events_per_day(nc)
+    observed = (
+        None
+        if nc is None
+        else await observed_events_per_day(nc, min_span_s=settings.router_rate_min_span_s)
+    )
     return report_for(settings, observed, nudged=nudged)
 
 
