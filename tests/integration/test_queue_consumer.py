@@ -422,6 +422,51 @@ async def test_a_poll_whose_server_stalls_gives_up_its_fetch_and_the_next_poll_t
     assert seen == [(command.command_id, 1)]
 
 
+@pytest.mark.parametrize(
+    ("age_s", "handed_out"),
+    [
+        # younger than half the ack wait: the next poll hands it out, first delivery
+        (1.25, True),
+        # older: JetStream redelivers it soon (3 s after sending it), so it is dropped and
+        #   the next poll finds nothing yet, instead of a copy the server will send again
+        (2.1, False),
+    ],
+)
+async def test_a_command_that_arrived_after_its_fetch_gave_up_is_kept_half_the_ack_wait(
+    make_app: AppFactory, nats_server: NatsServerProcess, age_s: float, handed_out: bool
+) -> None:
+    # GIVEN a warm runtime whose fetches wait 0.2 s at most, a 3 s ack wait (a test override
+    #   of the 60 s; in-progress marks come more often), and a command on its queue
+    app = await make_app(
+        router_fetch_timeout_s=0.2, command_ack_wait_s=3.0, command_in_progress_s=1.0
+    )
+    runtime = await app.queue_runtime()
+    await runtime.poll("integration", noop)
+    [command] = await send_commands(app, "integration", 1)
+    seen: list[tuple[str, int]] = []
+
+    async def handler(command: Command, delivery: Delivery) -> None:
+        seen.append((command.command_id, delivery.delivered))
+
+    # WHEN a poll's fetch gives up on a stalled server, which sends the command once it
+    #   answers (the poll's last flush waits for that answer)
+    async def outage() -> None:
+        await asyncio.sleep(0.6)  # the outage's length, not a synchronisation
+        nats_server.resume()
+
+    nats_server.pause()
+    resumed = asyncio.create_task(outage())
+    try:
+        assert (await runtime.poll("integration", handler)).fetched == 0
+    finally:
+        await resumed
+    # AND the next poll comes `age_s` after the command arrived
+    await asyncio.sleep(age_s)  # the late command's age, not a synchronisation
+    await runtime.poll("integration", handler)
+    # THEN it handed the kept command out, or nothing
+    assert seen == ([(command.command_id, 1)] if handed_out else [])
+
+
 async def test_a_poll_counts_what_each_of_its_fetches_brought(make_app: AppFactory) -> None:
     # GIVEN 25 commands on a queue whose batch is 10
     app = await make_app()
