@@ -359,6 +359,46 @@ def test_a_fetch_is_split_where_the_runs_apply_calls_end_each_part_in_stream_ord
         projector.close()
 
 
+def test_a_changes_title_state_and_reason_follow_its_lifecycle(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN four Changes: one moved to verifying and then settled into releasing with a
+    #   reason, one failed with a reason, one completed, one only created
+    view = view_of(offline_settings, "acme-web")
+    ctx = FactContext(CALLER, "acme-web", NOW)
+
+    def created(change_id: str, title: str) -> Event:
+        request = {"title": title, "clientRequestId": f"req-{change_id}", "requestedBy": "u:1"}
+        return ctx.fact("change.created", request, change_id=change_id)
+
+    def moved(to: str, **reason: str) -> dict[str, str]:
+        return {"fromStatus": "open", "toStatus": to, **reason}
+
+    life = [
+        created("c1", "Add login"),
+        ctx.fact("change.status_changed", moved("verifying"), change_id="c1"),
+        ctx.fact("change.settled", moved("releasing", reason="verified"), change_id="c1"),
+        created("c2", "Dark mode"),
+        ctx.fact("change.failed", {"reason": "tests red"}, change_id="c2"),
+        created("c3", "Beta"),
+        ctx.fact("change.completed", {}, change_id="c3"),
+        created("c4", "Later"),
+    ]
+    # WHEN they are applied in order (stream sequences 1 to 8)
+    outcomes = view.apply_delta([record(e, seq) for seq, e in enumerate(life, 1)], now_s=1.0)
+    # THEN each Change keeps its title, and reads its last state with that event's reason
+    assert {o.outcome for o in outcomes.values()} == {Outcome.APPLIED}
+    changes = "SELECT change_id, title, status, reason, updated_seq FROM view_changes ORDER BY 1"
+    assert [tuple(row) for row in view.connection.execute(changes)] == [
+        ("c1", "Add login", "releasing", "verified", 3),
+        ("c2", "Dark mode", "failed", "tests red", 5),
+        ("c3", "Beta", "completed", "", 7),
+        ("c4", "Later", "open", "", 8),
+    ]
+    by_state = {"completed": 1, "failed": 1, "open": 1, "releasing": 1}
+    assert view.snapshot()["changesByState"] == by_state
+
+
 def test_candidates_promotions_releases_and_the_canonical_generation_are_projected(
     offline_settings: Settings,
 ) -> None:
