@@ -362,8 +362,9 @@ def test_a_fetch_is_split_where_the_runs_apply_calls_end_each_part_in_stream_ord
 def test_a_changes_title_state_and_reason_follow_its_lifecycle(
     offline_settings: Settings,
 ) -> None:
-    # GIVEN four Changes: one moved to verifying and then settled into releasing with a
-    #   reason, one failed with a reason, one completed, one only created
+    # GIVEN a project created, and four Changes: one moved to verifying and then settled
+    #   into releasing with a reason, one failed with a reason, one completed, one only
+    #   created
     view = view_of(offline_settings, "acme-web")
     ctx = FactContext(CALLER, "acme-web", NOW)
 
@@ -375,6 +376,7 @@ def test_a_changes_title_state_and_reason_follow_its_lifecycle(
         return {"fromStatus": "open", "toStatus": to, **reason}
 
     life = [
+        ctx.fact("project.created", {"name": "Web shop"}),
         created("c1", "Add login"),
         ctx.fact("change.status_changed", moved("verifying"), change_id="c1"),
         ctx.fact("change.settled", moved("releasing", reason="verified"), change_id="c1"),
@@ -384,10 +386,12 @@ def test_a_changes_title_state_and_reason_follow_its_lifecycle(
         ctx.fact("change.completed", {}, change_id="c3"),
         created("c4", "Later"),
     ]
-    # WHEN they are applied in order (stream sequences 1 to 8)
-    outcomes = view.apply_delta([record(e, seq) for seq, e in enumerate(life, 1)], now_s=1.0)
-    # THEN each Change keeps its title, and reads its last state with that event's reason
+    # WHEN they are applied in order (stream sequences 0 to 8)
+    outcomes = view.apply_delta([record(e, seq) for seq, e in enumerate(life)], now_s=1.0)
+    # THEN the view bears the project's name, each Change keeps its title, and reads its
+    #   last state with that event's reason
     assert {o.outcome for o in outcomes.values()} == {Outcome.APPLIED}
+    assert view.snapshot()["name"] == "Web shop"
     changes = "SELECT change_id, title, status, reason, updated_seq FROM view_changes ORDER BY 1"
     assert [tuple(row) for row in view.connection.execute(changes)] == [
         ("c1", "Add login", "releasing", "verified", 3),
