@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import pytest_asyncio
@@ -51,7 +51,7 @@ from rhumbatron.messaging.streams import COMMAND_STREAM
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
 from rhumbatron.router.handlers import RunContext
-from rhumbatron.router.records import ProjectOwners
+from rhumbatron.router.records import ProjectOwners, checked_record
 from rhumbatron.router.replay import replay_archive, rewind
 from rhumbatron.router.reports import SubscriptionReport
 from rhumbatron_dev.local.s3_server import S3ServerProcess
@@ -389,4 +389,12 @@ def test_a_projects_owner_is_read_from_its_root_once() -> None:
     # root may be created later), and a fresh read goes to the root
     assert reads == [PROJECT, NOWHERE, NOWHERE, NOWHERE]
     assert owners.home(PROJECT, fresh=True) == (TENANT, STREAM)
+    assert reads.count(PROJECT) == 2
+    # AND the known project's events, read from its stream, are taken without reading its
+    #   root again: one lookup of the kept owner each
+    ctx = FactContext(Caller(TENANT, "system:test", "corr-hot"), PROJECT, START)
+    for n in range(3):
+        event = ctx.fact("agent.woke", {"agentId": f"a-{n}"}, change_id="c1", key=str(n))
+        taken = checked_record(cast(Any, None), n, 1, event, read_from=STREAM, owners=owners)
+        assert (taken.event, taken.error) == (event, None)
     assert reads.count(PROJECT) == 2

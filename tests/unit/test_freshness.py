@@ -4,6 +4,7 @@ flush writes them (at most once a minute at a run's end; always at a sweep tick)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -156,6 +157,33 @@ async def test_points_stay_in_memory_and_a_flush_writes_them_at_most_once_a_minu
     assert gauge.flush(force=True) == []
     gauge.observe(STREAM, events_at(T + timedelta(seconds=59)))
     assert not gauge.flush_due() and gauge.flush_due(force=True)
+
+
+def test_points_that_cannot_be_written_are_logged_by_stream_and_dropped(
+    product: ProductDatabase, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a gauge keeping the points of two streams, and a metrics table that refuses
+    #   every write
+    clock = ManualClock(T)
+    sink = RecordingSink()
+    gauge = FreshnessGauge(MetricsRecorder(product.connection, sink, clock), clock)
+    gauge.observe(STREAM, events_at(T - timedelta(seconds=5)))
+    gauge.observe(event_stream_name(7), events_at(T - timedelta(seconds=2)))
+    product.connection.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON platform_metrics "
+        "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+    )
+    # WHEN a run's end flushes them
+    with caplog.at_level(logging.WARNING, logger="rhumbatron.router.freshness"):
+        written = gauge.flush(force=True)
+    # THEN nothing was written or emitted, one warning names both streams and the error, and
+    #   the points are dropped (a metric never turns an applied batch into a retry)
+    assert (written, sink.points()) == ([], [])
+    (warning,) = [r.getMessage() for r in caplog.records]
+    streams = ", ".join(sorted([STREAM, event_stream_name(7)]))
+    assert warning.startswith(f"freshness of {streams} not recorded: ")
+    assert "cannot write METRICS rows" in warning and "(disk full)" in warning
+    assert not gauge.flush_due(force=True)
 
 
 def test_an_event_stamped_after_the_apply_time_counts_as_zero_seconds() -> None:

@@ -4,6 +4,7 @@ alone; an older event never moves a row back; the per-project layout is migrated
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -182,8 +183,9 @@ def test_forgetting_a_project_keeps_the_others_and_the_dead_letter_marks(
     }
 
 
-def test_a_file_deleted_under_a_warm_store_is_noticed_and_reopened(
-    offline_settings: Settings,
+@pytest.mark.parametrize("fate", ["deleted", "replaced"])
+def test_a_file_deleted_or_replaced_under_a_warm_store_is_noticed_and_reopened(
+    offline_settings: Settings, caplog: pytest.LogCaptureFixture, fate: str
 ) -> None:
     # GIVEN a warm store with a project applied
     (project,) = projects_on_one_stream(1)
@@ -192,12 +194,22 @@ def test_a_file_deleted_under_a_warm_store_is_noticed_and_reopened(
     store.apply([[record(ready, 1)]], now_s=1.0)
     assert store.check_file() and not store.lost
 
-    # WHEN its file is deleted, and the next fetch is applied
+    # WHEN its file is deleted (or another file takes its path), and the next fetch is applied
     store.path.unlink()
-    store.apply([[record(assigned, 2)]], now_s=2.0)
+    if fate == "replaced":
+        sqlite3.connect(store.path).close()
+    with caplog.at_level(logging.ERROR, logger="rhumbatron.router.view_store"):
+        noticed = not store.check_file()
+        store.apply([[record(assigned, 2)]], now_s=2.0)
 
-    # THEN the store noticed, wrote into a new file at its path (not the deleted one), and
-    # says its views are lost (the router rebuilds them from the log)
+    # THEN the store noticed, once, and said so; wrote into the file now at its path (not
+    # the one it had open), and says its views are lost (the router rebuilds them from the
+    # log)
+    assert noticed
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the view store {store.path} was {fate} under this process; its views are rebuilt "
+        "from the stream"
+    ]
     assert store.lost
     assert store.path.exists()
     assert ProjectView(store, project).snapshot()["eventsApplied"] == 1
