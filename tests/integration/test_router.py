@@ -42,6 +42,7 @@ from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.router.capacity import observed_events_per_day
+from rhumbatron.router.claims import claim_events
 from rhumbatron.router.handlers import AuditArchiver, CausalRouting, NoCausalRules, RunContext
 from rhumbatron.router.maintenance import prune_processed_events, run_maintenance
 from rhumbatron.router.nudge import InProcessNudge
@@ -1771,6 +1772,34 @@ async def test_a_sweep_writes_the_freshness_point_a_nudge_kept_in_memory(
     await app.router().sweep(now=sweep_minute(5))
     # THEN the kept point is written: a sweep always flushes
     assert freshness_points() == 2
+
+
+async def test_an_event_another_run_holds_a_live_lease_on_is_retried_not_acked(
+    make_app: AppFactory, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a project's lifecycle on stream 0, and a live lease of the causal router on its
+    #   change.planned, as a run that died mid-batch leaves it (300 s, not yet run out)
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    events = lifecycle(project, clock.now())
+    planned = events[2]
+    assert planned.event_type == "change.planned"
+    with app.router().stream_state(0).transaction() as db:
+        now_s = clock.now().timestamp()
+        claim_events(db, CAUSAL.value, [planned.event_id], now_s=now_s, lease_s=300)
+    await publish(app, events)
+    # WHEN the causal router reads the stream
+    with caplog.at_level(logging.WARNING, logger="rhumbatron.router.settling"):
+        report = await app.router().consume(
+            app.router().run_context(0), CAUSAL, consumes=1, batch=100
+        )
+    # THEN that event is given back to retry, its effect may never have happened (an ack
+    #   would lose it), and the warning says why; the others are settled
+    assert (report.fetched, report.retried, report.duplicates) == (6, 1, 0)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{CAUSAL.value} retries {planned.event_id}: claimed by another run whose lease has "
+        "not expired"
+    ]
 
 
 async def test_a_sweep_releases_only_its_own_streams_held_records(
