@@ -374,9 +374,9 @@ def test_a_fetch_is_split_where_the_runs_apply_calls_end_each_part_in_stream_ord
 def test_a_changes_title_state_and_reason_follow_its_lifecycle(
     offline_settings: Settings,
 ) -> None:
-    # GIVEN a project created, and four Changes: one moved to verifying and then settled
+    # GIVEN a project created, and five Changes: one moved to verifying and then settled
     #   into releasing with a reason, one failed with a reason, one completed, one only
-    #   created
+    #   created, one moved to verifying with a reason
     view = view_of(offline_settings, "acme-web")
     ctx = FactContext(CALLER, "acme-web", NOW)
 
@@ -397,8 +397,10 @@ def test_a_changes_title_state_and_reason_follow_its_lifecycle(
         created("c3", "Beta"),
         ctx.fact("change.completed", {}, change_id="c3"),
         created("c4", "Later"),
+        created("c5", "Docs"),
+        ctx.fact("change.status_changed", moved("verifying", reason="tasks done"), change_id="c5"),
     ]
-    # WHEN they are applied in order (stream sequences 0 to 8)
+    # WHEN they are applied in order (stream sequences 0 to 10)
     outcomes = view.apply_delta([record(e, seq) for seq, e in enumerate(life)], now_s=1.0)
     # THEN the view bears the project's name, each Change keeps its title, and reads its
     #   last state with that event's reason
@@ -410,8 +412,9 @@ def test_a_changes_title_state_and_reason_follow_its_lifecycle(
         ("c2", "Dark mode", "failed", "tests red", 5),
         ("c3", "Beta", "completed", "", 7),
         ("c4", "Later", "open", "", 8),
+        ("c5", "Docs", "verifying", "tasks done", 10),
     ]
-    by_state = {"completed": 1, "failed": 1, "open": 1, "releasing": 1}
+    by_state = {"completed": 1, "failed": 1, "open": 1, "releasing": 1, "verifying": 1}
     assert view.snapshot()["changesByState"] == by_state
 
 
