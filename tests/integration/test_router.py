@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -383,7 +384,8 @@ async def test_a_nudge_runs_the_projector_then_the_causal_router_into_the_projec
     report = await app.router().nudge(0)
 
     # THEN the projector and the causal router ran (the projector started first, then the
-    # two side by side: S0-068 is adapted), and nothing else
+    # two side by side: S0-068 is adapted), and nothing else, in a run named for the nudge
+    assert (report.stream_index, report.kind) == (0, "nudge")
     assert list(report.subscriptions) == [PROJECTOR.value, CAUSAL.value]
     assert report.subscriptions[PROJECTOR.value].applied == 6
     assert report.subscriptions[CAUSAL.value].applied == 6
@@ -1632,6 +1634,41 @@ async def test_in_drain_mode_one_nudge_drains_the_archive_analytics_and_reaction
     sweep = await app.router().sweep(now=sweep_minute(2))
     # THEN the sweep reports the object it wrote, not the ones the nudge wrote before it
     assert [count for _, count in sweep.archive_objects] == [5]
+
+
+async def test_in_drain_mode_a_nudge_told_to_stop_drains_nothing(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN drain mode, and events waiting on one stream
+    app = await make_app(**SIZED_FOR_DRAIN_MODE)
+    (project,) = projects_on_stream(2, 1)
+    await publish(app, wakes(project, clock.now(), 10))
+    # WHEN the stream is nudged with its time already up
+    report = await app.router().nudge(2, should_stop=lambda: True)
+    # THEN no subscription fetched anything: the drain stopped too, not only the two runs
+    assert report.total("fetched") == 0
+    assert archived_ids(app) == Counter()
+
+
+async def test_a_warm_nudge_while_nats_is_down_fails_as_unavailable(
+    make_app: AppFactory, clock: ManualClock, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN a warm router that nudged a stream
+    app = await make_app()
+    await app.router().nudge(0)
+    nc = await app.nats()
+    # WHEN NATS goes away, and once the client knows it, the stream is nudged again
+    nats_server.stop()
+    for _ in range(1_000):
+        if nc.is_reconnecting:
+            break
+        await asyncio.sleep(0.01)  # polls the client's state; its reader task notices
+    assert nc.is_reconnecting
+    # THEN the nudge fails as NATS being unavailable (what the caller retries on), not with
+    #   an error of flushing a connection that is down
+    with pytest.raises(NatsUnavailableError):
+        await app.router().nudge(0)
+    await app.close()
 
 
 def more_wakes(project_id: str, clock: ManualClock) -> list[Event]:
