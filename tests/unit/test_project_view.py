@@ -426,30 +426,33 @@ def test_candidates_promotions_releases_and_the_canonical_generation_are_project
     # candidate whose promotion was refused
     view = view_of(offline_settings, "acme-web")
     ctx = FactContext(CALLER, "acme-web", NOW)
-    chg = {"change_id": "c1"}
     one, two = {"candidateId": "cand-1"}, {"candidateId": "cand-2"}
     composed = {"baseGeneration": 0, "compositionKey": "k"}
     life = [
-        ctx.fact("candidate.created", one | composed, **chg, key="k1"),
-        ctx.fact("candidate.verified", one, **chg, key="k2"),
-        ctx.fact("promotion.requested", one | {"expectedGeneration": 0}, **chg, key="k3"),
+        ctx.fact("candidate.created", one | composed, change_id="c1", key="k1"),
+        ctx.fact("candidate.verified", one, change_id="c1", key="k2"),
+        ctx.fact("promotion.requested", one | {"expectedGeneration": 0}, change_id="c1", key="k3"),
         ctx.fact(
             "promotion.completed",
             one | {"expectedGeneration": 0, "outcome": "promoted"},
-            **chg,
+            change_id="c1",
             key="p1",
         ),
         ctx.fact(
             "canonical.advanced",
             {"generation": 1, "previousGeneration": 0, "candidateId": "cand-1"},
         ),
-        ctx.fact("release.started", {"releaseId": "rel-1", "generation": 1}, **chg, key="k4"),
-        ctx.fact("release.completed", {"releaseId": "rel-1", "generation": 1}, **chg, key="k5"),
-        ctx.fact("candidate.created", two | composed, **chg, key="k6"),
+        ctx.fact(
+            "release.started", {"releaseId": "rel-1", "generation": 1}, change_id="c1", key="k4"
+        ),
+        ctx.fact(
+            "release.completed", {"releaseId": "rel-1", "generation": 1}, change_id="c1", key="k5"
+        ),
+        ctx.fact("candidate.created", two | composed, change_id="c1", key="k6"),
         ctx.fact(
             "promotion.completed",
             two | {"expectedGeneration": 0, "outcome": "rejected"},
-            **chg,
+            change_id="c1",
             key="p2",
         ),
     ]
@@ -485,10 +488,10 @@ def test_candidates_promotions_releases_and_the_canonical_generation_are_project
         ctx.fact(
             "release.started",
             {"releaseId": "rel-1", "generation": 1, "reason": "x"},
-            **chg,
+            change_id="c1",
             key="k7",
         ),
-        ctx.fact("candidate.verified", one | {"reason": "again"}, **chg, key="k8"),
+        ctx.fact("candidate.verified", one | {"reason": "again"}, change_id="c1", key="k8"),
     ]
     view.apply_delta([record(e, seq) for seq, e in zip((2, 3, 4), late, strict=True)], now_s=2.0)
     assert db.execute(canonical).fetchone()[0] == "cand-1"
