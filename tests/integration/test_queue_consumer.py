@@ -387,6 +387,24 @@ async def test_a_queue_consumer_deleted_under_a_warm_runtime_is_made_again(
     await js.consumer_info(COMMAND_STREAM, consumer_name("integration"))
 
 
+async def poll_through_a_stall(
+    runtime: QueueConsumerRuntime, nats_server: NatsServerProcess, handler: CommandHandler
+) -> PollReport:
+    """One poll of the integration queue while its server stalls (SIGSTOP) for 0.6 s, three
+    fetches' wait at 0.2 s: its fetch gives up, and its last flush waits for the server."""
+
+    async def outage() -> None:
+        await asyncio.sleep(0.6)  # the outage's length, not a synchronisation
+        nats_server.resume()
+
+    nats_server.pause()
+    resumed = asyncio.create_task(outage())
+    try:
+        return await runtime.poll("integration", handler)
+    finally:
+        await resumed
+
+
 async def test_a_poll_whose_server_stalls_gives_up_its_fetch_and_the_next_poll_takes_it(
     make_app: AppFactory, nats_server: NatsServerProcess
 ) -> None:
@@ -401,16 +419,7 @@ async def test_a_poll_whose_server_stalls_gives_up_its_fetch_and_the_next_poll_t
         seen.append((command.command_id, delivery.delivered))
 
     # WHEN the server stalls for 0.6 s (three fetches' wait) as the queue is polled
-    async def outage() -> None:
-        await asyncio.sleep(0.6)  # the outage's length, not a synchronisation
-        nats_server.resume()
-
-    nats_server.pause()
-    resumed = asyncio.create_task(outage())
-    try:
-        stalled = await runtime.poll("integration", handler)
-    finally:
-        await resumed
+    stalled = await poll_through_a_stall(runtime, nats_server, handler)
     # THEN that poll gave up its fetch after its wait, with nothing handled
     assert (stalled.fetches, stalled.fetched, seen) == (1, 0, [])
 
@@ -450,16 +459,7 @@ async def test_a_command_that_arrived_after_its_fetch_gave_up_is_kept_half_the_a
 
     # WHEN a poll's fetch gives up on a stalled server, which sends the command once it
     #   answers (the poll's last flush waits for that answer)
-    async def outage() -> None:
-        await asyncio.sleep(0.6)  # the outage's length, not a synchronisation
-        nats_server.resume()
-
-    nats_server.pause()
-    resumed = asyncio.create_task(outage())
-    try:
-        assert (await runtime.poll("integration", handler)).fetched == 0
-    finally:
-        await resumed
+    assert (await poll_through_a_stall(runtime, nats_server, handler)).fetched == 0
     # AND the next poll comes `age_s` after the command arrived
     await asyncio.sleep(age_s)  # the late command's age, not a synchronisation
     await runtime.poll("integration", handler)
