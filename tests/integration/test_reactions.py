@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from rhumbatron.agents.registry import AgentRegistry
 from rhumbatron.agents.signing import verify
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
+from rhumbatron.core.tracing import Span, install_span_sink
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import project_admin_key
 from rhumbatron.errors import RhumbatronError, WorkflowEngineError
@@ -39,6 +41,7 @@ from rhumbatron.reactions.consumer import ReactionsConsumer
 from rhumbatron.reactions.deliveries import (
     ReactionEffects,
     agent_command_id,
+    webhook_id,
     workflow_instance_id,
 )
 from rhumbatron.reactions.gate import admit
@@ -53,6 +56,7 @@ from rhumbatron.reactions.subscription_models import (
     WorkflowReaction,
 )
 from rhumbatron.reactions.subscription_registry import SubscriptionRegistry
+from rhumbatron.router.claims import claim_leases
 from rhumbatron.router.handlers import RunContext
 from rhumbatron.router.reports import SubscriptionReport
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
@@ -144,15 +148,16 @@ class World:
         )
         return [(row[0], json.loads(row[1]), row[2], row[3]) for row in rows]
 
-    async def publish(self, *events: Event, msg_id_suffix: str = "") -> None:
+    async def publish(
+        self, *events: Event, msg_id_suffix: str = "", traceparent: str | None = None
+    ) -> None:
         ensure_project_roots(self.app, events)
         js = (await self.app.nats()).jetstream()
         for event in events:
-            await js.publish(
-                event_stream_subject(STREAM),
-                event.to_json(),
-                headers={"Nats-Msg-Id": event.event_id + msg_id_suffix},
-            )
+            headers = {"Nats-Msg-Id": event.event_id + msg_id_suffix}
+            if traceparent is not None:
+                headers["traceparent"] = traceparent
+            await js.publish(event_stream_subject(STREAM), event.to_json(), headers=headers)
 
     async def react(self, attempts: int = 200) -> SubscriptionReport:
         """One reactions consume on the project's stream (what a sweep tick runs) that
@@ -188,9 +193,12 @@ def make_world(
     *,
     limits: ReactionSettings | None = None,
     engine: WorkflowEngine | None = None,
+    no_engine: bool = False,
     wrap_facts: Callable[[FactSink], FactSink] | None = None,
     **overrides: Any,
 ) -> World:
+    """A runtime with reactions bound: the process's workflow engine, or ``engine``, or
+    none at all (``no_engine``)."""
     values = settings.model_dump() | {
         "webhook_allowed_hosts": ("127.0.0.1",),
         "router_nak_delay_s": 0,
@@ -204,7 +212,7 @@ def make_world(
     reactions = reactions_for(app, registry, http=LazyHttpClient(), limits=limits)
     if wrap_facts is not None:
         reactions.facts = wrap_facts(reactions.facts)
-    if engine is not None:
+    if engine is not None or no_engine:
         reactions.effects = ReactionEffects(
             http=reactions.effects.http, engine=engine, send_command=reactions.effects.send_command
         )
@@ -596,8 +604,9 @@ async def test_a_budget_fact_that_cannot_be_written_is_decided_again_and_written
     await world.app.ensure_streams()
     try:
         sub = world.subscribe("hook", webhook(receiver.url))
-        # WHEN three matching events arrive, and the refused one is delivered again
-        events = [task_completed(clock, f"t{i}") for i in range(3)]
+        # WHEN two matching events arrive, and the refused one is delivered again (no later
+        #   refusal of the day could record the fact in its place)
+        events = [task_completed(clock, f"t{i}") for i in range(2)]
         await world.publish(*events)
         with caplog.at_level("ERROR", logger="rhumbatron.reactions.consumer"):
             first = await world.react()
@@ -605,7 +614,7 @@ async def test_a_budget_fact_that_cannot_be_written_is_decided_again_and_written
 
         # THEN the refusal that could not record its fact was undone and failed (to be
         # decided again); the next refusal recorded it, once, and the redelivery is refused
-        assert (first.applied, first.failed, again.applied) == (2, 1, 1)
+        assert (first.applied, first.failed, again.applied) == (1, 1, 1)
         assert caplog.messages == [
             f"cannot record budget.exceeded for {events[1].event_id}:{sub}: the shard is busy"
         ]
@@ -696,7 +705,11 @@ async def test_a_spent_budget_records_budget_exceeded_once_and_skips_the_reactio
 
 
 async def test_a_full_in_flight_cap_leaves_the_event_on_the_stream(
-    tmp_path: Path, settings: Settings, clock: ManualClock, receiver: Receiver
+    tmp_path: Path,
+    settings: Settings,
+    clock: ManualClock,
+    receiver: Receiver,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # GIVEN an in-flight cap of 1, taken by another delivery of the tenant
     clock.set(START)
@@ -722,7 +735,8 @@ async def test_a_full_in_flight_cap_leaves_the_event_on_the_stream(
         await world.publish(*[task_completed(clock, t) for t in ("t2", "t3", "t4")])
 
         # WHEN the reactions consume the next events, and again once the slot has expired
-        queued = await world.react()
+        with caplog.at_level("WARNING", logger="rhumbatron.router.settling"):
+            queued = await world.react()
         refusals = metric_counts(world.app.product().connection, MetricBinding.METRICS)
         clock.advance(31)
         later = await world.react()
@@ -732,11 +746,108 @@ async def test_a_full_in_flight_cap_leaves_the_event_on_the_stream(
         # delivered, in stream order
         assert (queued.retried, queued.failed) == (3, 0)
         assert refusals.get(REFUSED_METRIC) == 1
+        full = (
+            f"the in-flight cap of tenant {TENANT!r} is full (1, "
+            "RHUMBATRON_REACTION_IN_FLIGHT_CAP); the event waits on the stream"
+        )
+        assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [full] * 3
         assert later.applied == 3
         assert [body["subject"]["id"] for _, body in receiver.received] == ["t1", "t2", "t3", "t4"]
         assert world.suppressed() == []
     finally:
         await world.app.close()
+
+
+async def test_a_delivery_another_run_holds_waits_on_the_stream_until_its_lease_expires(
+    tmp_path: Path,
+    settings: Settings,
+    clock: ManualClock,
+    receiver: Receiver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # GIVEN a webhook subscription, and a matching event whose delivery another run holds
+    #   under a live lease (its event, not yet claimed, is this run's to decide), then
+    #   another event of the tenant
+    clock.set(START)
+    world = make_world(tmp_path, settings, clock)
+    await world.app.ensure_streams()
+    try:
+        sub = world.subscribe("hook", webhook(receiver.url))
+        event = task_completed(clock, "t1")
+        await world.publish(event, task_completed(clock, "t2"))
+        with world.app.product().transaction() as db:
+            claim_leases(
+                db,
+                Subscription.REACTIONS.value,
+                [webhook_id(event.event_id, sub)],
+                now_s=clock.now().timestamp(),
+                lease_s=30,
+            )
+
+        # WHEN the reactions consume it, and again once that lease has expired
+        with caplog.at_level("WARNING", logger="rhumbatron.router.settling"):
+            first = await world.react()
+        clock.advance(31)
+        later = await world.react()
+
+        # THEN it waited on the stream with the reason, then was delivered, once; the next
+        #   event did not wait behind it (a held delivery is not a full in-flight cap)
+        assert (first.retried, first.applied, first.failed) == (1, 1, 0)
+        assert [r.getMessage() for r in caplog.records] == [
+            f"reactions retries {event.event_id}: a delivery of {event.event_id} is held by "
+            "another run whose lease has not expired; the event waits on the stream"
+        ]
+        assert later.applied == 1
+        assert [body["subject"]["id"] for _, body in receiver.received] == ["t2", "t1"]
+    finally:
+        await world.app.close()
+
+
+async def test_an_event_another_run_holds_waits_on_the_stream_untouched(
+    world: World, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a matching event that another run has claimed under a live lease
+    world.subscribe("hook", webhook(receiver.url))
+    event = task_completed(world.clock, "t1")
+    await world.publish(event)
+    with world.app.product().transaction() as db:
+        claim_leases(
+            db,
+            Subscription.REACTIONS.value,
+            [event.event_id],
+            now_s=world.clock.now().timestamp(),
+            lease_s=30,
+        )
+    # WHEN the reactions consume it
+    with caplog.at_level("WARNING", logger="rhumbatron.router.settling"):
+        report = await world.react()
+    # THEN it waits on the stream, with the reason, and nothing was delivered
+    assert (report.retried, report.applied, report.duplicates) == (1, 0, 0)
+    assert caplog.messages == [
+        f"reactions retries {event.event_id}: claimed by another run whose lease has not expired"
+    ]
+    assert receiver.received == []
+
+
+async def test_the_reactions_work_an_event_in_its_span_under_its_header(
+    world: World, receiver: Receiver
+) -> None:
+    # GIVEN a matching event whose message names the position that wrote it
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    world.subscribe("hook", webhook(receiver.url))
+    event = task_completed(world.clock, "t1")
+    finished: list[Span] = []
+    uninstall = install_span_sink(SimpleNamespace(record=finished.append))
+    try:
+        # WHEN the reactions consume it
+        await world.publish(event, traceparent=parent)
+        await world.react()
+    finally:
+        uninstall()
+    # THEN they worked it in one span named for the work and the event's type, child of
+    # the position in its header
+    (react,) = [s for s in finished if s.name.startswith("react")]
+    assert (react.name, react.parent_id) == ("react task.completed", "b7ad6b7169203331")
 
 
 # -- workflow and agent reactions ----------------------------------------------------------------
@@ -802,6 +913,30 @@ async def test_a_workflow_reaction_starts_once_per_event_and_subscription(
         engine.close()
 
 
+async def test_a_workflow_reaction_with_no_engine_is_skipped_saying_so(
+    tmp_path: Path, settings: Settings, clock: ManualClock
+) -> None:
+    # GIVEN a workflow reaction in a process that has no workflow engine
+    clock.set(START)
+    world = make_world(tmp_path, settings, clock, no_engine=True)
+    await world.app.ensure_streams()
+    try:
+        world.subscribe("triage", WorkflowReaction(workflow="triage"))
+        await world.publish(task_completed(clock, "t1"))
+        # WHEN the event is consumed
+        report = await world.react()
+        # THEN the reaction is skipped visibly, with the reason, and the event is done
+        (skipped,) = world.suppressed()
+        assert (skipped.reason, skipped.detail) == (
+            SuppressionReason.NO_WORKFLOW,
+            "this process has no workflow engine",
+        )
+        assert (report.applied, report.failed) == (1, 0)
+        assert world.emitted() == ["reaction_suppressed"]
+    finally:
+        await world.app.close()
+
+
 async def test_a_redelivery_that_finds_its_workflow_already_started_is_a_success(
     tmp_path: Path, settings: Settings, clock: ManualClock
 ) -> None:
@@ -850,7 +985,7 @@ class EngineDownOnce(InProcessEngine):
 
 
 async def test_a_retried_delivery_is_charged_once_and_not_held_by_its_own_cooldown(
-    tmp_path: Path, settings: Settings, clock: ManualClock
+    tmp_path: Path, settings: Settings, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN a daily budget of one reaction, and a workflow reaction with a 60 s cooldown
     #   whose first start fails (the engine is down), so its event comes back at once
@@ -861,18 +996,25 @@ async def test_a_retried_delivery_is_charged_once_and_not_held_by_its_own_cooldo
     world = make_world(tmp_path, settings, clock, limits=limits, engine=engine)
     await world.app.ensure_streams()
     try:
-        world.subscribe("triage", WorkflowReaction(workflow="triage"), cooldown_s=60)
+        sub = world.subscribe("triage", WorkflowReaction(workflow="triage"), cooldown_s=60)
         event = task_completed(clock, "t1")
         await world.publish(event)
 
         # WHEN the reactions consume it, and its redelivery 10 s later
-        failed = await world.react()
+        with caplog.at_level("WARNING", logger="rhumbatron.reactions.consumer"):
+            failed = await world.react()
         clock.advance(10)
         retried = await world.react()
 
         # THEN the retry of the same delivery was admitted: neither over the budget it was
         # already charged for nor inside the cooldown its own first attempt started
         assert (failed.failed, retried.applied) == (1, 1)
+        key = webhook_id(event.event_id, sub)
+        assert caplog.messages == [
+            f"reaction {key} failed: the engine is unreachable",
+            f"reactions failed {event.event_id} (1/5): {key}: WorkflowEngineError: the engine "
+            "is unreachable",
+        ]
         assert runs == [event.event_id]
         assert world.suppressed() == []
     finally:

@@ -1671,6 +1671,18 @@ async def test_a_warm_nudge_while_nats_is_down_fails_as_unavailable(
     await app.close()
 
 
+async def test_a_cold_nudge_with_nats_unreachable_fails_as_unavailable(
+    settings: Settings,
+) -> None:
+    # GIVEN a runtime whose NATS cannot be reached (no consume has opened the event log)
+    app = bootstrap(load_settings(state_dir=settings.state_dir, nats_url="nats://127.0.0.1:1"))
+    # WHEN its first nudge runs  THEN it fails as NATS being unavailable (what the caller
+    #   retries on), not on the event log it never opened
+    with pytest.raises(NatsUnavailableError):
+        await app.router().nudge(0)
+    await app.close()
+
+
 def more_wakes(project_id: str, clock: ManualClock) -> list[Event]:
     """Five more wake events of ``project_id``, under keys :func:`wakes` does not use."""
     ctx = FactContext(CALLER, project_id, clock.now())

@@ -675,3 +675,33 @@ def test_an_outbox_with_no_row_counts_zero_in_every_state(
     root = new_root(offline(tmp_path), clock)  # its file exists; no fact was ever written
     assert counts_by_state(root.connection) == {state.value: 0 for state in RowState}
     root.close()
+
+
+def test_an_outbox_made_before_trace_context_gets_its_column_and_keeps_its_rows(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN an actor file whose outbox has no traceparent column (a file made before trace
+    #   context) and holds a row, its schema version reset so the next open migrates it
+    settings = offline(tmp_path)
+    root = new_root(settings, clock)
+    root.create_project(CALLER, name="Acme")
+    root.connection.execute("ALTER TABLE outbox DROP COLUMN traceparent")
+    root.connection.execute("PRAGMA user_version = 0")
+    root.close()
+    # WHEN it is opened again, and once more after that
+    again = new_root(settings, clock)
+    columns = [row[1] for row in again.connection.execute("PRAGMA table_info(outbox)")]
+    again.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    again.connection.execute("PRAGMA user_version = 0")
+    again.close()
+    third = new_root(settings, clock)
+    # THEN the column is back once, by its name, and the rows written before and after it
+    # are kept, the old one with no trace context (it is sent with no header)
+    assert columns.count("traceparent") == 1
+    rows_kept = third.connection.execute("SELECT event_type, traceparent FROM outbox").fetchall()
+    assert [tuple(row) for row in rows_kept] == [
+        ("project.created", None),
+        ("artifact.promoted", None),
+        ("canonical.advanced", None),
+    ]
+    third.close()

@@ -23,11 +23,11 @@ from rhumbatron.router.replay_batches import ReplayTally, replay_batch
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from nats.aio.msg import Msg
-    from nats.js.api import ConsumerConfig
+    from nats.js.api import ConsumerConfig, ConsumerInfo
 
     from rhumbatron.messaging.pull import Puller
 
-__all__ = ["RewindTally", "nats_errors", "read_replay_consumer"]
+__all__ = ["RewindTally", "nats_errors", "read_replay_consumer", "undelivered_count"]
 
 
 class RewindTally(ReplayTally, Protocol):
@@ -69,8 +69,7 @@ async def read_replay_consumer(
     )
 
     async def undelivered() -> int:
-        info = await js.consumer_info(stream, name)
-        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+        return undelivered_count(await js.consumer_info(stream, name))
 
     try:
         await _feed(
@@ -87,6 +86,13 @@ async def read_replay_consumer(
         with contextlib.suppress(Exception):
             # Best effort: the inactivity threshold removes it anyway.
             await js.delete_consumer(stream, name)
+
+
+def undelivered_count(info: ConsumerInfo) -> int:
+    """What a consumer still owes its reader: the records it has not delivered yet and those
+    it delivered that were not acknowledged (a pull the reader gave up on, answered late).
+    A rewind whose pull brought nothing ends only when this is 0."""
+    return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
 
 def _replay_consumer_config(
