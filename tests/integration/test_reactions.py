@@ -1022,6 +1022,35 @@ async def test_a_retried_delivery_is_charged_once_and_not_held_by_its_own_cooldo
         await world.app.close()
 
 
+async def test_a_reactions_event_dead_lettered_is_skipped_when_it_comes_again(
+    tmp_path: Path, settings: Settings, clock: ManualClock
+) -> None:
+    # GIVEN a workflow reaction whose engine is down for its event's five deliveries
+    clock.set(START)
+    runs: list[str] = []
+    engine = triage_engine(tmp_path, settings, clock, runs, engine=EngineDownOnce)
+    engine.failures_left = 5
+    world = make_world(tmp_path, settings, clock, engine=engine)
+    await world.app.ensure_streams()
+    try:
+        world.subscribe("triage", WorkflowReaction(workflow="triage"))
+        event = task_completed(clock, "t1")
+        await world.publish(event)
+        attempts = [await world.react() for _ in range(5)]
+        # WHEN the same event comes again (published again under another message ID), with
+        #   the engine back
+        await world.publish(event, msg_id_suffix=":again")
+        again = await world.react()
+        # THEN the fifth failure dead-lettered it and marked it processed: the copy is a
+        #   duplicate, and the workflow never ran
+        assert [(a.failed, a.dead_lettered) for a in attempts] == [(1, 0)] * 4 + [(1, 1)]
+        assert (again.duplicates, again.applied) == (1, 0)
+        assert runs == []
+    finally:
+        engine.close()
+        await world.app.close()
+
+
 async def test_an_agent_reaction_sends_one_agent_wake_through_the_command_path(
     world: World,
 ) -> None:
