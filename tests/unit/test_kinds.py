@@ -508,3 +508,22 @@ def test_a_payload_field_says_in_words_what_it_holds() -> None:
     # AND any other type by its name, or as it prints when it has none
     assert field("claim.acquired", "expiresAt").holds == "datetime"
     assert PayloadField("x", "x", "Widget", required=True).holds == "Widget"
+
+
+def test_a_payload_field_accepts_only_values_of_what_it_holds() -> None:
+    # GIVEN fields of every scalar sort the registry holds
+    def field(kind: str, name: str) -> PayloadField:
+        return next(f for f in KIND_GRAMMAR[kind].payload_fields if f.name == name)
+
+    text, number = field("project.created", "name"), field("artifact.promoted", "generation")
+    flag, mode = field("agent.woke", "falseWakeup"), field("claim.acquired", "mode")
+    # WHEN values are offered  THEN each takes its own sort only (a bool is no integer), and a
+    # Literal only its members
+    assert (text.accepts("Shop"), text.accepts(5)) == (True, False)
+    assert (number.accepts(3), number.accepts(True), number.accepts("3")) == (True, False, False)
+    assert (flag.accepts(False), flag.accepts(0)) == (True, False)
+    assert (mode.accepts("shared"), mode.accepts("other"), mode.accepts(None)) == (
+        True,
+        False,
+        False,
+    )
