@@ -27,8 +27,10 @@ from rhumbatron.protocol.ids import EVENT_ID_PATTERN, stable_event_id
 from rhumbatron.reactions import schedule_firing as schedules_module
 from rhumbatron.reactions.schedule_firing import (
     SWEEP_SCHEDULE_ID,
+    ScheduleFire,
     ScheduleSettings,
     fire_due_schedules,
+    fire_now,
     schedule_event_id,
     schedule_fired_event,
 )
@@ -278,6 +280,8 @@ def test_a_sweep_tick_lands_one_schedule_fired_in_the_clock_project_it_claims(
     assert fact.tenant_id == "platform"
     assert fact.to_wire()["payload"]["scheduledAt"] == "2026-03-02T10:01:00Z"
     assert fact.to_wire()["payload"]["mode"] == "sweep"
+    state = app.project_root("rhumbatron-clock").state()
+    assert state is not None and state.name == "Rhumbatron clock"
 
 
 def test_sweep_tick_facts_can_be_turned_off(app: Rhumbatron, clock: ManualClock) -> None:
@@ -301,10 +305,15 @@ def test_a_schedule_fires_at_its_due_time_and_not_before(
     # THEN nothing fires before 10:05; at 10:05 one fact, for 10:05, in the tenant's project
     assert early == [[], [], []]
     [fire] = due.fired
-    assert (fire.schedule_id, fire.scheduled_at, fire.written) == (
-        record.schedule_id,
-        at(10, 5),
-        True,
+    assert fire == ScheduleFire(
+        schedule_id=record.schedule_id,
+        name="every-5",
+        mode="interval",
+        tenant_id=TENANT,
+        project_id=PROJECT,
+        scheduled_at=at(10, 5),
+        event_id=schedule_event_id(record.schedule_id, at(10, 5)),
+        written=True,
     )
     [fact] = fired_facts(app, PROJECT)
     assert (fact.event_id, fact.tenant_id, fact.project_id) == (fire.event_id, TENANT, PROJECT)
@@ -374,6 +383,64 @@ def test_a_fire_whose_record_was_lost_writes_the_same_event_id_and_the_outbox_dr
     assert again.event_id == first.event_id and again.schedule_id == record.schedule_id
     assert (first.written, again.written) == (True, False)
     assert len(fired_facts(app, PROJECT)) == 1
+
+
+def test_a_schedule_that_fired_for_this_tick_does_not_keep_the_next_from_firing(
+    app: Rhumbatron, registry: ScheduleRegistry, clock: ManualClock
+) -> None:
+    # GIVEN an hourly schedule and, after it by name, an every-5-minutes one; both fired at 11:00
+    hourly = registry.create(
+        TENANT, "a-hourly", PROJECT, ScheduleTiming.of("interval", every_minutes=60)
+    )
+    every_5 = registry.create(TENANT, "b-every-5", PROJECT, EVERY_5).record
+    both = tick(app, clock, at(11, 0), sweep_tick_facts=False)
+    # WHEN the 11:05 tick fires (the hourly one's latest due time is still 11:00)
+    report = tick(app, clock, at(11, 5), sweep_tick_facts=False)
+    # THEN the hourly one is passed over and the other still fires
+    assert [f.schedule_id for f in both.fired] == [hourly.record.schedule_id, every_5.schedule_id]
+    assert [f.schedule_id for f in report.fired] == [every_5.schedule_id]
+
+
+def test_an_operators_fire_now_is_logged_and_leaves_the_schedules_timing_as_it_was(
+    app: Rhumbatron,
+    registry: ScheduleRegistry,
+    clock: ManualClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # GIVEN an every-5-minutes schedule
+    record = registry.create(TENANT, "every-5", PROJECT, EVERY_5).record
+    clock.set(at(10, 3, 20))
+    # WHEN an operator fires it now
+    with caplog.at_level("INFO", logger=schedules_module.__name__):
+        fire = fire_now(app, record)
+    # THEN it fires for the current minute, says so, and is not taken for its due fire
+    assert (fire.scheduled_at, fire.name, fire.mode) == (at(10, 3), "every-5", "interval")
+    assert caplog.messages == [
+        f"schedule {record.schedule_id} fired now by an operator ({fire.event_id})"
+    ]
+    assert registry.last_fired(record.schedule_id) is None
+    assert [f.scheduled_at for f in tick(app, clock, at(10, 5), sweep_tick_facts=False).fired] == [
+        at(10, 5)
+    ]
+
+
+def test_a_schedule_whose_project_is_gone_fails_closed_saying_what_to_do(
+    app: Rhumbatron, registry: ScheduleRegistry, clock: ManualClock
+) -> None:
+    # GIVEN a schedule whose project's root file is gone (a state directory restored without it)
+    record = registry.create(TENANT, "every-5", PROJECT, EVERY_5).record
+    root = app.project_root(PROJECT)
+    root.close()
+    for path in root.path.parent.glob(root.path.name + "*"):
+        path.unlink()
+    # WHEN its due tick fires  THEN it writes nothing and says why and what to do
+    report = tick(app, clock, at(10, 5), sweep_tick_facts=False)
+    assert report.fired == []
+    assert report.failed == {
+        record.schedule_id: f"_NotOwnedError: project {PROJECT!r} belongs to no tenant (it "
+        f"does not exist), not to tenant {TENANT!r}; delete the schedule, or recreate it on "
+        "one of the tenant's projects"
+    }
 
 
 def test_a_schedule_that_cannot_fire_is_reported_and_the_others_still_fire(
