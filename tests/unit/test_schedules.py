@@ -608,6 +608,14 @@ def test_each_refusal_of_the_schedule_registry_says_word_for_word_what_to_do(
         f"a schedule needs a tenant ID of 1 to 64 characters, got {'t' * 65!r}",
         "tenant_id",
     )
+    assert refusal(lambda: registry.create("t" * 100, "x", PROJECT, EVERY_5))[0].endswith(
+        f"got {'t' * 80!r}"
+    )
+    assert refusal(lambda: registry.create(TENANT, "_" * 130, PROJECT, EVERY_5)) == (
+        f"schedule name {'_' * 120!r} is invalid: use 1 to 100 characters of A-Z, a-z, 0-9, "
+        "'.', '_' and '-', starting with a letter or digit",
+        "name",
+    )
     assert refusal(lambda: registry.create("  ", "x", PROJECT, EVERY_5))[1] == "tenant_id"
     # AND the same content again is the stored schedule, not a new one; a listing holds
     # disabled schedules unless told otherwise
@@ -654,6 +662,7 @@ def test_a_tenant_id_of_64_characters_is_one(app: Rhumbatron, registry: Schedule
             "02:00",
             "a daily schedule takes no every_minutes (got 5); leave it out, or use mode interval",
         ),
+        ("c" * 50, None, None, f"schedule mode {'c' * 40!r} is unknown; use interval or daily"),
     ],
 )
 def test_a_timing_that_cannot_be_is_refused_word_for_word(

@@ -456,3 +456,29 @@ def test_the_selectors_module_exports_its_public_names() -> None:
     # GIVEN the module  WHEN __all__ is read  THEN each name exists
     for name in selectors_module.__all__:
         assert hasattr(selectors_module, name), name
+
+
+def test_a_pattern_part_starts_with_a_lowercase_letter_and_may_hold_underscores() -> None:
+    # WHEN a kind with an underscore in its verb is named  THEN it is selected
+    assert Selector.create(["change.status_changed"]).kinds == ("change.status_changed",)
+    # AND a part that starts with an underscore is not a part
+    with pytest.raises(SelectorError) as refused:
+        Selector.create(["_task.completed"])
+    assert str(refused.value) == (
+        "invalid selector: kinds: kind pattern '_task.completed' is not <subject>.<verb>: each "
+        "part is lowercase letters and _, or a whole * (task.completed, task.*, *.completed)"
+    )
+
+
+def test_a_pattern_of_only_untriggerable_kinds_names_each_and_why() -> None:
+    # GIVEN a grammar whose allow-list leaves out both task kinds below
+    registry = {name: EVENT_TYPES[name] for name in ("task.completed", "task.failed")}
+    grammar = KindGrammar(registry, triggerable=())
+    # WHEN a pattern matches only those  THEN each is named with its reason
+    with pytest.raises(SelectorError) as refused:
+        Selector.create(["task.*"], grammar=grammar)
+    assert str(refused.value) == (
+        "invalid selector: kinds: kind pattern 'task.*' matches only kinds that cannot trigger "
+        "reactions (task.completed: not on the allow-list; task.failed: not on the allow-list); "
+        "`rhumbatron kinds` shows which can"
+    )
