@@ -1022,6 +1022,78 @@ async def test_a_retried_delivery_is_charged_once_and_not_held_by_its_own_cooldo
         await world.app.close()
 
 
+async def test_a_charged_retry_still_runs_behind_a_subscription_refused_for_the_budget(
+    tmp_path: Path, settings: Settings, clock: ManualClock
+) -> None:
+    # GIVEN a daily budget of one reaction, spent by a workflow reaction whose first start
+    #   failed (the engine was down), so its event comes back
+    clock.set(START)
+    runs: list[str] = []
+    engine = triage_engine(tmp_path, settings, clock, runs, engine=EngineDownOnce)
+    limits = ReactionSettings(reaction_daily_budget=1)
+    world = make_world(tmp_path, settings, clock, limits=limits, engine=engine)
+    await world.app.ensure_streams()
+    try:
+        world.subscribe("b-flow", WorkflowReaction(workflow="triage"))
+        event = task_completed(clock, "t1")
+        await world.publish(event)
+        failed = await world.react()
+        # WHEN a subscription named before it is created, and the event comes back
+        world.subscribe("a-flow", WorkflowReaction(workflow="triage"))
+        retried = await world.react()
+        # THEN the new one is refused for the spent budget, and the retry it charged already
+        #   still runs behind it
+        assert (failed.failed, retried.applied) == (1, 1)
+        assert [s.reason for s in world.suppressed()] == [SuppressionReason.BUDGET]
+        assert runs == [event.event_id]
+    finally:
+        engine.close()
+        await world.app.close()
+
+
+async def test_a_held_back_subscription_does_not_stop_the_next_from_reacting(
+    world: World, receiver: Receiver
+) -> None:
+    # GIVEN two webhook subscriptions, the first (by name) with a 60 s cooldown
+    world.subscribe("a-hook", webhook(receiver.url), cooldown_s=60)
+    world.subscribe("b-hook", webhook(receiver.url))
+    # WHEN two matching events arrive a moment apart
+    await world.publish(task_completed(world.clock, "t1"), task_completed(world.clock, "t2"))
+    await world.react()
+    # THEN the first reacts once (its cooldown holds the second event back), the other twice
+    assert [body["subject"]["id"] for _, body in receiver.received] == ["t1", "t1", "t2"]
+    assert [s.reason for s in world.suppressed()] == [SuppressionReason.COOLDOWN]
+
+
+async def test_every_failed_reaction_of_an_event_is_named_in_its_failure(
+    tmp_path: Path, settings: Settings, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN two workflow reactions on one event, and an engine down for both starts
+    clock.set(START)
+    runs: list[str] = []
+    engine = triage_engine(tmp_path, settings, clock, runs, engine=EngineDownOnce)
+    engine.failures_left = 2
+    world = make_world(tmp_path, settings, clock, engine=engine)
+    await world.app.ensure_streams()
+    try:
+        subs = [world.subscribe(name, WorkflowReaction(workflow="triage")) for name in "ab"]
+        event = task_completed(clock, "t1")
+        await world.publish(event)
+        # WHEN the event is consumed
+        with caplog.at_level("WARNING", logger="rhumbatron.router.settling"):
+            report = await world.react()
+        # THEN it fails once, naming each reaction that failed and why
+        keys = [webhook_id(event.event_id, sub) for sub in subs]
+        why = "WorkflowEngineError: the engine is unreachable"
+        assert report.failed == 1
+        assert [r.getMessage() for r in caplog.records if r.name.endswith("settling")] == [
+            f"reactions failed {event.event_id} (1/5): {keys[0]}: {why}; {keys[1]}: {why}"
+        ]
+    finally:
+        engine.close()
+        await world.app.close()
+
+
 async def test_a_reactions_event_dead_lettered_is_skipped_when_it_comes_again(
     tmp_path: Path, settings: Settings, clock: ManualClock
 ) -> None:
