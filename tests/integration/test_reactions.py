@@ -1072,6 +1072,7 @@ async def test_every_failed_reaction_of_an_event_is_named_in_its_failure(
     clock.set(START)
     runs: list[str] = []
     engine = triage_engine(tmp_path, settings, clock, runs, engine=EngineDownOnce)
+    assert isinstance(engine, EngineDownOnce)
     engine.failures_left = 2
     world = make_world(tmp_path, settings, clock, engine=engine)
     await world.app.ensure_streams()
@@ -1101,6 +1102,7 @@ async def test_a_reactions_event_dead_lettered_is_skipped_when_it_comes_again(
     clock.set(START)
     runs: list[str] = []
     engine = triage_engine(tmp_path, settings, clock, runs, engine=EngineDownOnce)
+    assert isinstance(engine, EngineDownOnce)
     engine.failures_left = 5
     world = make_world(tmp_path, settings, clock, engine=engine)
     await world.app.ensure_streams()
