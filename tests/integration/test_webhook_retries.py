@@ -318,6 +318,10 @@ async def test_a_410_disables_the_subscription_with_a_fact_and_its_skipped_deliv
     assert world.registry.deliveries(TENANT, sub, limit=2) == skipped[:2]  # newest first
     with pytest.raises(SubscriptionRegistryError, match="enable it first"):
         world.registry.replay_skipped(TENANT, sub)
+    # AND a change of its cooldown alone leaves the platform's disablement as it is
+    recooled = world.registry.set_governance(TENANT, sub, cooldown_s=5)
+    assert recooled.endpoint_disabled == record.endpoint_disabled
+    assert not recooled.governance.enabled
 
     # WHEN an operator enables it again and replays the skipped deliveries
     enabled = world.registry.set_governance(TENANT, sub, enabled=True)

@@ -84,7 +84,7 @@ def test_creating_the_same_subscription_again_returns_the_stored_one(
     # WHEN the same content is created again under the same name
     again = registry.create(TENANT, "ci", _on_failures(), WorkflowReaction(workflow="bisect"))
     # THEN the first is returned unchanged, and only one is stored
-    assert first.created and not again.created
+    assert first.created is True and again.created is False
     assert again.record == first.record
     assert first.record.subscription_id.startswith("sub_")
     assert first.record.created_at == first.record.updated_at == created_at
@@ -254,7 +254,7 @@ def test_a_webhook_without_secrets_gets_one_generated_once(
     assert first.generated_secret is not None and first.generated_secret.startswith("whsec_")
     assert isinstance(first.record.reaction, WebhookReaction)
     assert first.record.reaction.secrets == (first.generated_secret,)
-    assert not again.created and again.generated_secret is None
+    assert again.created is False and again.generated_secret is None
     assert again.record == first.record
     # AND the secret is kept out of the record's repr
     assert first.generated_secret not in repr(first.record)
@@ -288,7 +288,14 @@ def test_a_webhook_timeout_longer_than_the_platform_bound_is_refused(
     with pytest.raises(SubscriptionRegistryError) as caught:
         registry.create(TENANT, "hook", _on_failures(), reaction)
     assert caught.value.field == "reaction.timeout_s"
-    assert "RHUMBATRON_WEBHOOK_TIMEOUT_S" in str(caught.value)
+    assert str(caught.value) == (
+        f"webhook timeout_s={reaction.timeout_s} is longer than the platform's bound of "
+        f"{settings.webhook_timeout_s} s (RHUMBATRON_WEBHOOK_TIMEOUT_S); ask for at most that, "
+        "or leave it out to use it"
+    )
+    # AND the bound itself is taken
+    at_bound = WebhookReaction(url=LOCAL_URL, timeout_s=settings.webhook_timeout_s)
+    assert registry.create(TENANT, "hook", _on_failures(), at_bound).created
 
 
 def test_an_agent_reaction_needs_an_agent_of_the_same_tenant(
@@ -430,6 +437,27 @@ def test_each_refusal_of_the_registry_says_word_for_word_what_to_do(
         "or name one of yours",
         "reaction.agent_id",
     )
+    assert refusal(
+        lambda: registry.create("t" * 65, "x", _on_failures(), WorkflowReaction(workflow="a"))
+    ) == (f"a subscription needs a tenant ID of 1 to 64 characters, got {'t' * 65!r}", "tenant_id")
+    assert registry.create("t" * 64, "x", _on_failures(), WorkflowReaction(workflow="a")).created
+    long_tenant = refusal(
+        lambda: registry.create("t" * 100, "x", _on_failures(), WorkflowReaction(workflow="a"))
+    )
+    assert long_tenant[0].endswith(f"got {'t' * 80!r}")
+    assert (
+        refusal(lambda: registry.create(" ", "x", _on_failures(), WorkflowReaction(workflow="a")))[
+            1
+        ]
+        == "tenant_id"
+    )
+    assert refusal(
+        lambda: registry.create(TENANT, "_" * 130, _on_failures(), WorkflowReaction(workflow="a"))
+    ) == (
+        f"subscription name {'_' * 120!r} is invalid: use 1 to 100 characters of A-Z, a-z, "
+        "0-9, '.', '_' and '-', starting with a letter or digit",
+        "name",
+    )
     assert refusal(lambda: registry.replay_skipped(TENANT, sub)) == (
         f"subscription {sub} is disabled; enable it first (PATCH /subscriptions/{{id}} with "
         "enabled=true, or `rhumbatron subscriptions enable`), then replay its skipped "
@@ -451,6 +479,10 @@ def test_a_webhook_updated_without_secrets_keeps_the_stored_ones(
     again = registry.create(
         TENANT, "hook", _on_failures(), WebhookReaction(url="http://127.0.0.1/h")
     )
-    assert not again.created and again.record == first.record
+    assert again.created is False and again.record == first.record
     assert isinstance(again.record.reaction, WebhookReaction)
     assert again.record.reaction.secrets == (secret,)
+    # AND asked for with another secret, it is other content
+    other = WebhookReaction(url="http://127.0.0.1/h", secrets=(generate_secret(),))
+    with pytest.raises(SubscriptionConflictError):
+        registry.create(TENANT, "hook", _on_failures(), other)
