@@ -136,9 +136,6 @@ class _SeenIds:
     def __len__(self) -> int:
         return len(self._until)
 
-    def __contains__(self, webhook_id: str) -> bool:
-        return webhook_id in self._until
-
     def until(self, webhook_id: str) -> int | None:
         return self._until.get(webhook_id)
 
