@@ -495,3 +495,38 @@ def test_a_listing_shows_the_newest_100_by_default_of_one_or_several_statuses(
     assert len(both) == 100
     only = list_deliveries(db, SUB, statuses=[DeliveryStatus.DELIVERED])
     assert [d.delivery_key for d in only] == [delivered]
+
+
+def test_the_disablement_an_attempt_returns_is_the_one_recorded(db: sqlite3.Connection) -> None:
+    # WHEN a first attempt is answered 410 Gone
+    disabled = record_attempt(
+        db,
+        delivery_key=f"evt_{7:032x}:{SUB}",
+        tenant_id="acme",
+        project_id="proj",
+        event_id=f"evt_{7:032x}",
+        event_type="task.completed",
+        subscription_id=SUB,
+        body=b"{}",
+        attempt=GONE,
+        now_s=T0,
+        policy=POLICY,
+    )
+    # THEN what it returns (the consumer writes its fact from it) is what the ledger keeps
+    assert disabled is not None
+    assert unrecorded_disablements(db) == [disabled]
+    assert (disabled.status_code, disabled.failing_since_s, disabled.disabled_at_s) == (
+        410,
+        T0,
+        T0,
+    )
+
+
+def test_a_failed_attempt_with_no_error_of_its_own_says_it_was_not_answered_2xx(
+    db: sqlite3.Connection,
+) -> None:
+    key = first_attempt(db, 1, Attempt(ok=False, status_code=None))
+    assert get_delivery(db, key).last_error == "the receiver did not answer 2xx"
+    with pytest.raises(LookupError) as unknown:
+        get_delivery(db, "evt_x:sub_x")
+    assert str(unknown.value) == "no webhook delivery 'evt_x:sub_x'"
