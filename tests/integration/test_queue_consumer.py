@@ -431,6 +431,36 @@ async def test_a_poll_whose_server_stalls_gives_up_its_fetch_and_the_next_poll_t
     assert seen == [(command.command_id, 1)]
 
 
+async def test_a_final_flush_the_stalled_server_never_answers_ends_the_poll_all_the_same(
+    make_app: AppFactory, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN a warm runtime, a command on its queue, and a handler during which the server
+    #   stalls for longer than a flush waits (nats-py's 10 s): the client still thinks it is
+    #   connected when the poll flushes its ack
+    app = await make_app()
+    runtime = await app.queue_runtime()
+    await runtime.poll("integration", noop)
+    await send_commands(app, "integration", 1)
+    outage: list[asyncio.Task[None]] = []
+
+    async def resume_later() -> None:
+        await asyncio.sleep(10.5)  # the outage's length: past the flush's 10 s
+        nats_server.resume()
+
+    async def stall_the_server(command: Command, delivery: Delivery) -> None:
+        nats_server.pause()
+        outage.append(asyncio.create_task(resume_later()))
+
+    # WHEN the queue is polled
+    try:
+        report = await runtime.poll("integration", stall_the_server)
+    finally:
+        await asyncio.gather(*outage)
+    # THEN the poll reports the command done: a flush that times out fails nothing (the ack
+    #   leaves in the client's next write)
+    assert (report.fetched, report.done) == (1, 1)
+
+
 @pytest.mark.parametrize(
     ("age_s", "handed_out"),
     [
