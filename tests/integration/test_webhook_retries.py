@@ -37,6 +37,7 @@ from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
 from rhumbatron.queues.dead_letter import open_letter_counts
 from rhumbatron.reactions.config import ReactionSettings
 from rhumbatron.reactions.reaction_facts import ShardFacts, record_disablement
+from rhumbatron.reactions.webhook_attempts import unrecorded_disablements
 from rhumbatron.reactions.webhook_ledger import (
     DeliveryStatus,
     Disablement,
@@ -411,10 +412,10 @@ async def test_a_retry_whose_subscription_is_off_or_gone_is_set_aside_saying_why
 ) -> None:
     # GIVEN a delivery its receiver refused, whose subscription is then disabled or deleted
     sub = world.subscribe("hook", webhook(receiver.url))
-    receiver.answers(500)
-    await world.publish(task_completed(world.clock, "t1"))
+    receiver.answers(500, 500)
+    await world.publish(task_completed(world.clock, "t1"), task_completed(world.clock, "t2"))
     await world.react()
-    (first,) = world.registry.deliveries(TENANT, sub)
+    first, _ = world.registry.deliveries(TENANT, sub)
     if turned == "disabled":
         world.registry.set_governance(TENANT, sub, enabled=False)
     else:
@@ -431,7 +432,7 @@ async def test_a_retry_whose_subscription_is_off_or_gone_is_set_aside_saying_why
         "sent": 0,
         "delivered": 0,
         "dead": 0,
-        "skipped": 1,
+        "skipped": 2,
         "deferred": 0,
         "disabled": [],
     }
@@ -445,7 +446,7 @@ async def test_a_retry_whose_subscription_is_off_or_gone_is_set_aside_saying_why
             "deleted": "not sent: the subscription was deleted",
         }[turned]
     )
-    assert [answer for _, _, answer in receiver.requests] == [500]
+    assert [answer for _, _, answer in receiver.requests] == [500, 500]
 
 
 async def test_a_replayed_delivery_past_its_tenants_budget_is_set_aside_saying_whose_and_when(
@@ -463,19 +464,19 @@ async def test_a_replayed_delivery_past_its_tenants_budget_is_set_aside_saying_w
         await world.publish(task_completed(clock, "t1"))
         await world.react()
         clock.advance(5)
-        await world.publish(task_completed(clock, "t2"))
+        await world.publish(task_completed(clock, "t2"), task_completed(clock, "t3"))
         await world.react()
 
         # WHEN the subscription is enabled, its skipped deliveries replayed, and the pass runs
         world.registry.set_governance(TENANT, sub, enabled=True)
-        assert world.registry.replay_skipped(TENANT, sub) == 2
+        assert world.registry.replay_skipped(TENANT, sub) == 3
         report = await retrier(world, limits).run()
 
-        # THEN the charged one is sent; the other is set aside again, saying whose budget of
-        # which day ran out
-        assert (report.sent, report.skipped) == (1, 1)
+        # THEN the charged one is sent; the others are set aside again, saying whose budget
+        # of which day ran out
+        assert (report.sent, report.skipped) == (1, 2)
         skipped = world.registry.deliveries(TENANT, sub, statuses=[DeliveryStatus.SKIPPED])
-        assert [d.last_error for d in skipped] == [
+        assert [d.last_error for d in skipped] == 2 * [
             f"not sent: tenant {TENANT!r} spent its reaction budget of "
             f"{START.date().isoformat()} (RHUMBATRON_REACTION_DAILY_BUDGET); replay it later"
         ]
@@ -520,6 +521,38 @@ async def test_the_retry_pass_respects_the_in_flight_cap_and_leaves_the_rest_due
         due = world.registry.deliveries(TENANT, sub, statuses=[DeliveryStatus.RETRYING])
         assert len(due) == 3
         assert all(d.next_attempt_at_s == clock.now().timestamp() for d in due)
+    finally:
+        await world.app.close()
+
+
+async def test_a_pass_counts_every_retry_it_sends_and_frees_each_slot_for_the_next(
+    tmp_path: Path, settings: Settings, clock: ManualClock, receiver: ScriptedReceiver
+) -> None:
+    # GIVEN four refused deliveries of a tenant whose in-flight cap is 1, each with one retry
+    #   left
+    clock.set(START)
+    limits = ReactionSettings(reaction_in_flight_cap=1, reaction_webhook_retry_schedule_s=(5.0,))
+    world = make_world(tmp_path, settings, clock, limits=limits)
+    await world.app.ensure_streams()
+    try:
+        world.subscribe("hook", webhook(receiver.url))
+        receiver.answers(500, 500, 500, 500)
+        await world.publish(*[task_completed(clock, f"t{n}") for n in (1, 2, 3, 4)])
+        await world.react()
+        clock.advance(5)
+        # WHEN the retry pass runs, two retries accepted and two refused again
+        receiver.answers(ACCEPT, ACCEPT, 500, 500)
+        report = await retrier(world, limits).run()
+        # THEN it sent all four one after the other (each freed its slot for the next), and
+        #   counts two delivered and two dead
+        assert report.as_dict() == {
+            "sent": 4,
+            "delivered": 2,
+            "dead": 2,
+            "skipped": 0,
+            "deferred": 0,
+            "disabled": [],
+        }
     finally:
         await world.app.close()
 
@@ -667,3 +700,52 @@ def disabled_facts(world: World) -> list[dict[str, Any]]:
         "SELECT envelope FROM outbox WHERE event_type = 'reaction.disabled' ORDER BY rowid"
     )
     return [json.loads(row[0]) for row in rows]
+
+
+async def test_the_next_retry_pass_writes_a_disablement_fact_the_consumer_could_not(
+    tmp_path: Path, settings: Settings, clock: ManualClock, receiver: ScriptedReceiver
+) -> None:
+    # GIVEN a delivery answered 410 Gone while the shard refused the reaction.disabled fact
+    clock.set(START)
+    world = make_world(tmp_path, settings, clock, wrap_facts=lambda _: RefusingFacts())
+    await world.app.ensure_streams()
+    try:
+        sub = world.subscribe("hook", webhook(receiver.url))
+        receiver.answers(410)
+        await world.publish(task_completed(clock, "t1"))
+        await world.react()
+        assert disabled_facts(world) == []
+        # WHEN the retry pass runs (its own fact sink writes)
+        await retrier(world).run()
+        # THEN the fact is written, once, and no longer owed
+        (fact,) = disabled_facts(world)
+        assert fact["payload"]["subscriptionId"] == sub
+        assert unrecorded_disablements(world.app.product().connection) == []
+    finally:
+        await world.app.close()
+
+
+async def test_a_pass_told_to_stop_gives_the_rest_back_due_now_and_says_how_many(
+    world: World, receiver: ScriptedReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN three refused deliveries due for their retry
+    sub = world.subscribe("hook", webhook(receiver.url))
+    receiver.answers(500, 500, 500)
+    await world.publish(*[task_completed(world.clock, f"t{n}") for n in (1, 2, 3)])
+    await world.react()
+    world.clock.advance(60)
+    # WHEN a pass is told to stop after its first retry, which is delivered
+    receiver.answers(ACCEPT)
+    asked: list[int] = []
+
+    def stop_after_one() -> bool:
+        asked.append(1)
+        return len(asked) > 1
+
+    with caplog.at_level("INFO", logger="rhumbatron.reactions.webhook_retries"):
+        report = await retrier(world).run(should_stop=stop_after_one)
+    # THEN it sent one, gave the other two back due now for the next pass, and said so
+    assert (report.sent, report.delivered, report.deferred) == (1, 1, 2)
+    waiting = world.registry.deliveries(TENANT, sub, statuses=[DeliveryStatus.RETRYING])
+    assert [d.next_attempt_at_s for d in waiting] == 2 * [world.clock.now().timestamp()]
+    assert caplog.messages == [f"webhook retry pass: {report.as_dict()}"]
