@@ -248,9 +248,9 @@ async def test_the_local_receiver_answers_the_reason_and_fails_on_purpose_when_t
     assert "a replay" in answers[2].text
     assert [d.webhook.webhook_id for d in receiver.failed] == [msg_id]
     assert [d.webhook.webhook_id for d in receiver.accepted] == [msg_id]
-    assert [r.reason for r in receiver.rejected] == [
-        RejectionReason.HEADERS,
-        RejectionReason.REPLAY,
+    assert [(r.reason, r.path) for r in receiver.rejected] == [
+        (RejectionReason.HEADERS, "/hook"),
+        (RejectionReason.REPLAY, "/hook"),
     ]
 
 
