@@ -7,6 +7,7 @@ and replayed once it is enabled again.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import threading
@@ -749,3 +750,35 @@ async def test_a_pass_told_to_stop_gives_the_rest_back_due_now_and_says_how_many
     waiting = world.registry.deliveries(TENANT, sub, statuses=[DeliveryStatus.RETRYING])
     assert [d.next_attempt_at_s for d in waiting] == 2 * [world.clock.now().timestamp()]
     assert caplog.messages == [f"webhook retry pass: {report.as_dict()}"]
+
+
+async def test_a_retry_in_flight_is_leased_for_the_webhook_timeout_and_a_minute(
+    world: World, receiver: ScriptedReceiver
+) -> None:
+    # GIVEN a refused delivery due for its retry, and a pass whose retry the receiver holds
+    receiver.answers(500)
+    world.subscribe("hook", webhook(receiver.url))
+    await world.publish(task_completed(world.clock, "t1"))
+    await world.react()
+    world.clock.advance(60)
+    receiver.answers(HANG)
+    first = asyncio.create_task(retrier(world).run())
+    for _ in range(3_000):
+        if len(receiver.requests) == 2:
+            break
+        await asyncio.sleep(0.01)  # polls for the held request's arrival
+    assert len(receiver.requests) == 2
+    lease_s = world.app.settings.webhook_timeout_s + 60
+    try:
+        # WHEN other passes run while it is held: at once, and until its lease runs out
+        at_once = await retrier(world).run()
+        world.clock.advance(lease_s - 1)
+        just_before = await retrier(world).run()
+        world.clock.advance(1)
+        at_the_end = await retrier(world).run()
+    finally:
+        receiver.release.set()
+        await first
+    # THEN none takes it while the lease holds (the webhook timeout and a minute); once it
+    #   has run out, the next pass does (the first pass may have died)
+    assert (at_once.sent, just_before.sent, at_the_end.sent) == (0, 0, 1)
