@@ -134,9 +134,7 @@ async def test_a_receiver_that_never_answers_is_given_up_after_the_timeout() -> 
     )
 
 
-async def test_a_slow_answer_within_the_reactions_timeout_is_taken_whatever_the_clients_own() -> (
-    None
-):
+async def test_the_reactions_timeout_not_the_clients_bounds_a_slow_answer() -> None:
     # GIVEN a receiver on loopback that answers 0.3 s after the request, and a client whose
     #   own timeout (0.1 s) is shorter than the reaction's (2 s)
     async def answer_late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
