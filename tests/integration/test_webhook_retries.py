@@ -522,6 +522,15 @@ async def test_the_retry_pass_respects_the_in_flight_cap_and_leaves_the_rest_due
         due = world.registry.deliveries(TENANT, sub, statuses=[DeliveryStatus.RETRYING])
         assert len(due) == 3
         assert all(d.next_attempt_at_s == clock.now().timestamp() for d in due)
+        # AND a pass told to stop after the first counts it with the two it gave back
+        checks: list[int] = []
+
+        def stop_after_one() -> bool:
+            checks.append(1)
+            return len(checks) > 1
+
+        stopped = await retrier(world, limits).run(should_stop=stop_after_one)
+        assert (stopped.sent, stopped.deferred) == (0, 3)
     finally:
         await world.app.close()
 
