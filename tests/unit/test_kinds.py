@@ -127,7 +127,10 @@ def _resolve(
     if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
         return frozenset({arg.value})
     if isinstance(arg, ast.JoinedStr):
-        template = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in arg.values)
+        template = "".join(
+            v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else "{}"
+            for v in arg.values
+        )
         return FAMILIES.get(template)
     if isinstance(arg, ast.IfExp):
         body, orelse = _resolve(arg.body, function), _resolve(arg.orelse, function)
