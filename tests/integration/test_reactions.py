@@ -7,6 +7,7 @@ tests/integration/test_webhook_retries.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -971,7 +972,8 @@ async def test_a_redelivery_that_finds_its_workflow_already_started_is_a_success
 
 
 class EngineDownOnce(InProcessEngine):
-    """The in-process engine, unreachable for the first start it is asked for."""
+    """The in-process engine, unreachable for the first ``failures_left`` starts it is asked
+    for (one unless told)."""
 
     failures_left = 1
 
@@ -984,18 +986,38 @@ class EngineDownOnce(InProcessEngine):
         return await super().start(workflow, instance_id, input)
 
 
+@contextlib.asynccontextmanager
+async def engine_down_world(
+    tmp_path: Path,
+    settings: Settings,
+    clock: ManualClock,
+    *,
+    failures: int = 1,
+    limits: ReactionSettings | None = None,
+) -> AsyncIterator[tuple[World, list[str]]]:
+    """A runtime whose workflow engine (it knows ``triage``) is unreachable for its first
+    ``failures`` starts; yields it with the list of the event IDs the workflow ran for."""
+    clock.set(START)
+    runs: list[str] = []
+    engine = triage_engine(tmp_path, settings, clock, runs, engine=EngineDownOnce)
+    assert isinstance(engine, EngineDownOnce)
+    engine.failures_left = failures
+    world = make_world(tmp_path, settings, clock, limits=limits, engine=engine)
+    await world.app.ensure_streams()
+    try:
+        yield world, runs
+    finally:
+        engine.close()
+        await world.app.close()
+
+
 async def test_a_retried_delivery_is_charged_once_and_not_held_by_its_own_cooldown(
     tmp_path: Path, settings: Settings, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN a daily budget of one reaction, and a workflow reaction with a 60 s cooldown
     #   whose first start fails (the engine is down), so its event comes back at once
-    clock.set(START)
-    runs: list[str] = []
-    engine = triage_engine(tmp_path, settings, clock, runs, engine=EngineDownOnce)
     limits = ReactionSettings(reaction_daily_budget=1)
-    world = make_world(tmp_path, settings, clock, limits=limits, engine=engine)
-    await world.app.ensure_streams()
-    try:
+    async with engine_down_world(tmp_path, settings, clock, limits=limits) as (world, runs):
         sub = world.subscribe("triage", WorkflowReaction(workflow="triage"), cooldown_s=60)
         event = task_completed(clock, "t1")
         await world.publish(event)
@@ -1017,9 +1039,6 @@ async def test_a_retried_delivery_is_charged_once_and_not_held_by_its_own_cooldo
         ]
         assert runs == [event.event_id]
         assert world.suppressed() == []
-    finally:
-        engine.close()
-        await world.app.close()
 
 
 async def test_a_charged_retry_still_runs_behind_a_subscription_refused_for_the_budget(
@@ -1027,13 +1046,8 @@ async def test_a_charged_retry_still_runs_behind_a_subscription_refused_for_the_
 ) -> None:
     # GIVEN a daily budget of one reaction, spent by a workflow reaction whose first start
     #   failed (the engine was down), so its event comes back
-    clock.set(START)
-    runs: list[str] = []
-    engine = triage_engine(tmp_path, settings, clock, runs, engine=EngineDownOnce)
     limits = ReactionSettings(reaction_daily_budget=1)
-    world = make_world(tmp_path, settings, clock, limits=limits, engine=engine)
-    await world.app.ensure_streams()
-    try:
+    async with engine_down_world(tmp_path, settings, clock, limits=limits) as (world, runs):
         world.subscribe("b-flow", WorkflowReaction(workflow="triage"))
         event = task_completed(clock, "t1")
         await world.publish(event)
@@ -1046,9 +1060,6 @@ async def test_a_charged_retry_still_runs_behind_a_subscription_refused_for_the_
         assert (failed.failed, retried.applied) == (1, 1)
         assert [s.reason for s in world.suppressed()] == [SuppressionReason.BUDGET]
         assert runs == [event.event_id]
-    finally:
-        engine.close()
-        await world.app.close()
 
 
 async def test_a_held_back_subscription_does_not_stop_the_next_from_reacting(
@@ -1069,14 +1080,7 @@ async def test_every_failed_reaction_of_an_event_is_named_in_its_failure(
     tmp_path: Path, settings: Settings, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN two workflow reactions on one event, and an engine down for both starts
-    clock.set(START)
-    runs: list[str] = []
-    engine = triage_engine(tmp_path, settings, clock, runs, engine=EngineDownOnce)
-    assert isinstance(engine, EngineDownOnce)
-    engine.failures_left = 2
-    world = make_world(tmp_path, settings, clock, engine=engine)
-    await world.app.ensure_streams()
-    try:
+    async with engine_down_world(tmp_path, settings, clock, failures=2) as (world, _):
         subs = [world.subscribe(name, WorkflowReaction(workflow="triage")) for name in "ab"]
         event = task_completed(clock, "t1")
         await world.publish(event)
@@ -1090,23 +1094,13 @@ async def test_every_failed_reaction_of_an_event_is_named_in_its_failure(
         assert [r.getMessage() for r in caplog.records if r.name.endswith("settling")] == [
             f"reactions failed {event.event_id} (1/5): {keys[0]}: {why}; {keys[1]}: {why}"
         ]
-    finally:
-        engine.close()
-        await world.app.close()
 
 
 async def test_a_reactions_event_dead_lettered_is_skipped_when_it_comes_again(
     tmp_path: Path, settings: Settings, clock: ManualClock
 ) -> None:
     # GIVEN a workflow reaction whose engine is down for its event's five deliveries
-    clock.set(START)
-    runs: list[str] = []
-    engine = triage_engine(tmp_path, settings, clock, runs, engine=EngineDownOnce)
-    assert isinstance(engine, EngineDownOnce)
-    engine.failures_left = 5
-    world = make_world(tmp_path, settings, clock, engine=engine)
-    await world.app.ensure_streams()
-    try:
+    async with engine_down_world(tmp_path, settings, clock, failures=5) as (world, runs):
         world.subscribe("triage", WorkflowReaction(workflow="triage"))
         event = task_completed(clock, "t1")
         await world.publish(event)
@@ -1120,9 +1114,6 @@ async def test_a_reactions_event_dead_lettered_is_skipped_when_it_comes_again(
         assert [(a.failed, a.dead_lettered) for a in attempts] == [(1, 0)] * 4 + [(1, 1)]
         assert (again.duplicates, again.applied) == (1, 0)
         assert runs == []
-    finally:
-        engine.close()
-        await world.app.close()
 
 
 async def test_an_agent_reaction_sends_one_agent_wake_through_the_command_path(

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -124,6 +125,12 @@ def receiver(clock: ManualClock) -> Iterator[ScriptedReceiver]:
     state.release.set()
     server.shutdown()
     server.server_close()
+
+
+def stop_after_one() -> Callable[[], bool]:
+    """A pass's ``should_stop`` that lets one delivery through, then asks it to stop."""
+    asked = itertools.count()
+    return lambda: next(asked) >= 1
 
 
 def retrier(world: World, limits: ReactionSettings | None = None) -> WebhookRetrier:
@@ -523,13 +530,7 @@ async def test_the_retry_pass_respects_the_in_flight_cap_and_leaves_the_rest_due
         assert len(due) == 3
         assert all(d.next_attempt_at_s == clock.now().timestamp() for d in due)
         # AND a pass told to stop after the first counts it with the two it gave back
-        checks: list[int] = []
-
-        def stop_after_one() -> bool:
-            checks.append(1)
-            return len(checks) > 1
-
-        stopped = await retrier(world, limits).run(should_stop=stop_after_one)
+        stopped = await retrier(world, limits).run(should_stop=stop_after_one())
         assert (stopped.sent, stopped.deferred) == (0, 3)
     finally:
         await world.app.close()
@@ -746,14 +747,8 @@ async def test_a_pass_told_to_stop_gives_the_rest_back_due_now_and_says_how_many
     world.clock.advance(60)
     # WHEN a pass is told to stop after its first retry, which is delivered
     receiver.answers(ACCEPT)
-    asked: list[int] = []
-
-    def stop_after_one() -> bool:
-        asked.append(1)
-        return len(asked) > 1
-
     with caplog.at_level("INFO", logger="rhumbatron.reactions.webhook_retries"):
-        report = await retrier(world).run(should_stop=stop_after_one)
+        report = await retrier(world).run(should_stop=stop_after_one())
     # THEN it sent one, gave the other two back due now for the next pass, and said so
     assert (report.sent, report.delivered, report.deferred) == (1, 1, 2)
     waiting = world.registry.deliveries(TENANT, sub, statuses=[DeliveryStatus.RETRYING])
