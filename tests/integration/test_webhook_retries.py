@@ -38,6 +38,7 @@ from rhumbatron.metrics import MetricBinding, metric_counts
 from rhumbatron.product.dead_letters import DeadLetterKind, DeadLetterStatus
 from rhumbatron.queues.dead_letter import open_letter_counts
 from rhumbatron.reactions.config import ReactionSettings
+from rhumbatron.reactions.gate import admit, release
 from rhumbatron.reactions.reaction_facts import ShardFacts, record_disablement
 from rhumbatron.reactions.webhook_attempts import unrecorded_disablements
 from rhumbatron.reactions.webhook_ledger import (
@@ -506,8 +507,6 @@ async def test_the_retry_pass_respects_the_in_flight_cap_and_leaves_the_rest_due
         receiver.answers(500, 500, 500)
         await world.publish(*[task_completed(clock, f"t{n}") for n in (1, 2, 3)])
         await world.react()
-        from rhumbatron.reactions.gate import admit
-
         with world.app.product().transaction() as db:
             admit(
                 db,
@@ -532,6 +531,60 @@ async def test_the_retry_pass_respects_the_in_flight_cap_and_leaves_the_rest_due
         # AND a pass told to stop after the first counts it with the two it gave back
         stopped = await retrier(world, limits).run(should_stop=stop_after_one())
         assert (stopped.sent, stopped.deferred) == (0, 3)
+    finally:
+        await world.app.close()
+
+
+async def test_a_tenant_found_full_is_not_asked_again_in_the_pass_when_a_slot_frees(
+    tmp_path: Path, settings: Settings, clock: ManualClock, receiver: ScriptedReceiver
+) -> None:
+    # GIVEN two failed deliveries of one tenant due, in order, and its only in-flight slot
+    #   (the cap is 1) held by a delivery another process is sending
+    clock.set(START)
+    limits = ReactionSettings(reaction_in_flight_cap=1)
+    world = make_world(tmp_path, settings, clock, limits=limits)
+    await world.app.ensure_streams()
+    try:
+        sub = world.subscribe("hook", webhook(receiver.url))
+        receiver.answers(500, 500)
+        await world.publish(task_completed(clock, "t1"), task_completed(clock, "t2"))
+        await world.react()
+        with world.app.product().transaction() as db:
+            admit(
+                db,
+                tenant_id=TENANT,
+                delivery_key="held-elsewhere",
+                day=START.date().isoformat(),
+                now_s=clock.now().timestamp(),
+                daily_budget=1000,
+                in_flight_cap=1,
+                lease_s=300,
+            )
+        clock.advance(5)
+        sent_before = len(receiver.requests)
+
+        asked = ["second", "first"]
+
+        def other_process_finishes_after_the_first() -> bool:
+            # Asked before each delivery: the slot frees between the first and the second.
+            if asked.pop() == "second":
+                with world.app.product().transaction() as db:
+                    release(db, ["held-elsewhere"])
+            return False
+
+        # WHEN the retry pass finds the tenant full at its first delivery, and the slot frees
+        #   before its second
+        report = await retrier(world, limits).run(
+            should_stop=other_process_finishes_after_the_first
+        )
+
+        # THEN the second is given back with the first, unsent (the pass does not ask the
+        #   full tenant again), and the next pass sends both
+        assert (report.sent, report.deferred) == (0, 2)
+        assert len(receiver.requests) == sent_before
+        due = world.registry.deliveries(TENANT, sub, statuses=[DeliveryStatus.RETRYING])
+        assert len(due) == 2
+        assert (await retrier(world, limits).run()).sent == 2
     finally:
         await world.app.close()
 
