@@ -18,8 +18,14 @@ from hypothesis import strategies as st
 
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.errors import EnvelopeError
+from rhumbatron.protocol import envelopes, fast_decode
 from rhumbatron.protocol.command_types import COMMAND_TYPES
-from rhumbatron.protocol.envelopes import Command, Event
+from rhumbatron.protocol.envelopes import (
+    Command,
+    Event,
+    format_timestamp,
+    remember_arrived_timestamp,
+)
 from rhumbatron.protocol.event_types import EVENT_TYPES
 from rhumbatron.protocol.fast_decode import decode_command, decode_event, fast_command, fast_event
 from unit.test_envelopes import _DELETE, EVENT_KEY_FIELDS, command_fields, event_wire
@@ -153,6 +159,62 @@ def test_a_broken_rule_is_refused_with_the_full_parses_error(overrides: dict[str
     same_answer(json.dumps(event_wire(**overrides)).encode())
 
 
+_CLAIM_RELEASED = {
+    "eventType": "claim.released",
+    "changeId": None,
+    "taskId": None,
+    "payload": {"claimId": "clm-1", "agentId": "builder-1"},
+}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"tenantId": "t"},
+        {"tenantId": "t" * 64},
+        {"correlationId": "c" * 256},
+        {"causedBy": "x" * 256},
+        {"canonicalGeneration": 0},
+        {"canonicalGeneration": 2**53 - 1},
+        {**_CLAIM_RELEASED, "resource": "r"},
+        {**_CLAIM_RELEASED, "resource": "r" * 1024},
+    ],
+    ids=[
+        "a one-character tenant",
+        "a tenant of 64",
+        "a correlation ID of 256",
+        "a cause of 256",
+        "generation 0",
+        "the largest generation",
+        "a resource of one character",
+        "a resource of 1,024",
+    ],
+)
+def test_a_value_at_the_edge_of_its_bound_takes_the_fast_path(overrides: dict[str, Any]) -> None:
+    # GIVEN a valid Event with one value at the edge of what the envelope allows
+    raw = json.dumps(event_wire(**overrides)).encode()
+    # THEN the fast path decodes it, to the Event the full parse gives
+    event = fast_event(raw)
+    assert event is not None
+    assert event == Event.parse(raw)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"correlationId": "c" * 257},
+        {"causedBy": "x" * 257},
+        {**_CLAIM_RELEASED, "resource": "r" * 1025},
+        {**_CLAIM_RELEASED, "resource": None},
+    ],
+    ids=["a correlation ID of 257", "a cause of 257", "a resource of 1,025", "no resource"],
+)
+def test_a_value_one_past_its_bound_is_refused_with_the_full_parses_error(
+    overrides: dict[str, Any],
+) -> None:
+    same_answer(json.dumps(event_wire(**overrides)).encode())
+
+
 def test_a_repeated_key_is_read_as_the_full_parse_reads_it() -> None:
     body = json.dumps(event_wire())[:-1] + ', "eventType": "task.exploded"}'
     same_answer(body.encode())
@@ -253,6 +315,14 @@ def test_what_the_command_bus_sends_takes_the_fast_path_and_equals_the_full_pars
     assert command.to_json() == raw
 
 
+@pytest.mark.parametrize("attempt", [1, 2**53 - 1], ids=["the first", "the largest"])
+def test_a_commands_attempt_at_the_edge_of_its_bound_takes_the_fast_path(attempt: int) -> None:
+    raw = json.dumps(command_wire(attempt=attempt)).encode()
+    command = fast_command(raw)
+    assert command is not None
+    assert command == Command.parse(raw)
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -306,3 +376,55 @@ def test_any_payload_of_any_command_type_gets_the_full_parses_answer(
 @given(st.binary(max_size=200))
 def test_any_bytes_get_the_full_command_parses_answer(raw: bytes) -> None:
     same_command_answer(raw)
+
+
+# --------------------------------------------------------------------------- the caches
+
+
+def test_the_routers_decoders_take_the_fast_path_for_what_the_outbox_and_the_bus_write() -> None:
+    # GIVEN no timestamp remembered yet
+    envelopes._ARRIVED_TEXT.clear()
+    # WHEN an Event and a Command of the shapes the outbox and the bus write are decoded
+    event = decode_event(json.dumps(event_wire(timestamp="2026-05-06T07:08:09.012Z")).encode())
+    command = decode_command(json.dumps(command_wire()).encode())
+    assert event.timestamp != command.created_at
+    # THEN each went by the fast path: it kept the timestamps' text to be written back as is
+    assert event.timestamp in envelopes._ARRIVED_TEXT
+    assert command.created_at in envelopes._ARRIVED_TEXT
+
+
+def test_a_timestamp_read_by_the_fast_path_is_written_back_as_it_arrived() -> None:
+    # GIVEN an Event decoded by the fast path
+    envelopes._ARRIVED_TEXT.clear()
+    event = fast_event(json.dumps(event_wire(timestamp="2026-04-05T06:07:08.901Z")).encode())
+    assert event is not None
+    # THEN its timestamp is formatted as the very text it arrived as, not made again
+    arrived = envelopes._ARRIVED_TEXT[event.timestamp]
+    assert arrived == "2026-04-05T06:07:08.901Z"
+    assert format_timestamp(event.timestamp) is arrived
+
+
+def test_the_arrived_timestamps_kept_are_at_most_8192() -> None:
+    # GIVEN one more arrived timestamp than are kept
+    envelopes._ARRIVED_TEXT.clear()
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    for n in range(envelopes._ARRIVED_LIMIT + 1):
+        moment = start + timedelta(milliseconds=n)
+        remember_arrived_timestamp(moment, format_timestamp(moment))
+    # THEN the cache was emptied at its limit instead of growing past it
+    assert len(envelopes._ARRIVED_TEXT) <= 8_192
+
+
+def test_the_values_seen_valid_are_remembered_at_most_4096_per_pattern() -> None:
+    # GIVEN nothing seen yet, then one more project decoded than the seen-valid set holds
+    fast_decode._seen.clear()
+    remembered: set[str] = set()
+    for n in range(4_096 + 1):
+        assert fast_event(json.dumps(event_wire(projectId=f"p-{n}")).encode()) is not None
+        if n == 1:
+            remembered = set(fast_decode._seen[fast_decode._PROJECT_ID])
+    # THEN each project was remembered as seen valid, and the set never outgrew its limit
+    assert {"p-0", "p-1"} <= remembered
+    seen = fast_decode._seen[fast_decode._PROJECT_ID]
+    assert "p-4096" in seen
+    assert len(seen) <= 4_096

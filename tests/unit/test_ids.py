@@ -17,6 +17,7 @@ import re
 import pytest
 
 from rhumbatron.protocol.ids import (
+    event_stream_index,
     event_stream_name,
     event_stream_subject,
     fnv1a32,
@@ -78,6 +79,13 @@ def test_stream_names_and_subjects_are_zero_padded() -> None:
     assert [event_stream_subject(i) for i in range(8)] == [f"events.0{i}" for i in range(8)]
     with pytest.raises(ValueError, match=r"outside 0\.\.7"):
         event_stream_name(8)
+
+
+def test_an_event_streams_index_is_read_back_from_its_name_and_any_other_name_is_refused() -> None:
+    assert [event_stream_index(f"EVENTS_0{i}") for i in range(8)] == list(range(8))
+    with pytest.raises(ValueError) as refused:
+        event_stream_index("EVENTS_08")
+    assert str(refused.value) == "'EVENTS_08' is no event stream: EVENTS_00 … EVENTS_07"
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rhumbatron.core.log_context import correlated, current_correlation_id
@@ -38,12 +40,21 @@ def test_anything_else_is_absent_and_never_an_error(header: str | None) -> None:
     assert TraceContext.parse(header) is None
 
 
-def test_a_child_keeps_the_trace_and_flags_with_a_new_span() -> None:
-    parent = TraceContext.parse(VALID)
+@pytest.mark.parametrize("flags", ["01", "00"], ids=["sampled", "not sampled"])
+def test_a_child_keeps_the_trace_and_flags_with_a_new_span(flags: str) -> None:
+    parent = TraceContext.parse(VALID[:-2] + flags)
     assert parent is not None
+    assert parent.flags == flags
     child = parent.child()
-    assert (child.trace_id, child.flags) == (parent.trace_id, parent.flags)
+    assert (child.trace_id, child.flags) == (parent.trace_id, flags)
     assert child.span_id != parent.span_id and len(child.header) == 55
+
+
+def test_a_new_trace_has_32_hex_digits_and_a_header_that_parses_back() -> None:
+    context = TraceContext.new()
+    assert re.fullmatch(r"[0-9a-f]{32}", context.trace_id)
+    assert re.fullmatch(r"[0-9a-f]{16}", context.span_id)
+    assert TraceContext.parse(context.header) == context
 
 
 def test_a_changes_trace_id_is_the_sha256_of_project_and_change() -> None:

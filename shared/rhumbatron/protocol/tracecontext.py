@@ -71,11 +71,6 @@ class TraceContext:
         """A new trace (a request that brought none, about no Change)."""
         return cls(os.urandom(16).hex(), new_span_id())
 
-    @classmethod
-    def of_change(cls, project_id: str, change_id: str, span_id: str | None = None) -> TraceContext:
-        """A position in the Change's trace: ``span_id``, or a new span."""
-        return cls(change_trace_id(project_id, change_id), span_id or new_span_id())
-
     def child(self) -> TraceContext:
         """The same trace, a new span (whose parent is this one's)."""
         return TraceContext(self.trace_id, new_span_id(), self.flags)
