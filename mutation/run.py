@@ -152,6 +152,22 @@ PLANS: dict[str, PackagePlan] = {
             "tests/unit/test_command_cap.py",
             "tests/integration/test_causal_routing.py",
         ),
+        module_proofs={
+            # The key read from a secret at each question, and a rotated one taken over: the
+            # runtime's secret cache builds that ClefFlash (moto's Secrets Manager).
+            "clef_flash": (
+                "tests/lambda_/test_secrets.py::"
+                "test_clef_flash_asks_the_model_with_the_key_from_the_secret",
+                "tests/lambda_/test_secrets.py::"
+                "test_clef_flash_asks_with_the_rotated_key_once_the_kept_one_is_past_its_max_age",
+                "tests/lambda_/test_secrets.py::"
+                "test_clef_flash_keeps_its_key_when_a_re_read_fails_and_abstains_when_it_never_had_one",
+                "tests/lambda_/test_secrets.py::"
+                "test_without_a_key_or_a_secret_clef_flash_abstains_without_asking",
+            ),
+            # An Event's route span, named and under its header: a Change followed end to end.
+            "routing": ("tests/e2e/test_change_trace.py",),
+        },
     ),
     "queues": PackagePlan(
         "queues",
