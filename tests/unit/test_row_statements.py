@@ -93,6 +93,17 @@ def test_rows_written_together_end_as_row_by_row_even_when_they_upsert_each_othe
     assert together.execute(table).fetchall() == one_by_one.execute(table).fetchall()
 
 
+@pytest.mark.parametrize(("count", "statements"), [(1, 1), (2, 1), (3, 2)])
+def test_a_few_rows_take_a_statement_per_values_list(count: int, statements: int) -> None:
+    # GIVEN an upsert of one, two or three rows
+    db = _database()
+    ran = _statements(db)
+    # WHEN they are written together
+    write_rows(db, _UPSERT, [("p", f"t{n}", "ready", n) for n in range(count)])
+    # THEN two rows are one statement of two VALUES groups, three are a 2 and a 1
+    assert len(ran) == statements
+
+
 def test_a_batch_of_100_rows_is_three_statements_and_an_update_stays_row_by_row() -> None:
     db = _database()
     ran = _statements(db)
