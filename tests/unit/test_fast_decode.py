@@ -3,7 +3,8 @@
 ``decode_event`` is the router's decoder: it must accept what the outbox writes by its fast
 path, and for anything else give exactly the full parse's answer. Each property compares the
 two decoders on the same bytes: both return equal Events (on the wire too), or both refuse
-with the same error.
+with the same error. Its two caches (the timestamps' text as they arrived, the values seen
+valid) are used and bounded.
 """
 
 from __future__ import annotations
@@ -387,7 +388,7 @@ def test_the_routers_decoders_take_the_fast_path_for_what_the_outbox_and_the_bus
     # WHEN an Event and a Command of the shapes the outbox and the bus write are decoded
     event = decode_event(json.dumps(event_wire(timestamp="2026-05-06T07:08:09.012Z")).encode())
     command = decode_command(json.dumps(command_wire()).encode())
-    assert event.timestamp != command.created_at
+    assert event.timestamp != command.created_at  # neither can stand for the other below
     # THEN each went by the fast path: it kept the timestamps' text to be written back as is
     assert event.timestamp in envelopes._ARRIVED_TEXT
     assert command.created_at in envelopes._ARRIVED_TEXT
