@@ -134,6 +134,26 @@ def stop_after_one() -> Callable[[], bool]:
     return lambda: next(asked) >= 1
 
 
+#: The delivery another process is sending, holding the tenant's in-flight slot.
+HELD_ELSEWHERE = "held-elsewhere"
+
+
+def hold_the_tenants_slot_elsewhere(world: World, clock: ManualClock) -> None:
+    """Take one in-flight slot of ``TENANT`` (a cap of 1: its only one) for a delivery another
+    process is sending."""
+    with world.app.product().transaction() as db:
+        admit(
+            db,
+            tenant_id=TENANT,
+            delivery_key=HELD_ELSEWHERE,
+            day=START.date().isoformat(),
+            now_s=clock.now().timestamp(),
+            daily_budget=1000,
+            in_flight_cap=1,
+            lease_s=300,
+        )
+
+
 def retrier(world: World, limits: ReactionSettings | None = None) -> WebhookRetrier:
     retries = world.app.webhook_retrier()
     if limits is not None:
@@ -507,17 +527,7 @@ async def test_the_retry_pass_respects_the_in_flight_cap_and_leaves_the_rest_due
         receiver.answers(500, 500, 500)
         await world.publish(*[task_completed(clock, f"t{n}") for n in (1, 2, 3)])
         await world.react()
-        with world.app.product().transaction() as db:
-            admit(
-                db,
-                tenant_id=TENANT,
-                delivery_key="held-elsewhere",
-                day=START.date().isoformat(),
-                now_s=clock.now().timestamp(),
-                daily_budget=1000,
-                in_flight_cap=1,
-                lease_s=300,
-            )
+        hold_the_tenants_slot_elsewhere(world, clock)
         clock.advance(5)
 
         # WHEN the retry pass runs
@@ -549,17 +559,7 @@ async def test_a_tenant_found_full_is_not_asked_again_in_the_pass_when_a_slot_fr
         receiver.answers(500, 500)
         await world.publish(task_completed(clock, "t1"), task_completed(clock, "t2"))
         await world.react()
-        with world.app.product().transaction() as db:
-            admit(
-                db,
-                tenant_id=TENANT,
-                delivery_key="held-elsewhere",
-                day=START.date().isoformat(),
-                now_s=clock.now().timestamp(),
-                daily_budget=1000,
-                in_flight_cap=1,
-                lease_s=300,
-            )
+        hold_the_tenants_slot_elsewhere(world, clock)
         clock.advance(5)
         sent_before = len(receiver.requests)
 
@@ -569,7 +569,7 @@ async def test_a_tenant_found_full_is_not_asked_again_in_the_pass_when_a_slot_fr
             # Asked before each delivery: the slot frees between the first and the second.
             if asked.pop() == "second":
                 with world.app.product().transaction() as db:
-                    release(db, ["held-elsewhere"])
+                    release(db, [HELD_ELSEWHERE])
             return False
 
         # WHEN the retry pass finds the tenant full at its first delivery, and the slot frees
