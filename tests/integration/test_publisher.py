@@ -304,6 +304,27 @@ async def test_a_send_the_stream_refuses_counts_an_attempt_and_retries(
     assert nudge.nudged == [0]
 
 
+async def test_a_row_is_never_stored_by_a_stream_other_than_its_projects(
+    app: Rhumbatron, reader: JetStreamContext, nudge: RecordingNudge
+) -> None:
+    # GIVEN a server whose EVENTS_00 is gone and whose stray stream binds its subject (a
+    #   stream layout other than the one the publisher serves)
+    root = app.project_root(WEB)
+    root.create_project(CALLER, name="Web")
+    await reader.delete_stream("EVENTS_00")
+    await reader.add_stream(name="STRAY", subjects=["events.00"])
+    # WHEN the publisher sends the project's row
+    report = await (await app.publisher()).publish_due(root)
+    # THEN JetStream refuses it (the stream that would store it is not EVENTS_00): an attempt
+    #   is counted, the row waits for its retry, and the stray stream stores nothing
+    [row] = outbox(root.connection)
+    assert (report.published, report.retry_wait) == (0, 1)
+    assert (row["state"], row["attempts"]) == (RowState.RETRY_WAIT, 1)
+    assert "expected stream" in row["last_error"]
+    assert (await reader.stream_info("STRAY")).state.messages == 0
+    assert nudge.nudged == []
+
+
 class StreamBackAfter(ManualClock):
     """The test's clock: the publisher's waits for the log pass at once, and after
     ``waits`` of them the missing stream is made again (the log is back)."""

@@ -3,12 +3,15 @@ the every-minute scan), with an in-memory sender where the server's answers are 
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
-from rhumbatron.actors.alarms import AlarmGuard, RecordingAlarmSink
+from rhumbatron.actors.alarms import AlarmGuard, FireDecision, RecordingAlarmSink
 from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.publisher import PublishReport
@@ -17,7 +20,9 @@ from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.core.clock import ManualClock, utc_day
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import ChangeFact
-from rhumbatron.domain.facts import Caller
+from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.domain.project import create_project
+from rhumbatron.domain.transition import Transition
 from rhumbatron.errors import ActorError, NatsUnavailableError, SendRefusedError
 from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.messaging.sender import FastBatchAck, OutgoingMessage, StoredMessage
@@ -180,6 +185,89 @@ async def test_a_run_nudges_each_stream_it_moved_once_when_it_ends(
     # not once per actor or per 100-row publish
     assert published == len(memory.sent) == (250 if path == "one actor's alarm" else 256)
     assert sorted(nudge.nudged) == sorted(streams)
+    await app.close()
+
+
+async def test_a_fire_called_on_its_own_nudges_the_streams_it_moved_unless_told_to_leave_them(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN an actor with due rows, and a publisher that can nudge the router
+    memory, nudge = MemorySender(), RecordingNudge()
+    app = runtime(tmp_path, clock, memory, nudge)
+    write_tasks(app, "own-p", "chg-1", 2)
+    shard = app.resource_shard("own-p", change_resource_key("chg-1"))
+    publisher = await app.publisher()
+    # WHEN a fire is told to leave the nudges to its caller (as a run's drain does)
+    left = await publisher.fire_alarm(shard, nudge=False)
+    # THEN it names the stream it moved and nudges nobody
+    assert (left.published, left.nudged, nudge.nudged) == (2, [stream_index("own-p")], [])
+    # WHEN another change is written and its actor's fire is called on its own
+    write_tasks(app, "own-p", "chg-2", 1)
+    fired = await publisher.fire_alarm(app.resource_shard("own-p", change_resource_key("chg-2")))
+    # THEN it nudges the router for that stream itself
+    assert fired.published == 1
+    assert nudge.nudged == [stream_index("own-p")]
+    await app.close()
+
+
+async def test_a_write_committed_between_the_guards_read_and_its_write_is_published_by_that_fire(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """The guard decides first from reads alone, then again inside its write transaction: a
+    write another process commits in between (after a read that saw no due work) must not
+    lose its alarm, and the fire publishes it."""
+    # GIVEN an actor file with nothing written yet (a fire would find nothing due)
+    memory = MemorySender()
+    app = runtime(tmp_path, clock, memory)
+    root = app.project_root("race-p")
+    assert sum(counts_by_state(root.connection).values()) == 0
+    publisher = await app.publisher()
+    # AND another handle on the file (another process's writer) holding the write lock over
+    #   a project.created it has not committed yet
+    holding, go = threading.Event(), threading.Event()
+
+    def write_elsewhere() -> None:
+        other = ProjectRoot(root.ref, app.settings, clock=clock)
+
+        def decide(db: sqlite3.Connection) -> Transition:
+            holding.set()
+            if not go.wait(timeout=30):
+                raise AssertionError("the fire never started its write transaction")
+            return create_project(None, FactContext(CALLER, "race-p", clock.now()), name="Race")
+
+        try:
+            other.transact(decide)
+        finally:
+            other.close()
+
+    writer = threading.Thread(target=write_elsewhere)
+    writer.start()
+    assert await asyncio.to_thread(holding.wait, 30)
+    # WHEN the alarm fires, and the writer commits as the fire begins its write transaction
+    #   (after its read-only decision, which saw no due row)
+    statements: list[str] = []
+
+    def on_statement(sql: str) -> None:
+        statements.append(sql)
+        if sql.startswith("BEGIN IMMEDIATE"):
+            go.set()
+
+    root.connection.set_trace_callback(on_statement)
+    try:
+        report = await publisher.fire_alarm(root)
+    finally:
+        root.connection.set_trace_callback(None)
+        go.set()
+        await asyncio.to_thread(writer.join, 30)
+    # THEN the guard, deciding again inside its write, admitted the fire, counted it once,
+    #   and the fire published the row written meanwhile
+    assert any(s.startswith("SELECT") for s in statements[: statements.index("BEGIN IMMEDIATE")])
+    assert (report.alarm, report.published) == (FireDecision.FIRE, 1)
+    assert [m.message_id for m in memory.sent] == [
+        row[0] for row in root.connection.execute("SELECT event_id FROM outbox")
+    ]
+    assert counts_by_state(root.connection)[RowState.PUBLISHED] == 1
+    assert AlarmGuard.fires_on(root.connection, utc_day(clock.now())) == (1, 0)
     await app.close()
 
 
