@@ -304,25 +304,52 @@ async def test_a_send_the_stream_refuses_counts_an_attempt_and_retries(
     assert nudge.nudged == [0]
 
 
+@pytest.mark.parametrize(
+    ("mode", "promoted"),
+    [("atomic", False), ("atomic", True), ("fast", True)],
+    ids=["one row alone", "three in an atomic batch", "three in a fast batch"],
+)
 async def test_a_row_is_never_stored_by_a_stream_other_than_its_projects(
-    app: Rhumbatron, reader: JetStreamContext, nudge: RecordingNudge
+    tmp_path: Path,
+    nats_server: NatsServerProcess,
+    reader: JetStreamContext,
+    clock: ManualClock,
+    mode: str,
+    promoted: bool,
 ) -> None:
-    # GIVEN a server whose EVENTS_00 is gone and whose stray stream binds its subject (a
-    #   stream layout other than the one the publisher serves)
-    root = app.project_root(WEB)
-    root.create_project(CALLER, name="Web")
-    await reader.delete_stream("EVENTS_00")
-    await reader.add_stream(name="STRAY", subjects=["events.00"])
-    # WHEN the publisher sends the project's row
-    report = await (await app.publisher()).publish_due(root)
-    # THEN JetStream refuses it (the stream that would store it is not EVENTS_00): an attempt
-    #   is counted, the row waits for its retry, and the stray stream stores nothing
-    [row] = outbox(root.connection)
-    assert (report.published, report.retry_wait) == (0, 1)
-    assert (row["state"], row["attempts"]) == (RowState.RETRY_WAIT, 1)
-    assert "expected stream" in row["last_error"]
-    assert (await reader.stream_info("STRAY")).state.messages == 0
-    assert nudge.nudged == []
+    # GIVEN a server whose EVENTS_00 is gone and whose stray stream binds its subject and
+    #   takes batches of both kinds (a stream layout other than the one the publisher serves)
+    settings = load_settings(
+        state_dir=tmp_path / "state", nats_url=nats_server.url, publish_batch_mode=mode
+    )
+    nudge = RecordingNudge()
+    app = bootstrap(settings, clock=clock, nudge=nudge)
+    try:
+        await app.ensure_streams()
+        root = app.project_root(WEB)
+        root.create_project(CALLER, name="Web")
+        if promoted:
+            root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+        await reader.delete_stream("EVENTS_00")
+        await reader.add_stream(
+            name="STRAY", subjects=["events.00"], allow_atomic=True, allow_batched=True
+        )
+        # WHEN the publisher sends the project's rows
+        report = await (await app.publisher()).publish_due(root)
+        # THEN JetStream refuses them (the stream that would store them is not EVENTS_00):
+        #   the first row counts an attempt and waits for its retry, the rows behind it wait
+        #   with it, and the stray stream stores nothing
+        first, *behind = outbox(root.connection)
+        assert (report.published, report.retry_wait) == (0, 1)
+        assert (first["state"], first["attempts"]) == (RowState.RETRY_WAIT, 1)
+        assert "expected stream" in first["last_error"]
+        assert [(r["state"], r["attempts"]) for r in behind] == [(RowState.PENDING, 0)] * len(
+            behind
+        )
+        assert (await reader.stream_info("STRAY")).state.messages == 0
+        assert nudge.nudged == []
+    finally:
+        await app.close()
 
 
 class StreamBackAfter(ManualClock):
@@ -374,6 +401,39 @@ async def test_a_stream_nobody_answers_counts_no_attempt_and_its_row_goes_once_i
         assert (row["state"], row["attempts"]) == (RowState.PUBLISHED, 0)
         assert back.waited == [0.5, 0.5, 0.5]
         assert [m.msg_id for m in await stored(reader, "EVENTS_00")] == [row["event_id"]]
+    finally:
+        await app.close()
+
+
+async def test_a_batch_the_log_cannot_take_goes_one_by_one_once_the_log_is_back(
+    tmp_path: Path, nats_server: NatsServerProcess, reader: JetStreamContext, clock: ManualClock
+) -> None:
+    # GIVEN three rows of a project, and EVENTS_00 gone (no responder answers their batch)
+    settings = load_settings(
+        state_dir=tmp_path / "state", nats_url=nats_server.url, publish_batch_mode="atomic"
+    )
+    first = bootstrap(settings, clock=clock)
+    try:
+        await first.ensure_streams()
+        root = first.project_root(WEB)
+        root.create_project(CALLER, name="Web")
+        root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    finally:
+        await first.close()
+    await reader.delete_stream("EVENTS_00")
+    # WHEN the publisher runs, and the log is back after two of its waits
+    back = StreamBackAfter(clock, first, waits=2)
+    app = bootstrap(settings, clock=back)
+    try:
+        report = await (await app.publisher()).publish_due(app.project_root(WEB))
+        # THEN the rows went one by one in that run, in order, with no attempt counted
+        rows = outbox(app.project_root(WEB).connection)
+        assert (report.published, report.unavailable, report.retry_wait) == (3, False, 0)
+        assert [(r["state"], r["attempts"]) for r in rows] == [(RowState.PUBLISHED, 0)] * 3
+        assert back.waited == [0.5, 0.5]
+        assert [m.msg_id for m in await stored(reader, "EVENTS_00")] == [
+            r["event_id"] for r in rows
+        ]
     finally:
         await app.close()
 

@@ -480,6 +480,25 @@ def test_actor_refs_lists_every_actor_file(offline_app: Rhumbatron) -> None:
     ]
 
 
+def test_actor_refs_passes_over_files_no_actor_has_and_lists_the_actors_after_them(
+    offline_app: Rhumbatron,
+) -> None:
+    # GIVEN two actor files, and files no actor has sorted before each: a project folder whose
+    #   name is no project ID, and a shard file with no number
+    offline_app.project_root(PROJECT).create_project(CALLER, name="Acme")
+    shard = offline_app.resource_shard(PROJECT, change_resource_key("chg-1"))
+    shard.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=()))
+    projects = offline_app.settings.state_dir / "projects"
+    (projects / "Not A Project").mkdir()
+    (projects / "Not A Project" / "root.sqlite").touch()
+    (projects / PROJECT / "shard-.sqlite").touch()
+    # WHEN the actors are listed, THEN every actor is, and nothing else
+    assert list(offline_app.actor_refs()) == [
+        ActorRef(ActorKind.PROJECT_ROOT, PROJECT),
+        ActorRef(ActorKind.RESOURCE_SHARD, PROJECT, 9),
+    ]
+
+
 def test_reusing_an_artifact_id_is_a_domain_error_and_changes_nothing(
     offline_app: Rhumbatron,
 ) -> None:

@@ -13,13 +13,17 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from rhumbatron.actors.alarms import RecordingAlarmSink, alarm_due_at
 from rhumbatron.actors.outbox import (
     RowState,
+    append_facts,
     backoff_s,
     counts_by_state,
     mark_failed,
@@ -35,12 +39,14 @@ from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.actors.storage import write_transaction
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
+from rhumbatron.core.tracing import Span, install_span_sink
 from rhumbatron.domain.changes import ChangeFact
-from rhumbatron.domain.facts import Caller
-from rhumbatron.messaging.sender import OutgoingMessage
+from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.messaging.sender import FastBatchAck, OutgoingMessage, StoredMessage
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import stable_event_id
-from rhumbatron_dev.testing import MemorySender, RefusingSender
+from rhumbatron.protocol.tracecontext import TraceContext
+from rhumbatron_dev.testing import MemorySender, RefusingSender, SenderWrapper
 
 CALLER = Caller("acme", "system:test", correlation_id="corr-outbox")
 PROJECT = "acme-web"  # stream index 0 (fnv1a32 0xc8d18fd0 mod 8)
@@ -353,6 +359,85 @@ async def test_a_row_without_a_producer_binding_fails_at_once_with_last_error(
     root.close()
 
 
+async def test_rows_of_two_projects_failed_unsent_in_one_publish_are_each_counted(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN one outbox holding a row of each of two projects (streams 0 and 1), and a
+    #   publisher bound to neither of their streams
+    settings = offline(tmp_path, producer_bindings=(7,))
+    shard = change_shard(settings, clock, "chg-1")
+    with write_transaction(shard.connection, shard.path) as db:
+        for project in (PROJECT, "acme-billing"):
+            fact = FactContext(CALLER, project, clock.now()).fact(
+                "task.ready", {}, change_id=f"{project}-chg", task_id="tsk-1"
+            )
+            append_facts(
+                db,
+                [fact],
+                owner="resource_shard",
+                project_id=project,
+                now_s=clock.now().timestamp(),
+                max_event_bytes=settings.max_event_bytes,
+            )
+    # WHEN it publishes
+    report = await OutboxPublisher(MemorySender(), settings, clock=clock).publish_due(shard)
+    # THEN both rows failed unsent, and the report counts both
+    assert report.failed == 2
+    assert counts_by_state(shard.connection)[RowState.FAILED] == 2
+    shard.close()
+
+
+class CountingSender(SenderWrapper):
+    """Records each call the publisher makes: ``("one", 1)`` or ``(batch kind, size)``."""
+
+    def __init__(self, inner: MemorySender) -> None:
+        super().__init__(inner)
+        self.calls: list[tuple[str, int]] = []
+
+    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
+        self.calls.append(("one", 1))
+        return await super().send(stream, message)
+
+    async def send_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> list[StoredMessage]:
+        self.calls.append(("atomic", len(messages)))
+        return await super().send_batch(stream, messages)
+
+    async def send_fast_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> FastBatchAck:
+        self.calls.append(("fast", len(messages)))
+        return await super().send_fast_batch(stream, messages)
+
+
+@pytest.mark.parametrize("mode", ["atomic", "fast"])
+async def test_two_due_rows_of_a_project_go_as_one_batch_and_a_lone_row_goes_alone(
+    tmp_path: Path, clock: ManualClock, mode: str
+) -> None:
+    # GIVEN a project with two due rows, and a publisher sending batches of one kind
+    settings = offline(tmp_path, publish_batch_mode=mode)
+    shard = change_shard(settings, clock, "chg-1")
+    shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(2))
+    )
+    sender = CountingSender(MemorySender())
+    publisher = OutboxPublisher(sender, settings, clock=clock)
+    # WHEN it publishes, THEN the two rows went in one batch: one round trip
+    assert (await publisher.publish_due(shard)).published == 2
+    assert sender.calls == [(mode, 2)]
+    # WHEN one more row is due, THEN it goes alone (a batch needs two)
+    shard.apply(
+        CALLER,
+        AppendChangeEvents(
+            change_id="chg-1", status="planned", facts=(ChangeFact("task.ready", {}, task_id="t9"),)
+        ),
+    )
+    assert (await publisher.publish_due(shard)).published == 1
+    assert sender.calls == [(mode, 2), ("one", 1)]
+    shard.close()
+
+
 async def test_an_oversize_row_fails_fast_and_the_other_rows_keep_flowing(
     tmp_path: Path, clock: ManualClock
 ) -> None:
@@ -401,6 +486,117 @@ async def test_an_undecodable_stored_envelope_fails_fast_with_last_error(
     assert bad["state"] == RowState.FAILED
     assert "stored envelope is not a JSON object" in bad["last_error"]
     root.close()
+
+
+_DAMAGED_ID = "evt_" + "e" * 32
+
+
+@pytest.mark.parametrize(
+    ("envelope", "error"),
+    [
+        (b"not json", "stored envelope is not a JSON object; the row is damaged"),
+        (
+            f'{{"eventId":"{_DAMAGED_ID}","eventType":"project.created"}}'.encode(),
+            "stored envelope lacks this row's projectId; the row is damaged",
+        ),
+        (
+            f'{{"eventId":"{_DAMAGED_ID}","projectId":"{PROJECT}"}}'.encode(),
+            "stored envelope lacks this row's eventType; the row is damaged",
+        ),
+        (
+            b'{"eventId":"evt_other"}',
+            "stored envelope lacks this row's eventId, eventType, projectId; the row is damaged",
+        ),
+    ],
+    ids=["not json", "no projectId", "no eventType", "another event's"],
+)
+async def test_a_damaged_stored_envelope_fails_unsent_naming_what_it_lacks(
+    tmp_path: Path, clock: ManualClock, envelope: bytes, error: str
+) -> None:
+    # GIVEN a row whose stored envelope is not this row's Event (raw SQL: no API writes one)
+    settings = offline(tmp_path)
+    root = new_root(settings, clock)
+    root.connection.execute(
+        "INSERT INTO outbox (event_id, project_id, event_type, stream_index, envelope, "
+        "created_at) VALUES (?, ?, 'project.created', 0, ?, 0)",
+        (_DAMAGED_ID, PROJECT, envelope),
+    )
+    sender = MemorySender()
+    # WHEN the publisher runs
+    report = await OutboxPublisher(sender, settings, clock=clock).publish_due(root)
+    # THEN the row fails unsent, and its error says what is wrong with it
+    [row] = rows(root.connection)
+    assert (report.failed, report.published, sender.sent) == (1, 0, [])
+    assert (row["state"], row["attempts"], row["last_error"]) == (RowState.FAILED, 0, error)
+    root.close()
+
+
+class StoresTheFirstOfAFastBatch(SenderWrapper):
+    """A fast batch of which the server kept only the first ``kept`` messages (the rest were
+    lost on the way): the publisher sends the rest one by one."""
+
+    def __init__(self, inner: MemorySender, kept: int) -> None:
+        super().__init__(inner)
+        self.kept = kept
+        self.one_by_one: list[str] = []
+
+    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
+        self.one_by_one.append(message.message_id)
+        return await super().send(stream, message)
+
+    async def send_fast_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> FastBatchAck:
+        return await super().send_fast_batch(stream, messages[: self.kept])
+
+
+async def test_rows_a_fast_batch_kept_and_the_rest_sent_one_by_one_are_all_marked_published(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN three due rows, and a server that keeps the first two of their fast batch
+    settings = offline(tmp_path, publish_batch_mode="fast")
+    shard = change_shard(settings, clock, "chg-1")
+    shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(3))
+    )
+    sender = StoresTheFirstOfAFastBatch(MemorySender(), kept=2)
+    # WHEN the publisher runs
+    report = await OutboxPublisher(sender, settings, clock=clock).publish_due(shard)
+    # THEN the third went one by one, and all three count and are marked published
+    written = rows(shard.connection)
+    assert sender.one_by_one == [written[2]["event_id"]]
+    assert report.published == 3
+    assert [r["state"] for r in written] == [RowState.PUBLISHED] * 3
+    shard.close()
+
+
+async def test_a_publish_records_a_publish_span_under_each_rows_position(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN two due rows of a Change, each stamped with its own position in the Change's trace
+    settings = offline(tmp_path)
+    shard = change_shard(settings, clock, "chg-1")
+    shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(2))
+    )
+    positions = [TraceContext.parse(r["traceparent"]) for r in rows(shard.connection)]
+    finished: list[Span] = []
+    uninstall = install_span_sink(SimpleNamespace(record=finished.append))
+    # WHEN the publisher sends them
+    try:
+        before = time.time()
+        await OutboxPublisher(MemorySender(), settings, clock=clock).publish_due(shard)
+        after = time.time()
+    finally:
+        uninstall()
+    # THEN one "publish" span is recorded under each position, timed within the publish
+    publishes = [s for s in finished if s.name == "publish"]
+    assert [(s.context.trace_id, s.parent_id) for s in publishes] == [
+        (p.trace_id, p.span_id) for p in positions if p is not None
+    ]
+    assert len(publishes) == 2
+    assert all(before <= s.start_s <= (s.end_s or 0) <= after for s in publishes)
+    shard.close()
 
 
 # --------------------------------------------------------------------------- operator requeue

@@ -130,7 +130,6 @@ class OutboxRow:
     state: RowState
     attempts: int
     next_attempt_at: float | None
-    last_error: str | None
     #: The W3C ``traceparent`` of the work that wrote the row, sent as the message's header.
     traceparent: str | None = None
 
@@ -152,7 +151,6 @@ class OutboxRow:
             state,
             attempts,
             next_attempt_at,
-            last_error,
             traceparent,
         ) = row
         return cls(
@@ -165,7 +163,6 @@ class OutboxRow:
             _ROW_STATES[state],
             attempts,
             next_attempt_at,
-            last_error,
             traceparent,
         )
 
@@ -173,7 +170,7 @@ class OutboxRow:
 #: The columns :meth:`OutboxRow.from_sql` reads, in its order.
 _ROW_COLUMNS = (
     "seq, event_id, project_id, event_type, stream_index, envelope, state, attempts, "
-    "next_attempt_at, last_error, traceparent"
+    "next_attempt_at, traceparent"
 )
 _ROW_STATES = {state.value: state for state in RowState}
 

@@ -139,6 +139,12 @@ def is_log_unavailable_answer(error: dict[str, Any]) -> bool:
 
 #: Messages between the server's flow acks that a fast batch asks for (the server may ask
 #: for fewer), and how many flow windows may be unacknowledged before the sender waits.
+#: The header that makes JetStream refuse a message unless ``stream`` is the stream that
+#: stores its subject (nats-py's ``publish(stream=...)`` sets it on a single send): a stray
+#: stream binding an event stream's subject must never store our events. A batch is all on
+#: one subject, so its first message carries it: refused there, the batch is refused.
+_EXPECTED_STREAM = "Nats-Expected-Stream"
+
 FAST_BATCH_FLOW = 100
 FAST_BATCH_WINDOWS = 2
 _FAST_START, _FAST_APPEND, _FAST_COMMIT = 0, 1, 2
@@ -201,11 +207,10 @@ class JetStreamSender:
         last = len(messages)
         try:
             for sequence, message in enumerate(messages[:-1], start=1):
-                await self._frames.publish(
-                    message.subject,
-                    message.data,
-                    headers=self._batch_headers(message, batch_id, sequence),
-                )
+                headers = self._batch_headers(message, batch_id, sequence)
+                if sequence == 1:
+                    headers[_EXPECTED_STREAM] = stream
+                await self._frames.publish(message.subject, message.data, headers=headers)
             commit = messages[-1]
             headers = self._batch_headers(commit, batch_id, last)
             headers["Nats-Batch-Commit"] = "1"
@@ -257,7 +262,7 @@ class JetStreamSender:
         try:
             subscription = await self._nc.subscribe(f"{inbox}.>", cb=on_reply)
             try:
-                if (final := await self._fast_publish(messages, inbox, state)) is not None:
+                if (final := await self._fast_publish(stream, messages, inbox, state)) is not None:
                     return final
                 while True:
                     if (final := await self._fast_answer(state)) is not None:
@@ -269,11 +274,12 @@ class JetStreamSender:
             raise self._classify(exc, what) from exc
 
     async def _fast_publish(
-        self, messages: Sequence[OutgoingMessage], inbox: str, state: _FastBatch
+        self, stream: str, messages: Sequence[OutgoingMessage], inbox: str, state: _FastBatch
     ) -> FastBatchAck | None:
         """Publish the batch's messages, each with its reply subject, keeping at most
         ``FAST_BATCH_WINDOWS`` flow windows unacknowledged; the batch's PubAck when it came
-        before the last message was sent (None: wait for it)."""
+        before the last message was sent (None: wait for it). The first names ``stream``
+        (see :data:`_EXPECTED_STREAM`)."""
         for number, message in enumerate(messages, start=1):
             while number > 1 and state.acked + state.flow * FAST_BATCH_WINDOWS <= number:
                 # The server asked for fewer messages per ack than we have in flight.
@@ -286,11 +292,14 @@ class JetStreamSender:
                 if number == len(messages)
                 else _FAST_APPEND
             )
+            headers = message.headers()
+            if number == 1:
+                headers[_EXPECTED_STREAM] = stream
             await self._frames.publish(
                 message.subject,
                 message.data,
                 reply=f"{inbox}.{FAST_BATCH_FLOW}.fail.{number}.{operation}.$FI",
-                headers=message.headers(),
+                headers=headers,
             )
             # The first answer says the batch exists (or why it cannot).
             if number == 1 and (final := await self._fast_answer(state)) is not None:
