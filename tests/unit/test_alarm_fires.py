@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from rhumbatron.actors.alarms import AlarmGuard, FireDecision, RecordingAlarmSink
-from rhumbatron.actors.outbox import RowState, counts_by_state
+from rhumbatron.actors.outbox import RowState, append_facts, counts_by_state
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.publisher import PublishReport
 from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.actors.shard_commands import AppendChangeEvents
+from rhumbatron.actors.storage import write_transaction
 from rhumbatron.core.clock import ManualClock, utc_day
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import ChangeFact
@@ -130,6 +131,39 @@ async def test_rows_stored_before_the_connection_is_lost_are_marked_and_the_rest
         (RowState.PUBLISHED, 0, 1),
         (RowState.PUBLISHED, 0, 2),
         (RowState.PENDING, 0, None),
+    ]
+    await app.close()
+
+
+async def test_a_projects_rows_stored_before_another_project_lost_the_connection_are_marked(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN one outbox holding a row of each of two projects, and a server that stores one
+    #   send and then goes away
+    memory = MemorySender()
+    app = runtime(tmp_path, clock, LosesConnectionAfter(memory, stores=1))
+    shard = app.resource_shard("lost-p", change_resource_key("chg-1"))
+    with write_transaction(shard.connection, shard.path) as db:
+        for project in ("lost-p", "other-p"):
+            fact = FactContext(CALLER, project, clock.now()).fact(
+                "task.ready", {}, change_id=f"{project}-chg", task_id="t-1"
+            )
+            append_facts(
+                db,
+                [fact],
+                owner="resource_shard",
+                project_id=project,
+                now_s=clock.now().timestamp(),
+                max_event_bytes=app.settings.max_event_bytes,
+            )
+    # WHEN the publisher runs: the first project's row is stored, the second's send is lost
+    report = await (await app.publisher()).publish_due(shard)
+    # THEN the stored row is marked published, and the other waits with no attempt counted
+    assert (report.published, report.unavailable) == (1, True)
+    rows = shard.connection.execute("SELECT project_id, state, attempts FROM outbox ORDER BY seq")
+    assert [tuple(row) for row in rows] == [
+        ("lost-p", RowState.PUBLISHED, 0),
+        ("other-p", RowState.PENDING, 0),
     ]
     await app.close()
 

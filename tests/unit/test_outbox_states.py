@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rhumbatron.actors.alarms import RecordingAlarmSink, alarm_due_at
+from rhumbatron.actors.alarms import AlarmGuard, FireDecision, RecordingAlarmSink, alarm_due_at
 from rhumbatron.actors.outbox import (
     RowState,
     append_facts,
@@ -37,12 +37,17 @@ from rhumbatron.actors.publisher import OutboxPublisher, PublishReport, requeue_
 from rhumbatron.actors.resource_shard import ResourceShard, change_resource_key
 from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.actors.storage import write_transaction
-from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.clock import ManualClock, utc_day
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.core.tracing import Span, install_span_sink
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller, FactContext
-from rhumbatron.messaging.sender import FastBatchAck, OutgoingMessage, StoredMessage
+from rhumbatron.messaging.sender import (
+    HEADER_ALLOWANCE_BYTES,
+    FastBatchAck,
+    OutgoingMessage,
+    StoredMessage,
+)
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import stable_event_id
 from rhumbatron.protocol.tracecontext import TraceContext
@@ -496,6 +501,11 @@ _DAMAGED_ID = "evt_" + "e" * 32
     [
         (b"not json", "stored envelope is not a JSON object; the row is damaged"),
         (
+            f'{{"eventId":"{_DAMAGED_ID}","eventType":"project.created","projectId":"{PROJECT}"'
+            ", ".encode(),
+            "stored envelope is not a JSON object; the row is damaged",
+        ),
+        (
             f'{{"eventId":"{_DAMAGED_ID}","eventType":"project.created"}}'.encode(),
             "stored envelope lacks this row's projectId; the row is damaged",
         ),
@@ -508,7 +518,7 @@ _DAMAGED_ID = "evt_" + "e" * 32
             "stored envelope lacks this row's eventId, eventType, projectId; the row is damaged",
         ),
     ],
-    ids=["not json", "no projectId", "no eventType", "another event's"],
+    ids=["not json", "cut short", "no projectId", "no eventType", "another event's"],
 )
 async def test_a_damaged_stored_envelope_fails_unsent_naming_what_it_lacks(
     tmp_path: Path, clock: ManualClock, envelope: bytes, error: str
@@ -528,6 +538,44 @@ async def test_a_damaged_stored_envelope_fails_unsent_naming_what_it_lacks(
     [row] = rows(root.connection)
     assert (report.failed, report.published, sender.sent) == (1, 0, [])
     assert (row["state"], row["attempts"], row["last_error"]) == (RowState.FAILED, 0, error)
+    root.close()
+
+
+@pytest.mark.parametrize(("room", "published"), [(0, 1), (-1, 0)], ids=["fits", "one over"])
+async def test_a_row_fits_when_it_and_its_header_allowance_are_exactly_max_payload(
+    tmp_path: Path, clock: ManualClock, room: int, published: int
+) -> None:
+    # GIVEN a row, and a server whose max_payload is its size plus the header allowance
+    #   (or one byte less)
+    settings = offline(tmp_path)
+    root = new_root(settings, clock)
+    root.create_project(CALLER, name="Acme")
+    [row] = rows(root.connection)
+    sender = MemorySender(max_payload=len(row["envelope"]) + HEADER_ALLOWANCE_BYTES + room)
+    # WHEN the publisher runs, THEN the row is sent only when it fits
+    report = await OutboxPublisher(sender, settings, clock=clock).publish_due(root)
+    assert (report.published, report.failed) == (published, 1 - published)
+    root.close()
+
+
+async def test_an_alarm_fire_while_the_server_is_unreachable_counts_and_keeps_its_alarm(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a project whose alarm is due with a row to send, and no connection to the server
+    settings = offline(tmp_path)
+    root = new_root(settings, clock)
+    root.create_project(CALLER, name="Acme")
+    due_at = alarm_due_at(root.connection)
+    assert due_at is not None
+    # WHEN the alarm fires
+    report = await OutboxPublisher(MemorySender(connected=False), settings, clock=clock).fire_alarm(
+        root
+    )
+    # THEN the fire is counted, nothing is sent, and the report names the alarm still due
+    assert (report.alarm, report.unavailable, report.published) == (FireDecision.FIRE, True, 0)
+    assert report.next_alarm_at == due_at == alarm_due_at(root.connection)
+    assert AlarmGuard.fires_on(root.connection, utc_day(clock.now())) == (1, 0)
+    assert counts_by_state(root.connection)[RowState.PENDING] == 1
     root.close()
 
 
