@@ -3,6 +3,7 @@ transition returns (patch, facts) and the actor writes both in one SQLite transa
 
 from __future__ import annotations
 
+import fcntl
 import re
 import sqlite3
 from datetime import timedelta
@@ -497,6 +498,23 @@ def test_actor_refs_passes_over_files_no_actor_has_and_lists_the_actors_after_th
         ActorRef(ActorKind.PROJECT_ROOT, PROJECT),
         ActorRef(ActorKind.RESOURCE_SHARD, PROJECT, 9),
     ]
+
+
+def test_a_flock_on_the_lock_file_beside_the_actor_file_keeps_its_publishers_out(
+    offline_app: Rhumbatron,
+) -> None:
+    # GIVEN an actor, and another program holding an exclusive flock on root.publish.lock
+    #   beside its file (an older publisher, or an operator's tool)
+    root = offline_app.project_root(PROJECT)
+    root.create_project(CALLER, name="Acme")
+    with (root.path.parent / "root.publish.lock").open("a+b") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # WHEN a publisher tries to take the actor, THEN it is kept out
+        with root.publish_lock() as acquired:
+            assert not acquired
+    # AND once the other program let go, it gets in
+    with root.publish_lock() as acquired:
+        assert acquired
 
 
 def test_reusing_an_artifact_id_is_a_domain_error_and_changes_nothing(

@@ -185,11 +185,12 @@ class Actor:
     def publish_lock(self) -> Iterator[bool]:
         """Try to become this actor's only publisher; yields whether it did (never waits).
 
-        An exclusive ``flock`` on ``<actor file>.publish.lock`` keeps out publishers of
-        other processes and of other handles on the same file (each opens its own lock
-        file); a second caller through this same handle is refused too. The lock file stays
-        open between calls: under load an alarm fires per event, and creating and opening
-        the file each time cost more than the publish of a single row.
+        An exclusive ``flock`` on the lock file beside the actor file (``root.sqlite`` is
+        locked through ``root.publish.lock``) keeps out publishers of other processes, of
+        other handles on the same file (each opens its own lock file) and any other program
+        that holds it; a second caller through this same handle is refused too. The lock
+        file stays open between calls: under load an alarm fires per event, and creating
+        and opening the file each time cost more than the publish of a single row.
         """
         if not self._publishing.acquire(blocking=False):
             yield False
