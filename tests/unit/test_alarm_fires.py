@@ -408,6 +408,10 @@ async def test_an_alarm_for_an_actor_that_has_no_file_is_refused_and_creates_not
         await app.fire_alarm("project_root:typo-project")
     with pytest.raises(ActorError, match="shard 99, but projects have 16 shards"):
         await app.fire_alarm("resource_shard:p1:99")
+    with pytest.raises(ActorError, match="shard 16, but projects have 16 shards"):
+        await app.fire_alarm("resource_shard:p1:16")  # shards are numbered 0 to 15
+    with pytest.raises(ActorError, match="no actor file for resource_shard:p1:15"):
+        await app.fire_alarm("resource_shard:p1:15")
     with pytest.raises(ActorError, match="resource_shard:p1:-3"):
         await app.fire_alarm("resource_shard:p1:-3")
     assert list(app.actor_refs()) == []

@@ -103,8 +103,10 @@ def test_wal_on_a_network_filesystem_is_refused_naming_the_settings(tmp_path: Pa
     # THEN it refuses, naming the setting and what to set instead
     with pytest.raises(UnsafeStorageError) as caught:
         check_journal_mode(settings)
-    assert "RHUMBATRON_JOURNAL_MODE=WAL" in str(caught.value)
-    assert "RHUMBATRON_JOURNAL_MODE=DELETE" in str(caught.value)
+    assert str(caught.value) == (
+        f"RHUMBATRON_JOURNAL_MODE=WAL but RHUMBATRON_STATE_DIR={tmp_path} is on a network "
+        "filesystem, where SQLite's WAL corrupts data; set RHUMBATRON_JOURNAL_MODE=DELETE"
+    )
     assert isinstance(caught.value, ConfigurationError)
 
 
