@@ -162,6 +162,42 @@ def test_an_event_over_the_size_limit_rolls_the_transaction_back(
     shard.close()
 
 
+def test_an_event_of_exactly_the_size_limit_is_written_and_one_byte_over_is_refused(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a change.created Event (over the least limit allowed, 1 KiB) and its size
+    fact = ChangeFact(
+        "change.created", {"title": "é" * 400, "clientRequestId": "r", "requestedBy": "u"}
+    )
+
+    def shard_limited_to(limit: int | None, name: str) -> ResourceShard:
+        settings = load_settings(state_dir=tmp_path / name, max_event_bytes=limit or 65_536)
+        ref = ResourceShard.ref_for(PROJECT, change_resource_key("chg-1"), 16)
+        return ResourceShard(ref, settings, clock=clock)
+
+    measured = shard_limited_to(None, "measured")
+    measured.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="created", facts=(fact,)))
+    [row] = outbox(measured.connection)
+    size = len(row["envelope"])
+    measured.close()
+    # WHEN it is written where the limit is exactly its size, THEN it is written
+    exact = shard_limited_to(size, "exact")
+    exact.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="created", facts=(fact,)))
+    assert len(outbox(exact.connection)) == 1
+    exact.close()
+    # WHEN the limit is one byte less, THEN the error names the Event, its size and what to do
+    over = shard_limited_to(size - 1, "over")
+    with pytest.raises(OutboxError) as refused:
+        over.apply(CALLER, AppendChangeEvents(change_id="chg-1", status="created", facts=(fact,)))
+    assert str(refused.value) == (
+        f"event {row['event_id']} (change.created) is {size} bytes, over "
+        f"RHUMBATRON_MAX_EVENT_BYTES={size - 1}; put large content in S3 and reference it "
+        "from the payload"
+    )
+    assert outbox(over.connection) == []
+    over.close()
+
+
 def test_a_patch_cannot_touch_the_outbox_table(offline_app: Rhumbatron) -> None:
     root = offline_app.project_root(PROJECT)
     root.create_project(CALLER, name="Acme")
@@ -512,7 +548,10 @@ def test_a_flock_on_the_lock_file_beside_the_actor_file_keeps_its_publishers_out
         # WHEN a publisher tries to take the actor, THEN it is kept out
         with root.publish_lock() as acquired:
             assert not acquired
-    # AND once the other program let go, it gets in
+    # AND once the other program let go, it gets in, and again after the actor was closed
+    with root.publish_lock() as acquired:
+        assert acquired
+    root.close()
     with root.publish_lock() as acquired:
         assert acquired
 
@@ -527,7 +566,10 @@ def test_reusing_an_artifact_id_is_a_domain_error_and_changes_nothing(
     before = outbox(root.connection)
     # WHEN another candidate is promoted with the same artifact ID
     # THEN a DomainError names the table, and neither state nor outbox moved
-    with pytest.raises(DomainError, match="artifacts"):
+    with pytest.raises(
+        DomainError,
+        match=f"^ProjectRoot project_root:{PROJECT}: the change to artifacts breaks a constraint",
+    ):
         root.promote(CALLER, candidate_id="cand-2", artifact_id="art-1", expected_generation=1)
     assert outbox(root.connection) == before
     assert root.state() is not None and root.state().canonical_generation == 1  # type: ignore[union-attr]

@@ -62,6 +62,21 @@ def test_a_write_sets_the_alarm_and_announces_it(tmp_path: Path, clock: ManualCl
     root.close()
 
 
+def test_a_write_while_the_alarm_is_due_at_that_very_time_announces_nothing_more(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a project whose first write set its alarm to now
+    sink = RecordingAlarmSink()
+    root = project_root(offline(tmp_path), clock, sink)
+    root.create_project(CALLER, name="Acme")
+    # WHEN another write lands at the same instant
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    # THEN the alarm stays, and it was announced once
+    assert alarm_due_at(root.connection) == clock.now().timestamp()
+    assert sink.announced == [(root.ref.key, clock.now())]
+    root.close()
+
+
 def test_a_second_write_while_the_alarm_is_pending_does_not_announce_again(
     tmp_path: Path, clock: ManualClock
 ) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import sqlite3
+import stat
 from fractions import Fraction
 from pathlib import Path
 
@@ -78,6 +79,17 @@ def test_a_marker_only_ever_moves_earlier_when_marked(tmp_path: Path) -> None:
     assert index.due(1_000.0) == ["project_root:p1"]
     index.mark("project_root:p1", 500.0)
     assert index.due(500.0) == ["project_root:p1"]
+
+
+def test_a_marker_is_a_plain_file_read_and_written_by_its_owner_and_read_by_others(
+    tmp_path: Path,
+) -> None:
+    index = DueIndex(tmp_path / "alarms")
+    index.mark("project_root:p1", 1_000.0)
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = (tmp_path / "alarms" / "project_root:p1").stat().st_mode
+    assert stat.S_IMODE(mode) == 0o644 & ~umask
 
 
 def test_a_marker_is_never_later_than_its_alarm_to_the_nanosecond(tmp_path: Path) -> None:

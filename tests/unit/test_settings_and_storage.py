@@ -110,6 +110,27 @@ def test_wal_on_a_network_filesystem_is_refused_naming_the_settings(tmp_path: Pa
     assert isinstance(caught.value, ConfigurationError)
 
 
+@pytest.mark.parametrize(("kind", "refused"), [("nfs4", True), ("ext4", False)])
+def test_unless_told_the_check_reads_the_state_directorys_mount(
+    tmp_path: Path, kind: str, refused: bool
+) -> None:
+    # GIVEN WAL, no RHUMBATRON_NETWORK_FILESYSTEM, and a mount table that puts the state
+    #   directory on an NFS mount (or a local disk)
+    state_dir = tmp_path.resolve() / "state"
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        f"overlay / overlay rw 0 0\nserver:/export {tmp_path.resolve()} {kind} rw 0 0\n"
+    )
+    settings = load_settings(state_dir=state_dir, journal_mode="WAL")
+    assert settings.network_filesystem is None
+    # WHEN start-up checks the journal mode, THEN it refuses WAL on the NFS mount only
+    if refused:
+        with pytest.raises(UnsafeStorageError, match="is on a network filesystem"):
+            check_journal_mode(settings, mounts)
+    else:
+        check_journal_mode(settings, mounts)
+
+
 def test_delete_journal_on_a_network_filesystem_is_allowed(tmp_path: Path) -> None:
     settings = load_settings(state_dir=tmp_path, journal_mode="DELETE", network_filesystem=True)
     check_journal_mode(settings)  # no error

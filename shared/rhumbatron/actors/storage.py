@@ -88,11 +88,13 @@ def is_network_filesystem(path: Path, mounts_file: Path = Path("/proc/mounts")) 
     return (_mount_type(path, mounts_file) or "") in NETWORK_FILESYSTEMS
 
 
-def check_journal_mode(settings: Settings) -> None:
-    """Refuse WAL on a network filesystem (RELIABILITY F21), naming the settings to change."""
+def check_journal_mode(settings: Settings, mounts_file: Path = Path("/proc/mounts")) -> None:
+    """Refuse WAL on a network filesystem (RELIABILITY F21), naming the settings to change;
+    unless ``RHUMBATRON_NETWORK_FILESYSTEM`` says, the state directory's mount in
+    ``mounts_file`` decides."""
     network = settings.network_filesystem
     if network is None:
-        network = is_network_filesystem(settings.state_dir)
+        network = is_network_filesystem(settings.state_dir, mounts_file)
     if network and settings.journal_mode == "WAL":
         raise UnsafeStorageError(
             f"RHUMBATRON_JOURNAL_MODE=WAL but RHUMBATRON_STATE_DIR={settings.state_dir} is on a "
