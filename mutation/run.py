@@ -307,6 +307,9 @@ PLANS: dict[str, PackagePlan] = {
             "test_a_republish_inside_the_duplicate_window_names_each_repeat_and_each_unknown_id",
             "tests/unit/test_settings_and_storage.py::"
             "test_sqlite_failures_become_errors_that_say_what_to_do",
+            # The crash point inside an actor's transaction: a process killed there.
+            "tests/faults/test_actor_faults.py::"
+            "test_process_killed_inside_a_transaction_leaves_state_and_outbox_together",
             # The crash point after the PubAcks (F5): a publisher process killed there.
             "tests/faults/test_publisher_faults.py::"
             "test_publisher_killed_after_the_puback_is_deduplicated_on_resend",

@@ -265,8 +265,11 @@ def test_a_fact_of_another_project_is_refused(offline_app: Rhumbatron) -> None:
 
 def test_an_actor_class_cannot_open_the_other_kind(tmp_path: Path) -> None:
     settings = load_settings(state_dir=tmp_path)
-    with pytest.raises(ActorError, match="cannot open"):
+    with pytest.raises(ActorError) as refused:
         ProjectRoot(ActorRef(ActorKind.RESOURCE_SHARD, PROJECT, 3), settings)
+    assert str(refused.value) == (
+        f"ProjectRoot cannot open a resource_shard actor (resource_shard:{PROJECT}:03)"
+    )
 
 
 def test_an_invalid_project_id_is_refused_before_any_file_is_made(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ actor files the way the settings say (issue item 5; RELIABILITY F21)."""
 from __future__ import annotations
 
 import sqlite3
+import zlib
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from rhumbatron.actors.storage import (
     is_network_filesystem,
     observe_commits,
     open_database,
+    schema_version,
     sqlite_error,
     write_transaction,
 )
@@ -183,6 +185,18 @@ def test_open_database_sets_the_configured_journal_mode(
         plain = sqlite3.connect(tmp_path / "a" / "actor.sqlite")
         assert plain.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         plain.close()
+
+
+def test_a_schemas_version_is_the_crc32_of_its_text_with_whitespace_collapsed() -> None:
+    # The version is kept in every file's user_version: files written by earlier releases
+    # are recognised only while it is computed the same way.
+    schema = "CREATE TABLE IF NOT EXISTS t (\n    x INTEGER,\n    y TEXT\n);"
+    expected = zlib.crc32(b"CREATE TABLE IF NOT EXISTS t ( x INTEGER, y TEXT );") & 0x7FFFFFFF
+    assert schema_version(schema) == expected
+    assert schema_version("  CREATE TABLE IF NOT EXISTS t (x INTEGER,\ty TEXT );") != expected
+    # a table added is a new version; every version fits SQLite's signed 32-bit user_version
+    assert schema_version(schema + " CREATE TABLE u (z);") != expected
+    assert all(0 <= schema_version(f"CREATE TABLE t{i} (x)") < 2**31 for i in range(200))
 
 
 def test_a_second_writer_gets_actor_busy_error_after_the_busy_timeout(tmp_path: Path) -> None:
