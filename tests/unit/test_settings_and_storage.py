@@ -3,6 +3,8 @@ actor files the way the settings say (issue item 5; RELIABILITY F21)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import zlib
 from pathlib import Path
@@ -14,6 +16,7 @@ from rhumbatron.actors.storage import (
     is_network_filesystem,
     observe_commits,
     open_database,
+    open_with_schema,
     schema_version,
     sqlite_error,
     write_transaction,
@@ -251,6 +254,55 @@ def test_commit_observers_see_each_commit_that_wrote_and_nothing_else(tmp_path: 
         db.execute("INSERT INTO t VALUES (3)")
     assert seen == [path]
     connection.close()
+
+
+def test_a_schema_that_fails_to_apply_rolls_back_and_names_the_file(tmp_path: Path) -> None:
+    # GIVEN a schema whose migration fails part-way (after its table was created)
+    settings = load_settings(state_dir=tmp_path, network_filesystem=False)
+    target = tmp_path / "broken.sqlite"
+
+    def failing_migration(connection: sqlite3.Connection) -> None:
+        raise sqlite3.OperationalError("no such column: gone")
+
+    # WHEN the file is opened, THEN the error names the file, what was being done and why
+    with pytest.raises(ActorError) as refused:
+        open_with_schema(
+            target,
+            settings,
+            "CREATE TABLE IF NOT EXISTS t (x INTEGER);",
+            version=7,
+            what="test",
+            migrations=(failing_migration,),
+        )
+    assert str(refused.value) == f"cannot open the test file on {target}: no such column: gone"
+    # AND nothing of the schema stayed: no table, no version
+    with contextlib.closing(sqlite3.connect(target)) as check:
+        assert check.execute("SELECT name FROM sqlite_master").fetchall() == []
+        assert check.execute("PRAGMA user_version").fetchone()[0] == 0
+
+
+def test_a_new_files_folder_entry_is_made_durable_and_an_existing_file_costs_no_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a record of what os.fsync is asked to make durable (the real fsync still runs)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(descriptor: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    settings = load_settings(state_dir=tmp_path, network_filesystem=False)
+    folder = tmp_path.resolve() / "projects" / "p1"
+    schema = "CREATE TABLE IF NOT EXISTS t (x INTEGER);"
+    # WHEN a new file is made, THEN its folder's entry is fsynced, and that folder's only
+    open_with_schema(folder / "root.sqlite", settings, schema, version=1, what="test").close()
+    assert [p for p in synced if Path(p).is_dir()] == [str(folder)]
+    # WHEN it is opened again, THEN no folder is fsynced
+    synced.clear()
+    open_with_schema(folder / "root.sqlite", settings, schema, version=1, what="test").close()
+    assert [p for p in synced if Path(p).is_dir()] == []
 
 
 def test_two_openers_of_the_same_new_file_both_get_wal(tmp_path: Path) -> None:
