@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 import zlib
 from pathlib import Path
 
@@ -220,6 +221,28 @@ def test_a_second_writer_gets_actor_busy_error_after_the_busy_timeout(tmp_path: 
     finally:
         first.close()
         second.close()
+
+
+def test_opening_a_file_another_connection_holds_gives_up_after_the_busy_timeout(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a rollback-journal file another connection holds exclusively, and a 100 ms
+    #   busy timeout (SQLite's own default wait is 5 s)
+    path = tmp_path / "held.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("CREATE TABLE t (x INTEGER)")
+    settings = load_settings(state_dir=tmp_path, journal_mode="WAL", sqlite_busy_timeout_ms=100)
+    try:
+        # WHEN it is opened for WAL
+        started = time.monotonic()
+        with pytest.raises(ActorBusyError, match="RHUMBATRON_SQLITE_BUSY_TIMEOUT_MS"):
+            open_database(path, settings)
+        waited_s = time.monotonic() - started
+    finally:
+        holder.close()
+    # THEN it gave up after about the configured wait, not SQLite's default of 5 s
+    assert 0.1 <= waited_s < 2.5
 
 
 def test_write_transaction_rolls_back_when_the_block_raises(tmp_path: Path) -> None:
