@@ -245,6 +245,16 @@ def test_opening_a_file_another_connection_holds_gives_up_after_the_busy_timeout
     assert 0.1 <= waited_s < 2.5
 
 
+def test_a_file_sqlite_cannot_open_is_named_with_sqlites_reason(tmp_path: Path) -> None:
+    # GIVEN a folder where the file should be
+    taken = tmp_path / "actor.sqlite"
+    taken.mkdir()
+    # WHEN it is opened, THEN the error names the path and SQLite's reason
+    with pytest.raises(ActorError) as refused:
+        open_database(taken, load_settings(state_dir=tmp_path))
+    assert str(refused.value) == f"cannot open the file on {taken}: unable to open database file"
+
+
 def test_write_transaction_rolls_back_when_the_block_raises(tmp_path: Path) -> None:
     settings = load_settings(state_dir=tmp_path)
     path = tmp_path / "actor.sqlite"
