@@ -17,7 +17,7 @@ from nats.js.client import JetStreamContext
 
 from rhumbatron.actors.actor import Actor
 from rhumbatron.actors.outbox import RowState, append_facts, counts_by_state
-from rhumbatron.actors.publisher import OutboxPublisher
+from rhumbatron.actors.publisher import OutboxPublisher, republish_rows
 from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.actors.shard_commands import AppendChangeEvents
 from rhumbatron.actors.storage import write_transaction
@@ -350,6 +350,26 @@ async def test_a_row_is_never_stored_by_a_stream_other_than_its_projects(
         assert nudge.nudged == []
     finally:
         await app.close()
+
+
+async def test_a_repair_never_stores_an_event_in_a_stream_other_than_its_projects(
+    app: Rhumbatron, reader: JetStreamContext
+) -> None:
+    # GIVEN a published row, then a server whose EVENTS_00 is gone and whose stray stream
+    #   binds its subject
+    root = app.project_root(WEB)
+    root.create_project(CALLER, name="Web")
+    assert (await (await app.publisher()).publish_due(root)).published == 1
+    [row] = outbox(root.connection)
+    await reader.delete_stream("EVENTS_00")
+    await reader.add_stream(name="STRAY", subjects=["events.00"])
+    # WHEN an operator's repair sends the row again
+    # THEN JetStream refuses it, the stray stream stores nothing, and the row keeps its place
+    sender = JetStreamSender(await app.nats(), ack_timeout_s=5)
+    with pytest.raises(SendRefusedError, match="expected stream"):
+        await republish_rows(root, sender, [row["event_id"]])
+    assert (await reader.stream_info("STRAY")).state.messages == 0
+    assert outbox(root.connection)[0]["stream_seq"] == row["stream_seq"] == 1
 
 
 class StreamBackAfter(ManualClock):
