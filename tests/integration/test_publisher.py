@@ -305,9 +305,9 @@ async def test_a_send_the_stream_refuses_counts_an_attempt_and_retries(
 
 
 @pytest.mark.parametrize(
-    ("mode", "promoted"),
-    [("atomic", False), ("atomic", True), ("fast", True)],
-    ids=["one row alone", "three in an atomic batch", "three in a fast batch"],
+    ("mode", "rows"),
+    [("atomic", 1), ("atomic", 2), ("atomic", 3), ("fast", 2), ("fast", 3)],
+    ids=["one row alone", "an atomic batch of 2", "of 3", "a fast batch of 2", "of 3"],
 )
 async def test_a_row_is_never_stored_by_a_stream_other_than_its_projects(
     tmp_path: Path,
@@ -315,7 +315,7 @@ async def test_a_row_is_never_stored_by_a_stream_other_than_its_projects(
     reader: JetStreamContext,
     clock: ManualClock,
     mode: str,
-    promoted: bool,
+    rows: int,
 ) -> None:
     # GIVEN a server whose EVENTS_00 is gone and whose stray stream binds its subject and
     #   takes batches of both kinds (a stream layout other than the one the publisher serves)
@@ -326,20 +326,20 @@ async def test_a_row_is_never_stored_by_a_stream_other_than_its_projects(
     app = bootstrap(settings, clock=clock, nudge=nudge)
     try:
         await app.ensure_streams()
-        root = app.project_root(WEB)
-        root.create_project(CALLER, name="Web")
-        if promoted:
-            root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+        shard = app.resource_shard(WEB, change_resource_key("chg-1"))
+        shard.apply(
+            CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(rows))
+        )
         await reader.delete_stream("EVENTS_00")
         await reader.add_stream(
             name="STRAY", subjects=["events.00"], allow_atomic=True, allow_batched=True
         )
         # WHEN the publisher sends the project's rows
-        report = await (await app.publisher()).publish_due(root)
+        report = await (await app.publisher()).publish_due(shard)
         # THEN JetStream refuses them (the stream that would store them is not EVENTS_00):
         #   the first row counts an attempt and waits for its retry, the rows behind it wait
         #   with it, and the stray stream stores nothing
-        first, *behind = outbox(root.connection)
+        first, *behind = outbox(shard.connection)
         assert (report.published, report.retry_wait) == (0, 1)
         assert (first["state"], first["attempts"]) == (RowState.RETRY_WAIT, 1)
         assert "expected stream" in first["last_error"]
