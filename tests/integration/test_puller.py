@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -69,6 +70,35 @@ async def test_one_pull_returns_the_whole_batch_when_enough_are_waiting(nc: NATS
         assert await puller.pull(300) == []  # and then nothing, at once
     finally:
         await puller.close()
+
+
+def subscriptions(server: NatsServerProcess) -> int:
+    """How many subscriptions the server holds, over every connection (``/connz``)."""
+    url = f"http://127.0.0.1:{server.http_port}/connz?subs=1"
+    with urllib.request.urlopen(url, timeout=2) as answer:
+        connz = json.load(answer)
+    return sum(len(c.get("subscriptions_list") or []) for c in connz["connections"])
+
+
+async def test_a_closed_puller_leaves_no_subscription_and_subscribes_again_when_used(
+    nc: NATS, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN two waiting messages and a puller that has pulled once (its inbox subscribed)
+    for n in range(2):
+        await nc.jetstream().publish("pulled.a", b"m", headers={"Nats-Msg-Id": f"id-{n}"})
+    puller = await reader(nc)
+    await nc.flush()
+    before = subscriptions(nats_server)
+    assert len(await puller.pull(1)) == 1
+    await nc.flush()
+    assert subscriptions(nats_server) == before + 1
+    # WHEN it is closed, THEN the server holds its subscription no more
+    await puller.close()
+    await nc.flush()
+    assert subscriptions(nats_server) == before
+    # WHEN it is used again, THEN it subscribes again and pulls what waits
+    assert len(await puller.pull(1)) == 1
+    await puller.close()
 
 
 async def test_a_message_published_without_headers_is_pulled_like_any_other(nc: NATS) -> None:
