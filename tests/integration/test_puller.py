@@ -16,7 +16,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
-from rhumbatron.errors import ConsumerGoneError, MessagingError
+from rhumbatron.errors import ConsumerGoneError, MessagingError, NatsUnavailableError
 from rhumbatron.messaging.pull import Puller, delivery, ensure_consumer
 from rhumbatron_dev.local.nats_server import NatsServerProcess
 
@@ -190,6 +190,43 @@ async def test_held_messages_come_first_and_the_server_is_asked_only_for_the_res
         assert await puller.release() == []
     finally:
         await puller.close()
+
+
+async def test_held_messages_that_fill_the_pull_are_handed_out_without_asking_the_server(
+    nc: NATS,
+) -> None:
+    # GIVEN six messages, and a pull of four whose last two the reader hands back unsettled
+    js = nc.jetstream()
+    for n in range(6):
+        await js.publish("pulled.a", f"m{n}".encode())
+    puller = await reader(nc)
+    try:
+        puller.hold((await puller.pull(4))[2:])
+        # WHEN it pulls exactly two
+        again = await puller.pull(2)
+        # THEN the two held are the pull, and the server delivered nothing more
+        assert [m.data for m in again] == [b"m2", b"m3"]
+        info = await js.consumer_info(STREAM, DURABLE)
+        assert (info.num_pending, info.num_ack_pending) == (2, 4)
+    finally:
+        await puller.close()
+
+
+async def test_a_pull_on_a_closed_connection_says_so_and_that_the_next_run_tries_again(
+    nats_server: NatsServerProcess, nc: NATS
+) -> None:
+    # GIVEN a consumer, and a puller of it whose connection is closed
+    await (await reader(nc)).close()
+    closed = await nats.connect(nats_server.url)
+    await closed.close()
+    puller = Puller(closed, STREAM, DURABLE, timeout_s=5.0)
+    # WHEN it pulls, THEN the error names the consumer, the stream and nats-py's words
+    with pytest.raises(NatsUnavailableError) as refused:
+        await puller.pull(1)
+    assert str(refused.value) == (
+        f"cannot pull from consumer {DURABLE} on {STREAM}: ConnectionClosedError: "
+        "nats: connection closed; the next run tries again"
+    )
 
 
 async def test_a_held_message_is_kept_no_longer_than_the_late_messages_limit(nc: NATS) -> None:
