@@ -137,14 +137,14 @@ def is_log_unavailable_answer(error: dict[str, Any]) -> bool:
     return error.get("code") == 503 or error.get("err_code") in LOG_UNAVAILABLE_CODES
 
 
-#: Messages between the server's flow acks that a fast batch asks for (the server may ask
-#: for fewer), and how many flow windows may be unacknowledged before the sender waits.
 #: The header that makes JetStream refuse a message unless ``stream`` is the stream that
 #: stores its subject (nats-py's ``publish(stream=...)`` sets it on a single send): a stray
 #: stream binding an event stream's subject must never store our events. A batch is all on
 #: one subject, so its first message carries it: refused there, the batch is refused.
 _EXPECTED_STREAM = "Nats-Expected-Stream"
 
+#: Messages between the server's flow acks that a fast batch asks for (the server may ask
+#: for fewer), and how many flow windows may be unacknowledged before the sender waits.
 FAST_BATCH_FLOW = 100
 FAST_BATCH_WINDOWS = 2
 _FAST_START, _FAST_APPEND, _FAST_COMMIT = 0, 1, 2
