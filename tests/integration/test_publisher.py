@@ -15,8 +15,9 @@ import pytest
 import pytest_asyncio
 from nats.js.client import JetStreamContext
 
+from outbox_rows import append_ready_tasks
 from rhumbatron.actors.actor import Actor
-from rhumbatron.actors.outbox import RowState, append_facts, counts_by_state
+from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.actors.publisher import OutboxPublisher, republish_rows
 from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.actors.shard_commands import AppendChangeEvents
@@ -24,7 +25,7 @@ from rhumbatron.actors.storage import write_transaction
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
-from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import BatchRejectedError, SendRefusedError
 from rhumbatron.messaging.nudge import RecordingNudge
 from rhumbatron.messaging.sender import JetStreamSender, OutgoingMessage, StoredMessage
@@ -85,23 +86,6 @@ def outbox(connection: sqlite3.Connection) -> list[sqlite3.Row]:
 
 def task_facts(count: int, prefix: str = "tsk") -> tuple[ChangeFact, ...]:
     return tuple(ChangeFact("task.ready", {}, task_id=f"{prefix}-{i:03d}") for i in range(count))
-
-
-def append_ready_tasks(
-    app: Rhumbatron, shard: Actor, project: str, task_ids: Sequence[str], clock: ManualClock
-) -> None:
-    """Append a task.ready fact of ``project`` per Task to ``shard``'s outbox, one transaction."""
-    ctx = FactContext(CALLER, project, clock.now())
-    facts = [ctx.fact("task.ready", {}, change_id=f"{project}-chg", task_id=t) for t in task_ids]
-    with write_transaction(shard.connection, shard.path) as db:
-        append_facts(
-            db,
-            facts,
-            owner="resource_shard",
-            project_id=project,
-            now_s=clock.now().timestamp(),
-            max_event_bytes=app.settings.max_event_bytes,
-        )
 
 
 async def eventually(condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
@@ -195,7 +179,7 @@ async def test_two_projects_in_one_outbox_are_capped_separately(
     #   (appended with the outbox's own append_facts, as a multi-project owner would)
     shard = app.resource_shard(WEB, change_resource_key("chg-1"))
     for project in (WEB, BILLING):
-        append_ready_tasks(app, shard, project, [f"tsk-{i:03d}" for i in range(150)], clock)
+        append_ready_tasks(shard, CALLER, project, [f"tsk-{i:03d}" for i in range(150)], clock)
     publisher = await app.publisher()
     # WHEN publish_due runs
     first = await publisher.publish_due(shard)
@@ -541,7 +525,7 @@ async def test_two_projects_of_one_stream_in_one_run_nudge_that_stream_once(
     assert stream_index(mobile) == stream_index(WEB) == 0
     shard = app.resource_shard(WEB, change_resource_key("chg-1"))
     for project in (WEB, mobile):
-        append_ready_tasks(app, shard, project, ["tsk-1"], clock)
+        append_ready_tasks(shard, CALLER, project, ["tsk-1"], clock)
     publisher = await app.publisher()
     # WHEN one publish_due sends both projects' rows
     report = await publisher.publish_due(shard)

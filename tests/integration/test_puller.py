@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -74,10 +73,7 @@ async def test_one_pull_returns_the_whole_batch_when_enough_are_waiting(nc: NATS
 
 def subscriptions(server: NatsServerProcess) -> int:
     """How many subscriptions the server holds, over every connection (``/connz``)."""
-    url = f"http://127.0.0.1:{server.http_port}/connz?subs=1"
-    with urllib.request.urlopen(url, timeout=2) as answer:
-        connz = json.load(answer)
-    return sum(len(c.get("subscriptions_list") or []) for c in connz["connections"])
+    return sum(len(c.get("subscriptions_list") or []) for c in server.connz(subscriptions=True))
 
 
 async def test_a_closed_puller_leaves_no_subscription_and_subscribes_again_when_used(

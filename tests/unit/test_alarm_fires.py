@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from outbox_rows import append_ready_tasks
 from rhumbatron.actors.alarms import AlarmGuard, FireDecision, RecordingAlarmSink
-from rhumbatron.actors.outbox import RowState, append_facts, counts_by_state
+from rhumbatron.actors.outbox import RowState, counts_by_state
 from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.publisher import PublishReport
 from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.actors.shard_commands import AppendChangeEvents
-from rhumbatron.actors.storage import write_transaction
 from rhumbatron.core.clock import ManualClock, utc_day
 from rhumbatron.core.settings import load_settings
 from rhumbatron.domain.changes import ChangeFact
@@ -143,19 +143,8 @@ async def test_a_projects_rows_stored_before_another_project_lost_the_connection
     memory = MemorySender()
     app = runtime(tmp_path, clock, LosesConnectionAfter(memory, stores=1))
     shard = app.resource_shard("lost-p", change_resource_key("chg-1"))
-    with write_transaction(shard.connection, shard.path) as db:
-        for project in ("lost-p", "other-p"):
-            fact = FactContext(CALLER, project, clock.now()).fact(
-                "task.ready", {}, change_id=f"{project}-chg", task_id="t-1"
-            )
-            append_facts(
-                db,
-                [fact],
-                owner="resource_shard",
-                project_id=project,
-                now_s=clock.now().timestamp(),
-                max_event_bytes=app.settings.max_event_bytes,
-            )
+    for project in ("lost-p", "other-p"):
+        append_ready_tasks(shard, CALLER, project, ["t-1"], clock)
     # WHEN the publisher runs: the first project's row is stored, the second's send is lost
     report = await (await app.publisher()).publish_due(shard)
     # THEN the stored row is marked published, and the other waits with no attempt counted

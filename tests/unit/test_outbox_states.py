@@ -20,10 +20,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from outbox_rows import append_ready_tasks
 from rhumbatron.actors.alarms import AlarmGuard, FireDecision, RecordingAlarmSink, alarm_due_at
 from rhumbatron.actors.outbox import (
     RowState,
-    append_facts,
     backoff_s,
     counts_by_state,
     mark_failed,
@@ -41,7 +41,7 @@ from rhumbatron.core.clock import ManualClock, utc_day
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.core.tracing import Span, install_span_sink
 from rhumbatron.domain.changes import ChangeFact
-from rhumbatron.domain.facts import Caller, FactContext
+from rhumbatron.domain.facts import Caller
 from rhumbatron.messaging.sender import (
     HEADER_ALLOWANCE_BYTES,
     FastBatchAck,
@@ -371,19 +371,8 @@ async def test_rows_of_two_projects_failed_unsent_in_one_publish_are_each_counte
     #   publisher bound to neither of their streams
     settings = offline(tmp_path, producer_bindings=(7,))
     shard = change_shard(settings, clock, "chg-1")
-    with write_transaction(shard.connection, shard.path) as db:
-        for project in (PROJECT, "acme-billing"):
-            fact = FactContext(CALLER, project, clock.now()).fact(
-                "task.ready", {}, change_id=f"{project}-chg", task_id="tsk-1"
-            )
-            append_facts(
-                db,
-                [fact],
-                owner="resource_shard",
-                project_id=project,
-                now_s=clock.now().timestamp(),
-                max_event_bytes=settings.max_event_bytes,
-            )
+    for project in (PROJECT, "acme-billing"):
+        append_ready_tasks(shard, CALLER, project, ["tsk-1"], clock)
     # WHEN it publishes
     report = await OutboxPublisher(MemorySender(), settings, clock=clock).publish_due(shard)
     # THEN both rows failed unsent, and the report counts both

@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rhumbatron.errors import LocalStackError
 
@@ -188,10 +189,20 @@ class NatsServerProcess:
             f"nats-server on port {self.port} not healthy after {timeout_s}s ({last_error})"
         )
 
-    def varz(self) -> dict[str, object]:
+    def varz(self) -> dict[str, Any]:
         """The server's ``/varz`` monitoring document."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/varz", timeout=2) as a:
-            return dict(json.load(a))
+        return self._monitoring("varz")
+
+    def connz(self, *, subscriptions: bool = False) -> list[dict[str, Any]]:
+        """The client connections of ``/connz``; with ``subscriptions``, each lists its
+        subscriptions under ``subscriptions_list``."""
+        found = self._monitoring("connz?subs=1" if subscriptions else "connz")["connections"]
+        return list(found or [])
+
+    def _monitoring(self, path: str) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{self.http_port}/{path}"
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return dict(json.load(answer))
 
     def kill(self) -> None:
         """SIGKILL: no flush, no goodbye — what a crash looks like."""
