@@ -160,6 +160,45 @@ async def test_a_refusal_that_comes_after_its_pull_gave_up_does_not_end_the_next
         await puller.close()
 
 
+async def test_a_refusal_that_comes_after_its_own_pull_ended_is_dropped_without_an_error(
+    nats_server: NatsServerProcess,
+) -> None:
+    # GIVEN a client that records what its subscriptions' callbacks raise, a consumer that
+    #   serves at most one message per request, a watcher of every inbox's refusals, and a
+    #   server that stalls
+    raised: list[Exception] = []
+
+    async def record(exc: Exception) -> None:
+        raised.append(exc)
+
+    client = await nats.connect(nats_server.url, error_cb=record)
+    await client.jetstream().add_stream(StreamConfig(name=STREAM, subjects=["pulled.>"]))
+    await one_per_request(client)
+    refused = asyncio.get_running_loop().create_future()
+
+    async def watch(msg: Msg) -> None:
+        if msg.headers and msg.headers.get("Status") == "409" and not refused.done():
+            refused.set_result(msg.subject)
+
+    await client.subscribe("_INBOX.>", cb=watch)
+    puller = Puller(client, STREAM, DURABLE, timeout_s=1.0)
+    nats_server.pause()
+    try:
+        # WHEN a pull asking for five gives up, and the server's refusal then reaches its
+        #   reply subject while no pull is in flight
+        assert await puller.pull(5) == []
+        nats_server.resume()
+        await asyncio.wait_for(refused, 10.0)
+        # (a drain returns once every subscription's callback has handled what it got)
+        await client.drain()
+        # THEN the refusal was dropped quietly: the puller's callback raised nothing
+        assert raised == []
+    finally:
+        nats_server.resume()
+        await puller.close()
+        await client.close()
+
+
 async def test_held_messages_come_first_and_the_server_is_asked_only_for_the_rest(
     nc: NATS,
 ) -> None:
