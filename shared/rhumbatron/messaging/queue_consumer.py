@@ -43,6 +43,7 @@ from rhumbatron.messaging.commands import (
 )
 from rhumbatron.messaging.frames import ack
 from rhumbatron.messaging.pull import Puller, ensure_consumer
+from rhumbatron.messaging.pull import delivery as delivery_of
 from rhumbatron.messaging.streams import COMMAND_STREAM, command_subject
 from rhumbatron.protocol.envelopes import Command
 from rhumbatron.protocol.fast_decode import decode_command
@@ -303,11 +304,12 @@ class QueueConsumerRuntime:
         report: PollReport,
         raw: UndecodableHandler | None,
     ) -> None:
-        metadata = msg.metadata
+        # Read off the reply subject: nats-py's ``metadata`` costs three times as much.
+        stream_seq, delivered = delivery_of(msg)
         delivery = Delivery(
             queue=row.queue,
-            stream_seq=metadata.sequence.stream,
-            delivered=metadata.num_delivered,
+            stream_seq=stream_seq,
+            delivered=delivered,
             max_deliveries=row.max_deliveries,
             headers=dict(msg.headers or {}),
         )
