@@ -195,6 +195,26 @@ def test_a_re_check_leaves_the_survivors_listed_as_equivalent_for_last() -> None
     assert order == [survivor, confirm, listed[1], listed[0]]
 
 
+def test_a_re_check_confirms_the_unlisted_kills_before_the_listed_ones() -> None:
+    # GIVEN three kills to confirm: one listed as equivalent with 1 test, two unlisted with
+    #   3 and 2, and a survivor listed as equivalent with 1 test
+    listed_kill, listed_survivor = f"{P}.x_a__mutmut_1", f"{P}.x_b__mutmut_1"
+    unlisted = [f"{P}.x_c__mutmut_1", f"{P}.x_d__mutmut_1"]
+    tests_of = {listed_kill: ["t"], listed_survivor: ["t"], unlisted[0]: ["t"] * 3}
+    tests_of[unlisted[1]] = ["t"] * 2
+    # WHEN they are ordered for the re-check
+    order = tool.recheck_order(
+        [listed_kill, listed_survivor, *unlisted],
+        [listed_kill, *unlisted],
+        tests_of,
+        [listed_kill, listed_survivor],
+    )
+    # THEN the unlisted kills come first, cheapest first (one that does not confirm is a
+    #   survivor to triage), then the listed kill, though it is the cheapest, then the listed
+    #   survivor
+    assert order == [unlisted[1], unlisted[0], listed_kill, listed_survivor]
+
+
 def test_a_re_check_ends_at_the_per_test_limit_not_when_a_blocked_thread_ends(
     tmp_path: Path,
 ) -> None:
