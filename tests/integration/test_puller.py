@@ -411,3 +411,27 @@ async def test_a_prefetch_delivers_now_what_the_next_pull_hands_out(nc: NATS) ->
         assert [m.data for m in await puller.release()] == [b"m3", b"m4"]
     finally:
         await puller.close()
+
+
+async def test_a_pull_after_a_short_prefetch_asks_the_server_for_the_rest(nc: NATS) -> None:
+    # GIVEN two messages, and a reader whose prefetch of five got only those
+    js = nc.jetstream()
+    for n in range(2):
+        await js.publish("pulled.a", f"m{n}".encode())
+    puller = await reader(nc)
+    try:
+        await puller.prefetch(5)
+        # (the prefetch's request ended: the server delivered the two and waits for no pull)
+        for _ in range(200):
+            info = await js.consumer_info(STREAM, DURABLE)
+            if (info.num_ack_pending, info.num_waiting) == (2, 0):
+                break
+        assert (info.num_ack_pending, info.num_waiting) == (2, 0)
+        # WHEN three more are published, and a pull of five follows
+        for n in range(2, 5):
+            await js.publish("pulled.a", f"m{n}".encode())
+        pulled = await puller.pull(5)
+        # THEN the pull handed out the prefetched two and asked the server for the other three
+        assert [m.data for m in pulled] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+    finally:
+        await puller.close()
