@@ -238,24 +238,56 @@ def test_a_node_that_does_not_answer_is_passed_over_only_while_a_majority_is_ver
     )
     assert verified == {"n1", "n2"}
     # GIVEN one of three verified: refused, saying why each other node was not read
+    down_b = UnsafeStorageError("cannot read http://b:8222/varz (refused)")
     with pytest.raises(UnsafeStorageError) as refused:
         check_durability(
             settings,
             varz_by_url={
                 "http://a:8222": _node("n1"),
-                "http://b:8222": down,
+                "http://b:8222": down_b,
                 "http://c:8222": down,
             },
         )
-    assert str(refused.value).startswith(
+    assert str(refused.value) == (
         "only 1 of the 3 nodes in RHUMBATRON_NATS_MONITOR_URLS could be verified, and a "
-        "majority must be: cannot read http://c:8222/varz (refused)"
+        "majority must be: cannot read http://b:8222/varz (refused); "
+        "cannot read http://c:8222/varz (refused)"
     )
     # GIVEN one of two: not a majority either
     with pytest.raises(UnsafeStorageError, match="only 1 of the 2 nodes"):
         check_durability(
             settings, varz_by_url={"http://a:8222": _node("n1"), "http://b:8222": down}
         )
+
+
+def test_a_node_down_first_in_the_list_does_not_stop_the_others_being_verified(
+    tmp_path: Path,
+) -> None:
+    settings = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3)
+    down = UnsafeStorageError("cannot read http://a:8222/varz (refused)")
+    # GIVEN the first node listed down and the two after it syncing every write
+    verified = check_durability(
+        settings,
+        varz_by_url={
+            "http://a:8222": down,
+            "http://b:8222": _node("n2"),
+            "http://c:8222": _node("n3"),
+        },
+    )
+    # THEN the two after it are verified, and the check passes
+    assert verified == {"n2", "n3"}
+
+
+def test_the_one_node_listed_down_is_refused_with_the_reason_it_was_not_read(
+    tmp_path: Path,
+) -> None:
+    settings = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3)
+    down = UnsafeStorageError("cannot read http://a:8222/varz (refused)")
+    # GIVEN one node listed, and it does not answer
+    with pytest.raises(UnsafeStorageError) as refused:
+        check_durability(settings, varz_by_url={"http://a:8222": down})
+    # THEN the refusal is that node's own: why it could not be read
+    assert refused.value is down
 
 
 def test_a_live_replica_on_a_node_not_verified_is_refused(tmp_path: Path) -> None:
