@@ -4,6 +4,7 @@ names itself, takes several seeds, reconnects for ever and buffers nothing while
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -53,11 +54,12 @@ async def test_the_unavailable_error_names_the_url_the_bound_and_what_failed(
     ), str(refused.value)
 
 
+@pytest.mark.parametrize("separator", [" , ", ","], ids=["spaced", "bare"])
 async def test_the_client_takes_several_comma_separated_seeds_and_names_itself(
-    nats_server: NatsServerProcess, tmp_path: Path
+    nats_server: NatsServerProcess, tmp_path: Path, separator: str
 ) -> None:
     # GIVEN two seeds, the first of which nobody listens on
-    seeds = f"nats://127.0.0.1:{free_port()} , {nats_server.url}"
+    seeds = f"nats://127.0.0.1:{free_port()}{separator}{nats_server.url}"
     settings = load_settings(state_dir=tmp_path, nats_url=seeds, nats_connect_timeout_s=0.5)
     # WHEN a role connects under its name
     nc = await connect_nats(settings, name="rhumbatron-queue-worker")
@@ -99,6 +101,28 @@ async def test_a_connection_reconnects_by_itself_after_a_server_restart(
         nats_server.start()
         # THEN the client gets a round trip through again without being told to reconnect
         assert await _round_trip_within(nc, seconds=10)
+    finally:
+        await nc.close()
+
+
+async def test_a_cut_off_client_tries_its_server_again_every_quarter_second(
+    nats_server: NatsServerProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a connected client, each of whose failed attempts is logged
+    caplog.set_level(logging.DEBUG, logger="rhumbatron.messaging.connection")
+    settings = load_settings(state_dir=tmp_path, nats_url=nats_server.url)
+    nc = await connect_nats(settings, name="cut-off")
+    try:
+        # WHEN its server is down for 1.5 s
+        nats_server.kill()
+        await _until(lambda: nc.is_reconnecting)
+        await asyncio.sleep(1.5)  # the outage's length, not a synchronisation
+        # THEN it tried again about every 0.25 s (six times): a wait of 1.25 s would have
+        #   allowed two
+        attempts = [
+            r for r in caplog.records if r.getMessage().startswith("nats connection cut-off:")
+        ]
+        assert len(attempts) >= 5, [r.getMessage() for r in attempts]
     finally:
         await nc.close()
 

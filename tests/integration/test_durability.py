@@ -3,6 +3,7 @@ few replicas, or a node that holds one and does not sync every write."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from pathlib import Path
@@ -261,7 +262,7 @@ def test_a_node_that_does_not_answer_is_passed_over_only_while_a_majority_is_ver
 
 
 def test_a_node_down_first_in_the_list_does_not_stop_the_others_being_verified(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = load_settings(state_dir=tmp_path, require_durable_jetstream=True, stream_replicas=3)
     down = UnsafeStorageError("cannot read http://a:8222/varz (refused)")
@@ -276,6 +277,16 @@ def test_a_node_down_first_in_the_list_does_not_stop_the_others_being_verified(
     )
     # THEN the two after it are verified, and the check passes
     assert verified == {"n2", "n3"}
+    # AND the node passed over is named in a warning, with why it was not read
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "rhumbatron.messaging.durability" and r.levelno == logging.WARNING
+    ]
+    assert warnings == [
+        "durability check passed over a node that did not answer: "
+        "cannot read http://a:8222/varz (refused)"
+    ]
 
 
 def test_the_one_node_listed_down_is_refused_with_the_reason_it_was_not_read(
