@@ -402,3 +402,51 @@ def test_sqlite_failures_become_errors_that_say_what_to_do() -> None:
     )
     other = sqlite_error(sqlite3.DatabaseError("file is not a database"), path, "opening")
     assert (type(other), str(other)) == (ActorError, f"opening on {path}: file is not a database")
+
+
+def test_a_wal_switch_held_off_by_another_opener_tries_again_within_milliseconds(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    from rhumbatron.actors.storage import _set_journal_mode
+
+    settings = load_settings(state_dir=tmp_path, journal_mode="WAL", network_filesystem=False)
+    # GIVEN a new file another connection is writing (a second opener's schema write)
+    path = tmp_path / "new.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    # (no busy handler, as for a new file's switch to WAL: each refusal comes at once)
+    opener = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=0)
+    attempts: list[float] = []
+    second_attempt = threading.Event()
+
+    def traced(statement: str) -> None:
+        if statement.startswith("PRAGMA journal_mode"):
+            attempts.append(time.monotonic())
+            if len(attempts) == 2:  # the first was refused: the holder may let go now
+                second_attempt.set()
+
+    opener.set_trace_callback(traced)
+    took: list[float] = []
+
+    def switch() -> None:
+        started = time.monotonic()
+        _set_journal_mode(opener, settings)
+        took.append(time.monotonic() - started)
+
+    # WHEN the switch runs while the file is held, and the holder lets go once the switch
+    #   has been refused and is trying again
+    worker = threading.Thread(target=switch)
+    worker.start()
+    try:
+        assert second_attempt.wait(timeout=10), "the switch never tried again"
+    finally:
+        holder.execute("COMMIT")
+        worker.join(timeout=10)
+        holder.close()
+    # THEN it tried again after milliseconds, not after a second's wait, and got WAL
+    assert attempts[1] - attempts[0] < 0.5
+    assert took and took[0] < 0.5
+    assert opener.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    opener.close()
