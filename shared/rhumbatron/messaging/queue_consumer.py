@@ -304,14 +304,10 @@ class QueueConsumerRuntime:
         report: PollReport,
         raw: UndecodableHandler | None,
     ) -> None:
-        # Read off the reply subject: nats-py's ``metadata`` costs five times as much.
-        stream_seq, delivered = delivery_of(msg)
+        # (stream sequence, times delivered) off the reply subject: a fifth of the cost of
+        # nats-py's ``metadata``.
         delivery = Delivery(
-            queue=row.queue,
-            stream_seq=stream_seq,
-            delivered=delivered,
-            max_deliveries=row.max_deliveries,
-            headers=dict(msg.headers or {}),
+            row.queue, *delivery_of(msg), row.max_deliveries, dict(msg.headers or {})
         )
         try:
             command = decode_command(msg.data or b"")
