@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, StreamConfig
 
 from rhumbatron.errors import ConsumerGoneError, MessagingError, NatsUnavailableError
 from rhumbatron.messaging.pull import Puller, delivery, ensure_consumer
@@ -37,6 +37,26 @@ async def reader(nc: NATS, **fields: Any) -> Puller:
     config = ConsumerConfig(durable_name=DURABLE, ack_policy=AckPolicy.EXPLICIT, **fields)
     await ensure_consumer(nc.jetstream(), STREAM, config)
     return Puller(nc, STREAM, DURABLE, timeout_s=5.0)
+
+
+async def publish_numbered(nc: NATS, numbers: range) -> None:
+    """``m<n>`` on ``pulled.a`` for each n of ``numbers``, in order."""
+    js = nc.jetstream()
+    for n in numbers:
+        await js.publish("pulled.a", f"m{n}".encode())
+
+
+async def consumer_reaches(nc: NATS, **counts: int) -> ConsumerInfo:
+    """The consumer's info once its ``counts`` (``num_ack_pending=3``, …) are as given, asked
+    at most 200 times: the server delivers a request on a queue of its own. The caller
+    asserts on what comes back."""
+    js = nc.jetstream()
+    info: ConsumerInfo
+    for _ in range(200):
+        info = await js.consumer_info(STREAM, DURABLE)
+        if all(getattr(info, name) == value for name, value in counts.items()):
+            break
+    return info
 
 
 async def one_per_request(nc: NATS) -> None:
@@ -204,8 +224,7 @@ async def test_held_messages_come_first_and_the_server_is_asked_only_for_the_res
 ) -> None:
     # GIVEN ten messages, and a pull of four whose last two the reader hands back unsettled
     js = nc.jetstream()
-    for n in range(10):
-        await js.publish("pulled.a", f"m{n}".encode())
+    await publish_numbered(nc, range(10))
     puller = await reader(nc)
     try:
         first = await puller.pull(4)
@@ -232,8 +251,7 @@ async def test_held_messages_that_fill_the_pull_are_handed_out_without_asking_th
 ) -> None:
     # GIVEN six messages, and a pull of four whose last two the reader hands back unsettled
     js = nc.jetstream()
-    for n in range(6):
-        await js.publish("pulled.a", f"m{n}".encode())
+    await publish_numbered(nc, range(6))
     puller = await reader(nc)
     try:
         puller.hold((await puller.pull(4))[2:])
@@ -317,17 +335,12 @@ async def test_a_hold_puts_its_messages_ahead_of_those_prefetched_and_loses_none
     nc: NATS,
 ) -> None:
     # GIVEN six messages, a pull of two, and the next four asked for ahead and delivered
-    js = nc.jetstream()
-    for n in range(6):
-        await js.publish("pulled.a", f"m{n}".encode())
+    await publish_numbered(nc, range(6))
     puller = await reader(nc)
     try:
         first = await puller.pull(2)
         await puller.prefetch(6)
-        for _ in range(200):  # the server delivers them on a queue of its own (bounded)
-            info = await js.consumer_info(STREAM, DURABLE)
-            if info.num_ack_pending == 6:
-                break
+        info = await consumer_reaches(nc, num_ack_pending=6)
         assert info.num_ack_pending == 6
         # WHEN the second of the first two is held back, and the reader pulls five
         puller.hold(first[1:])
@@ -341,9 +354,7 @@ async def test_a_messages_delivery_is_read_off_its_reply_subject_as_nats_py_read
     nc: NATS,
 ) -> None:
     # GIVEN messages pulled from a real server, one of them delivered twice
-    js = nc.jetstream()
-    for n in range(3):
-        await js.publish("pulled.a", f"m{n}".encode())
+    await publish_numbered(nc, range(3))
     puller = await reader(nc)
     try:
         first = await puller.pull(3)
@@ -391,18 +402,12 @@ def test_the_common_reply_form_is_read_without_building_nats_pys_metadata() -> N
 
 async def test_a_prefetch_delivers_now_what_the_next_pull_hands_out(nc: NATS) -> None:
     # GIVEN five messages, and a reader that prefetches three
-    js = nc.jetstream()
-    for n in range(5):
-        await js.publish("pulled.a", f"m{n}".encode())
+    await publish_numbered(nc, range(5))
     puller = await reader(nc)
     try:
         await puller.prefetch(3)
-        # THEN the server delivers them at once, before any pull asks (it serves a request
-        #   on a queue of its own: asked a bounded number of times)
-        for _ in range(200):
-            info = await js.consumer_info(STREAM, DURABLE)
-            if info.num_ack_pending == 3:
-                break
+        # THEN the server delivers them at once, before any pull asks
+        info = await consumer_reaches(nc, num_ack_pending=3)
         assert (info.num_ack_pending, info.num_pending) == (3, 2)
         # AND the next pull of three hands out exactly those
         assert [m.data for m in await puller.pull(3)] == [b"m0", b"m1", b"m2"]
@@ -415,21 +420,15 @@ async def test_a_prefetch_delivers_now_what_the_next_pull_hands_out(nc: NATS) ->
 
 async def test_a_pull_after_a_short_prefetch_asks_the_server_for_the_rest(nc: NATS) -> None:
     # GIVEN two messages, and a reader whose prefetch of five got only those
-    js = nc.jetstream()
-    for n in range(2):
-        await js.publish("pulled.a", f"m{n}".encode())
+    await publish_numbered(nc, range(2))
     puller = await reader(nc)
     try:
         await puller.prefetch(5)
         # (the prefetch's request ended: the server delivered the two and waits for no pull)
-        for _ in range(200):
-            info = await js.consumer_info(STREAM, DURABLE)
-            if (info.num_ack_pending, info.num_waiting) == (2, 0):
-                break
+        info = await consumer_reaches(nc, num_ack_pending=2, num_waiting=0)
         assert (info.num_ack_pending, info.num_waiting) == (2, 0)
         # WHEN three more are published, and a pull of five follows
-        for n in range(2, 5):
-            await js.publish("pulled.a", f"m{n}".encode())
+        await publish_numbered(nc, range(2, 5))
         pulled = await puller.pull(5)
         # THEN the pull handed out the prefetched two and asked the server for the other three
         assert [m.data for m in pulled] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
