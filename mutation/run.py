@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# pytest plugins of the re-checks, found by module name (only they are in the folder).
+RECHECK_PLUGINS = Path(__file__).resolve().parent / "plugins"
 WORKSPACES = ROOT / ".mutation"
 EQUIVALENT_LIST = Path(__file__).resolve().parent / "equivalent.txt"
 RESULTS = Path(__file__).resolve().parent / "results.json"
@@ -914,15 +916,36 @@ def _confirmed_recheck(
     workspace: Path, tests: Sequence[str], mutant: str, *, timeout_s: float
 ) -> int:
     """A re-check whose kill is confirmed by a second run: a real-server test that fails once
-    under load must not count a survivor as killed. A kill the second run does not repeat is
-    a survivor, and is said so."""
-    code = _run_recheck(workspace, tests, mutant, timeout_s=timeout_s)
+    under load must not count a survivor as killed. The second run is the test that failed,
+    alone: a connection function's mutant has 300 tests, and the one that hangs may be the
+    last of them. When that test passes alone (it failed only after the tests before it),
+    every test runs again. A kill no second run repeats is a survivor, and is said so."""
+    trace = workspace / "recheck-tmp" / f"{uuid.uuid4().hex[:12]}.trace"
+    try:
+        code = _run_recheck(workspace, tests, mutant, timeout_s=timeout_s, trace=trace)
+        failed = last_started_test(trace)
+    finally:
+        trace.unlink(missing_ok=True)
     if code == 0:
         return 0
+    if failed is not None:
+        again = _run_recheck(workspace, (failed,), mutant, timeout_s=timeout_s)
+        if again != 0:
+            return again
     again = _run_recheck(workspace, tests, mutant, timeout_s=timeout_s)
     if again == 0:
         print(f"  re-check {mutant}: failed once, passed again; counted as a survivor", flush=True)
     return again
+
+
+def last_started_test(trace: Path) -> str | None:
+    """The node ID of the last test a re-check started (the one that failed, under ``-x``),
+    from the file the ``recheck_trace`` plugin wrote; None when no test started."""
+    try:
+        started = trace.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return None
+    return started[-1] if started else None
 
 
 def _run_recheck(
@@ -932,6 +955,7 @@ def _run_recheck(
     *,
     timeout_s: float = 900,
     output: Path | None = None,
+    trace: Path | None = None,
 ) -> int:
     """0 when the re-check tests pass with ``mutant`` on, 1 when one fails, 36 on a timeout.
 
@@ -941,15 +965,21 @@ def _run_recheck(
     timeout, say) would otherwise hold the interpreter's exit, and a worker, until
     ``timeout_s`` (a secrets mutant held one for ten minutes). The run has a temporary
     folder of its own, and whatever still runs from it when the run ends (a nats-server
-    its fixtures did not get to stop) is killed. ``output`` keeps pytest's output.
+    its fixtures did not get to stop) is killed. ``output`` keeps pytest's output; ``trace``
+    gets the node ID of each test as it starts (:func:`last_started_test`).
     """
     env = dict(os.environ)
     # Before the editable install's path: the mutated copy is the one imported.
-    env["PYTHONPATH"] = str((workspace / "mutants" / "src").resolve())
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str((workspace / "mutants" / "src").resolve()), str(RECHECK_PLUGINS)]
+    )
     env["MUTANT_UNDER_TEST"] = mutant
     basetemp = (workspace / "recheck-tmp" / uuid.uuid4().hex[:12]).resolve()
     basetemp.parent.mkdir(parents=True, exist_ok=True)  # pytest makes only the last folder
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+    if trace is not None:
+        env["RECHECK_TRACE"] = str(trace.resolve())
+        command += ["-p", "recheck_trace"]
     command += ["-o", "timeout_method=thread", f"--basetemp={basetemp}"]
     try:
         finished = subprocess.run(

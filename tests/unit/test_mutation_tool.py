@@ -233,13 +233,99 @@ def test_a_re_check_ends_at_the_per_test_limit_not_when_a_blocked_thread_ends(
     # WHEN it is re-checked with a minute to run
     started = time.monotonic()
     log = tmp_path / "recheck.log"
-    code = tool._run_recheck(tmp_path, ["test_blocked.py"], "", timeout_s=60, output=log)
+    trace = tmp_path / "run.trace"
+    code = tool._run_recheck(
+        tmp_path, ["test_blocked.py"], "", timeout_s=60, output=log, trace=trace
+    )
     # THEN the run ends at the limit, a kill (1), not the minute's timeout (36), its output
-    #   kept saying so, and it leaves no temporary folder behind
+    #   kept saying so, its trace naming the test that hung, and it leaves no temporary
+    #   folder behind
     assert code == 1
     assert time.monotonic() - started < 30
     assert "Timeout" in log.read_text()
+    assert tool.last_started_test(trace) == "test_blocked.py::test_waits_on_a_blocked_thread"
     assert list((tmp_path / "recheck-tmp").glob("*")) == []
+
+
+def _recheck_workspace(tmp_path: Path, tests: str) -> Path:
+    """A workspace whose ``mutants`` folder holds ``tests`` as ``test_m.py``; each test that
+    runs appends its name to ``runs.txt`` beside it."""
+    mutants = tmp_path / "mutants"
+    mutants.mkdir()
+    (mutants / "pyproject.toml").write_text("[tool.pytest.ini_options]\ntimeout = 20\n")
+    (mutants / "test_m.py").write_text(
+        "import os, pathlib\n"
+        "RUNS = pathlib.Path(__file__).with_name('runs.txt')\n"
+        "def ran(name):\n"
+        "    with RUNS.open('a') as runs:\n"
+        "        runs.write(name + '\\n')\n"
+        "MUTANT = os.environ['MUTANT_UNDER_TEST']\n\n" + tests
+    )
+    return tmp_path
+
+
+def test_a_re_checks_kill_is_confirmed_by_the_test_that_failed_run_alone(tmp_path: Path) -> None:
+    # GIVEN a re-check of three tests where the second fails with the mutant on
+    workspace = _recheck_workspace(
+        tmp_path,
+        "def test_first(): ran('first')\n"
+        "def test_second(): ran('second'); assert MUTANT != 'm'\n"
+        "def test_third(): ran('third')\n",
+    )
+    # WHEN its kill is confirmed
+    code = tool._confirmed_recheck(workspace, ["test_m.py"], "m", timeout_s=60)
+    # THEN it counts as killed, and the confirmation ran only the test that failed: the
+    #   first ran once, the third (after -x stopped the run) never
+    assert code == 1
+    runs = (workspace / "mutants" / "runs.txt").read_text().split()
+    assert runs == ["first", "second", "second"]
+    assert list((workspace / "recheck-tmp").glob("*")) == []
+
+
+def test_a_kill_its_failing_test_does_not_repeat_alone_is_confirmed_by_every_test_again(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a test that fails with the mutant on only after the test before it ran
+    workspace = _recheck_workspace(
+        tmp_path,
+        "def test_first(): ran('first')\n"
+        "def test_second():\n"
+        "    ran('second')\n"
+        "    assert MUTANT != 'm' or RUNS.read_text().split()[-2:] != ['first', 'second']\n",
+    )
+    # WHEN its kill is confirmed
+    code = tool._confirmed_recheck(workspace, ["test_m.py"], "m", timeout_s=60)
+    # THEN the failing test alone passes, so every test runs again, and the kill counts
+    assert code == 1
+    runs = (workspace / "mutants" / "runs.txt").read_text().split()
+    assert runs == ["first", "second", "second", "first", "second"]
+
+
+def test_a_re_check_that_fails_once_and_passes_again_is_a_survivor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN a test that fails the first time only (as a real-server test may under load)
+    workspace = _recheck_workspace(
+        tmp_path,
+        "def test_flaky():\n"
+        "    first = not RUNS.exists()\n"
+        "    ran('flaky')\n"
+        "    assert not first\n",
+    )
+    # WHEN its kill is confirmed
+    code = tool._confirmed_recheck(workspace, ["test_m.py"], "m", timeout_s=60)
+    # THEN the second run passes, and the mutant is a survivor, said so
+    assert code == 0
+    assert "failed once, passed again" in capsys.readouterr().out
+
+
+def test_the_last_test_a_re_check_started_is_read_from_its_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "run.trace"
+    assert tool.last_started_test(trace) is None  # no test started: no file
+    trace.write_text("")
+    assert tool.last_started_test(trace) is None
+    trace.write_text("test_m.py::test_a\ntest_m.py::test_b[a b]\n")
+    assert tool.last_started_test(trace) == "test_m.py::test_b[a b]"
 
 
 def test_what_still_runs_from_a_re_checks_folder_is_killed_and_nothing_else(
