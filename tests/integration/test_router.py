@@ -14,7 +14,7 @@ import sqlite3
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -47,7 +47,7 @@ from rhumbatron.router.claims import claim_events
 from rhumbatron.router.handlers import AuditArchiver, CausalRouting, NoCausalRules, RunContext
 from rhumbatron.router.maintenance import prune_processed_events, run_maintenance
 from rhumbatron.router.nudge import InProcessNudge
-from rhumbatron.router.records import Outcome, Record, decode_records
+from rhumbatron.router.records import APPLIED, Outcome, Record, RecordOutcome, decode_records
 from rhumbatron.router.reports import RunReport, SweepReport
 from rhumbatron.router.ticks import tick_kind
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
@@ -518,6 +518,62 @@ async def test_with_no_causal_rules_installed_every_event_is_applied_with_no_cla
     assert report.subscriptions[CAUSAL.value].applied == 6
     claims = app.router().stream_state(1).connection
     assert claims.execute("SELECT COUNT(*) FROM processed_events").fetchone()[0] == 0
+
+
+class RulesThatCrashOnce:
+    """Causal rules that act on every Event and raise while routing their first batch (a
+    rule's bug, not an Event's); every Event given after that is routed."""
+
+    def __init__(self) -> None:
+        self.crashed = False
+        self.routed: list[str] = []
+
+    def acts_on(self, event: Event) -> bool:
+        return True
+
+    async def route(
+        self, events: Sequence[Event], traces: Mapping[str, str] | None = None
+    ) -> dict[str, RecordOutcome]:
+        if not self.crashed:
+            self.crashed = True
+            raise RuntimeError("a rule fell over")
+        self.routed += [event.event_id for event in events]
+        return {event.event_id: APPLIED for event in events}
+
+
+async def test_a_crashing_causal_rule_fails_its_events_with_the_reason_and_routes_them_next_run(
+    make_app: AppFactory, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN causal rules that raise while routing the first batch, and one event on stream 0
+    rules = RulesThatCrashOnce()
+    app = await make_app(causal_routing=rules, router_nak_delay_s=0)
+    (project,) = projects_on_stream(0, 1)
+    (event,) = lifecycle(project, clock.now())[:1]
+    await publish(app, [event])
+    # WHEN the stream is nudged
+    with caplog.at_level(logging.ERROR, logger="rhumbatron.router.handlers"):
+        first = (await app.router().nudge(0)).subscriptions[CAUSAL.value]
+    # THEN the run goes on and fails the event (one failure counted, with the rule's error
+    #   as its reason), says so with the traceback, and releases its lease
+    assert (first.applied, first.failed) == (0, 1)
+    state = app.router().stream_state(0)
+    assert state.failures(CAUSAL.value, event.event_id) == 1
+    (reason,) = state.connection.execute(
+        "SELECT last_error FROM k2_batch_failures WHERE consumer = ?", (CAUSAL.value,)
+    ).fetchone()
+    assert reason == "routing failed: a rule fell over"
+    (logged,) = [r for r in caplog.records if r.name == "rhumbatron.router.handlers"]
+    assert logged.getMessage() == "causal routing failed"
+    assert logged.exc_info is not None and str(logged.exc_info[1]) == "a rule fell over"
+    assert causal_claims(app, 0) == set()
+    # WHEN the redelivery comes
+    again = await until(
+        lambda: app.router().nudge(0), lambda r: r.subscriptions[CAUSAL.value].applied > 0
+    )
+    # THEN it is routed, once, and its lease completes
+    assert again.subscriptions[CAUSAL.value].applied == 1
+    assert rules.routed == [event.event_id]
+    assert causal_claims(app, 0) == {event.event_id}
 
 
 async def test_the_causal_router_acks_an_event_no_rule_acts_on_with_no_claim(
