@@ -14,7 +14,9 @@ For each package this
    catalogues are built by helper functions), or state that run left behind, never meets the
    mutant there; a fresh process does. A survivor runs its function's covering tests (mutmut's
    stats); one whose function runs at import, or that no test reached, also runs the plan's
-   re-check files. A kill counts when a second run repeats it;
+   re-check files. A kill counts when a second run repeats it (that run is the test that
+   failed, alone), and a re-check runs first the tests that killed its function's other
+   mutants (``recheck-killers.json`` in the workspace);
 4. prints, per package, the mutants killed, the survivors shown equivalent (one line each in
    ``mutation/equivalent.txt``, or by the one rule applied here: a mutant that only changes
    the case of SQL keywords, tables or columns, which SQLite reads in any case), the
@@ -46,6 +48,7 @@ import sys
 import time
 import tomllib
 import uuid
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -58,6 +61,8 @@ WORKSPACES = ROOT / ".mutation"
 EQUIVALENT_LIST = Path(__file__).resolve().parent / "equivalent.txt"
 RESULTS = Path(__file__).resolve().parent / "results.json"
 STATE = Path(__file__).resolve().parent / "state"
+# In a workspace: the test that killed each mutant a re-check confirmed (``killers_first``).
+KILLERS = "recheck-killers.json"
 SURVIVORS = Path(__file__).resolve().parent / "survivors"
 CONFORMANCE = ROOT / "docs" / "conformance.md"
 _TABLE_BEGIN = "<!-- mutation-table:begin -->"
@@ -736,21 +741,27 @@ def recheck_mutants(
     tests_of = {name: recheck_tests(name, plan, covering, at_import) for name in todo}
     todo = recheck_order(todo, to_confirm, tests_of, listed=read_equivalent_list())
     saved = workspace / "recheck.json"
+    killers_path = workspace / KILLERS
+    killers: dict[str, str] = (
+        json.loads(killers_path.read_text(encoding="utf-8")) if killers_path.exists() else {}
+    )
+
+    def recheck(name: str) -> tuple[int, str | None]:
+        # Ordered as the re-check starts: the kills confirmed meanwhile name their tests.
+        tests = killers_first(tests_of[name], name, dict(killers))
+        return _confirmed_recheck(
+            workspace, (*tests, *source_readers_left_out(plan)), name, timeout_s=timeout_s
+        )
+
     checking_since = time.monotonic()
     with ThreadPoolExecutor(max_workers=max_children) as pool:
-        futures = {
-            pool.submit(
-                _confirmed_recheck,
-                workspace,
-                (*tests_of[name], *source_readers_left_out(plan)),
-                name,
-                timeout_s=timeout_s,
-            ): name
-            for name in todo
-        }
+        futures = {pool.submit(recheck, name): name for name in todo}
         for done, future in enumerate(as_completed(futures), start=1):
             name = futures[future]
-            codes[name] = future.result()
+            codes[name], killer = future.result()
+            if killer is not None:
+                killers[name] = killer
+                killers_path.write_text(json.dumps(killers, indent=1, sort_keys=True), "utf-8")
             verdict = "killed" if codes[name] in _KILLED_CODES else "survived"
             print(f"  re-check {done}/{len(todo)} {name}: {verdict}", flush=True)
             if done % 10 == 0 or done == len(todo):
@@ -914,12 +925,15 @@ def import_time_functions(workspace: Path) -> set[str]:
 
 def _confirmed_recheck(
     workspace: Path, tests: Sequence[str], mutant: str, *, timeout_s: float
-) -> int:
+) -> tuple[int, str | None]:
     """A re-check whose kill is confirmed by a second run: a real-server test that fails once
     under load must not count a survivor as killed. The second run is the test that failed,
     alone: a connection function's mutant has 300 tests, and the one that hangs may be the
     last of them. When that test passes alone (it failed only after the tests before it),
-    every test runs again. A kill no second run repeats is a survivor, and is said so."""
+    every test runs again. A kill no second run repeats is a survivor, and is said so.
+
+    Returns the verdict's code and the test that failed in both runs (None when the kill
+    was not confirmed, or its test is not known)."""
     trace = workspace / "recheck-tmp" / f"{uuid.uuid4().hex[:12]}.trace"
     try:
         code = _run_recheck(workspace, tests, mutant, timeout_s=timeout_s, trace=trace)
@@ -927,15 +941,29 @@ def _confirmed_recheck(
     finally:
         trace.unlink(missing_ok=True)
     if code == 0:
-        return 0
+        return 0, None
     if failed is not None:
         again = _run_recheck(workspace, (failed,), mutant, timeout_s=timeout_s)
         if again != 0:
-            return again
+            return again, failed
     again = _run_recheck(workspace, tests, mutant, timeout_s=timeout_s)
     if again == 0:
         print(f"  re-check {mutant}: failed once, passed again; counted as a survivor", flush=True)
-    return again
+    return again, None
+
+
+def killers_first(tests: Sequence[str], mutant: str, killers: Mapping[str, str]) -> list[str]:
+    """``tests`` with the ones that killed other mutants of ``mutant``'s function first, the
+    most kills first, then the rest in their order. A re-check stops at its first failure,
+    and mutants of one function mostly fall to one test: a kill to confirm of ``consume``
+    runs that test first instead of the 100 before it (and, when it hangs, waits for the
+    per-test limit once, not after them). The tests and their verdicts are the same."""
+    function = function_of(mutant)
+    kills = Counter(
+        test for name, test in killers.items() if function_of(name) == function and test in tests
+    )
+    first = sorted(kills, key=lambda test: (-kills[test], test))
+    return [*first, *(test for test in tests if test not in kills)]
 
 
 def last_started_test(trace: Path) -> str | None:

@@ -273,10 +273,10 @@ def test_a_re_checks_kill_is_confirmed_by_the_test_that_failed_run_alone(tmp_pat
         "def test_third(): ran('third')\n",
     )
     # WHEN its kill is confirmed
-    code = tool._confirmed_recheck(workspace, ["test_m.py"], "m", timeout_s=60)
-    # THEN it counts as killed, and the confirmation ran only the test that failed: the
-    #   first ran once, the third (after -x stopped the run) never
-    assert code == 1
+    code, killer = tool._confirmed_recheck(workspace, ["test_m.py"], "m", timeout_s=60)
+    # THEN it counts as killed by that test, and the confirmation ran only it: the first
+    #   ran once, the third (after -x stopped the run) never
+    assert (code, killer) == (1, "test_m.py::test_second")
     runs = (workspace / "mutants" / "runs.txt").read_text().split()
     assert runs == ["first", "second", "second"]
     assert list((workspace / "recheck-tmp").glob("*")) == []
@@ -294,9 +294,10 @@ def test_a_kill_its_failing_test_does_not_repeat_alone_is_confirmed_by_every_tes
         "    assert MUTANT != 'm' or RUNS.read_text().split()[-2:] != ['first', 'second']\n",
     )
     # WHEN its kill is confirmed
-    code = tool._confirmed_recheck(workspace, ["test_m.py"], "m", timeout_s=60)
+    code, killer = tool._confirmed_recheck(workspace, ["test_m.py"], "m", timeout_s=60)
     # THEN the failing test alone passes, so every test runs again, and the kill counts
-    assert code == 1
+    #   (with no one test to name for it)
+    assert (code, killer) == (1, None)
     runs = (workspace / "mutants" / "runs.txt").read_text().split()
     assert runs == ["first", "second", "second", "first", "second"]
 
@@ -313,10 +314,31 @@ def test_a_re_check_that_fails_once_and_passes_again_is_a_survivor(
         "    assert not first\n",
     )
     # WHEN its kill is confirmed
-    code = tool._confirmed_recheck(workspace, ["test_m.py"], "m", timeout_s=60)
+    code, killer = tool._confirmed_recheck(workspace, ["test_m.py"], "m", timeout_s=60)
     # THEN the second run passes, and the mutant is a survivor, said so
-    assert code == 0
+    assert (code, killer) == (0, None)
     assert "failed once, passed again" in capsys.readouterr().out
+
+
+def test_a_re_check_runs_first_the_tests_that_killed_its_functions_other_mutants() -> None:
+    # GIVEN a function's mutants confirmed killed: two by test_b, one by test_c; another
+    #   function's by test_a; and one killed by a test the next mutant does not run
+    f, g = "rhumbatron.router.records.x_f", "rhumbatron.router.records.x_g"
+    killers = {
+        f"{f}__mutmut_1": "t.py::test_b",
+        f"{f}__mutmut_2": "t.py::test_c",
+        f"{f}__mutmut_3": "t.py::test_b",
+        f"{f}__mutmut_4": "u.py::test_gone",
+        f"{g}__mutmut_1": "t.py::test_a",
+    }
+    tests = ["t.py::test_a", "t.py::test_b", "t.py::test_c", "t.py::test_d"]
+    # WHEN another mutant of f is re-checked
+    ordered = tool.killers_first(tests, f"{f}__mutmut_9", killers)
+    # THEN f's killers run first, the most kills first, then the rest as they were: the
+    #   same tests, none added
+    assert ordered == ["t.py::test_b", "t.py::test_c", "t.py::test_a", "t.py::test_d"]
+    # (a mutant of a function no kill named keeps its order)
+    assert tool.killers_first(tests, "rhumbatron.router.records.x_h__mutmut_1", killers) == tests
 
 
 def test_the_last_test_a_re_check_started_is_read_from_its_trace(tmp_path: Path) -> None:
