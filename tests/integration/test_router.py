@@ -42,7 +42,7 @@ from rhumbatron.product.audit import list_audit, record_audit
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, event_stream_subject, stream_index
 from rhumbatron.reactions.config import ReactionSettings
-from rhumbatron.router.capacity import observed_events_per_day
+from rhumbatron.router.capacity import DRAIN_AT_SHARE, ceilings, observed_events_per_day
 from rhumbatron.router.claims import claim_events
 from rhumbatron.router.handlers import AuditArchiver, CausalRouting, NoCausalRules, RunContext
 from rhumbatron.router.maintenance import prune_processed_events, run_maintenance
@@ -1690,6 +1690,40 @@ async def test_in_drain_mode_one_nudge_drains_the_archive_analytics_and_reaction
     sweep = await app.router().sweep(now=sweep_minute(2))
     # THEN the sweep reports the object it wrote, not the ones the nudge wrote before it
     assert [count for _, count in sweep.archive_objects] == [5]
+
+
+async def test_a_rate_the_streams_were_seen_to_carry_past_the_drain_threshold_turns_drain_mode_on(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN a deployment sized at the spec's default (no drain mode by its sizing), whose
+    #   streams' rate is read over spans as short as 20 ms, and stream 2 carrying events over
+    #   at least that span: millions a day at that pace, far past half the lowest sweep-only
+    #   ceiling (57,550 a day)
+    app = await make_app(router_rate_min_span_s=0.02)
+    (project,) = projects_on_stream(2, 1)
+    nc = await app.nats()
+    for event in wakes(project, clock.now(), 1_000):
+        await publish(app, [event])
+        if await observed_events_per_day(nc, min_span_s=0.02) > 0:
+            break
+    else:
+        raise AssertionError("1,000 events did not span 20 ms")
+    rate = await observed_events_per_day(nc, min_span_s=0.02)
+    assert rate > DRAIN_AT_SHARE * ceilings(app.settings).analytics_events_per_day
+    # (before any sweep measured it, a nudge does not drain)
+    before = await app.router().nudge(2)
+    assert Subscription.AUDIT_ARCHIVER.value not in before.subscriptions
+    # WHEN a sweep measures the rate, then more events come and the stream is nudged
+    await app.router().sweep(now=sweep_minute(2))
+    await publish(app, more_wakes(project, clock))
+    report = await app.router().nudge(2)
+    # THEN the nudge drains the archive, analytics and reactions: the rate seen counts
+    for subscription in (
+        Subscription.AUDIT_ARCHIVER,
+        Subscription.ANALYTICS_PROJECTOR,
+        Subscription.REACTIONS,
+    ):
+        assert report.subscriptions[subscription.value].applied == 5, subscription
 
 
 async def test_in_drain_mode_a_nudge_told_to_stop_drains_nothing(
