@@ -2297,6 +2297,37 @@ async def test_a_daily_tick_whose_archive_expiry_fails_logs_it_and_does_the_rest
     assert "NoSuchBucket" in said or "does not exist" in said
 
 
+async def test_a_claims_file_held_under_the_causal_router_retries_its_batch_naming_the_error(
+    make_app: AppFactory, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a project's history on stream 0 (two of its six events routed by the rules), and
+    #   the stream's state file, where the causal router takes its leases, held by another
+    #   writer
+    app = await make_app(router_nak_delay_s=0, sqlite_busy_timeout_ms=0)
+    (project,) = projects_on_stream(0, 1)
+    events = lifecycle(project, clock.now())
+    await publish(app, events)
+    state = app.router().stream_state(0)
+    assert state.connection is not None  # opening makes the file
+    # WHEN the stream is nudged
+    with caplog.at_level(logging.WARNING), held_by_another_writer(state.path):
+        report = await app.router().nudge(0)
+    # THEN the causal router retries the whole batch, counting no failure, and says why for
+    #   each event: the error's type and words; the projector, on its own file, applied them
+    causal = report.subscriptions[CAUSAL.value]
+    assert (causal.retried, causal.applied, causal.failed) == (6, 0, 0)
+    assert failures_counted(app, 0) == 0
+    assert report.subscriptions[PROJECTOR.value].applied == 6
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{CAUSAL} ")]
+    assert len(said) == 6
+    for line, event in zip(said, events, strict=True):
+        why = f"ActorBusyError: SQLite file {state.path} is held by another writer"
+        assert line.startswith(f"{CAUSAL} retries {event.event_id}: {why}"), line
+    # AND once the file is free the batch is routed, the routed events leased once
+    await until(lambda: app.router().nudge(0), lambda r: r.subscriptions[CAUSAL.value].applied > 0)
+    assert len(causal_claims(app, 0)) == ROUTED_IN_LIFECYCLE
+
+
 async def test_a_failure_that_cannot_be_counted_is_logged_and_the_record_nacked_not_acked(
     make_app: AppFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
