@@ -350,37 +350,41 @@ def test_a_secret_is_kept_for_its_max_age_then_read_again(secrets: Any) -> None:
     assert cache.read(arn, what="a test secret", timeout_s=1.0) == "second-value"
 
 
-async def _reconnected(nc: Any, within_s: float = 10.0) -> None:
-    """Wait until the client has reconnected by itself (or ``within_s`` is up: the flush
-    after it then fails and says so)."""
+async def _reconnected(nc: Any, within_s: float = 10.0, times: int = 1) -> None:
+    """Wait until the client has reconnected by itself ``times`` times in all (or
+    ``within_s`` is up: the flush after it then fails and says so)."""
     until = time.monotonic() + within_s
-    while not (nc.is_connected and nc.stats["reconnects"]) and time.monotonic() < until:
+    while not (nc.is_connected and nc.stats["reconnects"] >= times) and (time.monotonic() < until):
         await asyncio.sleep(0.05)
 
 
+def _authorization(credentials: dict[str, str]) -> str:
+    """nats-server's ``authorization`` block admitting ``credentials``."""
+    return ", ".join(f"{name}: {value}" for name, value in credentials.items())
+
+
 @pytest.mark.parametrize(
-    ("kept", "rotated", "admits"),
+    ("kept", "rotations"),
     [
-        ({"token": TOKEN}, {"token": f"{TOKEN}-rotated"}, f"token: {TOKEN}-rotated"),
+        ({"token": TOKEN}, [{"token": f"{TOKEN}-rotated"}, {"token": f"{TOKEN}-again"}]),
         (
             {"user": USER, "password": PASSWORD},
-            {"user": USER, "password": f"{PASSWORD}-rotated"},
-            f"user: {USER}, password: {PASSWORD}-rotated",
+            [
+                {"user": USER, "password": f"{PASSWORD}-rotated"},
+                {"user": USER, "password": f"{PASSWORD}-again"},
+            ],
         ),
     ],
     ids=["token", "user-and-password"],
 )
 def test_rotated_credentials_are_presented_at_the_reconnect_after_the_max_age(
-    tmp_path: Path, secrets: Any, kept: dict[str, str], rotated: dict[str, str], admits: str
+    tmp_path: Path, secrets: Any, kept: dict[str, str], rotations: list[dict[str, str]]
 ) -> None:
     # GIVEN a client connected with the credentials of the secret, kept 60 s
     clock = ManualClock()
     cache = SecretCache(clock, max_age_s=60)
     arn = _secret(secrets, json.dumps(kept))
-    server = AuthNatsServer(
-        store_dir=tmp_path / "nats",
-        authorization=", ".join(f"{name}: {value}" for name, value in kept.items()),
-    )
+    server = AuthNatsServer(store_dir=tmp_path / "nats", authorization=_authorization(kept))
     server.start()
     settings = _settings(tmp_path, server.url, nats_credentials_secret_arn=arn)
 
@@ -388,17 +392,19 @@ def test_rotated_credentials_are_presented_at_the_reconnect_after_the_max_age(
         nc = await connect_nats(settings, secrets=cache)
         try:
             await nc.flush(timeout=2)
-            # WHEN they are rotated (the secret, then the server, restarted on its port)
-            # and the kept ones are older than the max age
-            secrets.put_secret_value(SecretId=arn, SecretString=json.dumps(rotated))
-            clock.advance(61)
-            server.stop()
-            server.authorization = admits
-            server.start()
-            # THEN the client reconnects by itself with the new ones, in the same process
-            await _reconnected(nc)
-            await nc.flush(timeout=2)
-            assert nc.stats["reconnects"] >= 1
+            for number, rotated in enumerate(rotations, start=1):
+                # WHEN they are rotated (the secret, then the server, restarted on its port)
+                # and the kept ones are older than the max age: twice
+                secrets.put_secret_value(SecretId=arn, SecretString=json.dumps(rotated))
+                clock.advance(61)
+                server.stop()
+                server.authorization = _authorization(rotated)
+                server.start()
+                # THEN the client reconnects by itself with the new ones, in the same
+                #   process, each time
+                await _reconnected(nc, times=number)
+                assert nc.is_connected and nc.stats["reconnects"] >= number
+                await nc.flush(timeout=2)
         finally:
             await nc.close()
 
