@@ -855,6 +855,22 @@ async def test_a_failing_record_is_counted_and_redelivered_only_after_the_nack_d
     assert [(a.stream_seq, a.delay_s) for a in naks] == [(2, 30.0)]
 
 
+async def test_every_failing_record_of_a_fetch_counts_in_the_runs_report(
+    make_app: AppFactory,
+) -> None:
+    # GIVEN three records that do not decode, on stream 0
+    app = await make_app()
+    for number in range(3):
+        await publish_raw(app, 0, b"{not json", msg_id=f"poison-{number}")
+    # WHEN the stream is nudged
+    report = await app.router().nudge(0)
+    # THEN each subscription's report counts the three failures, as the stream state does
+    state = app.router().stream_state(0)
+    for subscription in (PROJECTOR, CAUSAL):
+        assert report.subscriptions[subscription.value].failed == 3, subscription
+        assert [state.failures(subscription.value, f"poison-{n}") for n in range(3)] == [1] * 3
+
+
 async def test_the_fifth_failure_makes_a_poison_dead_letter_and_acks_it(
     make_app: AppFactory,
 ) -> None:
