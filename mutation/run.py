@@ -365,6 +365,10 @@ PLANS: dict[str, PackagePlan] = {
                 # from the API call to its release links them (3 s).
                 "tests/e2e/test_change_trace.py",
             ),
+            # The crash point before the ack, in a router process of its own.
+            "settling": (
+                "tests/faults/test_router_faults.py::test_router_killed_mid_batch_loses_and_doubles_no_effect[projector-before_ack]",
+            ),
         },
         recheck=(
             "tests/unit/test_project_view.py",

@@ -551,7 +551,8 @@ async def test_a_crashing_causal_rule_fails_its_events_with_the_reason_and_route
     (event,) = lifecycle(project, clock.now())[:1]
     await publish(app, [event])
     # WHEN the stream is nudged
-    with caplog.at_level(logging.ERROR, logger="rhumbatron.router.handlers"):
+    caplog.handler.addFilter(CorrelationIdFilter())
+    with caplog.at_level(logging.WARNING):
         first = (await app.router().nudge(0)).subscriptions[CAUSAL.value]
     # THEN the run goes on and fails the event (one failure counted, with the rule's error
     #   as its reason), says so with the traceback, and releases its lease
@@ -565,6 +566,9 @@ async def test_a_crashing_causal_rule_fails_its_events_with_the_reason_and_route
     (logged,) = [r for r in caplog.records if r.name == "rhumbatron.router.handlers"]
     assert logged.getMessage() == "causal routing failed"
     assert logged.exc_info is not None and str(logged.exc_info[1]) == "a rule fell over"
+    # (the failure's count is a warning carrying the event's correlation ID, for the search)
+    (counted,) = [r for r in caplog.records if r.getMessage().startswith(f"{CAUSAL} failed ")]
+    assert getattr(counted, "correlation_id", None) == event.correlation_id
     assert causal_claims(app, 0) == set()
     # WHEN the redelivery comes
     again = await until(
@@ -645,6 +649,24 @@ async def test_a_record_settled_with_a_warning_logs_its_events_correlation_id(
     # THEN the warning saying so carries the event's correlation ID, for the log search
     [warned] = [r for r in caplog.records if " retries " in r.getMessage()]
     assert getattr(warned, "correlation_id", None) == event.correlation_id == CALLER.correlation_id
+
+
+async def test_a_record_left_to_retry_is_nacked_with_the_nack_delay(
+    make_app: AppFactory, clock: ManualClock, acks: AckTap
+) -> None:
+    # GIVEN an event on stream 0 and its view file held by another writer
+    app = await make_app(sqlite_busy_timeout_ms=0)
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, lifecycle(project, clock.now())[:1])
+    store = app.router().projector.views(0)
+    assert store.connection is not None  # opening makes the file
+    # WHEN a nudge cannot apply it
+    with held_by_another_writer(store.path):
+        report = await app.router().nudge(0)
+    # THEN the projector leaves it to retry, nacked with the 30 s delay (not at once)
+    assert report.subscriptions[PROJECTOR.value].retried == 1
+    naks = [a for a in await acks.seen(app, consumer=PROJECTOR.value) if a.kind == "-NAK"]
+    assert [(a.stream_seq, a.delay_s) for a in naks] == [(1, 30.0)]
 
 
 async def test_the_apply_cap_defers_events_without_counting_a_failure(
