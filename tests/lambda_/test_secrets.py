@@ -448,6 +448,41 @@ def test_a_credentials_secret_that_cannot_be_read_again_keeps_the_last_ones(
     assert TOKEN not in caplog.text
 
 
+def test_a_credentials_secret_rotated_to_something_unusable_keeps_the_last_ones(
+    tmp_path: Path, secrets: Any, token_server: AuthNatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a client connected with the token of the secret, kept 60 s
+    clock = ManualClock()
+    cache = SecretCache(clock, max_age_s=60)
+    arn = _secret(secrets, json.dumps({"token": TOKEN}))
+    settings = _settings(tmp_path, token_server.url, nats_credentials_secret_arn=arn)
+
+    async def spoil_the_secret_and_reconnect() -> None:
+        nc = await connect_nats(settings, secrets=cache)
+        try:
+            await nc.flush(timeout=2)
+            # WHEN the secret is rotated to text that is not JSON, the kept token is past
+            #   its max age, and the server restarts (still admitting the token)
+            secrets.put_secret_value(SecretId=arn, SecretString="not json")
+            clock.advance(61)
+            token_server.stop()
+            token_server.start()
+            await _reconnected(nc)
+            # THEN the client reconnects with the token it had
+            assert nc.is_connected and nc.stats["reconnects"] >= 1
+            await nc.flush(timeout=2)
+        finally:
+            await nc.close()
+
+    with caplog.at_level(logging.WARNING, logger="rhumbatron.messaging.connection"):
+        asyncio.run(spoil_the_secret_and_reconnect())
+    # AND says why, naming the secret (never a value)
+    (said,) = [r.getMessage() for r in caplog.records if "reconnecting with" in r.getMessage()]
+    assert said.startswith(f"the NATS credentials secret {arn} is not JSON")
+    assert said.endswith("; reconnecting with the credentials read before")
+    assert TOKEN not in caplog.text
+
+
 @pytest.mark.skipif(importlib.util.find_spec("nkeys") is not None, reason="nkeys is installed here")
 @pytest.mark.parametrize("shape", ["nkey_seed", "creds"])
 def test_an_nkey_secret_without_the_nkeys_package_says_what_to_install(
