@@ -893,6 +893,23 @@ async def test_every_failing_record_of_a_fetch_counts_in_the_runs_report(
         assert [state.failures(subscription.value, f"poison-{n}") for n in range(3)] == [1] * 3
 
 
+async def test_every_record_of_a_fetch_dead_lettered_counts_in_the_runs_report(
+    make_app: AppFactory,
+) -> None:
+    # GIVEN three records that do not decode, on stream 0, where the first failure is the
+    #   last one allowed
+    app = await make_app(router_max_failures=1)
+    for number in range(3):
+        await publish_raw(app, 0, b"{not json", msg_id=f"poison-{number}")
+    # WHEN the stream is nudged
+    report = await app.router().nudge(0)
+    # THEN each subscription's report counts the three dead letters its run wrote
+    for subscription in (PROJECTOR, CAUSAL):
+        assert report.subscriptions[subscription.value].dead_lettered == 3, subscription
+    letters = app.product().connection.execute("SELECT COUNT(*) FROM dead_letters").fetchone()
+    assert letters[0] == 6
+
+
 async def test_the_fifth_failure_makes_a_poison_dead_letter_and_acks_it(
     make_app: AppFactory,
 ) -> None:

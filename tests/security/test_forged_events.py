@@ -332,7 +332,11 @@ async def test_an_archive_replay_refuses_a_forged_event_archived_before_the_chec
 
 
 async def test_a_root_that_cannot_be_read_now_retries_its_record_and_fails_nothing(
-    tmp_path: Path, settings: Settings, clock: ManualClock, s3_server: S3ServerProcess
+    tmp_path: Path,
+    settings: Settings,
+    clock: ManualClock,
+    s3_server: S3ServerProcess,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # GIVEN the deployed journal mode (EFS: DELETE, where a writer blocks readers), and
     # globex's root held by a writer past the busy timeout
@@ -361,6 +365,14 @@ async def test_a_root_that_cannot_be_read_now_retries_its_record_and_fails_nothi
         state = world.app.router().stream_state(STREAM).connection
         assert state.execute("SELECT COUNT(*) FROM k2_batch_failures").fetchone()[0] == 0
         assert _letters(world) == []
+        # AND each retry says why: the root that could not be read, for which event
+        why = (
+            f"{Subscription.PROJECT_VIEW_PROJECTOR} retries {globex.event_id}: cannot read the "
+            f"root of project {OTHER_PROJECT} to check the tenant of event {globex.event_id}: "
+        )
+        said = [r.getMessage() for r in caplog.records if " retries " in r.getMessage()]
+        assert len(said) == ENOUGH + 1
+        assert all(line.startswith(why) for line in said), said[0]
         # AND once the root is free, globex's event applies
         holder.execute("ROLLBACK")
         holder.close()
