@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import io
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,31 @@ async def test_a_view_file_deleted_under_a_warm_router_is_rebuilt_from_the_strea
     assert after[projects[1]] == before[projects[1]]
     assert after[projects[0]]["eventsApplied"] == 8
     assert len(after[projects[0]]["feed"]) == 8
+    assert not app.router().projector.views(STREAM).lost
+
+
+async def test_a_lost_view_file_with_no_rebuild_wired_is_said_and_filled_from_then_on(
+    make_app: AppFactory, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN two projects' histories applied by a warm router built with no rebuild of lost
+    #   views (the composition root wires one; a router may be built without)
+    app = await make_app()
+    app.router().rebuild_lost_views = None
+    projects = await history_on_stream(app, clock)
+    await app.router().nudge(STREAM)
+
+    # WHEN the stream's view file is deleted under it, and more events come and are nudged
+    view_store_path(app.settings, STREAM).unlink()
+    more = lifecycle(projects[0], clock.now(), change="chg-2")[1:3]
+    await publish(app, more)
+    with caplog.at_level(logging.ERROR, logger="rhumbatron.router.event_router"):
+        await app.router().nudge(STREAM)
+        await app.router().nudge(STREAM)
+
+    # THEN it says so once, naming the stream, and the views hold only what came since
+    said = [r.getMessage() for r in caplog.records if r.name == "rhumbatron.router.event_router"]
+    assert said == [f"the views of stream {STREAM} were lost and no rebuild is wired"]
+    assert view_state(app, projects[0])["eventsApplied"] == 2
     assert not app.router().projector.views(STREAM).lost
 
 
