@@ -65,7 +65,7 @@ async def rebuilt_elsewhere(
 
 
 async def test_a_view_file_deleted_under_a_warm_router_is_rebuilt_from_the_stream(
-    make_app: AppFactory, clock: ManualClock
+    make_app: AppFactory, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN two projects' histories applied by a warm router
     app = await make_app()
@@ -78,9 +78,13 @@ async def test_a_view_file_deleted_under_a_warm_router_is_rebuilt_from_the_strea
     view_store_path(app.settings, STREAM).unlink()
     more = lifecycle(projects[0], clock.now(), change="chg-2")[1:3]
     await publish(app, more)
-    await app.router().nudge(STREAM)
+    with caplog.at_level(logging.WARNING, logger="rhumbatron.router.event_router"):
+        await app.router().nudge(STREAM)
 
-    # THEN the views were rebuilt from the stream before the new events were applied: every
+    # THEN it says so, naming the stream
+    said = [r.getMessage() for r in caplog.records if r.name == "rhumbatron.router.event_router"]
+    assert said == [f"rebuilding the views of stream {STREAM} from the log"]
+    # AND the views were rebuilt from the stream before the new events were applied: every
     # event is in its view once
     after = {p: view_state(app, p) for p in projects}
     assert after[projects[1]] == before[projects[1]]
