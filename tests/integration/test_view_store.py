@@ -93,6 +93,27 @@ async def test_a_view_file_deleted_under_a_warm_router_is_rebuilt_from_the_strea
     assert not app.router().projector.views(STREAM).lost
 
 
+async def test_a_lost_view_file_another_reader_noticed_first_is_still_rebuilt(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN two projects' histories applied by a warm router, whose view file is deleted and
+    #   found missing by another of its readers first (the store opens a fresh file then)
+    app = await make_app()
+    projects = await history_on_stream(app, clock)
+    await app.router().nudge(STREAM)
+    before = view_state(app, projects[1])
+    view_store_path(app.settings, STREAM).unlink()
+    store = app.router().projector.views(STREAM)
+    assert not store.check_file() and store.lost
+    # WHEN more events come and the stream is nudged
+    await publish(app, lifecycle(projects[0], clock.now(), change="chg-2")[1:3])
+    await app.router().nudge(STREAM)
+    # THEN the views were rebuilt from the stream all the same
+    assert view_state(app, projects[0])["eventsApplied"] == 8
+    assert view_state(app, projects[1]) == before
+    assert not store.lost
+
+
 async def test_a_lost_view_file_with_no_rebuild_wired_is_said_and_filled_from_then_on(
     make_app: AppFactory, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
