@@ -93,6 +93,23 @@ async def test_a_view_file_deleted_under_a_warm_router_is_rebuilt_from_the_strea
     assert not app.router().projector.views(STREAM).lost
 
 
+async def test_the_claims_of_more_events_than_one_query_takes_are_all_found(
+    make_app: AppFactory,
+) -> None:
+    # GIVEN 1,000 events the projector has claimed (dead letters' marks), more than the 400
+    #   one query asks about, and 5 it has not
+    app = await make_app()
+    store = app.router().projector.views(STREAM)
+    claimed = [f"evt_{n:032x}" for n in range(1_000)]
+    store.mark_processed(claimed, now_s=0.0)
+    unclaimed = [f"evt_{n:032x}" for n in range(1_000, 1_005)]
+    # WHEN their claims are read, in one call
+    states = store.claim_states([*unclaimed, *claimed])
+    # THEN every claimed one is found, to the last, and none of the others
+    assert set(states) == set(claimed)
+    assert set(states.values()) == {("done", None)}
+
+
 async def test_a_lost_view_file_another_reader_noticed_first_is_still_rebuilt(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
