@@ -1698,6 +1698,12 @@ async def test_a_consumer_deleted_under_a_warm_router_is_created_again_without_d
 
 #: Above half of the sweep-only ceilings (analytics': 1,151 ticks × 100 = 115,100 a day).
 SIZED_FOR_DRAIN_MODE = {"expected_events_per_day": 1_000_000}
+#: The subscriptions a nudge drains after the projector and the causal router in drain mode.
+DRAINED_BY_A_NUDGE = (
+    Subscription.AUDIT_ARCHIVER,
+    Subscription.ANALYTICS_PROJECTOR,
+    Subscription.REACTIONS,
+)
 
 
 def archived_ids(app: Rhumbatron) -> Counter[str]:
@@ -1731,11 +1737,7 @@ async def test_in_drain_mode_one_nudge_drains_the_archive_analytics_and_reaction
     # WHEN the stream is nudged once
     report = await app.router().nudge(2)
     # THEN the archiver, analytics and reactions took every event, as the projector did
-    for subscription in (
-        Subscription.AUDIT_ARCHIVER,
-        Subscription.ANALYTICS_PROJECTOR,
-        Subscription.REACTIONS,
-    ):
+    for subscription in DRAINED_BY_A_NUDGE:
         assert report.subscriptions[subscription.value].applied == 350, subscription
     # AND the archive holds each event exactly once, across its objects
     assert archived_ids(app) == Counter(e.event_id for e in events)
@@ -1773,11 +1775,7 @@ async def test_a_rate_the_streams_were_seen_to_carry_past_the_drain_threshold_tu
     await publish(app, more_wakes(project, clock))
     report = await app.router().nudge(2)
     # THEN the nudge drains the archive, analytics and reactions: the rate seen counts
-    for subscription in (
-        Subscription.AUDIT_ARCHIVER,
-        Subscription.ANALYTICS_PROJECTOR,
-        Subscription.REACTIONS,
-    ):
+    for subscription in DRAINED_BY_A_NUDGE:
         assert report.subscriptions[subscription.value].applied == 5, subscription
 
 

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -414,33 +414,49 @@ def test_rotated_credentials_are_presented_at_the_reconnect_after_the_max_age(
         server.stop()
 
 
-def test_a_credentials_secret_that_cannot_be_read_again_keeps_the_last_ones(
-    tmp_path: Path, secrets: Any, token_server: AuthNatsServer, caplog: pytest.LogCaptureFixture
-) -> None:
-    # GIVEN a client connected with the token of the secret, kept 60 s
+def _reconnect_with_the_kept_token(
+    tmp_path: Path, secrets: Any, token_server: AuthNatsServer, spoil: Callable[[str], object]
+) -> str:
+    """A client connected with the token of a secret kept 60 s; then ``spoil`` does to the
+    secret (by its ARN) what the test says, the kept token passes its max age and the server
+    restarts, still admitting the token. Asserts the client reconnected with the token it
+    had; returns the secret's ARN."""
     clock = ManualClock()
     cache = SecretCache(clock, max_age_s=60)
     arn = _secret(secrets, json.dumps({"token": TOKEN}))
     settings = _settings(tmp_path, token_server.url, nats_credentials_secret_arn=arn)
 
-    async def lose_the_secret_and_reconnect() -> None:
+    async def spoil_and_reconnect() -> None:
         nc = await connect_nats(settings, secrets=cache)
         try:
             await nc.flush(timeout=2)
-            # WHEN the secret can no longer be read, the kept token is past its max age, and
-            # the server restarts (still admitting the token)
-            secrets.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
+            spoil(arn)
             clock.advance(61)
             token_server.stop()
             token_server.start()
             await _reconnected(nc)
-            # THEN the client reconnects with the token it had, and says why
+            assert nc.is_connected and nc.stats["reconnects"] >= 1
             await nc.flush(timeout=2)
-            assert nc.stats["reconnects"] >= 1
         finally:
             await nc.close()
 
-    asyncio.run(lose_the_secret_and_reconnect())
+    asyncio.run(spoil_and_reconnect())
+    return arn
+
+
+def test_a_credentials_secret_that_cannot_be_read_again_keeps_the_last_ones(
+    tmp_path: Path, secrets: Any, token_server: AuthNatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a client connected with the token of the secret, kept 60 s
+    # WHEN the secret can no longer be read, the kept token is past its max age, and the
+    #   server restarts (still admitting the token)
+    # THEN the client reconnects with the token it had, and says why
+    arn = _reconnect_with_the_kept_token(
+        tmp_path,
+        secrets,
+        token_server,
+        lambda arn: secrets.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True),
+    )
     assert (
         "cannot read the NATS credentials (RHUMBATRON_NATS_CREDENTIALS_SECRET_ARN) from the "
         f"Secrets Manager secret {arn}"
@@ -452,30 +468,16 @@ def test_a_credentials_secret_rotated_to_something_unusable_keeps_the_last_ones(
     tmp_path: Path, secrets: Any, token_server: AuthNatsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     # GIVEN a client connected with the token of the secret, kept 60 s
-    clock = ManualClock()
-    cache = SecretCache(clock, max_age_s=60)
-    arn = _secret(secrets, json.dumps({"token": TOKEN}))
-    settings = _settings(tmp_path, token_server.url, nats_credentials_secret_arn=arn)
-
-    async def spoil_the_secret_and_reconnect() -> None:
-        nc = await connect_nats(settings, secrets=cache)
-        try:
-            await nc.flush(timeout=2)
-            # WHEN the secret is rotated to text that is not JSON, the kept token is past
-            #   its max age, and the server restarts (still admitting the token)
-            secrets.put_secret_value(SecretId=arn, SecretString="not json")
-            clock.advance(61)
-            token_server.stop()
-            token_server.start()
-            await _reconnected(nc)
-            # THEN the client reconnects with the token it had
-            assert nc.is_connected and nc.stats["reconnects"] >= 1
-            await nc.flush(timeout=2)
-        finally:
-            await nc.close()
-
+    # WHEN the secret is rotated to text that is not JSON, the kept token is past its max
+    #   age, and the server restarts (still admitting the token)
+    # THEN the client reconnects with the token it had
     with caplog.at_level(logging.WARNING, logger="rhumbatron.messaging.connection"):
-        asyncio.run(spoil_the_secret_and_reconnect())
+        arn = _reconnect_with_the_kept_token(
+            tmp_path,
+            secrets,
+            token_server,
+            lambda arn: secrets.put_secret_value(SecretId=arn, SecretString="not json"),
+        )
     # AND says why, naming the secret (never a value)
     (said,) = [r.getMessage() for r in caplog.records if "reconnecting with" in r.getMessage()]
     assert said.startswith(f"the NATS credentials secret {arn} is not JSON")
