@@ -20,13 +20,13 @@ from project_roots import restore_project_roots
 from rhumbatron.cli import main
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.errors import MessagingError, ReplayError
-from rhumbatron.protocol.ids import event_stream_name, stream_index
+from rhumbatron.protocol.ids import EVENT_STREAM_COUNT, event_stream_name, stream_index
 from rhumbatron.router.view_store import view_store_path
 from rhumbatron.router.views import rebuild_views
 from rhumbatron.runtime.bootstrap import Rhumbatron
 
 from . import test_router
-from .test_router import AppFactory, lifecycle, projects_on_stream, publish
+from .test_router import PROJECTOR, AppFactory, lifecycle, projects_on_stream, publish
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +91,43 @@ async def test_a_view_file_deleted_under_a_warm_router_is_rebuilt_from_the_strea
     assert after[projects[0]]["eventsApplied"] == 8
     assert len(after[projects[0]]["feed"]) == 8
     assert not app.router().projector.views(STREAM).lost
+
+
+async def test_a_lost_view_file_rebuilds_its_own_stream_and_leaves_the_others_alone(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN histories on two streams, applied by a warm router an hour ago
+    app = await make_app()
+    other = (STREAM + 3) % EVENT_STREAM_COUNT
+    (elsewhere,) = projects_on_stream(other, 1)
+    await history_on_stream(app, clock)
+    await publish(app, lifecycle(elsewhere, clock.now()))
+    await app.router().nudge(STREAM)
+    await app.router().nudge(other)
+    other_store = app.router().projector.views(other)
+
+    def feed_elsewhere() -> list[tuple[Any, ...]]:
+        """The other stream's feed with the apply times its retention counts from."""
+        rows = other_store.connection.execute(
+            "SELECT event_id, stream_seq, applied_at_s FROM project_events ORDER BY stream_seq"
+        )
+        return [tuple(r) for r in rows]
+
+    applied_elsewhere = feed_elsewhere()
+    assert len(applied_elsewhere) == 6
+    clock.advance(3600)
+
+    # WHEN the first stream's view file is deleted under it, and that stream is nudged
+    view_store_path(app.settings, STREAM).unlink()
+    await app.router().nudge(STREAM)
+
+    # THEN only that stream was rebuilt: the other stream's feed keeps its rows as they were
+    #   applied, an hour ago (a rebuild would apply them again now and restart their
+    #   retention), and its projector has nothing to apply again
+    assert feed_elsewhere() == applied_elsewhere
+    js = (await app.nats()).jetstream()
+    info = await js.consumer_info(event_stream_name(other), PROJECTOR.value)
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)
 
 
 async def test_the_claims_of_more_events_than_one_query_takes_are_all_found(

@@ -485,6 +485,116 @@ def test_a_credentials_secret_rotated_to_something_unusable_keeps_the_last_ones(
     assert TOKEN not in caplog.text
 
 
+class _ScriptedSecretsManager:
+    """A Secrets Manager endpoint on loopback that answers every ``GetSecretValue`` with
+    ``value``, or, while :meth:`go_silent` holds, takes each request and never answers."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+        self._answering = threading.Event()
+        self._answering.set()
+        endpoint = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                request = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                if not endpoint._answering.is_set():
+                    endpoint._answering.wait()
+                    return  # closes the connection unanswered
+                body = json.dumps(
+                    {"ARN": request["SecretId"], "Name": "nats", "SecretString": endpoint.value}
+                ).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/x-amz-json-1.1")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def go_silent(self) -> None:
+        self._answering.clear()
+
+    def answer(self, value: str) -> None:
+        """Answer ``value`` from now on; a request left unanswered ends, unanswered."""
+        self.value = value
+        self._answering.set()
+
+    def close(self) -> None:
+        self._answering.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+
+async def _logged(caplog: pytest.LogCaptureFixture, text: str, within_s: float = 10.0) -> None:
+    """Wait until ``text`` was logged (or ``within_s`` is up: the assertion after it fails)."""
+    until = time.monotonic() + within_s
+    while text not in caplog.text and time.monotonic() < until:
+        await asyncio.sleep(0.05)
+
+
+def test_a_credentials_re_read_from_a_silent_secrets_manager_gives_up_and_the_next_reads_again(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    token_server: AuthNatsServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # GIVEN a client connected with the token of a secret kept 60 s, its connect timeout 0.5 s
+    endpoint = _ScriptedSecretsManager(json.dumps({"token": TOKEN}))
+    _secrets_manager_at(monkeypatch, endpoint.port)
+    arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:rhumbatron/nats-AbCdEf"
+    clock = ManualClock()
+    cache = SecretCache(clock, max_age_s=60)
+    settings = _settings(tmp_path, token_server.url, nats_credentials_secret_arn=arn)
+    rotated = f"{TOKEN}-rotated"
+    gave_up = "; using the value read at "
+
+    async def reconnect_twice() -> None:
+        nc = await connect_nats(settings, secrets=cache)
+        try:
+            await nc.flush(timeout=2)
+            # WHEN Secrets Manager stops answering, the kept token passes its max age, and
+            #   the server restarts (still admitting the token)
+            endpoint.go_silent()
+            clock.advance(61)
+            token_server.stop()
+            token_server.start()
+            # THEN the client reconnects with the token it kept
+            await _reconnected(nc)
+            assert nc.is_connected and nc.stats["reconnects"] >= 1
+            # AND the re-read that reconnect started gives up on the connect timeout, saying so
+            await _logged(caplog, gave_up)
+            assert gave_up in caplog.text, "the re-read is still waiting on a silent endpoint"
+            # AND once the secret answers again, rotated, and the server admits only the
+            #   rotated token, the client reads it and reconnects with it
+            endpoint.answer(json.dumps({"token": rotated}))
+            token_server.stop()
+            token_server.authorization = f"token: {rotated}"
+            token_server.start()
+            await _reconnected(nc, times=2)
+            assert nc.is_connected and nc.stats["reconnects"] >= 2
+            await nc.flush(timeout=2)
+        finally:
+            endpoint.answer(json.dumps({"token": rotated}))  # a read still waiting ends
+            await nc.close()
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="rhumbatron.messaging.secrets"):
+            asyncio.run(reconnect_twice())
+    finally:
+        endpoint.close()
+    assert TOKEN not in caplog.text
+
+
 @pytest.mark.skipif(importlib.util.find_spec("nkeys") is not None, reason="nkeys is installed here")
 @pytest.mark.parametrize("shape", ["nkey_seed", "creds"])
 def test_an_nkey_secret_without_the_nkeys_package_says_what_to_install(
