@@ -438,10 +438,7 @@ async def faststream_run(
         by_project: dict[str, list[Record]] = {}
         for msg, data in zip(raw, body, strict=True):
             event = Event.parse(data)  # FastStream has decoded the JSON already
-            metadata = msg.metadata
-            record = Record(
-                msg, metadata.sequence.stream, metadata.num_delivered, event.event_id, event, None
-            )
+            record = Record(msg, msg.metadata.sequence.stream, event.event_id, event, None)
             by_project.setdefault(event.project_id, []).append(record)
         outcomes = store.apply(list(by_project.values()), now_s=time.time())
         applied += sum(o.outcome is Outcome.APPLIED for o in outcomes.values())

@@ -1966,6 +1966,25 @@ async def test_a_sweep_writes_the_freshness_point_a_nudge_kept_in_memory(
     assert freshness_points() == 2
 
 
+@pytest.mark.parametrize(("flush_s", "written"), [(0.0, 2), (30.0, 1)])
+async def test_a_nudge_writes_its_freshness_point_at_the_interval_the_settings_give(
+    make_app: AppFactory, clock: ManualClock, flush_s: float, written: int
+) -> None:
+    # GIVEN a warm router whose freshness points are written every flush_s (0 s, or 30 s)
+    app = await make_app(router_drain_mode=False, router_freshness_flush_s=flush_s)
+    (project,) = projects_on_stream(2, 1)
+    events = lifecycle(project, clock.now())
+    # WHEN two nudges apply events, ten seconds apart
+    await publish(app, events[:3])
+    await app.router().nudge(2)
+    clock.advance(10)
+    await publish(app, events[3:])
+    await app.router().nudge(2)
+    # THEN each wrote its point when the interval allowed it: both at 0 s, the first at 30 s
+    counts = metric_counts(app.product().connection, MetricBinding.METRICS)
+    assert counts.get("event_freshness_s", 0) == written
+
+
 async def test_an_event_another_run_holds_a_live_lease_on_is_retried_not_acked(
     make_app: AppFactory, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -2258,7 +2277,7 @@ async def test_a_record_a_subscription_marked_processed_is_a_duplicate_to_it_aft
     (project,) = projects_on_stream(0, 1)
     event = lifecycle(project, clock.now())[2]
     ensure_project_roots(app, [event])
-    record = Record(cast(Any, None), 7, 1, event.event_id, event, None)
+    record = Record(cast(Any, None), 7, event.event_id, event, None)
     handler = app.router().handler(0, subscription)
     run = RunContext(0, now_s=clock.now().timestamp(), apply_calls_left=15)
     handler.mark_processed([record], run)

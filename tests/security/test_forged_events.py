@@ -407,6 +407,6 @@ def test_a_projects_owner_is_read_from_its_root_once() -> None:
     ctx = FactContext(Caller(TENANT, "system:test", "corr-hot"), PROJECT, START)
     for n in range(3):
         event = ctx.fact("agent.woke", {"agentId": f"a-{n}"}, change_id="c1", key=str(n))
-        taken = checked_record(cast(Any, None), n, 1, event, read_from=STREAM, owners=owners)
+        taken = checked_record(cast(Any, None), n, event, read_from=STREAM, owners=owners)
         assert (taken.event, taken.error) == (event, None)
     assert reads.count(PROJECT) == 2

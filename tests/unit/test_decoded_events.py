@@ -5,12 +5,14 @@ first; a hit must carry the same bytes."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.errors import EnvelopeError
-from rhumbatron.router.records import DecodedEvents
+from rhumbatron.router.records import DecodedEvents, ProjectOwners, decode_record
 
 CALLER = Caller("acme", "system:test", correlation_id="corr-decode")
 T = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
@@ -68,3 +70,21 @@ def test_bytes_that_are_no_event_are_refused_and_not_kept() -> None:
     with pytest.raises(EnvelopeError):
         decoded.decode(0, 1, b"{not json")
     assert decoded.decode(0, 1, wire(1)).event_type == "agent.woke"
+
+
+def test_every_subscription_reading_a_record_gets_the_event_decoded_once() -> None:
+    # GIVEN one record of stream 0, as JetStream delivers it to two subscriptions of a run
+    def delivered(consumer: str) -> Any:
+        reply = f"$JS.ACK.EVENTS_00.{consumer}.1.7.7.1772445600000000000.0"
+        return cast(Any, SimpleNamespace(data=wire(1), reply=reply, headers=None))
+
+    owners = ProjectOwners(lambda project_id: "acme" if project_id == "acme-web" else None)
+    decoded = DecodedEvents()
+    # WHEN each decodes it with the run's cache
+    first = decode_record(delivered("project-view-projector"), 0, owners, decoded)
+    second = decode_record(delivered("causal-router"), 0, owners, decoded)
+    # THEN the second has the very Event the first decoded: its envelope was validated once
+    assert first.event is not None and second.event is first.event
+    # AND without the cache each decodes its own
+    alone = decode_record(delivered("causal-router"), 0, owners)
+    assert alone.event == first.event and alone.event is not first.event

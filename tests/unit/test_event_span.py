@@ -39,7 +39,7 @@ def test_an_events_span_is_named_for_its_work_in_its_changes_trace_under_its_hea
 def test_the_traces_of_a_fetch_are_those_of_the_records_that_carry_a_header() -> None:
     def fetched(key: str, headers: dict[str, str] | None) -> Record:
         msg = cast(Any, SimpleNamespace(headers=headers))
-        return Record(msg, 1, 1, key, None, None)
+        return Record(msg, 1, key, None, None)
 
     records = [
         fetched("e1", {"traceparent": PARENT, "Nats-Msg-Id": "e1"}),

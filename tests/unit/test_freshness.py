@@ -36,7 +36,7 @@ STREAM = event_stream_name(stream_index(PROJECT))
 
 def record(event: Event, seq: int) -> Record:
     # the projector reads only the event, its key and its stream sequence
-    return Record(cast(Any, None), seq, 1, event.event_id, event, None)
+    return Record(cast(Any, None), seq, event.event_id, event, None)
 
 
 def events_at(*moments: datetime) -> list[Event]:
@@ -67,7 +67,7 @@ async def test_an_event_applied_seven_seconds_after_its_commit_records_seven_sec
     (event,) = events_at(T)
     clock.advance(7)
     sink = RecordingSink()
-    gauge = freshness_gauge(product, sink, clock)
+    gauge = freshness_gauge(product, sink, clock, flush_interval_s=60.0)
     projector = ProjectViewProjector(offline_settings, freshness=gauge)
     try:
         # WHEN the projector applies it, and the run's end flushes the gauge

@@ -32,7 +32,7 @@ def messages(count: int, stream: int = 1) -> list[Msg]:
 
 
 def records_of(msgs: list[Msg]) -> list[Record]:
-    return [Record(msg, n, 1, f"evt_{n}", None, None) for n, msg in enumerate(msgs, start=1)]
+    return [Record(msg, n, f"evt_{n}", None, None) for n, msg in enumerate(msgs, start=1)]
 
 
 class _Decoder:
@@ -43,7 +43,7 @@ class _Decoder:
 
     def __call__(self, msgs: list[Msg]) -> list[Record]:
         self.decoded += msgs
-        return [Record(msg, 0, 2, "decoded", None, None) for msg in msgs]
+        return [Record(msg, 0, "decoded", None, None) for msg in msgs]
 
 
 def run(stream: int) -> RunContext:

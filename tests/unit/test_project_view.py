@@ -25,7 +25,7 @@ NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 
 def record(event: Event, seq: int) -> Record:
     # apply_delta reads only the event, its key and its stream sequence
-    return Record(cast(Any, None), seq, 1, event.event_id, event, None)
+    return Record(cast(Any, None), seq, event.event_id, event, None)
 
 
 def view_of(settings: Settings, project: str) -> ProjectView:
@@ -333,7 +333,7 @@ def test_a_fetch_is_split_where_the_runs_apply_calls_end_each_part_in_stream_ord
     # GIVEN records of three projects, interleaved, and one that did not decode
     p1, p2, p3 = projects_on_one_stream(3)
     a, b, c = task_events(p1), task_events(p2, change_id="c2"), task_events(p3, change_id="c3")
-    undecodable = Record(cast(Any, None), 4, 1, "seq:4", None, "undecodable record: x")
+    undecodable = Record(cast(Any, None), 4, "seq:4", None, "undecodable record: x")
     records = [
         record(a[0], 1),
         record(b[0], 2),
@@ -586,6 +586,36 @@ def test_a_file_error_in_one_projects_group_rolls_the_whole_fetch_back_and_is_ra
     fine = task_events(first, change_id="c3")[:1]
     outcomes = store.apply([[record(fine[0], 3)]], now_s=2.0)
     assert outcomes[fine[0].event_id].outcome is Outcome.APPLIED
+
+
+def test_a_file_error_in_the_fetchs_one_statement_apply_is_raised_as_met_and_keeps_nothing(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN a fetch of two projects, every event of which its view takes, whose apply (one
+    #   statement for the whole fetch) meets an error of the file itself
+    first, second = projects_on_one_stream(2)
+    store = StreamViews(offline_settings, 3)
+
+    def disk_full(_: object) -> None:
+        raise OSError("no space left on device")
+
+    store.connection.create_function("disk_full", 1, disk_full)
+    store.connection.execute(
+        "CREATE TRIGGER broken BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-disk' "
+        "BEGIN SELECT disk_full(1); END"
+    )
+    fine = FactContext(CALLER, first, NOW).fact("task.ready", {}, change_id="c1", task_id="t1")
+    disk = FactContext(CALLER, second, NOW).fact("task.ready", {}, change_id="c2", task_id="t-disk")
+
+    # WHEN it is applied, THEN that error is raised as it was met (not tried again project by
+    #   project, which would fail the events for it) and nothing of the fetch is kept
+    with pytest.raises(sqlite3.OperationalError, match="user-defined function raised exception"):
+        store.apply([[record(fine, 1)], [record(disk, 2)]], now_s=1.0)
+    assert store.claim_states([fine.event_id, disk.event_id]) == {}
+    # AND the file takes the fetch again once the error is gone
+    store.connection.execute("DROP TRIGGER broken")
+    outcomes = store.apply([[record(fine, 1)], [record(disk, 2)]], now_s=2.0)
+    assert {o.outcome for o in outcomes.values()} == {Outcome.APPLIED}
 
 
 def test_an_agent_that_woke_is_active_unless_its_wakeup_was_false(

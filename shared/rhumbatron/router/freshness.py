@@ -115,7 +115,7 @@ class FreshnessGauge:
 
 
 def freshness_gauge(
-    product: ProductDatabase, sink: MetricsSink, clock: Clock, *, flush_interval_s: float = 60.0
+    product: ProductDatabase, sink: MetricsSink, clock: Clock, *, flush_interval_s: float
 ) -> FreshnessGauge:
     """The gauge the router's projector records with: the METRICS recorder of the product
     database (as the lag points), opened at the first point, not at construction."""

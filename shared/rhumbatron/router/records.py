@@ -119,7 +119,6 @@ class Record:
 
     msg: Msg
     stream_seq: int
-    delivered: int
     key: str
     event: Event | None
     error: str | None
@@ -211,7 +210,6 @@ def _refusal(event: Event, read_from: int, owners: ProjectOwners) -> str | None:
 def checked_record(
     msg: Msg,
     stream_seq: int,
-    delivered: int,
     event: Event,
     *,
     read_from: int,
@@ -227,10 +225,10 @@ def checked_record(
             f"cannot read the root of project {event.project_id} to check the tenant of "
             f"event {event.event_id}: {type(exc).__name__}: {exc}"
         )
-        return Record(msg, stream_seq, delivered, event.event_id, None, None, retry)
+        return Record(msg, stream_seq, event.event_id, None, None, retry)
     if refused is not None:
-        return Record(msg, stream_seq, delivered, event.event_id, None, refused)
-    return Record(msg, stream_seq, delivered, event.event_id, event, None)
+        return Record(msg, stream_seq, event.event_id, None, refused)
+    return Record(msg, stream_seq, event.event_id, event, None)
 
 
 @dataclass
@@ -264,14 +262,14 @@ def decode_record(
     msg: Msg, read_from: int, owners: ProjectOwners, decoded: DecodedEvents | None = None
 ) -> Record:
     """One message of :func:`decode_records`."""
-    seq, delivered = delivery(msg)
+    seq, _ = delivery(msg)
     raw = msg.data or b""
     try:
         event = decode_event(raw) if decoded is None else decoded.decode(read_from, seq, raw)
     except EnvelopeError as exc:
         key = (msg.headers or {}).get("Nats-Msg-Id") or f"seq:{seq}"
-        return Record(msg, seq, delivered, key, None, f"undecodable record: {exc}")
-    return checked_record(msg, seq, delivered, event, read_from=read_from, owners=owners)
+        return Record(msg, seq, key, None, f"undecodable record: {exc}")
+    return checked_record(msg, seq, event, read_from=read_from, owners=owners)
 
 
 def decode_records(

@@ -395,7 +395,7 @@ def _archived_record(stream_index: int, event: Event, owners: ProjectOwners) -> 
         data=event.to_json(),
         headers={"Nats-Msg-Id": event.event_id},
     )
-    return checked_record(msg, 0, 1, event, read_from=stream_index, owners=owners)
+    return checked_record(msg, 0, event, read_from=stream_index, owners=owners)
 
 
 # -- arguments ---------------------------------------------------------------------------------
