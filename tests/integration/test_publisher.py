@@ -149,6 +149,67 @@ async def test_an_alarm_drives_the_outbox_to_the_stream(
         assert counts_by_state(app.actor(ref).connection)[RowState.PUBLISHED] > 0
 
 
+# --------------------------------------------------------------------------- the marks' commit
+
+
+async def test_the_publish_marks_commit_without_an_fsync_and_the_actor_stays_durable(
+    app: Rhumbatron, reader: JetStreamContext
+) -> None:
+    # GIVEN a project root with three rows to publish, its statements traced
+    root = app.project_root(BILLING)
+    root.create_project(CALLER, name="Billing")
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    statements: list[str] = []
+    root.connection.set_trace_callback(statements.append)
+    # WHEN the publisher sends them and marks them published
+    report = await (await app.publisher()).publish_due(root)
+    root.connection.set_trace_callback(None)
+    # THEN the marks' one transaction committed at NORMAL (the WAL written, no fsync: a
+    #   crash that loses it sends the rows again, and the duplicate window drops them)
+    assert report.published == 3
+    assert statements.count("COMMIT") == 1
+    commit = statements.index("COMMIT")
+    levels = [(n, s) for n, s in enumerate(statements) if s.startswith("PRAGMA synchronous=")]
+    assert [s for n, s in levels if n < commit][-1:] == ["PRAGMA synchronous=NORMAL"]
+    assert [s for n, s in levels if n > commit][:1] == ["PRAGMA synchronous=FULL"]
+    assert [r["state"] for r in outbox(root.connection)] == [RowState.PUBLISHED] * 3
+    # AND the actor's own transactions keep their fsync
+    assert root.connection.execute("PRAGMA synchronous").fetchone()[0] == 2
+
+
+async def test_a_publish_whose_actor_file_another_writer_holds_marks_it_off_the_event_loop(
+    app: Rhumbatron, reader: JetStreamContext
+) -> None:
+    # GIVEN a project root with three rows to publish, and its file's write lock held by
+    #   another connection (another process's writer)
+    root = app.project_root(BILLING)
+    root.create_project(CALLER, name="Billing")
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    holder = sqlite3.connect(root.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        # WHEN the publisher runs, THEN it sends the rows, and while their marks wait for the
+        #   file the event loop keeps serving (the wait is on a worker thread)
+        publishing = asyncio.create_task((await app.publisher()).publish_due(root))
+        for _ in range(1_500):  # about 15 s at most
+            if (await reader.stream_info("EVENTS_01")).state.messages == 3:
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not publishing.done()
+        assert (await reader.stream_info("EVENTS_01")).state.messages == 3
+        # AND once the lock is let go, the rows are marked published
+        holder.execute("COMMIT")
+        report = await asyncio.wait_for(publishing, 15)
+    finally:
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
+    assert report.published == 3
+    assert [r["state"] for r in outbox(root.connection)] == [RowState.PUBLISHED] * 3
+
+
 # --------------------------------------------------------------------------- 100 rows per project
 
 

@@ -10,7 +10,9 @@ import contextlib
 import io
 import json
 import logging
+import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +130,75 @@ async def test_a_lost_view_file_rebuilds_its_own_stream_and_leaves_the_others_al
     js = (await app.nats()).jetstream()
     info = await js.consumer_info(event_stream_name(other), PROJECTOR.value)
     assert (info.num_pending, info.num_ack_pending) == (0, 0)
+
+
+async def test_a_fetch_is_visible_at_its_commit_and_acked_only_once_its_wal_is_synced(
+    make_app: AppFactory, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN two projects' histories on the stream, its view store open, and every fsync of
+    #   the store's WAL held until the test lets it go (os.fsync, which the store calls)
+    app = await make_app()
+    projects = await history_on_stream(app, clock)
+    store = app.router().projector.views(STREAM)
+    _ = store.connection
+    wal = f"{view_store_path(app.settings, STREAM)}-wal"
+    syncing, synced = threading.Event(), threading.Event()
+    fsync = os.fsync
+
+    def held_fsync(descriptor: int) -> None:
+        if os.readlink(f"/proc/self/fd/{descriptor}") == wal:
+            syncing.set()
+            synced.wait(10)
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", held_fsync)
+    # WHEN the stream is nudged, and its projector's commit is being synced
+    nudge = asyncio.create_task(app.router().nudge(STREAM))
+    assert await asyncio.to_thread(syncing.wait, 10), "no fsync of the view store's WAL"
+    # THEN the views already show the fetch (a view is visible at its commit)
+    assert [view_state(app, p)["eventsApplied"] for p in projects] == [6, 6]
+    # AND JetStream still holds every record of it unacknowledged
+    js = (await app.nats()).jetstream()
+    info = await js.consumer_info(event_stream_name(STREAM), PROJECTOR.value)
+    assert (info.num_ack_pending, info.ack_floor.stream_seq) == (12, 0)
+    # AND once the WAL is synced, they are acknowledged
+    synced.set()
+    await asyncio.wait_for(nudge, 15)
+    info = await js.consumer_info(event_stream_name(STREAM), PROJECTOR.value)
+    assert (info.num_ack_pending, info.num_pending, info.ack_floor.stream_seq) == (0, 0, 12)
+
+
+async def test_a_fetch_whose_wal_cannot_be_synced_is_retried_not_acked(
+    make_app: AppFactory,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # GIVEN two projects' histories on the stream, its view store open, and an fsync of
+    #   the store's WAL that fails (an I/O error of the disk)
+    app = await make_app()
+    await history_on_stream(app, clock)
+    _ = app.router().projector.views(STREAM).connection
+    wal = f"{view_store_path(app.settings, STREAM)}-wal"
+    fsync = os.fsync
+
+    def failing_fsync(descriptor: int) -> None:
+        if os.readlink(f"/proc/self/fd/{descriptor}") == wal:
+            raise OSError(5, "Input/output error")
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    # WHEN the stream is nudged
+    with caplog.at_level(logging.WARNING):
+        await app.router().nudge(STREAM)
+    # THEN nothing of the fetch is acknowledged: every record waits for its redelivery
+    js = (await app.nats()).jetstream()
+    info = await js.consumer_info(event_stream_name(STREAM), PROJECTOR.value)
+    assert info.ack_floor.stream_seq == 0 and info.num_ack_pending == 12
+    # AND the warning names the store that could not be made durable
+    assert f"cannot make the views of {view_store_path(app.settings, STREAM)} durable" in (
+        caplog.text
+    )
 
 
 async def test_the_claims_of_more_events_than_one_query_takes_are_all_found(

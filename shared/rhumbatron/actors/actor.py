@@ -8,6 +8,7 @@ decision that raises leaves neither state nor outbox row behind.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import functools
 import re
@@ -23,12 +24,17 @@ from typing import IO, Any, ClassVar
 from rhumbatron.actors.alarms import ALARM_SCHEMA, AlarmSink, NoAlarmSink, set_alarm
 from rhumbatron.actors.due_index import DueIndex
 from rhumbatron.actors.outbox import OUTBOX_SCHEMA, append_facts, migrate_outbox
-from rhumbatron.actors.storage import open_with_schema, schema_version, write_transaction
+from rhumbatron.actors.storage import (
+    open_with_schema,
+    schema_version,
+    synchronous,
+    write_transaction,
+)
 from rhumbatron.core.clock import Clock, SystemClock
 from rhumbatron.core.faults import crash_point
 from rhumbatron.core.settings import Settings
 from rhumbatron.domain.transition import Delete, Insert, Mutation, Transition, Update, Upsert
-from rhumbatron.errors import ActorError, DomainError
+from rhumbatron.errors import ActorBusyError, ActorError, DomainError
 from rhumbatron.paths import path_under
 from rhumbatron.protocol.ids import PROJECT_ID_PATTERN
 
@@ -226,10 +232,49 @@ class Actor:
 
     # -- transactions ----------------------------------------------------------------------
     @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT`` on the actor file, under the actor's lock."""
-        with self._lock, write_transaction(self.connection, self.path) as connection:
-            yield connection
+    def write(self, *, durable: bool = True, wait: bool = True) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` on the actor file, under the actor's lock.
+
+        ``durable=False`` (WAL only): the commit writes the WAL without an fsync; the next
+        durable commit of the file, or its checkpoint, syncs it with its own. Only for
+        writes a crash may lose, such as the publisher's marks (the rows are sent again and
+        the duplicate window drops them). ``wait=False``: raise :class:`ActorBusyError` at
+        once when another thread or connection holds the file (see :func:`write_transaction`).
+        """
+        if not self._lock.acquire(blocking=wait):
+            raise ActorBusyError(
+                f"SQLite file {self.path} is in use by another thread of this process"
+            )
+        try:
+            configured = self.settings.sqlite_synchronous
+            light = not durable and self.settings.journal_mode == "WAL"
+            with (
+                synchronous(self.connection, "NORMAL" if light else configured, restore=configured),
+                write_transaction(self.connection, self.path, wait=wait) as connection,
+            ):
+                yield connection
+        finally:
+            self._lock.release()
+
+    async def write_lightly(self, body: Callable[[sqlite3.Connection], object]) -> None:
+        """Run ``body`` in a transaction a crash may lose (``write(durable=False)``): in WAL on
+        the event loop, with no fsync and no thread hop, unless another thread or connection
+        holds the file, and then (or in another journal mode, whose commit syncs) on a worker
+        thread, so the loop never waits. Should the loop's attempt find the file busy only at
+        its commit, it is rolled back and ``body`` runs again on the thread."""
+
+        def on_a_thread() -> None:
+            with self.write(durable=False) as connection:
+                body(connection)
+
+        if self.settings.journal_mode == "WAL":
+            try:
+                with self.write(durable=False, wait=False) as connection:
+                    body(connection)
+                return
+            except ActorBusyError:
+                pass
+        await asyncio.to_thread(on_a_thread)
 
     def transact(self, decide: Callable[[sqlite3.Connection], Transition]) -> TransactResult:
         """Run ``decide`` on the current state and write its patch and facts atomically."""

@@ -27,8 +27,9 @@ the re-election time, and a longer outage leaves the rows ``pending`` for the ne
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import random
+import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -175,7 +176,7 @@ class OutboxPublisher:
         """The actor's alarm fired: ask AlarmGuard, then publish if it admits the fire.
 
         Under the publish lock the guard decides from reads alone; an admitted fire is
-        counted in the same commit that marks the rows published (one fsync per fire, not
+        counted in the same commit that marks the rows published (one commit per fire, not
         two). Every other outcome writes what it implies in a transaction of its own.
         ``nudge=False`` leaves the streams it moved (``report.nudged``) to the caller, who
         nudges each once for a whole run (:meth:`nudge_streams`).
@@ -236,11 +237,11 @@ class OutboxPublisher:
             report.unavailable = True
             stored += stop.stored
         crash_point(self._settings.crash_at, "after_puback")
-        # One commit (one fsync) marks what was stored, counts the fire and sets the next
-        # alarm. A crash before it re-sends those rows; the duplicate window drops them (F5).
-        # It runs on a worker thread: the fsync must not stall the other actors' publishes
-        # and the router sharing this event loop.
-        await asyncio.to_thread(self._commit_stored, actor, stored, fire_at, report)
+        # One commit marks what was stored, counts the fire and sets the next alarm. A crash
+        # that loses it re-sends those rows, and the duplicate window drops them (F5): it
+        # needs no fsync of its own (a lost count lets one fire more through, at most).
+        commit = functools.partial(self._commit_stored, actor, stored, fire_at, report)
+        await actor.write_lightly(commit)
         report.last_published = report.published
         return report
 
@@ -250,27 +251,27 @@ class OutboxPublisher:
         stored: list[tuple[int, int | None]],
         fire_at: datetime | None,
         report: PublishReport,
+        db: sqlite3.Connection,
     ) -> None:
         settings = self._settings
-        with actor.write() as db:
-            now_s = self._clock.now().timestamp()
-            mark_published(db, stored, now_s=now_s)
-            if fire_at is not None:
-                self._guard.count_fire(db, fire_at)
-            report.next_alarm_at = next_due_at(db, now_s=now_s)
-            replace_alarm(db, report.next_alarm_at)
-            if report.next_alarm_at is not None:
-                # An alarm left for work still due keeps its marker no later than itself.
-                actor.due_index.mark(actor.ref.key, report.next_alarm_at)
-            if stored:
-                # Published rows past their retention go in the commit that publishes more:
-                # an outbox stays at its retention's worth of rows with no commit of its own,
-                # and a pass deletes more than a run publishes, so it keeps up with the inflow.
-                report.pruned = prune_published(
-                    db,
-                    older_than_s=now_s - settings.outbox_published_retention_days * _DAY_S,
-                    limit=max(settings.outbox_prune_batch_rows, 2 * len(stored)),
-                )
+        now_s = self._clock.now().timestamp()
+        mark_published(db, stored, now_s=now_s)
+        if fire_at is not None:
+            self._guard.count_fire(db, fire_at)
+        report.next_alarm_at = next_due_at(db, now_s=now_s)
+        replace_alarm(db, report.next_alarm_at)
+        if report.next_alarm_at is not None:
+            # An alarm left for work still due keeps its marker no later than itself.
+            actor.due_index.mark(actor.ref.key, report.next_alarm_at)
+        if stored:
+            # Published rows past their retention go in the commit that publishes more:
+            # an outbox stays at its retention's worth of rows with no commit of its own,
+            # and a pass deletes more than a run publishes, so it keeps up with the inflow.
+            report.pruned = prune_published(
+                db,
+                older_than_s=now_s - settings.outbox_published_retention_days * _DAY_S,
+                limit=max(settings.outbox_prune_batch_rows, 2 * len(stored)),
+            )
 
     async def _publish_project(
         self, actor: Actor, rows: list[OutboxRow], report: PublishReport

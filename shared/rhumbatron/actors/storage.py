@@ -149,15 +149,21 @@ def _set_journal_mode(connection: sqlite3.Connection, settings: Settings) -> Non
 
 
 @contextmanager
-def write_transaction(connection: sqlite3.Connection, path: Path) -> Iterator[sqlite3.Connection]:
+def write_transaction(
+    connection: sqlite3.Connection, path: Path, *, wait: bool = True
+) -> Iterator[sqlite3.Connection]:
     """``BEGIN IMMEDIATE`` … ``COMMIT``; roll back on any exception.
 
-    A second writer waits up to the busy timeout and then raises :class:`ActorBusyError`. A
-    process killed inside the block leaves the file as it was before ``BEGIN`` (SQLite's
-    journal makes the transaction atomic).
+    A second writer waits up to the busy timeout and then raises :class:`ActorBusyError`;
+    with ``wait=False`` it raises at once (a caller on the event loop, which must not block,
+    then waits on a worker thread). A process killed inside the block leaves the file as it
+    was before ``BEGIN`` (SQLite's journal makes the transaction atomic).
     """
     try:
-        connection.execute("BEGIN IMMEDIATE")
+        if wait:
+            connection.execute("BEGIN IMMEDIATE")
+        else:
+            _begin_without_waiting(connection)
     except sqlite3.OperationalError as exc:
         raise sqlite_error(exc, path, "cannot start a transaction") from exc
     changes_before = connection.total_changes
@@ -178,6 +184,33 @@ def write_transaction(connection: sqlite3.Connection, path: Path) -> Iterator[sq
     if _commit_observers and connection.total_changes != changes_before:
         for observer in _commit_observers:
             observer(path)
+
+
+def _begin_without_waiting(connection: sqlite3.Connection) -> None:
+    (waits_ms,) = connection.execute("PRAGMA busy_timeout").fetchone()
+    connection.execute("PRAGMA busy_timeout=0")
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+    finally:
+        connection.execute(f"PRAGMA busy_timeout={int(waits_ms)}")
+
+
+@contextmanager
+def synchronous(
+    connection: sqlite3.Connection, level: str, *, restore: str
+) -> Iterator[sqlite3.Connection]:
+    """The transactions of the block commit at ``PRAGMA synchronous=level``, then ``restore``.
+
+    Outside any transaction, and under the lock that keeps the connection's other users out:
+    the level is the connection's, not the transaction's."""
+    if level == restore:
+        yield connection
+        return
+    connection.execute(f"PRAGMA synchronous={level}")
+    try:
+        yield connection
+    finally:
+        connection.execute(f"PRAGMA synchronous={restore}")
 
 
 def schema_version(schema: str) -> int:
@@ -288,14 +321,22 @@ class SqliteStore:
         return self._connection
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self, *, wait: bool = True) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` … ``COMMIT`` on this file (see :func:`write_transaction`).
 
         One connection serves the process; the router may use it from a worker thread, so
-        a lock keeps two transactions of one process off it at the same time.
+        a lock keeps two transactions of one process off it at the same time. ``wait=False``
+        raises :class:`ActorBusyError` at once when that lock or the file's is held.
         """
-        with self._lock, write_transaction(self.connection, self.path) as connection:
-            yield connection
+        if not self._lock.acquire(blocking=wait):
+            raise ActorBusyError(
+                f"SQLite file {self.path} is in use by another thread of this process"
+            )
+        try:
+            with write_transaction(self.connection, self.path, wait=wait) as connection:
+                yield connection
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         # Under the lock: a worker thread may be inside a transaction on this connection.

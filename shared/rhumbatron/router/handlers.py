@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from rhumbatron.core.faults import crash_point
-from rhumbatron.errors import ActorError, ArchiveError
+from rhumbatron.errors import ActorBusyError, ActorError, ArchiveError
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.envelopes import Event
 from rhumbatron.protocol.ids import event_stream_name, stream_index
@@ -203,10 +203,21 @@ class ProjectViewProjector:
             calls.append(group)
         if not calls:
             return outcomes
-        # The fetch's one commit (and fsync) runs on a worker thread, so the event loop keeps
-        # publishing and acking meanwhile.
         store = self.views(run.stream_index)
-        outcomes.update(await asyncio.to_thread(self._apply, store, calls, run.now_s))
+        if store.syncs_later:
+            # WAL: the fetch's one commit writes the WAL without an fsync, here on the event
+            # loop (the views are visible at once, with no thread hop), unless another writer
+            # holds the file: then it waits on a worker thread. One fsync of the WAL, on a
+            # worker thread, makes it durable before any of its records is acked.
+            try:
+                committed = self._apply(store, calls, run.now_s, wait=False)
+            except ActorBusyError:
+                committed = await asyncio.to_thread(self._apply, store, calls, run.now_s)
+            outcomes.update(await asyncio.to_thread(_synced, store, committed))
+        else:
+            # The commit and its fsync run on a worker thread, so the event loop keeps
+            # publishing and acking meanwhile.
+            outcomes.update(await asyncio.to_thread(self._apply, store, calls, run.now_s))
         if self.freshness is not None:
             applied = [
                 r.event
@@ -218,11 +229,13 @@ class ProjectViewProjector:
         return outcomes
 
     def _apply(
-        self, store: StreamViews, calls: list[list[Record]], now_s: float
+        self, store: StreamViews, calls: list[list[Record]], now_s: float, *, wait: bool = True
     ) -> dict[str, RecordOutcome]:
         try:
-            result = store.apply(calls, now_s=now_s)
+            result = store.apply(calls, now_s=now_s, wait=wait)
         except (ActorError, sqlite3.OperationalError) as exc:
+            if not wait and isinstance(exc, ActorBusyError):
+                raise  # the caller waits on a worker thread instead
             # The view file is busy or the disk is full: nothing of the fetch committed.
             return {r.key: RecordOutcome.retry(str(exc)) for group in calls for r in group}
         # The projector's claims commit with its effect: "after claim" is "after apply".
@@ -238,6 +251,24 @@ class ProjectViewProjector:
         for store in self._stores.values():
             store.close()
         self._stores.clear()
+
+
+_ACKED = frozenset({Outcome.APPLIED, Outcome.DUPLICATE})
+
+
+def _synced(store: StreamViews, outcomes: dict[str, RecordOutcome]) -> dict[str, RecordOutcome]:
+    """``outcomes`` once the store's commits are durable; when they cannot be made so, the
+    records applied are retried instead of acked (their redelivery finds them claimed, or
+    applies them again if the commit was lost)."""
+    try:
+        store.sync()
+    except OSError as exc:
+        reason = f"cannot make the views of {store.path} durable: {exc}"
+        return {
+            key: RecordOutcome.retry(reason) if outcome.outcome in _ACKED else outcome
+            for key, outcome in outcomes.items()
+        }
+    return outcomes
 
 
 # -- causal-router --------------------------------------------------------------------------

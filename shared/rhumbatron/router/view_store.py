@@ -15,6 +15,12 @@ fed). The claims commit with their effects: a router killed anywhere before the 
 leaves neither, and the redelivery applies the events; killed after it, the redelivery finds
 the claims and applies nothing (RELIABILITY F10).
 
+**Visible at the commit, durable before the ack.** In WAL the store's commits write the WAL
+without an fsync (``synchronous=NORMAL``), and :meth:`StreamViews.sync` (one fsync of the WAL)
+runs before the records a commit applied are acked: a machine that crashes in between loses
+the commit with its claims, and JetStream redelivers the records. Other journal modes sync at
+each commit.
+
 A fetch's groups apply under one SAVEPOINT. When one fails, the fetch starts over with a
 SAVEPOINT per group: the group at fault rolls back alone and is applied again one event per
 SAVEPOINT, so only the event at fault fails (two statements per group saved on the common
@@ -46,7 +52,7 @@ from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 
-from rhumbatron.actors.storage import SqliteStore
+from rhumbatron.actors.storage import SqliteStore, fsync_directory
 from rhumbatron.core.settings import Settings
 from rhumbatron.messaging.event_log import Subscription
 from rhumbatron.protocol.envelopes import Event
@@ -88,6 +94,9 @@ class StreamViews(SqliteStore):
         #: The file was deleted or replaced under this process: its views must be rebuilt.
         self.lost = False
         self._inode: int | None = None
+        #: In WAL, commits write the WAL without an fsync and :meth:`sync` makes them durable.
+        self.syncs_later = False
+        self._wal_entry_synced = True
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -95,8 +104,32 @@ class StreamViews(SqliteStore):
         connection = super().connection
         if first:
             self._inode = os.stat(self.path).st_ino
+            self.syncs_later = self.settings.journal_mode == "WAL"
+            if self.syncs_later:
+                connection.execute("PRAGMA synchronous=NORMAL")
+                self._wal_entry_synced = False
             self._migrate_project_files(connection)
+            self.sync()
         return connection
+
+    def sync(self) -> None:
+        """Make every commit so far durable: one fsync of the WAL (in WAL; the commits are
+        durable already in the other journal modes). Called before the records a commit
+        applied are acked, on a worker thread."""
+        if not self.syncs_later:
+            return
+        wal = f"{self.path}-wal"
+        try:
+            descriptor = os.open(wal, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # checkpointed and removed at a close: the database file holds it all
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        if not self._wal_entry_synced:  # a WAL this connection created: its directory entry
+            fsync_directory(self.path.parent)
+            self._wal_entry_synced = True
 
     @property
     def is_open(self) -> bool:
@@ -125,11 +158,12 @@ class StreamViews(SqliteStore):
 
     # -- the projector's writes ------------------------------------------------------------
     def apply(
-        self, groups: Sequence[Sequence[Record]], *, now_s: float
+        self, groups: Sequence[Sequence[Record]], *, now_s: float, wait: bool = True
     ) -> dict[str, RecordOutcome]:
-        """Claim and apply each group (decoded records of one project) in one transaction."""
+        """Claim and apply each group (decoded records of one project) in one transaction.
+        ``wait=False``: raise :class:`ActorBusyError` at once when the file is held."""
         self.check_file()
-        with self.transaction() as db:
+        with self.transaction(wait=wait) as db:
             outcomes, fresh_groups = _fresh(db, groups)
             db.execute("SAVEPOINT fetch")
             try:
@@ -158,6 +192,7 @@ class StreamViews(SqliteStore):
         self.check_file()
         with self.transaction() as db:
             complete_claims(db, PROJECTOR, event_ids, now_s=now_s)
+        self.sync()  # before the dead letters are acked
 
     def prune_feed(self, *, older_than_s: float, limit: int) -> int:
         """Delete at most ``limit`` feed rows applied before ``older_than_s``."""

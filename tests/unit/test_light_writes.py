@@ -1,0 +1,195 @@
+"""Writes a crash may lose, and writes that must not wait (issue #16): the publisher's marks
+commit without an fsync of their own and, on the event loop, never wait for a held file;
+the view store commits without an fsync and syncs its WAL once before the acks.
+
+Real SQLite files in temp dirs; the level a commit runs at is read back with ``PRAGMA``."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rhumbatron.actors.actor import Actor
+from rhumbatron.actors.alarms import RecordingAlarmSink
+from rhumbatron.actors.resource_shard import change_resource_key
+from rhumbatron.core.clock import ManualClock
+from rhumbatron.core.settings import Settings, load_settings
+from rhumbatron.errors import ActorBusyError
+from rhumbatron.router.view_store import StreamViews
+from rhumbatron.runtime.bootstrap import bootstrap
+
+FULL, NORMAL = 2, 1  # what PRAGMA synchronous reads back
+BUSY_TIMEOUT_MS = 60_000  # a write that waited for it would run into the test's own limit
+
+
+def settings_for(tmp_path: Path, journal_mode: str = "WAL") -> Settings:
+    return load_settings(
+        state_dir=tmp_path / "state",
+        nats_url="nats://127.0.0.1:1",
+        journal_mode=journal_mode,
+        network_filesystem=False,
+        sqlite_busy_timeout_ms=BUSY_TIMEOUT_MS,
+    )
+
+
+@pytest.fixture
+def actor(tmp_path: Path, clock: ManualClock) -> Iterator[Actor]:
+    app = bootstrap(settings_for(tmp_path), clock=clock, alarms=RecordingAlarmSink())
+    shard = app.resource_shard("acme-web", change_resource_key("c1"))
+    shard.connection.execute("CREATE TABLE IF NOT EXISTS notes (note TEXT)")
+    yield shard
+    shard.close()
+
+
+def level(connection: sqlite3.Connection) -> int:
+    return int(connection.execute("PRAGMA synchronous").fetchone()[0])
+
+
+def notes(connection: sqlite3.Connection) -> list[str]:
+    return [str(r[0]) for r in connection.execute("SELECT note FROM notes ORDER BY rowid")]
+
+
+@pytest.fixture
+def holder(actor: Actor) -> Iterator[sqlite3.Connection]:
+    """Another connection holding the actor file's write lock (another process's writer)."""
+    other = sqlite3.connect(actor.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    yield other
+    if other.in_transaction:
+        other.execute("ROLLBACK")
+    other.close()
+
+
+def test_a_light_write_commits_without_an_fsync_and_the_next_write_is_durable_again(
+    actor: Actor,
+) -> None:
+    # GIVEN an actor file in WAL, its transactions committing at FULL (an fsync each)
+    assert level(actor.connection) == FULL
+    # WHEN a write a crash may lose runs, THEN it commits at NORMAL (the WAL, no fsync)
+    with actor.write(durable=False) as db:
+        db.execute("INSERT INTO notes VALUES ('light')")
+        assert level(db) == NORMAL
+    # AND the actor's next transaction is durable again, and both are there
+    with actor.write() as db:
+        db.execute("INSERT INTO notes VALUES ('durable')")
+        assert level(db) == FULL
+    assert notes(actor.connection) == ["light", "durable"]
+
+
+def test_a_light_write_that_fails_leaves_the_actor_durable(actor: Actor) -> None:
+    with pytest.raises(RuntimeError), actor.write(durable=False) as db:
+        db.execute("INSERT INTO notes VALUES ('lost')")
+        raise RuntimeError("the body fails")
+    assert level(actor.connection) == FULL and notes(actor.connection) == []
+
+
+def test_out_of_wal_a_light_write_is_as_durable_as_any(tmp_path: Path, clock: ManualClock) -> None:
+    # GIVEN an actor file in the DELETE journal mode (EFS), whose commits sync the file
+    app = bootstrap(settings_for(tmp_path, "DELETE"), clock=clock, alarms=RecordingAlarmSink())
+    shard = app.resource_shard("acme-web", change_resource_key("c1"))
+    try:
+        # WHEN a write a crash may lose runs, THEN it commits at FULL all the same: without
+        # a WAL, nothing later would sync it
+        with shard.write(durable=False) as db:
+            assert level(db) == FULL
+    finally:
+        shard.close()
+
+
+def test_a_write_that_must_not_wait_is_refused_at_once_while_another_connection_writes(
+    actor: Actor, holder: sqlite3.Connection
+) -> None:
+    # GIVEN the actor file's write lock held by another connection, and a 60 s busy timeout
+    # WHEN a write that must not wait starts, THEN it is refused at once, naming the file
+    with pytest.raises(ActorBusyError, match=str(actor.path)), actor.write(wait=False) as db:
+        db.execute("INSERT INTO notes VALUES ('never')")
+    # AND the connection waits its busy timeout again for every other write
+    assert actor.connection.execute("PRAGMA busy_timeout").fetchone()[0] == BUSY_TIMEOUT_MS
+    # AND once the lock is let go, the write goes through
+    holder.execute("COMMIT")
+    with actor.write(wait=False) as db:
+        db.execute("INSERT INTO notes VALUES ('now')")
+    assert notes(actor.connection) == ["now"]
+
+
+def test_a_write_that_must_not_wait_is_refused_at_once_while_another_thread_writes(
+    actor: Actor,
+) -> None:
+    # GIVEN a worker thread of this process inside a transaction on the actor
+    inside, done = threading.Event(), threading.Event()
+
+    def write_and_hold() -> None:
+        with actor.write() as db:
+            db.execute("INSERT INTO notes VALUES ('thread')")
+            inside.set()
+            done.wait(10)
+
+    worker = threading.Thread(target=write_and_hold)
+    worker.start()
+    try:
+        assert inside.wait(10)
+        # WHEN a write that must not wait starts, THEN it is refused at once
+        with (
+            pytest.raises(ActorBusyError, match="in use by another thread"),
+            actor.write(wait=False),
+        ):
+            pass
+    finally:
+        done.set()
+        worker.join(10)
+    assert notes(actor.connection) == ["thread"]
+
+
+async def test_a_light_write_on_a_held_file_waits_on_a_worker_thread_not_the_event_loop(
+    actor: Actor, holder: sqlite3.Connection
+) -> None:
+    # GIVEN the actor file's write lock held by another connection
+    ran_on: list[str] = []
+
+    def body(db: sqlite3.Connection) -> None:
+        ran_on.append(threading.current_thread().name)
+        db.execute("INSERT INTO notes VALUES ('marks')")
+
+    # WHEN a light write is asked for on the event loop
+    writing = asyncio.create_task(actor.write_lightly(body))
+    # THEN the loop keeps serving while it waits for the file
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not writing.done() and ran_on == []
+    # AND once the lock is let go, it commits, on a worker thread, once, with no fsync
+    holder.execute("COMMIT")
+    await asyncio.wait_for(writing, 10)
+    assert len(ran_on) == 1 and ran_on[0] != threading.main_thread().name
+    assert notes(actor.connection) == ["marks"] and level(actor.connection) == FULL
+
+
+async def test_a_light_write_on_a_free_file_runs_on_the_event_loop(actor: Actor) -> None:
+    ran_on: list[str] = []
+
+    def body(db: sqlite3.Connection) -> None:
+        ran_on.append(threading.current_thread().name)
+        db.execute("INSERT INTO notes VALUES ('marks')")
+
+    await actor.write_lightly(body)
+    assert ran_on == [threading.main_thread().name] and notes(actor.connection) == ["marks"]
+
+
+@pytest.mark.parametrize(("journal_mode", "expected"), [("WAL", NORMAL), ("DELETE", FULL)])
+def test_the_view_store_syncs_later_only_in_wal(
+    tmp_path: Path, journal_mode: str, expected: int
+) -> None:
+    # GIVEN a stream's view store in each journal mode
+    store = StreamViews(settings_for(tmp_path, journal_mode), 3)
+    try:
+        # THEN in WAL its commits write the WAL without an fsync (sync() makes them durable
+        # before the acks); in DELETE each commit syncs the file, and sync() has nothing to do
+        assert level(store.connection) == expected
+        assert store.syncs_later is (journal_mode == "WAL")
+        store.sync()
+    finally:
+        store.close()
