@@ -72,6 +72,19 @@ async def test_the_client_takes_several_comma_separated_seeds_and_names_itself(
         await nc.close()
 
 
+async def test_a_client_given_no_name_is_known_to_the_server_as_rhumbatron(
+    nats_server: NatsServerProcess, tmp_path: Path
+) -> None:
+    # GIVEN a client connected as the runtime connects, with no name of its own
+    nc = await connect_nats(load_settings(state_dir=tmp_path, nats_url=nats_server.url))
+    try:
+        await nc.flush(timeout=2)
+        # THEN the server (its /connz, which operators read) knows it as rhumbatron
+        assert [c.get("name") for c in nats_server.connz()] == ["rhumbatron"]
+    finally:
+        await nc.close()
+
+
 async def test_a_publish_while_cut_off_fails_at_once_instead_of_piling_up(
     nats_server: NatsServerProcess, tmp_path: Path
 ) -> None:
