@@ -136,6 +136,9 @@ async def test_a_cut_off_client_tries_its_server_again_every_quarter_second(
             r for r in caplog.records if r.getMessage().startswith("nats connection cut-off:")
         ]
         assert len(attempts) >= 5, [r.getMessage() for r in attempts]
+        # AND the outage's first error was its one warning, the retries debug lines
+        levels = [r.levelno for r in attempts]
+        assert levels[0] == logging.WARNING and set(levels[1:]) == {logging.DEBUG}
     finally:
         # Back before the close: a close that cancels an attempt at the moment it fails can
         # lose the cancellation (Python 3.11's wait_for), and the attempts then go on after

@@ -350,6 +350,15 @@ def test_a_secret_is_kept_for_its_max_age_then_read_again(secrets: Any) -> None:
     assert cache.read(arn, what="a test secret", timeout_s=1.0) == "second-value"
 
 
+def test_a_secret_cache_refuses_a_max_age_that_is_not_positive_naming_it() -> None:
+    for max_age_s in (0, -5):
+        with pytest.raises(ValueError) as refused:
+            SecretCache(ManualClock(), max_age_s=max_age_s)
+        assert str(refused.value) == f"a secret's max age must be positive, got {max_age_s} s"
+    # a second is a max age
+    assert SecretCache(ManualClock(), max_age_s=1).fresh("arn:aws:secretsmanager:x") is None
+
+
 async def _reconnected(nc: Any, within_s: float = 10.0, times: int = 1) -> None:
     """Wait until the client has reconnected by itself ``times`` times in all (or
     ``within_s`` is up: the flush after it then fails and says so)."""

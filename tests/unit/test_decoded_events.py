@@ -12,7 +12,12 @@ import pytest
 
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.errors import EnvelopeError
-from rhumbatron.router.records import DecodedEvents, ProjectOwners, decode_record
+from rhumbatron.router.records import (
+    DecodedEvents,
+    ProjectOwners,
+    decode_record,
+    decode_records,
+)
 
 CALLER = Caller("acme", "system:test", correlation_id="corr-decode")
 T = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
@@ -88,3 +93,6 @@ def test_every_subscription_reading_a_record_gets_the_event_decoded_once() -> No
     # AND without the cache each decodes its own
     alone = decode_record(delivered("causal-router"), 0, owners)
     assert alone.event == first.event and alone.event is not first.event
+    # AND a whole fetch goes through the cache the same way
+    (fetched,) = decode_records([delivered("reactions")], 0, owners, decoded)
+    assert fetched.event is first.event

@@ -151,8 +151,11 @@ async def test_a_light_write_on_a_held_file_waits_on_a_worker_thread_not_the_eve
     # GIVEN the actor file's write lock held by another connection
     ran_on: list[str] = []
 
+    levels: list[int] = []
+
     def body(db: sqlite3.Connection) -> None:
         ran_on.append(threading.current_thread().name)
+        levels.append(level(db))
         db.execute("INSERT INTO notes VALUES ('marks')")
 
     # WHEN a light write is asked for on the event loop
@@ -165,6 +168,7 @@ async def test_a_light_write_on_a_held_file_waits_on_a_worker_thread_not_the_eve
     holder.execute("COMMIT")
     await asyncio.wait_for(writing, 10)
     assert len(ran_on) == 1 and ran_on[0] != threading.main_thread().name
+    assert levels == [NORMAL]
     assert notes(actor.connection) == ["marks"] and level(actor.connection) == FULL
 
 

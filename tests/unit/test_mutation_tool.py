@@ -705,8 +705,11 @@ def test_a_continued_column_list_is_sql_but_a_short_message_is_not() -> None:
     assert not tool.is_sql_case_change(
         diff('            reason="no API key",', '            reason="NO API KEY",')
     )
-    # AND savepoints, attached files and pragmas are SQL too (their names in any case)
+    # AND savepoints, transactions, attached files and pragmas are SQL too (their names in
+    #   any case)
     for removed, added in (
+        ('        c.execute("BEGIN IMMEDIATE")', '        c.execute("begin immediate")'),
+        ('        c.execute("COMMIT")', '        c.execute("commit")'),
         ('        db.execute("ROLLBACK TO project")', '        db.execute("rollback to project")'),
         ('        db.execute("RELEASE project")', '        db.execute("RELEASE PROJECT")'),
         (
