@@ -18,6 +18,7 @@ from nats.js.client import JetStreamContext
 from outbox_rows import append_ready_tasks
 from rhumbatron.actors.actor import Actor
 from rhumbatron.actors.outbox import RowState, counts_by_state
+from rhumbatron.actors.project_root import ProjectRoot
 from rhumbatron.actors.publisher import OutboxPublisher, republish_rows
 from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.actors.shard_commands import AppendChangeEvents
@@ -98,6 +99,14 @@ async def eventually(condition: Callable[[], bool], timeout_s: float = 15.0) -> 
         await asyncio.sleep(0.01)
 
 
+def billing_with_three_rows(app: Rhumbatron) -> ProjectRoot:
+    """acme-billing (stream 1) created and promoted: three outbox rows to publish."""
+    root = app.project_root(BILLING)
+    root.create_project(CALLER, name="Billing")
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    return root
+
+
 # --------------------------------------------------------------------------- where events go
 
 
@@ -105,9 +114,7 @@ async def test_events_arrive_on_their_projects_stream_with_the_event_id_as_msg_i
     app: Rhumbatron, reader: JetStreamContext
 ) -> None:
     # GIVEN acme-billing (stream 1) created and promoted: three outbox rows
-    root = app.project_root(BILLING)
-    root.create_project(CALLER, name="Billing")
-    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    root = billing_with_three_rows(app)
     assert stream_index(BILLING) == 1
     # WHEN the publisher runs
     report = await (await app.publisher()).publish_due(root)
@@ -156,9 +163,7 @@ async def test_the_publish_marks_commit_without_an_fsync_and_the_actor_stays_dur
     app: Rhumbatron, reader: JetStreamContext
 ) -> None:
     # GIVEN a project root with three rows to publish, its statements traced
-    root = app.project_root(BILLING)
-    root.create_project(CALLER, name="Billing")
-    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    root = billing_with_three_rows(app)
     statements: list[str] = []
     root.connection.set_trace_callback(statements.append)
     # WHEN the publisher sends them and marks them published
@@ -182,9 +187,7 @@ async def test_a_publish_whose_actor_file_another_writer_holds_marks_it_off_the_
 ) -> None:
     # GIVEN a project root with three rows to publish, and its file's write lock held by
     #   another connection (another process's writer)
-    root = app.project_root(BILLING)
-    root.create_project(CALLER, name="Billing")
-    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    root = billing_with_three_rows(app)
     holder = sqlite3.connect(root.path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:

@@ -49,6 +49,12 @@ def view_state(app: Rhumbatron, project_id: str) -> dict[str, Any]:
     return {**snapshot, "feed": [tuple(r) for r in rows]}
 
 
+def is_the_wal_of(app: Rhumbatron, descriptor: int) -> bool:
+    """Whether ``descriptor`` (one ``os.fsync`` was given) is the WAL of the stream's views."""
+    wal = f"{view_store_path(app.settings, STREAM)}-wal"
+    return os.readlink(f"/proc/self/fd/{descriptor}") == wal
+
+
 async def history_on_stream(app: Rhumbatron, clock: ManualClock, count: int = 2) -> list[str]:
     projects = projects_on_stream(STREAM, count)
     for project in projects:
@@ -141,12 +147,11 @@ async def test_a_fetch_is_visible_at_its_commit_and_acked_only_once_its_wal_is_s
     projects = await history_on_stream(app, clock)
     store = app.router().projector.views(STREAM)
     _ = store.connection
-    wal = f"{view_store_path(app.settings, STREAM)}-wal"
     syncing, synced = threading.Event(), threading.Event()
     fsync = os.fsync
 
     def held_fsync(descriptor: int) -> None:
-        if os.readlink(f"/proc/self/fd/{descriptor}") == wal:
+        if is_the_wal_of(app, descriptor):
             syncing.set()
             synced.wait(10)
         fsync(descriptor)
@@ -179,11 +184,10 @@ async def test_a_fetch_whose_wal_cannot_be_synced_is_retried_not_acked(
     app = await make_app()
     await history_on_stream(app, clock)
     _ = app.router().projector.views(STREAM).connection
-    wal = f"{view_store_path(app.settings, STREAM)}-wal"
     fsync = os.fsync
 
     def failing_fsync(descriptor: int) -> None:
-        if os.readlink(f"/proc/self/fd/{descriptor}") == wal:
+        if is_the_wal_of(app, descriptor):
             raise OSError(5, "Input/output error")
         fsync(descriptor)
 

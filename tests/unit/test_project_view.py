@@ -555,6 +555,21 @@ def test_a_bad_event_sends_only_its_own_projects_events_one_by_one(
     }
 
 
+def break_the_file_at_task_t_disk(connection: sqlite3.Connection) -> None:
+    """Make the view meet an error of the file itself (a stand-in for a full disk or a lock:
+    SQLite's OperationalError) when task ``t-disk`` is written: a function that fails, called
+    by a trigger (trigger ``broken``)."""
+
+    def disk_full(_: object) -> None:
+        raise OSError("no space left on device")
+
+    connection.create_function("disk_full", 1, disk_full)
+    connection.execute(
+        "CREATE TRIGGER broken BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-disk' "
+        "BEGIN SELECT disk_full(1); END"
+    )
+
+
 def test_a_file_error_in_one_projects_group_rolls_the_whole_fetch_back_and_is_raised(
     offline_settings: Settings,
 ) -> None:
@@ -563,17 +578,8 @@ def test_a_file_error_in_one_projects_group_rolls_the_whole_fetch_back_and_is_ra
     # the file itself (a stand-in for a full disk or a lock: SQLite's OperationalError)
     first, second = projects_on_one_stream(2)
     store = StreamViews(offline_settings, 3)
-
-    def disk_full(_: object) -> None:
-        raise OSError("no space left on device")
-
-    # a function that fails, called by a trigger: SQLite raises OperationalError for it
-    store.connection.create_function("disk_full", 1, disk_full)
     refuse_task_t_bad(store.connection)
-    store.connection.execute(
-        "CREATE TRIGGER broken BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-disk' "
-        "BEGIN SELECT disk_full(1); END"
-    )
+    break_the_file_at_task_t_disk(store.connection)
     bad = FactContext(CALLER, first, NOW).fact("task.ready", {}, change_id="c1", task_id="t-bad")
     disk = FactContext(CALLER, second, NOW).fact("task.ready", {}, change_id="c2", task_id="t-disk")
 
@@ -595,15 +601,7 @@ def test_a_file_error_in_the_fetchs_one_statement_apply_is_raised_as_met_and_kee
     #   statement for the whole fetch) meets an error of the file itself
     first, second = projects_on_one_stream(2)
     store = StreamViews(offline_settings, 3)
-
-    def disk_full(_: object) -> None:
-        raise OSError("no space left on device")
-
-    store.connection.create_function("disk_full", 1, disk_full)
-    store.connection.execute(
-        "CREATE TRIGGER broken BEFORE INSERT ON view_tasks WHEN NEW.task_id = 't-disk' "
-        "BEGIN SELECT disk_full(1); END"
-    )
+    break_the_file_at_task_t_disk(store.connection)
     fine = FactContext(CALLER, first, NOW).fact("task.ready", {}, change_id="c1", task_id="t1")
     disk = FactContext(CALLER, second, NOW).fact("task.ready", {}, change_id="c2", task_id="t-disk")
 
