@@ -159,6 +159,13 @@ async def test_streams_wanted_on_three_replicas_are_not_taken_as_they_are_on_one
         await ensure_streams(js, three)
 
 
+def test_a_deployment_on_three_replicas_wants_every_stream_on_three(settings: Settings) -> None:
+    # GIVEN a deployment that sets three replicas (a cluster's)
+    three = load_settings(state_dir=settings.state_dir, stream_replicas=3)
+    # THEN every stream it wants, the eight event streams and COMMANDS, is on three
+    assert {c.name: c.num_replicas for c in wanted_streams(three)} == dict.fromkeys(ALL_STREAMS, 3)
+
+
 async def test_a_stream_missing_a_subject_gets_it_back(
     js: JetStreamContext, settings: Settings
 ) -> None:
@@ -204,6 +211,30 @@ async def test_a_stream_in_memory_storage_stops_start_up_naming_storage(
     assert (await js.stream_info("EVENTS_03")).config.storage == StorageType.MEMORY
 
 
+async def test_a_stream_with_two_settings_jetstream_cannot_change_names_both(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    # GIVEN EVENTS_04 made by someone else in memory and as a work queue
+    await js.add_stream(
+        StreamConfig(
+            name="EVENTS_04",
+            subjects=["events.04"],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.MEMORY,
+            max_age=7 * DAY_S,
+            duplicate_window=7200,
+        )
+    )
+    # WHEN start-up ensures the streams, THEN it stops naming both, each as it is and as wanted
+    with pytest.raises(StreamConfigError) as caught:
+        await ensure_streams(js, settings)
+    assert str(caught.value) == (
+        "stream EVENTS_04 exists with settings JetStream cannot change (retention: has "
+        "'workqueue', want 'limits', storage: has 'memory', want 'file'); back up and delete "
+        "the stream, or point RHUMBATRON_NATS_URL elsewhere"
+    )
+
+
 async def test_a_commands_stream_with_limits_retention_stops_start_up_naming_retention(
     js: JetStreamContext, settings: Settings
 ) -> None:
@@ -237,3 +268,20 @@ async def test_a_foreign_stream_holding_our_subjects_stops_start_up_naming_both(
         "; if another stream already holds these subjects, remove it or point "
         "RHUMBATRON_NATS_URL at a server of Rhumbatron's own"
     )
+
+
+async def test_a_foreign_stream_holding_the_command_subjects_is_refused_naming_each(
+    js: JetStreamContext, settings: Settings
+) -> None:
+    # GIVEN another application's stream that already takes every cmd.* subject
+    await js.add_stream(StreamConfig(name="SOMEONE_ELSE", subjects=["cmd.>"]))
+    # WHEN start-up ensures the streams
+    # THEN the event streams are made, and COMMANDS is refused naming every one of its subjects
+    with pytest.raises(StreamConfigError) as caught:
+        await ensure_streams(js, settings)
+    subjects = ", ".join(f"cmd.{queue}" for queue in QUEUES)
+    assert str(caught.value).startswith(
+        f"JetStream refused to create stream {COMMAND_STREAM} on subjects {subjects}: "
+    )
+    made = sorted(str(info.config.name) for info in await js.streams_info())
+    assert made == sorted([*EVENT_STREAMS, "SOMEONE_ELSE"])

@@ -94,7 +94,11 @@ class StreamReport:
 
 
 def _normalised(config: StreamConfig, name: str) -> Any:
+    """``config``'s ``name`` as compared and shown: JetStream's own spelling of a policy
+    (``'workqueue'``), whether nats-py read it into its enum or we wrote it as one."""
     value = getattr(config, name)
+    if name in ("retention", "storage"):
+        return getattr(value, "value", value)
     if name == "subjects":
         return sorted(value or [])
     if name in ("max_age", "duplicate_window"):
