@@ -177,11 +177,13 @@ def test_open_database_sets_the_configured_journal_mode(
     settings = load_settings(state_dir=tmp_path, journal_mode=mode)
     # WHEN an actor file is opened
     connection = open_database(tmp_path / "a" / "actor.sqlite", settings)
-    # THEN SQLite runs in that mode, with full sync and the busy timeout
+    # THEN SQLite runs in that mode, with full sync and the busy timeout, and keeps a
+    #   transaction's statement and SAVEPOINT journals in memory, never in a temporary file
     try:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == reported
         assert connection.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         assert connection.execute("PRAGMA busy_timeout").fetchone()[0] == 5_000
+        assert connection.execute("PRAGMA temp_store").fetchone()[0] == 2  # MEMORY
     finally:
         connection.close()
     # AND the journal mode survives reopening with plain sqlite3 (WAL is persistent)
