@@ -343,6 +343,8 @@ PLANS: dict[str, PackagePlan] = {
         tests=(
             *_UNIT,
             "tests/integration/test_router.py",
+            # a warm router's wire and files: pull requests, flushes, decodes, connections
+            "tests/integration/test_router_warm_costs.py",
             "tests/integration/test_view_store.py",
             "tests/integration/test_lambda_nudge.py",
             "tests/integration/test_cli_capacity.py",
