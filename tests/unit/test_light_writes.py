@@ -7,10 +7,15 @@ Real SQLite files in temp dirs; the level a commit runs at is read back with ``P
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -19,7 +24,11 @@ from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
+from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.errors import ActorBusyError
+from rhumbatron.protocol.ids import stream_index
+from rhumbatron.router.handlers import ProjectViewProjector, RunContext
+from rhumbatron.router.records import Outcome, Record, RecordOutcome
 from rhumbatron.router.view_store import StreamViews
 from rhumbatron.runtime.bootstrap import bootstrap
 
@@ -197,3 +206,152 @@ def test_the_view_store_syncs_later_only_in_wal(
         store.sync()
     finally:
         store.close()
+
+
+# -- the projector's one commit per fetch, on a view file another writer holds --------------
+
+CALLER = Caller("acme", "system:test", correlation_id="corr-light")
+NOW = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
+
+
+def fetch_of_two_projects() -> list[Record]:
+    """A fetch's records: two projects of one stream, a task's first two facts each."""
+    records: list[Record] = []
+    for project in ("acme-web", "acme-mobile"):
+        ctx = FactContext(CALLER, project, NOW)
+        for verb, payload in (("ready", {}), ("assigned", {"agentId": "a1"})):
+            event = ctx.fact(f"task.{verb}", payload, change_id=f"c-{project}", task_id="t1")
+            records.append(Record(cast(Any, None), len(records) + 1, event.event_id, event, None))
+    return records
+
+
+@pytest.fixture
+def projector(tmp_path: Path) -> Iterator[ProjectViewProjector]:
+    """A projector whose writes wait at most a second for a held file."""
+    settings = settings_for(tmp_path).model_copy(update={"sqlite_busy_timeout_ms": 1_000})
+    projector = ProjectViewProjector(settings)
+    yield projector
+    projector.close()
+
+
+@contextlib.contextmanager
+def held(store: StreamViews) -> Iterator[sqlite3.Connection]:
+    """Another connection holding ``store``'s write lock (another process's writer), the
+    file made with its schema first."""
+    _ = store.connection
+    other = sqlite3.connect(store.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield other
+    finally:
+        if other.in_transaction:
+            other.execute("ROLLBACK")
+        other.close()
+
+
+async def test_a_fetch_on_a_held_view_file_commits_on_a_worker_thread_once_it_is_let_go(
+    projector: ProjectViewProjector,
+) -> None:
+    # GIVEN a fetch of two projects, and their stream's view file held by another writer
+    records = fetch_of_two_projects()
+    stream = stream_index("acme-web")
+    assert stream_index("acme-mobile") == stream
+    store = projector.views(stream)
+    run = RunContext(stream, now_s=1_700_000_000.0, apply_calls_left=15)
+    with held(store) as holder:
+        # WHEN the projector handles the fetch
+        handling = asyncio.create_task(projector.handle(records, run))
+        started = time.monotonic()
+        await asyncio.sleep(0)  # it tries on the loop, is refused at once, and waits on a thread
+        # THEN the event loop is free meanwhile: the fetch waits for the file off the loop,
+        #   and the loop never waited for it (a second, the busy timeout, is far off)
+        assert time.monotonic() - started < 0.5
+        assert not handling.done()
+        holder.execute("COMMIT")  # the other writer is done
+        outcomes = await asyncio.wait_for(handling, 10)
+    # AND once the file is let go the fetch commits, claims and views with the run's time
+    assert {o.outcome for o in outcomes.values()} == {Outcome.APPLIED}
+    applied_at = store.connection.execute("SELECT DISTINCT applied_at_s FROM project_events")
+    assert [row[0] for row in applied_at] == [run.now_s]
+    assert [projector.view(p).snapshot()["eventsApplied"] for p in ("acme-web", "acme-mobile")] == [
+        2,
+        2,
+    ]
+
+
+async def test_a_fetch_on_a_view_file_held_past_the_busy_timeout_is_given_back_to_retry(
+    projector: ProjectViewProjector,
+) -> None:
+    # GIVEN a fetch, and its stream's view file held by another writer for longer than the
+    #   second a write waits
+    records = fetch_of_two_projects()
+    store = projector.views(stream_index("acme-web"))
+    run = RunContext(stream_index("acme-web"), now_s=1_700_000_000.0, apply_calls_left=15)
+    with held(store):
+        # WHEN the projector handles the fetch
+        started = time.monotonic()
+        outcomes = await projector.handle(records, run)
+        waited_s = time.monotonic() - started
+    # THEN it waited the busy timeout for the file, then gave every record back to retry,
+    #   saying why and what to do (nothing is the events' fault, nothing committed)
+    assert waited_s >= 1.0
+    busy = (
+        f"SQLite file {store.path} is held by another writer past the busy timeout (cannot "
+        "start a transaction); retry later, or raise RHUMBATRON_SQLITE_BUSY_TIMEOUT_MS"
+    )
+    assert outcomes == {r.key: RecordOutcome.retry(busy) for r in records}
+    assert store.connection.execute("SELECT COUNT(*) FROM project_events").fetchone()[0] == 0
+
+
+async def test_a_fetch_whose_wal_cannot_be_synced_still_fails_the_event_at_fault(
+    projector: ProjectViewProjector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a fetch of two projects whose view refuses one event (a stand-in for any event
+    #   the view cannot take), and a disk that fails the fsync of the view store's WAL
+    records = fetch_of_two_projects()
+    bad = records[1]
+    store = projector.views(stream_index("acme-web"))
+    assert bad.event is not None and bad.event.event_type == "task.assigned"
+    store.connection.execute(  # acme-web's task.assigned, the only row with an agent
+        "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.change_id = 'c-acme-web' "
+        "AND NEW.agent_id IS NOT NULL BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+    wal = f"{store.path}-wal"
+    fsync = os.fsync
+
+    def failing_fsync(descriptor: int) -> None:
+        if os.readlink(f"/proc/self/fd/{descriptor}") == wal:
+            raise OSError(5, "Input/output error")
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    run = RunContext(stream_index("acme-web"), now_s=1_700_000_000.0, apply_calls_left=15)
+    # WHEN the projector handles the fetch
+    outcomes = await projector.handle(records, run)
+    # THEN the events it applied are given back to retry (their commit may be lost), and the
+    #   event at fault still fails, for its failure to count
+    unsynced = RecordOutcome.retry(
+        f"cannot make the views of {store.path} durable: [Errno 5] Input/output error"
+    )
+    assert outcomes[bad.key].outcome is Outcome.FAILED
+    assert "refused" in (outcomes[bad.key].reason or "")
+    assert {k: o for k, o in outcomes.items() if k != bad.key} == {
+        r.key: unsynced for r in records if r is not bad
+    }
+
+
+def test_one_projects_apply_on_a_held_view_file_waits_the_busy_timeout(
+    projector: ProjectViewProjector,
+) -> None:
+    # GIVEN one project's records, and its stream's view file held by another writer
+    view = projector.view("acme-web")
+    records = [
+        r for r in fetch_of_two_projects() if r.event and r.event.project_id == view.project_id
+    ]
+    with held(view.store):
+        # WHEN they are applied (a caller on a worker thread, which may wait)
+        started = time.monotonic()
+        with pytest.raises(ActorBusyError, match="RHUMBATRON_SQLITE_BUSY_TIMEOUT_MS"):
+            view.apply_delta(records, now_s=1_700_000_000.0)
+        # THEN the apply waited the busy timeout (a second) for the file before giving up
+        assert time.monotonic() - started >= 1.0
