@@ -6,6 +6,7 @@ that have left the process when a run returns, a connection replaced under it)."
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,20 @@ class ConsumerTraffic:
         await self._nc.close()
 
 
+def counted_flushes(nc: NATS, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The flushes ``nc`` waits for from now on, one entry each (the client's own method,
+    wrapped: a flush is a PING and a wait for the server's PONG)."""
+    flushes: list[float] = []
+    flush = nc.flush
+
+    async def counted_flush(*args: Any, **kwargs: Any) -> None:
+        flushes.append(time.monotonic())
+        await flush(*args, **kwargs)
+
+    monkeypatch.setattr(nc, "flush", counted_flush)
+    return flushes
+
+
 async def test_a_full_fetch_asks_for_the_runs_next_before_its_acks_and_the_last_asks_for_none(
     make_app: AppFactory, clock: ManualClock, nats_server: NatsServerProcess
 ) -> None:
@@ -142,21 +157,12 @@ async def test_a_nudge_waits_for_one_flush_for_both_subscriptions_acks(
     app = await make_app()
     (project,) = projects_on_stream(0, 1)
     await publish(app, lifecycle(project, clock.now()))
-    nc = await app.nats()
-    flushes = 0
-    flush = nc.flush
-
-    async def counted_flush(*args: Any, **kwargs: Any) -> None:
-        nonlocal flushes
-        flushes += 1
-        await flush(*args, **kwargs)
-
-    monkeypatch.setattr(nc, "flush", counted_flush)
+    flushes = counted_flushes(await app.nats(), monkeypatch)
     # WHEN the stream is nudged: the projector and the causal router each ack six records
     report = await app.router().nudge(0)
     assert [s.applied for s in report.subscriptions.values()] == [6, 6]
     # THEN the run waited for one round trip for all twelve acks, not one per subscription
-    assert flushes == 1
+    assert len(flushes) == 1
 
 
 class RulesThatKeepWhatTheySee:
@@ -261,3 +267,54 @@ async def test_a_router_holds_each_streams_state_file_open_once_and_closes_it(
     # AND closing the router closes it
     await router.close()
     assert open_descriptors_of(state_file) == 0
+
+
+# -- the records a process keeps for a stream's next run -----------------------------------
+
+
+async def test_a_router_that_never_read_has_nothing_kept_to_release(
+    make_app: AppFactory,
+) -> None:
+    app = await make_app()
+    assert await app.router().release_held() == 0
+
+
+async def test_releasing_counts_every_record_each_stream_kept_for_its_next_run(
+    make_app: AppFactory, clock: ManualClock, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN a process whose projector alone read two streams (its causal router never ran
+    #   here), each run applying two projects of five and keeping the other three's records
+    app = await make_app(router_apply_calls_per_run=2)
+    router = app.router()
+    kept = 0
+    for stream in (0, 1):
+        for project in projects_on_stream(stream, 5):
+            await publish(app, lifecycle(project, clock.now())[:2])
+        report = await router.consume(router.run_context(stream), PROJECTOR, consumes=2, batch=100)
+        kept += report.deferred
+    assert kept == 12
+    traffic = await ConsumerTraffic.open(nats_server.url, PROJECTOR)
+    try:
+        # WHEN no run follows in this process, and it releases what it kept
+        released = await router.release_held()
+        # THEN every kept record of both streams is released, and counted
+        assert released == 12
+        assert (await traffic.seen(await app.nats())).count("-NAK") == 6  # stream 0's own
+    finally:
+        await traffic.close()
+
+
+async def test_releasing_with_nothing_kept_waits_for_no_round_trip(
+    make_app: AppFactory, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a router that read stream 0 and kept nothing (every project within its calls),
+    #   and its connection counting the flushes it waits for
+    app = await make_app()
+    await two_events_each(app, clock, 2)
+    router = app.router()
+    assert (await router.nudge(0)).left_waiting is False
+    flushes = counted_flushes(await app.nats(), monkeypatch)
+    # WHEN it releases what it kept
+    # THEN there was nothing to nack, and no round trip to the server was made for it
+    assert await router.release_held() == 0
+    assert flushes == []
