@@ -2425,3 +2425,24 @@ async def test_a_failure_that_cannot_be_counted_is_logged_and_the_record_nacked_
         lambda: app.router().nudge(0), lambda r: r.subscriptions[PROJECTOR.value].failed > 0
     )
     assert state.failures(PROJECTOR.value, "junk-1") == 1
+
+
+async def test_a_streams_router_state_and_views_live_where_the_architecture_says(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN the files docs/architecture.md's "Where state lives" names for a stream
+    layout = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert "<state>/router/stream-<NN>.sqlite" in layout
+    assert "<state>/views/EVENTS_<NN>.sqlite" in layout
+    # WHEN a project's history on stream 3 is nudged (the causal router leases two events)
+    app = await make_app()
+    (project,) = projects_on_stream(3, 1)
+    await publish(app, lifecycle(project, clock.now()))
+    await app.router().nudge(3)
+    # THEN its claims are in the stream's router state, and its view in the stream's views
+    state = app.settings.state_dir
+    assert causal_claims(app, 3) and app.router().stream_state(3).path == (
+        state / "router" / "stream-03.sqlite"
+    )
+    assert (state / "router" / "stream-03.sqlite").is_file()
+    assert (state / "views" / "EVENTS_03.sqlite").is_file()

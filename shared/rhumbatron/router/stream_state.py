@@ -52,7 +52,6 @@ class StreamState(SqliteStore):
             settings,
             CLAIMS_SCHEMA + _FAILURES_SCHEMA + _NUDGE_TURN_SCHEMA,
         )
-        self.stream_index = stream_index
 
     def count_failure(self, consumer: str, key: str, error: str, *, now_s: float) -> int:
         """Count one more failure of ``key`` for ``consumer``; return the new count."""
