@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -215,13 +216,10 @@ def test_a_file_deleted_or_replaced_under_a_warm_store_is_noticed_and_reopened(
     assert ProjectView(store, project).snapshot()["eventsApplied"] == 1
 
 
-def test_a_per_project_view_file_is_migrated_into_its_streams_store(
-    offline_settings: Settings, caplog: pytest.LogCaptureFixture
-) -> None:
-    # GIVEN a state directory of the per-project layout: projects/<id>/view.sqlite with a
-    # view, a feed and claims, as the code before the view store wrote it
-    (project,) = projects_on_one_stream(1)
-    old = offline_settings.state_dir / "projects" / project / "view.sqlite"
+def legacy_view_file(settings: Settings, project: str) -> Path:
+    """``projects/<project>/view.sqlite`` as the code before the view store wrote it: a view
+    named Web with two events applied, a task, a feed row and its claim (``evt_1``)."""
+    old = settings.state_dir / "projects" / project / "view.sqlite"
     old.parent.mkdir(parents=True)
     legacy = sqlite3.connect(old)
     legacy.executescript(_LEGACY_SCHEMA)
@@ -243,6 +241,16 @@ def test_a_per_project_view_file_is_migrated_into_its_streams_store(
     )
     legacy.commit()
     legacy.close()
+    return old
+
+
+def test_a_per_project_view_file_is_migrated_into_its_streams_store(
+    offline_settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    # GIVEN a state directory of the per-project layout: projects/<id>/view.sqlite with a
+    # view, a feed and claims, as the code before the view store wrote it
+    (project,) = projects_on_one_stream(1)
+    old = legacy_view_file(offline_settings, project)
 
     # WHEN the stream's store opens
     store = StreamViews(offline_settings, stream_index(project))
@@ -265,6 +273,19 @@ def test_a_per_project_view_file_is_migrated_into_its_streams_store(
         f"migrated the view of project {project} from {old} into {store.path} "
         "(the old file is kept as view.sqlite.migrated)"
     )
+
+
+def test_a_streams_store_migrates_only_its_own_projects_files(offline_settings: Settings) -> None:
+    # GIVEN per-project view files of two projects on different streams
+    (ours,) = projects_on_one_stream(1)
+    theirs = next(f"proj-{n}" for n in range(500) if stream_index(f"proj-{n}") != 3)
+    ours_file, theirs_file = (legacy_view_file(offline_settings, p) for p in (ours, theirs))
+    # WHEN stream 3's store opens
+    store = StreamViews(offline_settings, 3)
+    # THEN it takes its own project's file, and leaves the other stream's where it is, for
+    #   that stream's store to take
+    assert store.project_ids() == [ours]
+    assert not ours_file.exists() and theirs_file.exists()
 
 
 _LEGACY_SCHEMA = """
