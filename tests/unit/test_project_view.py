@@ -282,6 +282,7 @@ def test_a_streams_store_migrates_only_its_own_projects_files(offline_settings: 
     ours_file, theirs_file = (legacy_view_file(offline_settings, p) for p in (ours, theirs))
     # WHEN stream 3's store opens
     store = StreamViews(offline_settings, 3)
+    _ = store.connection
     # THEN it takes its own project's file, and leaves the other stream's where it is, for
     #   that stream's store to take
     assert store.project_ids() == [ours]
