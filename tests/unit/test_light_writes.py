@@ -355,3 +355,31 @@ def test_one_projects_apply_on_a_held_view_file_waits_the_busy_timeout(
             view.apply_delta(records, now_s=1_700_000_000.0)
         # THEN the apply waited the busy timeout (a second) for the file before giving up
         assert time.monotonic() - started >= 1.0
+
+
+def test_a_new_wal_has_its_directory_entry_synced_once_and_the_wal_alone_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a stream's new view store, and every fsync of the process recorded by path
+    store = StreamViews(settings_for(tmp_path), 3)
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recorded(descriptor: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", recorded)
+    try:
+        # WHEN it opens (creating its WAL) and syncs twice, as two fetches do
+        _ = store.connection
+        opened = len(synced)
+        store.sync()
+        store.sync()
+    finally:
+        store.close()
+    # THEN opening made the new file's directory entry durable, then its new WAL with the
+    #   WAL's entry; each fetch's sync after that is one fsync of the WAL alone
+    wal, folder = f"{store.path}-wal", str(store.path.parent)
+    assert synced[:opened] == [folder, wal, folder]
+    assert synced[opened:] == [wal, wal]
