@@ -1,7 +1,8 @@
 """What a warm router process spends per run, against a real nats-server (issue #16, "Costs
 that fall as load rises"): the pull requests it sends, the flushes it waits for, the decodes
-a record costs, the files and connections it holds; and what it must not save on (acks
-that have left the process when a run returns, a connection replaced under it)."""
+a record costs, the files and connections it holds, the records it keeps for a stream's next
+run and releases; and what it must not save on (acks that have left the process when a run
+returns, a connection replaced under it)."""
 
 from __future__ import annotations
 
