@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from fsyncs import fail_fsyncs_of, path_of
 from project_roots import restore_project_roots
 from rhumbatron.cli import main
 from rhumbatron.core.clock import ManualClock
@@ -52,7 +53,7 @@ def view_state(app: Rhumbatron, project_id: str) -> dict[str, Any]:
 def is_the_wal_of(app: Rhumbatron, descriptor: int) -> bool:
     """Whether ``descriptor`` (one ``os.fsync`` was given) is the WAL of the stream's views."""
     wal = f"{view_store_path(app.settings, STREAM)}-wal"
-    return os.readlink(f"/proc/self/fd/{descriptor}") == wal
+    return path_of(descriptor) == wal
 
 
 async def history_on_stream(app: Rhumbatron, clock: ManualClock, count: int = 2) -> list[str]:
@@ -184,14 +185,7 @@ async def test_a_fetch_whose_wal_cannot_be_synced_is_retried_not_acked(
     app = await make_app()
     await history_on_stream(app, clock)
     _ = app.router().projector.views(STREAM).connection
-    fsync = os.fsync
-
-    def failing_fsync(descriptor: int) -> None:
-        if is_the_wal_of(app, descriptor):
-            raise OSError(5, "Input/output error")
-        fsync(descriptor)
-
-    monkeypatch.setattr(os, "fsync", failing_fsync)
+    fail_fsyncs_of(monkeypatch, f"{view_store_path(app.settings, STREAM)}-wal")
     # WHEN the stream is nudged
     with caplog.at_level(logging.WARNING):
         await app.router().nudge(STREAM)

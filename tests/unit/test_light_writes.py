@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sqlite3
 import threading
 import time
@@ -19,6 +18,7 @@ from typing import Any, cast
 
 import pytest
 
+from fsyncs import fail_fsyncs_of, record_fsyncs
 from rhumbatron.actors.actor import Actor
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import change_resource_key
@@ -63,15 +63,25 @@ def notes(connection: sqlite3.Connection) -> list[str]:
     return [str(r[0]) for r in connection.execute("SELECT note FROM notes ORDER BY rowid")]
 
 
+@contextlib.contextmanager
+def held(path: Path) -> Iterator[sqlite3.Connection]:
+    """Another connection holding ``path``'s write lock (another process's writer); the
+    caller may let go sooner with its ``COMMIT``."""
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield other
+    finally:
+        if other.in_transaction:
+            other.execute("ROLLBACK")
+        other.close()
+
+
 @pytest.fixture
 def holder(actor: Actor) -> Iterator[sqlite3.Connection]:
-    """Another connection holding the actor file's write lock (another process's writer)."""
-    other = sqlite3.connect(actor.path, isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")
-    yield other
-    if other.in_transaction:
-        other.execute("ROLLBACK")
-    other.close()
+    """Another connection holding the actor file's write lock."""
+    with held(actor.path) as other:
+        yield other
 
 
 def test_a_light_write_commits_without_an_fsync_and_the_next_write_is_durable_again(
@@ -234,19 +244,10 @@ def projector(tmp_path: Path) -> Iterator[ProjectViewProjector]:
     projector.close()
 
 
-@contextlib.contextmanager
-def held(store: StreamViews) -> Iterator[sqlite3.Connection]:
-    """Another connection holding ``store``'s write lock (another process's writer), the
-    file made with its schema first."""
+def held_store(store: StreamViews) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+    """:func:`held` on ``store``'s file, made with its schema first."""
     _ = store.connection
-    other = sqlite3.connect(store.path, isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")
-    try:
-        yield other
-    finally:
-        if other.in_transaction:
-            other.execute("ROLLBACK")
-        other.close()
+    return held(store.path)
 
 
 async def test_a_fetch_on_a_held_view_file_commits_on_a_worker_thread_once_it_is_let_go(
@@ -258,7 +259,7 @@ async def test_a_fetch_on_a_held_view_file_commits_on_a_worker_thread_once_it_is
     assert stream_index("acme-mobile") == stream
     store = projector.views(stream)
     run = RunContext(stream, now_s=1_700_000_000.0, apply_calls_left=15)
-    with held(store) as holder:
+    with held_store(store) as holder:
         # WHEN the projector handles the fetch
         handling = asyncio.create_task(projector.handle(records, run))
         started = time.monotonic()
@@ -287,7 +288,7 @@ async def test_a_fetch_on_a_view_file_held_past_the_busy_timeout_is_given_back_t
     records = fetch_of_two_projects()
     store = projector.views(stream_index("acme-web"))
     run = RunContext(stream_index("acme-web"), now_s=1_700_000_000.0, apply_calls_left=15)
-    with held(store):
+    with held_store(store):
         # WHEN the projector handles the fetch
         started = time.monotonic()
         outcomes = await projector.handle(records, run)
@@ -316,15 +317,7 @@ async def test_a_fetch_whose_wal_cannot_be_synced_still_fails_the_event_at_fault
         "CREATE TRIGGER refuse BEFORE INSERT ON view_tasks WHEN NEW.change_id = 'c-acme-web' "
         "AND NEW.agent_id IS NOT NULL BEGIN SELECT RAISE(ABORT, 'refused'); END"
     )
-    wal = f"{store.path}-wal"
-    fsync = os.fsync
-
-    def failing_fsync(descriptor: int) -> None:
-        if os.readlink(f"/proc/self/fd/{descriptor}") == wal:
-            raise OSError(5, "Input/output error")
-        fsync(descriptor)
-
-    monkeypatch.setattr(os, "fsync", failing_fsync)
+    fail_fsyncs_of(monkeypatch, f"{store.path}-wal")
     run = RunContext(stream_index("acme-web"), now_s=1_700_000_000.0, apply_calls_left=15)
     # WHEN the projector handles the fetch
     outcomes = await projector.handle(records, run)
@@ -348,7 +341,7 @@ def test_one_projects_apply_on_a_held_view_file_waits_the_busy_timeout(
     records = [
         r for r in fetch_of_two_projects() if r.event and r.event.project_id == view.project_id
     ]
-    with held(view.store):
+    with held_store(view.store):
         # WHEN they are applied (a caller on a worker thread, which may wait)
         started = time.monotonic()
         with pytest.raises(ActorBusyError, match="RHUMBATRON_SQLITE_BUSY_TIMEOUT_MS"):
@@ -362,14 +355,7 @@ def test_a_new_wal_has_its_directory_entry_synced_once_and_the_wal_alone_after(
 ) -> None:
     # GIVEN a stream's new view store, and every fsync of the process recorded by path
     store = StreamViews(settings_for(tmp_path), 3)
-    synced: list[str] = []
-    fsync = os.fsync
-
-    def recorded(descriptor: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
-        fsync(descriptor)
-
-    monkeypatch.setattr(os, "fsync", recorded)
+    synced = record_fsyncs(monkeypatch)
     try:
         # WHEN it opens (creating its WAL) and syncs twice, as two fetches do
         _ = store.connection

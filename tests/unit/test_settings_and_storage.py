@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fsyncs import record_fsyncs
 from rhumbatron.actors.storage import (
     check_journal_mode,
     is_network_filesystem,
@@ -31,7 +32,6 @@ from rhumbatron.runtime.bootstrap import bootstrap
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No RHUMBATRON_* variable from the caller's shell leaks into the defaults."""
-    import os
 
     for name in list(os.environ):
         if name.startswith("RHUMBATRON_"):
@@ -320,14 +320,7 @@ def test_a_new_files_folder_entry_is_made_durable_and_an_existing_file_costs_no_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GIVEN a record of what os.fsync is asked to make durable (the real fsync still runs)
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def recording_fsync(descriptor: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
-        real_fsync(descriptor)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     settings = load_settings(state_dir=tmp_path, network_filesystem=False)
     folder = tmp_path.resolve() / "projects" / "p1"
     schema = "CREATE TABLE IF NOT EXISTS t (x INTEGER);"
