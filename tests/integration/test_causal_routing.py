@@ -212,6 +212,36 @@ async def test_the_change_cap_drops_commands_past_it_and_counts_them(
 
 
 @dataclass
+class QueueWatchingLifecycle:
+    """A lifecycle that notes, as each effect is applied, the commands already queued."""
+
+    app: Rhumbatron
+    queued_at_apply: list[dict[str, int]] = field(default_factory=list)
+
+    async def apply(self, event: Event, effect: StateEffect) -> None:
+        self.queued_at_apply.append(await subjects(self.app))
+
+
+async def test_candidates_recompose_is_sent_only_after_the_stale_marking(
+    wiring: Wiring,
+) -> None:
+    # GIVEN a lifecycle that looks at the COMMANDS stream when the stale marking is applied
+    sink = QueueWatchingLifecycle(wiring.app)
+    wiring.routing.effects = sink
+    (advanced,) = events()[2:]
+
+    # WHEN canonical.advanced is routed
+    await wiring.routing.route([advanced])
+
+    # THEN candidates.recompose (the integration queue's only command here) was not yet queued
+    #   when the Candidates were marked stale, and it was queued afterwards
+    assert [r.event_id for r in wiring.routed] == [advanced.event_id]
+    assert f"cmd_{advanced.event_id}_recompose" in wiring.routed[0].sent
+    (queued,) = sink.queued_at_apply
+    assert "cmd.integration" not in queued
+
+
+@dataclass
 class BrokenLifecycle:
     """A lifecycle whose every effect raises ``error``."""
 

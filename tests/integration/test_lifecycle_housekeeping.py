@@ -376,6 +376,57 @@ async def test_a_quiet_open_change_is_settled_at_the_next_release_sweep_tick(
     assert task is not None and (task.status, task.agent_id) == (TaskStatus.RUNNING, AGENT)
 
 
+async def test_a_change_quiet_exactly_three_minutes_at_a_release_sweep_tick_is_settled(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN a Change requested at 10:11 whose ready Task's wake was lost, and one at 10:12
+    project = "acme-web"
+    clock.set(at(10, 0))
+    new_project(app, project)
+    clock.set(at(10, 11))
+    quiet, _ = open_change(app, project, "req-three")
+    clock.set(at(10, 12))
+    open_change(app, project, "req-two")
+
+    # WHEN the 10:14 release-sweep tick runs (quiet for exactly 3 minutes, and for 2)
+    clock.set(at(10, 14))
+    summary = await tick(app)
+
+    # THEN the Change quiet for 3 minutes is settled; the one quiet for 2 is not yet
+    assert summary["release_sweep"] is True
+    assert housekeeping_sent(summary) == {"change.settle": 1}
+    await run_queue(app, "integration")
+    assert handled(app.lifecycle(), "change.settle") == [
+        f"cmd_settle_{quiet}_{minute_key(at(10, 14))}"
+    ]
+
+
+async def test_a_change_quiet_exactly_six_hours_at_a_release_sweep_tick_is_settled(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN a Change requested at 04:09 whose ready Task's wake was lost, and one at 04:08
+    project = "acme-web"
+    clock.set(at(4, 0))
+    new_project(app, project)
+    clock.set(at(4, 8))
+    open_change(app, project, "req-older")
+    clock.set(at(4, 9))
+    six_hours, _ = open_change(app, project, "req-six")
+
+    # WHEN the 10:09 release-sweep tick runs (quiet for exactly 6 hours, and for 6 h 1 min)
+    clock.set(at(10, 9))
+    summary = await tick(app)
+
+    # THEN the window's end is inclusive too: the Change quiet for 6 hours is settled, the
+    #   one quiet for longer is left to its operator (S0-113: 3 minutes to 6 hours)
+    assert summary["release_sweep"] is True
+    assert housekeeping_sent(summary) == {"change.settle": 1}
+    await run_queue(app, "integration")
+    assert handled(app.lifecycle(), "change.settle") == [
+        f"cmd_settle_{six_hours}_{minute_key(at(10, 9))}"
+    ]
+
+
 async def test_the_release_sweep_closes_every_shard_file_it_opened_to_read(
     app: Rhumbatron, clock: ManualClock
 ) -> None:
@@ -501,6 +552,53 @@ async def test_a_settle_supersedes_its_changes_letters_unless_a_task_waits_for_a
     assert task is not None and task.status is TaskStatus.BLOCKED
 
 
+async def test_a_settle_that_fails_the_change_supersedes_the_letter_a_blocked_task_waited_on(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN at 10:04 a Change of two Tasks: one failed, the other blocked by the dead letter
+    #   of its wake (it waited for an operator's Retry)
+    project = "acme-web"
+    clock.set(at(10, 4))
+    new_project(app, project)
+    created = app.lifecycle().requests.create_change(
+        Caller(TENANT, "user:dana", "req-both"),
+        project_id=project,
+        client_request_id="req-both",
+        title="req-both",
+        tasks=[
+            TaskPlan(task_id="fails", title="Fails", agent_id=AGENT, script="hold"),
+            TaskPlan(task_id="waits", title="Waits", agent_id=AGENT, script="hold"),
+        ],
+    )
+    change = created.change_id
+    fail_task(app, project, change, qualified_task_id(change, "fails"))
+    waiting_task = qualified_task_id(change, "waits")
+    wake = lifecycle_command(
+        "agent.wake",
+        ready_wake_id(waiting_task),
+        project_id=project,
+        change_id=change,
+        task_id=waiting_task,
+        now=clock.now(),
+        payload={"agentId": AGENT, "reason": "task_ready"},
+    )
+    change_shard(app, project, change).apply(
+        OPS, BlockTaskForDeadLetter(command=wake, reason="boom")
+    )
+    given_letter(app, project, change, wake)
+
+    # WHEN the 10:14 release-sweep tick settles it and the integration queue runs
+    clock.set(at(10, 14))
+    summary = await tick(app)
+    await run_queue(app, "integration")
+
+    # THEN the settle failed the Change: no Retry can move it now, so its letter is
+    #   superseded, not left open for an operator
+    assert housekeeping_sent(summary) == {"change.settle": 1}
+    assert status_of(app, project, change) == "failed"
+    assert letter_states(app)[change] == ("closed", "superseded")
+
+
 async def test_the_release_sweep_tick_closes_the_letters_of_ended_changes_and_others_do_not(
     app: Rhumbatron, clock: ManualClock
 ) -> None:
@@ -600,6 +698,31 @@ async def test_changes_still_releasing_45_minutes_after_promotion_are_recovered_
     # THEN the four left were recovered
     assert housekeeping_sent(second) == {"release.recover": 4}
     assert [status_of(app, project, c) for c in cheap] == ["completed"] * 12
+
+
+async def test_a_change_promoted_exactly_45_minutes_before_a_tick_waits_for_the_next(
+    app: Rhumbatron, clock: ManualClock
+) -> None:
+    # GIVEN a Change that went releasing at 11:04
+    project = "acme-shop"
+    clock.set(at(11, 0))
+    new_project(app, project)
+    clock.set(at(11, 4))
+    change = cheaply_releasing_change(app, project, "req-edge")
+
+    # WHEN the 11:49 tick runs, exactly 45 minutes after its promotion
+    clock.set(at(11, 49))
+    edge = await tick(app)
+
+    # THEN it is not recovered yet: only a Change promoted more than 45 minutes ago is
+    assert edge["release_sweep"] is True
+    assert housekeeping_sent(edge) == {}
+
+    # WHEN the 11:54 tick runs, THEN its release.recover goes out
+    clock.set(at(11, 54))
+    later = await tick(app)
+    assert housekeeping_sent(later) == {"release.recover": 1}
+    assert status_of(app, project, change) == "releasing"
 
 
 async def test_after_canonical_advanced_only_candidates_on_an_earlier_base_go_stale(

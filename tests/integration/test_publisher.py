@@ -322,6 +322,44 @@ async def test_a_refused_row_k_holds_back_row_k_plus_1_and_order_survives_the_re
     assert counts_by_state(shard.connection)[RowState.PUBLISHED] == 5
 
 
+async def test_a_project_waiting_to_retry_holds_back_no_other_project_of_its_outbox(
+    app: Rhumbatron, reader: JetStreamContext, clock: ManualClock, nudge: RecordingNudge
+) -> None:
+    # GIVEN one outbox holding a row of acme-billing, then one of acme-web, and a server that
+    #   refuses acme-billing's row once (order holds per project, not across projects: S2-042)
+    shard = app.resource_shard(WEB, change_resource_key("chg-1"))
+    append_ready_tasks(shard, CALLER, BILLING, ["tsk-b1"], clock)
+    append_ready_tasks(shard, CALLER, WEB, ["tsk-w1"], clock)
+    billing_id, web_id = [r["event_id"] for r in outbox(shard.connection)]
+    sender = RefuseRowOnce(JetStreamSender(await app.nats(), ack_timeout_s=5), billing_id)
+    publisher = OutboxPublisher(
+        sender, app.settings, clock=clock, nudge=nudge, rng=random.Random(7)
+    )
+    # WHEN publish_due runs
+    first = await publisher.publish_due(shard)
+    # THEN acme-billing's row waits to retry, and acme-web's went out all the same
+    assert (first.published, first.retry_wait) == (1, 1)
+    assert [m.msg_id for m in await stored(reader, "EVENTS_00")] == [web_id]
+    assert await stored(reader, "EVENTS_01") == []
+    # WHEN acme-web appends another row and publish_due runs inside acme-billing's backoff
+    append_ready_tasks(shard, CALLER, WEB, ["tsk-w2"], clock)
+    later_id = outbox(shard.connection)[-1]["event_id"]
+    second = await publisher.publish_due(shard)
+    # THEN acme-web's new row goes out while acme-billing's still waits, not attempted again
+    assert second.published == 1
+    assert [m.msg_id for m in await stored(reader, "EVENTS_00")] == [web_id, later_id]
+    waiting = outbox(shard.connection)[0]
+    assert (waiting["event_id"], waiting["state"], waiting["attempts"]) == (
+        billing_id,
+        RowState.RETRY_WAIT,
+        1,
+    )
+    # AND once the backoff (1 s ± 20 %) has passed, acme-billing's row follows on its stream
+    clock.advance(seconds=1.2)
+    assert (await publisher.publish_due(shard)).published == 1
+    assert [m.msg_id for m in await stored(reader, "EVENTS_01")] == [billing_id]
+
+
 async def test_a_send_the_stream_refuses_counts_an_attempt_and_retries(
     app: Rhumbatron, reader: JetStreamContext, clock: ManualClock, nudge: RecordingNudge
 ) -> None:

@@ -19,6 +19,7 @@ import re
 import sqlite3
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -1254,7 +1255,9 @@ async def test_a_handler_slower_than_the_ack_wait_is_not_redelivered_while_it_ru
     assert await counts_become(app, {}) == {}
 
 
-async def test_messages_waiting_for_a_worker_are_kept_alive_too(make_app: AppFactory) -> None:
+async def test_messages_waiting_for_a_worker_are_kept_alive_too(
+    make_app: AppFactory, tap: AckTap
+) -> None:
     # GIVEN a 1 s ack wait, marks every 0.3 s, and a batch of 10 on a queue of concurrency 2
     # whose handler works 0.6 s: the last two only start after about 2.4 s
     overrides = {"command_ack_wait_s": 1.0, "command_in_progress_s": 0.3}
@@ -1289,6 +1292,11 @@ async def test_messages_waiting_for_a_worker_are_kept_alive_too(make_app: AppFac
     assert stolen == []
     assert deliveries == [1] * 10
     assert report.done == 10
+    # AND they were marked every 0.3 s while they waited: the last two, held about 3 s
+    #   (2.4 s waiting, 0.6 s running), got about 9 marks each (a loaded machine's late
+    #   timers only lose a few); marks at twice the interval would be about 5
+    marks = Counter(a.stream_seq for a in await tap.seen(app) if a.kind == "+WPI")
+    assert max(marks.values()) >= 7
 
 
 #: A 1 s ack wait, marks every 0.3 s for at most 0.6 s: the hold limit within a test's time.

@@ -572,6 +572,40 @@ async def test_a_cooldown_suppresses_a_second_fire_inside_the_window(
     )
 
 
+async def test_each_subscription_keeps_its_own_cooldown_in_seconds(
+    world: World, receiver: Receiver
+) -> None:
+    # GIVEN two subscriptions on the same events: one with a 120 s cooldown, one with none
+    #   (neither is the 60 s default), and both fired on a first match
+    slow = world.subscribe("slow", webhook(receiver.url), cooldown_s=120)
+    every = world.subscribe("every", webhook(receiver.url), cooldown_s=0)
+    await world.publish(task_completed(world.clock, "t1"))
+    await world.react()
+
+    # WHEN a second match comes 30 s later, and a third 130 s after the first
+    world.clock.advance(30)
+    second = task_completed(world.clock, "t2")
+    await world.publish(second)
+    await world.react()
+    world.clock.advance(100)
+    await world.publish(task_completed(world.clock, "t3"))
+    await world.react()
+
+    # THEN each subscription kept its own window: the one without a cooldown fired on every
+    # match; the 120 s one skipped the second only, its window measured from its own fire
+    # (not from the other's fire at 30 s)
+    fired = [
+        (headers["webhook-id"].rsplit(":", 1)[1], body["subject"]["id"])
+        for headers, body in receiver.received
+    ]
+    assert sorted(fired) == sorted(
+        [(slow, "t1"), (every, "t1"), (every, "t2"), (slow, "t3"), (every, "t3")]
+    )
+    assert [(s.subscription_id, s.reason, s.event_id) for s in world.suppressed()] == [
+        (slow, SuppressionReason.COOLDOWN, second.event_id)
+    ]
+
+
 # -- the admission gate --------------------------------------------------------------------------
 
 

@@ -401,6 +401,34 @@ async def test_a_nudge_runs_the_projector_then_the_causal_router_into_the_projec
     assert lags[(event_stream_name(0), PROJECTOR.value)].num_ack_pending == 0
 
 
+async def test_a_warm_nudge_asks_for_the_projectors_records_before_the_causal_routers(
+    make_app: AppFactory, clock: ManualClock, nats_server: NatsServerProcess
+) -> None:
+    # GIVEN a stream both subscriptions have read once (consumers made, view store open)
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, lifecycle(project, clock.now()))
+    await app.router().nudge(0)
+    # AND a second client on the JetStream pull requests of stream 0, and more events
+    tap = await nats.connect(nats_server.url, name="test-pull-tap")
+    pulls = await tap.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{event_stream_name(0)}.*")
+    await tap.flush()
+    await publish(app, wakes(project, clock.now(), 3))
+
+    # WHEN the stream is nudged again
+    await app.router().nudge(0)
+
+    # THEN the projector's pull reached the server first, then the causal router's (S0-068,
+    # adapted: the nudge starts the projector first, then the two run side by side)
+    await (await app.nats()).flush()
+    await tap.flush()
+    asked = []
+    while pulls.pending_msgs:
+        asked.append((await pulls.next_msg(timeout=1)).subject.rsplit(".", 1)[-1])
+    await tap.close()
+    assert asked[:2] == [PROJECTOR.value, CAUSAL.value]
+
+
 async def test_one_consume_fetches_at_most_100_records_and_a_nudge_does_two(
     make_app: AppFactory, clock: ManualClock
 ) -> None:
@@ -425,6 +453,43 @@ async def test_one_consume_fetches_at_most_100_records_and_a_nudge_does_two(
     # THEN its first fetch came back short (50), which ended the run: one consume each
     for name in (PROJECTOR.value, CAUSAL.value):
         assert (again.subscriptions[name].consumes, again.subscriptions[name].fetched) == (1, 50)
+
+
+async def test_a_sweep_tick_does_at_most_two_consumes_of_the_projector_and_the_causal_router(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN 250 events on one stream
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, wakes(project, clock.now(), 250))
+
+    # WHEN one sweep tick visits that stream
+    sweep = await app.router().sweep(now=sweep_minute(0))
+
+    # THEN each of the two subscriptions consumed twice, 100 records each (S0-071, as a
+    # nudge does), and 50 wait for the next run
+    for subscription in (PROJECTOR, CAUSAL):
+        sub = sweep.run.subscriptions[subscription.value]
+        assert (sub.consumes, sub.fetched) == (2, 200), subscription
+        lag = await (await app.router().event_log()).lag(0, subscription)
+        assert lag.num_pending == 50, subscription
+
+
+async def test_a_consume_asked_for_more_than_100_records_still_fetches_at_most_100(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN 250 events on one stream
+    app = await make_app()
+    (project,) = projects_on_stream(0, 1)
+    await publish(app, wakes(project, clock.now(), 250))
+    router = app.router()
+
+    # WHEN a consume of one fetch asks for 250 records at once
+    report = await router.consume(router.run_context(0), CAUSAL, consumes=1, batch=250)
+
+    # THEN that fetch brought 100 and 150 wait (spec S0-063: the cap holds for any caller)
+    assert (report.consumes, report.fetched) == (1, 100)
+    assert (await (await router.event_log()).lag(0, CAUSAL)).num_pending == 150
 
 
 async def test_an_empty_fetch_is_a_normal_outcome(make_app: AppFactory) -> None:
@@ -1248,6 +1313,33 @@ async def test_the_daily_tick_prunes_claims_older_than_14_days_up_to_the_cap(
     left = app.router().stream_state(1).connection.execute(old, (cutoff,)).fetchone()[0]
     assert left == ROUTED_IN_LIFECYCLE - 1
     assert view_count(app, project) == 6 - 1
+
+
+async def test_the_daily_prune_cap_holds_across_every_file_that_holds_claims(
+    make_app: AppFactory, clock: ManualClock
+) -> None:
+    # GIVEN, applied and routed 15 days ago, two events of a project on stream 1 (2 feed
+    #   rows, no claim) and the lifecycles of projects on streams 2 and 3 (6 feed rows and 2
+    #   causal claims each), each in its stream's own files, and a daily cap of 3 rows
+    app = await make_app(processed_events_prune_cap=3)
+    streams = (1, 2, 3)
+    projects = [projects_on_stream(stream, 1)[0] for stream in streams]
+    for project, stream in zip(projects, streams, strict=True):
+        events = lifecycle(project, clock.now())
+        await publish(app, events[:2] if stream == 1 else events)
+        await app.router().nudge(stream)
+    clock.advance(days=15)
+
+    # WHEN the 04:17 UTC tick runs
+    tick = clock.now().replace(hour=4, minute=17) + timedelta(days=1)
+    clock.set(tick)
+    sweep = await app.router().sweep(now=tick)
+
+    # THEN 3 claims and 3 feed rows went in all: what one file took, the next could not
+    assert sweep.maintenance
+    assert (sweep.pruned_claims, sweep.pruned_feed_rows) == (3, 3)
+    assert sum(len(causal_claims(app, stream)) for stream in streams) == 2 * 2 - 3
+    assert sum(view_count(app, project) for project in projects) == 2 + 2 * 6 - 3
 
 
 @pytest.mark.parametrize(

@@ -257,6 +257,29 @@ async def test_the_limit_of_active_agents_per_change_is_the_consumers_setting(
     assert task is not None and task.status == "ready"
 
 
+@pytest.mark.parametrize("ended", ["completed", "failed"])
+async def test_a_task_that_completes_or_fails_frees_its_agents_slot(
+    app: Rhumbatron, ended: str
+) -> None:
+    # GIVEN a consumer that admits one agent per Change, and c1's one agent whose Task then
+    #   completed (task.completed) or failed (task.failed)
+    ready_task(app, "c1", "busy")
+    shard(app, "c1").apply(
+        SYSTEM, RecordTaskStatus(change_id="c1", task_id="busy", status="running", agent_id="a0")
+    )
+    shard(app, "c1").apply(SYSTEM, RecordTaskStatus(change_id="c1", task_id="busy", status=ended))
+    ready_task(app, "c1", "t2")
+    agents = RecordingAgents()
+    consumer = WakeConsumer(app, agents, max_active_agents_per_change=1)
+    # WHEN another Task's ready wake arrives
+    await consumer(wake("cmd_t2_ready", "c1", "t2", "a2"), first_delivery())
+    # THEN the ended Task's slot is free: the agent is admitted and woken
+    assert consumer.outcomes == [("cmd_t2_ready", WakeOutcome.DELIVERED)]
+    task = shard(app, "c1").task_state("t2")
+    assert task is not None and (task.status, task.agent_id) == ("assigned", "a2")
+    assert agents.woken == [("a2", "t2")]
+
+
 async def test_an_admission_is_recorded_under_the_projects_tenant(app: Rhumbatron) -> None:
     shard(app, "c1").apply(SYSTEM, AppendChangeEvents(change_id="c1", status="running", facts=()))
     ready_task(app, "c1", "t1")

@@ -263,6 +263,12 @@ def test_a_fact_of_another_project_is_refused(offline_app: Rhumbatron) -> None:
     assert outbox(root.connection) == []
 
 
+def test_exactly_two_actor_classes_own_an_outbox() -> None:
+    # spec S0-021: ProjectRootDO and ResourceShardDO, and no third kind of actor
+    assert {kind.value for kind in ActorKind} == {"project_root", "resource_shard"}
+    assert {ProjectRoot.KIND, ResourceShard.KIND} == set(ActorKind)
+
+
 def test_an_actor_class_cannot_open_the_other_kind(tmp_path: Path) -> None:
     settings = load_settings(state_dir=tmp_path)
     with pytest.raises(ActorError) as refused:

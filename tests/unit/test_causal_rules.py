@@ -188,6 +188,19 @@ def test_a_resource_event_wakes_on_exact_asks_clef_flash_on_prefix_and_ignores_t
     assert [q.agent.agent_id for q in plan.questions] == ["prefix"]
 
 
+def test_an_exact_overlap_wakes_without_asking_clef_flash_though_a_prefix_is_held_first() -> None:
+    # GIVEN an Agent holding a folder (a prefix overlap) before the file itself (exact)
+    agents = [ActiveAgent("both", "c1", "t1", ("src/", "src/app.py"))]
+    event = fact("claim.released", {"claimId": "k1", "agentId": "other"}, resource="src/app.py")
+    # WHEN the rules plan the Event
+    plan = plan_for(event, World(agents=agents), now=NOW)
+    # THEN the deterministic rule decides: a wake, and no Clef-flash question
+    assert [(c.command.command_type, c.command.task_id) for c in plan.commands] == [
+        ("agent.wake", "t1")
+    ]
+    assert plan.questions == []
+
+
 def test_an_agent_never_wakes_on_its_own_resource_event() -> None:
     me = ActiveAgent("writer", "c1", "t1", ("src/app.py",))
     author = Caller("acme", "agent:writer", correlation_id="corr-rules")

@@ -68,6 +68,17 @@ def test_prune_deletes_only_done_claims_older_than_the_cutoff_up_to_the_limit(
     assert left == {"lease", "new"}
 
 
+def test_prune_keeps_a_claim_processed_exactly_at_the_cutoff(db: sqlite3.Connection) -> None:
+    # GIVEN a claim processed exactly at the cutoff and one a millisecond before it
+    claim_events(db, "causal-router", ["at-cutoff"], now_s=1_000)
+    claim_events(db, "causal-router", ["before"], now_s=999.999)
+    # WHEN claims older than the cutoff are pruned
+    # THEN only the older one goes: a claim exactly the retention old is not older than it
+    assert prune_claims(db, older_than_s=1_000, limit=10) == 1
+    left = {row[0] for row in db.execute("SELECT event_id FROM processed_events")}
+    assert left == {"at-cutoff"}
+
+
 def test_a_live_lease_is_reported_held_not_done(db: sqlite3.Connection) -> None:
     # GIVEN E leased by a run that died, and F done
     claim_events(db, "causal-router", ["E", "F"], now_s=0, lease_s=300)

@@ -231,6 +231,28 @@ async def test_failed_sends_back_off_doubling_and_the_10th_failed_attempt_fails_
     root.close()
 
 
+async def test_the_publisher_caps_a_rows_backoff_at_five_minutes(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a row the server refuses every time, with attempts enough for the doubling to
+    # pass 5 minutes (the default 10 stop at 256 s), no jitter and the default cap
+    settings = offline(tmp_path, outbox_backoff_jitter=0, outbox_max_attempts=12)
+    root = new_root(settings, clock)
+    root.create_project(CALLER, name="Acme")
+    publisher = OutboxPublisher(RefusingSender(), settings, clock=clock, rng=random.Random(0))
+    delays = []
+    # WHEN the publisher tries again each time its backoff has passed
+    for _ in range(11):
+        assert (await publisher.publish_due(root)).retry_wait == 1
+        [row] = rows(root.connection)
+        delay = row["next_attempt_at"] - clock.now().timestamp()
+        delays.append(delay)
+        clock.advance(seconds=delay)
+    # THEN the delays double from 1 s and stop at 5 minutes (spec S0-050)
+    assert delays == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]
+    root.close()
+
+
 async def test_a_failed_row_is_terminal_and_never_sent_again(
     tmp_path: Path, clock: ManualClock
 ) -> None:
@@ -272,6 +294,67 @@ async def test_a_row_waiting_to_retry_blocks_the_later_rows_of_its_project(
     report = await OutboxPublisher(sender, settings, clock=clock).publish_due(shard)
     assert report.published == 3
     assert [m.message_id for m in sender.sent] == [r["event_id"] for r in rows(shard.connection)]
+    shard.close()
+
+
+class LooksAtTheActorFileAtEachSend(SenderWrapper):
+    """At each send, looks at the actor file through a connection of its own: whether the
+    rows being sent are committed there, and whether a writer could begin at once."""
+
+    def __init__(self, inner: MemorySender, path: Path) -> None:
+        super().__init__(inner)
+        self.path = path
+        self.seen: list[tuple[bool, bool]] = []
+
+    def _look(self, messages: Sequence[OutgoingMessage]) -> None:
+        other = sqlite3.connect(self.path, timeout=0, isolation_level=None)
+        try:
+            committed = {r[0] for r in other.execute("SELECT event_id FROM outbox")}
+            try:
+                other.execute("BEGIN IMMEDIATE")
+                other.execute("ROLLBACK")
+                free = True
+            except sqlite3.OperationalError:
+                free = False
+        finally:
+            other.close()
+        self.seen.append((all(m.message_id in committed for m in messages), free))
+
+    async def send(self, stream: str, message: OutgoingMessage) -> StoredMessage:
+        self._look([message])
+        return await super().send(stream, message)
+
+    async def send_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> list[StoredMessage]:
+        self._look(messages)
+        return await super().send_batch(stream, messages)
+
+    async def send_fast_batch(
+        self, stream: str, messages: Sequence[OutgoingMessage]
+    ) -> FastBatchAck:
+        self._look(messages)
+        return await super().send_fast_batch(stream, messages)
+
+
+@pytest.mark.parametrize("facts", [1, 3], ids=["a lone row", "a batch"])
+async def test_rows_are_sent_after_their_transaction_commits_and_outside_any_transaction(
+    tmp_path: Path, clock: ManualClock, facts: int
+) -> None:
+    # GIVEN a Change's facts written with its state change
+    settings = offline(tmp_path)
+    shard = change_shard(settings, clock, "chg-1")
+    shard.apply(
+        CALLER, AppendChangeEvents(change_id="chg-1", status="planned", facts=task_facts(facts))
+    )
+    sender = LooksAtTheActorFileAtEachSend(MemorySender(), shard.path)
+    # WHEN the publisher sends them
+    report = await OutboxPublisher(sender, settings, clock=clock).publish_due(shard)
+    # THEN every send found its rows committed in the actor file and no transaction open on
+    # it (spec S0-007: the publisher sends after the transaction, not inside it)
+    assert report.published == len(rows(shard.connection)) >= facts
+    assert sender.seen
+    assert all(seen == (True, True) for seen in sender.seen), sender.seen
     shard.close()
 
 

@@ -70,6 +70,47 @@ def test_claims_feed_rows_and_view_commit_together(offline_settings: Settings) -
     assert view.snapshot()["eventsApplied"] == 2
 
 
+def test_the_claims_are_written_before_the_view_changes_in_the_same_transaction(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN a view, and every statement its file runs traced
+    view = view_of(offline_settings, "acme-web")
+    ready, assigned, _ = task_events("acme-web")
+    statements: list[str] = []
+    view.connection.set_trace_callback(lambda sql: statements.append(sql.lstrip().upper()))
+    # WHEN a fetch of two events is applied
+    view.apply_delta([record(ready, 1), record(assigned, 2)], now_s=1.0)
+    view.connection.set_trace_callback(None)
+    # THEN inside one transaction the claims (the feed rows) were inserted first, then the
+    # view's tables were written (S0-235: claim, then applyDelta), and it committed once
+    claims = [i for i, sql in enumerate(statements) if sql.startswith("INSERT INTO PROJECT_EVENTS")]
+    view_writes = [
+        i
+        for i, sql in enumerate(statements)
+        if sql.startswith(("INSERT INTO VIEW_", "UPDATE VIEW_", "DELETE FROM VIEW_"))
+    ]
+    assert claims and view_writes
+    assert statements[0].startswith("BEGIN")
+    assert max(claims) < min(view_writes)
+    assert max(view_writes) < statements.index("COMMIT")
+    assert statements.count("COMMIT") == 1
+
+
+def test_the_feed_prune_keeps_a_row_applied_exactly_at_the_cutoff(
+    offline_settings: Settings,
+) -> None:
+    # GIVEN a feed row applied a millisecond before the cutoff and one exactly at it
+    view = view_of(offline_settings, "acme-web")
+    ready, assigned, _ = task_events("acme-web")
+    view.apply_delta([record(ready, 1)], now_s=999.999)
+    view.apply_delta([record(assigned, 2)], now_s=1_000.0)
+    # WHEN the feed rows older than the cutoff are pruned
+    # THEN only the older one goes: a row exactly the retention old is not older than it
+    assert view.store.prune_feed(older_than_s=1_000.0, limit=10) == 1
+    rows = view.connection.execute("SELECT event_id FROM project_events").fetchall()
+    assert [row[0] for row in rows] == [assigned.event_id]
+
+
 def test_one_event_that_cannot_be_applied_rolls_back_alone(offline_settings: Settings) -> None:
     # GIVEN a view whose task table refuses task t-bad (a stand-in for any apply error)
     view = view_of(offline_settings, "acme-web")

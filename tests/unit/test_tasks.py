@@ -40,6 +40,24 @@ def task(status: TaskStatus, **fields: object) -> TaskState:
     return TaskState(**(values | fields))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("status", "takes_a_slot"),
+    [
+        (TaskStatus.PLANNED, False),
+        (TaskStatus.READY, False),
+        (TaskStatus.ASSIGNED, True),
+        (TaskStatus.RUNNING, True),
+        (TaskStatus.COMPLETED, False),  # task.completed frees the Agent slot (S0-146)
+        (TaskStatus.FAILED, False),  # task.failed frees the Agent slot (S0-147)
+        (TaskStatus.BLOCKED, False),
+    ],
+)
+def test_a_task_takes_one_of_the_8_agent_slots_only_while_an_agent_holds_it(
+    status: TaskStatus, takes_a_slot: bool
+) -> None:
+    assert task(status).active is takes_a_slot
+
+
 def command(
     *, change_id: str | None = CHANGE, task_id: str | None = TASK, attempt: int = 1
 ) -> Command:

@@ -4,10 +4,10 @@
 Event it takes the rules' plan (:func:`~rhumbatron.causal.rules.plan_for`), asks Clef-flash
 each prefix-overlap question (a wake, an abstention or a reached call cap all wake), admits
 each capped command against the 1,000-per-Change-per-day cap (a dropped command is logged and
-counted there), sends the commands with their stable IDs, and hands the state effects to the
-lifecycle. Every step is idempotent per Event: the same plan, the same command IDs (JetStream's
-duplicate window drops a repeat), recorded Clef-flash decisions, a cap that counts a command ID
-once — so a redelivered Event causes nothing twice.
+counted there), hands the state effects to the lifecycle, and then sends the commands with
+their stable IDs. Every step is idempotent per Event: the same plan, the same command IDs
+(JetStream's duplicate window drops a repeat), recorded Clef-flash decisions, a cap that
+counts a command ID once — so a redelivered Event causes nothing twice.
 
 A Clef-flash question that was really asked of the model (not an abstention for want of a key,
 nor a wake past the daily cap) records ``model.routed`` (the model, purpose ``clef_flash``) in
@@ -141,6 +141,12 @@ class RuleBasedRouting:
         sent: list[str] = []
         duplicates: list[str] = []
         dropped: list[str] = []
+        # The state effects first: ``candidates.recompose`` settles the Candidates the stale
+        # marking made (S0-145). Sent before it, a worker could take it, find nothing stale
+        # and ack it, and a retry after a failed effect would resend it into the duplicate
+        # window. The effects are idempotent, so a send that fails later repeats them safely.
+        for effect in plan.effects:
+            await self.effects.apply(event, effect)
         bus = await self.bus()
         for planned in commands:
             command = planned.command
@@ -149,8 +155,6 @@ class RuleBasedRouting:
                 continue
             result = await bus.send(planned.queue, command)
             (duplicates if result.duplicate else sent).append(command.command_id)
-        for effect in plan.effects:
-            await self.effects.apply(event, effect)
         if self.routed is not None:
             self.routed.append(
                 RoutedEvent(

@@ -107,8 +107,8 @@ class HousekeepingWorld(Protocol):
     def quiet_changes(
         self, updated_after: datetime, updated_before: datetime, limit: int
     ) -> Sequence[QuietChange]:
-        """Open Changes last updated inside ``(updated_after, updated_before]`` that cannot
-        move on their own."""
+        """Open Changes last updated inside ``[updated_after, updated_before]`` (both ends
+        included) that cannot move on their own."""
         ...
 
 
