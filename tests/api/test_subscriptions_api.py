@@ -98,6 +98,26 @@ def test_a_subscription_is_created_read_listed_governed_and_deleted(client: Test
     assert client.delete(url, headers=AUTH).status_code == 404
 
 
+def test_the_governance_a_subscription_is_created_with_is_stored_and_read_back(
+    client: TestClient,
+) -> None:
+    # GIVEN a subscription created disabled, with a cooldown
+    body = _workflow(governance={"cooldownS": 30, "enabled": False})
+    created = _create(client, body)
+    assert created.status_code == 201, created.text
+    sub = created.json()
+    # WHEN it is read, listed, and created again the same way
+    read = client.get(f"/subscriptions/{sub['subscriptionId']}", headers=AUTH).json()
+    everything = client.get("/subscriptions", headers=AUTH).json()
+    enabled = client.get("/subscriptions", params={"enabledOnly": "true"}, headers=AUTH).json()
+    again = _create(client, body)
+    # THEN every answer holds the governance it was created with, as the store keeps it
+    assert read["governance"] == {"cooldownS": 30, "enabled": False}
+    assert everything == {"items": [read]}
+    assert enabled == {"items": []}
+    assert again.status_code == 200 and again.json() == read
+
+
 def test_other_content_under_a_taken_name_is_409(client: TestClient) -> None:
     # GIVEN a subscription named on-failures
     assert _create(client, _workflow()).status_code == 201

@@ -523,6 +523,32 @@ async def test_one_client_request_id_in_two_projects_creates_a_change_in_each(
     assert [c.change_id for c in app.lifecycle().world.changes("acme-blog")] == [blog.change_id]
 
 
+async def test_a_client_retrying_its_request_a_day_later_gets_the_first_change(
+    app: Rhumbatron,
+) -> None:
+    # GIVEN a Change created for a client request
+    project_id = "acme-shop"
+    provision(app, project_id)
+    requests = app.lifecycle().requests
+    first = requests.create_change(
+        USER, project_id=project_id, client_request_id="req-7", title="Gift", tasks=one_task()
+    )
+
+    # WHEN the client retries the same request a day and a minute later (the key is the
+    # request, not the moment it arrived)
+    assert isinstance(app.clock, ManualClock)
+    app.clock.advance(days=1, minutes=1)
+    again = requests.create_change(
+        USER, project_id=project_id, client_request_id="req-7", title="Gift", tasks=one_task()
+    )
+
+    # THEN the retry is the first Change, and the project holds that one Change
+    assert first.created and not again.created
+    assert again.change_id == first.change_id
+    assert [c.change_id for c in app.lifecycle().world.changes(project_id)] == [first.change_id]
+    assert facts(app, project_id)["change.created"] == 1
+
+
 async def read_project_events(app: Rhumbatron, project_id: str) -> list[Event]:
     """Every Event of ``project_id`` on its stream, in stream order."""
     js = (await app.nats()).jetstream()
@@ -641,6 +667,14 @@ async def test_release_start_delivered_twice_makes_one_release(app: Rhumbatron) 
     assert rows[release_id][:2] == ("release", "succeeded") and rows[release_id][3] == 3
     recorded = facts(app, project_id)
     assert (recorded["release.started"], recorded["release.completed"]) == (1, 1)
+    # ... and a third start of the release (what a delivery after the 2-hour window does) is
+    # refused as a repeat
+    start = await app.lifecycle().engine.start(
+        "release",
+        release_id,
+        {"projectId": project_id, "changeId": change_id, "release_id": release_id},
+    )
+    assert not start.started
 
 
 # --------------------------------------------------------------------------- composition

@@ -586,6 +586,32 @@ async def test_a_redelivered_reaction_wake_still_collapses_into_the_wake_that_we
     assert agents.woken == [("agent-9", "t1")]
 
 
+async def test_wakes_collapse_per_agent_and_event_so_another_agent_is_still_woken(
+    world: World,
+) -> None:
+    # GIVEN agent-9 holding t1, woken by the router about a fact of t1
+    held_task(world, "t1", "agent-9")
+    event = task_started(world.clock, "t1", "agent-9")
+    agents = RecordingAgents()
+    consumer = WakeConsumer(world.app, agents)
+    router_wake = causal_wake(world, event, "t1", "agent-9")
+    await consumer(router_wake, Delivery("agent-wakeups", 1, 1, 4, {}))
+
+    # WHEN two subscriptions wake reviewer-bot about the same fact
+    for seq, sub in ((2, "sub_" + "b" * 32), (3, "sub_" + "c" * 32)):
+        wake = agent_wake_command(event, sub, "reviewer-bot", world.clock.now())
+        await consumer(wake, Delivery("agent-wakeups", seq, 1, 4, {}))
+
+    # THEN the pair is (agent, event): reviewer-bot is another agent, woken once; only its
+    # second wake about the same fact collapses
+    assert [outcome for _, outcome in consumer.outcomes] == [
+        WakeOutcome.DELIVERED,
+        WakeOutcome.DELIVERED,
+        WakeOutcome.DUPLICATE,
+    ]
+    assert agents.woken == [("agent-9", "t1"), ("reviewer-bot", "t1")]
+
+
 async def test_a_reaction_wake_shows_no_agent_active_on_the_task_it_names(world: World) -> None:
     # GIVEN an open Change whose t1 agent-9 holds, and a reaction's wake of reviewer-bot
     # about t1's fact

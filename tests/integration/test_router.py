@@ -304,6 +304,8 @@ async def test_each_stream_gets_the_specs_four_durable_consumers_and_reactions_a
         assert info.config.ack_policy == AckPolicy.EXPLICIT
         assert info.config.ack_wait == 300
         assert info.config.deliver_subject is None  # a pull consumer
+        # durable: the server never removes it for being idle (its cursor would be lost)
+        assert not info.config.inactive_threshold
         # every record from the first, redelivered without a server-side limit (the router
         # counts failures itself: JetStream must never stop redelivering), and at most the
         # settings' records in flight

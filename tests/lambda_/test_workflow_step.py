@@ -35,6 +35,8 @@ from rhumbatron.domain.candidates import CandidateStatus
 from rhumbatron.domain.changes import TaskPlan
 from rhumbatron.domain.facts import Caller
 from rhumbatron.errors import EnvelopeError
+from rhumbatron.protocol.envelopes import Event
+from rhumbatron.reactions.selectors import Selector, event_selector_matches
 from rhumbatron.runtime import process
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
@@ -250,6 +252,30 @@ def test_verification_rejects_a_fork_that_does_not_parse(
     assert output["decision"] == "rejected"
     assert [p.split(":")[0] for p in output["problems"]] == ["src/broken.py"]
     assert _status(writer, candidate_id) == (CandidateStatus.REJECTED, "failed")
+
+
+def test_a_verification_verdict_names_its_workflow_as_an_actor_a_filter_can_select(
+    function: ModuleType, writer: Rhumbatron
+) -> None:
+    # GIVEN a created Candidate whose fork parses, verified by its execution
+    candidate_id = _candidate_with_fork(writer, {"src/gift_card.py": "class GiftCard: ...\n"})
+    run_state_machine(
+        _definition("verification"), _verification_input(candidate_id), _invoke(function)
+    )
+    # WHEN the verdict (our CI's fact) is read from the Change's outbox
+    rows = (
+        _shard(writer)
+        .connection.execute("SELECT envelope FROM outbox WHERE event_type = 'candidate.verified'")
+        .fetchall()
+    )
+    (verdict,) = [Event.parse(bytes(row[0])) for row in rows]
+    # THEN it names the verification workflow as its actor, correlated by the Candidate
+    assert (verdict.actor, verdict.correlation_id) == ("workflow:verification", candidate_id)
+    # AND a subscription filter on subject.actor selects it, and one on another actor not
+    ci = Selector.create(["candidate.*"], {"subject.actor": "workflow:verification"})
+    other = Selector.create(["candidate.*"], {"subject.actor": CALLER.actor})
+    assert event_selector_matches(ci, verdict)
+    assert not event_selector_matches(other, verdict)
 
 
 def test_a_step_that_fails_fails_the_execution_with_its_error(

@@ -8,6 +8,7 @@ import re
 import sqlite3
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,13 +25,13 @@ from rhumbatron.actors.shard_commands import (
 )
 from rhumbatron.core.clock import ManualClock
 from rhumbatron.core.settings import Settings, load_settings
-from rhumbatron.domain.changes import ChangeFact
+from rhumbatron.domain.changes import ChangeFact, TaskPlan
 from rhumbatron.domain.facts import Caller, FactContext
 from rhumbatron.domain.project import create_project
 from rhumbatron.domain.transition import Insert, Transition, Update
 from rhumbatron.errors import ActorBusyError, ActorError, DomainError, EnvelopeError, OutboxError
 from rhumbatron.protocol.envelopes import Event
-from rhumbatron.protocol.event_types import CanonicalAdvanced
+from rhumbatron.protocol.event_types import EVENT_TYPES, CanonicalAdvanced
 from rhumbatron.protocol.ids import stable_event_id
 from rhumbatron.runtime.bootstrap import Rhumbatron, bootstrap
 
@@ -321,6 +322,100 @@ def test_change_events_land_in_the_shard_that_owns_change_id(offline_app: Rhumba
     assert state is not None and state.status == "running"
 
 
+def test_changes_requested_through_the_lifecycle_land_in_the_shard_of_change_colon_id(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # GIVEN a project of a deployment with 7 shards. (With a power of two up to 64, as the
+    # default 16, fnv1a32 mod N is the same with or without the "change:" prefix: hashing it
+    # leaves the low six bits of the FNV state as they were. Seven shards tell the keys apart.)
+    settings = load_settings(
+        state_dir=tmp_path / "state", nats_url="nats://127.0.0.1:1", resource_shard_count=7
+    )
+    app = bootstrap(settings, clock=clock, alarms=RecordingAlarmSink())
+    app.project_root(PROJECT).create_project(CALLER, name="Acme")
+    # WHEN 16 Changes are requested the way the API asks for them (random Change IDs: 16, so
+    # that a wrong key cannot land every Change in the right shard by chance)
+    change_ids = [
+        app.lifecycle()
+        .requests.create_change(
+            Caller("acme", "user:dana", f"req-{n}"),
+            project_id=PROJECT,
+            client_request_id=f"req-{n}",
+            title="Add a page",
+            tasks=[TaskPlan(task_id="work", title="Do the work", agent_id="builder-1")],
+        )
+        .change_id
+        for n in range(16)
+    ]
+    # THEN each Change's Events sit in the shard that owns "change:<id>", and in no other
+    found: dict[str | None, set[str]] = {change_id: set() for change_id in change_ids}
+    any_shard = ResourceShard.ref_for(PROJECT, "any", 7).path(settings.state_dir)
+    for path in any_shard.parent.glob("shard-*.sqlite"):
+        connection = sqlite3.connect(path)
+        for (envelope,) in connection.execute("SELECT envelope FROM outbox"):
+            event = Event.parse(bytes(envelope))
+            if event.change_id in found:
+                found[event.change_id].add(path.name)
+        connection.close()
+    owners = {c: ResourceShard.ref_for(PROJECT, f"change:{c}", 7).shard for c in change_ids}
+    assert found == {c: {f"shard-{shard:02d}.sqlite"} for c, shard in owners.items()}
+
+
+# The spec's Change Events (the lifecycle of a Change, its Tasks, Candidates, promotion and
+# release), named here rather than read from the registry's id_kind, which is what is tested.
+CHANGE_EVENT_TYPES = (
+    *(
+        f"change.{verb}"
+        for verb in (
+            "created",
+            "planned",
+            "status_changed",
+            "settled",
+            "completed",
+            "failed",
+            "cancelled",
+            "not_selected",
+            "declined",
+        )
+    ),
+    *(
+        f"task.{verb}"
+        for verb in ("ready", "assigned", "started", "completed", "failed", "blocked")
+    ),
+    "agent.woke",
+    "model.routed",
+    "verification.started",
+    *(f"candidate.{verb}" for verb in ("created", "verified", "rejected", "stale", "promoted")),
+    *(f"promotion.{verb}" for verb in ("requested", "completed", "rejected")),
+    *(f"release.{verb}" for verb in ("started", "completed", "failed")),
+)
+
+
+@pytest.mark.parametrize("event_type", CHANGE_EVENT_TYPES)
+def test_every_change_event_type_gets_the_stable_id_so_a_retry_repeats_it(
+    clock: ManualClock, event_type: str
+) -> None:
+    # GIVEN a Change Event of this type, written by a workflow step and by its retry (another
+    # moment, another causing event)
+    task_id = "tsk-1" if event_type.startswith("task.") else None
+    payload: Any = EVENT_TYPES[event_type].payload.model_construct()  # IDs read no payload
+    first = FactContext(CALLER, PROJECT, clock.now()).fact(
+        event_type, payload, change_id="chg-1", task_id=task_id
+    )
+    clock.advance(minutes=5)
+    retry_caller = Caller("acme", "system:test", "corr-retry", caused_by="evt_" + "1" * 32)
+    again = FactContext(retry_caller, PROJECT, clock.now()).fact(
+        event_type, payload, change_id="chg-1", task_id=task_id
+    )
+    # THEN both carry stableEventId(change, type, task): the retry repeats the ID (S0-016)
+    assert first.event_id == again.event_id == stable_event_id("chg-1", event_type, task_id)
+    # AND another Change's fact of the same type gets another ID
+    other = FactContext(CALLER, PROJECT, clock.now()).fact(
+        event_type, payload, change_id="chg-2", task_id=task_id
+    )
+    assert other.event_id != first.event_id
+
+
 def test_a_retried_change_append_is_a_no_op(offline_app: Rhumbatron, clock: ManualClock) -> None:
     shard = offline_app.resource_shard(PROJECT, change_resource_key("chg-1"))
     facts = (
@@ -495,6 +590,23 @@ def test_promoting_from_a_stale_generation_is_refused(offline_app: Rhumbatron) -
         root.promote(CALLER, candidate_id="cand-2", artifact_id="art-2", expected_generation=0)
     state = root.state()
     assert state is not None and state.canonical_candidate_id == "cand-1"
+    assert len(outbox(root.connection)) == 3
+
+
+def test_the_promoted_candidate_expecting_another_generation_is_no_repeat_and_is_refused(
+    offline_app: Rhumbatron,
+) -> None:
+    # GIVEN cand-1 promoted from generation 0: canonical is cand-1 at 1
+    root = offline_app.project_root(PROJECT)
+    root.create_project(CALLER, name="Acme")
+    root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=0)
+    # WHEN cand-1 is promoted again, expecting generation 2 (the key is candidate + expected
+    # generation: only cand-1 from 0 is the promotion that happened)
+    # THEN it is no repeat: it is refused, and nothing is written
+    with pytest.raises(DomainError, match=r"expects canonical generation 2.*is at 1"):
+        root.promote(CALLER, candidate_id="cand-1", artifact_id="art-1", expected_generation=2)
+    state = root.state()
+    assert state is not None and state.canonical_generation == 1
     assert len(outbox(root.connection)) == 3
 
 

@@ -381,6 +381,45 @@ BUSIEST = World(
 )
 
 
+#: The spec's six resource Events, written out: the router's own set would prove nothing.
+SPEC_RESOURCE_EVENTS = frozenset(
+    {
+        "intent.declared",
+        "intent.changed",
+        "challenge.created",
+        "changeset.proposed",
+        "claim.released",
+        "claim.expired",
+    }
+)
+
+
+#: The lifecycle types a rule acts on (their payloads are read, and none has a resource).
+LIFECYCLE_RULE_TYPES = frozenset(
+    {
+        "change.planned",
+        "task.completed",
+        "task.failed",
+        "verification.started",
+        "canonical.advanced",
+        "artifact.promoted",
+    }
+)
+
+
+@pytest.mark.parametrize("event_type", sorted(set(EVENT_TYPES) - LIFECYCLE_RULE_TYPES))
+def test_exactly_the_six_resource_events_wake_an_agent_holding_their_resource(
+    event_type: str,
+) -> None:
+    # GIVEN an Agent of another Change holding src/app.py
+    world = World(agents=[ActiveAgent("holder", "c2", "t2", ("src/app.py",))])
+    # WHEN an Event of this type names src/app.py as its resource
+    plan = plan_for(any_event(event_type, resource="src/app.py"), world, now=NOW)
+    # THEN the holder is woken if and only if the type is one of the spec's resource Events
+    woken = [c.command.task_id for c in plan.commands if c.command.command_type == "agent.wake"]
+    assert woken == (["t2"] if event_type in SPEC_RESOURCE_EVENTS else []), event_type
+
+
 @pytest.mark.parametrize("event_type", sorted(EVENT_TYPES))
 def test_an_event_no_rule_acts_on_plans_nothing_even_in_the_busiest_world(event_type: str) -> None:
     event = any_event(event_type, resource="src/app.py" if event_type in RESOURCE_EVENTS else None)

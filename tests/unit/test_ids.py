@@ -13,6 +13,7 @@ How the vectors were made (DECISIONS: UTF-8, fields joined by \\x1f, absent = em
 from __future__ import annotations
 
 import re
+import uuid
 
 import pytest
 
@@ -130,6 +131,14 @@ def test_stable_event_id_treats_absent_task_and_key_as_empty_strings() -> None:
 
 def test_new_event_id_is_evt_plus_32_hex_digits() -> None:
     assert re.fullmatch(r"evt_[0-9a-f]{32}", new_event_id())
+
+
+def test_new_event_id_is_the_hex_of_a_random_uuid4() -> None:
+    # The spec's crypto.randomUUID(); DECISIONS: a UUID4. Its version and variant bits are
+    # fixed, so an ID made another way (a hash of the time, a UUID1) shows within a few IDs.
+    for _ in range(64):
+        minted = uuid.UUID(hex=new_event_id().removeprefix("evt_"))
+        assert (minted.version, minted.variant) == (4, uuid.RFC_4122)
 
 
 def test_new_event_ids_are_unique() -> None:

@@ -267,6 +267,30 @@ def test_every_registered_noun_says_what_it_is_about() -> None:
     assert sorted(KIND_GRAMMAR.subjects - set(SUBJECT_OF_NOUN)) == []
 
 
+@pytest.mark.parametrize(
+    ("noun", "about"),
+    [
+        ("promotion", "candidate"),
+        ("candidate", "candidate"),
+        ("canonical", "project"),
+        ("claim", "resource"),
+        ("verification", "change"),
+        ("schedule", "schedule"),
+        ("reaction", "subscription"),
+        ("log", "stream"),
+    ],
+)
+def test_one_noun_family_is_about_one_type_of_thing_whatever_its_verb(
+    noun: str, about: str
+) -> None:
+    # GIVEN the kinds of one noun family (promotion.started, promotion.completed ...)
+    family = [kind for name, kind in KIND_GRAMMAR.items() if name.split(".")[0] == noun]
+    # WHEN each says what it is about
+    # THEN they all name the same type of thing, the one the noun stands for
+    assert family, noun
+    assert {kind.about.value for kind in family} == {about}
+
+
 def test_every_kind_carries_the_id_of_what_it_is_about() -> None:
     # GIVEN each kind and where the ID of its subject lives
     for name, kind in KIND_GRAMMAR.items():

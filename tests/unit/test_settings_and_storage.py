@@ -58,6 +58,7 @@ def test_defaults_are_the_specifications_numbers() -> None:
     assert settings.state_dir == Path(".rhumbatron/state")
     assert settings.producer_bindings is None  # all eight streams bound
     assert settings.publish_concurrency == 16
+    assert settings.evidence_bucket == "rhumbatron-evidence"  # the archive's bucket
 
 
 def test_settings_are_frozen() -> None:

@@ -349,6 +349,13 @@ def test_the_reaction_union_is_closed_and_told_apart_by_kind() -> None:
     assert isinstance(flow.reaction, WorkflowReaction)
     with pytest.raises(ValidationError, match="mattermost"):
         SubscriptionRecord.model_validate({**base, "reaction": {"kind": "mattermost"}})
+    # (even when it carries another kind's fields: the kind alone says which, and an unknown
+    # one is no kind at all)
+    for fields in ({"agent_id": "a"}, {"workflow": "w"}):
+        with pytest.raises(ValidationError, match="mattermost"):
+            SubscriptionRecord.model_validate(
+                {**base, "reaction": {"kind": "mattermost", **fields}}
+            )
     # AND a stored webhook always carries a secret
     with pytest.raises(ValidationError, match="needs 1 or 2 secrets"):
         SubscriptionRecord.model_validate({**base, "reaction": {"kind": "webhook", "url": "x"}})
