@@ -3,8 +3,10 @@ assigns once, a duplicate ready wake does nothing, a stale wake counts as a fals
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -95,12 +97,24 @@ def outbox(app: Rhumbatron, change: str) -> list[Event]:
 
 
 async def run(app: Rhumbatron, agents: RecordingAgents, *commands: Command) -> WakeConsumer:
+    """Send ``commands`` and poll the queue until the consumer has handled each one stored.
+
+    A no-wait pull right after the PubAck can find the consumer not yet told of the message
+    (seen under load), so an empty poll is repeated, for a bounded time."""
     bus = await app.command_bus()
+    stored = 0
     for command in commands:
-        await bus.send("agent-wakeups", command)
+        stored += not (await bus.send("agent-wakeups", command)).duplicate
     consumer = WakeConsumer(app, agents)
-    await (await app.queue_runtime()).poll("agent-wakeups", consumer)
-    return consumer
+    runtime = await app.queue_runtime()
+    deadline = time.monotonic() + 10.0
+    while True:
+        report = await runtime.poll("agent-wakeups", consumer)
+        if len(consumer.outcomes) >= stored:
+            return consumer
+        assert time.monotonic() < deadline, f"{len(consumer.outcomes)} of {stored} handled"
+        if not report.fetched:
+            await asyncio.sleep(0.01)  # a bounded poll of the server's delivery, not a wait
 
 
 async def test_a_ready_wake_admits_the_agent_once_and_a_repeat_is_a_duplicate(
