@@ -101,7 +101,8 @@ class HousekeepingWorld(Protocol):
         ...
 
     def releasing_changes(self, promoted_before: datetime, limit: int) -> Sequence[ReleasingChange]:
-        """Changes still releasing whose generation was promoted before ``promoted_before``."""
+        """Changes still releasing whose generation was promoted at or before
+        ``promoted_before`` (a Change exactly 45 minutes after its promotion is one)."""
         ...
 
     def quiet_changes(

@@ -237,7 +237,7 @@ class LifecycleWorld:
             for shard in self.visited_shards(project_id):
                 for change in shard.changes(statuses=(ChangeStatus.RELEASING.value,)):
                     promoted = parse_timestamp(change.promoted_at)
-                    if promoted is None or promoted >= promoted_before:
+                    if promoted is None or promoted > promoted_before:
                         continue
                     releases = [
                         r
