@@ -493,6 +493,24 @@ def given_letter(app: Rhumbatron, project_id: str, change_id: str, command: Comm
         )
 
 
+def blocked_by_dead_wake(app: Rhumbatron, project_id: str, change_id: str, task_id: str) -> None:
+    """Task ``task_id`` blocked by the dead letter of its ready wake, the letter open (it
+    waits for an operator's Retry)."""
+    wake = lifecycle_command(
+        "agent.wake",
+        ready_wake_id(task_id),
+        project_id=project_id,
+        change_id=change_id,
+        task_id=task_id,
+        now=app.clock.now(),
+        payload={"agentId": AGENT, "reason": "task_ready"},
+    )
+    change_shard(app, project_id, change_id).apply(
+        OPS, BlockTaskForDeadLetter(command=wake, reason="boom")
+    )
+    given_letter(app, project_id, change_id, wake)
+
+
 def letter_states(app: Rhumbatron) -> dict[str | None, tuple[str, str | None]]:
     """``(status, resolution)`` of each Change's one letter."""
     return {
@@ -522,19 +540,7 @@ async def test_a_settle_supersedes_its_changes_letters_unless_a_task_waits_for_a
     )
     given_letter(app, project, failed, stale)
     blocked, blocked_task = open_change(app, project, "req-blocked")
-    wake = lifecycle_command(
-        "agent.wake",
-        ready_wake_id(blocked_task),
-        project_id=project,
-        change_id=blocked,
-        task_id=blocked_task,
-        now=clock.now(),
-        payload={"agentId": AGENT, "reason": "task_ready"},
-    )
-    change_shard(app, project, blocked).apply(
-        OPS, BlockTaskForDeadLetter(command=wake, reason="boom")
-    )
-    given_letter(app, project, blocked, wake)
+    blocked_by_dead_wake(app, project, blocked, blocked_task)
 
     # WHEN the 10:14 release-sweep tick settles both and the integration queue runs
     clock.set(at(10, 14))
@@ -572,20 +578,7 @@ async def test_a_settle_that_fails_the_change_supersedes_the_letter_a_blocked_ta
     )
     change = created.change_id
     fail_task(app, project, change, qualified_task_id(change, "fails"))
-    waiting_task = qualified_task_id(change, "waits")
-    wake = lifecycle_command(
-        "agent.wake",
-        ready_wake_id(waiting_task),
-        project_id=project,
-        change_id=change,
-        task_id=waiting_task,
-        now=clock.now(),
-        payload={"agentId": AGENT, "reason": "task_ready"},
-    )
-    change_shard(app, project, change).apply(
-        OPS, BlockTaskForDeadLetter(command=wake, reason="boom")
-    )
-    given_letter(app, project, change, wake)
+    blocked_by_dead_wake(app, project, change, qualified_task_id(change, "waits"))
 
     # WHEN the 10:14 release-sweep tick settles it and the integration queue runs
     clock.set(at(10, 14))
