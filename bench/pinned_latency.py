@@ -33,6 +33,7 @@ from bench.router import (
     latency_plan,
     latency_result,
 )
+from rhumbatron.core.heap import freeze_startup_heap
 from rhumbatron.core.settings import load_settings
 from rhumbatron.protocol.ids import stream_index
 from rhumbatron.router.handlers import NoCausalRules
@@ -82,7 +83,7 @@ async def _publish_alarms(
     commits = CommitCounter()
     commits.start()
     fires = 0
-    finishing = exiting = False
+    finishing = exiting = warm = False
 
     def take_alarms() -> None:
         try:
@@ -120,6 +121,9 @@ async def _publish_alarms(
             if unclean:
                 raise BenchError(f"the publisher did not publish cleanly: {unclean[0]}")
             if finishing and not wake.is_set():
+                if not warm:  # the warm-up's writes are published: warm, as a container
+                    freeze_startup_heap()
+                    warm = True
                 cpus = sorted(os.sched_getaffinity(0))
                 control.send(("finished", fires, commits.counts.total(), cpus))
                 fires, finishing = 0, False
@@ -244,7 +248,8 @@ async def pinned_latency_run(
         loop.add_reader(from_writer.fileno(), on_writer)
         loop.add_reader(to_publisher.fileno(), on_publisher)
         await asyncio.wait_for(warmed, timeout=60)
-        await finish_publishing()
+        await finish_publishing()  # the publisher's process freezes its heap at its first
+        freeze_startup_heap()  # answer; the router's process is warm now too
         committed_at.clear()
         runs_before = nudge.runs
         cpu_before = cpu_now()

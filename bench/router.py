@@ -54,6 +54,7 @@ from bench.workload import RawMessage
 from rhumbatron.actors.alarms import RecordingAlarmSink
 from rhumbatron.actors.resource_shard import change_resource_key
 from rhumbatron.actors.shard_commands import AppendChangeEvents
+from rhumbatron.core.heap import freeze_startup_heap
 from rhumbatron.core.settings import Settings, load_settings
 from rhumbatron.domain.changes import ChangeFact
 from rhumbatron.domain.facts import Caller, FactContext
@@ -337,7 +338,8 @@ async def projector_run(
     Each run gets a fresh :class:`RunContext` (the apply budget of a run) and up to
     ``router_consumes_per_run`` fetches, as :meth:`EventRouter.nudge` gives it; the causal
     router's half of a nudge is left out (it is a different subscription). The view files
-    are opened before the clock starts, as a warm router has them open.
+    are opened before the clock starts, as a warm router has them open, and the process's heap
+    is frozen then, as a warm container's is (``rhumbatron.core.heap``).
     """
     settings = load_settings(state_dir=state_dir, nats_url=url, network_filesystem=False)
     app = bootstrap(settings)
@@ -350,6 +352,7 @@ async def projector_run(
     ]
     for store in views:
         _ = store.connection
+    freeze_startup_heap()
     applied = runs = 0
 
     async def run() -> None:
@@ -682,6 +685,7 @@ def _writer_process(
     try:
         for project, change_id, task_id in warm:
             write(project, change_id, task_id)
+        freeze_startup_heap()  # warm now, as a warm container is after its first invocation
         conn.send(("warm-done",))
         if conn.recv() != "go":
             return
@@ -815,6 +819,7 @@ async def latency_run(
         publishing = asyncio.create_task(publisher())
         await asyncio.wait_for(warmed, timeout=60)
         await finish(publishing)
+        freeze_startup_heap()  # the publisher's and router's process is warm now
         committed_at.clear()
         writing, fires = True, 0
         runs_before = nudge.runs
