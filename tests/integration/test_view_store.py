@@ -10,15 +10,15 @@ import contextlib
 import io
 import json
 import logging
-import os
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fsyncs import fail_fsyncs_of, path_of
+from fsyncs import fail_fsyncs_of, path_of, watch_syncs
 from project_roots import restore_project_roots
 from rhumbatron.cli import main
 from rhumbatron.core.clock import ManualClock
@@ -51,7 +51,7 @@ def view_state(app: Rhumbatron, project_id: str) -> dict[str, Any]:
 
 
 def is_the_wal_of(app: Rhumbatron, descriptor: int) -> bool:
-    """Whether ``descriptor`` (one ``os.fsync`` was given) is the WAL of the stream's views."""
+    """Whether ``descriptor`` (one a sync was given) is the WAL of the stream's views."""
     wal = f"{view_store_path(app.settings, STREAM)}-wal"
     return path_of(descriptor) == wal
 
@@ -143,21 +143,23 @@ async def test_a_fetch_is_visible_at_its_commit_and_acked_only_once_its_wal_is_s
     make_app: AppFactory, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GIVEN two projects' histories on the stream, its view store open, and every fsync of
-    #   the store's WAL held until the test lets it go (os.fsync, which the store calls)
+    #   the store's WAL held until the test lets it go (the sync the store calls)
     app = await make_app()
     projects = await history_on_stream(app, clock)
     store = app.router().projector.views(STREAM)
     _ = store.connection
     syncing, synced = threading.Event(), threading.Event()
-    fsync = os.fsync
 
-    def held_fsync(descriptor: int) -> None:
-        if is_the_wal_of(app, descriptor):
-            syncing.set()
-            synced.wait(10)
-        fsync(descriptor)
+    def hold(sync: Callable[[int], None]) -> Callable[[int], None]:
+        def held_sync(descriptor: int) -> None:
+            if is_the_wal_of(app, descriptor):
+                syncing.set()
+                synced.wait(10)
+            sync(descriptor)
 
-    monkeypatch.setattr(os, "fsync", held_fsync)
+        return held_sync
+
+    watch_syncs(monkeypatch, hold)
     # WHEN the stream is nudged, and its projector's commit is being synced
     nudge = asyncio.create_task(app.router().nudge(STREAM))
     assert await asyncio.to_thread(syncing.wait, 10), "no fsync of the view store's WAL"
