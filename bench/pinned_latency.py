@@ -248,8 +248,8 @@ async def pinned_latency_run(
         loop.add_reader(from_writer.fileno(), on_writer)
         loop.add_reader(to_publisher.fileno(), on_publisher)
         await asyncio.wait_for(warmed, timeout=60)
-        await finish_publishing()  # the publisher's process freezes its heap at its first
-        freeze_startup_heap()  # answer; the router's process is warm now too
+        await finish_publishing()  # the publisher's process froze its heap before answering
+        freeze_startup_heap()  # and the router's process (this one) is warm now too
         committed_at.clear()
         runs_before = nudge.runs
         cpu_before = cpu_now()
