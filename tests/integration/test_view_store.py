@@ -51,7 +51,7 @@ def view_state(app: Rhumbatron, project_id: str) -> dict[str, Any]:
 
 
 def is_the_wal_of(app: Rhumbatron, descriptor: int) -> bool:
-    """Whether ``descriptor`` (one a sync was given) is the WAL of the stream's views."""
+    """Whether ``descriptor`` (the one a sync was given) is the WAL of the stream's views."""
     wal = f"{view_store_path(app.settings, STREAM)}-wal"
     return path_of(descriptor) == wal
 
@@ -142,7 +142,7 @@ async def test_a_lost_view_file_rebuilds_its_own_stream_and_leaves_the_others_al
 async def test_a_fetch_is_visible_at_its_commit_and_acked_only_once_its_wal_is_synced(
     make_app: AppFactory, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # GIVEN two projects' histories on the stream, its view store open, and every fsync of
+    # GIVEN two projects' histories on the stream, its view store open, and every sync of
     #   the store's WAL held until the test lets it go (the sync the store calls)
     app = await make_app()
     projects = await history_on_stream(app, clock)
@@ -162,7 +162,7 @@ async def test_a_fetch_is_visible_at_its_commit_and_acked_only_once_its_wal_is_s
     watch_syncs(monkeypatch, hold)
     # WHEN the stream is nudged, and its projector's commit is being synced
     nudge = asyncio.create_task(app.router().nudge(STREAM))
-    assert await asyncio.to_thread(syncing.wait, 10), "no fsync of the view store's WAL"
+    assert await asyncio.to_thread(syncing.wait, 10), "no sync of the view store's WAL"
     # THEN the views already show the fetch (a view is visible at its commit)
     assert [view_state(app, p)["eventsApplied"] for p in projects] == [6, 6]
     # AND JetStream still holds every record of it unacknowledged

@@ -392,6 +392,6 @@ def test_a_fetchs_sync_makes_the_wals_data_durable_not_its_times(
         store.sync()
     finally:
         store.close()
-    # THEN its WAL was synced by fdatasync (its data and size): an fsync would also journal
-    #   the WAL's new times at every fetch, which cost the projector a tenth of its rate
+    # THEN its WAL was synced by fdatasync (its data and size), as SQLite syncs its own: an
+    #   fsync would also journal the WAL's new times at every fetch, which no reader needs
     assert data_synced == [f"{store.path}-wal"]

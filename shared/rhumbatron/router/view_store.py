@@ -126,8 +126,8 @@ class StreamViews(SqliteStore):
             return  # checkpointed and removed at a close: the database file holds it all
         try:
             # The WAL's data and its size, not its times: what SQLite's own syncs write on
-            # Linux. fsync also journals the file's new mtime at every commit, and cost the
-            # projector about a tenth of its rate (issue #16, session 28).
+            # Linux. fsync would also journal the file's new mtime at every fetch, which no
+            # reader after a crash needs.
             getattr(os, "fdatasync", os.fsync)(descriptor)
         finally:
             os.close(descriptor)
