@@ -1,12 +1,12 @@
 """A warm process's startup heap, kept out of the garbage collector's way.
 
-A warm container (or a long-running local process) keeps what its cold start built for as
-long as it lives: the imported modules, pydantic's schemas, botocore's service models, the
-runtime and its open files — a few hundred thousand objects. CPython's collector traverses
-every one of them at each full collection, and the router's hot path makes full collections
-frequent: each decoded Event lives on in the process's decode cache for a while
-(``router.records.DecodedEvents``), so it outlives the young generations and piles up in the
-oldest, which the collector then traverses whole. One such collection measured 63 ms in a
+A warm container keeps what its cold start built for as long as it lives: the imported
+modules, pydantic's schemas, botocore's service models, the runtime and its open files — about
+72,000 objects in a router-nudge container. CPython's collector traverses every one of them at
+each full collection, and the router's hot path makes full collections frequent: each decoded
+Event lives on in the process's decode cache for a while (``router.records.DecodedEvents``),
+so it outlives the young generations and piles up in the oldest, which the collector then
+traverses whole. One such collection measured 63 ms in a
 projector run of 10,000 events that took about 950 ms (``docs/performance.md``, issue #16,
 session 28).
 
