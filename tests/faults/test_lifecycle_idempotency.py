@@ -61,6 +61,7 @@ from rhumbatron.lifecycle.commands import (
     verify_command_id,
     workflow_input,
 )
+from rhumbatron.lifecycle.commands import ready_wake as dispatched_wake
 from rhumbatron.lifecycle.requests import qualified_task_id
 from rhumbatron.lifecycle.scripted_agent import ScriptLibrary
 from rhumbatron.messaging.event_log import Subscription
@@ -333,14 +334,12 @@ def ready_wake(
     app: Rhumbatron, project_id: str, change_id: str, task_id: str, agent: str
 ) -> Command:
     """The dispatcher's wake of a ready Task, as it builds it (``cmd_<task>_ready``)."""
-    return lifecycle_command(
-        "agent.wake",
-        ready_wake_id(task_id),
+    return dispatched_wake(
         project_id=project_id,
         change_id=change_id,
         task_id=task_id,
+        agent_id=agent,
         now=app.clock.now(),
-        payload={"agentId": agent, "reason": "task_ready"},
     )
 
 

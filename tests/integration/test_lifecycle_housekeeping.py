@@ -48,7 +48,12 @@ from rhumbatron.domain.releases import ReleaseStatus, release_id_for
 from rhumbatron.domain.tasks import TaskStatus
 from rhumbatron.entrypoints import sweep
 from rhumbatron.indexing import IndexState
-from rhumbatron.lifecycle.commands import lifecycle_command, ready_wake_id, rebase_command_id
+from rhumbatron.lifecycle.commands import (
+    lifecycle_command,
+    ready_wake,
+    ready_wake_id,
+    rebase_command_id,
+)
 from rhumbatron.lifecycle.requests import qualified_task_id
 from rhumbatron.lifecycle.scripted_agent import ScriptLibrary
 from rhumbatron.messaging.queue_consumer import Delivery, PollReport, Retry
@@ -496,14 +501,12 @@ def given_letter(app: Rhumbatron, project_id: str, change_id: str, command: Comm
 def blocked_by_dead_wake(app: Rhumbatron, project_id: str, change_id: str, task_id: str) -> None:
     """Task ``task_id`` blocked by the dead letter of its ready wake, the letter open (it
     waits for an operator's Retry)."""
-    wake = lifecycle_command(
-        "agent.wake",
-        ready_wake_id(task_id),
+    wake = ready_wake(
         project_id=project_id,
         change_id=change_id,
         task_id=task_id,
+        agent_id=AGENT,
         now=app.clock.now(),
-        payload={"agentId": AGENT, "reason": "task_ready"},
     )
     change_shard(app, project_id, change_id).apply(
         OPS, BlockTaskForDeadLetter(command=wake, reason="boom")

@@ -27,6 +27,7 @@ __all__ = [
     "LifecycleSender",
     "SentCommand",
     "lifecycle_command",
+    "ready_wake",
     "ready_wake_id",
     "rebase_command_id",
     "release_command_id",
@@ -71,6 +72,22 @@ def lifecycle_command(
         task_id=task_id,
         created_at=now,
         payload=payload,
+    )
+
+
+def ready_wake(
+    *, project_id: str, change_id: str, task_id: str, agent_id: str, now: datetime
+) -> Command:
+    """The dispatcher's wake of a ready Task for ``agent_id`` (``cmd_<task>_ready``), at its
+    first send."""
+    return lifecycle_command(
+        "agent.wake",
+        ready_wake_id(task_id),
+        project_id=project_id,
+        change_id=change_id,
+        task_id=task_id,
+        now=now,
+        payload={"agentId": agent_id, "reason": "task_ready"},
     )
 
 

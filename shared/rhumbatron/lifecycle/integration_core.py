@@ -17,7 +17,7 @@ from rhumbatron.domain.changes import ChangeStatus
 from rhumbatron.domain.facts import Caller
 from rhumbatron.domain.tasks import TaskStatus
 from rhumbatron.errors import DomainError
-from rhumbatron.lifecycle.commands import LifecycleSender, lifecycle_command, ready_wake_id
+from rhumbatron.lifecycle.commands import LifecycleSender, ready_wake
 from rhumbatron.lifecycle.forks import ForkStore
 from rhumbatron.lifecycle.world import LifecycleWorld
 from rhumbatron.messaging.queue_consumer import Delivery, Retry
@@ -92,14 +92,12 @@ class IntegrationCore:
         freed = sum(t.status in _FREED for t in tasks)
         woken: list[str] = []
         for task in [t for t in tasks if t.status is TaskStatus.READY][: max(free, 0)]:
-            wake = lifecycle_command(
-                "agent.wake",
-                ready_wake_id(task.task_id),
+            wake = ready_wake(
                 project_id=project_id,
                 change_id=change_id,
                 task_id=task.task_id,
+                agent_id=task.planned_agent or "agent",
                 now=self.app.clock.now(),
-                payload={"agentId": task.planned_agent or "agent", "reason": "task_ready"},
             ).model_copy(update={"attempt": send_round or 1 + freed})
             await self.sender.send(wake)
             woken.append(wake.command_id)
