@@ -336,8 +336,9 @@ async def projector_run(
     """Nudge-shaped ``EventRouter.consume`` runs of the projector until all N are applied.
 
     Each run gets a fresh :class:`RunContext` (the apply budget of a run) and up to
-    ``router_consumes_per_run`` fetches, as :meth:`EventRouter.nudge` gives it; the causal
-    router's half of a nudge is left out (it is a different subscription). The view files
+    ``router_consumes_per_run`` fetches, as :meth:`EventRouter.nudge` gives it, one run after
+    the other as a nudge's turn runs them, ended by ``release_held``; the causal router's half
+    of a nudge is left out (it is a different subscription). The view files
     are opened before the clock starts, as a warm router has them open, and the process's heap
     is frozen then, as a warm container's is (``rhumbatron.core.heap``).
     """
@@ -364,12 +365,17 @@ async def projector_run(
                 now_s=app.clock.now().timestamp(),
                 apply_calls_left=settings.router_apply_calls_per_run,
             )
+            # As a nudge runs it in a turn of runs (``nudge_in_turn``): the acks of a run
+            # wait for its commit's sync while the next run goes on, and the connection is
+            # flushed once per run; the last run's acks are sent by ``release_held``.
             report = await router.consume(
                 context,
                 _PROJECTOR,
                 consumes=settings.router_consumes_per_run,
                 batch=settings.router_fetch_max_records,
+                flush=False,
             )
+            await nc.flush()
             runs += 1
             applied += report.applied
             if report.failed or report.retried or report.duplicates:
@@ -377,6 +383,7 @@ async def projector_run(
             stalled = stalled + 1 if report.applied == 0 else 0
             if stalled > 100:
                 raise BenchError(f"projector stalled at {applied} of {workload.events} events")
+        await router.release_held(ROUTER_STREAM)
 
     try:
         result = await measure(workload.events, cpu, run)

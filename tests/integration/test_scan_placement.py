@@ -15,6 +15,7 @@ from pathlib import Path
 import nats
 import pytest
 from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
 from nats.js.client import JetStreamContext
 
 from rhumbatron.errors import MessagingError
@@ -59,7 +60,14 @@ async def stream_on(js: JetStreamContext, name: str, replicas: int) -> list[str]
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)  # polling the cluster coming up, with a deadline
-    await js.publish(f"{name}.a", b"1", headers={"Nats-Msg-Id": f"{name}-1"})
+    while True:
+        try:
+            await js.publish(f"{name}.a", b"1", headers={"Nats-Msg-Id": f"{name}-1"})
+            break
+        except NoRespondersError:  # the new stream's interest has not reached this node yet
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)  # polling the route's interest, with a deadline
     assert info.cluster is not None
     followers = [str(replica.name) for replica in info.cluster.replicas or ()]
     return [str(info.cluster.leader), *followers]

@@ -87,11 +87,11 @@ async def test_a_view_file_deleted_under_a_warm_router_is_rebuilt_from_the_strea
     view_store_path(app.settings, STREAM).unlink()
     more = lifecycle(projects[0], clock.now(), change="chg-2")[1:3]
     await publish(app, more)
-    with caplog.at_level(logging.WARNING, logger="rhumbatron.router.event_router"):
+    with caplog.at_level(logging.WARNING, logger="rhumbatron.router.handlers"):
         await app.router().nudge(STREAM)
 
     # THEN it says so, naming the stream
-    said = [r.getMessage() for r in caplog.records if r.name == "rhumbatron.router.event_router"]
+    said = [r.getMessage() for r in caplog.records if r.name == "rhumbatron.router.handlers"]
     assert said == [f"rebuilding the views of stream {STREAM} from the log"]
     # AND the views were rebuilt from the stream before the new events were applied: every
     # event is in its view once
@@ -139,15 +139,11 @@ async def test_a_lost_view_file_rebuilds_its_own_stream_and_leaves_the_others_al
     assert (info.num_pending, info.num_ack_pending) == (0, 0)
 
 
-async def test_a_fetch_is_visible_at_its_commit_and_acked_only_once_its_wal_is_synced(
-    make_app: AppFactory, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # GIVEN two projects' histories on the stream, its view store open, and every sync of
-    #   the store's WAL held until the test lets it go (the sync the store calls)
-    app = await make_app()
-    projects = await history_on_stream(app, clock)
-    store = app.router().projector.views(STREAM)
-    _ = store.connection
+def held_wal_syncs(
+    app: Rhumbatron, monkeypatch: pytest.MonkeyPatch
+) -> tuple[threading.Event, threading.Event]:
+    """Every sync of the stream's view WAL held until the test sets the second event; the
+    first is set when one starts."""
     syncing, synced = threading.Event(), threading.Event()
 
     def hold(sync: Callable[[int], None]) -> Callable[[int], None]:
@@ -160,6 +156,19 @@ async def test_a_fetch_is_visible_at_its_commit_and_acked_only_once_its_wal_is_s
         return held_sync
 
     watch_syncs(monkeypatch, hold)
+    return syncing, synced
+
+
+async def test_a_fetch_is_visible_at_its_commit_and_acked_only_once_its_wal_is_synced(
+    make_app: AppFactory, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN two projects' histories on the stream, its view store open, and every sync of
+    #   the store's WAL held until the test lets it go (the sync the store calls)
+    app = await make_app()
+    projects = await history_on_stream(app, clock)
+    store = app.router().projector.views(STREAM)
+    _ = store.connection
+    syncing, synced = held_wal_syncs(app, monkeypatch)
     # WHEN the stream is nudged, and its projector's commit is being synced
     nudge = asyncio.create_task(app.router().nudge(STREAM))
     assert await asyncio.to_thread(syncing.wait, 10), "no sync of the view store's WAL"
@@ -195,6 +204,68 @@ async def test_a_fetch_whose_wal_cannot_be_synced_is_retried_not_acked(
     js = (await app.nats()).jetstream()
     info = await js.consumer_info(event_stream_name(STREAM), PROJECTOR.value)
     assert info.ack_floor.stream_seq == 0 and info.num_ack_pending == 12
+    # AND the warning names the store that could not be made durable
+    assert f"cannot make the views of {view_store_path(app.settings, STREAM)} durable" in (
+        caplog.text
+    )
+
+
+async def test_a_run_of_a_turn_ends_before_its_sync_and_its_acks_go_out_after_it(
+    make_app: AppFactory, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN two projects' histories on the stream, its view store open, and every sync of
+    #   the store's WAL held until the test lets it go
+    app = await make_app()
+    projects = await history_on_stream(app, clock)
+    router = app.router()
+    _ = router.projector.views(STREAM).connection
+    syncing, synced = held_wal_syncs(app, monkeypatch)
+    # WHEN a run of a nudge's turn, whose next run may follow, ends (settle=False)
+    report = await asyncio.wait_for(router.nudge(STREAM, settle=False), 5)
+    # THEN it did not wait for the disk: its commit is being synced, the views show it,
+    #   and its report counts what it applied
+    assert syncing.is_set()
+    assert [view_state(app, p)["eventsApplied"] for p in projects] == [6, 6]
+    assert report.subscriptions[PROJECTOR.value].applied == 12
+    # AND JetStream holds every record of it unacknowledged while the sync runs
+    js = (await app.nats()).jetstream()
+    info = await js.consumer_info(event_stream_name(STREAM), PROJECTOR.value)
+    assert (info.num_ack_pending, info.ack_floor.stream_seq) == (12, 0)
+    # AND the turn's end waits for the sync, then acknowledges them
+    ending = asyncio.create_task(router.release_held(STREAM))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not ending.done()
+    synced.set()
+    await asyncio.wait_for(ending, 15)
+    info = await js.consumer_info(event_stream_name(STREAM), PROJECTOR.value)
+    assert (info.num_ack_pending, info.num_pending, info.ack_floor.stream_seq) == (0, 0, 12)
+
+
+async def test_a_turns_run_whose_wal_cannot_be_synced_has_its_records_retried_not_acked(
+    make_app: AppFactory,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # GIVEN two projects' histories on the stream, its view store open, and an fsync of
+    #   the store's WAL that fails (an I/O error of the disk)
+    app = await make_app()
+    await history_on_stream(app, clock)
+    router = app.router()
+    _ = router.projector.views(STREAM).connection
+    fail_fsyncs_of(monkeypatch, f"{view_store_path(app.settings, STREAM)}-wal")
+    # WHEN a run of a nudge's turn ends, and then the turn
+    with caplog.at_level(logging.WARNING):
+        report = await router.nudge(STREAM, settle=False)
+        await router.release_held(STREAM)
+    # THEN nothing of the fetch is acknowledged: every record waits for its redelivery
+    js = (await app.nats()).jetstream()
+    info = await js.consumer_info(event_stream_name(STREAM), PROJECTOR.value)
+    assert info.ack_floor.stream_seq == 0 and info.num_ack_pending == 12
+    # AND the run's report counts them as retried, not applied
+    projector = report.subscriptions[PROJECTOR.value]
+    assert (projector.applied, projector.retried) == (0, 12)
     # AND the warning names the store that could not be made durable
     assert f"cannot make the views of {view_store_path(app.settings, STREAM)} durable" in (
         caplog.text
@@ -253,12 +324,12 @@ async def test_a_lost_view_file_with_no_rebuild_wired_is_said_and_filled_from_th
     view_store_path(app.settings, STREAM).unlink()
     more = lifecycle(projects[0], clock.now(), change="chg-2")[1:3]
     await publish(app, more)
-    with caplog.at_level(logging.ERROR, logger="rhumbatron.router.event_router"):
+    with caplog.at_level(logging.ERROR, logger="rhumbatron.router.handlers"):
         await app.router().nudge(STREAM)
         await app.router().nudge(STREAM)
 
     # THEN it says so once, naming the stream, and the views hold only what came since
-    said = [r.getMessage() for r in caplog.records if r.name == "rhumbatron.router.event_router"]
+    said = [r.getMessage() for r in caplog.records if r.name == "rhumbatron.router.handlers"]
     assert said == [f"the views of stream {STREAM} were lost and no rebuild is wired"]
     assert view_state(app, projects[0])["eventsApplied"] == 2
     assert not app.router().projector.views(STREAM).lost

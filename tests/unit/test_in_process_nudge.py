@@ -20,7 +20,11 @@ class _SeeingRouter:
         self.seen: list[str | None] = []
 
     async def nudge(
-        self, stream_index: int, *, should_stop: Callable[[], bool] | None = None
+        self,
+        stream_index: int,
+        *,
+        should_stop: Callable[[], bool] | None = None,
+        settle: bool = True,
     ) -> RunReport:
         self.seen.append(current_correlation_id())
         return RunReport(stream_index, "nudge")
@@ -56,11 +60,18 @@ class _GatedRouter:
         self.leave_waiting: list[bool] = []
         self.fail_runs = False
         self.fail_release = False
+        #: Each run's ``settle``: whether it waited for its acks itself.
+        self.settles: list[bool] = []
 
     async def nudge(
-        self, stream_index: int, *, should_stop: Callable[[], bool] | None = None
+        self,
+        stream_index: int,
+        *,
+        should_stop: Callable[[], bool] | None = None,
+        settle: bool = True,
     ) -> RunReport:
         self.runs.append(stream_index)
+        self.settles.append(settle)
         if self.hold:
             gate = asyncio.Event()
             self.gates.append(gate)
@@ -124,6 +135,9 @@ async def test_a_run_that_left_records_waiting_runs_again_before_it_releases_the
     await nudge.settle()
     assert router.runs == [4, 4, 4]
     assert router.released == [4]
+    # no run waited for its own acks: each went out while the next ran, the last ones at
+    # the release (``group_sync``)
+    assert router.settles == [False, False, False]
 
 
 async def test_a_failed_run_and_a_failed_release_are_logged_naming_the_stream(

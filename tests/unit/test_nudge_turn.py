@@ -92,6 +92,8 @@ class BusyRouter:
     #: Runs (by number) that leave fetched records waiting for the next run.
     leave_waiting: set[int] = field(default_factory=set)
     released: list[int] = field(default_factory=list)
+    #: Each run's ``settle``: whether it waited for its acks itself.
+    settles: list[bool] = field(default_factory=list)
 
     def stream_state(self, stream_index: int) -> StreamState:
         return self.state
@@ -102,8 +104,13 @@ class BusyRouter:
         return 0
 
     async def nudge(
-        self, stream_index: int, *, should_stop: Callable[[], bool] | None = None
+        self,
+        stream_index: int,
+        *,
+        should_stop: Callable[[], bool] | None = None,
+        settle: bool = True,
     ) -> RunReport:
+        self.settles.append(settle)
         others = self.nudges_during[self.runs] if self.runs < len(self.nudges_during) else 0
         for _ in range(others):
             other = await nudge_in_turn(self, stream_index, hold_s=60)
@@ -143,6 +150,9 @@ async def test_a_run_that_leaves_records_waiting_runs_again_in_its_turn(
     # THEN it ran until a run left nothing waiting, then released what was kept, once
     assert (turn.runs, router.runs) == (3, 3)
     assert router.released == [3]
+    # AND no run waited for its own acks: each went out while the next ran, the last ones
+    #   at the release (``group_sync``)
+    assert router.settles == [False, False, False]
     assert state.take_nudge_turn("next", now_s=router.clock.now().timestamp(), hold_s=60)
 
 
@@ -167,7 +177,11 @@ async def test_a_failing_run_gives_the_turn_back(state: StreamState) -> None:
     @dataclass
     class FailingRouter(BusyRouter):
         async def nudge(
-            self, stream_index: int, *, should_stop: Callable[[], bool] | None = None
+            self,
+            stream_index: int,
+            *,
+            should_stop: Callable[[], bool] | None = None,
+            settle: bool = True,
         ) -> RunReport:
             raise RuntimeError("the view store is locked")
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 from rhumbatron.core.clock import Clock
 from rhumbatron.core.event_loop import run_together
 from rhumbatron.core.settings import Settings
-from rhumbatron.errors import RhumbatronError
 from rhumbatron.messaging.event_log import ConsumerLag, EventLogClient, Subscription
 from rhumbatron.protocol.ids import EVENT_STREAM_COUNT
 from rhumbatron.router.handlers import (
@@ -50,15 +48,18 @@ from rhumbatron.router.handlers import (
 from rhumbatron.router.nudge_turn import turn_taken_since
 from rhumbatron.router.records import (
     DecodedEvents,
+    Outcome,
     ProjectOwners,
     Record,
-    RecordOutcome,
     decode_records,
 )
 from rhumbatron.router.reports import RunReport, SubscriptionReport, SweepReport
 from rhumbatron.router.settling import (
+    DurableAcks,
     HeldRecords,
+    handle_fetch,
     prefetch_next,
+    release_stream,
     settle_failure,
     settle_records,
 )
@@ -68,6 +69,7 @@ from rhumbatron.router.ticks import sweep_plan, tick_kind
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
     from nats.aio.client import Client as NATS
+    from nats.aio.msg import Msg
 
     from rhumbatron.archive import ArchiveWriter
     from rhumbatron.metrics import MetricsSink
@@ -114,6 +116,8 @@ class EventRouter:
     _handlers: dict[tuple[int, Subscription], RecordHandler] = field(default_factory=dict)
     _projector: ProjectViewProjector | None = None
     _locks: dict[tuple[int, Subscription], asyncio.Lock] = field(default_factory=dict)
+    #: The projector's acks waiting for the sync of their commit (``group_sync``).
+    _durable_acks: DurableAcks = field(default_factory=DurableAcks)
     #: When (the clock's seconds) this process last measured the streams' event rate.
     _capacity_checked_at: float | None = None
     #: The event rate the streams carried at the last capacity check (None: unknown).
@@ -175,11 +179,18 @@ class EventRouter:
 
     # -- runs --------------------------------------------------------------------------------
     async def nudge(
-        self, stream_index: int, *, should_stop: Callable[[], bool] | None = None
+        self,
+        stream_index: int,
+        *,
+        should_stop: Callable[[], bool] | None = None,
+        settle: bool = True,
     ) -> RunReport:
         """A nudge for ``stream_index``: the projector, then the causal router; in drain
         mode (:func:`~rhumbatron.router.capacity.drain_mode`) the archiver, analytics and
-        reactions of the stream drain after them, until caught up or ``should_stop``."""
+        reactions of the stream drain after them, until caught up or ``should_stop``.
+
+        ``settle=False``: the projector's acks that wait for their commit's sync go out while
+        the caller's next nudge runs; its :meth:`release_held` sends them (``group_sync``)."""
         _check_stream(stream_index)
         self._last_nudge_at_s = self.clock.now().timestamp()
         report = RunReport(stream_index, "nudge")
@@ -203,6 +214,8 @@ class EventRouter:
                 )
             )
         finally:  # both consumers' acks, on one connection: one round trip, even if one raised
+            if settle:
+                await self._durable_acks.settle(stream_index)
             log = self._log_client
             if log is not None and log.nc.is_connected:
                 await log.nc.flush()
@@ -326,15 +339,16 @@ class EventRouter:
     ) -> SubscriptionReport:
         """Up to ``consumes`` fetches of at most ``batch`` records, each settled record by
         record. Stops early when a fetch comes back short (nothing more is waiting) or
-        when ``should_stop`` says the function's time is nearly up. Flushes the acks at
-        the end, unless ``flush`` is False (a nudge flushes once for its two consumes)."""
+        when ``should_stop`` says the function's time is nearly up. Sends and flushes the
+        acks at the end, unless ``flush`` is False: the projector's may then still wait
+        for their commit's sync, counted in the report (:meth:`settle_acks` sends them)."""
         key = (run.stream_index, subscription)
         lock = self._locks.setdefault(key, asyncio.Lock())
         report = SubscriptionReport()
         async with lock:  # one consume per subscription and stream at a time in a process
             log = await self.event_log()
             if subscription is Subscription.PROJECT_VIEW_PROJECTOR:
-                await self._recover_views(run.stream_index)
+                await self.projector.recover_views(run.stream_index, self.rebuild_lost_views)
             for _ in range(consumes):
                 if should_stop is not None and should_stop():
                     break
@@ -367,26 +381,12 @@ class EventRouter:
                     await prefetch_next(
                         log, self.projector, run, records, batch, more=_ < consumes - 1
                     )
-                await self._settle_batch(log, run, subscription, records, report)
+                await self._settle_batch(log, run, subscription, records, report, ack_now=flush)
                 if not full:
                     break
-            if flush and log.nc.is_connected:
-                await log.nc.flush()
+        if flush:
+            await self.settle_acks(run.stream_index)
         return report
-
-    async def _recover_views(self, stream_index: int) -> None:
-        """Rebuild the stream's views first when its store was lost under this process."""
-        store = self.projector.views(stream_index)
-        if not store.is_open:
-            await asyncio.to_thread(lambda: store.connection)  # opens (and migrates) once
-        if store.check_file() and not store.lost:
-            return
-        if self.rebuild_lost_views is None:
-            _log.error("the views of stream %d were lost and no rebuild is wired", stream_index)
-            store.lost = False
-            return
-        _log.warning("rebuilding the views of stream %d from the log", stream_index)
-        await self.rebuild_lost_views(stream_index)
 
     async def _settle_batch(
         self,
@@ -395,6 +395,8 @@ class EventRouter:
         subscription: Subscription,
         records: list[Record],
         report: SubscriptionReport,
+        *,
+        ack_now: bool,
     ) -> None:
         handler = self.handler(run.stream_index, subscription)
         later: list[Record] = []
@@ -404,15 +406,10 @@ class EventRouter:
             records, later = self.projector.split_by_budget(records, run)
             report.deferred += len(later)
         decoded = [r for r in records if r.event is not None]
-        outcomes: dict[str, RecordOutcome] = {}
-        if decoded:
-            try:
-                outcomes = await handler.handle(decoded, run)
-            except (RhumbatronError, sqlite3.Error) as exc:
-                # A busy or full file under the handler: nothing of the batch is the events'
-                # fault, so nothing is counted; the claims rolled back with the transaction.
-                retry = RecordOutcome.retry(f"{type(exc).__name__}: {exc}")
-                outcomes = {r.key: retry for r in decoded}
+        outcomes, committed = await handle_fetch(
+            handler, decoded, run, pipelined=None if ack_now else self.projector
+        )
+        acks: list[tuple[Msg, Outcome]] | None = None if committed is None else []
         deferred = await settle_records(
             self.settings,
             subscription,
@@ -429,34 +426,38 @@ class EventRouter:
                 record=record,
                 outcome=outcome,
             ),
+            acks=acks,
         )
+        if committed is not None and acks:
+            self._durable_acks.after_sync(
+                run.stream_index, committed, acks, report, self.settings.router_nak_delay_s
+            )
         if deferred or later:
             # Kept for the stream's next run in this process, which takes them before
             # anything new: nacked, each would be sent, parsed and fetched again. Whoever
             # ends the runs nacks what is still kept (``release_held``).
             self._held.keep(log, run, subscription, deferred + later)
 
+    async def settle_acks(self, stream_index: int) -> None:
+        """Send the projector's acks of stream ``stream_index`` that wait for their commit's
+        sync, once it ends, and flush the connection (a caller that ends its runs)."""
+        log = self._log_client
+        await self._durable_acks.settle(stream_index)
+        if log is not None and log.nc.is_connected:
+            await log.nc.flush()
+
     async def release_held(self, stream_index: int | None = None) -> int:
         """Nack, without delay, every record this process keeps for a next run of stream
-        ``stream_index`` (every stream for None), so any reader gets them at once; returns
-        how many. Called when no run of the stream follows in this process."""
+        ``stream_index`` (every stream for None), so any reader gets them at once, once the
+        projector's acks are sent (``settle_acks``); returns how many. Called when no run
+        of the stream follows in this process."""
         log = self._log_client
         if log is None:
             return 0
         streams = range(EVENT_STREAM_COUNT) if stream_index is None else (stream_index,)
         released = 0
         for index in streams:
-            for subscription in Subscription:
-                lock = self._locks.get((index, subscription))
-                if lock is None:
-                    continue  # never consumed here: nothing kept
-                async with lock:  # a consume in flight settles (and may hold) first
-                    messages = await log.release_held(index, subscription)
-                    released += len(messages)
-                    if messages and log.nc.is_connected:
-                        for msg in messages:
-                            await msg.nak()
-                        await log.nc.flush()
+            released += await release_stream(log, index, self._locks, self._durable_acks)
             self._held.forget(index)
         return released
 

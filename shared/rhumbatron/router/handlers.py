@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -26,6 +26,7 @@ from rhumbatron.router.claims import (
     complete_claims,
     release_claims,
 )
+from rhumbatron.router.group_sync import CommittedFetch, GroupSync
 from rhumbatron.router.project_view import ProjectView
 from rhumbatron.router.records import (
     APPLIED,
@@ -144,6 +145,7 @@ class ProjectViewProjector:
     #: Records commit-to-apply seconds per applied batch (``event_freshness_s``); None: not.
     freshness: FreshnessGauge | None = None
     _stores: dict[int, StreamViews] = field(default_factory=dict)
+    _syncs: dict[int, GroupSync] = field(default_factory=dict)
 
     def views(self, stream: int) -> StreamViews:
         """The view store of stream ``stream``, kept open for the next run."""
@@ -151,6 +153,23 @@ class ProjectViewProjector:
         if store is None:
             store = self._stores[stream] = StreamViews(self.settings, stream)
         return store
+
+    async def recover_views(
+        self, stream: int, rebuild: Callable[[int], Awaitable[object]] | None
+    ) -> None:
+        """Rebuild the stream's views by ``rebuild`` first when its store was lost under this
+        process (None: say so, and fill the views from here on only)."""
+        store = self.views(stream)
+        if not store.is_open:
+            await asyncio.to_thread(lambda: store.connection)  # opens (and migrates) once
+        if store.check_file() and not store.lost:
+            return
+        if rebuild is None:
+            _log.error("the views of stream %d were lost and no rebuild is wired", stream)
+            store.lost = False
+            return
+        _log.warning("rebuilding the views of stream %d from the log", stream)
+        await rebuild(stream)
 
     def view(self, project_id: str) -> ProjectView:
         """The view of ``project_id``, in the store of its stream."""
@@ -192,6 +211,14 @@ class ProjectViewProjector:
         return max(left - len(groups), 0), sum(len(group) for group in groups[max(left, 0) :])
 
     async def handle(self, records: Sequence[Record], run: RunContext) -> dict[str, RecordOutcome]:
+        """Apply the records and make their commit durable: every outcome is final."""
+        committed = await self.commit(records, run)
+        return await committed.outcomes_once_durable()
+
+    async def commit(self, records: Sequence[Record], run: RunContext) -> CommittedFetch:
+        """Apply the records in one commit, which the views show at once; in WAL it is not
+        yet durable: :meth:`CommittedFetch.durable` says when it is. Nothing of the records
+        may be acked before (see ``view_store``)."""
         by_project = self._by_project(records)
         outcomes: dict[str, RecordOutcome] = {}
         calls: list[list[Record]] = []
@@ -202,18 +229,20 @@ class ProjectViewProjector:
             run.apply_calls_left -= 1
             calls.append(group)
         if not calls:
-            return outcomes
+            return CommittedFetch(outcomes)
         store = self.views(run.stream_index)
+        commit: int | None = None
         if store.syncs_later:
             # WAL: the fetch's one commit writes the WAL without an fsync, here on the event
             # loop (the views are visible at once, with no thread hop), unless another writer
             # holds the file: then it waits on a worker thread. One fsync of the WAL, on a
-            # worker thread, makes it durable before any of its records is acked.
+            # worker thread and shared with the commits made while it runs (``group_sync``),
+            # makes it durable before any of its records is acked.
             try:
-                committed = self._apply(store, calls, run.now_s, wait=False)
+                outcomes.update(self._apply(store, calls, run.now_s, wait=False))
             except ActorBusyError:
-                committed = await asyncio.to_thread(self._apply, store, calls, run.now_s)
-            outcomes.update(await asyncio.to_thread(_synced, store, committed))
+                outcomes.update(await asyncio.to_thread(self._apply, store, calls, run.now_s))
+            commit = self._group_sync(run.stream_index).committed()
         else:
             # The commit and its fsync run on a worker thread, so the event loop keeps
             # publishing and acking meanwhile.
@@ -226,7 +255,15 @@ class ProjectViewProjector:
                 if r.event is not None and outcomes[r.key].outcome is Outcome.APPLIED
             ]
             self.freshness.observe(event_stream_name(run.stream_index), applied)
-        return outcomes
+        if commit is None:
+            return CommittedFetch(outcomes)
+        return CommittedFetch(outcomes, store.path, self._group_sync(run.stream_index), commit)
+
+    def _group_sync(self, stream: int) -> GroupSync:
+        syncs = self._syncs.get(stream)
+        if syncs is None:
+            syncs = self._syncs[stream] = GroupSync(self.views(stream).sync)
+        return syncs
 
     def _apply(
         self, store: StreamViews, calls: list[list[Record]], now_s: float, *, wait: bool = True
@@ -251,24 +288,7 @@ class ProjectViewProjector:
         for store in self._stores.values():
             store.close()
         self._stores.clear()
-
-
-_ACKED = frozenset({Outcome.APPLIED, Outcome.DUPLICATE})
-
-
-def _synced(store: StreamViews, outcomes: dict[str, RecordOutcome]) -> dict[str, RecordOutcome]:
-    """``outcomes`` once the store's commits are durable; when they cannot be made so, the
-    records applied are retried instead of acked (their redelivery finds them claimed, or
-    applies them again if the commit was lost)."""
-    try:
-        store.sync()
-    except OSError as exc:
-        reason = f"cannot make the views of {store.path} durable: {exc}"
-        return {
-            key: RecordOutcome.retry(reason) if outcome.outcome in _ACKED else outcome
-            for key, outcome in outcomes.items()
-        }
-    return outcomes
+        self._syncs.clear()
 
 
 # -- causal-router --------------------------------------------------------------------------

@@ -55,7 +55,8 @@ class InProcessNudge:
             self._again.discard(stream_index)
             left_waiting = False
             try:
-                report = await self.router.nudge(stream_index)
+                # The acks of one run go out while the next runs; release_held sends the last.
+                report = await self.router.nudge(stream_index, settle=False)
                 self.runs += 1
                 left_waiting = report.left_waiting
             except Exception:

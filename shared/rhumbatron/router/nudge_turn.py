@@ -69,7 +69,8 @@ async def nudge_in_turn(
     held = True
     try:
         while held:
-            report = await router.nudge(stream_index, should_stop=should_stop)
+            # The acks of one run go out while the next runs; release_held sends the last.
+            report = await router.nudge(stream_index, should_stop=should_stop, settle=False)
             turn.report.absorb(report)
             turn.runs += 1
             if should_stop is not None and should_stop():

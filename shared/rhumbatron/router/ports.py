@@ -83,7 +83,11 @@ class NudgedRouter(Protocol):
     """What a nudge runs: the projector and the causal router of one stream."""
 
     async def nudge(
-        self, stream_index: int, *, should_stop: Callable[[], bool] | None = None
+        self,
+        stream_index: int,
+        *,
+        should_stop: Callable[[], bool] | None = None,
+        settle: bool = True,
     ) -> RunReport: ...
 
     async def release_held(self, stream_index: int | None = None) -> int: ...

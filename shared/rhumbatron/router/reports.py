@@ -9,6 +9,15 @@ from rhumbatron.router.records import Outcome
 
 __all__ = ["RunReport", "SubscriptionReport", "SweepReport"]
 
+#: The count each outcome adds to.
+_COUNTERS = {
+    Outcome.APPLIED: "applied",
+    Outcome.DUPLICATE: "duplicates",
+    Outcome.DEFERRED: "deferred",
+    Outcome.RETRY: "retried",
+    Outcome.FAILED: "failed",
+}
+
 
 @dataclass
 class SubscriptionReport:
@@ -28,18 +37,14 @@ class SubscriptionReport:
         for name in vars(self):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
+    def recount(self, was: Outcome, now: Outcome) -> None:
+        """Move one record counted as ``was`` to ``now`` (its settling changed it later)."""
+        setattr(self, _COUNTERS[was], getattr(self, _COUNTERS[was]) - 1)
+        self.count(now)
+
     def count(self, outcome: Outcome) -> None:
-        match outcome:
-            case Outcome.APPLIED:
-                self.applied += 1
-            case Outcome.DUPLICATE:
-                self.duplicates += 1
-            case Outcome.DEFERRED:
-                self.deferred += 1
-            case Outcome.RETRY:
-                self.retried += 1
-            case Outcome.FAILED:
-                self.failed += 1
+        name = _COUNTERS[outcome]
+        setattr(self, name, getattr(self, name) + 1)
 
 
 @dataclass

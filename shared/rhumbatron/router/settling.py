@@ -8,6 +8,9 @@
   records the stream's next fetch will take, so they arrive during the commit.
 * :func:`settle_records` — each fetched record's outcome carried out: ack, hold, nack after
   the delay, or a failure.
+* :class:`DurableAcks` — the projector's acks of a commit not yet synced, sent once its sync
+  (shared by the commits made meanwhile, ``group_sync``) has ended, while the stream's next
+  run goes on.
 * :func:`settle_failure` — a record's failure counted per ``(consumer, event key)`` and
   nacked after the delay; the 5th makes it a ``poison_event`` dead letter, marks it
   processed and acks it.
@@ -15,9 +18,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,13 +38,24 @@ if TYPE_CHECKING:
 
     from rhumbatron.core.settings import Settings
     from rhumbatron.product.database import ProductDatabase
+    from rhumbatron.router.group_sync import CommittedFetch
     from rhumbatron.router.handlers import ProjectViewProjector, RecordHandler, RunContext
     from rhumbatron.router.reports import SubscriptionReport
     from rhumbatron.router.stream_state import StreamState
 
-__all__ = ["HeldRecords", "prefetch_next", "settle_failure", "settle_records"]
+__all__ = [
+    "DurableAcks",
+    "HeldRecords",
+    "handle_fetch",
+    "prefetch_next",
+    "release_stream",
+    "settle_failure",
+    "settle_records",
+]
 
 _log = logging.getLogger(__name__)
+
+_PROJECTOR = Subscription.PROJECT_VIEW_PROJECTOR.value
 
 
 @dataclass
@@ -92,6 +107,121 @@ class HeldRecords:
         self._by_stream.pop(stream, None)
 
 
+@dataclass
+class DurableAcks:
+    """The projector's acks that wait for the sync of their commit, by stream.
+
+    A run hands them over (:meth:`after_sync`) and ends; they go out when the sync ends, on
+    a task of their own. Whoever ends the stream's runs waits for them (:meth:`settle`), as
+    it nacks what is held. A sync the disk fails turns them into retries: nacked after the
+    delay, counted as retried in their run's report, and redelivered, when they find their
+    claim (or apply again if the commit was lost)."""
+
+    _pending: dict[int, set[asyncio.Task[None]]] = field(default_factory=dict)
+
+    def after_sync(
+        self,
+        stream: int,
+        committed: CommittedFetch,
+        acks: list[tuple[Msg, Outcome]],
+        report: SubscriptionReport,
+        nak_delay_s: float,
+    ) -> None:
+        """Ack ``acks`` once ``committed`` is durable, without waiting here; when it cannot
+        be made so, nack them after ``nak_delay_s``."""
+        tasks = self._pending.setdefault(stream, set())
+        task = asyncio.create_task(self._ack_once_durable(committed, acks, report, nak_delay_s))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def waiting(self, stream: int) -> int:
+        """How many handed-over batches of ``stream`` are not settled yet."""
+        return len(self._pending.get(stream, ()))
+
+    async def settle(self, stream: int) -> int:
+        """Wait until every batch of ``stream`` handed over so far is acked (or nacked);
+        returns how many batches there were."""
+        tasks = list(self._pending.get(stream, ()))
+        if tasks:
+            await asyncio.gather(*tasks)
+        return len(tasks)
+
+    async def _ack_once_durable(
+        self,
+        committed: CommittedFetch,
+        acks: list[tuple[Msg, Outcome]],
+        report: SubscriptionReport,
+        nak_delay_s: float,
+    ) -> None:
+        try:
+            try:
+                await committed.durable()
+            except OSError as exc:
+                retry = committed.unsynced(exc)
+                _log.warning("%s retries %d records: %s", _PROJECTOR, len(acks), retry.reason)
+                for msg, outcome in acks:
+                    report.recount(outcome, Outcome.RETRY)
+                    await msg.nak(delay=nak_delay_s)
+                return
+            for msg, _ in acks:
+                await ack(msg)
+        except Exception as exc:  # a task of its own: nobody else would hear of it
+            # Unacked, the records are redelivered after the ack wait and found claimed.
+            _log.warning("cannot settle %d records of %s: %s", len(acks), _PROJECTOR, exc)
+
+
+async def release_stream(
+    log: EventLogClient,
+    stream: int,
+    locks: Mapping[tuple[int, Subscription], asyncio.Lock],
+    durable_acks: DurableAcks,
+) -> int:
+    """Send the projector's acks of ``stream`` that wait for a sync, then nack, without delay,
+    every record kept for a next run of each of its subscriptions, and flush; returns how
+    many were nacked. Each subscription's consume in flight settles (and may hold) first."""
+    sent = released = 0
+    for subscription in Subscription:
+        lock = locks.get((stream, subscription))
+        if lock is None:
+            continue  # never consumed here: nothing kept
+        async with lock:
+            if subscription is Subscription.PROJECT_VIEW_PROJECTOR:
+                sent += await durable_acks.settle(stream)
+            messages = await log.release_held(stream, subscription)
+            released += len(messages)
+            if messages and log.nc.is_connected:
+                for msg in messages:
+                    await msg.nak()
+                sent += len(messages)
+    if sent and log.nc.is_connected:
+        await log.nc.flush()
+    return released
+
+
+async def handle_fetch(
+    handler: RecordHandler,
+    records: list[Record],
+    run: RunContext,
+    *,
+    pipelined: ProjectViewProjector | None,
+) -> tuple[dict[str, RecordOutcome], CommittedFetch | None]:
+    """The outcome of each of a fetch's decoded ``records`` by ``handler``. When the handler
+    is ``pipelined`` (the projector, in a run whose acks may wait), the outcomes are as
+    committed, with the commit whose sync their acks must wait for (None: they need not)."""
+    if not records:
+        return {}, None
+    try:
+        if handler is pipelined:
+            committed = await pipelined.commit(records, run)
+            return committed.outcomes, None if committed.durable_already else committed
+        return await handler.handle(records, run), None
+    except (RhumbatronError, sqlite3.Error) as exc:
+        # A busy or full file under the handler: nothing of the batch is the events' fault,
+        # so nothing is counted; the claims rolled back with the transaction.
+        retry = RecordOutcome.retry(f"{type(exc).__name__}: {exc}")
+        return {r.key: retry for r in records}, None
+
+
 async def prefetch_next(
     log: EventLogClient,
     projector: ProjectViewProjector,
@@ -120,11 +250,13 @@ async def settle_records(
     report: SubscriptionReport,
     *,
     fail: Callable[[Record, RecordOutcome], Awaitable[bool]],
+    acks: list[tuple[Msg, Outcome]] | None = None,
 ) -> list[Record]:
     """Carry out each record's outcome (``outcomes`` by record key; a record that could not
     be decoded or whose project could not be read carries its own): ack, nack after the
     delay, or ``fail`` (:func:`settle_failure`); returns the deferred ones, to hold. A record
-    whose settling logs a line binds its event's ``correlationId`` to it."""
+    whose settling logs a line binds its event's ``correlationId`` to it. With ``acks``, a
+    record to ack is added there (with its outcome) instead: the caller acks it later."""
     deferred: list[Record] = []
     for record in records:
         outcome = outcomes.get(record.key)
@@ -137,7 +269,10 @@ async def settle_records(
         crash_point(settings.crash_at, "before_ack")
         match outcome.outcome:
             case Outcome.APPLIED | Outcome.DUPLICATE:
-                await ack(record.msg)
+                if acks is None:
+                    await ack(record.msg)
+                else:
+                    acks.append((record.msg, outcome.outcome))
             case Outcome.DEFERRED:
                 deferred.append(record)
             case Outcome.RETRY:
