@@ -67,11 +67,12 @@ async def nudge_in_turn(
         turn.merged = True
         return turn
     held = True
+    runs: list[RunReport] = []
     try:
         while held:
             # The acks of one run go out while the next runs; release_held sends the last.
             report = await router.nudge(stream_index, should_stop=should_stop, settle=False)
-            turn.report.absorb(report)
+            runs.append(report)
             turn.runs += 1
             if should_stop is not None and should_stop():
                 break
@@ -87,6 +88,8 @@ async def nudge_in_turn(
             await asyncio.to_thread(state.give_back_nudge_turn, holder)
         # The records the last run left waiting were kept for a next run here; none follows.
         await router.release_held(stream_index)
+    for report in runs:  # counted once every ack was settled: a failed sync recounts its run
+        turn.report.absorb(report)
     return turn
 
 

@@ -134,10 +134,6 @@ class DurableAcks:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    def waiting(self, stream: int) -> int:
-        """How many handed-over batches of ``stream`` are not settled yet."""
-        return len(self._pending.get(stream, ()))
-
     async def settle(self, stream: int) -> int:
         """Wait until every batch of ``stream`` handed over so far is acked (or nacked);
         returns how many batches there were."""
