@@ -407,7 +407,7 @@ class EventRouter:
             report.deferred += len(later)
         decoded = [r for r in records if r.event is not None]
         outcomes, committed = await handle_fetch(
-            handler, decoded, run, pipelined=None if ack_now else self.projector
+            handler, decoded, run, pipelined=None if ack_now else self._projector
         )
         acks: list[tuple[Msg, Outcome]] | None = None if committed is None else []
         deferred = await settle_records(
