@@ -18,8 +18,9 @@ the claims and applies nothing (RELIABILITY F10).
 **Visible at the commit, durable before the ack.** In WAL the store's commits write the WAL
 without a sync (``synchronous=NORMAL``), and :meth:`StreamViews.sync` (one ``fdatasync`` of
 the WAL) runs before the records a commit applied are acked: a machine that crashes in
-between loses the commit with its claims, and JetStream redelivers the records. Other journal
-modes sync at each commit.
+between loses the commit with its claims, and JetStream redelivers the records. One sync in
+flight covers every commit made before it started, and a nudge's next run goes on while it
+runs (``group_sync``). Other journal modes sync at each commit.
 
 A fetch's groups apply under one SAVEPOINT. When one fails, the fetch starts over with a
 SAVEPOINT per group: the group at fault rolls back alone and is applied again one event per
