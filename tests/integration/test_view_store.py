@@ -185,25 +185,33 @@ async def test_a_fetch_is_visible_at_its_commit_and_acked_only_once_its_wal_is_s
     assert (info.num_ack_pending, info.num_pending, info.ack_floor.stream_seq) == (0, 0, 12)
 
 
+@pytest.mark.parametrize("in_a_turn", [False, True], ids=["a nudge", "a turn's run"])
 async def test_a_fetch_whose_wal_cannot_be_synced_is_retried_not_acked(
     make_app: AppFactory,
     clock: ManualClock,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    in_a_turn: bool,
 ) -> None:
     # GIVEN two projects' histories on the stream, its view store open, and an fsync of
     #   the store's WAL that fails (an I/O error of the disk)
     app = await make_app()
     await history_on_stream(app, clock)
-    _ = app.router().projector.views(STREAM).connection
+    router = app.router()
+    _ = router.projector.views(STREAM).connection
     fail_fsyncs_of(monkeypatch, f"{view_store_path(app.settings, STREAM)}-wal")
-    # WHEN the stream is nudged
+    # WHEN the stream is nudged (or a run of a nudge's turn ends, and then the turn)
     with caplog.at_level(logging.WARNING):
-        await app.router().nudge(STREAM)
+        report = await router.nudge(STREAM, settle=not in_a_turn)
+        if in_a_turn:
+            await router.release_held(STREAM)
     # THEN nothing of the fetch is acknowledged: every record waits for its redelivery
     js = (await app.nats()).jetstream()
     info = await js.consumer_info(event_stream_name(STREAM), PROJECTOR.value)
     assert info.ack_floor.stream_seq == 0 and info.num_ack_pending == 12
+    # AND the run's report counts them as retried, not applied
+    projector = report.subscriptions[PROJECTOR.value]
+    assert (projector.applied, projector.retried) == (0, 12)
     # AND the warning names the store that could not be made durable
     assert f"cannot make the views of {view_store_path(app.settings, STREAM)} durable" in (
         caplog.text
@@ -240,36 +248,6 @@ async def test_a_run_of_a_turn_ends_before_its_sync_and_its_acks_go_out_after_it
     await asyncio.wait_for(ending, 15)
     info = await js.consumer_info(event_stream_name(STREAM), PROJECTOR.value)
     assert (info.num_ack_pending, info.num_pending, info.ack_floor.stream_seq) == (0, 0, 12)
-
-
-async def test_a_turns_run_whose_wal_cannot_be_synced_has_its_records_retried_not_acked(
-    make_app: AppFactory,
-    clock: ManualClock,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # GIVEN two projects' histories on the stream, its view store open, and an fsync of
-    #   the store's WAL that fails (an I/O error of the disk)
-    app = await make_app()
-    await history_on_stream(app, clock)
-    router = app.router()
-    _ = router.projector.views(STREAM).connection
-    fail_fsyncs_of(monkeypatch, f"{view_store_path(app.settings, STREAM)}-wal")
-    # WHEN a run of a nudge's turn ends, and then the turn
-    with caplog.at_level(logging.WARNING):
-        report = await router.nudge(STREAM, settle=False)
-        await router.release_held(STREAM)
-    # THEN nothing of the fetch is acknowledged: every record waits for its redelivery
-    js = (await app.nats()).jetstream()
-    info = await js.consumer_info(event_stream_name(STREAM), PROJECTOR.value)
-    assert info.ack_floor.stream_seq == 0 and info.num_ack_pending == 12
-    # AND the run's report counts them as retried, not applied
-    projector = report.subscriptions[PROJECTOR.value]
-    assert (projector.applied, projector.retried) == (0, 12)
-    # AND the warning names the store that could not be made durable
-    assert f"cannot make the views of {view_store_path(app.settings, STREAM)} durable" in (
-        caplog.text
-    )
 
 
 async def test_the_claims_of_more_events_than_one_query_takes_are_all_found(
